@@ -1,0 +1,538 @@
+"""PilotRun: the one context every pilot callback of a fit shares.
+
+A user adds pilot callbacks to the Trainer they already have. Each callback works alone; put
+together they share one :class:`PilotRun` per fit: one run id, one output folder, one phase
+table. :meth:`PilotRun.of` finds or creates it (a weak map keyed by the Trainer: nothing is
+planted on the Trainer, and the run dies with it).
+
+Identity:
+    ``run_id`` is time-sortable and unique across processes (:func:`new_run_id`). A fit resumed
+    from a checkpoint written by pilot callbacks continues the same run: it adopts the saved
+    ``run_id`` and becomes the next ``attempt``. ``attempt_id`` is unique to every attempt, so
+    two resumes from one checkpoint never collide. Under several processes, global rank 0's
+    ids are broadcast at ``setup`` so every rank writes into the same run.
+
+Buffering and flushing:
+    Rows are buffered in memory and published as snapshot files
+    (``<out_dir>/runs/<run_id>/<table>.parquet/part-<writer>-<seq>.parquet``) when the last
+    pilot callback of the fit closes (``teardown`` after fit end, or ``on_exception``), and
+    whenever :meth:`PilotRun.flush` is called. A crash loses at most the rows since the last
+    flush; a kill during a flush leaves the previous snapshot readable.
+
+Ranks:
+    Every rank buffers and writes its own rows (the file name carries the rank); shared files
+    such as the ledger are written by global rank 0 only (``is_global_zero``).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import warnings
+import weakref
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Final
+
+import lightning.pytorch as pl
+import pyarrow as pa
+from lightning.pytorch.callbacks import Callback
+from typing_extensions import override
+
+from lightning_pilot import storage
+from lightning_pilot.core.ids import new_run_id, validate_run_id
+from lightning_pilot.core.phases import worst_verdict
+
+__all__ = ["PilotCallback", "PilotRun", "new_run_id", "validate_run_id"]
+
+PHASE_TABLE: Final = "phases"
+_IDENTITY_COLUMNS: Final = ("run_id", "attempt", "attempt_id", "rank")
+
+_RUNS: weakref.WeakKeyDictionary[pl.Trainer, PilotRun] = weakref.WeakKeyDictionary()
+_RUNS_LOCK = threading.Lock()
+
+
+def _normalise_out_dir(value: object, argument: str = "out_dir") -> Path | None:
+    if value is None:
+        return None
+    if not isinstance(value, str | os.PathLike):
+        raise TypeError(
+            f"{argument} must be a path (str or os.PathLike) or None, got"
+            f" {type(value).__name__} {value!r}."
+        )
+    text = os.fspath(value)
+    if not isinstance(text, str) or not text.strip() or "\x00" in text:
+        raise ValueError(f"{argument}={value!r} is invalid: give a non-empty folder path.")
+    return Path(os.path.abspath(os.path.expanduser(text)))
+
+
+class PilotRun:
+    """The shared context of one fit: identity, output folder and buffered rows.
+
+    Get it with :meth:`PilotRun.of` (callbacks do this in ``setup``); construct it directly only
+    in tests or tools that write a run without a Trainer.
+
+    Args:
+        default_out_dir: where the run writes when no callback names an ``out_dir``.
+        rank: global rank of this process.
+        world_size: number of processes of the fit.
+        stage: the Trainer stage that opened the run (``fit``, ``validate``, ...).
+
+    Example:
+        >>> import tempfile
+        >>> run = PilotRun(default_out_dir=tempfile.mkdtemp())
+        >>> run.attempt, run.rank, run.resumed
+        (1, 0, False)
+        >>> run.put_phase_row({"phase": "setup", "counter": "none", "verdict": "not_checked",
+        ...                    "reason": "example"}, source="doctest")
+        >>> [path.name.startswith("part-a0001-r00000-") for path in run.flush()]
+        [True]
+        >>> from lightning_pilot import read_phase_table
+        >>> read_phase_table(run.run_dir)[["phase", "verdict", "attempt"]].to_dict("records")
+        [{'phase': 'setup', 'verdict': 'not_checked', 'attempt': 1}]
+    """
+
+    def __init__(
+        self,
+        *,
+        default_out_dir: str | os.PathLike[str],
+        rank: int = 0,
+        world_size: int = 1,
+        stage: str | None = None,
+    ) -> None:
+        default = _normalise_out_dir(default_out_dir, "default_out_dir")
+        if default is None:
+            raise TypeError("default_out_dir must be a folder path, got None.")
+        if not isinstance(rank, int) or rank < 0:
+            raise ValueError(f"rank={rank!r} is invalid: rank must be a non-negative integer.")
+        if not isinstance(world_size, int) or world_size < 1 or rank >= world_size:
+            raise ValueError(
+                f"world_size={world_size!r} is invalid for rank={rank}: world_size must be an"
+                " integer greater than rank."
+            )
+        self._default_out_dir = default
+        self.rank = rank
+        self.world_size = world_size
+        self.stage = stage
+        self.attempt_id = new_run_id()
+        self.run_id = self.attempt_id
+        self.attempt = 1
+        self.resumed = False
+        self.closed = False
+        self.exception: BaseException | None = None
+        self.created_at = datetime.now(timezone.utc)
+        self._explicit_out_dir: tuple[str, Path] | None = None
+        self._attached: dict[int, str] = {}
+        self._synchronized = False
+        self._published = False
+        self._phase_rows: dict[tuple[str, bool], dict[str, Any]] = {}
+        self._tables: dict[str, list[dict[str, Any]]] = {}
+        self._schemas: dict[str, pa.Schema | None] = {PHASE_TABLE: storage.PHASE_SCHEMA}
+        self._seq: dict[str, int] = {}
+        self._dirty: set[str] = set()
+        self._lock = threading.RLock()
+
+    # ----------------------------------------------------------------------------------------
+    # Finding the run of a Trainer
+    # ----------------------------------------------------------------------------------------
+
+    @classmethod
+    def of(cls, trainer: pl.Trainer) -> PilotRun:
+        """The open run of ``trainer``'s current fit, created on first use.
+
+        A run closes when the last pilot callback attached to it closes; the next call then
+        starts a new run (a second ``trainer.fit`` is a new run).
+        """
+        with _RUNS_LOCK:
+            run = _RUNS.get(trainer)
+            if run is None or run.closed:
+                stage = trainer.state.fn.value if trainer.state.fn is not None else None
+                run = cls(
+                    default_out_dir=Path(trainer.default_root_dir) / "pilot",
+                    rank=trainer.global_rank,
+                    world_size=trainer.world_size,
+                    stage=stage,
+                )
+                _RUNS[trainer] = run
+            return run
+
+    @classmethod
+    def last(cls, trainer: pl.Trainer) -> PilotRun | None:
+        """The most recent run of ``trainer``, open or closed (``None`` if it never had one)."""
+        with _RUNS_LOCK:
+            return _RUNS.get(trainer)
+
+    # ----------------------------------------------------------------------------------------
+    # Where it writes
+    # ----------------------------------------------------------------------------------------
+
+    @property
+    def out_dir(self) -> Path:
+        """The output folder: the ``out_dir`` a callback named, else the default."""
+        return self._explicit_out_dir[1] if self._explicit_out_dir else self._default_out_dir
+
+    @property
+    def run_dir(self) -> Path:
+        """``<out_dir>/runs/<run_id>``: the phase table and per-callback details."""
+        return storage.safe_join(self.out_dir, "runs", self.run_id)
+
+    @property
+    def ledger_dir(self) -> Path:
+        """``<out_dir>/ledger``: the append-only run ledger."""
+        return self.out_dir / "ledger"
+
+    @property
+    def is_global_zero(self) -> bool:
+        """Whether this process writes the shared files (the ledger)."""
+        return self.rank == 0
+
+    @property
+    def writer(self) -> str:
+        """This process's snapshot writer name: attempt, rank and the unique attempt id."""
+        return f"a{self.attempt:04d}-r{self.rank:05d}-{self.attempt_id}"
+
+    # ----------------------------------------------------------------------------------------
+    # Callbacks joining and leaving
+    # ----------------------------------------------------------------------------------------
+
+    def attach(self, callback: object, out_dir: str | os.PathLike[str] | None = None) -> None:
+        """Register a callback with this run; it names ``out_dir`` or leaves it to the default.
+
+        Raises:
+            ValueError: ``out_dir`` differs from the one another callback of this fit named.
+        """
+        name = type(callback).__name__
+        wanted = _normalise_out_dir(out_dir)
+        with self._lock:
+            if wanted is not None:
+                if self._explicit_out_dir is not None and self._explicit_out_dir[1] != wanted:
+                    other, other_dir = self._explicit_out_dir
+                    raise ValueError(
+                        f"{other}(out_dir={str(other_dir)!r}) and {name}(out_dir={str(wanted)!r})"
+                        " are in the same Trainer but name different output folders; one fit"
+                        " writes one run into one folder. Give them the same out_dir, or leave"
+                        f" it unset to use {str(self._default_out_dir)!r}."
+                    )
+                if self._published and wanted != self.out_dir:
+                    raise ValueError(
+                        f"{name}(out_dir={str(wanted)!r}) joined run {self.run_id} after it had"
+                        f" already written to {str(self.out_dir)!r}; give every pilot callback"
+                        " the same out_dir."
+                    )
+                self._explicit_out_dir = (name, wanted)
+            self._attached[id(callback)] = name
+
+    def synchronize(self, trainer: pl.Trainer) -> None:
+        """Make every rank use global rank 0's ids (a collective: call it on every rank).
+
+        Pilot callbacks call it from ``setup``, where every rank runs the same hooks in the same
+        order. With one process it does nothing.
+        """
+        with self._lock:
+            if self._synchronized or self.world_size == 1:
+                self._synchronized = True
+                return
+            self._synchronized = True
+        shared = trainer.strategy.broadcast((self.attempt_id, self.created_at), src=0)
+        attempt_id = validate_run_id(shared[0], "broadcast attempt_id")
+        with self._lock:
+            if not self.resumed:
+                self.run_id = attempt_id
+            self.attempt_id = attempt_id
+            self.created_at = shared[1]
+
+    def close(self, callback: object, *, failing: bool = False) -> None:
+        """Detach a callback; the last one to leave flushes and closes the run.
+
+        Closing twice is harmless. With ``failing=True`` (the exception path) a failed flush
+        is reported as a warning, so the user's own exception is never replaced by ours.
+        """
+        with self._lock:
+            if self._attached.pop(id(callback), None) is None or self._attached:
+                return
+            try:
+                self.flush()
+            except OSError as err:
+                if not failing:
+                    raise
+                warnings.warn(
+                    f"lightning-pilot: could not write run {self.run_id} to {self.out_dir}"
+                    f" while the fit was failing: {err}",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+            finally:
+                self.closed = True
+
+    def record_exception(self, exception: BaseException) -> None:
+        """Remember the exception that ended the fit (for ledger end records)."""
+        with self._lock:
+            if self.exception is None:
+                self.exception = exception
+
+    # ----------------------------------------------------------------------------------------
+    # Identity in checkpoints
+    # ----------------------------------------------------------------------------------------
+
+    def identity(self) -> dict[str, Any]:
+        """The identity saved in checkpoints (weights-only-safe types only)."""
+        return {"run_id": self.run_id, "attempt": self.attempt}
+
+    def adopt(self, identity: Mapping[str, Any]) -> None:
+        """Continue the run a checkpoint came from: same ``run_id``, the next attempt.
+
+        Called from the pilot callbacks' ``load_state_dict`` when a fit resumes with
+        ``ckpt_path``; several callbacks carrying the same identity adopt it once.
+
+        Raises:
+            ValueError: the saved identity is not a valid run id or attempt.
+        """
+        run_id = validate_run_id(identity.get("run_id"), "checkpoint pilot run_id")
+        attempt = identity.get("attempt", 1)
+        if not isinstance(attempt, int) or attempt < 1:
+            raise ValueError(
+                f"checkpoint pilot attempt={attempt!r} is invalid: expected a positive integer."
+            )
+        with self._lock:
+            if self.resumed:
+                if run_id != self.run_id:
+                    warnings.warn(
+                        f"lightning-pilot: the checkpoint carries two run ids ({self.run_id} and"
+                        f" {run_id}); keeping {self.run_id}.",
+                        RuntimeWarning,
+                        stacklevel=2,
+                    )
+                return
+            if self._published:
+                warnings.warn(
+                    f"lightning-pilot: rows were already written under run {self.run_id} before"
+                    f" the checkpoint of run {run_id} was loaded; they stay there.",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+            self.run_id = run_id
+            self.attempt = attempt + 1
+            self.resumed = True
+
+    # ----------------------------------------------------------------------------------------
+    # Rows
+    # ----------------------------------------------------------------------------------------
+
+    def put_phase_row(self, row: Mapping[str, Any], *, source: str) -> None:
+        """Add or update the phase row of ``(row["phase"], row["first"])``.
+
+        Several callbacks may contribute to one phase (memory from one, verdict from another):
+        values given here replace earlier ones, except that the verdict is the worst of both,
+        checks are merged by name and reasons are kept side by side.
+
+        Raises:
+            ValueError: an unknown column or a value outside the phase vocabularies.
+        """
+        storage.validate_phase_row(row)
+        key = (str(row["phase"]), bool(row.get("first") or False))
+        with self._lock:
+            current = self._phase_rows.get(key)
+            merged = dict(row) if current is None else _merge_phase_rows(current, row)
+            sources = [s for s in (merged.get("source") or "").split(",") if s]
+            if source not in sources:
+                sources.append(source)
+            merged["source"] = ",".join(sources)
+            merged["first"] = key[1]
+            self._phase_rows[key] = merged
+            self._dirty.add(PHASE_TABLE)
+
+    def phase_rows(self) -> list[dict[str, Any]]:
+        """A copy of the buffered phase rows of this process."""
+        with self._lock:
+            return [dict(row) for row in self._phase_rows.values()]
+
+    def register_table(self, name: str, schema: pa.Schema | None = None) -> None:
+        """Declare a detail table ``runs/<run_id>/<name>.parquet`` (schema inferred if None)."""
+        storage.safe_path_component(name, "table name")
+        with self._lock:
+            if name == PHASE_TABLE:
+                raise ValueError(f"table name {name!r} is reserved for the phase table.")
+            self._schemas.setdefault(name, schema)
+            self._tables.setdefault(name, [])
+
+    def append_rows(self, name: str, rows: Sequence[Mapping[str, Any]]) -> None:
+        """Append rows to a registered detail table."""
+        with self._lock:
+            if name not in self._tables:
+                raise ValueError(
+                    f"table {name!r} is not registered; call register_table({name!r}) first"
+                    f" (registered: {sorted(self._tables)})."
+                )
+            self._tables[name].extend(dict(row) for row in rows)
+            self._dirty.add(name)
+
+    # ----------------------------------------------------------------------------------------
+    # Flushing
+    # ----------------------------------------------------------------------------------------
+
+    def flush(self) -> list[Path]:
+        """Publish a snapshot of every table that changed since the last flush.
+
+        Returns:
+            The files written (empty when nothing changed).
+
+        Raises:
+            OSError: a write failed; the tables stay buffered and the previous snapshots
+                stay readable.
+        """
+        with self._lock:
+            written = []
+            for name in sorted(self._dirty):
+                table = self._build_table(name)
+                seq = self._seq.get(name, 0) + 1
+                path = storage.write_snapshot(
+                    self.run_dir / f"{name}.parquet", table, writer=self.writer, seq=seq
+                )
+                self._seq[name] = seq
+                self._published = True
+                self._dirty.discard(name)
+                written.append(path)
+            return written
+
+    def _stamp(self, row: Mapping[str, Any], now: datetime) -> dict[str, Any]:
+        stamped = dict(row)
+        stamped.update(
+            run_id=self.run_id,
+            attempt=self.attempt,
+            attempt_id=self.attempt_id,
+            rank=self.rank,
+        )
+        stamped.setdefault("world_size", self.world_size)
+        stamped.setdefault("written_at", now)
+        return stamped
+
+    def _build_table(self, name: str) -> pa.Table:
+        now = datetime.now(timezone.utc)
+        if name == PHASE_TABLE:
+            rows = [
+                self._stamp(row, now) | {"schema_version": storage.PHASE_SCHEMA_VERSION}
+                for row in self._phase_rows.values()
+            ]
+            return storage.rows_to_table(rows, storage.PHASE_SCHEMA)
+        rows = [self._stamp(row, now) for row in self._tables[name]]
+        schema = self._schemas.get(name)
+        if schema is None:
+            return pa.Table.from_pylist(rows)
+        return storage.rows_to_table(rows, schema)
+
+
+def _merge_phase_rows(current: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
+    merged = dict(current)
+    for column, value in new.items():
+        if value is not None and column not in ("verdict", "checks", "reason", "source"):
+            merged[column] = value
+    verdicts = [v for v in (current.get("verdict"), new.get("verdict")) if v is not None]
+    if verdicts:
+        merged["verdict"] = worst_verdict(verdicts)
+    checks = {c["name"]: c for c in (current.get("checks") or [])}
+    checks.update({c["name"]: c for c in (new.get("checks") or [])})
+    if checks:
+        merged["checks"] = list(checks.values())
+    reasons = [r for r in (current.get("reason"), new.get("reason")) if r]
+    if reasons:
+        merged["reason"] = "; ".join(dict.fromkeys(reasons))
+    return merged
+
+
+class PilotCallback(Callback):
+    """Base of every pilot callback: joins the fit's :class:`PilotRun` and leaves it cleanly.
+
+    It attaches to the run in ``setup`` (checking that every pilot callback of the Trainer
+    names the same ``out_dir``), closes it in ``teardown`` and ``on_exception`` (so rows are
+    flushed on every exit path, and the user's exception is never replaced), and carries the
+    run identity in checkpoints so a resumed fit continues the same run as its next attempt.
+    Subclasses that override these hooks call ``super()``.
+
+    Args:
+        out_dir: the output folder; default ``<trainer.default_root_dir>/pilot``.
+
+    Example:
+        >>> import tempfile
+        >>> import lightning.pytorch as pl
+        >>> from lightning.pytorch.demos.boring_classes import BoringModel
+        >>> from lightning_pilot import PilotCallback
+        >>> folder = tempfile.mkdtemp()
+        >>> callback = PilotCallback(out_dir=folder)
+        >>> trainer = pl.Trainer(max_steps=2, callbacks=[callback], logger=False,
+        ...                      enable_checkpointing=False, enable_progress_bar=False,
+        ...                      enable_model_summary=False, default_root_dir=folder)
+        >>> trainer.fit(BoringModel())
+        >>> callback.run.closed, callback.run.out_dir == Path(folder).resolve()
+        (True, True)
+    """
+
+    STATE_VERSION: Final = 1
+
+    def __init__(self, *, out_dir: str | os.PathLike[str] | None = None) -> None:
+        self._out_dir = _normalise_out_dir(out_dir)
+        self._run: PilotRun | None = None
+        self._pending_identity: Mapping[str, Any] | None = None
+
+    @property
+    def out_dir(self) -> Path | None:
+        """The ``out_dir`` this callback was given (``None``: the run's default)."""
+        return self._out_dir
+
+    @property
+    def run(self) -> PilotRun:
+        """The run this callback writes into (the last one, after the fit ended).
+
+        Raises:
+            RuntimeError: the callback has not been set up by a Trainer yet.
+        """
+        if self._run is None:
+            raise RuntimeError(
+                f"{type(self).__name__} has no run yet: the run starts when a Trainer calls"
+                " setup() (trainer.fit/validate/test/predict)."
+            )
+        return self._run
+
+    @property
+    @override
+    def state_key(self) -> str:
+        return self._generate_state_key(out_dir=str(self._out_dir))
+
+    @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        run = PilotRun.of(trainer)
+        run.attach(self, self._out_dir)
+        run.synchronize(trainer)
+        if self._pending_identity is not None:
+            run.adopt(self._pending_identity)
+            self._pending_identity = None
+        self._run = run
+
+    @override
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if self._run is not None:
+            self._run.close(self)
+
+    @override
+    def on_exception(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
+    ) -> None:
+        if self._run is not None:
+            self._run.record_exception(exception)
+            self._run.close(self, failing=True)
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        if self._run is None:
+            return {}
+        return {"version": self.STATE_VERSION, "pilot_run": self._run.identity()}
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        identity = state_dict.get("pilot_run")
+        if not isinstance(identity, Mapping):
+            return
+        if self._run is not None and not self._run.closed:
+            self._run.adopt(identity)
+        else:
+            self._pending_identity = identity
