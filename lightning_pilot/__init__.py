@@ -6,16 +6,36 @@ training resume from a checkpoint, how many examples does one update see, and wh
 diverged or crashed and why. Add the callbacks to the Trainer you already have; they share one
 run and write a Parquet phase table and an append-only run ledger.
 
+Names are imported on first use, so reading a ledger or running ``lightning-pilot --version``
+does not pay for importing Lightning.
+
 Example:
     >>> import lightning_pilot
     >>> lightning_pilot.__version__
     '0.1.0'
+    >>> lightning_pilot.PilotRun.__name__
+    'PilotRun'
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from lightning_pilot._version import __version__
-from lightning_pilot.core.ids import new_run_id
-from lightning_pilot.run import PilotCallback, PilotRun
-from lightning_pilot.storage import read_ledger_records, read_phase_table
+
+if TYPE_CHECKING:
+    from lightning_pilot.core.ids import new_run_id
+    from lightning_pilot.run import PilotCallback, PilotRun
+    from lightning_pilot.storage import read_ledger_records, read_phase_table
+
+_LAZY = {
+    "PilotCallback": "lightning_pilot.run",
+    "PilotRun": "lightning_pilot.run",
+    "new_run_id": "lightning_pilot.core.ids",
+    "read_ledger_records": "lightning_pilot.storage",
+    "read_phase_table": "lightning_pilot.storage",
+}
 
 __all__ = [
     "PilotCallback",
@@ -25,3 +45,16 @@ __all__ = [
     "read_ledger_records",
     "read_phase_table",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'lightning_pilot' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -1,0 +1,761 @@
+"""A tiny causal transformer language model on a synthetic instruction -> response task.
+
+Every example is one short token sequence::
+
+    <bos> COMMAND s1 s2 ... sn <sep> r1 r2 ... rn <eos>
+    '--------- instruction ---------' '--- response ---'
+
+where ``COMMAND`` is ``copy``, ``reverse`` or ``sort`` and the response is the symbols
+``s1 ... sn`` transformed by that command. The data is generated from a seed, so it needs no
+download and two runs with the same seed see exactly the same examples.
+
+Batch format (what :class:`InstructionDataModule` loaders yield, see :class:`InstructionCollator`):
+
+* ``ids``: ``LongTensor[B]``, the stable id of each example (its index in the generated data).
+* ``input_ids``: ``LongTensor[B, T]``, the tokens, right-padded with :data:`PAD_ID`; ``T`` is the
+  longest example of the batch, capped at ``max_length`` (longer examples are truncated).
+* ``attention_mask``: ``LongTensor[B, T]``, 1 on real tokens and 0 on padding.
+* ``labels``: ``LongTensor[B, T]``, aligned with ``input_ids`` (the Hugging Face convention: the
+  model shifts internally, so the logits at position ``t`` are scored against ``labels[t + 1]``).
+  Response tokens (including ``<eos>``) keep their token id; instruction tokens (including
+  ``<sep>``) and padding are :data:`IGNORE_INDEX`, so only the response counts in the loss.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from types import MappingProxyType
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from lightning.pytorch import LightningDataModule, LightningModule
+from lightning.pytorch.utilities.types import OptimizerLRScheduler
+from torch import Tensor, nn
+from torch.utils.data import DataLoader, Dataset, Subset
+
+from lightning_pilot.demo._data import (
+    build_dataloader,
+    check_bool,
+    check_choice,
+    check_float,
+    check_int,
+    check_split_fractions,
+    invalid_message,
+    split_counts,
+    stateful_dataloader_class,
+)
+
+__all__ = [
+    "BOS_ID",
+    "COMMANDS",
+    "EOS_ID",
+    "IGNORE_INDEX",
+    "ID_TO_TOKEN",
+    "PAD_ID",
+    "SEP_ID",
+    "SPECIAL_TOKENS",
+    "SYMBOLS",
+    "TOKEN_TO_ID",
+    "VOCAB",
+    "VOCAB_SIZE",
+    "InstructionCollator",
+    "InstructionDataModule",
+    "InstructionDataset",
+    "TinyCausalLM",
+    "decode",
+    "encode",
+]
+
+IGNORE_INDEX = -100
+"""Label of the positions the loss skips (instruction and padding); PyTorch's default."""
+
+SPECIAL_TOKENS: tuple[str, ...] = ("<pad>", "<bos>", "<sep>", "<eos>")
+"""Structural tokens, in id order: padding, begin of sequence, instruction end, response end."""
+
+COMMANDS: tuple[str, ...] = ("copy", "reverse", "sort")
+"""The instructions the model learns to follow."""
+
+SYMBOLS: tuple[str, ...] = tuple("abcdefghijklmnop")
+"""The tokens the commands operate on; ``sort`` orders them alphabetically (= by id)."""
+
+VOCAB: tuple[str, ...] = SPECIAL_TOKENS + COMMANDS + SYMBOLS
+"""Every token string, indexed by token id."""
+
+VOCAB_SIZE = len(VOCAB)
+"""Number of token ids (23)."""
+
+ID_TO_TOKEN: tuple[str, ...] = VOCAB
+"""Token id -> token string (the same tuple as :data:`VOCAB`)."""
+
+TOKEN_TO_ID: Mapping[str, int] = MappingProxyType({token: i for i, token in enumerate(VOCAB)})
+"""Token string -> token id (read-only)."""
+
+PAD_ID = TOKEN_TO_ID["<pad>"]
+BOS_ID = TOKEN_TO_ID["<bos>"]
+SEP_ID = TOKEN_TO_ID["<sep>"]
+EOS_ID = TOKEN_TO_ID["<eos>"]
+
+_FIRST_COMMAND_ID = TOKEN_TO_ID[COMMANDS[0]]
+_FIRST_SYMBOL_ID = TOKEN_TO_ID[SYMBOLS[0]]
+
+
+def encode(text: str) -> list[int]:
+    """Turn whitespace-separated token strings into token ids.
+
+    Args:
+        text: Tokens separated by whitespace, e.g. ``"<bos> sort c a b <sep>"``.
+
+    Returns:
+        The token ids.
+
+    Raises:
+        ValueError: A token is not in :data:`VOCAB`.
+
+    Example:
+        >>> encode("<bos> copy a b <sep>")
+        [1, 4, 7, 8, 2]
+    """
+    ids = []
+    for token in text.split():
+        if token not in TOKEN_TO_ID:
+            raise ValueError(
+                f"encode() got the unknown token {token!r}: tokens must be one of {VOCAB}."
+            )
+        ids.append(TOKEN_TO_ID[token])
+    return ids
+
+
+def decode(ids: Iterable[int] | Tensor, *, skip_padding: bool = True) -> str:
+    """Turn token ids into space-separated token strings.
+
+    Args:
+        ids: Token ids: a list, or a 1-d tensor such as a row of ``input_ids`` or ``labels``.
+        skip_padding: Drop :data:`PAD_ID` and :data:`IGNORE_INDEX` entries, so that a padded row
+            reads as its example and a ``labels`` row reads as its response.
+
+    Returns:
+        The tokens joined by single spaces.
+
+    Raises:
+        ValueError: An id is not a token id (and is not skipped), or ``ids`` is not 1-d.
+
+    Example:
+        >>> decode([1, 5, 7, 8, 2, 8, 7, 3, 0, 0])
+        '<bos> reverse a b <sep> b a <eos>'
+        >>> decode([-100, -100, 9, 3])
+        'c <eos>'
+    """
+    if isinstance(ids, Tensor):
+        if ids.dim() != 1:
+            raise ValueError(
+                f"decode() got a tensor of shape {tuple(ids.shape)}: ids must be 1-d; "
+                "decode batches row by row."
+            )
+        ids = ids.tolist()
+    tokens = []
+    for token_id in ids:
+        if skip_padding and token_id in (PAD_ID, IGNORE_INDEX):
+            continue
+        if not 0 <= token_id < VOCAB_SIZE:
+            raise ValueError(
+                f"decode() got the token id {token_id!r}: ids must be in [0, {VOCAB_SIZE})."
+            )
+        tokens.append(ID_TO_TOKEN[token_id])
+    return " ".join(tokens)
+
+
+def _respond(command: int, symbols: list[int]) -> list[int]:
+    """Apply a command (index into :data:`COMMANDS`) to symbol ids."""
+    if COMMANDS[command] == "copy":
+        return list(symbols)
+    if COMMANDS[command] == "reverse":
+        return symbols[::-1]
+    return sorted(symbols)
+
+
+class InstructionDataset(Dataset[dict[str, Any]]):
+    """Seeded synthetic instruction -> response examples.
+
+    Example ``i`` has id ``i``. Items are unbatched dicts: ``ids`` (``int``), ``input_ids``,
+    ``attention_mask`` and ``labels`` (1-d ``LongTensor`` of the example's full length, without
+    padding or truncation; :class:`InstructionCollator` does both).
+
+    Args:
+        size: Number of examples.
+        seed: Seed of the generator; the same seed gives the same examples.
+        min_symbols: Fewest symbols an instruction operates on.
+        max_symbols: Most symbols an instruction operates on. An example is
+            ``2 * n + 4`` tokens long for ``n`` symbols.
+
+    Example:
+        >>> dataset = InstructionDataset(size=4, seed=0)
+        >>> len(dataset)
+        4
+        >>> sorted(dataset[0])
+        ['attention_mask', 'ids', 'input_ids', 'labels']
+        >>> decode(dataset[0]["input_ids"]).startswith("<bos>")
+        True
+    """
+
+    def __init__(self, size: int, seed: int, *, min_symbols: int = 2, max_symbols: int = 8) -> None:
+        owner = type(self).__name__
+        check_int(owner, "size", size, minimum=1)
+        check_int(owner, "seed", seed, minimum=0)
+        check_int(owner, "min_symbols", min_symbols, minimum=1)
+        check_int(owner, "max_symbols", max_symbols, minimum=1)
+        if max_symbols < min_symbols:
+            raise ValueError(
+                invalid_message(
+                    owner, "max_symbols", max_symbols, f">= min_symbols ({min_symbols})"
+                )
+            )
+        generator = torch.Generator().manual_seed(seed)
+        # Draw everything in three vectorised calls, then assemble the short lists in Python:
+        # fast for tens of thousands of examples and fully determined by the seed.
+        commands = torch.randint(len(COMMANDS), (size,), generator=generator).tolist()
+        lengths = torch.randint(min_symbols, max_symbols + 1, (size,), generator=generator)
+        symbols = torch.randint(len(SYMBOLS), (size, max_symbols), generator=generator)
+        symbols += _FIRST_SYMBOL_ID
+
+        total_length = 2 * max_symbols + 4
+        # One padded matrix instead of thousands of small tensors: compact, quick to index.
+        self._tokens = torch.full((size, total_length), PAD_ID, dtype=torch.long)
+        self._lengths = torch.empty(size, dtype=torch.long)
+        self._prompt_lengths = torch.empty(size, dtype=torch.long)
+        for i, (command, length, row) in enumerate(
+            zip(commands, lengths.tolist(), symbols.tolist(), strict=True)
+        ):
+            operands = row[:length]
+            prompt = [BOS_ID, _FIRST_COMMAND_ID + command, *operands, SEP_ID]
+            response = [*_respond(command, operands), EOS_ID]
+            sequence = prompt + response
+            self._tokens[i, : len(sequence)] = torch.tensor(sequence)
+            self._lengths[i] = len(sequence)
+            self._prompt_lengths[i] = len(prompt)
+
+    def __len__(self) -> int:
+        return int(self._tokens.shape[0])
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        length = int(self._lengths[index])
+        # clone(): a view would drag the whole matrix along when sent to a DataLoader worker.
+        input_ids = self._tokens[index, :length].clone()
+        labels = input_ids.clone()
+        labels[: int(self._prompt_lengths[index])] = IGNORE_INDEX
+        return {
+            "ids": int(index),
+            "input_ids": input_ids,
+            "attention_mask": torch.ones(length, dtype=torch.long),
+            "labels": labels,
+        }
+
+
+class InstructionCollator:
+    """Pad (right) and truncate instruction examples into a batch.
+
+    ``T`` is the longest example in the batch, capped at ``max_length``; longer examples lose
+    their tail (which may cut into or remove the response). Padding gets :data:`PAD_ID` in
+    ``input_ids``, 0 in ``attention_mask`` and :data:`IGNORE_INDEX` in ``labels``.
+
+    A class rather than a closure so that DataLoader worker processes can pickle it.
+
+    Args:
+        max_length: Most tokens per example.
+
+    Example:
+        >>> collate = InstructionCollator(max_length=6)
+        >>> batch = collate([InstructionDataset(size=2, seed=0)[i] for i in range(2)])
+        >>> batch["input_ids"].shape[1] <= 6
+        True
+    """
+
+    def __init__(self, max_length: int) -> None:
+        self.max_length = check_int(type(self).__name__, "max_length", max_length, minimum=1)
+
+    def __call__(self, examples: Sequence[Mapping[str, Any]]) -> dict[str, Tensor]:
+        """Merge unbatched examples (dicts from :class:`InstructionDataset`) into one batch."""
+        width = min(self.max_length, max(len(example["input_ids"]) for example in examples))
+        batch_size = len(examples)
+        input_ids = torch.full((batch_size, width), PAD_ID, dtype=torch.long)
+        attention_mask = torch.zeros((batch_size, width), dtype=torch.long)
+        labels = torch.full((batch_size, width), IGNORE_INDEX, dtype=torch.long)
+        for row, example in enumerate(examples):
+            length = min(width, len(example["input_ids"]))
+            input_ids[row, :length] = example["input_ids"][:length]
+            attention_mask[row, :length] = 1
+            labels[row, :length] = example["labels"][:length]
+        ids = torch.tensor([int(example["ids"]) for example in examples], dtype=torch.long)
+        return {
+            "ids": ids,
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "labels": labels,
+        }
+
+
+class InstructionDataModule(LightningDataModule):
+    """Train/validation/test loaders of the synthetic instruction task.
+
+    The ``dataset_size`` examples are generated from ``seed`` and split in id order: the first
+    ones train, then validation, then test. Ids are therefore unique across splits. The
+    predict loader serves the test split. See the module docstring for the batch format.
+
+    Args:
+        dataset_size: Examples in all three splits together.
+        seed: Seed of the data and of the shuffling order.
+        batch_size: Examples per batch.
+        max_length: Most tokens per example; longer examples are truncated. The default fits
+            every example of the default ``max_symbols`` (``2 * 8 + 4 = 20`` tokens).
+        val_size: Fraction of the examples held out for validation (at least one example).
+        test_size: Fraction of the examples held out for testing (at least one example).
+        stateful: Return torchdata ``StatefulDataLoader`` instances, whose ``state_dict``
+            records the position inside an epoch (needs ``lightning-pilot[stateful]``).
+        shuffle: Shuffle the training split (seeded); evaluation splits are never shuffled.
+        num_workers: DataLoader worker processes.
+        min_symbols: Fewest symbols per instruction.
+        max_symbols: Most symbols per instruction.
+
+    Raises:
+        TypeError: An argument has the wrong type.
+        ValueError: An argument is out of range.
+        ImportError: ``stateful=True`` without torchdata installed.
+
+    Example:
+        >>> datamodule = InstructionDataModule(dataset_size=64, seed=0, batch_size=4)
+        >>> datamodule.setup("fit")
+        >>> batch = next(iter(datamodule.train_dataloader()))
+        >>> sorted(batch)
+        ['attention_mask', 'ids', 'input_ids', 'labels']
+        >>> batch["input_ids"].shape == batch["labels"].shape == batch["attention_mask"].shape
+        True
+        >>> len(batch["ids"])
+        4
+    """
+
+    def __init__(
+        self,
+        dataset_size: int = 2048,
+        seed: int = 0,
+        batch_size: int = 32,
+        max_length: int = 32,
+        val_size: float = 0.1,
+        test_size: float = 0.1,
+        stateful: bool = False,
+        shuffle: bool = True,
+        num_workers: int = 0,
+        min_symbols: int = 2,
+        max_symbols: int = 8,
+    ) -> None:
+        super().__init__()
+        owner = type(self).__name__
+        self.dataset_size = check_int(owner, "dataset_size", dataset_size, minimum=3)
+        self.seed = check_int(owner, "seed", seed, minimum=0)
+        self.batch_size = check_int(owner, "batch_size", batch_size, minimum=1)
+        self.max_length = check_int(owner, "max_length", max_length, minimum=1)
+        self.val_size, self.test_size = check_split_fractions(owner, val_size, test_size)
+        self.stateful = check_bool(owner, "stateful", stateful)
+        self.shuffle = check_bool(owner, "shuffle", shuffle)
+        self.num_workers = check_int(owner, "num_workers", num_workers, minimum=0)
+        self.min_symbols = check_int(owner, "min_symbols", min_symbols, minimum=1)
+        self.max_symbols = check_int(owner, "max_symbols", max_symbols, minimum=1)
+        if max_symbols < min_symbols:
+            raise ValueError(
+                invalid_message(
+                    owner, "max_symbols", max_symbols, f">= min_symbols ({min_symbols})"
+                )
+            )
+        counts = split_counts(self.dataset_size, self.val_size, self.test_size)
+        if counts is None:
+            raise ValueError(
+                invalid_message(
+                    owner,
+                    "dataset_size",
+                    dataset_size,
+                    f"large enough to leave training examples after val_size={val_size!r} "
+                    f"and test_size={test_size!r} take at least one example each",
+                )
+            )
+        self._split_counts = counts
+        if self.stateful:
+            # Fail at construction, not minutes later when the first loader is built.
+            stateful_dataloader_class(owner)
+        self.save_hyperparameters()
+        self._splits: dict[str, Subset[dict[str, Any]]] = {}
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of token ids, the ``vocab_size`` a model of this data needs."""
+        return VOCAB_SIZE
+
+    def setup(self, stage: str | None = None) -> None:
+        """Generate the examples and split them (once; later calls reuse them).
+
+        Args:
+            stage: Lightning's stage name; every stage gets all splits.
+        """
+        if self._splits:
+            return
+        dataset = InstructionDataset(
+            self.dataset_size,
+            self.seed,
+            min_symbols=self.min_symbols,
+            max_symbols=self.max_symbols,
+        )
+        n_train, n_val, _ = self._split_counts
+        self._splits = {
+            "train": Subset(dataset, range(n_train)),
+            "val": Subset(dataset, range(n_train, n_train + n_val)),
+            "test": Subset(dataset, range(n_train + n_val, self.dataset_size)),
+        }
+
+    def _split(self, name: str) -> Subset[dict[str, Any]]:
+        if not self._splits:
+            raise RuntimeError(
+                f"{type(self).__name__}.{name}_dataset is not available before setup(); "
+                "call datamodule.setup() first (Trainer does it for you)."
+            )
+        return self._splits[name]
+
+    @property
+    def train_dataset(self) -> Subset[dict[str, Any]]:
+        """The training examples (after :meth:`setup`)."""
+        return self._split("train")
+
+    @property
+    def val_dataset(self) -> Subset[dict[str, Any]]:
+        """The validation examples (after :meth:`setup`)."""
+        return self._split("val")
+
+    @property
+    def test_dataset(self) -> Subset[dict[str, Any]]:
+        """The test examples (after :meth:`setup`)."""
+        return self._split("test")
+
+    def _loader(self, dataset: Dataset[Any], *, shuffle: bool) -> DataLoader[Any]:
+        return build_dataloader(
+            dataset,
+            owner=type(self).__name__,
+            batch_size=self.batch_size,
+            shuffle=shuffle,
+            seed=self.seed,
+            num_workers=self.num_workers,
+            stateful=self.stateful,
+            collate_fn=InstructionCollator(self.max_length),
+        )
+
+    def train_dataloader(self) -> DataLoader[Any]:
+        """Loader of the training split, shuffled (seeded) unless ``shuffle=False``."""
+        return self._loader(self.train_dataset, shuffle=self.shuffle)
+
+    def val_dataloader(self) -> DataLoader[Any]:
+        """Loader of the validation split, in id order."""
+        return self._loader(self.val_dataset, shuffle=False)
+
+    def test_dataloader(self) -> DataLoader[Any]:
+        """Loader of the test split, in id order."""
+        return self._loader(self.test_dataset, shuffle=False)
+
+    def predict_dataloader(self) -> DataLoader[Any]:
+        """Loader of the test split, in id order (batches keep their labels)."""
+        return self._loader(self.test_dataset, shuffle=False)
+
+
+class _CausalSelfAttention(nn.Module):
+    """Multi-head self-attention under a boolean "may attend" mask."""
+
+    def __init__(self, d_model: int, n_heads: int, dropout: float) -> None:
+        super().__init__()
+        self.n_heads = n_heads
+        self.dropout = dropout
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.out = nn.Linear(d_model, d_model)
+
+    def forward(self, x: Tensor, allowed: Tensor) -> Tensor:
+        batch, length, width = x.shape
+        # [B, T, 3 * C] -> three [B, heads, T, C / heads] tensors.
+        qkv = self.qkv(x).view(batch, length, 3, self.n_heads, width // self.n_heads)
+        query, key, value = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+        attended = F.scaled_dot_product_attention(
+            query,
+            key,
+            value,
+            attn_mask=allowed,
+            dropout_p=self.dropout if self.training else 0.0,
+        )
+        merged: Tensor = self.out(attended.transpose(1, 2).reshape(batch, length, width))
+        return merged
+
+
+class _Block(nn.Module):
+    """Pre-norm transformer block: attention then MLP, each around a residual connection."""
+
+    def __init__(self, d_model: int, n_heads: int, dropout: float) -> None:
+        super().__init__()
+        self.attention_norm = nn.LayerNorm(d_model)
+        self.attention = _CausalSelfAttention(d_model, n_heads, dropout)
+        self.mlp_norm = nn.LayerNorm(d_model)
+        self.mlp = nn.Sequential(
+            nn.Linear(d_model, 4 * d_model),
+            nn.GELU(),
+            nn.Linear(4 * d_model, d_model),
+            nn.Dropout(dropout),
+        )
+
+    def forward(self, x: Tensor, allowed: Tensor) -> Tensor:
+        x = x + self.attention(self.attention_norm(x), allowed)
+        updated: Tensor = x + self.mlp(self.mlp_norm(x))
+        return updated
+
+
+class TinyCausalLM(LightningModule):
+    """A small GPT-style decoder trained on :class:`InstructionDataModule` batches.
+
+    Learned token and position embeddings, ``n_layers`` pre-norm blocks and a linear head. The
+    loss is cross-entropy of the next token, averaged over the positions whose label is not
+    :data:`IGNORE_INDEX` (the response tokens); a batch without any such position scores 0.
+
+    Logged metrics: ``train_loss`` (every step), ``val_loss`` and ``val_acc`` (next-token
+    accuracy on response tokens, teacher-forced), ``test_loss`` and ``test_acc``.
+
+    Keep ``max_length`` equal to the data module's: Lightning merges both modules' hyper-parameters
+    for the loggers and refuses shared names with different values.
+
+    Args:
+        vocab_size: Number of token ids.
+        d_model: Width of the embeddings and blocks.
+        n_heads: Attention heads; must divide ``d_model``.
+        n_layers: Transformer blocks.
+        max_length: Most positions the model accepts (size of the position embedding).
+        dropout: Dropout probability in attention and MLPs.
+        lr: Peak learning rate of AdamW.
+        weight_decay: AdamW weight decay, applied to weight matrices and embeddings only.
+        lr_schedule: ``"constant"`` keeps ``lr`` after warm-up; ``"cosine"`` decays it to
+            ``lr / 10`` over the run's ``Trainer.estimated_stepping_batches``.
+        warmup_steps: Optimizer steps of linear warm-up from ``lr / warmup_steps``.
+
+    Raises:
+        TypeError: An argument has the wrong type.
+        ValueError: An argument is out of range.
+
+    Example:
+        >>> model = TinyCausalLM(d_model=32, n_heads=2, n_layers=1)
+        >>> batch = InstructionCollator(32)([InstructionDataset(size=2, seed=0)[i] for i in (0, 1)])
+        >>> logits = model(batch["input_ids"], batch["attention_mask"])
+        >>> logits.shape == (*batch["input_ids"].shape, VOCAB_SIZE)
+        True
+    """
+
+    def __init__(
+        self,
+        vocab_size: int = VOCAB_SIZE,
+        d_model: int = 64,
+        n_heads: int = 4,
+        n_layers: int = 2,
+        max_length: int = 32,
+        dropout: float = 0.0,
+        lr: float = 3e-3,
+        weight_decay: float = 0.01,
+        lr_schedule: Literal["constant", "cosine"] = "constant",
+        warmup_steps: int = 0,
+    ) -> None:
+        super().__init__()
+        owner = type(self).__name__
+        self.vocab_size = check_int(owner, "vocab_size", vocab_size, minimum=1)
+        check_int(owner, "d_model", d_model, minimum=1)
+        check_int(owner, "n_heads", n_heads, minimum=1)
+        if d_model % n_heads != 0:
+            raise ValueError(
+                invalid_message(owner, "n_heads", n_heads, f"a divisor of d_model={d_model}")
+            )
+        check_int(owner, "n_layers", n_layers, minimum=1)
+        self.max_length = check_int(owner, "max_length", max_length, minimum=1)
+        dropout = check_float(owner, "dropout", dropout, low=0.0, high=1.0)
+        self.lr = check_float(owner, "lr", lr, low=0.0, low_inclusive=False)
+        self.weight_decay = check_float(owner, "weight_decay", weight_decay, low=0.0)
+        self.lr_schedule: Literal["constant", "cosine"] = check_choice(
+            owner, "lr_schedule", lr_schedule, ("constant", "cosine")
+        )
+        self.warmup_steps = check_int(owner, "warmup_steps", warmup_steps, minimum=0)
+        self.save_hyperparameters()
+
+        self.token_embedding = nn.Embedding(vocab_size, d_model)
+        self.position_embedding = nn.Embedding(max_length, d_model)
+        self.blocks = nn.ModuleList(_Block(d_model, n_heads, dropout) for _ in range(n_layers))
+        self.final_norm = nn.LayerNorm(d_model)
+        self.head = nn.Linear(d_model, vocab_size)
+        # Small embeddings (GPT-2's 0.02) keep the first logits near uniform, so the initial
+        # loss is close to ln(vocab_size) and loss-ratio checks have a stable reference.
+        nn.init.normal_(self.token_embedding.weight, std=0.02)
+        nn.init.normal_(self.position_embedding.weight, std=0.02)
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+        """Return next-token logits.
+
+        Args:
+            input_ids: ``LongTensor[B, T]`` with ``T <= max_length``.
+            attention_mask: ``[B, T]``, nonzero on real tokens; ``None`` means no padding.
+
+        Returns:
+            ``FloatTensor[B, T, vocab_size]``; position ``t`` predicts token ``t + 1``.
+
+        Raises:
+            ValueError: The sequences are longer than ``max_length``.
+        """
+        length = input_ids.shape[1]
+        if length > self.max_length:
+            raise ValueError(
+                f"{type(self).__name__}.forward() got sequences of length {length}: the "
+                f"length must be at most max_length={self.max_length}; truncate the data "
+                "or build the model with a larger max_length."
+            )
+        positions = torch.arange(length, device=input_ids.device)
+        x = self.token_embedding(input_ids) + self.position_embedding(positions)
+        causal = torch.ones(length, length, dtype=torch.bool, device=input_ids.device).tril()
+        if attention_mask is None:
+            allowed = causal[None, None]
+        else:
+            keys = attention_mask.bool()[:, None, None, :]
+            # Every position may attend to itself, so a padding row never masks all keys
+            # (softmax over nothing is NaN); padded positions are ignored by the loss anyway.
+            diagonal = torch.eye(length, dtype=torch.bool, device=input_ids.device)
+            allowed = causal & (keys | diagonal)
+        for block in self.blocks:
+            x = block(x, allowed)
+        logits: Tensor = self.head(self.final_norm(x))
+        return logits
+
+    def _loss_and_accuracy(self, batch: Mapping[str, Tensor]) -> tuple[Tensor, Tensor, int]:
+        """Return (mean loss, accuracy, counted tokens) over the response tokens of a batch."""
+        logits = self.forward(batch["input_ids"], batch["attention_mask"])
+        # Labels are aligned with input_ids: logits at t are scored against the label at t + 1.
+        shifted_logits = logits[:, :-1].reshape(-1, logits.shape[-1])
+        targets = batch["labels"][:, 1:].reshape(-1)
+        counted = targets != IGNORE_INDEX
+        n_counted = int(counted.sum())
+        # sum / count instead of reduction="mean", which is NaN when nothing is counted (a
+        # batch truncated before its responses).
+        total = F.cross_entropy(
+            shifted_logits, targets, ignore_index=IGNORE_INDEX, reduction="sum"
+        )
+        loss = total / max(n_counted, 1)
+        correct = (shifted_logits.argmax(dim=-1) == targets) & counted
+        accuracy = correct.sum() / max(n_counted, 1)
+        return loss, accuracy, n_counted
+
+    def training_step(self, batch: Mapping[str, Tensor], batch_idx: int) -> Tensor:
+        """Compute and log ``train_loss`` on one batch."""
+        loss, _, _ = self._loss_and_accuracy(batch)
+        self.log("train_loss", loss, prog_bar=True, batch_size=len(batch["ids"]))
+        return loss
+
+    def validation_step(self, batch: Mapping[str, Tensor], batch_idx: int) -> Tensor:
+        """Compute and log ``val_loss`` and ``val_acc`` on one batch."""
+        return self._evaluate(batch, "val")
+
+    def test_step(self, batch: Mapping[str, Tensor], batch_idx: int) -> Tensor:
+        """Compute and log ``test_loss`` and ``test_acc`` on one batch."""
+        return self._evaluate(batch, "test")
+
+    def _evaluate(self, batch: Mapping[str, Tensor], prefix: str) -> Tensor:
+        loss, accuracy, n_counted = self._loss_and_accuracy(batch)
+        # Weight the epoch average by response tokens, not examples: that is what the loss is
+        # a mean over.
+        weight = max(n_counted, 1)
+        self.log(f"{prefix}_loss", loss, prog_bar=True, batch_size=weight)
+        self.log(f"{prefix}_acc", accuracy, batch_size=weight)
+        return loss
+
+    def predict_step(
+        self, batch: Mapping[str, Tensor], batch_idx: int, dataloader_idx: int = 0
+    ) -> dict[str, Tensor]:
+        """Predict every next token of a batch (teacher-forced, greedy).
+
+        Returns:
+            ``ids``; ``predictions``, a ``LongTensor[B, T]`` aligned with ``labels`` (entry
+            ``t`` is the argmax of the logits at ``t - 1``; entry 0 has no prediction and holds
+            :data:`PAD_ID`); and ``labels`` when the batch has them. Compare both where
+            ``labels != IGNORE_INDEX`` to score the responses.
+        """
+        logits = self.forward(batch["input_ids"], batch["attention_mask"])
+        predictions = torch.full_like(batch["input_ids"], PAD_ID)
+        predictions[:, 1:] = logits[:, :-1].argmax(dim=-1)
+        output = {"ids": batch["ids"], "predictions": predictions}
+        if "labels" in batch:
+            output["labels"] = batch["labels"]
+        return output
+
+    @torch.no_grad()
+    def generate(self, prompt: Sequence[int] | Tensor, max_new_tokens: int | None = None) -> list[int]:
+        """Greedily continue one prompt until ``<eos>``, ``max_new_tokens`` or ``max_length``.
+
+        Args:
+            prompt: Token ids of the instruction, e.g. ``encode("<bos> sort c a b <sep>")``.
+            max_new_tokens: Most tokens to add; ``None`` stops only at ``<eos>`` or
+                ``max_length``.
+
+        Returns:
+            The generated tokens (``<eos>`` included when reached), e.g. for :func:`decode`.
+
+        Example:
+            >>> model = TinyCausalLM(d_model=16, n_heads=2, n_layers=1)
+            >>> answer = model.generate(encode("<bos> sort c a b <sep>"), max_new_tokens=3)
+            >>> len(answer) <= 3
+            True
+        """
+        tokens = [int(token) for token in prompt]
+        budget = self.max_length - len(tokens)
+        if max_new_tokens is not None:
+            budget = min(budget, max_new_tokens)
+        was_training = self.training
+        self.eval()
+        generated: list[int] = []
+        try:
+            for _ in range(budget):
+                input_ids = torch.tensor([tokens], dtype=torch.long, device=self.device)
+                next_token = int(self.forward(input_ids)[0, -1].argmax())
+                tokens.append(next_token)
+                generated.append(next_token)
+                if next_token == EOS_ID:
+                    break
+        finally:
+            self.train(was_training)
+        return generated
+
+    def configure_optimizers(self) -> OptimizerLRScheduler:
+        """AdamW, with an optional warm-up / cosine schedule stepped every optimizer step."""
+        decayed = [p for p in self.parameters() if p.dim() >= 2]
+        # Biases and LayerNorm gains are not decayed: shrinking them only hurts.
+        not_decayed = [p for p in self.parameters() if p.dim() < 2]
+        optimizer = torch.optim.AdamW(
+            [
+                {"params": decayed, "weight_decay": self.weight_decay},
+                {"params": not_decayed, "weight_decay": 0.0},
+            ],
+            lr=self.lr,
+        )
+        if self.lr_schedule == "constant" and self.warmup_steps == 0:
+            return optimizer
+        total_steps = (
+            max(int(self.trainer.estimated_stepping_batches), 1)
+            if self.lr_schedule == "cosine"
+            else 0
+        )
+        warmup_steps = self.warmup_steps
+        cosine = self.lr_schedule == "cosine"
+
+        def factor(step: int) -> float:
+            if step < warmup_steps:
+                return (step + 1) / warmup_steps
+            if not cosine:
+                return 1.0
+            progress = min(1.0, (step - warmup_steps) / max(total_steps - warmup_steps, 1))
+            # From 1 down to 0.1: a floor keeps the last steps learning.
+            return 0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {"scheduler": scheduler, "interval": "step"},
+        }

@@ -1,0 +1,274 @@
+"""PilotRun and PilotCallback in real Trainer fits: one run per fit, one folder, every exit path."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import pandas as pd
+import pytest
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.demos.boring_classes import BoringModel
+
+from lightning_pilot import PilotCallback, PilotRun, read_phase_table, storage
+
+
+class StepRecorder(PilotCallback):
+    """A minimal pilot callback: one phase row per update, counted as it goes."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.updates = 0
+
+    def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
+        self.updates += 1
+        self.run.put_phase_row(
+            {
+                "phase": "optimizer_step",
+                "first": self.updates == 1,
+                "occurrences": 1 if self.updates == 1 else self.updates - 1,
+                "step_last": trainer.global_step,
+                "counter": "none",
+                "verdict": "not_checked",
+                "reason": "test recorder measures nothing",
+            },
+            source="StepRecorder",
+        )
+
+
+class OtherRecorder(PilotCallback):
+    """A second pilot callback class, contributing a verdict to the same phase row."""
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.run.put_phase_row(
+            {
+                "phase": "optimizer_step",
+                "first": True,
+                "verdict": "pass",
+                "checks": [{"name": "step_counted", "verdict": "pass", "detail": "ok"}],
+            },
+            source="OtherRecorder",
+        )
+
+
+class FailingModel(BoringModel):
+    """Raises the user's own error at a given step."""
+
+    def __init__(self, fail_at: int) -> None:
+        super().__init__()
+        self.fail_at = fail_at
+
+    def training_step(self, batch: Any, batch_idx: int) -> Any:
+        if self.global_step == self.fail_at:
+            raise ArithmeticError(f"user bug at step {self.fail_at}")
+        return super().training_step(batch, batch_idx)
+
+
+def test_callbacks_of_one_trainer_share_one_run(make_trainer: Any, tmp_path: Path) -> None:
+    first, second = StepRecorder(), OtherRecorder()
+    trainer = make_trainer(callbacks=[first, second])
+    trainer.fit(BoringModel())
+
+    assert first.run is second.run
+    run = first.run
+    assert run.closed
+    assert run.out_dir == (tmp_path / "pilot").resolve()
+    assert run.run_dir == run.out_dir / "runs" / run.run_id
+    frame = read_phase_table(run.out_dir)
+    assert len(frame) == 2  # first update and later updates, one row each
+    first_row = frame[frame["first"]].iloc[0]
+    assert first_row["run_id"] == run.run_id
+    assert first_row["attempt"] == 1
+    assert first_row["rank"] == 0
+    assert first_row["verdict"] == "pass"  # merged from OtherRecorder
+    assert first_row["source"] == "StepRecorder,OtherRecorder"
+    assert first_row["reason"] == "test recorder measures nothing"
+    later = frame[~frame["first"]].iloc[0]
+    assert later["occurrences"] == 3
+    assert later["step_last"] == 4
+    assert pd.isna(later["peak_allocated_bytes"])  # never measured: null, not 0
+
+
+def test_second_fit_is_a_new_run(make_trainer: Any) -> None:
+    recorder = StepRecorder()
+    trainer = make_trainer(callbacks=[recorder], max_steps=2)
+    trainer.fit(BoringModel())
+    first_run = recorder.run
+    trainer.fit_loop.epoch_loop.max_steps = 4
+    trainer.fit(BoringModel())
+    assert recorder.run is not first_run
+    assert recorder.run.run_id > first_run.run_id  # time-sortable
+    assert PilotRun.last(trainer) is recorder.run
+    runs = read_phase_table(first_run.out_dir)["run_id"].unique()
+    assert set(runs) == {first_run.run_id, recorder.run.run_id}
+
+
+def test_different_out_dirs_raise_naming_both(make_trainer: Any, tmp_path: Path) -> None:
+    trainer = make_trainer(
+        callbacks=[StepRecorder(out_dir=tmp_path / "a"), OtherRecorder(out_dir=tmp_path / "b")]
+    )
+    with pytest.raises(
+        ValueError, match=r"StepRecorder\(out_dir='.*/a'\) and OtherRecorder\(out_dir='.*/b'\)"
+    ):
+        trainer.fit(BoringModel())
+
+
+def test_one_explicit_out_dir_is_used_by_all(make_trainer: Any, tmp_path: Path) -> None:
+    first, second = StepRecorder(), OtherRecorder(out_dir=tmp_path / "chosen")
+    make_trainer(callbacks=[first, second]).fit(BoringModel())
+    assert first.run.out_dir == (tmp_path / "chosen").resolve()
+    assert not (tmp_path / "pilot").exists()
+    assert len(read_phase_table(tmp_path / "chosen")) == 2
+
+
+@pytest.mark.parametrize(
+    ("value", "error", "match"),
+    [
+        (3, TypeError, r"out_dir must be a path \(str or os.PathLike\) or None, got int 3"),
+        ("", ValueError, r"out_dir='' is invalid: give a non-empty folder path"),
+        ("a\x00b", ValueError, r"out_dir='a\\x00b' is invalid"),
+    ],
+)
+def test_bad_out_dir_is_rejected_at_construction(value: Any, error: type, match: str) -> None:
+    with pytest.raises(error, match=match):
+        StepRecorder(out_dir=value)
+
+
+def test_run_before_setup_is_a_clear_error() -> None:
+    with pytest.raises(RuntimeError, match=r"StepRecorder has no run yet"):
+        _ = StepRecorder().run
+
+
+def test_user_exception_propagates_and_rows_are_flushed(make_trainer: Any) -> None:
+    recorder = StepRecorder()
+    trainer = make_trainer(callbacks=[recorder], max_steps=10)
+    with pytest.raises(ArithmeticError, match=r"^user bug at step 3$"):
+        trainer.fit(FailingModel(fail_at=3))
+    run = recorder.run
+    assert run.closed
+    assert isinstance(run.exception, ArithmeticError)
+    frame = read_phase_table(run.run_dir)
+    assert frame.set_index("first").loc[False, "step_last"] == 3  # rows up to the crash
+
+
+def test_failed_write_during_a_crash_never_hides_the_user_error(
+    make_trainer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def disk_full(*args: Any, **kwargs: Any) -> Path:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(storage, "write_snapshot", disk_full)
+    trainer = make_trainer(callbacks=[StepRecorder()], max_steps=10)
+    with (
+        pytest.warns(RuntimeWarning, match=r"could not write run .* No space left"),
+        pytest.raises(ArithmeticError, match=r"user bug at step 2"),
+    ):
+        trainer.fit(FailingModel(fail_at=2))
+
+
+def test_explicit_flush_is_superseded_by_the_final_snapshot(make_trainer: Any) -> None:
+    class FlushingRecorder(StepRecorder):
+        def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
+            super().on_train_batch_end(trainer, *args)
+            if self.updates == 2:
+                self.flushed = self.run.flush()
+                # Readable mid-run, while the fit is still going.
+                self.mid_run = read_phase_table(self.run.run_dir)
+
+    recorder = FlushingRecorder()
+    make_trainer(callbacks=[recorder]).fit(BoringModel())
+    assert len(recorder.flushed) == 1
+    assert recorder.mid_run.set_index("first").loc[False, "occurrences"] == 1
+    files = list((recorder.run.run_dir / "phases.parquet").iterdir())
+    assert [f.name.endswith("-00000002.parquet") for f in files] == [True]
+    assert read_phase_table(recorder.run.run_dir).set_index("first").loc[False, "occurrences"] == 3
+
+
+def test_resume_continues_the_run_as_the_next_attempt(make_trainer: Any, tmp_path: Path) -> None:
+    checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=2, save_top_k=-1)
+    first = StepRecorder()
+    make_trainer(callbacks=[first, checkpoint], enable_checkpointing=True).fit(BoringModel())
+    path = tmp_path / "ckpt" / "epoch=0-step=2.ckpt"
+
+    # The identity in the checkpoint loads with weights_only=True (no pickled objects).
+    state = torch.load(path, weights_only=True)
+    saved = [v for k, v in state["callbacks"].items() if k.startswith("StepRecorder")]
+    assert saved == [{"version": 1, "pilot_run": {"run_id": first.run.run_id, "attempt": 1}}]
+
+    second = StepRecorder()
+    make_trainer(callbacks=[second], max_steps=4).fit(BoringModel(), ckpt_path=path)
+    assert second.run.run_id == first.run.run_id
+    assert second.run.attempt == 2
+    assert second.run.resumed
+    assert second.run.attempt_id != first.run.attempt_id
+    frame = read_phase_table(first.run.run_dir)
+    assert sorted(frame["attempt"].unique().tolist()) == [1, 2]
+    assert frame.groupby("attempt")["attempt_id"].nunique().tolist() == [1, 1]
+
+
+def test_adopt_rejects_a_crafted_run_id(tmp_path: Path) -> None:
+    run = PilotRun(default_out_dir=tmp_path)
+    with pytest.raises(ValueError, match=r"checkpoint pilot run_id='../../etc' is not a run id"):
+        run.adopt({"run_id": "../../etc", "attempt": 1})
+    with pytest.raises(ValueError, match=r"checkpoint pilot attempt=0 is invalid"):
+        run.adopt({"run_id": run.run_id, "attempt": 0})
+
+
+def test_detail_tables_and_bad_names(tmp_path: Path) -> None:
+    run = PilotRun(default_out_dir=tmp_path)
+    with pytest.raises(ValueError, match=r"table name='../x' is not a safe name"):
+        run.register_table("../x")
+    with pytest.raises(ValueError, match=r"table 'updates' is not registered"):
+        run.append_rows("updates", [{"step": 1}])
+    run.register_table("updates")
+    run.append_rows("updates", [{"step": 1, "examples": 16}, {"step": 2, "examples": 16}])
+    (path,) = run.flush()
+    assert path.parent == run.run_dir / "updates.parquet"
+    table = storage.read_snapshot_table(path.parent)
+    assert table.column("examples").to_pylist() == [16, 16]
+    assert set(table.column("run_id").to_pylist()) == {run.run_id}
+    assert run.flush() == []  # nothing changed: nothing written
+
+
+def test_bad_phase_rows_are_refused(tmp_path: Path) -> None:
+    run = PilotRun(default_out_dir=tmp_path)
+    with pytest.raises(ValueError, match=r"row\['phase'\]='warmup' is invalid"):
+        run.put_phase_row({"phase": "warmup"}, source="t")
+    with pytest.raises(ValueError, match=r"row\['verdict'\]='ok' is invalid"):
+        run.put_phase_row({"phase": "forward", "verdict": "ok"}, source="t")
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"fast_dev_run": 3},
+        {"overfit_batches": 2, "max_steps": 3},
+        {"accumulate_grad_batches": 2, "max_steps": 3},
+        {"val_check_interval": 2, "max_steps": 5},
+        {"logger": False, "max_steps": 2},
+    ],
+    ids=["fast_dev_run", "overfit_batches", "accumulate", "val_every_2", "no_logger"],
+)
+def test_composes_with_trainer_options(
+    make_trainer: Any, tmp_path: Path, options: dict[str, Any]
+) -> None:
+    first, second = StepRecorder(), OtherRecorder()
+    trainer = make_trainer(callbacks=[first, second], **options)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(BoringModel())
+    assert first.run is second.run
+    assert first.run.closed
+    frame = read_phase_table(tmp_path / "pilot")
+    assert frame["run_id"].nunique() == 1
+    assert frame["first"].sum() == 1
+
+
+def test_pilot_run_rejects_bad_arguments(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"rank=-1 is invalid"):
+        PilotRun(default_out_dir=tmp_path, rank=-1)
+    with pytest.raises(ValueError, match=r"world_size=2 is invalid for rank=2"):
+        PilotRun(default_out_dir=tmp_path, rank=2, world_size=2)

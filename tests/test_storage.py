@@ -1,0 +1,308 @@
+"""Storage: atomic never-overwriting publish, tolerant readers, versioned schemas, safe names."""
+
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from lightning_pilot import storage
+from lightning_pilot.core.ids import new_run_id, validate_run_id
+from lightning_pilot.storage import (
+    LEDGER_SCHEMA,
+    PHASE_SCHEMA,
+    list_snapshot_files,
+    publish_table,
+    read_ledger_records,
+    read_parquet_files,
+    read_phase_table,
+    rows_to_table,
+    safe_join,
+    safe_path_component,
+    sanitize_name,
+    write_ledger_record,
+    write_snapshot,
+)
+
+WORKER = Path(__file__).parent / "workers" / "ledger_writer.py"
+
+
+def _hidden(folder: Path) -> list[str]:
+    return [p.name for p in folder.rglob("*") if p.name.startswith(".")]
+
+
+# ------------------------------------------------------------------------------------------
+# publish
+# ------------------------------------------------------------------------------------------
+
+
+def test_publish_never_overwrites_and_leaves_no_temp(tmp_path: Path) -> None:
+    path = publish_table(pa.table({"x": [1, 2, 3]}), tmp_path / "sub" / "a.parquet")
+    with pytest.raises(FileExistsError, match=r"refusing to overwrite .*a\.parquet"):
+        publish_table(pa.table({"x": [9]}), path)
+    assert pq.read_table(path).column("x").to_pylist() == [1, 2, 3]
+    assert _hidden(tmp_path) == []
+
+
+def test_publish_refuses_hidden_names(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"names a hidden file"):
+        publish_table(pa.table({"x": [1]}), tmp_path / ".secret.parquet")
+
+
+def test_disk_full_during_publish_leaves_nothing_visible(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    good = publish_table(pa.table({"x": [1]}), tmp_path / "good.parquet")
+    real_write = pq.write_table
+
+    def half_write_then_fail(table: pa.Table, where: object, **kwargs: object) -> None:
+        real_write(table.slice(0, 1), where)  # some bytes reach the temp file first
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(storage.pq, "write_table", half_write_then_fail)
+    with pytest.raises(OSError, match="No space left"):
+        publish_table(pa.table({"x": [1, 2]}), tmp_path / "bad.parquet")
+    monkeypatch.undo()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["good.parquet"]
+    assert read_parquet_files([good]).num_rows == 1
+
+
+def test_eight_processes_publish_400_records_concurrently(tmp_path: Path) -> None:
+    ledger = tmp_path / "ledger"
+    same_ms = time.time_ns()
+    go = tmp_path / "go"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(WORKER), str(ledger), str(w), "50", str(go), str(same_ms)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for w in range(8)
+    ]
+    for proc in procs:  # every worker has imported everything and waits
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "ready"
+    go.touch()  # all eight publish at once
+    run_ids: list[str] = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err
+        run_ids.extend(out.split())
+
+    # Ids made in the same millisecond by eight processes never collide.
+    assert len(run_ids) == 400
+    assert len(set(run_ids)) == 400
+    files = list(ledger.iterdir())
+    assert len(files) == 400
+    assert _hidden(ledger) == []
+    records = read_ledger_records(tmp_path)
+    assert len(records) == 400
+    assert set(records["run_id"]) == set(run_ids)
+    assert records.groupby("variant").size().to_dict() == {f"worker-{w}": 50 for w in range(8)}
+
+
+# ------------------------------------------------------------------------------------------
+# tolerant readers and schema versions
+# ------------------------------------------------------------------------------------------
+
+
+def _record(**extra: object) -> dict[str, object]:
+    return {"run_id": new_run_id(), "event": "start", "status": "running", **extra}
+
+
+def test_truncated_file_is_skipped_with_a_warning_naming_it(tmp_path: Path) -> None:
+    for seed in range(3):
+        write_ledger_record(tmp_path, _record(seed=seed))
+    victim = sorted(tmp_path.iterdir())[1]
+    data = victim.read_bytes()
+    victim.write_bytes(data[: len(data) // 2])
+    (tmp_path / "garbage.parquet").write_bytes(b"not parquet at all")
+
+    with pytest.warns(RuntimeWarning, match=r"skipped unreadable file .*") as caught:
+        records = read_ledger_records(tmp_path)
+    named = " ".join(str(w.message) for w in caught)
+    assert victim.name in named
+    assert "garbage.parquet" in named
+    assert len(records) == 2
+    assert sorted(records["seed"].tolist()) == sorted({0, 1, 2} - {_seed_of(data)})
+
+
+def _seed_of(data: bytes) -> int:
+    return int(pq.read_table(pa.BufferReader(data)).column("seed")[0].as_py())
+
+
+def test_older_schema_reads_with_nulls_in_newer_columns(tmp_path: Path) -> None:
+    # A version-0 ledger file knew only a few columns, with narrower integer types.
+    old = pa.table(
+        {
+            "schema_version": pa.array([0], pa.int32()),
+            "record_id": [new_run_id()],
+            "event": ["end"],
+            "run_id": [new_run_id()],
+            "status": ["diverged"],
+            "stop_step": pa.array([17], pa.int32()),
+        }
+    )
+    publish_table(old, tmp_path / "old.parquet")
+    write_ledger_record(tmp_path, _record(tokens_seen=1234, lr=1e-4))
+
+    records = read_ledger_records(tmp_path)
+    assert list(records.columns) == LEDGER_SCHEMA.names
+    old_row = records[records["schema_version"] == 0].iloc[0]
+    assert old_row["status"] == "diverged"
+    assert old_row["stop_step"] == 17
+    assert pd.isna(old_row["tokens_seen"])  # a newer column: null, never 0
+    assert pd.isna(old_row["lr"])
+    new_row = records[records["schema_version"] == storage.LEDGER_SCHEMA_VERSION].iloc[0]
+    assert new_row["tokens_seen"] == 1234
+
+
+def test_incompatible_column_type_skips_that_file(tmp_path: Path) -> None:
+    publish_table(
+        pa.table({"run_id": [new_run_id()], "stop_step": ["seventeen"]}), tmp_path / "x.parquet"
+    )
+    write_ledger_record(tmp_path, _record())
+    with pytest.warns(RuntimeWarning, match=r"x\.parquet.*stop_step"):
+        records = read_ledger_records(tmp_path)
+    assert len(records) == 1
+
+
+def test_phase_table_nulls_stay_null_not_zero(tmp_path: Path) -> None:
+    row = {"run_id": new_run_id(), "attempt": 1, "rank": 0, "phase": "forward", "counter": "none"}
+    write_snapshot(
+        tmp_path / "runs" / "r" / "phases.parquet",
+        rows_to_table([row], PHASE_SCHEMA),
+        writer="w",
+        seq=1,
+    )
+    frame = read_phase_table(tmp_path)
+    assert frame.loc[0, "counter"] == "none"
+    assert pd.isna(frame.loc[0, "peak_allocated_bytes"])
+    assert str(frame["peak_allocated_bytes"].dtype) == "Int64"
+
+
+def test_rows_to_table_names_the_bad_column() -> None:
+    with pytest.raises(ValueError, match=r"unknown column\(s\) \['peak_bytes'\]"):
+        rows_to_table([{"phase": "forward", "peak_bytes": 3}], PHASE_SCHEMA)
+    with pytest.raises(ValueError, match=r"column 'occurrences' expects int64"):
+        rows_to_table([{"phase": "forward", "occurrences": "many"}], PHASE_SCHEMA)
+
+
+def test_ledger_record_validation(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"record\['event'\]='finish' is invalid"):
+        write_ledger_record(tmp_path, {"run_id": new_run_id(), "event": "finish"})
+    with pytest.raises(ValueError, match=r"record\['status'\]='ok' is invalid"):
+        write_ledger_record(tmp_path, _record(status="ok"))
+    with pytest.raises(ValueError, match=r"unknown column\(s\) \['colour'\]"):
+        write_ledger_record(tmp_path, _record(colour="red"))
+    assert list(tmp_path.iterdir()) == []
+
+
+# ------------------------------------------------------------------------------------------
+# snapshots
+# ------------------------------------------------------------------------------------------
+
+
+def test_snapshots_newest_per_writer_wins(tmp_path: Path) -> None:
+    folder = tmp_path / "t.parquet"
+    write_snapshot(folder, pa.table({"v": [1]}), writer="a", seq=1)
+    write_snapshot(folder, pa.table({"v": [1, 2]}), writer="a", seq=2)
+    write_snapshot(folder, pa.table({"v": [10]}), writer="b", seq=1)
+    # The superseded snapshot is removed, so a plain pandas read sees every row once.
+    assert sorted(pd.read_parquet(folder)["v"].tolist()) == [1, 2, 10]
+    # A crash between publish and clean-up leaves an older snapshot: readers ignore it.
+    publish_table(
+        pa.table({"v": [1]}).replace_schema_metadata(
+            {storage.SNAPSHOT_METADATA_KEY: b'{"writer": "a", "seq": 1}'}
+        ),
+        folder / "part-a-00000001.parquet",
+    )
+    newest = list_snapshot_files(folder)
+    assert [p.name for p in newest] == ["part-a-00000002.parquet", "part-b-00000001.parquet"]
+    assert sorted(storage.read_snapshot_table(folder).column("v").to_pylist()) == [1, 2, 10]
+
+
+def test_read_phase_table_errors(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match=r"does not exist"):
+        read_phase_table(tmp_path / "nope")
+    with pytest.raises(ValueError, match=r"holds no phase table"):
+        read_phase_table(tmp_path)
+
+
+# ------------------------------------------------------------------------------------------
+# names that become paths
+# ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "../x",
+        "..",
+        ".",
+        "/etc/passwd",
+        "a/b",
+        "a\\b",
+        "a\x00b",
+        "",
+        ".hidden",
+        "x" * 129,
+        "a b",
+        "~root",
+    ],
+)
+def test_unsafe_names_are_rejected(name: str) -> None:
+    with pytest.raises(ValueError, match=r"variant=.* is not a safe name"):
+        safe_path_component(name, "variant")
+
+
+def test_non_string_name_is_a_type_error() -> None:
+    with pytest.raises(TypeError, match=r"variant must be a string, got int 3"):
+        safe_path_component(3, "variant")
+
+
+@pytest.mark.parametrize(
+    "text", ["../../etc/passwd", "/abs/path", "a\x00b", "..", "lr=1e-4 / warm"]
+)
+def test_sanitized_names_stay_inside_the_folder(tmp_path: Path, text: str) -> None:
+    name = sanitize_name(text)
+    assert safe_path_component(name, "name") == name
+    assert safe_join(tmp_path, "runs", name).parent == tmp_path / "runs"
+
+
+def test_safe_join_refuses_a_symlink_out(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "link").symlink_to(outside)
+    with pytest.raises(ValueError, match=r"outside the output folder"):
+        safe_join(root, "link", "x")
+
+
+@pytest.mark.parametrize(
+    "value", ["../../etc", "20261130T080512123Z-xyz", "20261130T080512123Z-0123456789abcdef/.."]
+)
+def test_bad_run_ids_are_rejected(value: str) -> None:
+    with pytest.raises(ValueError, match=r"is not a run id"):
+        validate_run_id(value, "run_id")
+    with pytest.raises(ValueError, match=r"is not a run id"):
+        write_ledger_record(Path("/nonexistent"), {"run_id": value, "event": "start"})
+
+
+def test_run_ids_sort_by_time() -> None:
+    early = new_run_id(now_ns=1_700_000_000_000_000_000)
+    late = new_run_id(now_ns=1_700_000_000_001_000_000)  # one millisecond later
+    assert early < late
+    assert early.startswith("20231114T221320000Z-")
