@@ -131,6 +131,7 @@ class PilotRun:
         self._schemas: dict[str, pa.Schema | None] = {PHASE_TABLE: storage.PHASE_SCHEMA}
         self._seq: dict[str, int] = {}
         self._dirty: set[str] = set()
+        self._ledger_fields: dict[str, Any] = {}
         self._lock = threading.RLock()
 
     # ----------------------------------------------------------------------------------------
@@ -314,6 +315,35 @@ class PilotRun:
             self.run_id = run_id
             self.attempt = attempt + 1
             self.resumed = True
+
+    # ----------------------------------------------------------------------------------------
+    # Facts for the ledger
+    # ----------------------------------------------------------------------------------------
+
+    def set_ledger_fields(self, **fields: Any) -> None:
+        """Hand facts of this run to whoever writes the ledger (later values replace earlier).
+
+        Callbacks that learn part of the configuration or outcome (the effective batch, the
+        planned updates, the phase-table location) put it here; the ledger callback reads
+        :attr:`ledger_fields` when it writes a record.
+
+        Raises:
+            ValueError: a name that is not a ledger column.
+        """
+        unknown = sorted(set(fields) - set(storage.LEDGER_SCHEMA.names))
+        if unknown:
+            raise ValueError(
+                f"unknown ledger field(s) {unknown}; valid fields are"
+                f" {storage.LEDGER_SCHEMA.names}."
+            )
+        with self._lock:
+            self._ledger_fields.update(fields)
+
+    @property
+    def ledger_fields(self) -> dict[str, Any]:
+        """A copy of the facts handed over with :meth:`set_ledger_fields`."""
+        with self._lock:
+            return dict(self._ledger_fields)
 
     # ----------------------------------------------------------------------------------------
     # Rows

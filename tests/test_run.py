@@ -272,3 +272,16 @@ def test_pilot_run_rejects_bad_arguments(tmp_path: Path) -> None:
         PilotRun(default_out_dir=tmp_path, rank=-1)
     with pytest.raises(ValueError, match=r"world_size=2 is invalid for rank=2"):
         PilotRun(default_out_dir=tmp_path, rank=2, world_size=2)
+
+
+def test_ledger_fields_are_shared_and_checked(tmp_path: Path) -> None:
+    run = PilotRun(default_out_dir=tmp_path)
+    run.set_ledger_fields(micro_batch_size=2, accumulate_grad_batches=8)
+    run.set_ledger_fields(effective_batch_size=16)
+    assert run.ledger_fields == {
+        "micro_batch_size": 2,
+        "accumulate_grad_batches": 8,
+        "effective_batch_size": 16,
+    }
+    with pytest.raises(ValueError, match=r"unknown ledger field\(s\) \['batch'\]"):
+        run.set_ledger_fields(batch=3)

@@ -1,0 +1,223 @@
+"""BatchAdapter: one object that knows how to read any batch.
+
+Pilot callbacks need the same facts from every batch: example ids, inputs, targets, the
+attention mask, which target positions count in the loss, the batch size, the sequence length
+and the number of real (non-padding) tokens. :class:`BatchAdapter` answers them for the common
+layouts and lets users describe their own.
+
+Defaults:
+    * dicts with conventional keys: ids from ``ids``/``id``/``idx``/``index``; inputs from
+      ``input_ids``/``inputs``/``x``/``input``/``features``/``pixel_values``; targets from
+      ``labels``/``label``/``targets``/``target``/``y``; mask from ``attention_mask``;
+    * tuples and lists ``(x, y)`` and ``(x, y, ids)``;
+    * a bare tensor: inputs only.
+
+Each field can be overridden with a dict key, a tuple index or a callable ``batch -> value``.
+A field that cannot be found is ``None`` and named in :attr:`BatchView.missing`, so a callback
+records ``not_checked`` with the reason instead of crashing the user's training.
+
+Example:
+    >>> import torch
+    >>> from lightning_pilot.core.batches import BatchAdapter
+    >>> batch = {
+    ...     "ids": torch.tensor([7, 8]),
+    ...     "input_ids": torch.tensor([[5, 6, 7], [5, 6, 0]]),
+    ...     "attention_mask": torch.tensor([[1, 1, 1], [1, 1, 0]]),
+    ...     "labels": torch.tensor([[-100, 6, 7], [-100, 6, -100]]),
+    ... }
+    >>> view = BatchAdapter().view(batch)
+    >>> view.batch_size, view.seq_len, view.tokens, view.loss_tokens
+    (2, 3, 5, 3)
+    >>> BatchAdapter().view((torch.zeros(4, 3), torch.tensor([0, 1, 1, 0]))).batch_size
+    4
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import torch
+
+__all__ = ["BatchAdapter", "BatchView", "FieldSpec"]
+
+#: How to find a field: a dict key, a tuple/list index, or a callable on the whole batch.
+FieldSpec = str | int | Callable[[Any], Any]
+
+_DEFAULT_KEYS: Final[dict[str, tuple[str, ...]]] = {
+    "ids": ("ids", "id", "idx", "index", "example_id", "example_ids"),
+    "inputs": ("input_ids", "inputs", "x", "input", "features", "pixel_values"),
+    "targets": ("labels", "label", "targets", "target", "y"),
+    "attention_mask": ("attention_mask",),
+}
+# Positions in a tuple/list batch: (x, y) or (x, y, ids).
+_DEFAULT_POSITIONS: Final[dict[str, int]] = {"inputs": 0, "targets": 1, "ids": 2}
+_FIELDS: Final = ("ids", "inputs", "targets", "attention_mask")
+
+
+@dataclass(frozen=True)
+class BatchView:
+    """What an adapter read from one batch. ``None`` means "not found", never "zero"."""
+
+    ids: Any = None
+    inputs: Any = None
+    targets: Any = None
+    attention_mask: Any = None
+    batch_size: int | None = None
+    seq_len: int | None = None
+    tokens: int | None = None
+    loss_tokens: int | None = None
+    missing: tuple[str, ...] = field(default_factory=tuple)
+
+    def ids_list(self) -> list[Any] | None:
+        """The example ids as plain Python values (``None`` when the batch has none)."""
+        if self.ids is None:
+            return None
+        if isinstance(self.ids, torch.Tensor):
+            values: list[Any] = self.ids.detach().cpu().reshape(-1).tolist()
+            return values
+        return list(self.ids)
+
+
+class BatchAdapter:
+    """Read ids, inputs, targets, masks and sizes from a batch of any layout.
+
+    Args:
+        ids: where the example ids are (key, index or callable); ``None`` = defaults.
+        inputs: where the model inputs are.
+        targets: where the targets/labels are.
+        attention_mask: where the attention mask is (1 = real token, 0 = padding).
+        ignore_index: target value that does not count in the loss.
+
+    Raises:
+        TypeError: a field spec that is not a str, int, callable or None.
+        ValueError: ``ignore_index`` that is not an int.
+
+    Example:
+        >>> import torch
+        >>> adapter = BatchAdapter(inputs="pixels", targets=lambda b: b["meta"]["cls"])
+        >>> view = adapter.view({"pixels": torch.zeros(3, 8), "meta": {"cls": torch.ones(3)}})
+        >>> view.batch_size, view.missing
+        (3, ('ids', 'attention_mask'))
+    """
+
+    def __init__(
+        self,
+        *,
+        ids: FieldSpec | None = None,
+        inputs: FieldSpec | None = None,
+        targets: FieldSpec | None = None,
+        attention_mask: FieldSpec | None = None,
+        ignore_index: int = -100,
+    ) -> None:
+        specs = {"ids": ids, "inputs": inputs, "targets": targets, "attention_mask": attention_mask}
+        for name, spec in specs.items():
+            if spec is not None and not isinstance(spec, str | int) and not callable(spec):
+                raise TypeError(
+                    f"BatchAdapter({name}={spec!r}) is invalid: give a dict key (str), a tuple"
+                    " index (int), a callable batch -> value, or None for the defaults."
+                )
+        if not isinstance(ignore_index, int) or isinstance(ignore_index, bool):
+            raise ValueError(
+                f"BatchAdapter(ignore_index={ignore_index!r}) is invalid: expected an integer"
+                " such as -100."
+            )
+        self._specs = specs
+        self.ignore_index = ignore_index
+
+    def __repr__(self) -> str:
+        given = ", ".join(f"{k}={v!r}" for k, v in self._specs.items() if v is not None)
+        return f"BatchAdapter({given})"
+
+    def view(self, batch: Any) -> BatchView:
+        """Read every field and size of ``batch``; fields not found are ``None``."""
+        values = {name: self._find(batch, name) for name in _FIELDS}
+        missing = tuple(name for name in _FIELDS if values[name] is None)
+        inputs, mask, targets = values["inputs"], values["attention_mask"], values["targets"]
+        return BatchView(
+            ids=values["ids"],
+            inputs=inputs,
+            targets=targets,
+            attention_mask=mask,
+            batch_size=_batch_size(values["ids"], inputs, targets, mask),
+            seq_len=_seq_len(inputs, mask),
+            tokens=_tokens(inputs, mask),
+            loss_tokens=_loss_tokens(targets, self.ignore_index),
+            missing=missing,
+        )
+
+    def _find(self, batch: Any, name: str) -> Any:
+        spec = self._specs[name]
+        if spec is not None:
+            return _lookup(batch, spec)
+        if isinstance(batch, Mapping):
+            for key in _DEFAULT_KEYS[name]:
+                if key in batch:
+                    return batch[key]
+            return None
+        if isinstance(batch, Sequence) and not isinstance(batch, str):
+            position = _DEFAULT_POSITIONS.get(name)
+            if position is not None and position < len(batch):
+                return batch[position]
+            return None
+        if isinstance(batch, torch.Tensor) and name == "inputs":
+            return batch
+        return None
+
+
+def _lookup(batch: Any, spec: FieldSpec) -> Any:
+    if callable(spec):
+        return spec(batch)
+    try:
+        return batch[spec]
+    except (KeyError, IndexError, TypeError):
+        return None
+
+
+def _leading_dim(value: Any) -> int | None:
+    if isinstance(value, torch.Tensor):
+        return int(value.shape[0]) if value.ndim >= 1 else None
+    if isinstance(value, Sequence) and not isinstance(value, str | bytes):
+        return len(value)
+    return None
+
+
+def _batch_size(*candidates: Any) -> int | None:
+    for value in candidates:
+        size = _leading_dim(value)
+        if size is not None:
+            return size
+    return None
+
+
+def _is_token_tensor(value: Any) -> bool:
+    # Integer [batch, length] inputs are token ids; float features have no sequence length.
+    return (
+        isinstance(value, torch.Tensor)
+        and value.ndim == 2
+        and not value.is_floating_point()
+        and not value.is_complex()
+    )
+
+
+def _seq_len(inputs: Any, mask: Any) -> int | None:
+    if isinstance(mask, torch.Tensor) and mask.ndim >= 2:
+        return int(mask.shape[1])
+    if _is_token_tensor(inputs):
+        return int(inputs.shape[1])
+    return None
+
+
+def _tokens(inputs: Any, mask: Any) -> int | None:
+    if isinstance(mask, torch.Tensor):
+        return int(mask.detach().to(torch.int64).sum().item())
+    if _is_token_tensor(inputs):
+        return int(inputs.numel())
+    return None
+
+
+def _loss_tokens(targets: Any, ignore_index: int) -> int | None:
+    if isinstance(targets, torch.Tensor) and not targets.is_floating_point():
+        return int((targets != ignore_index).sum().item())
+    return None

@@ -1,0 +1,77 @@
+"""BatchAdapter: the defaults for common layouts, overrides, and 'not found' as None."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from lightning_pilot.core.batches import BatchAdapter
+
+
+def _lm_batch() -> dict[str, torch.Tensor]:
+    return {
+        "ids": torch.tensor([3, 4, 5]),
+        "input_ids": torch.tensor([[1, 2, 3, 4], [1, 2, 0, 0], [1, 0, 0, 0]]),
+        "attention_mask": torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0], [1, 0, 0, 0]]),
+        "labels": torch.tensor([[-100, -100, 3, 4], [-100, 2, -100, -100], [-100] * 4]),
+    }
+
+
+def test_dict_lm_batch() -> None:
+    view = BatchAdapter().view(_lm_batch())
+    assert view.ids_list() == [3, 4, 5]
+    assert (view.batch_size, view.seq_len, view.tokens, view.loss_tokens) == (3, 4, 7, 3)
+    assert view.missing == ()
+
+
+@pytest.mark.parametrize(
+    ("batch", "size", "ids", "missing"),
+    [
+        ((torch.zeros(5, 2), torch.zeros(5)), 5, None, ("ids", "attention_mask")),
+        ([torch.zeros(2, 2), torch.zeros(2), torch.tensor([8, 9])], 2, [8, 9], ("attention_mask",)),
+        (torch.zeros(6, 3), 6, None, ("ids", "targets", "attention_mask")),
+        (
+            {"x": torch.zeros(4, 3), "y": torch.zeros(4), "idx": [1, 2, 3, 4]},
+            4,
+            [1, 2, 3, 4],
+            ("attention_mask",),
+        ),
+    ],
+    ids=["tuple_xy", "list_xy_ids", "bare_tensor", "dict_xy_idx"],
+)
+def test_default_layouts(batch: Any, size: int, ids: Any, missing: tuple[str, ...]) -> None:
+    view = BatchAdapter().view(batch)
+    assert view.batch_size == size
+    assert view.ids_list() == ids
+    assert view.missing == missing
+    # Float features have no sequence length or token count: None, never 0.
+    assert view.seq_len is None
+    assert view.tokens is None
+
+
+def test_token_inputs_without_mask_count_every_position() -> None:
+    view = BatchAdapter().view({"input_ids": torch.ones(2, 7, dtype=torch.long)})
+    assert (view.seq_len, view.tokens, view.loss_tokens) == (7, 14, None)
+
+
+def test_overrides_by_key_index_and_callable() -> None:
+    adapter = BatchAdapter(ids="uid", inputs=0, targets=lambda b: b[1] * 2, ignore_index=-1)
+    view = BatchAdapter(ids="uid").view({"uid": ["a", "b"]})
+    assert view.ids_list() == ["a", "b"]
+    tuple_view = adapter.view((torch.tensor([[1, 2]]), torch.tensor([[0, -1]])))
+    assert tuple_view.loss_tokens == 2  # doubled targets: 0 and -2, neither is -1
+    assert tuple_view.ids is None  # a tuple has no key "uid"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"ids": 1.5}, TypeError, r"BatchAdapter\(ids=1.5\) is invalid"),
+        ({"ignore_index": "x"}, ValueError, r"BatchAdapter\(ignore_index='x'\) is invalid"),
+    ],
+)
+def test_bad_arguments(kwargs: dict[str, Any], error: type, match: str) -> None:
+    with pytest.raises(error, match=match):
+        BatchAdapter(**kwargs)
