@@ -25,11 +25,14 @@ from typing import TYPE_CHECKING, Any
 from lightning_pilot._version import __version__
 
 if TYPE_CHECKING:
+    from lightning_pilot.callbacks.phase_memory_monitor import PhaseCheckError, PhaseMemoryMonitor
     from lightning_pilot.core.ids import new_run_id
     from lightning_pilot.run import PilotCallback, PilotRun
     from lightning_pilot.storage import read_ledger_records, read_phase_table
 
 _LAZY = {
+    "PhaseCheckError": "lightning_pilot.callbacks.phase_memory_monitor",
+    "PhaseMemoryMonitor": "lightning_pilot.callbacks.phase_memory_monitor",
     "PilotCallback": "lightning_pilot.run",
     "PilotRun": "lightning_pilot.run",
     "new_run_id": "lightning_pilot.core.ids",
@@ -38,6 +41,8 @@ _LAZY = {
 }
 
 __all__ = [
+    "PhaseCheckError",
+    "PhaseMemoryMonitor",
     "PilotCallback",
     "PilotRun",
     "__version__",

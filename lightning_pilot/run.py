@@ -142,13 +142,19 @@ class PilotRun:
     def of(cls, trainer: pl.Trainer) -> PilotRun:
         """The open run of ``trainer``'s current fit, created on first use.
 
-        A run closes when the last pilot callback attached to it closes; the next call then
-        starts a new run (a second ``trainer.fit`` is a new run).
+        A run closes when the last pilot callback attached to it closes; the next ``fit`` then
+        starts a new run. ``validate``, ``test`` or ``predict`` after a fit that ended cleanly
+        reopen that fit's run, so their phase rows join its table.
         """
         with _RUNS_LOCK:
             run = _RUNS.get(trainer)
+            stage = trainer.state.fn.value if trainer.state.fn is not None else None
+            if run is not None and run.closed and run.exception is None and stage != "fit":
+                # validate/test/predict after a fit of the same Trainer belong to that run: their
+                # rows join its phase table instead of starting a run of their own.
+                run.closed = False
+                run.stage = stage
             if run is None or run.closed:
-                stage = trainer.state.fn.value if trainer.state.fn is not None else None
                 run = cls(
                     default_out_dir=Path(trainer.default_root_dir) / "pilot",
                     rank=trainer.global_rank,

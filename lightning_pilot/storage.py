@@ -117,6 +117,7 @@ PHASE_SCHEMA: Final = _schema(
         ("phase", pa.string()),
         ("first", pa.bool_()),
         ("occurrences", pa.int64()),
+        ("measured_occurrences", pa.int64()),
         ("step_first", pa.int64()),
         ("step_last", pa.int64()),
         # inputs
@@ -137,6 +138,8 @@ PHASE_SCHEMA: Final = _schema(
         ("grad_bytes", pa.int64()),
         ("optimizer_state_bytes", pa.int64()),
         ("buffer_bytes", pa.int64()),
+        ("host_swap_used_bytes", pa.int64()),
+        ("file_bytes", pa.int64()),
         # time
         ("duration_s", pa.float64()),
         ("duration_median_s", pa.float64()),

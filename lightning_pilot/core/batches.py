@@ -130,8 +130,14 @@ class BatchAdapter:
         given = ", ".join(f"{k}={v!r}" for k, v in self._specs.items() if v is not None)
         return f"BatchAdapter({given})"
 
-    def view(self, batch: Any) -> BatchView:
-        """Read every field and size of ``batch``; fields not found are ``None``."""
+    def view(self, batch: Any, *, count_tokens: bool = True) -> BatchView:
+        """Read every field and size of ``batch``; fields not found are ``None``.
+
+        Args:
+            batch: the batch, as the loader yields it.
+            count_tokens: also count real tokens and loss positions. Counting reads tensor
+                values, which waits for the device; shapes alone never do.
+        """
         values = {name: self._find(batch, name) for name in _FIELDS}
         missing = tuple(name for name in _FIELDS if values[name] is None)
         inputs, mask, targets = values["inputs"], values["attention_mask"], values["targets"]
@@ -142,8 +148,8 @@ class BatchAdapter:
             attention_mask=mask,
             batch_size=_batch_size(values["ids"], inputs, targets, mask),
             seq_len=_seq_len(inputs, mask),
-            tokens=_tokens(inputs, mask),
-            loss_tokens=_loss_tokens(targets, self.ignore_index),
+            tokens=_tokens(inputs, mask) if count_tokens else None,
+            loss_tokens=_loss_tokens(targets, self.ignore_index) if count_tokens else None,
             missing=missing,
         )
 

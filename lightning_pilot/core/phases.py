@@ -14,7 +14,8 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Final, Literal, get_args
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal, get_args
 
 Phase = Literal[
     "setup",
@@ -63,3 +64,185 @@ def worst_verdict(verdicts: Iterable[str]) -> str:
         if _SEVERITY[verdict] > _SEVERITY[worst]:
             worst = verdict
     return worst
+
+
+#: What to do when a phase's check fails: the "if the check fails" column of the seeds' table.
+REMEDIES: Final[dict[str, str]] = {
+    "data": "fix the dataset or the transform",
+    "forward": "inspect the reduced batch and the values",
+    "backward": "check the graph, precision and normalisation",
+    "optimizer_step": "inspect the optimizer and accumulation",
+    "validation": "separate its settings from training's",
+    "test": "separate its settings from training's",
+    "predict": "separate its settings from training's",
+    "resume": "fix the checkpoint before the series",
+    "checkpoint_load": "fix the checkpoint before the series",
+    "checkpoint_save": "free memory or disk before saving, or save less state",
+    "export": "fix the export function before the campaign",
+    "setup": "fix the model placement or precision before training",
+    "overfit": "fix the loop on the tiny subset before any long run",
+}
+
+# Columns folded by their maximum over occurrences; the others keep the latest value.
+_MAXIMA: Final = (
+    "peak_allocated_bytes",
+    "peak_reserved_bytes",
+    "host_rss_bytes",
+    "batch_size",
+    "seq_len",
+    "alloc_retries",
+)
+_LAST: Final = (
+    "end_allocated_bytes",
+    "device_capacity_bytes",
+    "param_bytes",
+    "grad_bytes",
+    "optimizer_state_bytes",
+    "buffer_bytes",
+    "file_bytes",
+)
+
+
+@dataclass
+class Occurrence:
+    """One measured occurrence of a phase. ``None`` values were not measured."""
+
+    phase: str
+    step: int | None
+    duration_s: float | None = None
+    synchronized: bool | None = None
+    values: dict[str, Any] = field(default_factory=dict)
+    checks: list[tuple[str, str, str]] = field(default_factory=list)
+
+
+@dataclass
+class _Group:
+    occurrences: int = 0
+    measured: int = 0
+    step_first: int | None = None
+    step_last: int | None = None
+    durations: list[float] = field(default_factory=list)
+    synchronized: bool | None = None
+    values: dict[str, Any] = field(default_factory=dict)
+    checks: dict[str, tuple[str, str]] = field(default_factory=dict)
+
+    def count(self, step: int | None) -> None:
+        self.occurrences += 1
+        if step is not None:
+            self.step_first = step if self.step_first is None else min(self.step_first, step)
+            self.step_last = step if self.step_last is None else max(self.step_last, step)
+
+    def add(self, occ: Occurrence) -> None:
+        self.measured += 1
+        if occ.duration_s is not None:
+            self.durations.append(occ.duration_s)
+        if occ.synchronized is not None:
+            self.synchronized = occ.synchronized and self.synchronized is not False
+        peak = occ.values.get("peak_allocated_bytes")
+        best = self.values.get("peak_allocated_bytes")
+        if peak is not None and (best is None or peak >= best):
+            # The baseline that goes with the largest peak, so the two read together.
+            self.values["baseline_allocated_bytes"] = occ.values.get("baseline_allocated_bytes")
+        for column in _MAXIMA:
+            value = occ.values.get(column)
+            if value is not None:
+                current = self.values.get(column)
+                self.values[column] = value if current is None else max(current, value)
+        for column, value in occ.values.items():
+            if column in _MAXIMA or column == "baseline_allocated_bytes":
+                continue
+            if value is not None and (column in _LAST or column not in self.values):
+                self.values[column] = value
+        for name, verdict, detail in occ.checks:
+            previous = self.checks.get(name)
+            if previous is None or worst_verdict([previous[0], verdict]) != previous[0]:
+                self.checks[name] = (verdict, detail)
+
+    def row(self, phase: str, first: bool) -> dict[str, Any]:
+        durations = sorted(self.durations)
+        checks = [
+            {"name": name, "verdict": verdict, "detail": detail}
+            for name, (verdict, detail) in self.checks.items()
+        ]
+        verdict = worst_verdict(c["verdict"] for c in checks)
+        problems = [
+            f"{c['name']}: {c['detail']}" if c["detail"] else c["name"]
+            for c in checks
+            if c["verdict"] in ("fail", "warn")
+        ]
+        reason = None
+        if problems:
+            reason = "; ".join(problems) + f". If the check fails: {REMEDIES.get(phase, '')}."
+        elif self.measured == 0:
+            reason = "not measured: outside the pilot window and the sampled updates"
+        elif verdict == "not_checked":
+            skipped = [c["detail"] for c in checks if c["detail"]]
+            reason = "; ".join(skipped) if skipped else "no check applies to this phase"
+        row: dict[str, Any] = dict(self.values)
+        row.update(
+            phase=phase,
+            first=first,
+            occurrences=self.occurrences,
+            measured_occurrences=self.measured,
+            step_first=self.step_first,
+            step_last=self.step_last,
+            duration_s=self.durations[0] if self.durations else None,
+            duration_median_s=durations[(len(durations) - 1) // 2] if durations else None,
+            duration_max_s=durations[-1] if durations else None,
+            synchronized=self.synchronized,
+            verdict=verdict,
+            checks=checks,
+            reason=reason,
+        )
+        return row
+
+
+class PhaseAggregator:
+    """Folds occurrences of phases into phase rows: the first occurrence on its own row.
+
+    The first occurrence of a phase often differs from the others (the first optimizer step
+    allocates the optimizer state; the first forward has no gradients yet), so it keeps its own
+    row (``first=True``); later occurrences fold into a second row with counts, the median and
+    maximum duration, and the largest peak.
+
+    Example:
+        >>> agg = PhaseAggregator()
+        >>> for step, seconds in enumerate([0.5, 0.1, 0.3, 0.2]):
+        ...     agg.count("forward", step)
+        ...     agg.add(Occurrence("forward", step, duration_s=seconds,
+        ...                        values={"peak_allocated_bytes": 100 + step}))
+        >>> [(r["first"], r["occurrences"], r["duration_median_s"], r["peak_allocated_bytes"])
+        ...  for r in agg.rows()]
+        [(True, 1, 0.5, 100), (False, 3, 0.2, 103)]
+    """
+
+    def __init__(self) -> None:
+        self._groups: dict[tuple[str, bool], _Group] = {}
+
+    def count(self, phase: str, step: int | None) -> None:
+        """Count one occurrence, measured or not (cheap: no device work)."""
+        if phase not in PHASES:
+            raise ValueError(f"phase={phase!r} is invalid; expected one of {PHASES}.")
+        if (phase, True) not in self._groups:
+            self._groups[(phase, True)] = _Group()
+            self._groups[(phase, True)].count(step)
+        else:
+            self._groups.setdefault((phase, False), _Group()).count(step)
+
+    def add(self, occurrence: Occurrence) -> None:
+        """Add the measurements of the occurrence counted last for its phase."""
+        phase = occurrence.phase
+        group = self._groups.get((phase, False)) or self._groups.get((phase, True))
+        if group is None:
+            raise ValueError(f"phase {phase!r} was measured before it was counted.")
+        group.add(occurrence)
+
+    def has(self, phase: str) -> bool:
+        """Whether the phase occurred at least once."""
+        return (phase, True) in self._groups
+
+    def rows(self) -> list[dict[str, Any]]:
+        """The phase rows, first occurrences before the rest, in phase order."""
+        order = {phase: index for index, phase in enumerate(PHASES)}
+        keys = sorted(self._groups, key=lambda k: (order[k[0]], not k[1]))
+        return [self._groups[k].row(k[0], k[1]) for k in keys]

@@ -1,0 +1,776 @@
+"""PhaseMemoryMonitor: one row per phase with inputs, memory, duration and verdict."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import lightning.pytorch as pl
+import torch
+from lightning.fabric.plugins import CheckpointIO
+from lightning.pytorch.trainer.states import TrainerFn
+from torch.utils.data import DataLoader
+from typing_extensions import override
+
+from lightning_pilot.core import checks
+from lightning_pilot.core.batches import BatchAdapter, BatchView
+from lightning_pilot.core.memory import (
+    AcceleratorCounter,
+    CudaCounter,
+    MemoryCounter,
+    NoCounter,
+    TensorTracker,
+    TrackerCounter,
+    host_memory,
+    state_bytes,
+    state_tensors,
+)
+from lightning_pilot.core.phases import Occurrence, PhaseAggregator
+from lightning_pilot.run import PilotCallback
+
+__all__ = ["PhaseCheckError", "PhaseMemoryMonitor"]
+
+log = logging.getLogger(__name__)
+
+ExportFn = Callable[[pl.LightningModule, Path], str | os.PathLike[str] | None]
+
+
+class PhaseCheckError(RuntimeError):
+    """A phase check failed and the monitor was asked to stop (``on_fail="raise"``)."""
+
+
+class _MeasuredCheckpointIO(CheckpointIO):
+    """Delegates to the strategy's checkpoint IO and times the file write and read."""
+
+    def __init__(self, inner: CheckpointIO, monitor: PhaseMemoryMonitor) -> None:
+        self.inner = inner
+        self.monitor = monitor
+
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None
+    ) -> None:
+        self.monitor._checkpoint_begin("checkpoint_save")
+        self.inner.save_checkpoint(checkpoint, path, storage_options=storage_options)
+        self.monitor._checkpoint_end("checkpoint_save", path)
+
+    def load_checkpoint(
+        self, path: Any, map_location: Any = None, weights_only: bool | None = None
+    ) -> dict[str, Any]:
+        self.monitor._checkpoint_begin("checkpoint_load")
+        loaded = self.inner.load_checkpoint(
+            path, map_location=map_location, weights_only=weights_only
+        )
+        self.monitor._checkpoint_end("checkpoint_load", path)
+        return loaded
+
+    def remove_checkpoint(self, path: Any) -> None:
+        self.inner.remove_checkpoint(path)
+
+    def teardown(self) -> None:
+        self.inner.teardown()
+
+
+class PhaseMemoryMonitor(PilotCallback):
+    """Measure every phase of the campaign: inputs, memory, duration and a verdict per phase.
+
+    Writes ``<out_dir>/runs/<run_id>/phases.parquet`` (see ``docs/phase-table.md``): one row
+    per phase (``setup``, ``data``, ``forward``, ``backward``, ``optimizer_step``,
+    ``validation``, ``checkpoint_save``, ``checkpoint_load``, ``test``, ``predict``,
+    ``export``), the first occurrence on its own row (``first=True``: the first optimizer step
+    allocates the optimizer state), later ones folded with their count, median and maximum
+    duration and largest peak. Memory columns are bytes, durations seconds; a value that could
+    not be measured is null with ``counter="none"`` or a note, never 0. Also writes
+    ``placement.parquet`` (``device``, ``kind`` in param/grad/optimizer_state/buffer, ``bytes``,
+    ``host_swap_used_bytes``): where the weights and the training state sit.
+
+    Memory: on CUDA the caching-allocator counters (allocated baseline, peak and end; reserved
+    peak apart; alloc retries; capacity), peak reset at each measured phase start; on other
+    accelerators the same through ``torch.accelerator``; on CPU a tensor tracker
+    (``cpu_tensor_tracker``: live tensor bytes). Every row also has the exact parameter,
+    gradient, optimizer-state and buffer bytes and the host RSS.
+
+    Cost: the first ``pilot_updates`` updates (at least 2, so the optimizer state exists) are
+    measured fully, with device synchronisation at phase edges; afterwards one update in
+    ``sample_every`` is (0: none), so a long run pays no synchronisation or tracking outside
+    sampled steps. The first validation is measured, later ones when the update before them was.
+
+    Checks (the seeds' table): ``forward`` loss finite and scalar; ``backward`` every parameter an
+    optimizer updates requires grad and received a finite gradient; ``optimizer_step``
+    trainable parameters changed, frozen ones did not, ``global_step`` advanced by one;
+    ``validation``/``test`` every module in eval mode, autograd off, every sample evaluated. A
+    failed check is ``fail`` with the reason and remedy; training continues unless
+    ``on_fail="raise"``.
+
+    Ranks: every rank measures its own device and writes its own rows (``rank`` column).
+
+    Args:
+        pilot_updates: updates measured fully at the start of each fit (>= 2).
+        sample_every: after the pilot window, measure one update in this many (0 = stop).
+        export: ``fn(pl_module, directory) -> path | None`` called and measured at fit end as
+            the ``export`` phase; the returned file or folder's size is recorded.
+        on_fail: ``"record"`` (default) or ``"raise"`` a :class:`PhaseCheckError`.
+        track_cpu: use the tensor tracker on CPU (``False``: CPU memory columns null).
+        adapter: how to read batches (default :class:`BatchAdapter`).
+        out_dir: the output folder (default ``<default_root_dir>/pilot``).
+
+    Example:
+        >>> import tempfile
+        >>> import lightning.pytorch as pl
+        >>> from lightning.pytorch.demos.boring_classes import BoringModel
+        >>> from lightning_pilot import PhaseMemoryMonitor, read_phase_table
+        >>> folder = tempfile.mkdtemp()
+        >>> monitor = PhaseMemoryMonitor()
+        >>> trainer = pl.Trainer(max_steps=3, val_check_interval=2, limit_val_batches=2,
+        ...                      callbacks=[monitor],
+        ...                      logger=False, enable_progress_bar=False,
+        ...                      enable_model_summary=False, default_root_dir=folder)
+        >>> trainer.fit(BoringModel())
+        >>> table = read_phase_table(monitor.run.run_dir)
+        >>> sorted(set(table["phase"]))  # doctest: +NORMALIZE_WHITESPACE
+        ['backward', 'checkpoint_save', 'data', 'forward', 'optimizer_step', 'setup',
+         'validation']
+        >>> set(table["verdict"])
+        {'pass'}
+    """
+
+    def __init__(
+        self,
+        *,
+        pilot_updates: int = 3,
+        sample_every: int = 50,
+        export: ExportFn | None = None,
+        on_fail: Literal["record", "raise"] = "record",
+        track_cpu: bool = True,
+        adapter: BatchAdapter | None = None,
+        out_dir: str | os.PathLike[str] | None = None,
+    ) -> None:
+        super().__init__(out_dir=out_dir)
+        if (
+            not isinstance(pilot_updates, int)
+            or isinstance(pilot_updates, bool)
+            or pilot_updates < 2
+        ):
+            raise ValueError(
+                f"PhaseMemoryMonitor(pilot_updates={pilot_updates!r}) is invalid: measure at least"
+                " 2 updates (the first allocates the optimizer state; the peak comes later)."
+            )
+        if not isinstance(sample_every, int) or isinstance(sample_every, bool) or sample_every < 0:
+            raise ValueError(
+                f"PhaseMemoryMonitor(sample_every={sample_every!r}) is invalid: expected an"
+                " integer >= 0 (0 stops measuring after the pilot window)."
+            )
+        if export is not None and not callable(export):
+            raise TypeError(
+                f"PhaseMemoryMonitor(export={export!r}) is invalid: expected a callable"
+                " fn(pl_module, directory) -> path or None."
+            )
+        if on_fail not in ("record", "raise"):
+            raise ValueError(
+                f"PhaseMemoryMonitor(on_fail={on_fail!r}) is invalid: expected 'record' or 'raise'."
+            )
+        if adapter is not None and not isinstance(adapter, BatchAdapter):
+            raise TypeError(
+                f"PhaseMemoryMonitor(adapter={adapter!r}) is invalid: expected a BatchAdapter."
+            )
+        self.pilot_updates = pilot_updates
+        self.sample_every = sample_every
+        self.export = export
+        self.on_fail = on_fail
+        self.track_cpu = bool(track_cpu)
+        self.adapter = adapter or BatchAdapter()
+        self._reset()
+
+    def _reset(self) -> None:
+        self.aggregator = PhaseAggregator()
+        self._counter: MemoryCounter | None = None
+        self._tracker: TensorTracker | None = None
+        self._module: pl.LightningModule | None = None
+        self._optimizers: list[torch.optim.Optimizer] = []
+        self._hooks: list[Any] = []
+        self._open: tuple[str, float] | None = None
+        self._pending: Occurrence | None = None
+        self._measuring = False
+        self._data_clock: float | None = None
+        self._start_step = 0
+        self._setup_started: float | None = None
+        self._step_before = 0
+        self._fingerprint: dict[str, tuple[float, float]] = {}
+        self._eval: dict[str, Any] = {}
+        self._window_done = False
+        self._device = "unknown"
+        self._precision: str | None = None
+        self._io: _MeasuredCheckpointIO | None = None
+        self._root_device = torch.device("cpu")
+        self._synchronized = True
+        self._view: BatchView | None = None
+        self._trainable: set[str] = set()
+
+    @property
+    @override
+    def state_key(self) -> str:
+        return self._generate_state_key(out_dir=str(self.out_dir), pilot_updates=self.pilot_updates)
+
+    # ----------------------------------------------------------------------------------------
+    # Setting up and tearing down
+    # ----------------------------------------------------------------------------------------
+
+    @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        previous = self._run
+        super().setup(trainer, pl_module, stage)
+        if self.run is not previous:
+            self._reset()
+        self._module = pl_module
+        # The device the strategy will place the model on (a checkpoint may load before that).
+        self._root_device = trainer.strategy.root_device
+        self._precision = str(trainer.precision)
+        self._setup_started = time.perf_counter()
+        strategy = trainer.strategy
+        if not isinstance(strategy.checkpoint_io, _MeasuredCheckpointIO):
+            self._io = _MeasuredCheckpointIO(strategy.checkpoint_io, self)
+            strategy.checkpoint_io = self._io
+
+    @override
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._release(trainer)
+        super().teardown(trainer, pl_module, stage)
+
+    @override
+    def on_exception(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
+    ) -> None:
+        self._release(trainer)
+        super().on_exception(trainer, pl_module, exception)
+
+    def _release(self, trainer: pl.Trainer) -> None:
+        if self._tracker is not None:
+            self._tracker.stop()
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks = []
+        if self._io is not None and trainer.strategy.checkpoint_io is self._io:
+            trainer.strategy.checkpoint_io = self._io.inner
+        self._io = None
+        if self._run is not None and not self._run.closed:
+            self._publish()
+
+    def _ensure_counter(self) -> MemoryCounter:
+        if self._counter is not None:
+            return self._counter
+        device = self._root_device
+        counter: MemoryCounter
+        if device.type == "cuda":
+            counter = CudaCounter(device)
+            self._device = f"{device} {torch.cuda.get_device_name(device)}"
+        elif device.type == "cpu" and self.track_cpu:
+            self._tracker = TensorTracker()
+            counter = TrackerCounter(self._tracker)
+            self._device = "cpu"
+        elif device.type != "cpu" and AcceleratorCounter.available(device):
+            counter = AcceleratorCounter(device)
+            self._device = str(device)
+        else:
+            reason = "track_cpu=False" if device.type == "cpu" else f"no counter for {device}"
+            counter = NoCounter(f"memory not measured: {reason}")
+            self._device = str(device)
+        self._counter = counter
+        # CPU work is synchronous; a device without counters was not synchronised either.
+        self._synchronized = device.type == "cpu" or not isinstance(counter, NoCounter)
+        return counter
+
+    # ----------------------------------------------------------------------------------------
+    # Measuring one phase
+    # ----------------------------------------------------------------------------------------
+
+    def _begin(self, phase: str) -> None:
+        counter = self._ensure_counter()
+        if self._open is not None:
+            self._open = None  # a phase interrupted by another (e.g. a save mid-step) is dropped
+        if self._tracker is not None:
+            self._tracker.start()
+            self._tracker.adopt(state_tensors(self._require_module(), self._optimizers))
+        counter.synchronize()
+        counter.begin()
+        self._open = (phase, time.perf_counter())
+
+    def _end(
+        self, phase: str, step: int | None, view: BatchView | None = None
+    ) -> Occurrence | None:
+        if self._open is None or self._open[0] != phase:
+            return None
+        counter = self._ensure_counter()
+        counter.synchronize()
+        duration = time.perf_counter() - self._open[1]
+        self._open = None
+        reading = counter.end()
+        values: dict[str, Any] = {k: getattr(reading, k) for k in reading.__dataclass_fields__}
+        values.update(self._state_values())
+        if view is not None:
+            values.update(
+                batch_size=view.batch_size, seq_len=view.seq_len, input_shapes=_shapes(view)
+            )
+        return Occurrence(
+            phase, step, duration_s=duration, synchronized=self._synchronized, values=values
+        )
+
+    def _state_values(self) -> dict[str, Any]:
+        module = self._require_module()
+        state = state_bytes(module, self._optimizers)
+        host = host_memory()
+        return {
+            "param_bytes": state.param_bytes,
+            "grad_bytes": state.grad_bytes,
+            "optimizer_state_bytes": state.optimizer_state_bytes,
+            "buffer_bytes": state.buffer_bytes,
+            "host_rss_bytes": host.rss_bytes,
+            "host_swap_used_bytes": host.swap_used_bytes,
+        }
+
+    def _add(
+        self, occurrence: Occurrence | None, results: Iterable[checks.CheckResult] = ()
+    ) -> None:
+        if occurrence is None:
+            return
+        results = list(results)
+        occurrence.checks.extend((r.name, r.verdict, r.detail) for r in results)
+        self.aggregator.add(occurrence)
+        failed = [r for r in results if r.verdict == "fail"]
+        if failed and self.on_fail == "raise":
+            self._publish()
+            raise PhaseCheckError(
+                f"{occurrence.phase} failed at step {occurrence.step}: "
+                + "; ".join(f"{r.name}: {r.detail}" for r in failed)
+            )
+
+    def _require_module(self) -> pl.LightningModule:
+        if self._module is None:
+            raise RuntimeError("PhaseMemoryMonitor used before setup().")
+        return self._module
+
+    # ----------------------------------------------------------------------------------------
+    # setup, fit start and the training step
+    # ----------------------------------------------------------------------------------------
+
+    @override
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._optimizers = list(trainer.optimizers)
+        for optimizer in self._optimizers:
+            self._hooks.append(optimizer.register_step_post_hook(self._after_update))
+        self._record_setup(trainer, pl_module)
+
+    def _record_setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._setup_started is None:
+            return
+        counter = self._ensure_counter()
+        counter.synchronize()
+        duration = time.perf_counter() - self._setup_started
+        self._setup_started = None
+        values = self._state_values()
+        if isinstance(counter, CudaCounter | AcceleratorCounter):
+            values["end_allocated_bytes"] = counter.end().end_allocated_bytes
+        elif self._tracker is not None:
+            # The weights baseline: every state tensor, counted once, by the tracker.
+            self._tracker.adopt(state_tensors(pl_module, self._optimizers))
+            values["end_allocated_bytes"] = self._tracker.current_bytes
+        misplaced = [n for n, p in pl_module.named_parameters() if p.device != pl_module.device]
+        result = checks.CheckResult("params_on_device", "pass", str(pl_module.device))
+        if misplaced:
+            result = checks.CheckResult(
+                "params_on_device",
+                "warn",
+                f"{len(misplaced)} parameter(s) not on {pl_module.device}: {misplaced[:8]}",
+            )
+        self.aggregator.count("setup", trainer.global_step)
+        occurrence = Occurrence("setup", trainer.global_step, duration, self._synchronized, values)
+        self._add(occurrence, [result])
+
+    @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._start_step = trainer.global_step  # restored by now when resuming
+        self._restart_data_clock(trainer)
+
+    def _is_measured(self, trainer: pl.Trainer) -> bool:
+        done = trainer.global_step - self._start_step
+        if done < self.pilot_updates:
+            return True
+        return self.sample_every > 0 and (done - self.pilot_updates + 1) % self.sample_every == 0
+
+    def _restart_data_clock(self, trainer: pl.Trainer) -> None:
+        self._measuring = trainer.state.fn == TrainerFn.FITTING and self._is_measured(trainer)
+        self._data_clock = time.perf_counter()
+        if self._measuring:
+            self._begin("data")
+        elif self._tracker is not None:
+            self._tracker.stop()
+
+    @override
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        step = trainer.global_step
+        self._flush_pending()
+        self.aggregator.count("data", step)
+        self.aggregator.count("forward", step)
+        if not self._measuring:
+            return
+        view = self.adapter.view(batch, count_tokens=False)
+        self._add(self._end("data", step, view), _batch_checks(view))
+        self._view = view
+        self._begin("forward")
+
+    @override
+    def on_before_backward(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: torch.Tensor
+    ) -> None:
+        step = trainer.global_step
+        self.aggregator.count("backward", step)
+        if not self._measuring:
+            return
+        self._add(self._end("forward", step, self._view), checks.check_loss(loss))
+        self._begin("backward")
+
+    @override
+    def on_after_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._measuring:
+            self._pending = self._end("backward", trainer.global_step, self._view)
+
+    def _flush_pending(self, results: Iterable[checks.CheckResult] = ()) -> None:
+        pending, self._pending = self._pending, None
+        self._add(pending, results)
+
+    @override
+    def on_before_optimizer_step(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: torch.optim.Optimizer
+    ) -> None:
+        step = trainer.global_step
+        self.aggregator.count("optimizer_step", step)
+        if not self._measuring:
+            return
+        optimized = {id(p) for group in optimizer.param_groups for p in group["params"]}
+        self._flush_pending(checks.check_gradients(pl_module.named_parameters(), optimized))
+        self._trainable = {
+            n for n, p in pl_module.named_parameters() if id(p) in optimized and p.requires_grad
+        }
+        self._fingerprint = checks.fingerprint(pl_module.named_parameters())
+        self._step_before = step
+        self._begin("optimizer_step")
+
+    def _after_update(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self._open is not None and self._open[0] == "optimizer_step":
+            self._pending = self._end("optimizer_step", self._step_before)
+
+    @override
+    def on_train_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+    ) -> None:
+        if (
+            self._measuring
+            and self._pending is not None
+            and self._pending.phase == "optimizer_step"
+        ):
+            after = checks.fingerprint(pl_module.named_parameters())
+            self._flush_pending(
+                checks.check_update(
+                    self._fingerprint,
+                    after,
+                    trainable=self._trainable,
+                    step_before=self._step_before,
+                    step_after=trainer.global_step,
+                )
+            )
+        if not self._window_done and trainer.global_step - self._start_step >= self.pilot_updates:
+            self._window_done = True
+            self._publish(flush=True)  # the pilot window survives a later crash
+        self._restart_data_clock(trainer)
+
+    # ----------------------------------------------------------------------------------------
+    # validation, test, predict
+    # ----------------------------------------------------------------------------------------
+
+    def _eval_start(self, trainer: pl.Trainer, phase: str) -> None:
+        if trainer.sanity_checking:
+            return
+        self._flush_pending()
+        self._record_setup(trainer, self._require_module())
+        first = not self.aggregator.has(phase)
+        self.aggregator.count(phase, trainer.global_step)
+        measured = first or (phase != "validation") or self._measuring
+        self._eval = {
+            "phase": phase,
+            "measured": measured,
+            "samples": 0,
+            "seq_len": None,
+            "batch_size": None,
+            "training": set(),
+            "grad": False,
+        }
+        if measured:
+            self._begin(phase)
+
+    def _eval_batch(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any) -> None:
+        if trainer.sanity_checking or not self._eval.get("measured"):
+            return
+        view = self.adapter.view(batch, count_tokens=False)
+        state = self._eval
+        state["samples"] += view.batch_size or 0
+        for key in ("seq_len", "batch_size"):
+            value = getattr(view, key)
+            if value is not None and (state[key] is None or value > state[key]):
+                state[key] = value
+        state["training"].update(n or "<root>" for n, m in pl_module.named_modules() if m.training)
+        state["grad"] = state["grad"] or torch.is_grad_enabled()
+
+    def _eval_end(self, trainer: pl.Trainer, phase: str, loaders: Any) -> None:
+        if trainer.sanity_checking or not self._eval.get("measured"):
+            return
+        state, self._eval = self._eval, {}
+        occurrence = self._end(phase, trainer.global_step)
+        if occurrence is not None:
+            occurrence.values.update(seq_len=state["seq_len"], batch_size=state["batch_size"])
+        expected, why = _expected_samples(trainer, phase, loaders)
+        results = (
+            checks.check_eval_mode(sorted(state["training"]), state["grad"])
+            if phase != "predict"
+            else []
+        )
+        results.append(checks.check_sample_count(state["samples"], expected, why))
+        self._add(occurrence, results)
+        self._publish()
+        if phase == "validation" and trainer.state.fn == TrainerFn.FITTING:
+            self._restart_data_clock(trainer)
+        elif self._tracker is not None:
+            self._tracker.stop()
+
+    @override
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._eval_start(trainer, "validation")
+
+    @override
+    def on_validation_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        self._eval_batch(trainer, pl_module, batch)
+
+    @override
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._eval_end(trainer, "validation", trainer.val_dataloaders)
+
+    @override
+    def on_test_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._eval_start(trainer, "test")
+
+    @override
+    def on_test_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        self._eval_batch(trainer, pl_module, batch)
+
+    @override
+    def on_test_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._eval_end(trainer, "test", trainer.test_dataloaders)
+
+    @override
+    def on_predict_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._eval_start(trainer, "predict")
+
+    @override
+    def on_predict_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        self._eval_batch(trainer, pl_module, batch)
+
+    @override
+    def on_predict_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._eval_end(trainer, "predict", trainer.predict_dataloaders)
+
+    # ----------------------------------------------------------------------------------------
+    # checkpoints, export, fit end
+    # ----------------------------------------------------------------------------------------
+
+    def _checkpoint_begin(self, phase: str) -> None:
+        if self._module is None:
+            return
+        self._flush_pending()
+        self.aggregator.count(phase, None if self._run is None else self._last_step)
+        self._begin(phase)
+
+    def _checkpoint_end(self, phase: str, path: Any) -> None:
+        occurrence = self._end(phase, self._last_step)
+        if occurrence is None:
+            return
+        size = occurrence.values["file_bytes"] = _size(path)
+        written = (
+            checks.CheckResult("checkpoint_file", "pass", f"{size} bytes")
+            if size
+            else checks.CheckResult("checkpoint_file", "fail", f"no file with bytes at {path}")
+        )
+        if self._tracker is not None:
+            # torch.save/torch.load serialise outside the operator dispatcher: the tracker
+            # cannot see their buffers, so its numbers would understate the phase.
+            for key in ("baseline_allocated_bytes", "peak_allocated_bytes", "end_allocated_bytes"):
+                occurrence.values[key] = None
+            occurrence.values["notes"] = (
+                "allocated bytes not measured on CPU for (de)serialisation; see host_rss_bytes"
+            )
+        self._add(occurrence, [written])
+        if self._data_clock is not None and self._measuring:
+            self._begin("data")  # the next fetch starts after the save
+
+    @property
+    def _last_step(self) -> int | None:
+        return None if self._module is None else self._module.global_step
+
+    @override
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._flush_pending()
+        if self._tracker is not None:
+            self._tracker.stop()
+        if self.export is not None:
+            self._run_export(trainer, pl_module)
+        placement = state_bytes(pl_module, self._optimizers).placement_rows()
+        swap = host_memory().swap_used_bytes
+        self.run.register_table("placement")
+        self.run.append_rows(
+            "placement", [row | {"host_swap_used_bytes": swap} for row in placement]
+        )
+        if self._tracker is not None:
+            self._tracker.stop()
+        self._publish()
+        self._log_summary(trainer)
+
+    def _run_export(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.export is None:
+            return
+        directory = self.run.run_dir / "export"
+        directory.mkdir(parents=True, exist_ok=True)
+        self.aggregator.count("export", trainer.global_step)
+        self._begin("export")
+        result = self.export(pl_module, directory)
+        occurrence = self._end("export", trainer.global_step)
+        if occurrence is not None:
+            occurrence.values["file_bytes"] = _size(result) if result is not None else None
+        self._add(occurrence)
+
+    def _publish(self, flush: bool = False) -> None:
+        if self._run is None:
+            return
+        for row in self.aggregator.rows():
+            row.update(
+                device=self._device,
+                precision=self._precision,
+                counter=(self._counter.name if self._counter else "none"),
+            )
+            if self._counter is not None and self._counter.note and not row.get("notes"):
+                row["notes"] = self._counter.note
+            self._run.put_phase_row(row, source="PhaseMemoryMonitor")
+        if flush:
+            self._run.flush()
+
+    def _log_summary(self, trainer: pl.Trainer) -> None:
+        if not trainer.loggers:
+            return
+        metrics = {
+            f"pilot/{row['phase']}{'_first' if row['first'] else ''}/peak_allocated_bytes": float(
+                row["peak_allocated_bytes"]
+            )
+            for row in self.aggregator.rows()
+            if row.get("peak_allocated_bytes") is not None
+        }
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=trainer.global_step)
+
+
+def _shapes(view: BatchView) -> str | None:
+    shapes = {
+        name: tuple(value.shape)
+        for name in ("inputs", "targets", "attention_mask")
+        if isinstance(value := getattr(view, name), torch.Tensor)
+    }
+    return ", ".join(f"{k}={list(v)}" for k, v in shapes.items()) or None
+
+
+def _batch_checks(view: BatchView) -> list[checks.CheckResult]:
+    sizes = {
+        name: int(value.shape[0])
+        for name in ("inputs", "targets", "attention_mask", "ids")
+        if isinstance(value := getattr(view, name), torch.Tensor) and value.ndim >= 1
+    }
+    if not sizes:
+        return [
+            checks.CheckResult(
+                "batch_sizes_agree",
+                "not_checked",
+                f"no tensors found in the batch ({', '.join(view.missing)} missing)",
+            )
+        ]
+    if len(set(sizes.values())) == 1:
+        return [checks.CheckResult("batch_sizes_agree", "pass", "")]
+    return [checks.CheckResult("batch_sizes_agree", "fail", f"leading dimensions differ: {sizes}")]
+
+
+def _size(path: Any) -> int | None:
+    try:
+        target = Path(os.fspath(path))
+    except TypeError:
+        return None
+    if target.is_file():
+        return target.stat().st_size
+    if target.is_dir():
+        return sum(f.stat().st_size for f in target.rglob("*") if f.is_file())
+    return None
+
+
+def _loaders(value: Any) -> list[Any]:
+    if value is None:
+        return []
+    if isinstance(value, Mapping):
+        return list(value.values())
+    if isinstance(value, list | tuple):
+        return list(value)
+    return [value]
+
+
+def _expected_samples(trainer: pl.Trainer, phase: str, loaders: Any) -> tuple[int | None, str]:
+    limit = {
+        "validation": trainer.limit_val_batches,
+        "test": trainer.limit_test_batches,
+        "predict": trainer.limit_predict_batches,
+    }[phase]
+    if limit != 1.0:
+        name = "limit_val_batches" if phase == "validation" else f"limit_{phase}_batches"
+        return None, f"{name}={limit} evaluates part of the data by design"
+    total = 0
+    for loader in _loaders(loaders):
+        sampler = getattr(getattr(loader, "batch_sampler", None), "sampler", None)
+        if isinstance(loader, DataLoader) and sampler is not None and hasattr(sampler, "__len__"):
+            total += len(sampler)  # per rank under a DistributedSampler
+        else:
+            return None, f"the {phase} loader has no sized sampler"
+    return total, ""
