@@ -22,6 +22,7 @@ from lightning_pilot.core.memory import (
     AcceleratorCounter,
     CudaCounter,
     MemoryCounter,
+    MemoryReading,
     NoCounter,
     TensorTracker,
     TrackerCounter,
@@ -191,7 +192,7 @@ class PhaseMemoryMonitor(PilotCallback):
         self._module: pl.LightningModule | None = None
         self._optimizers: list[torch.optim.Optimizer] = []
         self._hooks: list[Any] = []
-        self._open: tuple[str, float] | None = None
+        self._open: tuple[str, float, bool] | None = None
         self._pending: Occurrence | None = None
         self._measuring = False
         self._data_clock: float | None = None
@@ -203,11 +204,11 @@ class PhaseMemoryMonitor(PilotCallback):
         self._window_done = False
         self._device = "unknown"
         self._precision: str | None = None
-        self._io: _MeasuredCheckpointIO | None = None
         self._root_device = torch.device("cpu")
         self._synchronized = True
         self._view: BatchView | None = None
         self._trainable: set[str] = set()
+        self._placed = False
 
     @property
     @override
@@ -230,9 +231,10 @@ class PhaseMemoryMonitor(PilotCallback):
         self._precision = str(trainer.precision)
         self._setup_started = time.perf_counter()
         strategy = trainer.strategy
-        if not isinstance(strategy.checkpoint_io, _MeasuredCheckpointIO):
-            self._io = _MeasuredCheckpointIO(strategy.checkpoint_io, self)
-            strategy.checkpoint_io = self._io
+        if isinstance(strategy.checkpoint_io, _MeasuredCheckpointIO):
+            strategy.checkpoint_io.monitor = self
+        else:
+            strategy.checkpoint_io = _MeasuredCheckpointIO(strategy.checkpoint_io, self)
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -246,15 +248,15 @@ class PhaseMemoryMonitor(PilotCallback):
         self._release(trainer)
         super().on_exception(trainer, pl_module, exception)
 
-    def _release(self, trainer: pl.Trainer) -> None:
+    def _stop_tracker(self) -> None:
         if self._tracker is not None:
             self._tracker.stop()
+
+    def _release(self, trainer: pl.Trainer) -> None:
+        self._stop_tracker()
         for handle in self._hooks:
             handle.remove()
         self._hooks = []
-        if self._io is not None and trainer.strategy.checkpoint_io is self._io:
-            trainer.strategy.checkpoint_io = self._io.inner
-        self._io = None
         if self._run is not None and not self._run.closed:
             self._publish()
 
@@ -286,16 +288,25 @@ class PhaseMemoryMonitor(PilotCallback):
     # Measuring one phase
     # ----------------------------------------------------------------------------------------
 
-    def _begin(self, phase: str) -> None:
+    def _begin(self, phase: str, *, track: bool = True) -> None:
+        """Start measuring ``phase``.
+
+        The CPU tensor tracker is a dispatch mode: it must be entered and left inside the same
+        grad/inference-mode context (``torch.inference_mode`` restores the dispatch keys it saw
+        on entry). So it runs only within one hook span the loop keeps in one context: a
+        training batch (start to end), an evaluation loop, an export. ``track=False`` phases
+        (data fetch, checkpoint IO) get durations and state bytes but no tracker numbers.
+        """
         counter = self._ensure_counter()
-        if self._open is not None:
-            self._open = None  # a phase interrupted by another (e.g. a save mid-step) is dropped
-        if self._tracker is not None:
+        self._open = None  # a phase interrupted by another (e.g. a save mid-step) is dropped
+        tracked = track or not isinstance(counter, TrackerCounter)
+        if tracked and self._tracker is not None:
             self._tracker.start()
             self._tracker.adopt(state_tensors(self._require_module(), self._optimizers))
         counter.synchronize()
-        counter.begin()
-        self._open = (phase, time.perf_counter())
+        if tracked:
+            counter.begin()
+        self._open = (phase, time.perf_counter(), tracked)
 
     def _end(
         self, phase: str, step: int | None, view: BatchView | None = None
@@ -305,9 +316,15 @@ class PhaseMemoryMonitor(PilotCallback):
         counter = self._ensure_counter()
         counter.synchronize()
         duration = time.perf_counter() - self._open[1]
+        tracked = self._open[2]
         self._open = None
-        reading = counter.end()
+        reading = counter.end() if tracked else MemoryReading()
         values: dict[str, Any] = {k: getattr(reading, k) for k in reading.__dataclass_fields__}
+        if not tracked:
+            values["notes"] = (
+                "allocated bytes not measured: the CPU tensor tracker does not run during data"
+                " fetching or checkpoint (de)serialisation; see host_rss_bytes"
+            )
         values.update(self._state_values())
         if view is not None:
             values.update(
@@ -403,9 +420,7 @@ class PhaseMemoryMonitor(PilotCallback):
         self._measuring = trainer.state.fn == TrainerFn.FITTING and self._is_measured(trainer)
         self._data_clock = time.perf_counter()
         if self._measuring:
-            self._begin("data")
-        elif self._tracker is not None:
-            self._tracker.stop()
+            self._begin("data", track=False)
 
     @override
     def on_train_batch_start(
@@ -435,8 +450,11 @@ class PhaseMemoryMonitor(PilotCallback):
 
     @override
     def on_after_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self._measuring:
-            self._pending = self._end("backward", trainer.global_step, self._view)
+        if not self._measuring:
+            return
+        occurrence = self._end("backward", trainer.global_step, self._view)
+        optimized = {id(p) for o in self._optimizers for g in o.param_groups for p in g["params"]}
+        self._add(occurrence, checks.check_gradients(pl_module.named_parameters(), optimized))
 
     def _flush_pending(self, results: Iterable[checks.CheckResult] = ()) -> None:
         pending, self._pending = self._pending, None
@@ -451,7 +469,6 @@ class PhaseMemoryMonitor(PilotCallback):
         if not self._measuring:
             return
         optimized = {id(p) for group in optimizer.param_groups for p in group["params"]}
-        self._flush_pending(checks.check_gradients(pl_module.named_parameters(), optimized))
         self._trainable = {
             n for n, p in pl_module.named_parameters() if id(p) in optimized and p.requires_grad
         }
@@ -462,6 +479,20 @@ class PhaseMemoryMonitor(PilotCallback):
     def _after_update(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self._open is not None and self._open[0] == "optimizer_step":
             self._pending = self._end("optimizer_step", self._step_before)
+        if not self._placed:
+            # Right after the first update every kind of state exists at once: weights,
+            # gradients and the freshly allocated optimizer state.
+            self._placed = True
+            self._record_placement("after_first_update")
+
+    def _record_placement(self, moment: str) -> None:
+        module = self._require_module()
+        swap = host_memory().swap_used_bytes
+        rows = state_bytes(module, self._optimizers).placement_rows()
+        self.run.register_table("placement")
+        self.run.append_rows(
+            "placement", [row | {"moment": moment, "host_swap_used_bytes": swap} for row in rows]
+        )
 
     @override
     def on_train_batch_end(
@@ -490,6 +521,7 @@ class PhaseMemoryMonitor(PilotCallback):
         if not self._window_done and trainer.global_step - self._start_step >= self.pilot_updates:
             self._window_done = True
             self._publish(flush=True)  # the pilot window survives a later crash
+        self._stop_tracker()
         self._restart_data_clock(trainer)
 
     # ----------------------------------------------------------------------------------------
@@ -545,10 +577,9 @@ class PhaseMemoryMonitor(PilotCallback):
         results.append(checks.check_sample_count(state["samples"], expected, why))
         self._add(occurrence, results)
         self._publish()
+        self._stop_tracker()
         if phase == "validation" and trainer.state.fn == TrainerFn.FITTING:
             self._restart_data_clock(trainer)
-        elif self._tracker is not None:
-            self._tracker.stop()
 
     @override
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -619,7 +650,7 @@ class PhaseMemoryMonitor(PilotCallback):
             return
         self._flush_pending()
         self.aggregator.count(phase, None if self._run is None else self._last_step)
-        self._begin(phase)
+        self._begin(phase, track=False)
 
     def _checkpoint_end(self, phase: str, path: Any) -> None:
         occurrence = self._end(phase, self._last_step)
@@ -631,17 +662,12 @@ class PhaseMemoryMonitor(PilotCallback):
             if size
             else checks.CheckResult("checkpoint_file", "fail", f"no file with bytes at {path}")
         )
-        if self._tracker is not None:
-            # torch.save/torch.load serialise outside the operator dispatcher: the tracker
-            # cannot see their buffers, so its numbers would understate the phase.
-            for key in ("baseline_allocated_bytes", "peak_allocated_bytes", "end_allocated_bytes"):
-                occurrence.values[key] = None
-            occurrence.values["notes"] = (
-                "allocated bytes not measured on CPU for (de)serialisation; see host_rss_bytes"
-            )
         self._add(occurrence, [written])
+        if self._run is not None and self._run.closed:
+            # trainer.save_checkpoint after the fit ended: the row still joins the fit's table.
+            self._publish(flush=True)
         if self._data_clock is not None and self._measuring:
-            self._begin("data")  # the next fetch starts after the save
+            self._begin("data", track=False)  # the next fetch starts after the save
 
     @property
     def _last_step(self) -> int | None:
@@ -650,18 +676,10 @@ class PhaseMemoryMonitor(PilotCallback):
     @override
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._flush_pending()
-        if self._tracker is not None:
-            self._tracker.stop()
+        self._stop_tracker()
         if self.export is not None:
             self._run_export(trainer, pl_module)
-        placement = state_bytes(pl_module, self._optimizers).placement_rows()
-        swap = host_memory().swap_used_bytes
-        self.run.register_table("placement")
-        self.run.append_rows(
-            "placement", [row | {"host_swap_used_bytes": swap} for row in placement]
-        )
-        if self._tracker is not None:
-            self._tracker.stop()
+        self._record_placement("fit_end")
         self._publish()
         self._log_summary(trainer)
 
@@ -674,6 +692,7 @@ class PhaseMemoryMonitor(PilotCallback):
         self._begin("export")
         result = self.export(pl_module, directory)
         occurrence = self._end("export", trainer.global_step)
+        self._stop_tracker()
         if occurrence is not None:
             occurrence.values["file_bytes"] = _size(result) if result is not None else None
         self._add(occurrence)

@@ -1,0 +1,938 @@
+"""Effective-batch arithmetic and per-update counting, free of Lightning.
+
+A micro-batch is what one forward/backward pass processes; accumulation adds ``K`` micro-batches
+before one optimizer update; data-parallel replicas each process their own micro-batches for the
+same update. So one update sees ``micro_batch_size x K x replicas`` examples, and a budget of
+updates or of epochs fixes the rest. This module holds that arithmetic, with Lightning's real
+behaviour built in:
+
+* the last accumulation window of an epoch is stepped even when it is incomplete, and its loss
+  is still divided by ``K``, so that update is down-weighted (weight = micro-batches / K);
+* ``DistributedSampler`` (``drop_last=False``) pads every replica to the same length with
+  duplicated samples, which are trained on like any other;
+* ``max_steps`` can stop a run in the middle of an epoch.
+
+:func:`plan_updates` predicts; :class:`UpdateCounter` counts what really happened, one row per
+update; :func:`summarize` compares both and names what needs attention.
+
+Example:
+    >>> from lightning_pilot.core.accounting import plan_updates
+    >>> plan = plan_updates(5, 1, accumulate_grad_batches=2, epochs=1)
+    >>> plan.total_updates, plan.last_window_micro_batches, plan.last_window_weight
+    (3, 1, 0.5)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal, get_args
+
+__all__ = [
+    "KEEP_CHOICES",
+    "BatchConfig",
+    "Keep",
+    "UpdateCounter",
+    "UpdatePlan",
+    "normalise_schedule",
+    "plan_updates",
+    "replica_duplicates",
+    "summarize",
+]
+
+Keep = Literal["updates", "examples", "epochs"]
+#: What a comparison of runs may hold constant; the other quantities are recorded.
+KEEP_CHOICES: Final[tuple[str, ...]] = get_args(Keep)
+
+ReplicaSplit = Literal["pad", "drop"]
+_REPLICA_SPLITS: Final[tuple[str, ...]] = get_args(ReplicaSplit)
+
+#: How many individual partial windows, skipped steps and K changes a counter keeps by name
+#: (the counts are always complete; the lists are for reading, not for sizing).
+MAX_LISTED: Final = 20
+
+
+# --------------------------------------------------------------------------------------------
+# Argument checks
+# --------------------------------------------------------------------------------------------
+
+
+def _invalid(owner: str, name: str, value: object, requirement: str) -> str:
+    return f"{owner}({name}={value!r}) is invalid: {name} must be {requirement}."
+
+
+def _check_int(owner: str, name: str, value: object, *, minimum: int) -> int:
+    requirement = {0: "a non-negative integer", 1: "a positive integer"}.get(
+        minimum, f"an integer >= {minimum}"
+    )
+    # bool is an int subclass: micro_batch_size=True is a bug, not a batch of one.
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(_invalid(owner, name, value, requirement))
+    if value < minimum:
+        raise ValueError(_invalid(owner, name, value, requirement))
+    return value
+
+
+def _check_optional_int(owner: str, name: str, value: object, *, minimum: int) -> int | None:
+    if value is None:
+        return None
+    return _check_int(owner, name, value, minimum=minimum)
+
+
+def normalise_schedule(
+    accumulate_grad_batches: int | Mapping[int, int], *, owner: str = "plan_updates"
+) -> tuple[tuple[int, int], ...]:
+    """Turn ``K`` or an ``{epoch: K}`` schedule into sorted ``(first_epoch, K)`` pairs.
+
+    A schedule works like Lightning's ``GradientAccumulationScheduler``: ``K`` applies from its
+    epoch (0-based) on, and epochs before the first key accumulate 1 micro-batch.
+
+    Raises:
+        TypeError: not an int or a mapping of ints.
+        ValueError: ``K < 1``, a negative epoch or an empty schedule.
+
+    Example:
+        >>> normalise_schedule(8)
+        ((0, 8),)
+        >>> normalise_schedule({2: 4})
+        ((0, 1), (2, 4))
+    """
+    name = "accumulate_grad_batches"
+    if isinstance(accumulate_grad_batches, Mapping):
+        if not accumulate_grad_batches:
+            raise ValueError(
+                _invalid(owner, name, accumulate_grad_batches, "an int or a non-empty {epoch: K}")
+            )
+        pairs: dict[int, int] = {}
+        for epoch, k in accumulate_grad_batches.items():
+            pairs[_check_int(owner, f"{name} epoch", epoch, minimum=0)] = _check_int(
+                owner, f"{name}[{epoch!r}]", k, minimum=1
+            )
+        pairs.setdefault(0, 1)
+        return tuple(sorted(pairs.items()))
+    if isinstance(accumulate_grad_batches, bool) or not isinstance(accumulate_grad_batches, int):
+        raise TypeError(
+            _invalid(
+                owner,
+                name,
+                accumulate_grad_batches,
+                "a positive integer or an {epoch: K} schedule",
+            )
+        )
+    return ((0, _check_int(owner, name, accumulate_grad_batches, minimum=1)),)
+
+
+def _k_at(schedule: Sequence[tuple[int, int]], epoch: int) -> int:
+    k = 1
+    for first, value in schedule:
+        if epoch >= first:
+            k = value
+    return k
+
+
+# --------------------------------------------------------------------------------------------
+# The planner
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class UpdatePlan:
+    """What a configuration will do, computed the way Lightning trains it.
+
+    Per-epoch figures describe one epoch with the first epoch's ``K`` (see ``k_schedule`` when
+    ``K`` changes); totals follow the whole schedule and the ``epochs``/``max_steps`` budget.
+    Counts of examples include the duplicates a ``DistributedSampler`` adds.
+
+    Attributes:
+        dataset_size: examples in the training set.
+        micro_batch_size: examples per micro-batch on one replica.
+        accumulate_grad_batches: ``K`` of the first epoch.
+        dp_replicas: data-parallel replicas (processes that each see different data).
+        epochs: the epoch budget (``None``: only ``max_steps`` limits the run).
+        max_steps: the update budget (``None``: only ``epochs`` limits the run).
+        drop_last: the loader drops each replica's incomplete last micro-batch.
+        k_schedule: ``(first_epoch, K)`` pairs.
+        examples_per_update: ``micro_batch_size x K x dp_replicas`` (a full window).
+        samples_per_replica: examples one replica draws per epoch (padding included).
+        duplicates_per_epoch: samples the distributed sampler repeats to even out replicas.
+        micro_batches_per_epoch: micro-batches per replica per epoch (after ``drop_last`` and
+            ``limit_micro_batches``).
+        examples_per_epoch: examples processed per epoch over all replicas.
+        updates_per_epoch: ``ceil(micro_batches_per_epoch / K)``.
+        last_window_micro_batches: micro-batches in the last window of an epoch.
+        last_window_partial: that window holds fewer than ``K`` micro-batches.
+        last_window_weight: ``last_window_micro_batches / K``, the factor Lightning's division
+            by ``K`` gives that update relative to a full one.
+        total_updates: updates of the whole budget.
+        examples_seen: examples processed over the whole budget (all replicas).
+        epochs_completed: whole epochs within the budget.
+        ends_mid_epoch: ``max_steps`` stops the run inside an epoch.
+        partial_windows: partial last windows the run will step.
+        padding_duplicates: duplicated samples processed over the whole budget.
+
+    Example:
+        >>> plan = plan_updates(3200, 2, accumulate_grad_batches=8, epochs=1)
+        >>> plan.describe()
+        '16 examples per update (2 x 8 x 1 replica); 200 updates; 3,200 examples; last window full'
+    """
+
+    dataset_size: int
+    micro_batch_size: int
+    accumulate_grad_batches: int
+    dp_replicas: int
+    epochs: int | None
+    max_steps: int | None
+    drop_last: bool
+    k_schedule: tuple[tuple[int, int], ...]
+    examples_per_update: int
+    samples_per_replica: int
+    duplicates_per_epoch: int
+    micro_batches_per_epoch: int
+    examples_per_epoch: int
+    updates_per_epoch: int
+    last_window_micro_batches: int
+    last_window_partial: bool
+    last_window_weight: float
+    total_updates: int
+    examples_seen: int
+    epochs_completed: int
+    ends_mid_epoch: bool
+    partial_windows: int
+    padding_duplicates: int
+
+    def describe(self) -> str:
+        """One line for humans: the effective batch, the budget and the last window."""
+        parts = [
+            effective_batch_text(
+                self.micro_batch_size, self.accumulate_grad_batches, self.dp_replicas
+            ),
+            f"{self.total_updates:,} updates",
+            f"{self.examples_seen:,} examples",
+            last_window_text(self.last_window_micro_batches, self.accumulate_grad_batches),
+        ]
+        if len(self.k_schedule) > 1:
+            parts.append("K by epoch " + ", ".join(f"{e}: {k}" for e, k in self.k_schedule))
+        if self.duplicates_per_epoch:
+            parts.append(f"{self.duplicates_per_epoch:,} padding duplicate(s) per epoch")
+        return "; ".join(parts)
+
+
+def effective_batch_text(micro_batch_size: int | None, k: int | None, replicas: int | None) -> str:
+    """``"16 examples per update (2 x 8 x 1 replica)"``; unknown factors read ``?``."""
+    factors = [micro_batch_size, k, replicas]
+    total = None if None in factors else math.prod(f for f in factors if f is not None)
+    noun = "replica" if replicas == 1 else "replicas"
+    shown = ["?" if f is None else str(f) for f in factors]
+    head = "? examples per update" if total is None else f"{total:,} examples per update"
+    return f"{head} ({shown[0]} x {shown[1]} x {shown[2]} {noun})"
+
+
+def last_window_text(micro_batches: int, k: int) -> str:
+    """``"last window full"`` or ``"last window partial (1 of 2 micro-batches, weight 0.50)"``."""
+    if micro_batches in (0, k):
+        return "last window full"
+    return (
+        f"last window partial ({micro_batches} of {k} micro-batches,"
+        f" weight {micro_batches / k:.2f})"
+    )
+
+
+def plan_updates(
+    dataset_size: int,
+    micro_batch_size: int,
+    accumulate_grad_batches: int | Mapping[int, int] = 1,
+    dp_replicas: int = 1,
+    epochs: int | None = None,
+    max_steps: int | None = None,
+    drop_last: bool = False,
+    *,
+    replica_split: ReplicaSplit = "pad",
+    limit_micro_batches: int | None = None,
+) -> UpdatePlan:
+    """Plan the updates and examples of a training configuration, as Lightning runs it.
+
+    Args:
+        dataset_size: examples in the training set.
+        micro_batch_size: examples per micro-batch on one replica (the loader's ``batch_size``).
+        accumulate_grad_batches: ``K``, or an ``{epoch: K}`` schedule (Lightning's
+            ``GradientAccumulationScheduler``).
+        dp_replicas: data-parallel replicas. Tensor- or pipeline-parallel ranks that share one
+            batch are not replicas.
+        epochs: epochs to train (Lightning's ``max_epochs``); ``None`` when only ``max_steps``
+            limits the run.
+        max_steps: most updates (Lightning's ``max_steps``); ``None`` for no limit.
+        drop_last: the loader drops each replica's incomplete last micro-batch.
+        replica_split: how a ``DistributedSampler`` evens the replicas out: ``"pad"`` repeats
+            samples (its default, ``drop_last=False``), ``"drop"`` leaves the tail out.
+        limit_micro_batches: most micro-batches per replica per epoch (``limit_train_batches``,
+            ``fast_dev_run``, ``overfit_batches``).
+
+    Returns:
+        The :class:`UpdatePlan`.
+
+    Raises:
+        TypeError: an argument of the wrong type.
+        ValueError: an argument out of range, or neither ``epochs`` nor ``max_steps``.
+
+    Example:
+        The seeds' example: 2 examples per micro-batch, 8 accumulation steps, one GPU, 3,200
+        examples seen once:
+
+        >>> plan = plan_updates(3200, 2, accumulate_grad_batches=8, dp_replicas=1, epochs=1)
+        >>> plan.examples_per_update, plan.updates_per_epoch, plan.total_updates
+        (16, 200, 200)
+        >>> plan.examples_seen, plan.last_window_micro_batches, plan.last_window_partial
+        (3200, 8, False)
+
+        What does a comparison keep? Keep the 200 updates and double the micro-batch: the
+        examples seen double.
+
+        >>> plan_updates(3200, 4, accumulate_grad_batches=8, max_steps=200).examples_seen
+        6400
+
+        Keep one epoch and double the micro-batch: the updates halve.
+
+        >>> plan_updates(3200, 4, accumulate_grad_batches=8, epochs=1).total_updates
+        100
+    """
+    owner = "plan_updates"
+    n = _check_int(owner, "dataset_size", dataset_size, minimum=1)
+    b = _check_int(owner, "micro_batch_size", micro_batch_size, minimum=1)
+    schedule = normalise_schedule(accumulate_grad_batches, owner=owner)
+    replicas = _check_int(owner, "dp_replicas", dp_replicas, minimum=1)
+    n_epochs = _check_optional_int(owner, "epochs", epochs, minimum=1)
+    steps = _check_optional_int(owner, "max_steps", max_steps, minimum=0)
+    limit = _check_optional_int(owner, "limit_micro_batches", limit_micro_batches, minimum=0)
+    if not isinstance(drop_last, bool):
+        raise TypeError(_invalid(owner, "drop_last", drop_last, "True or False"))
+    if replica_split not in _REPLICA_SPLITS:
+        raise ValueError(_invalid(owner, "replica_split", replica_split, "'pad' or 'drop'"))
+    if n_epochs is None and steps is None:
+        raise ValueError(
+            f"{owner}(epochs=None, max_steps=None) is invalid: give epochs, max_steps or both"
+            " (Lightning's max_epochs / max_steps)."
+        )
+
+    # One replica's share of an epoch, as DistributedSampler deals it out.
+    if replicas == 1:
+        per_replica, duplicates = n, 0
+    elif replica_split == "pad":
+        per_replica = math.ceil(n / replicas)
+        duplicates = per_replica * replicas - n
+    else:
+        per_replica, duplicates = n // replicas, 0
+    natural = per_replica // b if drop_last else math.ceil(per_replica / b)
+    micro_batches = natural if limit is None else min(natural, limit)
+    if micro_batches == natural:
+        per_replica_examples = natural * b if drop_last else per_replica
+    else:
+        per_replica_examples = micro_batches * b
+    # The padded samples are the last of each padded replica's share: seen only if that is.
+    duplicates_seen = duplicates if per_replica_examples == per_replica else 0
+    epoch_examples = per_replica_examples * replicas
+
+    k0 = schedule[0][1]
+    updates_per_epoch = math.ceil(micro_batches / k0)
+    last_window = micro_batches - (updates_per_epoch - 1) * k0 if micro_batches else 0
+
+    total = examples = dup_total = partial = 0
+    epoch = 0
+    ends_mid_epoch = False
+    last_key = schedule[-1][0]
+    while micro_batches and (n_epochs is None or epoch < n_epochs):
+        if steps is not None and total >= steps:
+            break
+        k = _k_at(schedule, epoch)
+        updates = math.ceil(micro_batches / k)
+        epoch_partial = int(micro_batches % k != 0)
+        if steps is not None and total + updates > steps:
+            # Stops inside this epoch: only full windows of full micro-batches are stepped.
+            remaining = steps - total
+            total += remaining
+            examples += remaining * k * b * replicas
+            ends_mid_epoch = remaining > 0
+            break
+        if epoch >= last_key:
+            # K no longer changes: jump over every whole epoch left at once.
+            left = math.inf if n_epochs is None else n_epochs - epoch
+            if steps is not None:
+                left = min(left, (steps - total) // updates)
+            whole = int(left)
+        else:
+            whole = 1
+        total += whole * updates
+        examples += whole * epoch_examples
+        dup_total += whole * duplicates_seen
+        partial += whole * epoch_partial
+        epoch += whole
+
+    return UpdatePlan(
+        dataset_size=n,
+        micro_batch_size=b,
+        accumulate_grad_batches=k0,
+        dp_replicas=replicas,
+        epochs=n_epochs,
+        max_steps=steps,
+        drop_last=drop_last,
+        k_schedule=schedule,
+        examples_per_update=b * k0 * replicas,
+        samples_per_replica=per_replica,
+        duplicates_per_epoch=duplicates,
+        micro_batches_per_epoch=micro_batches,
+        examples_per_epoch=epoch_examples,
+        updates_per_epoch=updates_per_epoch,
+        last_window_micro_batches=last_window,
+        last_window_partial=0 < last_window < k0,
+        last_window_weight=last_window / k0 if micro_batches else 1.0,
+        total_updates=total,
+        examples_seen=examples,
+        epochs_completed=epoch,
+        ends_mid_epoch=ends_mid_epoch,
+        partial_windows=partial,
+        padding_duplicates=dup_total,
+    )
+
+
+def replica_duplicates(
+    *,
+    dataset_size: int,
+    num_replicas: int,
+    rank: int,
+    samples_per_replica: int,
+    batch_idx: int,
+    micro_batch_size: int,
+) -> int:
+    """Duplicated samples a padding ``DistributedSampler`` put in one micro-batch of a rank.
+
+    The sampler appends the padding at the end of its index list and deals the list out
+    round-robin, so a padded rank's duplicate is its last sample of the epoch: position
+    ``(samples_per_replica - 1) * num_replicas + rank`` of the padded list, a duplicate when
+    that position is past the dataset's end.
+
+    Example:
+        >>> # 21 examples on 2 replicas: 11 each; rank 1's 11th sample repeats example 0.
+        >>> [replica_duplicates(dataset_size=21, num_replicas=2, rank=r, samples_per_replica=11,
+        ...                     batch_idx=5, micro_batch_size=2) for r in (0, 1)]
+        [0, 1]
+    """
+    last_position = (samples_per_replica - 1) * num_replicas + rank
+    if samples_per_replica < 1 or last_position < dataset_size:
+        return 0
+    last_batch = (samples_per_replica - 1) // micro_batch_size
+    return 1 if batch_idx == last_batch else 0
+
+
+# --------------------------------------------------------------------------------------------
+# Counting
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BatchConfig:
+    """The configuration a fit really runs with.
+
+    Attributes:
+        micro_batch_size: examples per micro-batch on one replica (``None``: unknown yet).
+        accumulate_grad_batches: ``K`` when training starts.
+        dp_replicas: data-parallel replicas.
+    """
+
+    micro_batch_size: int | None
+    accumulate_grad_batches: int
+    dp_replicas: int
+
+    @property
+    def effective_batch_size(self) -> int | None:
+        """Examples per full update over all replicas (``None`` while the micro-batch is unknown).
+
+        Example:
+            >>> BatchConfig(2, 8, 1).effective_batch_size
+            16
+        """
+        if self.micro_batch_size is None:
+            return None
+        return self.micro_batch_size * self.accumulate_grad_batches * self.dp_replicas
+
+
+@dataclass
+class _Window:
+    epoch: int
+    batch_first: int
+    batch_last: int
+    micro_batches: int = 0
+    examples: int | None = 0
+    tokens: int | None = 0
+    tokens_source: str | None = None
+    duplicates: int | None = 0
+
+
+def _add(total: int | None, value: int | None) -> int | None:
+    return None if total is None or value is None else total + value
+
+
+@dataclass
+class _TokenStats:
+    count: int = 0
+    minimum: int | None = None
+    maximum: int | None = None
+    total: float = 0.0
+    total_sq: float = 0.0
+
+    def add(self, value: int) -> None:
+        self.count += 1
+        self.minimum = value if self.minimum is None else min(self.minimum, value)
+        self.maximum = value if self.maximum is None else max(self.maximum, value)
+        self.total += value
+        self.total_sq += float(value) * value
+
+    @property
+    def cv(self) -> float | None:
+        if self.count < 2 or self.total <= 0:
+            return None
+        mean = self.total / self.count
+        variance = max(self.total_sq / self.count - mean * mean, 0.0)
+        return math.sqrt(variance) / mean
+
+
+class UpdateCounter:
+    """Counts micro-batches into updates, one row per update, and keeps the totals.
+
+    Feed it every training micro-batch (:meth:`add_micro_batch`) and tell it when an update
+    closed (:meth:`close_update`); it returns the update's row. Rows wait in
+    :attr:`pending` until the caller has filled their ``*_all_ranks`` columns (summed over
+    the data-parallel replicas; identical to the local columns on one process) and hands them
+    to :meth:`absorb`, which updates the totals and findings. Its state (:meth:`state_dict`)
+    holds only ints, floats, strings, ``None``, lists and dicts.
+
+    Example:
+        >>> counter = UpdateCounter()
+        >>> for batch_idx, k in [(0, 2), (1, 2), (2, 2)]:
+        ...     counter.add_micro_batch(epoch=0, batch_idx=batch_idx, examples=4, tokens=None)
+        ...     if batch_idx in (1, 2):  # Lightning steps at K=2 and at the epoch's end
+        ...         _ = counter.close_update(update=batch_idx, accumulate_grad_batches=k)
+        >>> counter.absorb(UpdateCounter.local_as_all_ranks(counter.take_pending()))
+        >>> counter.updates, counter.examples, counter.partial_window_count
+        (2, 12, 1)
+    """
+
+    STATE_VERSION: Final = 1
+
+    def __init__(self) -> None:
+        self._window: _Window | None = None
+        self.pending: list[dict[str, Any]] = []
+        self.updates = 0
+        self.micro_batches = 0
+        self.examples: int | None = 0
+        self.tokens: int | None = 0
+        self.tokens_source: str | None = None
+        self.duplicates: int | None = 0
+        self.partial_window_count = 0
+        self.partial_windows: list[dict[str, Any]] = []
+        self.skipped_count = 0
+        self.skipped_updates: list[int] = []
+        self.k_changes: list[dict[str, int]] = []
+        self.last_k: int | None = None
+        self.last_update: int | None = None
+        self.counted_from = 0
+        self._token_stats = _TokenStats()
+
+    # -- micro-batches and updates -----------------------------------------------------------
+
+    @property
+    def open_micro_batches(self) -> int:
+        """Micro-batches counted since the last update (0 between windows)."""
+        return 0 if self._window is None else self._window.micro_batches
+
+    def add_micro_batch(
+        self,
+        *,
+        epoch: int,
+        batch_idx: int,
+        examples: int | None,
+        tokens: int | None,
+        tokens_source: str | None = None,
+        duplicates: int | None = 0,
+    ) -> None:
+        """Count one micro-batch of this process (``None``: the value could not be read)."""
+        window = self._window
+        if window is None:
+            window = self._window = _Window(
+                epoch=epoch, batch_first=batch_idx, batch_last=batch_idx
+            )
+            window.tokens_source = tokens_source
+        window.batch_last = batch_idx
+        window.micro_batches += 1
+        window.examples = _add(window.examples, examples)
+        window.tokens = _add(window.tokens, tokens)
+        if window.tokens_source != tokens_source:
+            window.tokens_source = None
+        window.duplicates = _add(window.duplicates, duplicates)
+
+    def close_update(
+        self, *, update: int, accumulate_grad_batches: int, stepped: bool | None = None
+    ) -> dict[str, Any]:
+        """Close the open window as update number ``update`` and return its (local) row.
+
+        Args:
+            update: the update's number (Lightning's ``global_step`` after it).
+            accumulate_grad_batches: ``K`` in effect for the window.
+            stepped: whether the optimizer really stepped (``False``: a GradScaler skipped
+                it; ``None``: not observed).
+        """
+        window = self._window or _Window(epoch=-1, batch_first=-1, batch_last=-1)
+        self._window = None
+        k = accumulate_grad_batches
+        row: dict[str, Any] = {
+            "update": update,
+            "epoch": window.epoch,
+            "batch_idx_first": window.batch_first,
+            "batch_idx_last": window.batch_last,
+            "accumulate_grad_batches": k,
+            "micro_batches": window.micro_batches,
+            "examples": window.examples,
+            "tokens": window.tokens if window.tokens_source is not None else None,
+            "tokens_source": window.tokens_source,
+            "padding_duplicates": window.duplicates,
+            "window_partial": window.micro_batches < k,
+            "weight": window.micro_batches / k,
+            "optimizer_stepped": stepped,
+        }
+        self.pending.append(row)
+        return row
+
+    def take_pending(self) -> list[dict[str, Any]]:
+        """Hand over (and forget) the rows not absorbed yet."""
+        rows, self.pending = self.pending, []
+        return rows
+
+    @staticmethod
+    def local_as_all_ranks(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Rows of a single process: the all-ranks columns are the local ones."""
+        out = []
+        for row in rows:
+            filled = dict(row)
+            for column in _SUMMED_COLUMNS:
+                filled[f"{column}_all_ranks"] = row[column]
+            out.append(filled)
+        return out
+
+    def absorb(self, rows: Iterable[dict[str, Any]]) -> None:
+        """Add rows whose ``*_all_ranks`` columns are filled to the totals and findings."""
+        for row in rows:
+            self.updates += 1
+            self.last_update = int(row["update"])
+            self.micro_batches += int(row["micro_batches_all_ranks"] or 0)
+            self.examples = _add(self.examples, row["examples_all_ranks"])
+            self.tokens = _add(self.tokens, row["tokens_all_ranks"])
+            if row.get("tokens_source") is not None:
+                self.tokens_source = self.tokens_source or row["tokens_source"]
+            self.duplicates = _add(self.duplicates, row["padding_duplicates_all_ranks"])
+            k = int(row["accumulate_grad_batches"])
+            old_k = self.last_k
+            if old_k is not None and k != old_k and len(self.k_changes) < MAX_LISTED:
+                self.k_changes.append({"update": int(row["update"]), "old": old_k, "new": k})
+            self.last_k = k
+            if row["window_partial"]:
+                self.partial_window_count += 1
+                if len(self.partial_windows) < MAX_LISTED:
+                    self.partial_windows.append(
+                        {
+                            "update": self.last_update,
+                            "epoch": int(row["epoch"]),
+                            "micro_batches": int(row["micro_batches"]),
+                            "accumulate_grad_batches": k,
+                            "weight": float(row["weight"]),
+                            "examples": row["examples_all_ranks"],
+                        }
+                    )
+            elif row["tokens_all_ranks"] is not None:
+                self._token_stats.add(int(row["tokens_all_ranks"]))
+            if row.get("optimizer_stepped") is False:
+                self.skipped_count += 1
+                if len(self.skipped_updates) < MAX_LISTED:
+                    self.skipped_updates.append(self.last_update)
+
+    def start_late(self, updates_before: int) -> None:
+        """Counting starts after ``updates_before`` uncounted updates (a resume without state).
+
+        The examples and tokens of those updates are unknown, so their totals become ``None``.
+        """
+        if updates_before > self.updates:
+            self.counted_from = updates_before
+            self.examples = None
+            self.tokens = None
+            self.duplicates = None
+
+    @property
+    def token_spread(self) -> dict[str, float | int | None]:
+        """Tokens per full update over all replicas: count, min, max, max/min and the CV."""
+        stats = self._token_stats
+        ratio = None
+        if stats.minimum and stats.maximum is not None:
+            ratio = stats.maximum / stats.minimum
+        return {
+            "updates": stats.count,
+            "min": stats.minimum,
+            "max": stats.maximum,
+            "ratio": ratio,
+            "cv": stats.cv,
+        }
+
+    # -- state ---------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """The absorbed totals and findings (weights-only-safe types only)."""
+        stats = self._token_stats
+        return {
+            "version": self.STATE_VERSION,
+            "updates": self.updates,
+            "micro_batches": self.micro_batches,
+            "examples": self.examples,
+            "tokens": self.tokens,
+            "tokens_source": self.tokens_source,
+            "duplicates": self.duplicates,
+            "partial_window_count": self.partial_window_count,
+            "partial_windows": [dict(w) for w in self.partial_windows],
+            "skipped_count": self.skipped_count,
+            "skipped_updates": list(self.skipped_updates),
+            "k_changes": [dict(c) for c in self.k_changes],
+            "last_k": self.last_k,
+            "last_update": self.last_update,
+            "counted_from": self.counted_from,
+            "token_stats": [stats.count, stats.minimum, stats.maximum, stats.total, stats.total_sq],
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from :meth:`state_dict` (missing keys keep their defaults)."""
+        self.updates = int(state.get("updates", 0))
+        self.micro_batches = int(state.get("micro_batches", 0))
+        self.examples = state.get("examples", 0)
+        self.tokens = state.get("tokens", 0)
+        self.tokens_source = state.get("tokens_source")
+        self.duplicates = state.get("duplicates", 0)
+        self.partial_window_count = int(state.get("partial_window_count", 0))
+        self.partial_windows = [dict(w) for w in state.get("partial_windows", [])]
+        self.skipped_count = int(state.get("skipped_count", 0))
+        self.skipped_updates = [int(u) for u in state.get("skipped_updates", [])]
+        self.k_changes = [dict(c) for c in state.get("k_changes", [])]
+        self.last_k = state.get("last_k")
+        self.last_update = state.get("last_update")
+        self.counted_from = int(state.get("counted_from", 0))
+        stats = list(state.get("token_stats", [0, None, None, 0.0, 0.0]))
+        self._token_stats = _TokenStats(
+            count=int(stats[0]),
+            minimum=stats[1],
+            maximum=stats[2],
+            total=float(stats[3]),
+            total_sq=float(stats[4]),
+        )
+
+
+#: Columns summed over the data-parallel replicas into ``<column>_all_ranks``.
+_SUMMED_COLUMNS: Final = ("micro_batches", "examples", "tokens", "padding_duplicates")
+SUMMED_COLUMNS: Final[tuple[str, ...]] = _SUMMED_COLUMNS
+
+
+# --------------------------------------------------------------------------------------------
+# Plan against actual
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Flag:
+    flag: str
+    detail: str
+
+
+@dataclass
+class _Findings:
+    flags: list[_Flag] = field(default_factory=list)
+
+    def add(self, flag: str, detail: str) -> None:
+        self.flags.append(_Flag(flag, detail))
+
+
+def summarize(
+    *,
+    counter: UpdateCounter,
+    config: BatchConfig,
+    plan: UpdatePlan | None,
+    keep: Keep,
+    epochs_done: int,
+    planned_epochs: int | None = None,
+    estimated_updates: int | None = None,
+    token_spread_ratio: float = 1.5,
+    notes: Sequence[str] = (),
+) -> dict[str, Any]:
+    """Compare the plan with what was counted and name every finding.
+
+    Returns:
+        A dict with the configuration, the planned and counted quantities, what the
+        comparison keeps (``keep``, ``kept_planned``, ``kept_done``), ``flags`` (a list of
+        ``{"flag", "detail"}``) and ``line``, the summary for humans.
+
+    Example:
+        >>> counter = UpdateCounter()
+        >>> for i in range(5):  # 5 micro-batches of 1 example, K=2: Lightning steps 3 times
+        ...     counter.add_micro_batch(epoch=0, batch_idx=i, examples=1, tokens=None)
+        ...     if i in (1, 3, 4):
+        ...         _ = counter.close_update(update=i // 2 + 1, accumulate_grad_batches=2)
+        >>> counter.absorb(UpdateCounter.local_as_all_ranks(counter.take_pending()))
+        >>> result = summarize(counter=counter, config=BatchConfig(1, 2, 1),
+        ...                    plan=plan_updates(5, 1, 2, epochs=1), keep="updates", epochs_done=1)
+        >>> result["line"]
+        '2 examples per update (1 x 2 x 1 replica); 3 updates; 5 examples; last window partial
+         (1 of 2 micro-batches, weight 0.50)'
+        >>> [flag["flag"] for flag in result["flags"]]
+        ['last_window_partial']
+    """
+    found = _Findings()
+    updates_done = counter.counted_from + counter.updates
+    planned_updates = plan.total_updates if plan is not None else estimated_updates
+    planned_examples = plan.examples_seen if plan is not None else None
+    if planned_epochs is None and plan is not None:
+        planned_epochs = plan.epochs_completed + int(plan.ends_mid_epoch)
+
+    if counter.partial_window_count:
+        first = counter.partial_windows[0]
+        weights = sorted({f"{w['weight']:.2f}" for w in counter.partial_windows})
+        found.add(
+            "last_window_partial",
+            f"{counter.partial_window_count} update(s) stepped an incomplete accumulation window"
+            f" (first: update {first['update']}, {first['micro_batches']} of"
+            f" {first['accumulate_grad_batches']} micro-batches); Lightning still divides the"
+            f" loss by K, so their examples got weight {', '.join(weights)} of a full update."
+            " Use drop_last=True or a dataset size divisible by micro_batch_size x K x replicas"
+            " to avoid it.",
+        )
+    if counter.duplicates:
+        found.add(
+            "padding_duplicates",
+            f"DistributedSampler padded the replicas with {counter.duplicates:,} duplicated"
+            " sample(s), trained on twice per epoch; make the dataset size divisible by the"
+            " replicas or use a sampler with drop_last=True.",
+        )
+    if counter.skipped_count:
+        found.add(
+            "gradscaler_skipped",
+            f"the GradScaler skipped {counter.skipped_count} optimizer step(s) (first: update"
+            f" {counter.skipped_updates[0]}) that Lightning still counted in global_step and"
+            " the LR scheduler.",
+        )
+    if counter.k_changes:
+        changes = ", ".join(
+            f"{c['old']} -> {c['new']} from update {c['update']}" for c in counter.k_changes
+        )
+        found.add(
+            "k_changed",
+            f"accumulate_grad_batches changed during the run ({changes}): the examples per"
+            " update changed with it.",
+        )
+    spread = counter.token_spread
+    ratio = spread["ratio"]
+    if ratio is not None and ratio > token_spread_ratio:
+        found.add(
+            "tokens_spread",
+            f"tokens per full update range from {spread['min']:,} to {spread['max']:,}"
+            f" (x{ratio:.2f}); a loss averaged per micro-batch weights each token differently"
+            " across updates: normalise by the token count if the comparison needs it.",
+        )
+    if counter.open_micro_batches:
+        found.add(
+            "unstepped_micro_batches",
+            f"{counter.open_micro_batches} micro-batch(es) after the last update were never"
+            " stepped.",
+        )
+    if (
+        plan is not None
+        and estimated_updates is not None
+        and estimated_updates != plan.total_updates
+    ):
+        found.add(
+            "estimate_mismatch",
+            f"Lightning's estimated_stepping_batches is {estimated_updates:,} but the plan is"
+            f" {plan.total_updates:,} updates"
+            + (" (Lightning's estimate ignores a changing K)" if len(plan.k_schedule) > 1 else "")
+            + ": a schedule sized from the estimate will not end where training ends.",
+        )
+    kept_planned, kept_done = {
+        "updates": (planned_updates, updates_done),
+        "examples": (planned_examples, counter.examples),
+        "epochs": (planned_epochs, epochs_done),
+    }[keep]
+    if kept_planned is not None and kept_done is not None and kept_planned != kept_done:
+        found.add(
+            "plan_shortfall" if kept_done < kept_planned else "plan_exceeded",
+            f"the comparison keeps {keep}: planned {kept_planned:,}, done {kept_done:,}.",
+        )
+    for note in notes:
+        found.add("note", note)
+
+    line = _summary_line(
+        config, counter, updates_done, planned_updates, plan, keep, kept_planned, kept_done
+    )
+    return {
+        "micro_batch_size": config.micro_batch_size,
+        "accumulate_grad_batches": config.accumulate_grad_batches,
+        "dp_replicas": config.dp_replicas,
+        "effective_batch_size": config.effective_batch_size,
+        "planned_updates": planned_updates,
+        "planned_examples": planned_examples,
+        "planned_epochs": planned_epochs,
+        "estimated_stepping_batches": estimated_updates,
+        "updates_done": updates_done,
+        "examples_seen": counter.examples,
+        "tokens_seen": counter.tokens if counter.tokens_source is not None else None,
+        "tokens_source": counter.tokens_source,
+        "epochs_done": epochs_done,
+        "micro_batches": counter.micro_batches,
+        "padding_duplicates": counter.duplicates,
+        "partial_windows": counter.partial_window_count,
+        "skipped_updates": counter.skipped_count,
+        "k_changes": [dict(c) for c in counter.k_changes],
+        "tokens_per_update": spread,
+        "keep": keep,
+        "kept_planned": kept_planned,
+        "kept_done": kept_done,
+        "flags": [{"flag": f.flag, "detail": f.detail} for f in found.flags],
+        "line": line,
+    }
+
+
+def _summary_line(
+    config: BatchConfig,
+    counter: UpdateCounter,
+    updates_done: int,
+    planned_updates: int | None,
+    plan: UpdatePlan | None,
+    keep: str,
+    kept_planned: int | None,
+    kept_done: int | None,
+) -> str:
+    parts = [
+        effective_batch_text(
+            config.micro_batch_size, config.accumulate_grad_batches, config.dp_replicas
+        )
+    ]
+    if planned_updates is None or planned_updates == updates_done:
+        parts.append(f"{updates_done:,} updates")
+    else:
+        parts.append(f"{updates_done:,} of {planned_updates:,} planned updates")
+    parts.append(
+        "examples unknown" if counter.examples is None else f"{counter.examples:,} examples"
+    )
+    if counter.tokens is not None and counter.tokens_source is not None:
+        parts.append(f"{counter.tokens:,} tokens")
+    if counter.partial_windows:
+        first = counter.partial_windows[0]
+        parts.append(last_window_text(first["micro_batches"], first["accumulate_grad_batches"]))
+    elif plan is not None or counter.updates:
+        parts.append("last window full")
+    if counter.duplicates:
+        parts.append(f"{counter.duplicates:,} padding duplicate(s)")
+    if counter.skipped_count:
+        parts.append(f"{counter.skipped_count} step(s) skipped by the GradScaler")
+    if kept_planned is not None and kept_done is not None and kept_planned != kept_done:
+        parts.append(f"keeps {keep}: {kept_done:,} of {kept_planned:,}")
+    return "; ".join(parts)

@@ -1,0 +1,345 @@
+"""Compare variants across seeds without keeping only the best run.
+
+:func:`compare_runs` takes one row per run (its group, e.g. the variant; its seed; its ledger
+status; the value of the metric compared) and returns a :class:`Comparison`:
+
+* ``summary``: one row per group. Every run is counted, by status. The metric's median, mean
+  and interquartile mean (IQM: the mean of the middle 50 %, trimming ``floor(n / 4)`` runs at
+  each end, as ``scipy.stats.trim_mean(x, 0.25)``) with percentile-bootstrap confidence
+  intervals once a group has ``min_runs_for_ci`` runs in its statistics (fewer: the interval
+  is null and ``notes`` says why). With a ``control``, the paired per-seed differences
+  (group - control) for the seeds both ran: their mean, median, bootstrap interval of the mean,
+  and how many seeds each side won.
+* ``runs``: every run with its value, the score it is ranked by and its rank (1 = best).
+* ``paired``: the per-seed pairs behind the differences.
+
+How statuses count:
+
+* ``completed`` and ``stopped`` runs contribute their value (a non-finite value counts as the
+  worst possible value).
+* ``diverged``, ``oom`` and ``failed`` runs are ranked worst and never dropped. With
+  ``failures="worst"`` (the default) they enter the statistics as the worst possible value
+  (``+inf`` when lower is better): a median of ``inf`` says that at least half of the seeds
+  failed, which is the honest summary. With ``failures="exclude"`` the statistics use the
+  successful runs only, and the counts still show the failures.
+* ``running`` and ``interrupted`` runs did not finish: counted, unranked, not in statistics.
+
+Example:
+    >>> import pandas as pd
+    >>> from lightning_pilot.core.compare import compare_runs
+    >>> runs = pd.DataFrame({
+    ...     "variant": ["ctl", "ctl", "ctl", "hot", "hot", "hot"],
+    ...     "seed": [0, 1, 2, 0, 1, 2],
+    ...     "status": ["completed"] * 4 + ["diverged", "completed"],
+    ...     "value": [2.0, 2.2, 2.1, 1.9, float("nan"), 2.0],
+    ... })
+    >>> result = compare_runs(runs, by="variant", control="ctl")
+    >>> result.summary[["variant", "n_runs", "n_diverged", "median", "paired_wins"]]
+      variant  n_runs  n_diverged  median  paired_wins
+    0     ctl       3           0     2.1         <NA>
+    1     hot       3           1     2.0            2
+    >>> result.runs.sort_values("rank")["status"].tolist()[-1]
+    'diverged'
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Final, Literal
+
+import numpy as np
+import pandas as pd
+
+__all__ = [
+    "FAILED_STATUSES",
+    "MEASURED_STATUSES",
+    "STATUS_ORDER",
+    "UNFINISHED_STATUSES",
+    "Comparison",
+    "bootstrap_ci",
+    "compare_runs",
+    "iqm",
+]
+
+STATUS_ORDER: Final = (
+    "completed",
+    "stopped",
+    "diverged",
+    "oom",
+    "failed",
+    "interrupted",
+    "running",
+)
+MEASURED_STATUSES: Final = ("completed", "stopped")
+FAILED_STATUSES: Final = ("diverged", "oom", "failed")
+UNFINISHED_STATUSES: Final = ("interrupted", "running")
+
+Mode = Literal["min", "max"]
+
+
+def iqm(values: np.ndarray[Any, Any], axis: int = -1) -> Any:
+    """Interquartile mean along ``axis``: trim ``floor(n / 4)`` values at each end, average.
+
+    Example:
+        >>> float(iqm(np.array([1.0, 2.0, 3.0, 4.0, 100.0])))
+        3.0
+    """
+    ordered = np.sort(values, axis=axis)
+    n = ordered.shape[axis]
+    cut = n // 4
+    kept = np.take(ordered, np.arange(cut, n - cut), axis=axis)
+    return np.mean(kept, axis=axis)
+
+
+def _median(values: np.ndarray[Any, Any], axis: int = -1) -> Any:
+    return np.median(values, axis=axis)
+
+
+def _mean(values: np.ndarray[Any, Any], axis: int = -1) -> Any:
+    return np.mean(values, axis=axis)
+
+
+_STATISTICS: Final[dict[str, Callable[..., Any]]] = {"median": _median, "mean": _mean, "iqm": iqm}
+
+
+def bootstrap_ci(
+    values: np.ndarray[Any, Any],
+    statistic: Callable[..., Any],
+    *,
+    n_boot: int = 2000,
+    confidence: float = 0.95,
+    rng: np.random.Generator,
+) -> tuple[float, float]:
+    """Percentile-bootstrap interval of ``statistic(values, axis=-1)``.
+
+    Resamples ``values`` with replacement ``n_boot`` times in one vectorised draw. Quantiles use
+    the inverted empirical CDF, so infinite values (failed runs) never turn into NaN.
+    """
+    index = rng.integers(0, len(values), size=(n_boot, len(values)))
+    stats = np.asarray(statistic(values[index], axis=-1), dtype=float)
+    alpha = (1.0 - confidence) / 2.0
+    low, high = np.quantile(stats, [alpha, 1.0 - alpha], method="inverted_cdf")
+    return float(low), float(high)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """The result of :func:`compare_runs`: ``summary``, ``runs`` and ``paired`` tables."""
+
+    summary: pd.DataFrame
+    runs: pd.DataFrame
+    paired: pd.DataFrame
+    metric: str
+    mode: str
+    control: str | None
+
+    def __repr__(self) -> str:
+        return (
+            f"Comparison(metric={self.metric!r}, mode={self.mode!r}, control={self.control!r},"
+            f" groups={len(self.summary)}, runs={len(self.runs)})"
+        )
+
+
+def _scores(frame: pd.DataFrame, value: str, mode: Mode) -> pd.Series:
+    worst = np.inf if mode == "min" else -np.inf
+    raw = pd.to_numeric(frame[value], errors="coerce").astype(float)
+    status = frame["status"].astype(object)
+    measured = status.isin(MEASURED_STATUSES).to_numpy()
+    failed = status.isin(FAILED_STATUSES).to_numpy()
+    finite = np.isfinite(raw.to_numpy())
+    # A measured run without a value at all (metric never logged) cannot be ranked: NaN.
+    present = raw.notna().to_numpy()
+    score = np.where(measured & finite, raw.to_numpy(), np.nan)
+    score = np.where(measured & present & ~finite, worst, score)
+    score = np.where(failed, worst, score)
+    return pd.Series(score, index=frame.index, dtype=float)
+
+
+def _validate(
+    frame: pd.DataFrame, by: str, mode: str, failures: str, control: str | None
+) -> list[Any]:
+    for column in (by, "seed", "status"):
+        if column not in frame.columns:
+            raise ValueError(f"runs has no column {column!r}; columns are {list(frame.columns)}.")
+    if mode not in ("min", "max"):
+        raise ValueError(f"mode={mode!r} is invalid; expected 'min' or 'max'.")
+    if failures not in ("worst", "exclude"):
+        raise ValueError(f"failures={failures!r} is invalid; expected 'worst' or 'exclude'.")
+    groups = list(pd.unique(frame[by].astype(object)))
+    if control is not None and control not in groups:
+        raise ValueError(f"control={control!r} is not a {by}; the {by}s are {groups}.")
+    return groups
+
+
+def compare_runs(
+    runs: pd.DataFrame,
+    *,
+    value: str = "value",
+    by: str = "variant",
+    control: str | None = None,
+    mode: Mode = "min",
+    failures: Literal["worst", "exclude"] = "worst",
+    min_runs_for_ci: int = 5,
+    n_boot: int = 2000,
+    confidence: float = 0.95,
+    random_state: int = 0,
+    metric: str | None = None,
+) -> Comparison:
+    """Compare groups of runs (variants) across seeds; see the module docstring.
+
+    Args:
+        runs: one row per run with columns ``by``, ``seed``, ``status``, ``value`` (and
+            ``run_id`` if available). Rows are in start order: when a group ran one seed
+            twice, the later run is the one paired with the control.
+        value: the column holding the metric.
+        by: the column that names the groups.
+        control: the group the others are paired against.
+        mode: ``"min"`` when lower is better, ``"max"`` when higher is better.
+        failures: ``"worst"`` counts failed runs as the worst value in the statistics;
+            ``"exclude"`` leaves them out of the statistics (they stay counted and ranked).
+        min_runs_for_ci: runs (or pairs) needed before intervals are computed.
+        n_boot: bootstrap resamples.
+        confidence: interval coverage.
+        random_state: seed of the bootstrap (the same input gives the same intervals).
+        metric: the metric's name, kept in the result.
+
+    Returns:
+        A :class:`Comparison`.
+
+    Raises:
+        ValueError: an unknown column, mode, failure policy or control, or a bad number.
+    """
+    groups = _validate(runs, by, mode, failures, control)
+    if value not in runs.columns:
+        raise ValueError(f"runs has no column {value!r}; columns are {list(runs.columns)}.")
+    if not isinstance(min_runs_for_ci, int) or min_runs_for_ci < 2:
+        raise ValueError(f"min_runs_for_ci={min_runs_for_ci!r} is invalid: expected an int >= 2.")
+    if not isinstance(n_boot, int) or n_boot < 100:
+        raise ValueError(f"n_boot={n_boot!r} is invalid: expected an int >= 100.")
+    if not isinstance(confidence, float) or not 0.5 <= confidence < 1.0:
+        raise ValueError(f"confidence={confidence!r} is invalid: expected a float in [0.5, 1).")
+    rng = np.random.default_rng(random_state)
+    table = runs.reset_index(drop=True).copy()
+    table["score"] = _scores(table, value, mode)
+    in_stats = table["score"].notna()
+    if failures == "exclude":
+        in_stats &= ~table["status"].astype(object).isin(FAILED_STATUSES)
+    table["in_statistics"] = in_stats
+    table["rank"] = table["score"].rank(ascending=mode == "min", method="min").astype("Int64")
+    pairs = _pairs(table, by, control, groups)
+    rows = [
+        _summarise(table, pairs, by, group, control, mode, min_runs_for_ci, n_boot, confidence, rng)
+        for group in groups
+    ]
+    summary = pd.DataFrame(rows)
+    for column in ("n_runs", "n_in_statistics", *(f"n_{s}" for s in STATUS_ORDER)):
+        summary[column] = summary[column].astype("int64")
+    for column in ("paired_n", "paired_wins", "paired_losses"):
+        summary[column] = summary[column].astype("Int64")
+    return Comparison(
+        summary=summary,
+        runs=table,
+        paired=pairs,
+        metric=metric or value,
+        mode=mode,
+        control=control,
+    )
+
+
+def _pairs(table: pd.DataFrame, by: str, control: str | None, groups: list[Any]) -> pd.DataFrame:
+    columns = [by, "seed", "control_score", "score", "difference"]
+    if control is None:
+        return pd.DataFrame(columns=columns)
+    usable = table[table["in_statistics"] & table["seed"].notna()]
+    latest = usable.drop_duplicates(subset=[by, "seed"], keep="last")
+    base = latest[latest[by] == control][["seed", "score"]].rename(
+        columns={"score": "control_score"}
+    )
+    others = latest[latest[by] != control][[by, "seed", "score"]]
+    merged = others.merge(base, on="seed", how="inner")
+    with np.errstate(invalid="ignore"):
+        merged["difference"] = merged["score"] - merged["control_score"]
+    return merged[columns].reset_index(drop=True)
+
+
+def _summarise(
+    table: pd.DataFrame,
+    pairs: pd.DataFrame,
+    by: str,
+    group: Any,
+    control: str | None,
+    mode: Mode,
+    min_runs: int,
+    n_boot: int,
+    confidence: float,
+    rng: np.random.Generator,
+) -> dict[str, Any]:
+    rows = table[table[by] == group]
+    counts = rows["status"].astype(object).value_counts()
+    row: dict[str, Any] = {by: group, "n_runs": len(rows)}
+    for status in STATUS_ORDER:
+        row[f"n_{status}"] = int(counts.get(status, 0))
+    values = rows.loc[rows["in_statistics"], "score"].to_numpy(dtype=float)
+    row["n_in_statistics"] = len(values)
+    notes = []
+    other = len(rows) - row["n_in_statistics"]
+    if other:
+        notes.append(f"{other} run(s) not in the statistics (unfinished, excluded or no value)")
+    for name, statistic in _STATISTICS.items():
+        row[name] = float(statistic(values)) if len(values) else np.nan
+        row[f"{name}_ci_low"] = row[f"{name}_ci_high"] = np.nan
+        if len(values) >= min_runs:
+            low, high = bootstrap_ci(
+                values, statistic, n_boot=n_boot, confidence=confidence, rng=rng
+            )
+            row[f"{name}_ci_low"], row[f"{name}_ci_high"] = low, high
+    if 0 < len(values) < min_runs:
+        notes.append(f"intervals need >= {min_runs} runs, got {len(values)}")
+    row.update(_paired(pairs, by, group, control, mode, min_runs, n_boot, confidence, rng, notes))
+    row["notes"] = "; ".join(notes) or None
+    return row
+
+
+def _paired(
+    pairs: pd.DataFrame,
+    by: str,
+    group: Any,
+    control: str | None,
+    mode: Mode,
+    min_runs: int,
+    n_boot: int,
+    confidence: float,
+    rng: np.random.Generator,
+    notes: list[str],
+) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "paired_n": pd.NA,
+        "paired_mean_diff": np.nan,
+        "paired_median_diff": np.nan,
+        "paired_ci_low": np.nan,
+        "paired_ci_high": np.nan,
+        "paired_wins": pd.NA,
+        "paired_losses": pd.NA,
+    }
+    if control is None or group == control:
+        return out
+    mine = pairs[pairs[by] == group]
+    both_failed = int(mine["difference"].isna().sum())
+    diffs = mine["difference"].dropna().to_numpy(dtype=float)
+    better = diffs < 0 if mode == "min" else diffs > 0
+    worse = diffs > 0 if mode == "min" else diffs < 0
+    out.update(paired_n=len(diffs), paired_wins=int(better.sum()), paired_losses=int(worse.sum()))
+    if both_failed:
+        notes.append(f"{both_failed} seed(s) failed in both {group!r} and the control")
+    if len(diffs):
+        out["paired_mean_diff"] = float(np.mean(diffs))
+        out["paired_median_diff"] = float(np.median(diffs))
+    if len(diffs) >= min_runs:
+        low, high = bootstrap_ci(diffs, _mean, n_boot=n_boot, confidence=confidence, rng=rng)
+        out["paired_ci_low"], out["paired_ci_high"] = low, high
+    elif len(diffs):
+        notes.append(f"paired interval needs >= {min_runs} seeds, got {len(diffs)}")
+    else:
+        notes.append(f"no seed shared with the control {control!r}")
+    return out

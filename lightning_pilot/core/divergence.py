@@ -1,0 +1,490 @@
+"""Divergence rules and run outcomes, free of Lightning.
+
+:class:`DivergenceDetector` is fed one training loss (and optionally one gradient norm) per
+optimizer update and answers with a :class:`DivergenceDecision`. The rules, with the defaults
+of :class:`DivergenceRules`:
+
+========================  =====================================================================
+``nonfinite_loss``        the loss is NaN or infinite: fatal at once.
+``nonfinite_grad``        the total gradient norm is NaN or infinite: fatal at once (under a
+                          gradient scaler, float16 AMP, a non-finite norm means the scaler skips
+                          the step and lowers its scale: recorded as ``grad_overflow`` instead).
+``loss_spike_persistent`` after ``warmup`` (20) updates, the loss is at least ``spike_factor``
+                          (3.0) times the mean of the last ``window`` (20) normal losses for
+                          ``spike_patience`` (5) consecutive updates. Spike losses do not enter
+                          the reference window, so a loss stuck at a higher level stays a spike.
+``loss_blowup``           the loss exceeds ``max(blowup_cap, blowup_factor x initial loss)``
+                          (cap unset, factor 10) for ``blowup_patience`` (3) consecutive updates.
+``spike`` / ``spike_end`` an isolated spike (shorter than ``spike_patience``): recorded, not
+                          fatal.
+========================  =====================================================================
+
+The loss rules assume a non-negative loss (cross-entropy, squared error): the spike rule only
+applies while its reference mean is positive and the blow-up rule only when the initial loss
+(or the cap) is positive.
+
+:func:`exception_outcome` and :func:`normal_outcome` turn how a fit ended into the ledger's
+``status`` and ``stop_cause``; :class:`Curves` keeps the curves a ledger record carries.
+
+Example:
+    >>> from lightning_pilot.core.divergence import DivergenceDetector, DivergenceRules
+    >>> detector = DivergenceDetector(DivergenceRules(blowup_patience=2))
+    >>> [detector.update(step, loss).cause for step, loss in enumerate([3.0, 2.5, 40.0], 1)]
+    [None, None, None]
+    >>> decision = detector.update(4, 50.0)
+    >>> decision.fatal, decision.cause
+    (True, 'loss_blowup')
+    >>> detector.update(5, float("nan")).cause
+    'nonfinite_loss'
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any, Final
+
+import torch
+
+__all__ = [
+    "FATAL_CAUSES",
+    "Curves",
+    "DivergenceDecision",
+    "DivergenceDetector",
+    "DivergenceEvent",
+    "DivergenceRules",
+    "exception_outcome",
+    "normal_outcome",
+]
+
+#: Rules that make a run ``diverged``, in priority order when several fire on one update.
+FATAL_CAUSES: Final = ("nonfinite_loss", "nonfinite_grad", "loss_blowup", "loss_spike_persistent")
+
+
+def _check_int(name: str, value: object, minimum: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ValueError(
+            f"DivergenceRules({name}={value!r}) is invalid: expected an integer >= {minimum}."
+        )
+
+
+def _check_float(name: str, value: object, above: float) -> None:
+    if (
+        not isinstance(value, int | float)
+        or isinstance(value, bool)
+        or not math.isfinite(value)
+        or value <= above
+    ):
+        raise ValueError(
+            f"DivergenceRules({name}={value!r}) is invalid: expected a finite number > {above}."
+        )
+
+
+@dataclass(frozen=True)
+class DivergenceRules:
+    """Thresholds of the divergence rules (see the module docstring for what each does).
+
+    Args:
+        window: normal losses averaged into the spike reference.
+        warmup: updates before the spike rule applies (early losses fall fast).
+        spike_factor: a loss at least this many times the reference is a spike.
+        spike_patience: consecutive spike updates that make a spike persistent (fatal).
+        blowup_factor: a loss above this many times the initial loss counts as blown up.
+        blowup_cap: absolute floor of the blow-up threshold (``None``: no floor).
+        blowup_patience: consecutive blown-up updates that are fatal.
+        check_grad_norm: apply the ``nonfinite_grad`` rule to the gradient norm.
+
+    Raises:
+        ValueError: a threshold out of range (the message names it).
+
+    Example:
+        >>> DivergenceRules().spike_factor, DivergenceRules(window=5).window
+        (3.0, 5)
+        >>> DivergenceRules(spike_factor=1.0)
+        Traceback (most recent call last):
+        ...
+        ValueError: DivergenceRules(spike_factor=1.0) is invalid: expected a finite number > 1.0.
+    """
+
+    window: int = 20
+    warmup: int = 20
+    spike_factor: float = 3.0
+    spike_patience: int = 5
+    blowup_factor: float = 10.0
+    blowup_cap: float | None = None
+    blowup_patience: int = 3
+    check_grad_norm: bool = True
+
+    def __post_init__(self) -> None:
+        _check_int("window", self.window, 1)
+        _check_int("warmup", self.warmup, 0)
+        _check_int("spike_patience", self.spike_patience, 1)
+        _check_int("blowup_patience", self.blowup_patience, 1)
+        _check_float("spike_factor", self.spike_factor, 1.0)
+        _check_float("blowup_factor", self.blowup_factor, 1.0)
+        if self.blowup_cap is not None:
+            _check_float("blowup_cap", self.blowup_cap, 0.0)
+        if not isinstance(self.check_grad_norm, bool):
+            raise ValueError(
+                f"DivergenceRules(check_grad_norm={self.check_grad_norm!r}) is invalid:"
+                " expected True or False."
+            )
+
+    def as_dict(self) -> dict[str, Any]:
+        """The thresholds as a plain dict (for records and checkpoints)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass(frozen=True)
+class DivergenceEvent:
+    """One thing worth recording: a fatal rule firing, a spike starting or ending."""
+
+    step: int
+    event: str
+    loss: float | None
+    grad_norm: float | None
+    reference: float | None
+    threshold: float | None
+    detail: str
+
+    def as_row(self) -> dict[str, Any]:
+        """The event as a table row (NaN/inf kept as they are: they are the finding)."""
+        return {
+            "step": self.step,
+            "event": self.event,
+            "loss": self.loss,
+            "grad_norm": self.grad_norm,
+            "reference": self.reference,
+            "threshold": self.threshold,
+            "detail": self.detail,
+        }
+
+
+@dataclass(frozen=True)
+class DivergenceDecision:
+    """The answer for one update: ``fatal`` if a fatal rule fired, ``cause`` the rule."""
+
+    step: int
+    cause: str | None = None
+    events: tuple[DivergenceEvent, ...] = field(default_factory=tuple)
+
+    @property
+    def fatal(self) -> bool:
+        """Whether a fatal rule fired on this update."""
+        return self.cause is not None
+
+
+def _finite(value: float | None) -> bool:
+    return value is not None and math.isfinite(value)
+
+
+class DivergenceDetector:
+    """Apply :class:`DivergenceRules` to one loss / gradient norm per update.
+
+    Args:
+        rules: the thresholds (defaults when ``None``).
+
+    Attributes:
+        first_fatal: ``(cause, step)`` of the first fatal rule that fired, else ``None``.
+        counts: how many times each event fired.
+
+    Example:
+        >>> detector = DivergenceDetector(DivergenceRules(window=3, warmup=3, spike_patience=2))
+        >>> causes = [detector.update(s, v).cause for s, v in enumerate([1, 1, 1, 1, 9, 1], 1)]
+        >>> causes, detector.counts
+        ([None, None, None, None, None, None], {'spike': 1, 'spike_end': 1})
+        >>> [detector.update(s, 9.0).cause for s in (7, 8)]
+        [None, 'loss_spike_persistent']
+    """
+
+    STATE_VERSION: Final = 1
+    #: Events of one kind listed at most (all are counted in :attr:`counts`).
+    MAX_EVENTS_PER_KIND: Final = 100
+
+    def __init__(self, rules: DivergenceRules | None = None) -> None:
+        if rules is not None and not isinstance(rules, DivergenceRules):
+            raise TypeError(
+                f"rules must be a DivergenceRules or None, got {type(rules).__name__} {rules!r}."
+            )
+        self.rules = rules or DivergenceRules()
+        self._window: deque[float] = deque(maxlen=self.rules.window)
+        self.initial_loss: float | None = None
+        self.updates = 0
+        self._spike_run = 0
+        self._blowup_run = 0
+        self.first_fatal: tuple[str, int] | None = None
+        self.counts: dict[str, int] = {}
+
+    def _event(
+        self,
+        events: list[DivergenceEvent],
+        event: str,
+        base: Mapping[str, Any],
+        detail: str,
+        reference: float | None = None,
+        threshold: float | None = None,
+    ) -> None:
+        events.append(
+            DivergenceEvent(
+                step=base["step"],
+                event=event,
+                loss=base["loss"],
+                grad_norm=base["grad_norm"],
+                reference=reference,
+                threshold=threshold,
+                detail=detail,
+            )
+        )
+        self.counts[event] = self.counts.get(event, 0) + 1
+        if self.counts[event] > self.MAX_EVENTS_PER_KIND:
+            events.pop()  # counted, not listed: a run left diverging must not flood the table
+
+    def update(
+        self,
+        step: int,
+        loss: float | None,
+        grad_norm: float | None = None,
+        *,
+        grad_may_overflow: bool = False,
+    ) -> DivergenceDecision:
+        """Apply the rules to the update that finished at ``step``.
+
+        Args:
+            step: the update's step (recorded in events).
+            loss: its training loss (``None``: not measured, the loss rules are skipped).
+            grad_norm: its total gradient norm (``None``: not measured).
+            grad_may_overflow: a gradient scaler is active (float16 AMP): a non-finite norm is
+                a skipped step, recorded as ``grad_overflow``, not fatal.
+
+        Returns:
+            The decision; ``cause`` is the highest-priority fatal rule that fired.
+        """
+        self.updates += 1
+        events: list[DivergenceEvent] = []
+        fired: list[str] = []
+        base = {"step": step, "loss": loss, "grad_norm": grad_norm}
+        if loss is not None and not math.isfinite(loss):
+            fired.append("nonfinite_loss")
+            self._event(events, "nonfinite_loss", base, f"training loss is {loss}")
+        elif loss is not None:
+            fired.extend(self._loss_rules(loss, events, base))
+        if grad_norm is not None and not math.isfinite(grad_norm) and self.rules.check_grad_norm:
+            if grad_may_overflow:
+                detail = "gradient scaler overflow: the step is skipped"
+                self._event(events, "grad_overflow", base, detail)
+            else:
+                fired.append("nonfinite_grad")
+                self._event(events, "nonfinite_grad", base, f"total gradient norm is {grad_norm}")
+        cause = min(fired, key=FATAL_CAUSES.index) if fired else None
+        if cause is not None and self.first_fatal is None:
+            self.first_fatal = (cause, step)
+        return DivergenceDecision(step=step, cause=cause, events=tuple(events))
+
+    def _loss_rules(
+        self, loss: float, events: list[DivergenceEvent], base: Mapping[str, Any]
+    ) -> list[str]:
+        rules, fired = self.rules, []
+        if self.initial_loss is None:
+            self.initial_loss = loss
+        limit = self.blowup_threshold
+        self._blowup_run = self._blowup_run + 1 if limit is not None and loss > limit else 0
+        if self._blowup_run == rules.blowup_patience:
+            fired.append("loss_blowup")
+            detail = f"loss above {limit:.6g} for {rules.blowup_patience} consecutive updates"
+            self._event(events, "loss_blowup", base, detail, self.initial_loss, limit)
+        reference = self.reference
+        spike_at = None if reference is None else rules.spike_factor * reference
+        if spike_at is not None and loss >= spike_at:
+            self._spike_run += 1
+            if self._spike_run == 1:
+                self._event(events, "spike", base, "loss spike started", reference, spike_at)
+            if self._spike_run == rules.spike_patience:
+                fired.append("loss_spike_persistent")
+                detail = (
+                    f"loss >= {rules.spike_factor} x recent mean for {rules.spike_patience}"
+                    " consecutive updates"
+                )
+                self._event(events, "loss_spike_persistent", base, detail, reference, spike_at)
+            return fired
+        if self._spike_run:
+            detail = f"isolated spike of {self._spike_run} update(s)"
+            self._event(events, "spike_end", base, detail, reference, spike_at)
+            self._spike_run = 0
+        self._window.append(loss)
+        return fired
+
+    @property
+    def reference(self) -> float | None:
+        """The spike reference (mean of recent normal losses), ``None`` while not applicable."""
+        if self.updates <= self.rules.warmup or not self._window:
+            return None
+        mean = sum(self._window) / len(self._window)
+        return mean if mean > 0 else None
+
+    @property
+    def blowup_threshold(self) -> float | None:
+        """``max(cap, factor x initial)``, ``None`` when neither is positive."""
+        candidates = [self.rules.blowup_cap] if self.rules.blowup_cap is not None else []
+        if self.initial_loss is not None and self.initial_loss > 0:
+            candidates.append(self.rules.blowup_factor * self.initial_loss)
+        return max(candidates) if candidates else None
+
+    def state_dict(self) -> dict[str, Any]:
+        """The detector's state (weights-only-safe types)."""
+        return {
+            "version": self.STATE_VERSION,
+            "window": list(self._window),
+            "initial_loss": self.initial_loss,
+            "updates": self.updates,
+            "spike_run": self._spike_run,
+            "blowup_run": self._blowup_run,
+            "first_fatal": list(self.first_fatal) if self.first_fatal else None,
+            "counts": dict(self.counts),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict` output; missing keys keep their fresh defaults."""
+        self._window = deque((float(v) for v in state.get("window", [])), maxlen=self.rules.window)
+        initial = state.get("initial_loss")
+        self.initial_loss = float(initial) if initial is not None else None
+        self.updates = int(state.get("updates", 0))
+        self._spike_run = int(state.get("spike_run", 0))
+        self._blowup_run = int(state.get("blowup_run", 0))
+        first = state.get("first_fatal")
+        self.first_fatal = (str(first[0]), int(first[1])) if first else None
+        self.counts = {str(k): int(v) for k, v in dict(state.get("counts", {})).items()}
+
+
+# --------------------------------------------------------------------------------------------
+# How a run ended
+# --------------------------------------------------------------------------------------------
+
+
+def exception_outcome(exception: BaseException) -> tuple[str, str]:
+    """``(status, stop_cause)`` of a fit that ended with ``exception``.
+
+    ``KeyboardInterrupt`` -> ``interrupted``/``keyboard_interrupt``; Lightning's
+    ``SIGTERMException`` -> ``interrupted``/``sigterm``; ``torch.OutOfMemoryError`` ->
+    ``oom``/``cuda_oom``; anything else -> ``failed``/``exception:<Type>``.
+
+    Example:
+        >>> exception_outcome(ZeroDivisionError("x"))
+        ('failed', 'exception:ZeroDivisionError')
+        >>> exception_outcome(KeyboardInterrupt())
+        ('interrupted', 'keyboard_interrupt')
+    """
+    if isinstance(exception, KeyboardInterrupt):
+        return "interrupted", "keyboard_interrupt"
+    # Matched by name: core/ never imports Lightning (its class subclasses SystemExit).
+    if any(cls.__name__ == "SIGTERMException" for cls in type(exception).__mro__):
+        return "interrupted", "sigterm"
+    if isinstance(exception, torch.OutOfMemoryError):
+        return "oom", "cuda_oom"
+    return "failed", f"exception:{type(exception).__name__}"
+
+
+def normal_outcome(
+    *,
+    divergence: str | None,
+    early_stopping: bool,
+    time_limit: bool,
+    limit_reached: str | None,
+    updates_done: int,
+    planned_updates: int | None,
+) -> tuple[str, str]:
+    """``(status, stop_cause)`` of a fit that returned normally.
+
+    Args:
+        divergence: the fatal divergence rule that fired (even with ``action="record"``).
+        early_stopping: an EarlyStopping callback stopped the fit.
+        time_limit: a Timer stopped the fit.
+        limit_reached: ``"max_steps"`` or ``"max_epochs"`` when the loop reached it, else None.
+        updates_done: optimizer updates done (all attempts).
+        planned_updates: the updates the fit planned (``None``: unknown).
+
+    Returns:
+        ``diverged`` with the rule; ``stopped`` with ``early_stopping``, ``time_limit`` or
+        ``step_shortfall`` (fewer updates than planned); else ``completed`` with the limit.
+
+    Example:
+        >>> normal_outcome(divergence=None, early_stopping=False, time_limit=False,
+        ...                limit_reached="max_steps", updates_done=200, planned_updates=200)
+        ('completed', 'max_steps')
+        >>> normal_outcome(divergence=None, early_stopping=False, time_limit=False,
+        ...                limit_reached="max_epochs", updates_done=150, planned_updates=200)
+        ('stopped', 'step_shortfall')
+    """
+    if divergence is not None:
+        return "diverged", divergence
+    if early_stopping:
+        return "stopped", "early_stopping"
+    if time_limit:
+        return "stopped", "time_limit"
+    if planned_updates is not None and updates_done < planned_updates:
+        return "stopped", "step_shortfall"
+    if limit_reached is None:
+        return "stopped", "step_shortfall"
+    return "completed", limit_reached
+
+
+# --------------------------------------------------------------------------------------------
+# Curves carried by ledger records
+# --------------------------------------------------------------------------------------------
+
+
+class Curves:
+    """The curves of one run: training loss and learning rate per update, validation points.
+
+    Steps are optimizer updates. A resumed run restores them from the checkpoint and drops
+    points past the restored step (they were trained again).
+
+    Example:
+        >>> curves = Curves()
+        >>> curves.add_train(1, 3.2, lr=1e-3); curves.add_val(1, "val_loss", 3.0)
+        >>> curves.as_record()["train_loss"], curves.as_record()["val_points"]
+        ([{'step': 1, 'value': 3.2}], [{'step': 1, 'name': 'val_loss', 'value': 3.0}])
+    """
+
+    def __init__(self) -> None:
+        self.train_loss: list[tuple[int, float | None]] = []
+        self.lr: list[tuple[int, float | None]] = []
+        self.val: list[tuple[int, str, float | None]] = []
+
+    def add_train(self, step: int, loss: float | None, *, lr: float | None) -> None:
+        """Add the loss and learning rate of the update that finished at ``step``."""
+        self.train_loss.append((step, loss))
+        self.lr.append((step, lr))
+
+    def add_val(self, step: int, name: str, value: float | None) -> None:
+        """Add one validation metric measured at ``step``."""
+        self.val.append((step, name, value))
+
+    def truncate(self, step: int) -> None:
+        """Drop every point after ``step``."""
+        self.train_loss = [p for p in self.train_loss if p[0] <= step]
+        self.lr = [p for p in self.lr if p[0] <= step]
+        self.val = [p for p in self.val if p[0] <= step]
+
+    def as_record(self) -> dict[str, list[dict[str, Any]]]:
+        """The ledger columns ``train_loss``, ``lr_curve`` and ``val_points``."""
+        return {
+            "train_loss": [{"step": s, "value": v} for s, v in self.train_loss],
+            "lr_curve": [{"step": s, "value": v} for s, v in self.lr],
+            "val_points": [{"step": s, "name": n, "value": v} for s, n, v in self.val],
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        """The curves as lists (weights-only-safe)."""
+        return {
+            "train_loss": [list(p) for p in self.train_loss],
+            "lr": [list(p) for p in self.lr],
+            "val": [list(p) for p in self.val],
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict` output (missing keys: empty curves)."""
+        self.train_loss = [(int(s), v) for s, v in state.get("train_loss", [])]
+        self.lr = [(int(s), v) for s, v in state.get("lr", [])]
+        self.val = [(int(s), str(n), v) for s, n, v in state.get("val", [])]

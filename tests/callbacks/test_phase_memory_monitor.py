@@ -1,0 +1,390 @@
+"""PhaseMemoryMonitor in real CPU fits: rows per phase, real byte counts, checks that catch bugs."""
+
+from __future__ import annotations
+
+import math
+import warnings
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import pandas as pd
+import pytest
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import CSVLogger
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+from lightning_pilot import PhaseCheckError, PhaseMemoryMonitor, read_phase_table
+from lightning_pilot.storage import PHASE_SCHEMA
+
+VOCAB = 50
+
+
+class TokenData(Dataset[dict[str, torch.Tensor]]):
+    """Token sequences of one fixed length, with ids; made from a seed."""
+
+    def __init__(self, size: int, seq_len: int, seed: int = 0) -> None:
+        generator = torch.Generator().manual_seed(seed)
+        self.tokens = torch.randint(1, VOCAB, (size, seq_len), generator=generator)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        row = self.tokens[index]
+        return {"ids": torch.tensor(index), "input_ids": row, "labels": row.roll(-1)}
+
+
+class TokenModel(pl.LightningModule):
+    """A tiny next-token model whose activations grow with the sequence length."""
+
+    def __init__(
+        self,
+        *,
+        train_len: int = 8,
+        val_len: int = 8,
+        val_size: int = 8,
+        val_drop_last: bool = False,
+    ) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, 32)
+        self.hidden = nn.Linear(32, 64)
+        self.head = nn.Linear(64, VOCAB)
+        self.train_len, self.val_len = train_len, val_len
+        self.val_size, self.val_drop_last = val_size, val_drop_last
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.hidden(self.embed(tokens))))
+
+    def loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        logits = self(batch["input_ids"])
+        return nn.functional.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten())
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        return self.loss(batch)
+
+    def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        return self.loss(batch)
+
+    def test_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        return self.loss(batch)
+
+    def predict_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        return self(batch["input_ids"]).argmax(-1)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(self.parameters(), lr=1e-2)
+
+    def train_dataloader(self) -> DataLoader[Any]:
+        return DataLoader(TokenData(64, self.train_len), batch_size=4)
+
+    def val_dataloader(self) -> DataLoader[Any]:
+        data = TokenData(self.val_size, self.val_len, seed=1)
+        return DataLoader(data, batch_size=4, drop_last=self.val_drop_last)
+
+    def test_dataloader(self) -> DataLoader[Any]:
+        return DataLoader(TokenData(8, self.train_len, seed=2), batch_size=4)
+
+    def predict_dataloader(self) -> DataLoader[Any]:
+        return self.test_dataloader()
+
+
+def _param_bytes(module: nn.Module) -> int:
+    return sum(p.numel() * p.element_size() for p in module.parameters() if p.requires_grad)
+
+
+def _fit(make_trainer: Any, model: pl.LightningModule, **options: Any) -> pd.DataFrame:
+    monitor = options.pop("monitor", None) or PhaseMemoryMonitor()
+    callbacks = [monitor, *options.pop("extra_callbacks", [])]
+    ckpt_path = options.pop("ckpt_path", None)
+    trainer = make_trainer(callbacks=callbacks, **options)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(model, ckpt_path=ckpt_path)
+    return read_phase_table(monitor.run.run_dir)
+
+
+def _row(frame: pd.DataFrame, phase: str, first: bool = True) -> pd.Series:
+    rows = frame[(frame["phase"] == phase) & (frame["first"] == first)]
+    assert len(rows) == 1, f"expected one {phase} row with first={first}, got {len(rows)}"
+    return rows.iloc[0]
+
+
+def _check(row: pd.Series, name: str) -> dict[str, str]:
+    found = [c for c in row["checks"] if c["name"] == name]
+    assert found, f"no check {name!r} in {row['checks']}"
+    return dict(found[0])
+
+
+def test_adamw_first_step_allocates_two_moments(make_trainer: Any) -> None:
+    model = TokenModel()
+    frame = _fit(make_trainer, model, max_steps=4, limit_val_batches=0)
+    trainable = _param_bytes(model)
+    n_tensors = len(list(model.parameters()))
+    first = _row(frame, "optimizer_step")
+    later = _row(frame, "optimizer_step", first=False)
+    # AdamW keeps exp_avg and exp_avg_sq (2 x the parameter bytes) and one float32 step each.
+    assert first["optimizer_state_bytes"] == 2 * trainable + 4 * n_tensors
+    assert later["optimizer_state_bytes"] == first["optimizer_state_bytes"]
+    assert _row(frame, "setup")["optimizer_state_bytes"] == 0  # a measured zero: no state yet
+    assert _row(frame, "setup")["param_bytes"] == trainable
+    assert first["grad_bytes"] == trainable
+    # The first update's peak holds the weights, the gradients and the new moments at once.
+    assert first["peak_allocated_bytes"] >= 4 * trainable
+    assert first["peak_allocated_bytes"] > _row(frame, "forward")["peak_allocated_bytes"]
+    assert first["counter"] == "cpu_tensor_tracker"
+    assert first["device"] == "cpu"
+    assert pd.isna(first["peak_reserved_bytes"])  # no caching allocator on CPU: null, not 0
+    assert first["host_rss_bytes"] > 0
+    assert set(frame["verdict"]) == {"pass"}
+
+
+def test_longer_validation_sequences_show_a_larger_peak(make_trainer: Any) -> None:
+    frame = _fit(
+        make_trainer,
+        TokenModel(train_len=8, val_len=256),
+        max_steps=3,
+        val_check_interval=2,
+        limit_val_batches=1.0,
+    )
+    validation = _row(frame, "validation")
+    forward = _row(frame, "forward", first=False)
+    assert validation["seq_len"] == 256
+    assert forward["seq_len"] == 8
+    activations_val = validation["peak_allocated_bytes"] - validation["baseline_allocated_bytes"]
+    activations_fwd = forward["peak_allocated_bytes"] - forward["baseline_allocated_bytes"]
+    assert activations_val > 10 * activations_fwd
+    assert (
+        validation["peak_allocated_bytes"] > _row(frame, "optimizer_step")["peak_allocated_bytes"]
+    )
+    assert _check(validation, "outputs_complete")["verdict"] == "pass"
+
+
+class FrozenByMistake(TokenModel):
+    """A layer that should train is frozen, yet still handed to the optimizer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hidden.requires_grad_(False)
+
+
+def test_frozen_layer_in_the_optimizer_fails_backward_and_is_named(make_trainer: Any) -> None:
+    frame = _fit(make_trainer, FrozenByMistake(), max_steps=3, limit_val_batches=0)
+    backward = _row(frame, "backward")
+    assert backward["verdict"] == "fail"
+    check = _check(backward, "trainable_params_require_grad")
+    assert check["verdict"] == "fail"
+    assert "hidden.weight" in check["detail"]
+    assert "hidden.bias" in check["detail"]
+    assert "check the graph, precision and normalisation" in backward["reason"]
+    # Frozen parameters must not move: they did not, so that check passes.
+    assert _check(_row(frame, "optimizer_step"), "frozen_params_unchanged")["verdict"] == "pass"
+
+
+class DetachedHead(TokenModel):
+    """The loss is computed on detached hidden features: the lower layers never learn."""
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.hidden(self.embed(tokens))).detach())
+
+
+def test_detached_layers_get_no_gradient_and_do_not_change(make_trainer: Any) -> None:
+    frame = _fit(make_trainer, DetachedHead(), max_steps=3, limit_val_batches=0)
+    missing = _check(_row(frame, "backward"), "grads_reach_params")
+    assert missing["verdict"] == "fail"
+    assert "embed.weight" in missing["detail"]
+    assert "head.weight" not in missing["detail"]
+    # AdamW with weight decay still moves them; plain SGD would not: the update check sees it.
+
+
+class TrainModeInValidation(TokenModel):
+    def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        self.train()  # the planted bug: dropout/batch-norm would behave as in training
+        return self.loss(batch)
+
+
+def test_train_mode_during_validation_fails(make_trainer: Any) -> None:
+    frame = _fit(make_trainer, TrainModeInValidation(), max_steps=3, val_check_interval=2)
+    validation = _row(frame, "validation")
+    assert validation["verdict"] == "fail"
+    assert "<root>" in _check(validation, "eval_mode")["detail"]
+    assert "separate its settings from training's" in validation["reason"]
+
+
+class NanLoss(TokenModel):
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        return self.loss(batch) * float("nan")
+
+
+def test_nan_forward_fails_forward(make_trainer: Any) -> None:
+    frame = _fit(make_trainer, NanLoss(), max_steps=2, limit_val_batches=0)
+    forward = _row(frame, "forward")
+    assert _check(forward, "loss_finite") == {
+        "name": "loss_finite",
+        "verdict": "fail",
+        "detail": "loss is nan",
+    }
+    assert "inspect the reduced batch and the values" in forward["reason"]
+    assert _check(_row(frame, "backward"), "grads_finite")["verdict"] == "fail"
+
+
+def test_dropped_validation_remainder_fails(make_trainer: Any) -> None:
+    model = TokenModel(val_size=10, val_drop_last=True)  # batches of 4: 2 samples dropped
+    frame = _fit(make_trainer, model, max_steps=3, val_check_interval=2, limit_val_batches=1.0)
+    check = _check(_row(frame, "validation"), "outputs_complete")
+    assert check["verdict"] == "fail"
+    assert check["detail"].startswith("8 samples validated, expected 10")
+
+
+def test_on_fail_raise_stops_the_fit_and_keeps_the_table(make_trainer: Any) -> None:
+    monitor = PhaseMemoryMonitor(on_fail="raise")
+    trainer = make_trainer(callbacks=[monitor], max_steps=5, limit_val_batches=0)
+    with pytest.raises(
+        PhaseCheckError, match=r"forward failed at step 0: loss_finite: loss is nan"
+    ):
+        trainer.fit(NanLoss())
+    frame = read_phase_table(monitor.run.run_dir)
+    assert _row(frame, "forward")["verdict"] == "fail"
+
+
+def test_every_phase_round_trips_with_every_column(make_trainer: Any, tmp_path: Path) -> None:
+    exported: list[Path] = []
+
+    def export(module: pl.LightningModule, directory: Path) -> Path:
+        path = directory / "model.pt"
+        torch.save(module.state_dict(), path)
+        exported.append(path)
+        return path
+
+    monitor = PhaseMemoryMonitor(export=export)
+    checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=2, save_top_k=-1)
+    trainer = make_trainer(
+        callbacks=[monitor, checkpoint],
+        max_steps=4,
+        val_check_interval=2,
+        enable_checkpointing=True,
+    )
+    model = TokenModel()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(model)
+        trainer.save_checkpoint(tmp_path / "manual.ckpt")  # outside ModelCheckpoint
+        trainer.test(model)
+        trainer.predict(model)
+    frame = read_phase_table(monitor.run.run_dir)
+    assert list(frame.columns) == PHASE_SCHEMA.names
+    assert frame["run_id"].nunique() == 1  # test and predict joined the fit's run
+    assert {
+        "setup", "data", "forward", "backward", "optimizer_step", "validation",
+        "checkpoint_save", "test", "predict", "export",
+    } <= set(frame["phase"])  # fmt: skip
+    saves = frame[frame["phase"] == "checkpoint_save"]
+    assert saves["occurrences"].sum() == 3  # steps 2 and 4 by ModelCheckpoint, one manual
+    assert (saves["file_bytes"] > 0).all()
+    export_row = _row(frame, "export")
+    assert export_row["file_bytes"] == exported[0].stat().st_size
+    assert _check(_row(frame, "test"), "outputs_complete")["detail"] == "8 samples"
+    assert _row(frame, "predict")["verdict"] == "pass"
+    placement = pd.read_parquet(monitor.run.run_dir / "placement.parquet")
+    first_update = placement[placement["moment"] == "after_first_update"]
+    assert set(first_update["kind"]) == {"param", "grad", "optimizer_state"}
+    assert set(placement["device"]) == {"cpu"}
+    by_kind = first_update.set_index("kind")["bytes"]
+    assert by_kind["grad"] == by_kind["param"] == _param_bytes(model)
+
+
+def test_resume_measures_the_checkpoint_load(make_trainer: Any, tmp_path: Path) -> None:
+    checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=2, save_top_k=-1)
+    first = _fit(
+        make_trainer,
+        TokenModel(),
+        max_steps=2,
+        limit_val_batches=0,
+        enable_checkpointing=True,
+        extra_callbacks=[checkpoint],
+    )
+    resumed = _fit(
+        make_trainer,
+        TokenModel(),
+        max_steps=4,
+        limit_val_batches=0,
+        ckpt_path=tmp_path / "ckpt" / "epoch=0-step=2.ckpt",
+    )
+    assert resumed["run_id"].unique().tolist() == first["run_id"].unique().tolist()
+    second = resumed[resumed["attempt"] == 2]
+    load = _row(second, "checkpoint_load")
+    assert load["file_bytes"] == (tmp_path / "ckpt" / "epoch=0-step=2.ckpt").stat().st_size
+    assert load["duration_s"] > 0
+    # After the restore the optimizer state is back from the first update of attempt 2 on.
+    assert _row(second, "optimizer_step")["step_first"] == 2
+
+
+def test_accumulation_counts_micro_batches_and_updates(make_trainer: Any) -> None:
+    frame = _fit(
+        make_trainer, TokenModel(), max_steps=3, accumulate_grad_batches=2, limit_val_batches=0
+    )
+    forwards = frame[frame["phase"] == "forward"]["occurrences"].sum()
+    updates = frame[frame["phase"] == "optimizer_step"]["occurrences"].sum()
+    assert (forwards, updates) == (6, 3)
+    assert set(frame["verdict"]) == {"pass"}
+
+
+def test_sampling_after_the_pilot_window(make_trainer: Any) -> None:
+    monitor = PhaseMemoryMonitor(pilot_updates=2, sample_every=3)
+    frame = _fit(make_trainer, TokenModel(), max_steps=11, limit_val_batches=0, monitor=monitor)
+    steps = frame[frame["phase"] == "optimizer_step"]
+    assert steps["occurrences"].sum() == 11
+    # Updates 0 and 1 (pilot window), then one in three: 4, 7, 10.
+    assert steps["measured_occurrences"].sum() == 5
+    silent = PhaseMemoryMonitor(pilot_updates=2, sample_every=0)
+    frame = _fit(make_trainer, TokenModel(), max_steps=6, limit_val_batches=0, monitor=silent)
+    assert frame[frame["phase"] == "optimizer_step"]["measured_occurrences"].sum() == 2
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"fast_dev_run": 2},
+        {"logger": False, "max_steps": 2},
+        {"val_check_interval": 2, "max_steps": 4},
+        {"precision": "bf16-mixed", "max_steps": 2, "limit_val_batches": 0},
+        {"overfit_batches": 2, "max_steps": 2},
+    ],
+    ids=["fast_dev_run", "no_logger", "val_every_2", "bf16_mixed", "overfit_batches"],
+)
+def test_composes_with_trainer_options(make_trainer: Any, options: dict[str, Any]) -> None:
+    frame = _fit(make_trainer, TokenModel(), **options)
+    assert {"setup", "forward", "backward", "optimizer_step"} <= set(frame["phase"])
+    assert "fail" not in set(frame["verdict"])
+    if "precision" in options:
+        assert set(frame["precision"]) == {"bf16-mixed"}
+
+
+def test_summary_scalars_reach_the_logger(make_trainer: Any, tmp_path: Path) -> None:
+    logger = CSVLogger(tmp_path / "logs", name="pilot")
+    _fit(make_trainer, TokenModel(), max_steps=2, limit_val_batches=0, logger=logger)
+    metrics = pd.read_csv(Path(logger.log_dir) / "metrics.csv")
+    value = metrics["pilot/optimizer_step_first/peak_allocated_bytes"].dropna().iloc[0]
+    assert value > 0
+    assert not math.isnan(value)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"pilot_updates": 1}, ValueError, r"pilot_updates=1\) is invalid: measure at least 2"),
+        (
+            {"sample_every": -1},
+            ValueError,
+            r"sample_every=-1\) is invalid: expected an integer >= 0",
+        ),
+        ({"export": "model.pt"}, TypeError, r"export='model.pt'\) is invalid: expected a callable"),
+        ({"on_fail": "stop"}, ValueError, r"on_fail='stop'\) is invalid: expected 'record' or"),
+        ({"adapter": {"ids": "x"}}, TypeError, r"adapter=\{'ids': 'x'\}\) is invalid"),
+    ],
+)
+def test_bad_arguments_are_rejected(kwargs: dict[str, Any], error: type, match: str) -> None:
+    with pytest.raises(error, match=match):
+        PhaseMemoryMonitor(**kwargs)
