@@ -300,8 +300,9 @@ class PhaseMemoryMonitor(PilotCallback):
         counter = self._ensure_counter()
         self._open = None  # a phase interrupted by another (e.g. a save mid-step) is dropped
         tracked = track or not isinstance(counter, TrackerCounter)
-        if tracked and self._tracker is not None:
+        if tracked and self._tracker is not None and not self._tracker.active:
             self._tracker.start()
+            # Tensors that exist already (weights, gradients, optimizer state) count from now.
             self._tracker.adopt(state_tensors(self._require_module(), self._optimizers))
         counter.synchronize()
         if tracked:

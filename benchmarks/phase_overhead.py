@@ -1,0 +1,108 @@
+"""Overhead of PhaseMemoryMonitor against a bare Trainer on the demo LM, paired in one process.
+
+Each repeat runs a bare fit and a monitored fit back to back (alternating which goes first) on
+identical data and model seeds, and records the wall time of every update with a tiny timing
+callback present in both. It reports, per repeat and overall (median of repeats):
+
+* the pilot window: mean time per update over the monitor's first ``pilot_updates`` updates
+  (fully measured: device synchronisation at phase edges, the CPU tensor tracker, checks);
+* the steady state: total time of the updates after the window, sampled ones included, so the
+  figure is what a long run pays.
+
+Ratios are monitored / bare time per update (1.00 = no overhead). Run:
+
+    python benchmarks/phase_overhead.py --steps 400 --repeats 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+import warnings
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+
+from lightning_pilot import PhaseMemoryMonitor
+from lightning_pilot.demo import InstructionDataModule, TinyCausalLM
+
+
+class UpdateTimer(pl.Callback):
+    """Wall time of every update (present in both runs, so its cost cancels)."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+        self._last: float | None = None
+
+    def on_train_batch_start(self, *args: Any) -> None:
+        if self._last is None:
+            self._last = time.perf_counter()
+
+    def on_train_batch_end(self, *args: Any) -> None:
+        now = time.perf_counter()
+        if self._last is not None:
+            self.times.append(now - self._last)
+        self._last = now
+
+
+def run(steps: int, monitor: PhaseMemoryMonitor | None, root: str) -> list[float]:
+    torch.manual_seed(0)
+    timer = UpdateTimer()
+    callbacks: list[pl.Callback] = [timer] + ([monitor] if monitor else [])
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        max_steps=steps,
+        limit_val_batches=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=callbacks,
+        default_root_dir=root,
+    )
+    data = InstructionDataModule(dataset_size=4096, seed=0, batch_size=16, max_length=32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(TinyCausalLM(max_length=32), datamodule=data)
+    return timer.times
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=400)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--pilot-updates", type=int, default=3)
+    parser.add_argument("--sample-every", type=int, default=50)
+    parser.add_argument("--root", default="/tmp/lightning-pilot-bench")
+    args = parser.parse_args()
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    window, steady = [], []
+    skip = 1  # the very first update pays one-off costs in both runs
+    for repeat in range(args.repeats):
+        monitor = PhaseMemoryMonitor(
+            pilot_updates=args.pilot_updates, sample_every=args.sample_every
+        )
+        order = [None, monitor] if repeat % 2 == 0 else [monitor, None]
+        results = {}
+        for choice in order:
+            results["monitor" if choice else "bare"] = run(args.steps, choice, args.root)
+        bare, mon = results["bare"], results["monitor"]
+        w = slice(skip, args.pilot_updates)
+        s = slice(args.pilot_updates, None)
+        window.append(statistics.fmean(mon[w]) / statistics.fmean(bare[w]))
+        steady.append(sum(mon[s]) / sum(bare[s]))
+        print(
+            f"repeat {repeat}: bare {len(bare[s]) / sum(bare[s]):.1f} updates/s steady;"
+            f" pilot window x{window[-1]:.2f}; steady state x{steady[-1]:.3f}"
+        )
+    print(
+        f"median over {args.repeats} repeats ({args.steps} updates, torch"
+        f" {torch.__version__}, {torch.get_num_threads()} threads): pilot window"
+        f" x{statistics.median(window):.2f}, steady state x{statistics.median(steady):.3f}"
+    )
+
+
+if __name__ == "__main__":
+    main()
