@@ -190,6 +190,8 @@ LEDGER_SCHEMA: Final = _schema(
         ("status", pa.string()),
         ("stop_cause", pa.string()),
         ("stop_step", pa.int64()),
+        # why it stopped, in words (the divergence rule, EarlyStopping's message, ...)
+        ("stop_detail", pa.string()),
         ("updates_done", pa.int64()),
         ("examples_seen", pa.int64()),
         ("tokens_seen", pa.int64()),
@@ -661,8 +663,19 @@ def read_phase_table(path: PathLike) -> pd.DataFrame:
             " <out_dir>/runs/<run_id>/phases.parquet."
         )
     files = [file for folder in folders for file in list_snapshot_files(folder)]
-    table = read_parquet_files(files, PHASE_SCHEMA)
-    return _to_pandas(table)
+    frame = _to_pandas(read_parquet_files(files, PHASE_SCHEMA))
+    if len(frame):
+        # Runs in time order, then attempts and ranks, then phases in campaign order with each
+        # phase's first occurrence before the rest.
+        order = {phase: index for index, phase in enumerate(PHASES)}
+        keys = frame["phase"].map(order).fillna(len(order))
+        frame = (
+            frame.assign(_order=keys, _later=~frame["first"].fillna(False).astype(bool))
+            .sort_values(["run_id", "attempt", "rank", "_order", "_later"], kind="stable")
+            .drop(columns=["_order", "_later"])
+            .reset_index(drop=True)
+        )
+    return frame
 
 
 def read_ledger_records(path: PathLike) -> pd.DataFrame:
