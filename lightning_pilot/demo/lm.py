@@ -29,10 +29,10 @@ from types import MappingProxyType
 from typing import Any, Literal
 
 import torch
-import torch.nn.functional as F
 from lightning.pytorch import LightningDataModule, LightningModule
 from lightning.pytorch.utilities.types import OptimizerLRScheduler
 from torch import Tensor, nn
+from torch.nn.functional import cross_entropy, scaled_dot_product_attention
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from lightning_pilot.demo._data import (
@@ -51,8 +51,8 @@ __all__ = [
     "BOS_ID",
     "COMMANDS",
     "EOS_ID",
-    "IGNORE_INDEX",
     "ID_TO_TOKEN",
+    "IGNORE_INDEX",
     "PAD_ID",
     "SEP_ID",
     "SPECIAL_TOKENS",
@@ -312,7 +312,8 @@ class InstructionDataModule(LightningDataModule):
         test_size: Fraction of the examples held out for testing (at least one example).
         stateful: Return torchdata ``StatefulDataLoader`` instances, whose ``state_dict``
             records the position inside an epoch (needs ``lightning-pilot[stateful]``).
-        shuffle: Shuffle the training split (seeded); evaluation splits are never shuffled.
+        shuffle: Shuffle the training split; the order of epoch ``e`` depends only on
+            ``(seed, e)``, so a resumed run replays it. Evaluation splits are never shuffled.
         num_workers: DataLoader worker processes.
         min_symbols: Fewest symbols per instruction.
         max_symbols: Most symbols per instruction.
@@ -433,7 +434,7 @@ class InstructionDataModule(LightningDataModule):
         """The test examples (after :meth:`setup`)."""
         return self._split("test")
 
-    def _loader(self, dataset: Dataset[Any], *, shuffle: bool) -> DataLoader[Any]:
+    def _loader(self, dataset: Subset[dict[str, Any]], *, shuffle: bool) -> DataLoader[Any]:
         return build_dataloader(
             dataset,
             owner=type(self).__name__,
@@ -477,7 +478,7 @@ class _CausalSelfAttention(nn.Module):
         # [B, T, 3 * C] -> three [B, heads, T, C / heads] tensors.
         qkv = self.qkv(x).view(batch, length, 3, self.n_heads, width // self.n_heads)
         query, key, value = qkv.permute(2, 0, 3, 1, 4).unbind(0)
-        attended = F.scaled_dot_product_attention(
+        attended = scaled_dot_product_attention(
             query,
             key,
             value,
@@ -636,9 +637,7 @@ class TinyCausalLM(LightningModule):
         n_counted = int(counted.sum())
         # sum / count instead of reduction="mean", which is NaN when nothing is counted (a
         # batch truncated before its responses).
-        total = F.cross_entropy(
-            shifted_logits, targets, ignore_index=IGNORE_INDEX, reduction="sum"
-        )
+        total = cross_entropy(shifted_logits, targets, ignore_index=IGNORE_INDEX, reduction="sum")
         loss = total / max(n_counted, 1)
         correct = (shifted_logits.argmax(dim=-1) == targets) & counted
         accuracy = correct.sum() / max(n_counted, 1)
@@ -687,7 +686,9 @@ class TinyCausalLM(LightningModule):
         return output
 
     @torch.no_grad()
-    def generate(self, prompt: Sequence[int] | Tensor, max_new_tokens: int | None = None) -> list[int]:
+    def generate(
+        self, prompt: Sequence[int] | Tensor, max_new_tokens: int | None = None
+    ) -> list[int]:
         """Greedily continue one prompt until ``<eos>``, ``max_new_tokens`` or ``max_length``.
 
         Args:

@@ -1,0 +1,429 @@
+"""A tiny MLP classifier on synthetic, grouped Gaussian data.
+
+Every example belongs to a *group*, standing in for the source document several training
+examples are cut from. A group has one class, and its examples share a random offset on top of
+their class mean::
+
+    inputs = class_mean[label] + group_offset[group] + noise
+
+so a model can partly memorise groups. Splitting by group keeps each group in one split (the
+honest evaluation); splitting by example lets groups leak across splits, which is what leakage
+checks should catch.
+
+Batch format (what :class:`ClassificationDataModule` loaders yield):
+
+* ``ids``: ``LongTensor[B]``, the stable id of each example (its index in the generated data).
+* ``inputs``: ``FloatTensor[B, num_features]``.
+* ``labels``: ``LongTensor[B]``, classes in ``[0, num_classes)``.
+* ``group``: ``LongTensor[B]``, the group of each example.
+
+Dataset items (``dataset[i]``) are the same dict unbatched: ``ids``, ``labels`` and ``group`` are
+Python ``int`` (hashable, so ``example["group"]`` works as a key), ``inputs`` a 1-d tensor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal
+
+import torch
+from lightning.pytorch import LightningDataModule, LightningModule
+from lightning.pytorch.utilities.types import OptimizerLRScheduler
+from torch import Tensor, nn
+from torch.nn.functional import cross_entropy
+from torch.utils.data import DataLoader, Dataset, Subset
+
+from lightning_pilot.demo._data import (
+    build_dataloader,
+    check_bool,
+    check_choice,
+    check_float,
+    check_int,
+    check_split_fractions,
+    invalid_message,
+    split_counts,
+    stateful_dataloader_class,
+)
+
+__all__ = [
+    "ClassificationDataModule",
+    "GroupedClassificationDataset",
+    "TinyClassifier",
+    "example_group",
+]
+
+# Scales of the generated data. Class means are far apart relative to the noise, so the task is
+# learnable in a few hundred steps; the group offsets are large enough to be worth memorising.
+_CLASS_MEAN_SCALE = 1.0
+_GROUP_OFFSET_SCALE = 0.5
+_NOISE_SCALE = 1.0
+
+
+def example_group(example: Mapping[str, Any]) -> int:
+    """Return the group of one dataset item: a ready-made ``group_fn`` for leakage checks.
+
+    Args:
+        example: An item of :class:`GroupedClassificationDataset` (or of a split of it).
+
+    Returns:
+        ``example["group"]`` as an ``int``.
+
+    Example:
+        >>> example_group(GroupedClassificationDataset(size=8, seed=0, examples_per_group=4)[5])
+        1
+    """
+    return int(example["group"])
+
+
+class GroupedClassificationDataset(Dataset[dict[str, Any]]):
+    """Seeded synthetic classification examples in groups of ``examples_per_group``.
+
+    Example ``i`` has id ``i`` and belongs to group ``i // examples_per_group`` (the last group
+    may be smaller). Each group draws one class uniformly and one offset; see the module
+    docstring for the data model.
+
+    Args:
+        size: Number of examples.
+        seed: Seed of the generator; the same seed gives the same examples.
+        num_features: Length of each input vector.
+        num_classes: Number of classes.
+        examples_per_group: Examples sharing a group (class and offset).
+
+    Example:
+        >>> dataset = GroupedClassificationDataset(size=10, seed=0, num_features=3)
+        >>> len(dataset), dataset.num_groups
+        (10, 2)
+        >>> sorted(dataset[0])
+        ['group', 'ids', 'inputs', 'labels']
+        >>> dataset[0]["inputs"].shape
+        torch.Size([3])
+    """
+
+    def __init__(
+        self,
+        size: int,
+        seed: int,
+        *,
+        num_features: int = 16,
+        num_classes: int = 4,
+        examples_per_group: int = 8,
+    ) -> None:
+        owner = type(self).__name__
+        check_int(owner, "size", size, minimum=1)
+        check_int(owner, "seed", seed, minimum=0)
+        check_int(owner, "num_features", num_features, minimum=1)
+        check_int(owner, "num_classes", num_classes, minimum=2)
+        check_int(owner, "examples_per_group", examples_per_group, minimum=1)
+        self.examples_per_group = examples_per_group
+        self.num_groups = -(-size // examples_per_group)  # ceiling division
+        generator = torch.Generator().manual_seed(seed)
+        class_means = _CLASS_MEAN_SCALE * torch.randn(
+            num_classes, num_features, generator=generator
+        )
+        group_labels = torch.randint(num_classes, (self.num_groups,), generator=generator)
+        group_offsets = _GROUP_OFFSET_SCALE * torch.randn(
+            self.num_groups, num_features, generator=generator
+        )
+        noise = _NOISE_SCALE * torch.randn(size, num_features, generator=generator)
+        self.groups = torch.arange(size) // examples_per_group
+        self.labels = group_labels[self.groups]
+        self.inputs = class_means[self.labels] + group_offsets[self.groups] + noise
+
+    def __len__(self) -> int:
+        return int(self.inputs.shape[0])
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        return {
+            "ids": int(index),
+            # clone(): a view would drag the whole matrix along when sent to a DataLoader worker.
+            "inputs": self.inputs[index].clone(),
+            "labels": int(self.labels[index]),
+            "group": int(self.groups[index]),
+        }
+
+
+class ClassificationDataModule(LightningDataModule):
+    """Train/validation/test loaders of the grouped classification task.
+
+    With ``split_by="group"`` whole groups are assigned to splits (a seeded shuffle of the
+    groups), so no group appears in two splits. With ``split_by="example"`` examples are
+    assigned one by one (a seeded shuffle of the examples), so groups of more than one example
+    almost surely span splits. Each split lists its examples in id order; ids are unique
+    across splits. The predict loader serves the test split.
+
+    Args:
+        dataset_size: Examples in all three splits together.
+        seed: Seed of the data, of the split and of the shuffling order.
+        batch_size: Examples per batch.
+        num_features: Length of each input vector.
+        num_classes: Number of classes (at least 2).
+        examples_per_group: Examples per group ("source document").
+        split_by: ``"group"`` or ``"example"``: the unit assigned to a split.
+        val_size: Fraction of the units held out for validation (at least one unit).
+        test_size: Fraction of the units held out for testing (at least one unit).
+        stateful: Return torchdata ``StatefulDataLoader`` instances, whose ``state_dict``
+            records the position inside an epoch (needs ``lightning-pilot[stateful]``).
+        shuffle: Shuffle the training split; the order of epoch ``e`` depends only on
+            ``(seed, e)``, so a resumed run replays it. Evaluation splits are never shuffled.
+        num_workers: DataLoader worker processes.
+
+    Raises:
+        TypeError: An argument has the wrong type.
+        ValueError: An argument is out of range.
+        ImportError: ``stateful=True`` without torchdata installed.
+
+    Example:
+        >>> datamodule = ClassificationDataModule(dataset_size=64, seed=0, batch_size=8)
+        >>> datamodule.setup("fit")
+        >>> batch = next(iter(datamodule.train_dataloader()))
+        >>> sorted(batch)
+        ['group', 'ids', 'inputs', 'labels']
+        >>> batch["inputs"].shape
+        torch.Size([8, 16])
+    """
+
+    def __init__(
+        self,
+        dataset_size: int = 2048,
+        seed: int = 0,
+        batch_size: int = 32,
+        num_features: int = 16,
+        num_classes: int = 4,
+        examples_per_group: int = 8,
+        split_by: Literal["group", "example"] = "group",
+        val_size: float = 0.1,
+        test_size: float = 0.1,
+        stateful: bool = False,
+        shuffle: bool = True,
+        num_workers: int = 0,
+    ) -> None:
+        super().__init__()
+        owner = type(self).__name__
+        self.dataset_size = check_int(owner, "dataset_size", dataset_size, minimum=3)
+        self.seed = check_int(owner, "seed", seed, minimum=0)
+        self.batch_size = check_int(owner, "batch_size", batch_size, minimum=1)
+        self.num_features = check_int(owner, "num_features", num_features, minimum=1)
+        self.num_classes = check_int(owner, "num_classes", num_classes, minimum=2)
+        self.examples_per_group = check_int(
+            owner, "examples_per_group", examples_per_group, minimum=1
+        )
+        self.split_by: Literal["group", "example"] = check_choice(
+            owner, "split_by", split_by, ("group", "example")
+        )
+        self.val_size, self.test_size = check_split_fractions(owner, val_size, test_size)
+        self.stateful = check_bool(owner, "stateful", stateful)
+        self.shuffle = check_bool(owner, "shuffle", shuffle)
+        self.num_workers = check_int(owner, "num_workers", num_workers, minimum=0)
+        num_groups = -(-self.dataset_size // self.examples_per_group)
+        units = num_groups if self.split_by == "group" else self.dataset_size
+        counts = split_counts(units, self.val_size, self.test_size)
+        if counts is None:
+            raise ValueError(
+                invalid_message(
+                    owner,
+                    "dataset_size",
+                    dataset_size,
+                    f"large enough for {units} {self.split_by}(s) to leave training data after "
+                    f"val_size={val_size!r} and test_size={test_size!r} take at least one "
+                    f"{self.split_by} each",
+                )
+            )
+        self._split_counts = counts
+        if self.stateful:
+            # Fail at construction, not minutes later when the first loader is built.
+            stateful_dataloader_class(owner)
+        self.save_hyperparameters()
+        self._splits: dict[str, Subset[dict[str, Any]]] = {}
+
+    def setup(self, stage: str | None = None) -> None:
+        """Generate the examples and split them (once; later calls reuse them).
+
+        Args:
+            stage: Lightning's stage name; every stage gets all splits.
+        """
+        if self._splits:
+            return
+        dataset = GroupedClassificationDataset(
+            self.dataset_size,
+            self.seed,
+            num_features=self.num_features,
+            num_classes=self.num_classes,
+            examples_per_group=self.examples_per_group,
+        )
+        # A generator of its own, so the split does not depend on how the data was drawn.
+        generator = torch.Generator().manual_seed(self.seed)
+        n_train, n_val, _ = self._split_counts
+        if self.split_by == "group":
+            order = torch.randperm(dataset.num_groups, generator=generator)
+            unit_of_example = dataset.groups
+        else:
+            order = torch.randperm(self.dataset_size, generator=generator)
+            unit_of_example = torch.arange(self.dataset_size)
+        # split_of_unit[u] is 0 (train), 1 (val) or 2 (test).
+        split_of_unit = torch.empty_like(order)
+        split_of_unit[order[:n_train]] = 0
+        split_of_unit[order[n_train : n_train + n_val]] = 1
+        split_of_unit[order[n_train + n_val :]] = 2
+        split_of_example = split_of_unit[unit_of_example]
+        self._splits = {
+            name: Subset(dataset, torch.nonzero(split_of_example == code).flatten().tolist())
+            for code, name in enumerate(("train", "val", "test"))
+        }
+
+    def _split(self, name: str) -> Subset[dict[str, Any]]:
+        if not self._splits:
+            raise RuntimeError(
+                f"{type(self).__name__}.{name}_dataset is not available before setup(); "
+                "call datamodule.setup() first (Trainer does it for you)."
+            )
+        return self._splits[name]
+
+    @property
+    def train_dataset(self) -> Subset[dict[str, Any]]:
+        """The training examples (after :meth:`setup`)."""
+        return self._split("train")
+
+    @property
+    def val_dataset(self) -> Subset[dict[str, Any]]:
+        """The validation examples (after :meth:`setup`)."""
+        return self._split("val")
+
+    @property
+    def test_dataset(self) -> Subset[dict[str, Any]]:
+        """The test examples (after :meth:`setup`)."""
+        return self._split("test")
+
+    def _loader(self, dataset: Subset[dict[str, Any]], *, shuffle: bool) -> DataLoader[Any]:
+        # PyTorch's default collate already gives the batch format: ints -> LongTensor[B],
+        # 1-d inputs -> FloatTensor[B, F].
+        return build_dataloader(
+            dataset,
+            owner=type(self).__name__,
+            batch_size=self.batch_size,
+            shuffle=shuffle,
+            seed=self.seed,
+            num_workers=self.num_workers,
+            stateful=self.stateful,
+        )
+
+    def train_dataloader(self) -> DataLoader[Any]:
+        """Loader of the training split, shuffled (seeded) unless ``shuffle=False``."""
+        return self._loader(self.train_dataset, shuffle=self.shuffle)
+
+    def val_dataloader(self) -> DataLoader[Any]:
+        """Loader of the validation split, in id order."""
+        return self._loader(self.val_dataset, shuffle=False)
+
+    def test_dataloader(self) -> DataLoader[Any]:
+        """Loader of the test split, in id order."""
+        return self._loader(self.test_dataset, shuffle=False)
+
+    def predict_dataloader(self) -> DataLoader[Any]:
+        """Loader of the test split, in id order (batches keep their labels)."""
+        return self._loader(self.test_dataset, shuffle=False)
+
+
+class TinyClassifier(LightningModule):
+    """A one-hidden-layer MLP trained on :class:`ClassificationDataModule` batches.
+
+    Logged metrics: ``train_loss`` (every step), ``val_loss`` and ``val_acc``, ``test_loss``
+    and ``test_acc`` (cross-entropy and accuracy, averaged over examples).
+
+    Keep ``num_features`` and ``num_classes`` equal to the data module's: Lightning merges both
+    modules' hyper-parameters for the loggers and refuses shared names with different values.
+
+    Args:
+        num_features: Length of each input vector.
+        num_classes: Number of classes.
+        hidden: Width of the hidden layer.
+        lr: Learning rate of AdamW.
+        weight_decay: AdamW weight decay.
+
+    Raises:
+        TypeError: An argument has the wrong type.
+        ValueError: An argument is out of range.
+
+    Example:
+        >>> model = TinyClassifier(num_features=3, num_classes=2)
+        >>> model(torch.zeros(5, 3)).shape
+        torch.Size([5, 2])
+    """
+
+    def __init__(
+        self,
+        num_features: int = 16,
+        num_classes: int = 4,
+        hidden: int = 64,
+        lr: float = 1e-2,
+        weight_decay: float = 0.0,
+    ) -> None:
+        super().__init__()
+        owner = type(self).__name__
+        check_int(owner, "num_features", num_features, minimum=1)
+        check_int(owner, "num_classes", num_classes, minimum=2)
+        check_int(owner, "hidden", hidden, minimum=1)
+        self.lr = check_float(owner, "lr", lr, low=0.0, low_inclusive=False)
+        self.weight_decay = check_float(owner, "weight_decay", weight_decay, low=0.0)
+        self.save_hyperparameters()
+        self.net = nn.Sequential(
+            nn.Linear(num_features, hidden),
+            nn.ReLU(),
+            nn.Linear(hidden, num_classes),
+        )
+
+    def forward(self, inputs: Tensor) -> Tensor:
+        """Return class logits.
+
+        Args:
+            inputs: ``FloatTensor[B, num_features]``.
+
+        Returns:
+            ``FloatTensor[B, num_classes]``.
+        """
+        logits: Tensor = self.net(inputs)
+        return logits
+
+    def training_step(self, batch: Mapping[str, Tensor], batch_idx: int) -> Tensor:
+        """Compute and log ``train_loss`` on one batch."""
+        loss = cross_entropy(self.forward(batch["inputs"]), batch["labels"])
+        self.log("train_loss", loss, prog_bar=True, batch_size=len(batch["labels"]))
+        return loss
+
+    def validation_step(self, batch: Mapping[str, Tensor], batch_idx: int) -> Tensor:
+        """Compute and log ``val_loss`` and ``val_acc`` on one batch."""
+        return self._evaluate(batch, "val")
+
+    def test_step(self, batch: Mapping[str, Tensor], batch_idx: int) -> Tensor:
+        """Compute and log ``test_loss`` and ``test_acc`` on one batch."""
+        return self._evaluate(batch, "test")
+
+    def _evaluate(self, batch: Mapping[str, Tensor], prefix: str) -> Tensor:
+        logits = self.forward(batch["inputs"])
+        loss = cross_entropy(logits, batch["labels"])
+        accuracy = (logits.argmax(dim=-1) == batch["labels"]).float().mean()
+        size = len(batch["labels"])
+        self.log(f"{prefix}_loss", loss, prog_bar=True, batch_size=size)
+        self.log(f"{prefix}_acc", accuracy, prog_bar=True, batch_size=size)
+        return loss
+
+    def predict_step(
+        self, batch: Mapping[str, Tensor], batch_idx: int, dataloader_idx: int = 0
+    ) -> dict[str, Tensor]:
+        """Predict the class of every example of a batch.
+
+        Returns:
+            ``ids``, ``predictions`` (``LongTensor[B]``, the argmax class) and, when the batch
+            has them, ``labels`` and ``group``.
+        """
+        output = {
+            "ids": batch["ids"],
+            "predictions": self.forward(batch["inputs"]).argmax(dim=-1),
+        }
+        for key in ("labels", "group"):
+            if key in batch:
+                output[key] = batch[key]
+        return output
+
+    def configure_optimizers(self) -> OptimizerLRScheduler:
+        """AdamW at a constant learning rate."""
+        return torch.optim.AdamW(self.parameters(), lr=self.lr, weight_decay=self.weight_decay)
