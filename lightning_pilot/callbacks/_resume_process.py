@@ -1,0 +1,241 @@
+"""ResumeVerifier's process work: launching the new process, its fallback, the artifact trip.
+
+Private to :mod:`lightning_pilot.callbacks.resume_verifier`; kept apart so the callback module
+stays hook glue.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import lightning.pytorch as pl
+import torch
+
+from lightning_pilot import resume_child
+from lightning_pilot.core.checks import CheckResult
+from lightning_pilot.core.resume import capture_rng, restore_rng
+
+if TYPE_CHECKING:
+    from lightning_pilot.callbacks.resume_verifier import ResumeVerifier
+
+
+def sha256_of(path: Path) -> str:
+    """The sha256 of a file, read in chunks."""
+    hasher = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            hasher.update(chunk)
+    return hasher.hexdigest()
+
+
+def _not_importable(spec: Mapping[str, Any]) -> str | None:
+    """Why a new process cannot rebuild the module and data, or None if it can."""
+    if spec.get("factory"):
+        return None
+    for key in ("module_class", "datamodule_class"):
+        path = spec.get(key)
+        if path and (path.startswith("__main__:") or "<locals>" in path):
+            return (
+                f"{path} cannot be imported by a new process (defined in __main__ or inside a"
+                " function)"
+            )
+    if (
+        spec["mode"] == "resume"
+        and not spec.get("datamodule_class")
+        and not spec.get("module_has_data")
+    ):
+        return (
+            "the training data was passed to fit() as loaders, which a new process cannot rebuild"
+        )
+    return None
+
+
+def _subprocess(spec: dict[str, Any], folder: Path, timeout_s: float) -> dict[str, Any]:
+    folder.mkdir(parents=True, exist_ok=True)
+    spec_path = folder / f"spec-{spec['mode']}.json"
+    result_path = folder / f"result-{spec['mode']}.json"
+    spec = spec | {"result": str(result_path)}
+    spec_path.write_text(json.dumps(spec, default=str))
+    # The new process imports what this one can: same interpreter, same import path.
+    env = os.environ | {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "lightning_pilot.resume_child", str(spec_path)],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            env=env,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return {"crash": f"the new process did not finish within {timeout_s:.0f} s"}
+    if not result_path.exists():
+        tail = (done.stderr or done.stdout or "").strip().splitlines()[-5:]
+        return {"crash": f"the new process exited with {done.returncode}: {' | '.join(tail)}"}
+    result: dict[str, Any] = json.loads(result_path.read_text())
+    return result
+
+
+def run_child(
+    verifier: ResumeVerifier, spec: dict[str, Any], trainer: pl.Trainer, pl_module: Any
+) -> dict[str, Any]:
+    """Resume in a new process, or in this one when asked to and a new one cannot rebuild."""
+    folder = Path(spec["checkpoint"]).parent
+    blocker = _not_importable(spec)
+    if blocker is None:
+        result = _subprocess(spec, folder, verifier.timeout_s)
+        result["mode_label"] = "a new process"
+        return result
+    if verifier.fallback != "in_process":
+        return {
+            "crash": f"{blocker}: pass ResumeVerifier(factory='package.module:function'), or"
+            " fallback='in_process' to compare in this process (weaker: shared globals)"
+        }
+    # In-process fallback: copies of the live objects, and this process's RNG put back after.
+    live_datamodule = getattr(trainer, "datamodule", None)
+    datamodule = copy.copy(live_datamodule) if live_datamodule is not None else None
+    loaders = None
+    if datamodule is None and not spec.get("module_has_data"):
+        try:
+            loaders = copy.deepcopy(trainer.train_dataloader)
+        except (TypeError, NotImplementedError, RuntimeError) as err:
+            return {
+                "crash": f"cannot copy the training loader for the in-process fallback"
+                f" ({err}): pass ResumeVerifier(factory='package.module:function')"
+            }
+    objects = (copy.deepcopy(pl_module), datamodule, loaders)
+    saved = capture_rng()
+    result: dict[str, Any] = {"mode": "resume", "mode_label": "the in-process fallback"}
+    try:
+        resume_child.run_resume(spec | {"factory": None}, result, objects=objects)
+    finally:
+        restore_rng(saved)
+    return result
+
+
+def final_artifact(verifier: ResumeVerifier, trainer: pl.Trainer, pl_module: Any) -> Path:
+    """Write the final artifact (every rank: saving is a collective) and return its path."""
+    folder = verifier.run.run_dir / "resume"
+    folder.mkdir(parents=True, exist_ok=True)
+    checkpoint = folder / "final.ckpt"
+    if not checkpoint.exists():
+        trainer.save_checkpoint(checkpoint)
+    if verifier.export is not None:
+        return Path(os.fspath(verifier.export(pl_module, folder)))
+    return checkpoint
+
+
+def _control_batches(trainer: pl.Trainer, count: int) -> list[Any]:
+    loaders = trainer.val_dataloaders
+    if isinstance(loaders, list | tuple):
+        loaders = loaders[0] if loaders else None
+    if not loaders:
+        loaders = trainer.train_dataloader
+    batches: list[Any] = []
+    if loaders is None:
+        return batches
+    for batch in loaders:
+        batches.append(batch)
+        if len(batches) >= count:
+            break
+    return batches
+
+
+def _close(a: Any, b: Any, atol: float, rtol: float) -> bool:
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        if a.shape != b.shape or a.dtype != b.dtype:
+            return False
+        if a.is_floating_point():
+            return bool(torch.allclose(a, b, atol=atol, rtol=rtol, equal_nan=True))
+        return bool(torch.equal(a, b))
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        return a.keys() == b.keys() and all(_close(a[k], b[k], atol, rtol) for k in a)
+    if isinstance(a, list | tuple) and isinstance(b, list | tuple):
+        return len(a) == len(b) and all(_close(x, y, atol, rtol) for x, y in zip(a, b, strict=True))
+    return bool(a == b)
+
+
+def _to_cpu(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if isinstance(value, Mapping):
+        return {k: _to_cpu(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_to_cpu(v) for v in value]
+    return value
+
+
+def verify_artifact(
+    verifier: ResumeVerifier, trainer: pl.Trainer, pl_module: Any, artifact: Path
+) -> list[CheckResult]:
+    """Reload ``artifact`` in a new process, run the control inputs, compare with the live model."""
+    folder = artifact.parent
+    batches = _control_batches(trainer, verifier.control_batches)
+    control = folder / "control.pt"
+    torch.save([_to_cpu(b) for b in batches], control)
+    was_training = pl_module.training
+    pl_module.eval()
+    with torch.no_grad():
+        live = [
+            _to_cpu(pl_module.predict_step(trainer.strategy.batch_to_device(b), i))
+            for i, b in enumerate(batches)
+        ]
+    pl_module.train(was_training)
+    checksum = sha256_of(artifact)
+    verifier.run.set_ledger_fields(checkpoint_uri=str(artifact), checkpoint_sha256=checksum)
+    spec = {
+        "mode": "artifact",
+        "checkpoint": str(folder / "final.ckpt"),
+        "artifact": str(artifact),
+        "control": str(control),
+        "outputs": str(folder / "control-outputs.pt"),
+        "factory": verifier.factory,
+        "module_class": f"{type(pl_module).__module__}:{type(pl_module).__qualname__}",
+        "datamodule_class": None,
+        "num_threads": torch.get_num_threads(),
+        "state_key": verifier.state_key,
+        "workdir": str(folder / "child"),
+    }
+    blocker = _not_importable(spec)
+    if blocker is not None:
+        return [CheckResult("artifact_roundtrip", "not_checked", f"{blocker}: pass factory=...")]
+    result = _subprocess(spec, folder, verifier.timeout_s)
+    for key in ("load_error", "build_error", "artifact_error", "crash"):
+        if key in result:
+            extra = ""
+            if key == "load_error":
+                extra = f" (unsafe globals: {', '.join(result.get('unsafe_globals') or [])})"
+            return [
+                CheckResult(
+                    "artifact_roundtrip",
+                    "fail",
+                    f"{artifact.name} (sha256 {checksum[:16]}) did not reload into a fresh"
+                    f" module: {result[key]}{extra}",
+                )
+            ]
+    reloaded = torch.load(result["outputs"], map_location="cpu", weights_only=True)
+    if _close(live, reloaded, verifier.atol, verifier.rtol):
+        return [
+            CheckResult(
+                "artifact_roundtrip",
+                "pass",
+                f"{artifact.name} sha256 {checksum} reproduces the live outputs on"
+                f" {len(batches)} control batch(es)",
+            )
+        ]
+    return [
+        CheckResult(
+            "artifact_roundtrip",
+            "fail",
+            f"{artifact.name} (sha256 {checksum[:16]}) reloaded, but its outputs on the control"
+            " inputs differ from the live model's: the artifact misses state the model uses",
+        )
+    ]

@@ -1,0 +1,346 @@
+"""Pure pieces of resume verification: RNG capture, state digests, trajectory comparison.
+
+Everything here works on plain values (numbers, strings, tensors, dicts) so the comparison of a
+reference run with its resumed copy is testable without a Trainer or a subprocess.
+
+* :func:`capture_rng` / :func:`restore_rng`: torch (CPU and CUDA), numpy and Python ``random``
+  states as weights-only-safe types (tensors, ints, floats, strings, lists, dicts), so a
+  checkpoint that carries them still loads with ``torch.load(weights_only=True)``.
+* :func:`digest`: a short sha256 of any nested value (tensors by their bytes), to compare
+  optimizer state, scheduler state, weights or RNG between two processes.
+* :func:`unsafe_values`: the key paths of values ``torch.load(weights_only=True)`` would refuse
+  (``pathlib.Path``, numpy objects, enums, ``argparse.Namespace``...), to say where an unsafe
+  global in a checkpoint came from.
+* :func:`compare_trajectories`: reference vs resumed, micro-batch by micro-batch (sample ids,
+  loss, learning rates), with the first difference and a diagnosis.
+
+Example:
+    >>> import random
+    >>> state = capture_rng()
+    >>> first = random.random()
+    >>> restore_rng(state)
+    >>> random.random() == first
+    True
+    >>> digest({"a": [1, 2.5, "x"]}) == digest({"a": [1, 2.5, "x"]})
+    True
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import random
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from lightning_pilot.core.checks import CheckResult
+
+__all__ = [
+    "StepRecord",
+    "capture_rng",
+    "compare_trajectories",
+    "digest",
+    "restore_rng",
+    "unsafe_values",
+]
+
+try:  # numpy is a dependency of pandas, but keep the core importable without it
+    import numpy as np
+except ImportError:  # pragma: no cover - numpy ships with pandas
+    np = None  # type: ignore[assignment]
+
+
+# --------------------------------------------------------------------------------------------
+# RNG states in weights-only-safe form
+# --------------------------------------------------------------------------------------------
+
+
+def capture_rng() -> dict[str, Any]:
+    """The torch, CUDA, numpy and Python RNG states, as tensors, ints, floats and lists."""
+    state: dict[str, Any] = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+        state["cuda"] = list(torch.cuda.get_rng_state_all())
+    if np is not None:
+        name, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
+        state["numpy"] = {
+            "name": str(name),
+            "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached),
+        }
+    version, internal, gauss = random.getstate()
+    state["python"] = {"version": int(version), "state": list(internal), "gauss": gauss}
+    return state
+
+
+def restore_rng(state: Mapping[str, Any]) -> None:
+    """Restore states captured by :func:`capture_rng` (missing parts are left alone)."""
+    if "torch" in state:
+        torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(list(state["cuda"]))
+    if "numpy" in state and np is not None:
+        saved = state["numpy"]
+        keys = np.asarray(saved["keys"].numpy(), dtype=np.uint32)
+        np.random.set_state(
+            (saved["name"], keys, saved["pos"], saved["has_gauss"], saved["cached_gaussian"])
+        )
+    if "python" in state:
+        saved = state["python"]
+        random.setstate((saved["version"], tuple(saved["state"]), saved["gauss"]))
+
+
+# --------------------------------------------------------------------------------------------
+# Digests and unsafe values
+# --------------------------------------------------------------------------------------------
+
+
+def _feed(hasher: Any, value: Any) -> None:
+    if isinstance(value, torch.Tensor):
+        tensor = value.detach().cpu().contiguous()
+        hasher.update(f"T{tensor.dtype}{tuple(tensor.shape)}".encode())
+        if tensor.numel():
+            hasher.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+    elif isinstance(value, Mapping):
+        hasher.update(b"{")
+        for key in sorted(value, key=repr):
+            hasher.update(repr(key).encode())
+            _feed(hasher, value[key])
+        hasher.update(b"}")
+    elif isinstance(value, list | tuple):
+        hasher.update(b"[")
+        for item in value:
+            _feed(hasher, item)
+        hasher.update(b"]")
+    else:
+        hasher.update(repr(value).encode())
+
+
+def digest(value: Any) -> str:
+    """A 16-hex-digit sha256 of a nested value; tensors count by dtype, shape and bytes."""
+    hasher = hashlib.sha256()
+    _feed(hasher, value)
+    return hasher.hexdigest()[:16]
+
+
+_SAFE_SCALARS = (str, bytes, int, float, bool, complex, type(None))
+
+
+def unsafe_values(value: Any, path: str = "") -> list[str]:
+    """Key paths of values a weights-only load would refuse, with their type.
+
+    Example:
+        >>> from pathlib import PurePosixPath
+        >>> unsafe_values({"hyper_parameters": {"root": PurePosixPath("/data"), "lr": 0.1}})
+        ['hyper_parameters.root (pathlib.PurePosixPath)']
+    """
+    found: list[str] = []
+    # Exact types: numpy scalars subclass float and int but need numpy globals to unpickle.
+    if type(value) in _SAFE_SCALARS or isinstance(
+        value, torch.Tensor | torch.Size | torch.dtype | torch.device
+    ):
+        return found
+    if type(value) in (dict, OrderedDict):
+        for key, item in value.items():
+            found.extend(unsafe_values(item, f"{path}.{key}" if path else str(key)))
+        return found
+    if type(value) in (list, tuple, set):
+        for index, item in enumerate(value):
+            found.extend(unsafe_values(item, f"{path}[{index}]"))
+        return found
+    kind = type(value)
+    found.append(f"{path or '<root>'} ({kind.__module__}.{kind.__qualname__})")
+    return found
+
+
+# --------------------------------------------------------------------------------------------
+# Trajectories
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One training micro-batch: where it was, what it saw, what it gave."""
+
+    step: int
+    batch_idx: int
+    epoch: int
+    ids: tuple[Any, ...] | None
+    loss: float | None
+    lrs: tuple[float, ...] = ()
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-friendly form."""
+        return {
+            "step": self.step,
+            "batch_idx": self.batch_idx,
+            "epoch": self.epoch,
+            "ids": None if self.ids is None else list(self.ids),
+            "loss": self.loss,
+            "lrs": list(self.lrs),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> StepRecord:
+        """Inverse of :meth:`as_dict`."""
+        ids = data.get("ids")
+        return cls(
+            step=int(data["step"]),
+            batch_idx=int(data["batch_idx"]),
+            epoch=int(data["epoch"]),
+            ids=None if ids is None else tuple(ids),
+            loss=None if data.get("loss") is None else float(data["loss"]),
+            lrs=tuple(float(v) for v in data.get("lrs", ())),
+        )
+
+
+def _close(a: float | None, b: float | None, atol: float, rtol: float) -> bool:
+    if a is None or b is None:
+        return a is b
+    if math.isnan(a) and math.isnan(b):
+        return True
+    return abs(a - b) <= atol + rtol * abs(b)
+
+
+def compare_trajectories(
+    reference: Sequence[StepRecord],
+    resumed: Sequence[StepRecord],
+    *,
+    seen_before: set[Any],
+    loader_stateful: bool,
+    atol: float = 0.0,
+    rtol: float = 0.0,
+) -> tuple[list[CheckResult], list[dict[str, Any]]]:
+    """Compare the micro-batches after a resume with the reference run's.
+
+    Args:
+        reference: the reference run's micro-batches after the checkpoint.
+        resumed: the resumed run's micro-batches.
+        seen_before: sample ids the reference trained on in the checkpoint's epoch before it,
+            to recognise a replay.
+        loader_stateful: whether the training loader can save its position
+            (``state_dict``/``load_state_dict``), to choose the diagnosis.
+        atol, rtol: tolerance on losses and learning rates (0, 0 = exact).
+
+    Returns:
+        The checks ``data_position``, ``loss_trajectory`` and ``lr_trajectory``, and one
+        detail row per micro-batch.
+
+    Example:
+        >>> ref = [StepRecord(2, 2, 0, (4, 5), 0.9), StepRecord(3, 3, 0, (6, 7), 0.8)]
+        >>> replay = [StepRecord(2, 2, 0, (0, 1), 1.1), StepRecord(3, 3, 0, (2, 3), 1.0)]
+        >>> checks, rows = compare_trajectories(ref, replay, seen_before={0, 1, 2, 3},
+        ...                                     loader_stateful=False)
+        >>> checks[0].verdict, "cannot resume mid-epoch" in checks[0].detail
+        ('fail', True)
+    """
+    rows = []
+    first_ids = first_loss = first_lr = None
+    for index, ref in enumerate(reference):
+        got = resumed[index] if index < len(resumed) else None
+        ids_equal = None if got is None or ref.ids is None else ref.ids == got.ids
+        loss_equal = None if got is None else _close(got.loss, ref.loss, atol, rtol)
+        lr_equal = None
+        if got is not None:
+            lr_equal = len(ref.lrs) == len(got.lrs) and all(
+                _close(a, b, atol, rtol) for a, b in zip(got.lrs, ref.lrs, strict=False)
+            )
+        if ids_equal is False and first_ids is None:
+            first_ids = (index, ref, got)
+        if loss_equal is False and first_loss is None:
+            first_loss = (index, ref, got)
+        if lr_equal is False and first_lr is None:
+            first_lr = (index, ref, got)
+        rows.append(
+            {
+                "micro_batch": index,
+                "step": ref.step,
+                "reference_ids": None if ref.ids is None else [str(i) for i in ref.ids],
+                "resumed_ids": None
+                if got is None or got.ids is None
+                else [str(i) for i in got.ids],
+                "ids_equal": ids_equal,
+                "reference_loss": ref.loss,
+                "resumed_loss": None if got is None else got.loss,
+                "loss_equal": loss_equal,
+                "reference_lrs": list(ref.lrs),
+                "resumed_lrs": None if got is None else list(got.lrs),
+                "lrs_equal": lr_equal,
+            }
+        )
+    return [
+        _data_check(reference, resumed, first_ids, seen_before, loader_stateful),
+        _value_check("loss_trajectory", "loss", first_loss, len(reference), len(resumed)),
+        _value_check("lr_trajectory", "learning rates", first_lr, len(reference), len(resumed)),
+    ], rows
+
+
+def _data_check(
+    reference: Sequence[StepRecord],
+    resumed: Sequence[StepRecord],
+    first: tuple[int, StepRecord, StepRecord | None] | None,
+    seen_before: set[Any],
+    loader_stateful: bool,
+) -> CheckResult:
+    if not reference or all(r.ids is None for r in reference):
+        return CheckResult(
+            "data_position",
+            "not_checked",
+            "batches carry no example ids: add an id field or give BatchAdapter(ids=...)",
+        )
+    if first is None:
+        if len(resumed) < len(reference):
+            return CheckResult(
+                "data_position",
+                "fail",
+                f"only {len(resumed)} of {len(reference)} micro-batches ran after the resume",
+            )
+        return CheckResult("data_position", "pass", f"{len(reference)} micro-batches identical")
+    index, ref, got = first
+    resumed_ids = {i for record in resumed for i in (record.ids or ())}
+    replayed = sorted(resumed_ids & seen_before, key=repr)
+    where = f"micro-batch {index} (step {ref.step}): expected ids {list(ref.ids or ())[:8]}"
+    where += f", resumed run saw {list(got.ids or ())[:8] if got else 'nothing'}"
+    if not loader_stateful:
+        remedy = (
+            "the DataLoader cannot resume mid-epoch: it restarts its permutation, so examples"
+            f" already trained on come again ({len(replayed)} of those compared here) while"
+            " others are never seen; use torchdata's StatefulDataLoader, or checkpoint on epoch"
+            " boundaries"
+        )
+    else:
+        remedy = (
+            "the loader is stateful but its position was not restored; a known cause is"
+            " Lightning issue #20550 (configure_optimizers reads"
+            " trainer.estimated_stepping_batches, which drops the loader state): compute the"
+            " number of steps yourself, or restore the loader state explicitly"
+        )
+    return CheckResult("data_position", "fail", f"{where}; {remedy}")
+
+
+def _value_check(
+    name: str,
+    what: str,
+    first: tuple[int, StepRecord, StepRecord | None] | None,
+    expected: int,
+    got: int,
+) -> CheckResult:
+    if first is None:
+        if got < expected:
+            return CheckResult(name, "fail", f"only {got} of {expected} micro-batches to compare")
+        return CheckResult(name, "pass", f"{expected} micro-batches equal")
+    index, ref, resumed = first
+    if resumed is None:
+        return CheckResult(name, "fail", f"micro-batch {index} (step {ref.step}) never ran")
+    if name == "loss_trajectory":
+        values = f"{ref.loss!r} expected, {resumed.loss!r} after resume"
+    else:
+        values = f"{list(ref.lrs)} expected, {list(resumed.lrs)} after resume"
+    return CheckResult(
+        name, "fail", f"{what} first differ at micro-batch {index} (step {ref.step}): {values}"
+    )

@@ -1,0 +1,266 @@
+"""The fresh process that ResumeVerifier launches: resume from a checkpoint, record, answer.
+
+``python -m lightning_pilot.resume_child SPEC.json`` reads a spec written by
+:class:`~lightning_pilot.callbacks.resume_verifier.ResumeVerifier`, and writes a JSON result next
+to it. Two modes:
+
+* ``resume``: load the checkpoint with ``weights_only=True`` (timing it), rebuild the module and
+  datamodule (a user factory ``"package.module:function"``, else the classes with the
+  checkpoint's hyperparameters), resume ``fit`` from the checkpoint for the compared updates
+  and record the restored state and every micro-batch (sample ids, loss, learning rates).
+* ``artifact``: rebuild a fresh module, load the final artifact into it (a checkpoint's
+  ``state_dict`` or an exported ``state_dict`` file, strictly), run it on the saved control
+  inputs and save the outputs.
+
+Failures that are the answer (an unsafe checkpoint, a module that cannot be rebuilt) are
+written into the result, not raised: the parent turns them into verdicts.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+import time
+import traceback
+import warnings
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+
+from lightning_pilot.core.batches import BatchAdapter
+from lightning_pilot.core.memory import host_memory
+from lightning_pilot.core.resume import StepRecord, capture_rng, digest, restore_rng
+
+
+def load_object(path: str) -> Any:
+    """Import ``"package.module:attribute"`` (also ``"package.module.attribute"``)."""
+    module_name, sep, attribute = path.partition(":")
+    if not sep:
+        module_name, _, attribute = path.rpartition(".")
+    target: Any = importlib.import_module(module_name)
+    for part in attribute.split("."):
+        target = getattr(target, part)
+    return target
+
+
+def state_digests(trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, Any]:
+    """What a resume must restore, as comparable values (shared by parent and child)."""
+    scaler = getattr(trainer.precision_plugin, "scaler", None)
+    return {
+        "global_step": trainer.global_step,
+        "epoch": trainer.current_epoch,
+        "lrs": [float(g["lr"]) for o in trainer.optimizers for g in o.param_groups],
+        "optimizer_state": digest([o.state_dict()["state"] for o in trainer.optimizers]),
+        "scheduler_state": digest(
+            [_plain(c.scheduler.state_dict()) for c in trainer.lr_scheduler_configs]
+        ),
+        "grad_scaler": None if scaler is None else digest(scaler.state_dict()),
+        "weights": digest(pl_module.state_dict()),
+    }
+
+
+def _plain(state: Mapping[str, Any]) -> dict[str, Any]:
+    # Schedulers may hold functions (LambdaLR); their identity differs across processes.
+    return {k: v for k, v in state.items() if not callable(v) and k != "lr_lambdas"}
+
+
+class ResumeRecorder(pl.Callback):
+    """Records the restored state and the micro-batches after a resume (child side).
+
+    Its ``state_key`` is the parent verifier's, so Lightning hands it the verifier's saved
+    state (the RNG states), which it restores at train start.
+    """
+
+    def __init__(self, state_key: str, adapter: BatchAdapter) -> None:
+        self._key = state_key
+        self.adapter = adapter
+        self.rng: Mapping[str, Any] | None = None
+        self.restored: dict[str, Any] = {}
+        self.steps: list[StepRecord] = []
+        self._current: dict[str, Any] = {}
+
+    @property
+    def state_key(self) -> str:
+        return self._key
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.rng = state_dict.get("rng")
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.rng is not None:
+            restore_rng(self.rng)
+        self.restored = state_digests(trainer, pl_module)
+        self.restored["rng"] = digest(capture_rng()) if self.rng is not None else None
+
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        ids = self.adapter.view(batch, count_tokens=False).ids_list()
+        self._current = {
+            "step": trainer.global_step,
+            "batch_idx": batch_idx,
+            "epoch": trainer.current_epoch,
+            "ids": None if ids is None else [_json_id(i) for i in ids],
+        }
+
+    def on_train_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+    ) -> None:
+        loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
+        value = float(loss.detach()) if isinstance(loss, torch.Tensor) else None
+        lrs = [float(g["lr"]) for o in trainer.optimizers for g in o.param_groups]
+        self.steps.append(StepRecord.from_dict(self._current | {"loss": value, "lrs": lrs}))
+
+
+def _json_id(value: Any) -> Any:
+    return value if isinstance(value, int | float | str | bool) or value is None else str(value)
+
+
+def _build(spec: Mapping[str, Any], checkpoint: Mapping[str, Any]) -> tuple[Any, Any]:
+    factory = spec.get("factory")
+    if factory:
+        built = load_object(factory)()
+        if isinstance(built, tuple):
+            return built[0], (built[1] if len(built) > 1 else None)
+        if isinstance(built, Mapping):
+            return built["model"], built.get("datamodule")
+        return built, None
+    module_cls = load_object(spec["module_class"])
+    model = module_cls(**dict(checkpoint.get("hyper_parameters") or {}))
+    datamodule = None
+    if spec.get("datamodule_class"):
+        dm_cls = load_object(spec["datamodule_class"])
+        datamodule = dm_cls(**dict(checkpoint.get("datamodule_hyper_parameters") or {}))
+    return model, datamodule
+
+
+def _safe_load(path: str, result: dict[str, Any]) -> dict[str, Any] | None:
+    started = time.perf_counter()
+    try:
+        loaded = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # the unpickler raises several types; the message is the answer
+        result["load_error"] = f"{type(err).__name__}: {str(err).splitlines()[0]}"
+        try:
+            result["unsafe_globals"] = list(
+                torch.serialization.get_unsafe_globals_in_checkpoint(path)
+            )
+        except Exception as inner:  # a corrupt file: report it too
+            result["unsafe_globals_error"] = f"{type(inner).__name__}: {inner}"
+        return None
+    result["load_seconds"] = time.perf_counter() - started
+    result["load_rss_bytes"] = host_memory().rss_bytes
+    result["file_bytes"] = Path(path).stat().st_size
+    return dict(loaded)
+
+
+def run_resume(
+    spec: Mapping[str, Any], result: dict[str, Any], objects: tuple[Any, Any, Any] | None = None
+) -> None:
+    """Resume from the checkpoint for the compared updates and record everything.
+
+    ``objects`` (module, datamodule, train loaders) replaces the rebuild, for the in-process
+    fallback.
+    """
+    checkpoint = _safe_load(spec["checkpoint"], result)
+    if checkpoint is None:
+        return
+    loaders = None
+    if objects is not None:
+        model, datamodule, loaders = objects
+    else:
+        try:
+            model, datamodule = _build(spec, checkpoint)
+        except Exception as err:  # reported to the parent as "cannot rebuild"
+            result["build_error"] = f"{type(err).__name__}: {err}"
+            return
+    del checkpoint
+    adapter = BatchAdapter(**{k: v for k, v in (spec.get("adapter") or {}).items()})
+    recorder = ResumeRecorder(spec["state_key"], adapter)
+    trainer = pl.Trainer(
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        callbacks=[recorder],
+        default_root_dir=spec["workdir"],
+        **spec["trainer"],
+    )
+    fit_kwargs: dict[str, Any] = {"ckpt_path": spec["checkpoint"], "weights_only": True}
+    if datamodule is not None:
+        fit_kwargs["datamodule"] = datamodule
+    elif loaders is not None:
+        fit_kwargs["train_dataloaders"] = loaders
+    trainer.fit(model, **fit_kwargs)
+    result["restored"] = recorder.restored
+    result["steps"] = [s.as_dict() for s in recorder.steps]
+    result["global_step_end"] = trainer.global_step
+
+
+def run_artifact(spec: Mapping[str, Any], result: dict[str, Any]) -> None:
+    """Load the final artifact into a fresh module and run it on the control inputs."""
+    checkpoint = _safe_load(spec["checkpoint"], result)
+    if checkpoint is None:
+        return
+    try:
+        model, _ = _build(spec, checkpoint)
+    except Exception as err:
+        result["build_error"] = f"{type(err).__name__}: {err}"
+        return
+    artifact = spec["artifact"]
+    weights = (
+        checkpoint["state_dict"]
+        if artifact == spec["checkpoint"]
+        else torch.load(artifact, map_location="cpu", weights_only=True)
+    )
+    try:
+        model.load_state_dict(weights, strict=True)
+    except RuntimeError as err:
+        result["artifact_error"] = (
+            str(err).splitlines()[0]
+            + " "
+            + " ".join(line.strip() for line in str(err).splitlines()[1:3])
+        )
+        return
+    model.eval()
+    control = torch.load(spec["control"], map_location="cpu", weights_only=True)
+    with torch.no_grad():
+        outputs = [model.predict_step(batch, index) for index, batch in enumerate(control)]
+    torch.save(outputs, spec["outputs"])
+    result["outputs"] = spec["outputs"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: run the spec given as the only argument; 0 unless the spec is unusable."""
+    args = sys.argv[1:] if argv is None else argv
+    spec_path = Path(args[0])
+    spec = json.loads(spec_path.read_text())
+    result: dict[str, Any] = {"mode": spec["mode"]}
+    runners: dict[str, Callable[[Mapping[str, Any], dict[str, Any]], None]] = {
+        "resume": run_resume,
+        "artifact": run_artifact,
+    }
+    warnings.simplefilter("ignore")
+    # The parent's thread count: CPU reductions (and so losses) depend on it.
+    torch.set_num_threads(int(spec.get("num_threads") or torch.get_num_threads()))
+    try:
+        runners[spec["mode"]](spec, result)
+    except Exception as err:  # anything else is a crash of the user's code: report it whole
+        result["crash"] = f"{type(err).__name__}: {err}"
+        result["traceback"] = traceback.format_exc(limit=8)
+    Path(spec["result"]).write_text(json.dumps(result, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

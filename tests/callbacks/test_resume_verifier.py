@@ -1,0 +1,272 @@
+"""ResumeVerifier with real new processes: exact resumes pass, each resume trap is diagnosed."""
+
+from __future__ import annotations
+
+import pathlib
+import warnings
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from lightning_pilot import read_phase_table
+from lightning_pilot.callbacks.resume_verifier import ResumeVerifier
+from lightning_pilot.demo import InstructionDataModule, TinyCausalLM
+
+pytestmark = pytest.mark.timeout(300)
+
+
+class IdData(Dataset[dict[str, Any]]):
+    """Examples with ids, fixed by a seed."""
+
+    def __init__(self, size: int) -> None:
+        generator = torch.Generator().manual_seed(0)
+        self.x = torch.randn(size, 8, generator=generator)
+        self.y = (self.x.sum(1) > 0).long()
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        return {"ids": index, "inputs": self.x[index], "labels": self.y[index]}
+
+
+class Net(pl.LightningModule):
+    """A small classifier that owns its data; options plant the resume traps."""
+
+    def __init__(
+        self,
+        stateful: bool = True,
+        steps_from_trainer: bool = False,
+        reset_on_load: str = "",
+        data_dir: Any = None,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+        self.register_buffer("scale", torch.tensor(3.0))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x) * self.scale
+
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
+        return nn.functional.cross_entropy(self(batch["inputs"]), batch["labels"])
+
+    def predict_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
+        return self(batch["inputs"])
+
+    def train_dataloader(self) -> DataLoader[Any]:
+        loader = StatefulDataLoader if self.hparams["stateful"] else DataLoader
+        return loader(IdData(64), batch_size=4, shuffle=True)
+
+    def configure_optimizers(self) -> Any:
+        if self.hparams["steps_from_trainer"]:
+            _ = self.trainer.estimated_stepping_batches  # the Lightning #20550 pattern
+        optimizer = torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9)
+        scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.9)
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {"scheduler": scheduler, "interval": "step"},
+        }
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        if self.hparams["reset_on_load"] == "lr":
+            checkpoint["optimizer_states"][0]["param_groups"][0]["lr"] = 0.5
+        elif self.hparams["reset_on_load"] == "optimizer":
+            checkpoint["optimizer_states"][0]["state"] = {}
+
+
+def _fit(
+    tmp_path: Path, model: pl.LightningModule, verifier: ResumeVerifier, **options: Any
+) -> pd.DataFrame:
+    datamodule = options.pop("datamodule", None)
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+        callbacks=[verifier],
+        **({"max_steps": 6} | options),
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(model, datamodule=datamodule)
+    return read_phase_table(verifier.run.run_dir)
+
+
+def _checks(frame: pd.DataFrame) -> dict[str, tuple[str, str]]:
+    row = frame[frame["phase"] == "resume"].iloc[0]
+    return {c["name"]: (c["verdict"], c["detail"]) for c in row["checks"]}
+
+
+def test_stateful_loader_resumes_exactly_in_a_new_process(tmp_path: Path) -> None:
+    frame = _fit(tmp_path, Net(stateful=True), ResumeVerifier(at_step=2, compare_steps=3))
+    checks = _checks(frame)
+    for name in (
+        "weights_only_load", "global_step", "epoch", "lrs", "optimizer_state",
+        "scheduler_state", "weights", "rng", "data_position", "loss_trajectory",
+        "lr_trajectory", "updates_after_resume", "artifact_roundtrip",
+    ):  # fmt: skip
+        assert checks[name][0] == "pass", (name, checks[name])
+    assert checks["weights_only_load"][1] == "loaded in a new process"
+    assert checks["grad_scaler"][0] == "not_checked"
+    assert "sha256" in checks["artifact_roundtrip"][1]
+    load = frame[frame["phase"] == "checkpoint_load"].iloc[0]
+    assert load["file_bytes"] > 0
+    assert load["duration_s"] > 0
+    detail = pd.read_parquet(_run_dir(tmp_path) / "resume.parquet")
+    micro = detail[detail["check"] == "micro_batch"]
+    assert len(micro) == 3
+    assert micro["equal"].all()
+
+
+def _run_dir(tmp_path: Path) -> Path:
+    (run,) = (tmp_path / "pilot" / "runs").iterdir()
+    return run
+
+
+def test_plain_shuffled_loader_replays_data_after_a_mid_epoch_resume(tmp_path: Path) -> None:
+    verifier = ResumeVerifier(at_step=3, compare_steps=2, check_artifact=False)
+    checks = _checks(_fit(tmp_path, Net(stateful=False), verifier))
+    verdict, detail = checks["data_position"]
+    assert verdict == "fail"
+    assert "the DataLoader cannot resume mid-epoch" in detail
+    assert "use torchdata's StatefulDataLoader, or checkpoint on epoch boundaries" in detail
+    assert checks["loss_trajectory"][0] == "fail"
+    # Step, LR schedule and optimizer state were restored: only the data went wrong.
+    assert checks["global_step"][0] == checks["lrs"][0] == checks["optimizer_state"][0] == "pass"
+
+
+def test_estimated_stepping_batches_drops_the_loader_state(tmp_path: Path) -> None:
+    verifier = ResumeVerifier(at_step=3, compare_steps=2, check_artifact=False)
+    # With max_steps alone Lightning estimates without loading data; a max_epochs makes it
+    # load the training data early, which is what drops the loader state on resume.
+    model = Net(stateful=True, steps_from_trainer=True)
+    checks = _checks(_fit(tmp_path, model, verifier, max_epochs=3))
+    verdict, detail = checks["data_position"]
+    assert verdict == "fail"
+    assert "#20550" in detail
+    assert "estimated_stepping_batches" in detail
+
+
+@pytest.mark.parametrize(("reset", "check"), [("lr", "lrs"), ("optimizer", "optimizer_state")])
+def test_on_load_checkpoint_that_resets_state_fails(tmp_path: Path, reset: str, check: str) -> None:
+    verifier = ResumeVerifier(at_step=2, compare_steps=2, check_artifact=False)
+    checks = _checks(_fit(tmp_path, Net(reset_on_load=reset), verifier))
+    verdict, detail = checks[check]
+    assert verdict == "fail"
+    assert "after resume" in detail
+    assert checks["loss_trajectory"][0] == "fail"
+
+
+@pytest.mark.parametrize(
+    ("value", "global_name"),
+    [(pathlib.Path("/data/set"), "pathlib.PosixPath"), (np.float64(0.5), "numpy")],
+    ids=["pathlib", "numpy"],
+)
+def test_unsafe_hyperparameter_is_named_with_its_origin(
+    tmp_path: Path, value: Any, global_name: str
+) -> None:
+    verifier = ResumeVerifier(at_step=2, compare_steps=1, check_artifact=False)
+    checks = _checks(_fit(tmp_path, Net(data_dir=value), verifier))
+    verdict, detail = checks["weights_only_load"]
+    assert verdict == "fail"
+    assert "torch.load(weights_only=True) refused the checkpoint" in detail
+    assert global_name in detail
+    assert "hyper_parameters.data_dir" in detail
+
+
+def _export_without_buffer(module: pl.LightningModule, directory: Path) -> Path:
+    path = directory / "weights.pt"
+    state = {k: v for k, v in module.state_dict().items() if k != "scale"}
+    torch.save(state, path)
+    return path
+
+
+def _export_all(module: pl.LightningModule, directory: Path) -> Path:
+    path = directory / "weights.pt"
+    torch.save(module.state_dict(), path)
+    return path
+
+
+def test_artifact_round_trip_catches_an_export_that_drops_a_buffer(tmp_path: Path) -> None:
+    good = ResumeVerifier(at_step=2, compare_steps=1, export=_export_all)
+    checks = _checks(_fit(tmp_path / "good", Net(), good, max_steps=3))
+    assert checks["artifact_roundtrip"][0] == "pass"
+    assert "weights.pt sha256" in checks["artifact_roundtrip"][1]
+    assert good.run.ledger_fields["checkpoint_uri"].endswith("weights.pt")
+
+    bad = ResumeVerifier(at_step=2, compare_steps=1, export=_export_without_buffer)
+    checks = _checks(_fit(tmp_path / "bad", Net(), bad, max_steps=3))
+    verdict, detail = checks["artifact_roundtrip"]
+    assert verdict == "fail"
+    assert "did not reload into a fresh module" in detail
+    assert "scale" in detail
+
+
+def test_demo_lm_with_a_stateful_datamodule_and_fast_dev_run(tmp_path: Path) -> None:
+    data = InstructionDataModule(dataset_size=128, batch_size=8, max_length=32, stateful=True)
+    verifier = ResumeVerifier(at_step=2, compare_steps=2, check_artifact=False)
+    checks = _checks(
+        _fit(tmp_path, TinyCausalLM(max_length=32), verifier, fast_dev_run=4, max_steps=-1,
+             datamodule=data)
+    )  # fmt: skip
+    assert {name: v for name, (v, _) in checks.items() if v != "pass"} == {
+        "grad_scaler": "not_checked"
+    }
+
+
+def test_unimportable_module_says_so_and_the_fallback_runs_in_process(tmp_path: Path) -> None:
+    class LocalNet(Net):  # defined in a function: a new process cannot import it
+        pass
+
+    plain = ResumeVerifier(at_step=2, compare_steps=1, check_artifact=False)
+    verdict, detail = _checks(_fit(tmp_path / "a", LocalNet(), plain))["rebuild"]
+    assert verdict == "fail"
+    assert "cannot be imported by a new process" in detail
+    assert "fallback='in_process'" in detail
+
+    fallback = ResumeVerifier(
+        at_step=2, compare_steps=2, check_artifact=False, fallback="in_process"
+    )
+    checks = _checks(_fit(tmp_path / "b", LocalNet(), fallback))
+    assert checks["weights_only_load"][1] == "loaded in the in-process fallback"
+    assert checks["data_position"][0] == "pass"
+    assert checks["loss_trajectory"][0] == "pass"
+
+
+def test_fit_shorter_than_the_checkpoint_step_is_not_checked(tmp_path: Path) -> None:
+    verifier = ResumeVerifier(at_step=5, compare_steps=1, check_artifact=False)
+    checks = _checks(_fit(tmp_path, Net(), verifier, max_steps=3))
+    verdict, detail = checks["resume"]
+    assert verdict == "not_checked"
+    assert "before update 5" in detail
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        (
+            {"at_step": 0},
+            ValueError,
+            r"ResumeVerifier\(at_step=0\) is invalid: expected an integer >= 1",
+        ),
+        ({"compare_steps": "2"}, ValueError, r"compare_steps='2'\) is invalid"),
+        ({"factory": "module.function"}, ValueError, r"expected 'package.module:function'"),
+        ({"fallback": "thread"}, ValueError, r"fallback='thread'\) is invalid"),
+        ({"atol": -1.0}, ValueError, r"atol=-1.0\) is invalid: expected >= 0"),
+        ({"export": "weights.pt"}, TypeError, r"export='weights.pt'\) is invalid"),
+    ],
+)
+def test_bad_arguments(kwargs: dict[str, Any], error: type, match: str) -> None:
+    with pytest.raises(error, match=match):
+        ResumeVerifier(**kwargs)
