@@ -6,6 +6,7 @@ import json
 import logging
 import os
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -75,7 +76,8 @@ class ResumeVerifier(PilotCallback):
     """Resume a checkpoint in a genuinely new process and compare it with the reference run.
 
     At update ``at_step`` it saves a full checkpoint (``runs/<run_id>/resume/``, also under
-    ``fast_dev_run``), records the next ``compare_steps`` updates of this run (sample ids of
+    ``fast_dev_run``), and another at the end of the first epoch when the fit runs long enough
+    (``epoch_boundary``), records the next ``compare_steps`` updates of this run (sample ids of
     every micro-batch, loss, learning rate per param group), then starts a new Python process
     that rebuilds the module and datamodule, resumes from the checkpoint with
     ``weights_only=True`` and records the same. Each item is reported on its own: global step,
@@ -113,6 +115,9 @@ class ResumeVerifier(PilotCallback):
         factory: ``"package.module:function"`` that builds the module (and datamodule).
         fallback: ``"none"`` or ``"in_process"`` when no new process can rebuild the module.
         atol, rtol: tolerances for losses, learning rates and artifact outputs (0 = exact).
+        epoch_boundary: also check a checkpoint taken at the end of the fit's first epoch,
+            when the fit runs ``compare_steps`` updates past it (checks prefixed
+            ``epoch_boundary.``).
         check_artifact: run the artifact round trip at fit end.
         export: ``fn(pl_module, directory) -> path`` writing the artifact as a ``state_dict``.
         control_batches: batches of control inputs for the artifact round trip.
@@ -135,6 +140,7 @@ class ResumeVerifier(PilotCallback):
         fallback: Literal["none", "in_process"] = "none",
         atol: float = 0.0,
         rtol: float = 0.0,
+        epoch_boundary: bool = True,
         check_artifact: bool = True,
         export: ExportFn | None = None,
         control_batches: int = 1,
@@ -174,6 +180,7 @@ class ResumeVerifier(PilotCallback):
         self.factory = factory
         self.fallback = fallback
         self.atol, self.rtol = float(atol), float(rtol)
+        self.epoch_boundary = bool(epoch_boundary)
         self.check_artifact = check_artifact
         self.export = export
         self.control_batches = control_batches
@@ -186,15 +193,13 @@ class ResumeVerifier(PilotCallback):
         self._saved_rng_digest: str | None = None
         self._saving = False
         self._unsafe: list[str] = []
-        self._checkpoint: Path | None = None
-        self._reference_state: dict[str, Any] = {}
-        self._reference: list[StepRecord] = []
+        self._probes: list[_Probe] = []
         self._epoch_ids: set[Any] = set()
-        self._seen_before: set[Any] = set()
         self._current: dict[str, Any] = {}
         self._step_at_start = 0
-        self._done = False
+        self._epoch_at_start = 0
         self._results: list[CheckResult] = []
+        self._load_row: Mapping[str, Any] | None = None
 
     @property
     @override
@@ -242,25 +247,22 @@ class ResumeVerifier(PilotCallback):
             restore_rng(self._pending_rng)
             self._pending_rng = None
         self._step_at_start = trainer.global_step
+        self._epoch_at_start = trainer.current_epoch
 
     # ----------------------------------------------------------------------------------------
-    # The reference run
+    # The reference run: probes (a mid-epoch and an epoch-boundary checkpoint)
     # ----------------------------------------------------------------------------------------
-
-    @property
-    def _target_step(self) -> int:
-        return self._step_at_start + self.at_step
 
     @override
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self._checkpoint is None:
-            self._epoch_ids = set()
+        self._epoch_ids = set()
 
     @override
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        if self._done:
+        if self._all_done():
+            self._current = {}
             return
         ids = self.adapter.view(batch, count_tokens=False).ids_list()
         self._current = {
@@ -269,6 +271,10 @@ class ResumeVerifier(PilotCallback):
             "epoch": trainer.current_epoch,
             "ids": None if ids is None else [_json_id(i) for i in ids],
         }
+
+    def _all_done(self) -> bool:
+        kinds = {p.kind for p in self._probes if p.done}
+        return "mid_epoch" in kinds and ("epoch_boundary" in kinds or not self.epoch_boundary)
 
     @override
     def on_train_batch_end(
@@ -279,46 +285,73 @@ class ResumeVerifier(PilotCallback):
         batch: Any,
         batch_idx: int,
     ) -> None:
-        if self._done or not self._current:
+        if not self._current:
             return
         stepped = trainer.global_step != self._current["step"]
-        if self._checkpoint is None:
-            self._epoch_ids.update(self._current["ids"] or ())
-            if stepped and trainer.global_step == self._target_step:
-                self._save(trainer, pl_module)
-            return
+        self._epoch_ids.update(self._current["ids"] or ())
         loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
-        lrs = [float(g["lr"]) for o in trainer.optimizers for g in o.param_groups]
-        self._reference.append(
-            StepRecord.from_dict(
-                self._current
-                | {"loss": float(loss.detach()) if isinstance(loss, torch.Tensor) else None}
-                | {"lrs": lrs}
-            )
+        record = StepRecord.from_dict(
+            self._current
+            | {"loss": float(loss.detach()) if isinstance(loss, torch.Tensor) else None}
+            | {"lrs": [float(g["lr"]) for o in trainer.optimizers for g in o.param_groups]}
         )
-        if stepped and trainer.global_step >= self._target_step + self.compare_steps:
-            self._verify(trainer, pl_module)
+        for probe in self._probes:
+            if not probe.done:
+                probe.reference.append(record)
+                if stepped and trainer.global_step >= probe.step + self.compare_steps:
+                    self._verify(probe, trainer, pl_module)
+        if stepped and trainer.global_step == self._step_at_start + self.at_step:
+            self._save("mid_epoch", trainer, pl_module)
 
-    def _save(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        path = self.run.run_dir / "resume" / f"step-{trainer.global_step}.ckpt"
+    @override
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # The first epoch boundary of the fit, unless the mid-epoch probe already sits there.
+        steps_left = trainer.max_steps == -1 or (
+            trainer.global_step + self.compare_steps <= trainer.max_steps
+        )
+        epochs_left = trainer.max_epochs in (None, -1) or (
+            trainer.current_epoch + 1 < trainer.max_epochs
+        )
+        if (
+            self.epoch_boundary
+            and trainer.current_epoch == self._epoch_at_start
+            and steps_left
+            and epochs_left
+            and not trainer.should_stop
+            and not any(p.step == trainer.global_step for p in self._probes)
+        ):
+            self._save("epoch_boundary", trainer, pl_module)
+
+    def _save(self, kind: str, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        path = self.run.run_dir / "resume" / f"{kind}-step-{trainer.global_step}.ckpt"
         path.parent.mkdir(parents=True, exist_ok=True)
         self._saving = True
         try:
             trainer.save_checkpoint(path)  # every rank: saving is a collective
         finally:
             self._saving = False
-        self._checkpoint = path
-        self._seen_before = set(self._epoch_ids)
-        self._reference_state = state_digests(trainer, pl_module) | {"rng": self._saved_rng_digest}
+        state = state_digests(trainer, pl_module) | {"rng": self._saved_rng_digest}
+        probe = _Probe(kind, trainer.global_step, path, state, set(self._epoch_ids))
+        self._probes.append(probe)
         rank_zero_info(
-            f"ResumeVerifier: checkpoint at update {trainer.global_step} -> {path}; recording"
-            f" the next {self.compare_steps} updates for the comparison"
+            f"ResumeVerifier: {kind.replace('_', '-')} checkpoint at update {probe.step} -> {path};"
+            f" recording the next {self.compare_steps} updates for the comparison"
         )
 
     @override
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if not self._done:
-            self._verify(trainer, pl_module)
+        for probe in self._probes:
+            if not probe.done:
+                self._verify(probe, trainer, pl_module)
+        if not self._probes and self.run.is_global_zero:
+            self._results.append(
+                CheckResult(
+                    "resume",
+                    "not_checked",
+                    f"the fit ended after {trainer.global_step - self._step_at_start} update(s),"
+                    f" before update {self.at_step} where the checkpoint is taken: lower at_step",
+                )
+            )
         if self.check_artifact:
             artifact = final_artifact(self, trainer, pl_module)  # every rank: a collective
             if self.run.is_global_zero:
@@ -329,31 +362,32 @@ class ResumeVerifier(PilotCallback):
     # The comparison
     # ----------------------------------------------------------------------------------------
 
-    def _verify(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._done = True
+    def _verify(self, probe: _Probe, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        probe.done = True
         if not self.run.is_global_zero:
             return
-        if self._checkpoint is None:
+        prefix = "" if probe.kind == "mid_epoch" else f"{probe.kind}."
+        if not probe.reference:
             self._results.append(
                 CheckResult(
-                    "resume",
+                    prefix + "resume",
                     "not_checked",
-                    f"the fit ended after {trainer.global_step - self._step_at_start} update(s),"
-                    f" before update {self.at_step} where the checkpoint is taken: lower at_step",
+                    f"the fit ended right after the checkpoint at update {probe.step}: nothing to"
+                    " compare; run at least compare_steps more updates",
                 )
             )
             return
-        spec = self._spec(trainer, pl_module)
-        result = run_child(self, spec, trainer, pl_module)
-        self._results.extend(self._judge(result, trainer))
+        result = run_child(self, self._spec(probe, trainer, pl_module), trainer, pl_module)
+        for check in self._judge(probe, result, trainer):
+            self._results.append(CheckResult(prefix + check.name, check.verdict, check.detail))
 
-    def _spec(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, Any]:
-        assert self._checkpoint is not None
-        done = len({r.step for r in self._reference})
+    def _spec(
+        self, probe: _Probe, trainer: pl.Trainer, pl_module: pl.LightningModule
+    ) -> dict[str, Any]:
         datamodule = getattr(trainer, "datamodule", None)
         return {
             "mode": "resume",
-            "checkpoint": str(self._checkpoint),
+            "checkpoint": str(probe.checkpoint),
             "state_key": self.state_key,
             "factory": self.factory,
             "module_class": _class_path(type(pl_module)),
@@ -361,12 +395,13 @@ class ResumeVerifier(PilotCallback):
             "module_has_data": is_overridden("train_dataloader", pl_module),
             "adapter": _portable_adapter(self.adapter),
             "num_threads": torch.get_num_threads(),
-            "workdir": str(self._checkpoint.parent / "child"),
+            "workdir": str(probe.checkpoint.parent / "child"),
             "trainer": {
                 "accelerator": trainer.strategy.root_device.type,
-                "max_steps": trainer.global_step
-                if done < self.compare_steps
-                else self._target_step + self.compare_steps,
+                # As far as the reference went (the fit may have ended before compare_steps).
+                "max_steps": max(r.step for r in probe.reference) + 1
+                if probe.reference
+                else probe.step + self.compare_steps,
                 "max_epochs": trainer.max_epochs,
                 "accumulate_grad_batches": trainer.accumulate_grad_batches,
                 "precision": str(trainer.precision),
@@ -377,9 +412,11 @@ class ResumeVerifier(PilotCallback):
             },
         }
 
-    def _judge(self, result: Mapping[str, Any], trainer: pl.Trainer) -> list[CheckResult]:
+    def _judge(
+        self, probe: _Probe, result: Mapping[str, Any], trainer: pl.Trainer
+    ) -> list[CheckResult]:
         results: list[CheckResult] = []
-        mode = result.get("mode_label", "new process")
+        mode = result.get("mode_label", "a new process")
         if "load_error" in result:
             found = ", ".join(result.get("unsafe_globals") or []) or "unknown"
             origin = "; ".join(self._unsafe) or "not found in the saved dictionary"
@@ -397,12 +434,13 @@ class ResumeVerifier(PilotCallback):
             if key in result:
                 results.append(CheckResult("rebuild", "fail", f"{result[key]} ({mode})"))
                 return results
-        self._load_row = result
+        if self._load_row is None:
+            self._load_row = result
         restored = result.get("restored") or {}
         rows = []
-        for key, expected in self._reference_state.items():
+        for key, expected in probe.state.items():
             got = restored.get(key)
-            rows.append(self._detail(key, None, None, expected, got, expected == got))
+            rows.append(_detail(probe, key, None, None, expected, got, expected == got))
             if expected is None and got is None:
                 results.append(CheckResult(key, "not_checked", "nothing to compare"))
             elif expected == got:
@@ -417,37 +455,27 @@ class ResumeVerifier(PilotCallback):
                 )
         resumed = [StepRecord.from_dict(s) for s in result.get("steps") or []]
         trajectory, steps = compare_trajectories(
-            self._reference,
+            probe.reference,
             resumed,
-            seen_before=self._seen_before,
+            seen_before=probe.seen_before,
             loader_stateful=_loader_stateful(trainer),
+            at_epoch_boundary=probe.kind == "epoch_boundary",
             atol=self.atol,
             rtol=self.rtol,
         )
         results.extend(trajectory)
         for step in steps:
+            reference = {k: step[f"reference_{k}"] for k in ("ids", "loss", "lrs")}
+            resumed_values = {k: step[f"resumed_{k}"] for k in ("ids", "loss", "lrs")}
+            equal = step["ids_equal"] is not False and step["loss_equal"] and step["lrs_equal"]
             rows.append(
-                self._detail(
-                    "micro_batch",
-                    step["micro_batch"],
-                    step["step"],
-                    {
-                        "ids": step["reference_ids"],
-                        "loss": step["reference_loss"],
-                        "lrs": step["reference_lrs"],
-                    },
-                    {
-                        "ids": step["resumed_ids"],
-                        "loss": step["resumed_loss"],
-                        "lrs": step["resumed_lrs"],
-                    },
-                    bool(
-                        step["ids_equal"] is not False and step["loss_equal"] and step["lrs_equal"]
-                    ),
+                _detail(
+                    probe, "micro_batch", step["micro_batch"], step["step"], reference,
+                    resumed_values, bool(equal),
                 )
-            )
-        expected_updates = len({r.step for r in self._reference})
-        done = int(result.get("global_step_end", 0)) - (self._reference_state["global_step"])
+            )  # fmt: skip
+        expected_updates = len({r.step for r in probe.reference})
+        done = int(result.get("global_step_end", 0)) - probe.step
         results.append(
             CheckResult("updates_after_resume", "pass", f"{done} update(s)")
             if done == expected_updates
@@ -463,19 +491,6 @@ class ResumeVerifier(PilotCallback):
         self.run.append_rows("resume", rows)
         return results
 
-    def _detail(
-        self, check: str, micro: int | None, step: int | None, ref: Any, got: Any, equal: bool
-    ) -> dict[str, Any]:
-        return {
-            "checkpoint_step": self._reference_state.get("global_step"),
-            "check": check,
-            "micro_batch": micro,
-            "step": step,
-            "reference": json.dumps(ref, default=str),
-            "resumed": json.dumps(got, default=str),
-            "equal": equal,
-        }
-
     def _publish_row(self, trainer: pl.Trainer) -> None:
         if not self.run.is_global_zero or not self._results:
             return
@@ -490,18 +505,19 @@ class ResumeVerifier(PilotCallback):
                 "phase": "resume",
                 "first": True,
                 "occurrences": 1,
-                "step_first": self._reference_state.get("global_step"),
+                "step_first": min((p.step for p in self._probes), default=None),
                 "device": str(trainer.strategy.root_device),
                 "precision": str(trainer.precision),
                 "counter": "none",
                 "verdict": verdict,
                 "checks": checks,
                 "reason": reason,
-                "notes": None if self._checkpoint is None else f"checkpoint {self._checkpoint}",
+                "notes": "; ".join(f"{p.kind} checkpoint {p.checkpoint}" for p in self._probes)
+                or None,
             },
             source="ResumeVerifier",
         )
-        load = getattr(self, "_load_row", None)
+        load = self._load_row
         if load is not None and load.get("load_seconds") is not None:
             self.run.put_phase_row(
                 {
@@ -520,6 +536,39 @@ class ResumeVerifier(PilotCallback):
                 },
                 source="ResumeVerifier",
             )
+
+
+@dataclass
+class _Probe:
+    """One checkpoint under test and the reference run's micro-batches after it."""
+
+    kind: str
+    step: int
+    checkpoint: Path
+    state: dict[str, Any]
+    seen_before: set[Any]
+    reference: list[StepRecord] = field(default_factory=list)
+    done: bool = False
+
+
+def _detail(
+    probe: _Probe,
+    check: str,
+    micro: int | None,
+    step: int | None,
+    ref: Any,
+    got: Any,
+    equal: bool,
+) -> dict[str, Any]:
+    return {
+        "checkpoint_step": probe.step,
+        "check": check if probe.kind == "mid_epoch" else f"{probe.kind}.{check}",
+        "micro_batch": micro,
+        "step": step,
+        "reference": json.dumps(ref, default=str),
+        "resumed": json.dumps(got, default=str),
+        "equal": equal,
+    }
 
 
 def _json_id(value: Any) -> Any:

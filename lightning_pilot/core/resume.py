@@ -213,6 +213,7 @@ def compare_trajectories(
     *,
     seen_before: set[Any],
     loader_stateful: bool,
+    at_epoch_boundary: bool = False,
     atol: float = 0.0,
     rtol: float = 0.0,
 ) -> tuple[list[CheckResult], list[dict[str, Any]]]:
@@ -225,6 +226,7 @@ def compare_trajectories(
             to recognise a replay.
         loader_stateful: whether the training loader can save its position
             (``state_dict``/``load_state_dict``), to choose the diagnosis.
+        at_epoch_boundary: the checkpoint was taken at the end of an epoch.
         atol, rtol: tolerance on losses and learning rates (0, 0 = exact).
 
     Returns:
@@ -274,7 +276,7 @@ def compare_trajectories(
             }
         )
     return [
-        _data_check(reference, resumed, first_ids, seen_before, loader_stateful),
+        _data_check(reference, resumed, first_ids, seen_before, loader_stateful, at_epoch_boundary),
         _value_check("loss_trajectory", "loss", first_loss, len(reference), len(resumed)),
         _value_check("lr_trajectory", "learning rates", first_lr, len(reference), len(resumed)),
     ], rows
@@ -286,6 +288,7 @@ def _data_check(
     first: tuple[int, StepRecord, StepRecord | None] | None,
     seen_before: set[Any],
     loader_stateful: bool,
+    at_epoch_boundary: bool,
 ) -> CheckResult:
     if not reference or all(r.ids is None for r in reference):
         return CheckResult(
@@ -306,7 +309,21 @@ def _data_check(
     replayed = sorted(resumed_ids & seen_before, key=repr)
     where = f"micro-batch {index} (step {ref.step}): expected ids {list(ref.ids or ())[:8]}"
     where += f", resumed run saw {list(got.ids or ())[:8] if got else 'nothing'}"
-    if not loader_stateful:
+    if at_epoch_boundary and resumed_ids and resumed_ids <= seen_before:
+        remedy = (
+            "after an end-of-epoch checkpoint the new epoch repeats the previous epoch's"
+            " examples: the sampler's epoch (seed) was not advanced on resume; call"
+            " sampler.set_epoch(epoch) or checkpoint mid-epoch"
+        )
+    elif at_epoch_boundary:
+        remedy = (
+            "after an end-of-epoch checkpoint the next epoch's order differs from the"
+            " uninterrupted run's: the loader did not start the new epoch as it would have (a"
+            " StatefulDataLoader cut by limit_train_batches resumes inside the old permutation;"
+            " a plain DataLoader draws its permutation from another RNG state); checkpoint"
+            " mid-epoch with a StatefulDataLoader, or accept the reshuffle"
+        )
+    elif not loader_stateful:
         remedy = (
             "the DataLoader cannot resume mid-epoch: it restarts its permutation, so examples"
             f" already trained on come again ({len(replayed)} of those compared here) while"

@@ -199,13 +199,14 @@ def _export_all(module: pl.LightningModule, directory: Path) -> Path:
 
 
 def test_artifact_round_trip_catches_an_export_that_drops_a_buffer(tmp_path: Path) -> None:
-    good = ResumeVerifier(at_step=2, compare_steps=1, export=_export_all)
+    # at_step beyond the fit: only the artifact round trip runs a new process here.
+    good = ResumeVerifier(at_step=10, compare_steps=1, export=_export_all)
     checks = _checks(_fit(tmp_path / "good", Net(), good, max_steps=3))
     assert checks["artifact_roundtrip"][0] == "pass"
     assert "weights.pt sha256" in checks["artifact_roundtrip"][1]
     assert good.run.ledger_fields["checkpoint_uri"].endswith("weights.pt")
 
-    bad = ResumeVerifier(at_step=2, compare_steps=1, export=_export_without_buffer)
+    bad = ResumeVerifier(at_step=10, compare_steps=1, export=_export_without_buffer)
     checks = _checks(_fit(tmp_path / "bad", Net(), bad, max_steps=3))
     verdict, detail = checks["artifact_roundtrip"]
     assert verdict == "fail"
@@ -242,6 +243,23 @@ def test_unimportable_module_says_so_and_the_fallback_runs_in_process(tmp_path: 
     assert checks["weights_only_load"][1] == "loaded in the in-process fallback"
     assert checks["data_position"][0] == "pass"
     assert checks["loss_trajectory"][0] == "pass"
+
+
+def test_epoch_boundary_checkpoint_is_checked_too(tmp_path: Path) -> None:
+    verifier = ResumeVerifier(at_step=2, compare_steps=2, check_artifact=False)
+    frame = _fit(tmp_path, Net(stateful=True), verifier, max_steps=8, limit_train_batches=4)
+    checks = _checks(frame)
+    # Mid-epoch: the stateful loader resumes exactly.
+    assert checks["data_position"][0] == "pass"
+    assert checks["loss_trajectory"][0] == "pass"
+    # At the end of the (cut) first epoch the loader resumes inside the old permutation.
+    verdict, detail = checks["epoch_boundary.data_position"]
+    assert verdict == "fail"
+    assert "after an end-of-epoch checkpoint" in detail
+    assert checks["epoch_boundary.global_step"][0] == "pass"
+    assert checks["epoch_boundary.updates_after_resume"][0] == "pass"
+    detail_rows = pd.read_parquet(_run_dir(tmp_path) / "resume.parquet")
+    assert set(detail_rows["checkpoint_step"]) == {2, 4}
 
 
 def test_fit_shorter_than_the_checkpoint_step_is_not_checked(tmp_path: Path) -> None:
