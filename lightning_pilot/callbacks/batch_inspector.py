@@ -1,0 +1,473 @@
+"""BatchInspector: what the loss is really fed (the ``data`` phase)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import random
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from typing import Any, Final
+
+import lightning.pytorch as pl
+import pyarrow as pa
+import torch
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities.model_helpers import is_overridden
+from torch.utils.data import DataLoader, IterableDataset
+from typing_extensions import override
+
+from lightning_pilot import storage
+from lightning_pilot.core.batches import BatchAdapter
+from lightning_pilot.core.checks import CheckResult
+from lightning_pilot.core.data_checks import (
+    SplitInspection,
+    check_class_histograms,
+    check_duplicates,
+    check_leakage,
+    class_histogram,
+    example_rows,
+    infer_output_size,
+    input_fingerprint,
+)
+from lightning_pilot.core.phases import REMEDIES, worst_verdict
+from lightning_pilot.run import PilotCallback
+
+__all__ = ["EXAMPLES_SCHEMA", "EXAMPLES_SCHEMA_VERSION", "EXAMPLES_TABLE", "BatchInspector"]
+
+EXAMPLES_TABLE: Final = "examples"
+EXAMPLES_SCHEMA_VERSION: Final = 1
+#: ``runs/<run_id>/examples.parquet``: the inspected examples (see the class docstring).
+EXAMPLES_SCHEMA: Final = pa.schema(
+    [
+        ("schema_version", pa.int32()),
+        ("written_at", pa.timestamp("us", tz="UTC")),
+        ("run_id", pa.string()),
+        ("attempt", pa.int32()),
+        ("attempt_id", pa.string()),
+        ("rank", pa.int32()),
+        ("world_size", pa.int32()),
+        ("split", pa.string()),
+        ("batch_index", pa.int64()),
+        ("position", pa.int64()),
+        ("example_id", pa.string()),
+        ("input_text", pa.string()),
+        ("input_tokens", pa.list_(pa.int64())),
+        ("input_values", pa.list_(pa.float64())),
+        ("target", pa.string()),
+        ("target_tokens", pa.list_(pa.int64())),
+        ("loss_positions", pa.list_(pa.int64())),
+        ("loss_tokens", pa.int64()),
+        ("length", pa.int64()),
+        ("seq_len", pa.int64()),
+        ("truncated", pa.bool_()),
+        ("notes", pa.string()),
+    ],
+    metadata={
+        storage.SCHEMA_METADATA_KEY: json.dumps(
+            {"name": EXAMPLES_TABLE, "version": EXAMPLES_SCHEMA_VERSION}
+        ).encode()
+    },
+)
+
+GroupFn = Callable[[Any], Hashable]
+
+
+def _positive(name: str, value: object, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(
+            f"BatchInspector({name}={value!r}) is invalid: {name} must be an integer >= {minimum}."
+        )
+    return value
+
+
+def _loaders(value: Any) -> list[DataLoader[Any]]:
+    if isinstance(value, DataLoader):
+        return [value]
+    if isinstance(value, Mapping):
+        value = list(value.values())
+    if isinstance(value, Sequence) and not isinstance(value, str):
+        return [loader for item in value for loader in _loaders(item)]
+    return []
+
+
+def _items(dataset: Any, limit: int) -> Iterator[Any]:
+    if isinstance(dataset, IterableDataset) or not hasattr(dataset, "__len__"):
+        yield from itertools.islice(iter(dataset), limit)
+        return
+    for index in range(min(len(dataset), limit)):
+        yield dataset[index]
+
+
+class BatchInspector(PilotCallback):
+    """Check the examples and what the loss is fed: ids, targets, labels, lengths, masks, splits.
+
+    Reads the first ``batches`` training and validation batches the fit itself fetches (in
+    ``on_train_batch_start`` / ``on_validation_batch_start``, sanity check included: the batches
+    after the transfer hooks, as ``training_step`` receives them) through the
+    :class:`BatchAdapter`, and at ``on_train_start`` scans the datasets of the train,
+    validation and test loaders (at most ``max_examples`` each, in index order, with the
+    torch and Python random states restored afterwards). Checks, each named
+    ``<split>/<check>`` in the ``data`` row's ``checks``:
+
+    * ``ids_present_unique``, ``targets_present`` (``not_checked`` naming a missing field);
+    * ``label_range``: counted labels inside the model's outputs, ``ignore_index`` kept apart.
+      The output size is ``num_classes``/``vocab_size`` if given, else read from the module
+      (:func:`~lightning_pilot.core.data_checks.infer_output_size`: the output embeddings, a
+      child named ``lm_head``/``head``/``classifier``/..., else the last ``nn.Linear``);
+    * ``truncation`` (sequences reaching ``max_length``: given, else the datamodule's or the
+      module's ``max_length``), ``padding`` (fraction), ``attention_mask_*`` and
+      ``padding_not_in_loss`` (the mask fits the inputs, padding is not a target);
+    * ``instruction_masked`` (token targets aligned with the inputs: warns when the labels equal
+      ``input_ids`` on every real token) and ``loss_positions_present``;
+    * dataset level: ``class_histograms`` with ``val_classes_in_train`` and
+      ``label_ranges_agree`` (one label per example), ``split_leakage`` (``group_fn`` keys in
+      more than one split: ``fail``) and ``duplicate_inputs_across_splits`` (``warn``).
+
+    The verdict goes to the phase table's ``data`` row (``first=True``, shared with
+    ``PhaseMemoryMonitor``'s timing of the data fetch), once: when the training and validation
+    batches are inspected, else at train end or on an exception. Nothing here stops training.
+
+    Table ``<out_dir>/runs/<run_id>/examples.parquet`` (:data:`EXAMPLES_SCHEMA`), ``examples``
+    rows per split, written with the verdict:
+
+    ==============================  ==============  ============================================
+    column                          dtype           meaning
+    ==============================  ==============  ============================================
+    run_id, attempt, attempt_id,    str/int32       identity
+    rank, world_size
+    split, batch_index, position    str/int64       ``train``/``val``, batch number, row in it
+    example_id                      str             the example's id (null: none in the batch)
+    input_text                      str             ``decode(tokens)`` of the real tokens
+    input_tokens / input_values     list<int64/f64> token ids (real tokens) / float features
+                                                    (flattened, at most 256)
+    target                          str             the class, or the decoded counted targets
+    target_tokens, loss_positions   list<int64>     token targets as given; positions counted
+    loss_tokens                     int64           how many positions count in the loss
+    length, seq_len, truncated      int64/bool      real tokens, padded width, ``length >=
+                                                    max_length`` (null when unknown)
+    notes, schema_version,          str/...         why a value is null; file metadata
+    written_at
+    ==============================  ==============  ============================================
+
+    Ranks: every rank inspects its own batches and writes its own row and examples (``rank``).
+
+    Args:
+        batches: batches inspected per split.
+        examples: examples per split written to the table.
+        decode: ``fn(token_ids) -> str`` for the table (e.g. a tokenizer's ``decode``).
+        group_fn: ``fn(dataset_item) -> key`` of the unit that must not span splits
+            (conversation, patient, document, period); ``None``: leakage ``not_checked``.
+        max_examples: examples scanned per split for leakage, duplicates and histograms.
+        num_classes: the model's number of outputs (overrides the module heuristic).
+        vocab_size: the same for a language model (give one of the two).
+        max_length: the maximum sequence length, for truncation.
+        pad_token_id: the padding token, to check that masked positions hold it.
+        padding_warn: warn above this fraction of padding positions.
+        adapter: how to read batches and items (default :class:`BatchAdapter`).
+        out_dir: the output folder; default ``<trainer.default_root_dir>/pilot``.
+
+    Raises:
+        ValueError: a count out of range, or ``num_classes`` and ``vocab_size`` both given.
+        TypeError: ``decode``/``group_fn`` not callable, ``adapter`` not a BatchAdapter.
+
+    Example:
+        >>> import tempfile
+        >>> from lightning_pilot.demo import ClassificationDataModule, TinyClassifier
+        >>> from lightning_pilot.demo.classifier import example_group
+        >>> inspector = BatchInspector(group_fn=example_group)
+        >>> trainer = pl.Trainer(max_steps=2, callbacks=[inspector], logger=False,
+        ...                      enable_checkpointing=False, enable_progress_bar=False,
+        ...                      enable_model_summary=False, default_root_dir=tempfile.mkdtemp())
+        >>> data = ClassificationDataModule(dataset_size=96, batch_size=8, split_by="example")
+        >>> trainer.fit(TinyClassifier(), datamodule=data)
+        >>> inspector.verdict
+        'fail'
+        >>> print(inspector.checks["split_leakage"].detail)
+        11 group(s) found in more than one split: 0 (train+val+test), ...; split by group, not
+        by example
+    """
+
+    def __init__(
+        self,
+        *,
+        batches: int = 2,
+        examples: int = 4,
+        decode: Callable[[Any], str] | None = None,
+        group_fn: GroupFn | None = None,
+        max_examples: int = 5000,
+        num_classes: int | None = None,
+        vocab_size: int | None = None,
+        max_length: int | None = None,
+        pad_token_id: int | None = None,
+        padding_warn: float = 0.5,
+        adapter: BatchAdapter | None = None,
+        out_dir: str | os.PathLike[str] | None = None,
+    ) -> None:
+        super().__init__(out_dir=out_dir)
+        self.batches = _positive("batches", batches)
+        self.examples = _positive("examples", examples, 0)
+        self.max_examples = _positive("max_examples", max_examples)
+        for name, fn in (("decode", decode), ("group_fn", group_fn)):
+            if fn is not None and not callable(fn):
+                raise TypeError(f"BatchInspector({name}={fn!r}) is invalid: expected a callable.")
+        if num_classes is not None and vocab_size is not None:
+            raise ValueError(
+                f"BatchInspector(num_classes={num_classes!r}, vocab_size={vocab_size!r}) is"
+                " invalid: give one of them (both name the model's number of outputs)."
+            )
+        size = num_classes if num_classes is not None else vocab_size
+        self.output_size = None if size is None else _positive("num_classes", size, 2)
+        self.max_length = None if max_length is None else _positive("max_length", max_length)
+        if pad_token_id is not None and (
+            isinstance(pad_token_id, bool) or not isinstance(pad_token_id, int)
+        ):
+            raise ValueError(
+                f"BatchInspector(pad_token_id={pad_token_id!r}) is invalid: expected an integer."
+            )
+        ok = isinstance(padding_warn, int | float) and not isinstance(padding_warn, bool)
+        if not ok or not 0.0 <= padding_warn <= 1.0:
+            raise ValueError(
+                f"BatchInspector(padding_warn={padding_warn!r}) is invalid: expected a fraction"
+                " in [0, 1]."
+            )
+        if adapter is not None and not isinstance(adapter, BatchAdapter):
+            raise TypeError(
+                f"BatchInspector(adapter={adapter!r}) is invalid: expected a BatchAdapter."
+            )
+        self.decode, self.group_fn = decode, group_fn
+        self.pad_token_id, self.padding_warn = pad_token_id, float(padding_warn)
+        self.adapter = adapter or BatchAdapter()
+        self._reset()
+
+    def _reset(self) -> None:
+        self._splits: dict[str, SplitInspection] = {}
+        self._rows: list[dict[str, Any]] = []
+        self._dataset_checks: list[CheckResult] = []
+        self._val_done = False
+        self._started = False
+        self._done = False
+        self.verdict: str | None = None
+        self.checks: dict[str, CheckResult] = {}
+
+    @property
+    @override
+    def state_key(self) -> str:
+        return self._generate_state_key(out_dir=str(self.out_dir), batches=self.batches)
+
+    @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
+        if stage != "fit":
+            return
+        self._reset()
+        self.run.register_table(EXAMPLES_TABLE, EXAMPLES_SCHEMA)
+        size, source = self.output_size, "num_classes/vocab_size given"
+        if size is None:
+            size, source = infer_output_size(pl_module)
+        max_length = self.max_length or _max_length(trainer, pl_module)
+        for split in ("train", "val"):
+            self._splits[split] = SplitInspection(
+                split,
+                ignore_index=self.adapter.ignore_index,
+                output_size=size,
+                size_source=source,
+                max_length=max_length,
+                pad_token_id=self.pad_token_id,
+                padding_warn=self.padding_warn,
+            )
+        has_val = trainer.limit_val_batches != 0 and is_overridden("validation_step", pl_module)
+        self._val_done = not has_val
+
+    @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._splits:
+            self._dataset_checks = self._scan(trainer)
+            self._started = True
+            self._maybe_finish()
+
+    @override
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        self._inspect("train", batch)
+
+    @override
+    def on_validation_batch_start(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        self._inspect("val", batch)
+
+    @override
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._val_done = True
+        self._maybe_finish()
+
+    @override
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._finish()
+
+    @override
+    def on_exception(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
+    ) -> None:
+        if self._run is not None and not self._run.closed:
+            self._finish(failed=exception)
+        super().on_exception(trainer, pl_module, exception)
+
+    # -- inspecting --------------------------------------------------------------------------
+
+    def _inspect(self, split: str, batch: Any) -> None:
+        inspection = self._splits.get(split)
+        if inspection is None or self._done or inspection.batches >= self.batches:
+            return
+        view = self.adapter.view(batch)
+        if len([r for r in self._rows if r["split"] == split]) < self.examples:
+            self._rows += example_rows(
+                view,
+                split=split,
+                batch_index=inspection.batches,
+                limit=self.examples - sum(1 for r in self._rows if r["split"] == split),
+                ignore_index=self.adapter.ignore_index,
+                max_length=inspection.max_length,
+                decode=self.decode,
+            )
+        inspection.add(view)
+        if split == "val" and inspection.batches >= self.batches:
+            self._val_done = True
+        self._maybe_finish()
+
+    def _scan(self, trainer: pl.Trainer) -> list[CheckResult]:
+        """Leakage, duplicates and histograms over the splits' datasets (bounded)."""
+        sources = {"train": _loaders(trainer.train_dataloader), "val": []}
+        datamodule = _datamodule(trainer)
+        sources["val"] = _loaders(trainer.val_dataloaders)
+        if (
+            not sources["val"]
+            and datamodule is not None
+            and is_overridden("val_dataloader", datamodule)
+        ):
+            sources["val"] = _loaders(datamodule.val_dataloader())
+        if datamodule is not None and is_overridden("test_dataloader", datamodule):
+            sources["test"] = _loaders(datamodule.test_dataloader())
+        keys: dict[str, list[Hashable]] = {}
+        prints: dict[str, list[str | None]] = {}
+        labels: dict[str, dict[int, int]] = {}
+        scanned: dict[str, int] = {}
+        problems: list[CheckResult] = []
+        python_state = random.getstate()
+        with torch.random.fork_rng(devices=[]):
+            for split, loaders in sources.items():
+                items = [
+                    item for loader in loaders for item in _items(loader.dataset, self.max_examples)
+                ]
+                if not items:
+                    continue
+                scanned[split] = len(items)
+                views = [self.adapter.view(item, count_tokens=False) for item in items]
+                prints[split] = [input_fingerprint(v.inputs) for v in views]
+                labels[split] = class_histogram(
+                    (v.targets for v in views if _is_scalar(v.targets)),
+                    ignore_index=self.adapter.ignore_index,
+                )
+                if self.group_fn is not None:
+                    try:
+                        keys[split] = [self.group_fn(item) for item in items]
+                    except Exception as err:  # the user's function: report it, keep training
+                        problems.append(
+                            CheckResult(
+                                "split_leakage",
+                                "not_checked",
+                                f"group_fn raised {type(err).__name__}: {err} on a {split} item",
+                            )
+                        )
+        random.setstate(python_state)
+        results: list[CheckResult] = []
+        if any(labels.values()):
+            results += check_class_histograms(labels)
+        if problems:
+            results += problems
+        else:
+            results.append(check_leakage(keys if self.group_fn else None, scanned=scanned))
+        results.append(check_duplicates(prints, scanned=scanned))
+        return results
+
+    # -- the verdict ---------------------------------------------------------------------------
+
+    def _maybe_finish(self) -> None:
+        train = self._splits.get("train")
+        full = train is not None and train.batches >= self.batches
+        if self._started and full and self._val_done:
+            self._finish()
+
+    def _finish(self, failed: BaseException | None = None) -> None:
+        if self._done or not self._splits or self._run is None:
+            return
+        self._done = True
+        results = [c for s in self._splits.values() for c in s.checks()]
+        if not self._started:
+            results.append(
+                CheckResult(
+                    "datasets_scanned",
+                    "not_checked",
+                    f"the fit ended ({type(failed).__name__}) before training started",
+                )
+            )
+        results += self._dataset_checks
+        self.checks = {c.name: c for c in results}
+        self.verdict = worst_verdict(c.verdict for c in results)
+        problems = [f"{c.name}: {c.detail}" for c in results if c.verdict in ("fail", "warn")]
+        reason = None
+        if problems:
+            reason = "; ".join(problems) + f". If the check fails: {REMEDIES['data']}"
+        elif self.verdict == "not_checked":
+            reason = "; ".join(f"{c.name}: {c.detail}" for c in results)
+        self.run.put_phase_row(
+            {
+                "phase": "data",
+                "first": True,
+                "verdict": self.verdict,
+                "checks": [c.as_row() for c in results],
+                "reason": reason,
+            },
+            source=type(self).__name__,
+        )
+        meta = {"schema_version": EXAMPLES_SCHEMA_VERSION}
+        order = {"train": 0, "val": 1}
+        rows = sorted(
+            self._rows, key=lambda r: (order[r["split"]], r["batch_index"], r["position"])
+        )
+        self.run.append_rows(EXAMPLES_TABLE, [meta | row for row in rows])
+        line = f"BatchInspector: data verdict {self.verdict}"
+        if problems:
+            rank_zero_warn(f"{line}: {reason}")
+        else:
+            rank_zero_info(line)
+
+
+def _datamodule(trainer: pl.Trainer) -> pl.LightningDataModule | None:
+    """The fit's DataModule (``trainer.datamodule``, set at run time; ``None`` without one)."""
+    datamodule = getattr(trainer, "datamodule", None)
+    return datamodule if isinstance(datamodule, pl.LightningDataModule) else None
+
+
+def _is_scalar(value: Any) -> bool:
+    if isinstance(value, torch.Tensor):
+        return value.ndim == 0 or value.numel() == 1
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _max_length(trainer: pl.Trainer, pl_module: pl.LightningModule) -> int | None:
+    """``max_length`` of the datamodule, else of the module's hyper-parameters."""
+    for value in (
+        getattr(_datamodule(trainer), "max_length", None),
+        pl_module.hparams.get("max_length") if hasattr(pl_module, "hparams") else None,
+    ):
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None

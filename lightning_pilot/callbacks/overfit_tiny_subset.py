@@ -1,0 +1,532 @@
+"""OverfitTinySubset: an overfit run on a few fixed examples (the ``overfit`` phase)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+from collections.abc import Callable, Mapping
+from typing import Any, Final
+
+import lightning.pytorch as pl
+import pyarrow as pa
+import torch
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities.model_helpers import is_overridden
+from lightning_utilities.core.apply_func import apply_to_collection
+from torch.utils.data import DataLoader, IterableDataset, default_collate
+from typing_extensions import override
+
+from lightning_pilot import storage
+from lightning_pilot.core.batches import BatchAdapter
+from lightning_pilot.core.checks import CheckResult
+from lightning_pilot.core.data_checks import infer_output_size
+from lightning_pilot.core.overfit import (
+    Recovery,
+    check_initial_loss,
+    check_loss_finite,
+    check_loss_target,
+    check_recovery,
+    loss_target,
+    predictions_from_logits,
+    recovery,
+    select_indices,
+)
+from lightning_pilot.core.phases import REMEDIES, worst_verdict
+from lightning_pilot.run import PilotCallback
+
+__all__ = ["OVERFIT_SCHEMA", "OVERFIT_SCHEMA_VERSION", "OVERFIT_TABLE", "OverfitTinySubset"]
+
+OVERFIT_TABLE: Final = "overfit"
+OVERFIT_SCHEMA_VERSION: Final = 1
+#: ``runs/<run_id>/overfit.parquet``: the overfit curve (see the class docstring).
+OVERFIT_SCHEMA: Final = pa.schema(
+    [
+        ("schema_version", pa.int32()),
+        ("written_at", pa.timestamp("us", tz="UTC")),
+        ("run_id", pa.string()),
+        ("attempt", pa.int32()),
+        ("attempt_id", pa.string()),
+        ("rank", pa.int32()),
+        ("world_size", pa.int32()),
+        ("step", pa.int64()),
+        ("loss", pa.float64()),
+        ("micro_batches", pa.int64()),
+        ("target_loss", pa.float64()),
+        ("metric", pa.string()),
+        ("score", pa.float64()),
+        ("wrong_ids", pa.list_(pa.string())),
+        ("subset_ids", pa.list_(pa.string())),
+        ("notes", pa.string()),
+    ],
+    metadata={
+        storage.SCHEMA_METADATA_KEY: json.dumps(
+            {"name": OVERFIT_TABLE, "version": OVERFIT_SCHEMA_VERSION}
+        ).encode()
+    },
+)
+
+PredictFn = Callable[[pl.LightningModule, Any], torch.Tensor]
+_HOOK: Final = "on_before_batch_transfer"
+
+
+def _number(name: str, value: object, low: float, high: float = math.inf) -> float:
+    ok = isinstance(value, int | float) and not isinstance(value, bool)
+    if not ok or not math.isfinite(float(value)) or not low < float(value) <= high:  # type: ignore[arg-type]
+        bound = f"in ({low:g}, {high:g}]" if math.isfinite(high) else f"> {low:g}"
+        raise ValueError(
+            f"OverfitTinySubset({name}={value!r}) is invalid: expected a number {bound}."
+        )
+    return float(value)  # type: ignore[arg-type]
+
+
+def _count(name: str, value: object, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(
+            f"OverfitTinySubset({name}={value!r}) is invalid: expected an integer >= {minimum}."
+        )
+    return value
+
+
+class OverfitTinySubset(PilotCallback):
+    """CHANGES TRAINING: the fit trains and evaluates on a fixed tiny subset, then judges it.
+
+    Added to a Trainer, it turns that fit into an overfit run: ``num_examples`` examples (8)
+    chosen deterministically from the training dataset (a seeded sample of indices; their ids
+    recorded), collated once with the training loader's ``collate_fn`` in dataset order
+    (shuffling off, random transforms frozen at selection), are what every training step and
+    every validation batch of the fit sees. Its first log line says so. It checks the
+    mechanics, not generalisation: a loop that cannot learn eight examples will not be fixed by
+    a long rental. Lightning's ``overfit_batches`` checks nothing and validates on other batches
+    than it trains on.
+
+    How (public Lightning API only): Lightning offers no public way for a callback to replace
+    loaders given to ``fit(...)`` (its own ``BatchSizeFinder`` refuses them), so the batches
+    are replaced instead. In ``setup`` the callback wraps the ``on_before_batch_transfer``
+    hook of the object Lightning calls it on (the DataModule when it overrides the hook, else
+    the LightningModule) on that instance: each batch the fit fetches for training or
+    validation is swapped for the next batch of the subset, then the user's own hook runs.
+    This works the same with a DataModule, loaders passed to ``fit``, a module's own loaders,
+    dict or tuple batches and ``accumulate_grad_batches`` (every micro-batch holds the subset).
+    The loaders are still iterated (the reads a normal fit would do, discarded), so an epoch
+    keeps its length; ``trainer.limit_val_batches`` is set to the subset's batch count (unless
+    validation is off) so one validation covers the subset once. The sanity check runs before
+    the subset exists and sees the validation loader's own batches. Everything is restored
+    at teardown or on an exception.
+
+    Per update it records the loss (``outputs["loss"]`` times ``K``, averaged over the
+    update's micro-batches); every ``check_every`` updates and at the end it predicts the
+    subset in eval mode (``predict_fn``, else ``pl_module(inputs[, attention_mask])`` logits,
+    argmax, shifted by one for causal-LM labels when ``shift_labels``). Training stops once the
+    loss is at or below the target and the recovery at or above ``required_recovery`` (a
+    collective decision), on a non-finite loss, or after ``max_steps`` updates.
+
+    Verdict (phase ``overfit``): ``loss_finite`` every update; ``initial_loss`` near
+    ``-log(1/C)`` (``warn`` outside ``x init_tolerance``; C from ``num_classes`` or the module's
+    head); ``loss_target`` (``target_loss``, else ``target_fraction`` of the initial loss)
+    within the budget; ``targets_recovered`` (accuracy through torchmetrics, or exact match of
+    every label position for token targets) at ``required_recovery``, listing the ids still
+    wrong. The reason ends with the remedy "fix the loop on the tiny subset before any long run".
+
+    Table ``<out_dir>/runs/<run_id>/overfit.parquet`` (:data:`OVERFIT_SCHEMA`), one row per
+    update, written by every rank into its own snapshot files:
+
+    ===============================  ============  ==============================================
+    column                           dtype         meaning
+    ===============================  ============  ==============================================
+    run_id, attempt, attempt_id,     str/int32     identity
+    rank, world_size
+    step                             int64         ``global_step`` after the update
+    loss                             float64       mean micro-batch loss of the update (un-scaled)
+    micro_batches                    int64         micro-batches in the update
+    target_loss                      float64       the loss to reach
+    metric, score                    str/float64   ``accuracy`` or ``exact_match`` on the subset
+                                                   (null: not evaluated at this step)
+    wrong_ids                        list<str>     ids still predicted wrong
+    subset_ids                       list<str>     the subset's ids (dataset indices when the
+                                                   batches carry no ids)
+    notes, schema_version,           str/...       remarks; file metadata
+    written_at
+    ===============================  ============  ==============================================
+
+    Ranks: every rank trains the same subset and writes its own rows; stop decisions are
+    reduced over ranks (``reduce_boolean_decision``).
+
+    Args:
+        num_examples: size of the subset.
+        seed: seed of the (``random.Random``) choice of indices.
+        max_steps: update budget; training stops there.
+        target_loss: absolute loss to reach (overrides ``target_fraction``).
+        target_fraction: loss to reach as a fraction of the initial loss.
+        required_recovery: accuracy / exact match required on the subset, in (0, 1].
+        check_every: evaluate the subset every this many updates.
+        batch_size: examples per subset batch (default: the whole subset in one batch).
+        num_classes: classes (vocabulary size for an LM) for ``-log(1/C)`` and torchmetrics.
+        shift_labels: token targets are aligned with the inputs and the model shifts (causal
+            LMs); ``False`` for token classification.
+        init_tolerance: accepted factor between the initial loss and ``-log(1/C)``.
+        predict_fn: ``fn(pl_module, batch) -> logits or predictions`` on a device batch.
+        adapter: how to read batches (default :class:`BatchAdapter`).
+        out_dir: the output folder; default ``<trainer.default_root_dir>/pilot``.
+
+    Raises:
+        ValueError: an option out of range.
+        TypeError: ``predict_fn`` not callable, ``adapter`` not a BatchAdapter.
+
+    Example:
+        >>> import tempfile
+        >>> from lightning_pilot.demo import ClassificationDataModule, TinyClassifier
+        >>> overfit = OverfitTinySubset(max_steps=60)
+        >>> trainer = pl.Trainer(max_epochs=100, callbacks=[overfit], logger=False,
+        ...                      enable_checkpointing=False, enable_progress_bar=False,
+        ...                      enable_model_summary=False, default_root_dir=tempfile.mkdtemp())
+        >>> trainer.fit(TinyClassifier(), datamodule=ClassificationDataModule(dataset_size=128))
+        >>> overfit.verdict, overfit.subset_ids
+        ('pass', ['5', '65', '70', '81', '83', '85', '94', '97'])
+        >>> overfit.checks["targets_recovered"].detail.startswith("accuracy 1.000 on 8")
+        True
+    """
+
+    def __init__(
+        self,
+        *,
+        num_examples: int = 8,
+        seed: int = 0,
+        max_steps: int = 200,
+        target_loss: float | None = None,
+        target_fraction: float = 0.1,
+        required_recovery: float = 1.0,
+        check_every: int = 1,
+        batch_size: int | None = None,
+        num_classes: int | None = None,
+        shift_labels: bool = True,
+        init_tolerance: float = 2.0,
+        predict_fn: PredictFn | None = None,
+        adapter: BatchAdapter | None = None,
+        out_dir: str | os.PathLike[str] | None = None,
+    ) -> None:
+        super().__init__(out_dir=out_dir)
+        self.num_examples = _count("num_examples", num_examples)
+        self.seed = _count("seed", seed, 0)
+        self.max_steps = _count("max_steps", max_steps)
+        self.target_loss = None if target_loss is None else _number("target_loss", target_loss, 0)
+        self.target_fraction = _number("target_fraction", target_fraction, 0, 1)
+        self.required_recovery = _number("required_recovery", required_recovery, 0, 1)
+        self.check_every = _count("check_every", check_every)
+        self.batch_size = None if batch_size is None else _count("batch_size", batch_size)
+        self.num_classes = None if num_classes is None else _count("num_classes", num_classes, 2)
+        if not isinstance(shift_labels, bool):
+            raise TypeError(
+                f"OverfitTinySubset(shift_labels={shift_labels!r}) is invalid: expected a bool."
+            )
+        self.shift_labels = shift_labels
+        self.init_tolerance = _number("init_tolerance", init_tolerance, 1)
+        if predict_fn is not None and not callable(predict_fn):
+            raise TypeError(
+                f"OverfitTinySubset(predict_fn={predict_fn!r}) is invalid: expected a callable"
+                " fn(pl_module, batch) -> logits."
+            )
+        if adapter is not None and not isinstance(adapter, BatchAdapter):
+            raise TypeError(
+                f"OverfitTinySubset(adapter={adapter!r}) is invalid: expected a BatchAdapter."
+            )
+        self.predict_fn = predict_fn
+        self.adapter = adapter or BatchAdapter()
+        self._reset()
+
+    def _reset(self) -> None:
+        self._trainer: pl.Trainer | None = None
+        self._patched: tuple[Any, Any, Any] | None = None
+        self._limit_val: int | float | None = None
+        self._batches: list[Any] = []
+        self._cursor = {"train": 0, "val": 0}
+        self._micro: list[float] = []
+        self._curve: list[tuple[int, float]] = []
+        self._initial: float | None = None
+        self._last: Recovery | None = None
+        self._last_step: int | None = None
+        self._done = False
+        self._notes: list[str] = []
+        self.subset_ids: list[str] = []
+        self.verdict: str | None = None
+        self.checks: dict[str, CheckResult] = {}
+
+    @property
+    @override
+    def state_key(self) -> str:
+        return self._generate_state_key(
+            out_dir=str(self.out_dir), num_examples=self.num_examples, seed=self.seed
+        )
+
+    # -- replacing the batches --------------------------------------------------------------------
+
+    @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
+        if stage != "fit":
+            return
+        self._restore()
+        self._reset()
+        self._trainer = trainer
+        self.run.register_table(OVERFIT_TABLE, OVERFIT_SCHEMA)
+        rank_zero_warn(
+            f"OverfitTinySubset changes training: this fit trains and validates on a fixed"
+            f" subset of {self.num_examples} training examples (seed {self.seed}) for at most"
+            f" {self.max_steps} updates; its results say whether the loop can learn, nothing"
+            " about generalisation."
+        )
+        # trainer.datamodule is set at run time (mypy cannot see it).
+        datamodule = getattr(trainer, "datamodule", None)
+        owner: Any = pl_module
+        if datamodule is not None and is_overridden(_HOOK, datamodule):
+            owner = datamodule
+        original = getattr(owner, _HOOK)
+        own = vars(owner).get(_HOOK)  # an instance attribute the user set, kept as it was
+
+        def on_before_batch_transfer(batch: Any, dataloader_idx: int) -> Any:
+            return original(self._substitute(batch), dataloader_idx)
+
+        # ``__wrapped__`` lets Lightning's is_overridden see the user's own hook, so which
+        # object Lightning calls the hook on does not change.
+        on_before_batch_transfer.__wrapped__ = original  # type: ignore[attr-defined]
+        setattr(owner, _HOOK, on_before_batch_transfer)
+        self._patched = (owner, original, own)
+        if trainer.limit_val_batches != 0:
+            self._limit_val = trainer.limit_val_batches
+            size = self.batch_size or self.num_examples
+            trainer.limit_val_batches = math.ceil(self.num_examples / size)
+
+    def _substitute(self, batch: Any) -> Any:
+        trainer = self._trainer
+        if not self._batches or trainer is None or trainer.sanity_checking:
+            return batch
+        split = "train" if trainer.training else "val" if trainer.validating else None
+        if split is None:
+            return batch
+        index = self._cursor[split] % len(self._batches)
+        self._cursor[split] += 1
+        # A fresh copy: a user hook may change the batch in place.
+        return apply_to_collection(self._batches[index], torch.Tensor, torch.clone)
+
+    def _restore(self) -> None:
+        if self._patched is not None:
+            owner, _, own = self._patched
+            if own is not None:
+                setattr(owner, _HOOK, own)
+            elif _HOOK in vars(owner):
+                delattr(owner, _HOOK)
+            self._patched = None
+        if self._trainer is not None and self._limit_val is not None:
+            self._trainer.limit_val_batches = self._limit_val
+            self._limit_val = None
+
+    @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        loaders = trainer.train_dataloader
+        loader = loaders if isinstance(loaders, DataLoader) else None
+        if loader is None:
+            self._notes.append("no single training DataLoader: the subset could not be built")
+            return
+        dataset = loader.dataset
+        with torch.random.fork_rng(devices=[]):
+            if isinstance(dataset, IterableDataset) or not hasattr(dataset, "__len__"):
+                items = list(itertools.islice(iter(dataset), self.num_examples))
+                indices = list(range(len(items)))
+                self._notes.append("iterable dataset: the subset is its first examples")
+            else:
+                indices = select_indices(len(dataset), self.num_examples, seed=self.seed)
+                items = [dataset[i] for i in indices]
+        collate = loader.collate_fn or default_collate
+        size = self.batch_size or len(items)
+        self._batches = [collate(items[i : i + size]) for i in range(0, len(items), size)]
+        ids = [self.adapter.view(b, count_tokens=False).ids_list() for b in self._batches]
+        if all(batch_ids is not None for batch_ids in ids):
+            self.subset_ids = [str(i) for batch_ids in ids for i in batch_ids]  # type: ignore[union-attr]
+        else:
+            self.subset_ids = [str(i) for i in indices]
+            self._notes.append("ids are dataset indices: the batches carry no ids")
+        rank_zero_info(f"OverfitTinySubset: subset ids {self.subset_ids}")
+
+    @override
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._cursor["val"] = 0
+
+    # -- following the loss -----------------------------------------------------------------------
+
+    @override
+    def on_train_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+    ) -> None:
+        if not self._batches:
+            return
+        loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
+        if isinstance(loss, torch.Tensor) and loss.numel() == 1:
+            value = float(loss.detach()) * trainer.accumulate_grad_batches
+            self._micro.append(value)
+            if self._initial is None:
+                self._initial = value
+        step = trainer.global_step
+        if step == (self._curve[-1][0] if self._curve else 0) or not self._micro:
+            return
+        mean = sum(self._micro) / len(self._micro)
+        micro, self._micro = len(self._micro), []
+        self._curve.append((step, mean))
+        result = self._evaluate(trainer, pl_module) if step % self.check_every == 0 else None
+        self._append(step, mean, micro, result)
+        target = self._target()
+        met = (
+            result is not None
+            and target is not None
+            and mean <= target
+            and result.score >= self.required_recovery
+        )
+        stop = trainer.strategy.reduce_boolean_decision(
+            bool(met) or not math.isfinite(mean), all=False
+        )
+        if stop or step >= self.max_steps:
+            trainer.should_stop = True
+
+    def _target(self) -> float | None:
+        return loss_target(
+            self._initial, target_loss=self.target_loss, target_fraction=self.target_fraction
+        )
+
+    def _evaluate(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> Recovery | None:
+        if self._patched is None:
+            return None
+        original = self._patched[1]
+        predictions, targets, ids = [], [], []
+        was_training = pl_module.training
+        pl_module.eval()
+        try:
+            with torch.no_grad():
+                for index, cpu_batch in enumerate(self._batches):
+                    batch = original(apply_to_collection(cpu_batch, torch.Tensor, torch.clone), 0)
+                    batch = trainer.strategy.batch_to_device(batch)
+                    view = self.adapter.view(batch, count_tokens=False)
+                    predicted = self._predict(pl_module, batch, view)
+                    if predicted is None or not isinstance(view.targets, torch.Tensor):
+                        return None
+                    predictions.append(predicted.cpu())
+                    targets.append(view.targets.cpu())
+                    size = self.batch_size or len(self.subset_ids)
+                    ids += self.subset_ids[index * size : (index + 1) * size]
+        finally:
+            pl_module.train(was_training)
+        if not predictions or any(p.shape[1:] != predictions[0].shape[1:] for p in predictions):
+            return None
+        self._last_step = trainer.global_step
+        self._last = recovery(
+            torch.cat(predictions),
+            torch.cat(targets),
+            ids,
+            ignore_index=self.adapter.ignore_index,
+            num_classes=self._classes(pl_module),
+        )
+        return self._last
+
+    def _predict(self, pl_module: pl.LightningModule, batch: Any, view: Any) -> Any:
+        targets = view.targets
+        if self.predict_fn is not None:
+            out: Any = self.predict_fn(pl_module, batch)
+        elif view.attention_mask is not None:
+            out = pl_module(view.inputs, view.attention_mask)
+        else:
+            out = pl_module(view.inputs)
+        if isinstance(out, Mapping):
+            out = out.get("logits")
+        out = getattr(out, "logits", out)
+        if not isinstance(out, torch.Tensor) or not isinstance(targets, torch.Tensor):
+            self._notes.append("the model's output is not a logits tensor: give predict_fn=")
+            return None
+        if out.shape == targets.shape:
+            return out.long()
+        return predictions_from_logits(out, targets, shift=self.shift_labels)
+
+    def _classes(self, pl_module: pl.LightningModule) -> int | None:
+        return self.num_classes or infer_output_size(pl_module)[0]
+
+    def _append(self, step: int, loss: float, micro: int, result: Recovery | None) -> None:
+        row: dict[str, Any] = {
+            "schema_version": OVERFIT_SCHEMA_VERSION,
+            "step": step,
+            "loss": loss,
+            "micro_batches": micro,
+            "target_loss": self._target(),
+            "subset_ids": self.subset_ids,
+        }
+        if result is not None:
+            row.update(metric=result.metric, score=result.score, wrong_ids=result.wrong_ids)
+        self.run.append_rows(OVERFIT_TABLE, [row])
+
+    # -- the verdict ------------------------------------------------------------------------------
+
+    @override
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._batches and self._curve and self._last_step != trainer.global_step:
+            self._evaluate(trainer, pl_module)
+        self._finish(pl_module)
+
+    @override
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._restore()
+        super().teardown(trainer, pl_module, stage)
+
+    @override
+    def on_exception(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
+    ) -> None:
+        self._restore()
+        if self._run is not None and not self._run.closed:
+            self._notes.append(f"the fit failed: {type(exception).__name__}: {exception}")
+            self._finish(pl_module)
+        super().on_exception(trainer, pl_module, exception)
+
+    def _finish(self, pl_module: pl.LightningModule) -> None:
+        if self._done or self._trainer is None:
+            return
+        self._done = True
+        budget = self.max_steps
+        results = [
+            check_loss_finite(self._curve),
+            check_initial_loss(
+                self._initial, self._classes(pl_module), tolerance=self.init_tolerance
+            ),
+            check_loss_target(self._curve, self._target(), budget=budget),
+            check_recovery(self._last, required=self.required_recovery, step=self._last_step),
+        ]
+        if not self._batches:
+            results = [CheckResult("subset", "not_checked", "; ".join(self._notes))]
+        self.checks = {c.name: c for c in results}
+        self.verdict = worst_verdict(c.verdict for c in results)
+        problems = [f"{c.name}: {c.detail}" for c in results if c.verdict in ("fail", "warn")]
+        reason = None
+        if problems:
+            reason = "; ".join(problems) + f". If the check fails: {REMEDIES['overfit']}"
+        notes = [f"subset ids {self.subset_ids}", *self._notes]
+        self.run.put_phase_row(
+            {
+                "phase": "overfit",
+                "first": True,
+                "occurrences": len(self._curve),
+                "step_first": self._curve[0][0] if self._curve else None,
+                "step_last": self._curve[-1][0] if self._curve else None,
+                "batch_size": self.batch_size or len(self.subset_ids) or None,
+                "verdict": self.verdict,
+                "checks": [c.as_row() for c in results],
+                "reason": reason,
+                "notes": "; ".join(notes),
+            },
+            source=type(self).__name__,
+        )
+        line = f"OverfitTinySubset: overfit verdict {self.verdict}"
+        if problems:
+            rank_zero_warn(f"{line}: {reason}")
+        else:
+            rank_zero_info(f"{line}: {'; '.join(c.detail for c in results)}")

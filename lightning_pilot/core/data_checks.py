@@ -1,0 +1,837 @@
+"""Pure checks of what the loss is fed: ids, targets, label ranges, masks, lengths and splits.
+
+Every function takes plain values or tensors (what a :class:`~lightning_pilot.core.batches.
+BatchAdapter` read) and returns :class:`~lightning_pilot.core.checks.CheckResult` objects or plain
+summaries; nothing here knows about a Trainer. :class:`~lightning_pilot.callbacks.
+batch_inspector.BatchInspector` is the glue that feeds them real batches and datasets.
+
+Conventions:
+    * ``ignore_index`` positions (``-100`` by default) are kept apart: they are neither a class
+      nor out of range, they simply do not count in the loss.
+    * A check that cannot run (a field missing, a size unknown) is ``not_checked`` with the
+      reason, never ``pass``.
+
+Example:
+    >>> import torch
+    >>> from lightning_pilot.core.data_checks import check_label_range
+    >>> check_label_range(torch.tensor([0, 3, -100]), output_size=4, ignore_index=-100).verdict
+    'pass'
+    >>> print(check_label_range(torch.tensor([1, 4]), output_size=4, ignore_index=-100).detail)
+    1 of 2 label value(s) outside [0, 3] (the model has 4 outputs, from the caller): values 4;
+    labels look shifted by one class (1-based?)
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from collections.abc import Hashable, Iterable, Mapping, Sequence
+from typing import Any, Final, Literal
+
+import torch
+from torch import nn
+
+from lightning_pilot.core.checks import CheckResult
+from lightning_pilot.core.phases import worst_verdict
+
+__all__ = [
+    "HEAD_NAMES",
+    "SplitInspection",
+    "TargetKind",
+    "check_attention_mask",
+    "check_class_histograms",
+    "check_duplicates",
+    "check_ids",
+    "check_instruction_masking",
+    "check_label_range",
+    "check_leakage",
+    "check_loss_positions",
+    "check_padding",
+    "check_targets_present",
+    "check_truncation",
+    "class_histogram",
+    "example_rows",
+    "find_shared",
+    "infer_output_size",
+    "input_fingerprint",
+    "row_lengths",
+    "target_kind",
+]
+
+#: Child-module names tried first when looking for a model's output layer.
+HEAD_NAMES: Final = ("lm_head", "head", "classifier", "fc", "output_layer", "out")
+TargetKind = Literal["classification", "sequence", "regression", "unknown"]
+_MAX_SHOWN: Final = 8
+
+
+def _shown(values: Sequence[Any]) -> str:
+    text = ", ".join(str(v) for v in values[:_MAX_SHOWN])
+    more = len(values) - _MAX_SHOWN
+    return text + (f" and {more} more" if more > 0 else "")
+
+
+def _is_int_tensor(value: Any) -> bool:
+    return (
+        isinstance(value, torch.Tensor)
+        and not value.is_floating_point()
+        and not value.is_complex()
+        and value.dtype != torch.bool
+    )
+
+
+# ------------------------------------------------------------------------------------------------
+# The model's output size
+# ------------------------------------------------------------------------------------------------
+
+
+def infer_output_size(module: nn.Module) -> tuple[int | None, str]:
+    """Guess how many outputs the targets index into (classes, or the vocabulary of an LM).
+
+    The heuristic, in order:
+
+    1. ``module.get_output_embeddings()`` (Hugging Face models) when it returns an
+       ``nn.Linear`` (its ``out_features``) or an ``nn.Embedding`` (its ``num_embeddings``);
+    2. a direct child named one of :data:`HEAD_NAMES` (``lm_head``, ``head``, ``classifier``,
+       ...) that is an ``nn.Linear``;
+    3. the last ``nn.Linear`` registered in the module (``named_modules()`` order).
+
+    Models whose head is not found this way (a head registered before other layers, a
+    functional output) need the size given explicitly (``num_classes=`` / ``vocab_size=``).
+
+    Returns:
+        ``(size, source)``: the size (``None`` when nothing was found) and where it came from.
+
+    Example:
+        >>> infer_output_size(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3)))
+        (3, "out_features of the last nn.Linear '2'")
+    """
+    getter = getattr(module, "get_output_embeddings", None)
+    if callable(getter):
+        try:
+            head = getter()
+        except (NotImplementedError, AttributeError, TypeError):
+            head = None
+        if isinstance(head, nn.Linear):
+            return head.out_features, "out_features of get_output_embeddings()"
+        if isinstance(head, nn.Embedding):
+            return head.num_embeddings, "num_embeddings of get_output_embeddings()"
+    children = dict(module.named_children())
+    for name in HEAD_NAMES:
+        child = children.get(name)
+        if isinstance(child, nn.Linear):
+            return child.out_features, f"out_features of the head '{name}'"
+    last: tuple[str, nn.Linear] | None = None
+    for name, sub in module.named_modules():
+        if isinstance(sub, nn.Linear):
+            last = (name, sub)
+    if last is not None:
+        return last[1].out_features, f"out_features of the last nn.Linear '{last[0]}'"
+    return None, "no nn.Linear head found in the module"
+
+
+# ------------------------------------------------------------------------------------------------
+# One batch
+# ------------------------------------------------------------------------------------------------
+
+
+def target_kind(inputs: Any, targets: Any) -> TargetKind:
+    """What the targets are: one class per example, one token per position, or real values.
+
+    Example:
+        >>> target_kind(torch.zeros(2, 5, dtype=torch.long), torch.zeros(2, 5, dtype=torch.long))
+        'sequence'
+        >>> target_kind(torch.zeros(2, 3), torch.tensor([0, 1]))
+        'classification'
+    """
+    if not isinstance(targets, torch.Tensor):
+        return "unknown"
+    if targets.is_floating_point():
+        return "regression"
+    if not _is_int_tensor(targets):
+        return "unknown"
+    if targets.ndim == 1:
+        return "classification"
+    if targets.ndim == 2 and isinstance(inputs, torch.Tensor) and inputs.shape == targets.shape:
+        return "sequence"
+    return "unknown"
+
+
+def check_ids(ids: Sequence[Any] | None, batch_size: int | None) -> CheckResult:
+    """Every example of the batch carries an id, and no id repeats within the batch."""
+    if ids is None:
+        return CheckResult(
+            "ids_present_unique",
+            "not_checked",
+            "field 'ids' not found in the batch: give BatchAdapter(ids=...) or add an id to each"
+            " example",
+        )
+    if batch_size is not None and len(ids) != batch_size:
+        return CheckResult(
+            "ids_present_unique",
+            "fail",
+            f"{len(ids)} id(s) for {batch_size} example(s): ids must have one entry per example",
+        )
+    missing = [i for i, value in enumerate(ids) if value is None or value == ""]
+    if missing:
+        return CheckResult(
+            "ids_present_unique",
+            "fail",
+            f"{len(missing)} example(s) without an id at batch position(s) {_shown(missing)}",
+        )
+    repeated = sorted((str(v) for v, n in Counter(str(i) for i in ids).items() if n > 1), key=str)
+    if repeated:
+        return CheckResult(
+            "ids_present_unique",
+            "fail",
+            f"{len(repeated)} id(s) repeated within one batch: {_shown(repeated)}",
+        )
+    return CheckResult("ids_present_unique", "pass", f"{len(ids)} unique id(s)")
+
+
+def check_targets_present(targets: Any) -> CheckResult:
+    """The batch has targets the loss can use."""
+    if targets is None:
+        return CheckResult(
+            "targets_present",
+            "not_checked",
+            "field 'targets' not found in the batch (looked for labels/label/targets/target/y):"
+            " give BatchAdapter(targets=...) if they are elsewhere",
+        )
+    if isinstance(targets, torch.Tensor) and targets.numel() == 0:
+        return CheckResult("targets_present", "fail", "the targets tensor is empty")
+    return CheckResult("targets_present", "pass", "")
+
+
+def check_label_range(
+    targets: Any,
+    *,
+    output_size: int | None,
+    ignore_index: int,
+    source: str = "the caller",
+) -> CheckResult:
+    """Every counted label is a valid output index ``0 <= label < output_size``.
+
+    ``ignore_index`` positions are kept apart (they do not count). Any other negative value, or a
+    value at or above the output size, fails: with cross-entropy it either crashes (CPU) or
+    trains a class the model cannot represent.
+
+    Args:
+        targets: integer targets of a batch (any shape).
+        output_size: the model's number of outputs (``None``: unknown).
+        ignore_index: the target value the loss skips.
+        source: where ``output_size`` came from, for the message.
+    """
+    name = "label_range"
+    if not isinstance(targets, torch.Tensor):
+        return CheckResult(name, "not_checked", "no targets tensor to check")
+    if not _is_int_tensor(targets):
+        return CheckResult(
+            name, "not_checked", f"targets are {targets.dtype} (regression or soft labels)"
+        )
+    counted = targets[targets != ignore_index]
+    if counted.numel() == 0:
+        return CheckResult(name, "not_checked", f"every target is the ignore index {ignore_index}")
+    low, high = int(counted.min()), int(counted.max())
+    if output_size is None:
+        return CheckResult(
+            name,
+            "not_checked",
+            f"labels span [{low}, {high}] but the model's output size is unknown ({source}):"
+            " give num_classes= or vocab_size=",
+        )
+    bad = counted[(counted < 0) | (counted >= output_size)]
+    if bad.numel() == 0:
+        return CheckResult(
+            name, "pass", f"labels in [{low}, {high}] within {output_size} outputs ({source})"
+        )
+    values = sorted({int(v) for v in bad.tolist()})
+    hint = ""
+    if low >= 1 and high == output_size:
+        hint = "; labels look shifted by one class (1-based?)"
+    elif any(v < 0 for v in values):
+        hint = f"; negative labels other than the ignore index {ignore_index}"
+    return CheckResult(
+        name,
+        "fail",
+        f"{bad.numel()} of {counted.numel()} label value(s) outside [0, {output_size - 1}] (the"
+        f" model has {output_size} outputs, from {source}): values {_shown(values)}{hint}",
+    )
+
+
+def row_lengths(inputs: Any, mask: Any) -> list[int] | None:
+    """Real (non-padding) length of each sequence: the mask's row sums, else the full width."""
+    if isinstance(mask, torch.Tensor) and mask.ndim == 2:
+        lengths: list[int] = mask.detach().to(torch.int64).sum(dim=1).cpu().tolist()
+        return lengths
+    if _is_int_tensor(inputs) and inputs.ndim == 2:
+        return [int(inputs.shape[1])] * int(inputs.shape[0])
+    return None
+
+
+def check_truncation(lengths: Sequence[int] | None, max_length: int | None) -> CheckResult:
+    """Fraction of sequences that reach the maximum length (and were probably cut there)."""
+    name = "truncation"
+    if lengths is None:
+        return CheckResult(name, "not_checked", "inputs are not token sequences")
+    if not lengths:
+        return CheckResult(name, "not_checked", "no sequences inspected")
+    if max_length is None:
+        return CheckResult(
+            name,
+            "not_checked",
+            f"longest sequence {max(lengths)} tokens; the maximum length is unknown: give"
+            " max_length= to count truncated sequences",
+        )
+    at_max = sum(1 for n in lengths if n >= max_length)
+    fraction = at_max / len(lengths)
+    detail = (
+        f"{at_max} of {len(lengths)} sequence(s) ({fraction:.0%}) reach max_length={max_length}"
+    )
+    if at_max:
+        return CheckResult(
+            name,
+            "warn",
+            detail + ": they were probably truncated, which can cut the part the loss needs",
+        )
+    return CheckResult(name, "pass", detail)
+
+
+def check_padding(padding: int, total: int, *, warn_above: float = 0.5) -> CheckResult:
+    """Fraction of positions that are padding (``padding`` of ``total``); warn above a limit.
+
+    Example:
+        >>> check_padding(30, 100).detail
+        '30.0% of 100 positions are padding'
+    """
+    name = "padding"
+    if total <= 0:
+        return CheckResult(name, "not_checked", "field 'attention_mask' not found")
+    fraction = padding / total
+    detail = f"{fraction:.1%} of {total} positions are padding"
+    if fraction > warn_above:
+        return CheckResult(
+            name,
+            "warn",
+            detail + f" (above {warn_above:.0%}): sort or bucket by length to waste less compute",
+        )
+    return CheckResult(name, "pass", detail)
+
+
+def check_attention_mask(
+    inputs: Any,
+    mask: Any,
+    targets: Any,
+    *,
+    ignore_index: int,
+    pad_token_id: int | None = None,
+) -> list[CheckResult]:
+    """The mask fits the inputs, marks padding as a contiguous block, and padding is not a target.
+
+    Checks: ``attention_mask_shape`` (same shape as token inputs), ``attention_mask_values``
+    (only 0 and 1), ``attention_mask_contiguous`` (each row is real tokens then padding, or
+    padding then real tokens), ``padding_token_masked`` (with ``pad_token_id``: masked positions
+    hold the padding token) and ``padding_not_in_loss`` (no masked position counts in the loss).
+    """
+    if not isinstance(mask, torch.Tensor):
+        return [CheckResult("attention_mask", "not_checked", "field 'attention_mask' not found")]
+    results = []
+    if isinstance(inputs, torch.Tensor) and inputs.ndim == 2 and inputs.shape != mask.shape:
+        return [
+            CheckResult(
+                "attention_mask_shape",
+                "fail",
+                f"attention_mask has shape {tuple(mask.shape)} but inputs {tuple(inputs.shape)}",
+            )
+        ]
+    results.append(CheckResult("attention_mask_shape", "pass", ""))
+    values = sorted({int(v) for v in torch.unique(mask.detach().to(torch.int64)).cpu().tolist()})
+    if not set(values) <= {0, 1}:
+        results.append(
+            CheckResult(
+                "attention_mask_values",
+                "fail",
+                f"attention_mask holds {values}; expected only 0 (padding) and 1 (real token)",
+            )
+        )
+        return results
+    results.append(CheckResult("attention_mask_values", "pass", ""))
+    real = mask.detach().to(torch.int64).cpu()
+    if real.ndim == 2:
+        # A row is contiguous when its 0/1 sequence changes value at most once.
+        changes = (real[:, 1:] != real[:, :-1]).sum(dim=1)
+        broken = [int(i) for i in torch.nonzero(changes > 1).flatten().tolist()]
+        if broken:
+            results.append(
+                CheckResult(
+                    "attention_mask_contiguous",
+                    "warn",
+                    f"{len(broken)} row(s) have padding inside the sequence (rows"
+                    f" {_shown(broken)}): packed sequences need position ids and a block mask",
+                )
+            )
+        else:
+            results.append(CheckResult("attention_mask_contiguous", "pass", ""))
+    if pad_token_id is not None and isinstance(inputs, torch.Tensor) and inputs.shape == mask.shape:
+        wrong = int(((real == 0) & (inputs.detach().cpu() != pad_token_id)).sum())
+        if wrong:
+            results.append(
+                CheckResult(
+                    "padding_token_masked",
+                    "warn",
+                    f"{wrong} masked position(s) do not hold pad_token_id={pad_token_id}",
+                )
+            )
+        else:
+            results.append(CheckResult("padding_token_masked", "pass", ""))
+    if _is_int_tensor(targets) and targets.shape == mask.shape:
+        counted = int(((real == 0) & (targets.detach().cpu() != ignore_index)).sum())
+        if counted:
+            results.append(
+                CheckResult(
+                    "padding_not_in_loss",
+                    "fail",
+                    f"{counted} padding position(s) have a label other than {ignore_index}: the"
+                    " loss trains the model to predict padding",
+                )
+            )
+        else:
+            results.append(CheckResult("padding_not_in_loss", "pass", ""))
+    return results
+
+
+def check_instruction_masking(
+    inputs: Any, targets: Any, mask: Any, *, ignore_index: int
+) -> CheckResult:
+    """For causal-LM batches: are prompt (instruction) positions masked out of the labels?
+
+    Warns when the labels equal ``input_ids`` on every real token: the instruction is then a
+    training target too (plain language modelling), which is wrong when only the response
+    should count.
+    """
+    name = "instruction_masked"
+    if target_kind(inputs, targets) != "sequence":
+        return CheckResult(name, "not_checked", "targets are not aligned token sequences")
+    real = (
+        mask.detach().cpu() != 0
+        if isinstance(mask, torch.Tensor) and mask.shape == targets.shape
+        else torch.ones(targets.shape, dtype=torch.bool)
+    )
+    labels, tokens = targets.detach().cpu(), inputs.detach().cpu()
+    return _masking(
+        int(real.sum()),
+        int((real & (labels == tokens)).sum()),
+        int((real & (labels == ignore_index)).sum()),
+        ignore_index,
+    )
+
+
+def _masking(total: int, equal: int, ignored: int, ignore_index: int) -> CheckResult:
+    name = "instruction_masked"
+    if total == 0:
+        return CheckResult(name, "not_checked", "no real token in the batch")
+    if equal == total:
+        return CheckResult(
+            name,
+            "warn",
+            f"labels equal input_ids on all {total} real tokens: the instruction (prompt) is a"
+            f" target too; set its labels to {ignore_index} if only the response should count",
+        )
+    return CheckResult(
+        name,
+        "pass",
+        f"{ignored} of {total} real tokens ({ignored / total:.0%}) are masked out of the loss",
+    )
+
+
+def check_loss_positions(targets: Any, *, ignore_index: int) -> CheckResult:
+    """Every sequence has at least one position that counts in the loss."""
+    name = "loss_positions_present"
+    if not _is_int_tensor(targets) or targets.ndim != 2:
+        return CheckResult(name, "not_checked", "targets are not token sequences")
+    per_row = (targets.detach().cpu() != ignore_index).sum(dim=1)
+    empty = [int(i) for i in torch.nonzero(per_row == 0).flatten().tolist()]
+    if empty:
+        return CheckResult(
+            name,
+            "warn",
+            f"{len(empty)} of {targets.shape[0]} sequence(s) have no position counted in the loss"
+            f" (rows {_shown(empty)}): truncated before the response, or fully masked",
+        )
+    return CheckResult(name, "pass", f"{int(per_row.sum())} positions counted in the loss")
+
+
+# ------------------------------------------------------------------------------------------------
+# Splits
+# ------------------------------------------------------------------------------------------------
+
+
+def class_histogram(labels: Iterable[Any], *, ignore_index: int = -100) -> dict[int, int]:
+    """Count examples per class (integer labels; ``ignore_index`` and non-integers skipped).
+
+    Example:
+        >>> class_histogram([0, 2, 2, -100])
+        {0: 1, 2: 2}
+    """
+    counts: Counter[int] = Counter()
+    for label in labels:
+        value = label.item() if isinstance(label, torch.Tensor) and label.numel() == 1 else label
+        if isinstance(value, bool) or not isinstance(value, int) or value == ignore_index:
+            continue
+        counts[value] += 1
+    return dict(sorted(counts.items()))
+
+
+def check_class_histograms(histograms: Mapping[str, Mapping[int, int]]) -> list[CheckResult]:
+    """Compare class histograms of the splits (``train`` first).
+
+    ``class_histograms`` reports the counts (``pass``); ``val_classes_in_train`` warns when a
+    class of another split never occurs in training; ``label_ranges_agree`` warns when another
+    split's labels reach outside the training range (a shifted or re-numbered split). A small
+    split that holds only some of the training classes is normal and passes.
+    """
+    present = {split: dict(h) for split, h in histograms.items() if h}
+    if not present:
+        return [CheckResult("class_histograms", "not_checked", "no class labels were read")]
+    summary = "; ".join(
+        f"{split}: " + ", ".join(f"{c}:{n}" for c, n in h.items()) for split, h in present.items()
+    )
+    results = [CheckResult("class_histograms", "pass", summary)]
+    train = present.get("train")
+    if train is None:
+        results.append(
+            CheckResult("val_classes_in_train", "not_checked", "no training labels were read")
+        )
+        return results
+    unseen = {
+        split: sorted(set(h) - set(train)) for split, h in present.items() if split != "train"
+    }
+    unseen = {split: classes for split, classes in unseen.items() if classes}
+    if unseen:
+        text = "; ".join(f"{split} class(es) {_shown(c)}" for split, c in unseen.items())
+        results.append(
+            CheckResult(
+                "val_classes_in_train",
+                "warn",
+                f"{text} never occur in training: the model cannot learn them",
+            )
+        )
+    else:
+        results.append(CheckResult("val_classes_in_train", "pass", ""))
+    low, high = min(train), max(train)
+    outside = {
+        split: (min(h), max(h))
+        for split, h in present.items()
+        if split != "train" and (min(h) < low or max(h) > high)
+    }
+    if outside:
+        text = ", ".join(f"{split} [{lo}, {hi}]" for split, (lo, hi) in outside.items())
+        results.append(
+            CheckResult(
+                "label_ranges_agree",
+                "warn",
+                f"label ranges differ between splits: train [{low}, {high}], {text} (labels"
+                " shifted or numbered differently in one split?)",
+            )
+        )
+    else:
+        results.append(CheckResult("label_ranges_agree", "pass", ""))
+    return results
+
+
+def find_shared(keys_by_split: Mapping[str, Iterable[Hashable]]) -> dict[Hashable, list[str]]:
+    """Keys found in more than one split, with the splits they are in (in split order).
+
+    Example:
+        >>> find_shared({"train": [1, 2, 3], "val": [3, 4], "test": [4, 5]})
+        {3: ['train', 'val'], 4: ['val', 'test']}
+    """
+    where: dict[Hashable, list[str]] = {}
+    for split, keys in keys_by_split.items():
+        for key in dict.fromkeys(keys):
+            where.setdefault(key, []).append(split)
+    return {key: splits for key, splits in where.items() if len(splits) > 1}
+
+
+def check_leakage(
+    keys_by_split: Mapping[str, Sequence[Hashable]] | None, *, scanned: Mapping[str, int]
+) -> CheckResult:
+    """Fail when a group (conversation, patient, document, period) is in more than one split.
+
+    Args:
+        keys_by_split: the group key of every scanned example, per split; ``None`` when no
+            ``group_fn`` was given.
+        scanned: examples scanned per split (the scan is bounded, so leaks beyond it are unseen).
+    """
+    name = "split_leakage"
+    if keys_by_split is None:
+        return CheckResult(
+            name,
+            "not_checked",
+            "no group_fn given: pass group_fn=lambda example: <conversation/patient/document>",
+        )
+    if len(keys_by_split) < 2:
+        return CheckResult(
+            name, "not_checked", f"only {len(keys_by_split)} split(s) readable: nothing to compare"
+        )
+    scope = ", ".join(f"{split} {n}" for split, n in scanned.items())
+    shared = find_shared(keys_by_split)
+    if not shared:
+        groups = sum(len(set(k)) for k in keys_by_split.values())
+        return CheckResult(
+            name, "pass", f"{groups} group(s), none in two splits (examples scanned: {scope})"
+        )
+    listed = [f"{key!r} ({'+'.join(splits)})" for key, splits in shared.items()]
+    return CheckResult(
+        name,
+        "fail",
+        f"{len(shared)} group(s) found in more than one split: {_shown(listed)} (examples"
+        f" scanned: {scope}); split by group, not by example",
+    )
+
+
+def input_fingerprint(value: Any) -> str | None:
+    """A stable digest of one example's input (tensor bytes with dtype and shape, or its repr).
+
+    Example:
+        >>> input_fingerprint(torch.tensor([1, 2])) == input_fingerprint(torch.tensor([1, 2]))
+        True
+    """
+    if value is None:
+        return None
+    digest = hashlib.blake2b(digest_size=16)
+    if isinstance(value, torch.Tensor):
+        tensor = value.detach().cpu().contiguous()
+        digest.update(f"{tensor.dtype}{tuple(tensor.shape)}".encode())
+        digest.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+    else:
+        digest.update(repr(value).encode())
+    return digest.hexdigest()
+
+
+def check_duplicates(
+    fingerprints_by_split: Mapping[str, Sequence[str | None]], *, scanned: Mapping[str, int]
+) -> CheckResult:
+    """Report exact duplicate inputs found in more than one split (a warning)."""
+    name = "duplicate_inputs_across_splits"
+    known = {s: [f for f in fps if f is not None] for s, fps in fingerprints_by_split.items()}
+    known = {s: fps for s, fps in known.items() if fps}
+    if len(known) < 2:
+        return CheckResult(name, "not_checked", "the inputs of fewer than two splits could be read")
+    shared = find_shared(known)
+    scope = ", ".join(f"{split} {n}" for split, n in scanned.items())
+    if not shared:
+        return CheckResult(name, "pass", f"no input in two splits (examples scanned: {scope})")
+    pairs = Counter("+".join(splits) for splits in shared.values())
+    text = ", ".join(f"{n} in {pair}" for pair, n in pairs.items())
+    return CheckResult(
+        name,
+        "warn",
+        f"{len(shared)} exact duplicate input(s) across splits: {text} (examples scanned:"
+        f" {scope}); an evaluation on them measures memory, not generalisation",
+    )
+
+
+# ------------------------------------------------------------------------------------------------
+# Several batches of one split
+# ------------------------------------------------------------------------------------------------
+
+
+class SplitInspection:
+    """Run the batch checks over the first batches of one split and fold them per check.
+
+    Each check keeps its worst verdict over the batches (with that batch's detail); lengths
+    and padding are pooled over the batches before they are judged.
+
+    Args:
+        split: the split's name (``train``, ``val``), prefixed to every check name.
+        ignore_index: the target value the loss skips.
+        output_size: the model's number of outputs (``None``: unknown) and ``size_source``, where
+            it came from.
+        max_length: the maximum sequence length (``None``: unknown).
+        pad_token_id: the padding token (``None``: not checked).
+        padding_warn: warn when more than this fraction of positions is padding.
+
+    Example:
+        >>> import torch
+        >>> from lightning_pilot.core.batches import BatchAdapter
+        >>> inspection = SplitInspection("train", ignore_index=-100, output_size=3)
+        >>> inspection.add(BatchAdapter().view({"ids": torch.tensor([1, 1]),
+        ...                                     "x": torch.zeros(2, 4),
+        ...                                     "y": torch.tensor([0, 2])}))
+        >>> [(c.name, c.verdict) for c in inspection.checks()][:3]
+        [('train/ids_present_unique', 'fail'), ('train/targets_present', 'pass'),
+         ('train/label_range', 'pass')]
+    """
+
+    def __init__(
+        self,
+        split: str,
+        *,
+        ignore_index: int,
+        output_size: int | None = None,
+        size_source: str = "the caller",
+        max_length: int | None = None,
+        pad_token_id: int | None = None,
+        padding_warn: float = 0.5,
+    ) -> None:
+        self.split = split
+        self.ignore_index = ignore_index
+        self.output_size = output_size
+        self.size_source = size_source
+        self.max_length = max_length
+        self.pad_token_id = pad_token_id
+        self.padding_warn = padding_warn
+        self.batches = 0
+        self.examples = 0
+        self._worst: dict[str, CheckResult] = {}
+        self._lengths: list[int] = []
+        self._padding = [0, 0]
+        self._sequence = False
+        self._real_tokens = 0
+        self._equal_tokens = 0
+        self._masked_tokens = 0
+
+    def _keep(self, result: CheckResult) -> None:
+        previous = self._worst.get(result.name)
+        if previous is None or (
+            worst_verdict([previous.verdict, result.verdict]) != previous.verdict
+        ):
+            self._worst[result.name] = result
+
+    def add(self, view: Any) -> None:
+        """Check one batch (a :class:`~lightning_pilot.core.batches.BatchView`)."""
+        self.batches += 1
+        self.examples += view.batch_size or 0
+        inputs, targets, mask = view.inputs, view.targets, view.attention_mask
+        self._keep(check_ids(view.ids_list(), view.batch_size))
+        self._keep(check_targets_present(targets))
+        if targets is not None:
+            self._keep(
+                check_label_range(
+                    targets,
+                    output_size=self.output_size,
+                    ignore_index=self.ignore_index,
+                    source=self.size_source,
+                )
+            )
+        if isinstance(mask, torch.Tensor):
+            for result in check_attention_mask(
+                inputs,
+                mask,
+                targets,
+                ignore_index=self.ignore_index,
+                pad_token_id=self.pad_token_id,
+            ):
+                self._keep(result)
+            self._padding[0] += int((mask == 0).sum())
+            self._padding[1] += int(mask.numel())
+        lengths = row_lengths(inputs, mask)
+        if lengths is not None:
+            self._lengths.extend(lengths)
+        if target_kind(inputs, targets) == "sequence":
+            self._sequence = True
+            self._keep(check_loss_positions(targets, ignore_index=self.ignore_index))
+            real = (
+                mask.detach().cpu() != 0
+                if isinstance(mask, torch.Tensor) and mask.shape == targets.shape
+                else torch.ones(targets.shape, dtype=torch.bool)
+            )
+            labels, tokens = targets.detach().cpu(), inputs.detach().cpu()
+            self._real_tokens += int(real.sum())
+            self._equal_tokens += int((real & (labels == tokens)).sum())
+            self._masked_tokens += int((real & (labels == self.ignore_index)).sum())
+
+    def checks(self) -> list[CheckResult]:
+        """The folded checks, names prefixed with ``<split>/``."""
+        if self.batches == 0:
+            return [CheckResult(f"{self.split}/batches", "not_checked", "no batch was inspected")]
+        results = list(self._worst.values())
+        if self._sequence:
+            results.append(
+                _masking(
+                    self._real_tokens, self._equal_tokens, self._masked_tokens, self.ignore_index
+                )
+            )
+        if self._lengths:
+            results.append(check_truncation(self._lengths, self.max_length))
+        if self._padding[1]:
+            results.append(
+                check_padding(self._padding[0], self._padding[1], warn_above=self.padding_warn)
+            )
+        return [CheckResult(f"{self.split}/{r.name}", r.verdict, r.detail) for r in results]
+
+
+def example_rows(
+    view: Any,
+    *,
+    split: str,
+    batch_index: int,
+    limit: int,
+    ignore_index: int,
+    max_length: int | None = None,
+    decode: Any = None,
+    max_values: int = 256,
+) -> list[dict[str, Any]]:
+    """Rows of the examples table for the first ``limit`` examples of one batch.
+
+    Columns: ``split``, ``batch_index``, ``position`` (in the batch), ``example_id``,
+    ``input_text`` (``decode(tokens)``; null without ``decode``), ``input_tokens`` (integer
+    inputs), ``input_values`` (float inputs, flattened, at most ``max_values``), ``target``
+    (text: the class, or the decoded counted target tokens), ``target_tokens`` (token targets as
+    given, ignore index included), ``loss_positions`` (positions counted in the loss),
+    ``loss_tokens``, ``length`` (real tokens), ``seq_len`` (padded width), ``truncated``
+    (``length >= max_length``; null when unknown) and ``notes``.
+    """
+    size = view.batch_size or 0
+    ids = view.ids_list()
+    rows = []
+    lengths = row_lengths(view.inputs, view.attention_mask)
+    for i in range(min(limit, size)):
+        notes = []
+        row: dict[str, Any] = {
+            "split": split,
+            "batch_index": batch_index,
+            "position": i,
+            "example_id": str(ids[i]) if ids is not None and i < len(ids) else None,
+        }
+        if row["example_id"] is None:
+            notes.append("no id in the batch")
+        x = view.inputs[i] if isinstance(view.inputs, torch.Tensor) else None
+        real = None
+        if isinstance(view.attention_mask, torch.Tensor) and view.attention_mask.ndim == 2:
+            real = view.attention_mask[i].detach().cpu() != 0
+        if x is not None and _is_int_tensor(x):
+            tokens = x.detach().cpu()
+            kept = tokens[real] if real is not None and real.shape == tokens.shape else tokens
+            row["input_tokens"] = kept.reshape(-1).tolist()
+            if decode is not None:
+                row["input_text"] = str(decode(kept))
+        elif x is not None and x.is_floating_point():
+            flat = x.detach().cpu().reshape(-1).to(torch.float64)
+            row["input_values"] = flat[:max_values].tolist()
+            if flat.numel() > max_values:
+                notes.append(f"input_values keeps {max_values} of {flat.numel()} values")
+        else:
+            notes.append("input not a tensor: not stored")
+        y = view.targets[i] if isinstance(view.targets, torch.Tensor) else None
+        if y is not None and y.ndim == 0:
+            row["target"] = str(y.item())
+            row["loss_tokens"] = int(y.item() != ignore_index) if _is_int_tensor(y) else 1
+        elif y is not None and _is_int_tensor(y):
+            labels = y.detach().cpu().reshape(-1)
+            counted = torch.nonzero(labels != ignore_index).flatten()
+            row["target_tokens"] = labels.tolist()
+            row["loss_positions"] = counted.tolist()
+            row["loss_tokens"] = int(counted.numel())
+            if decode is not None:
+                row["target"] = str(decode(labels[counted]))
+        elif y is None:
+            notes.append("no target in the batch")
+        if lengths is not None:
+            row["length"] = lengths[i]
+            row["seq_len"] = view.seq_len
+            if max_length is not None:
+                row["truncated"] = lengths[i] >= max_length
+        row["notes"] = "; ".join(notes) or None
+        rows.append(row)
+    return rows

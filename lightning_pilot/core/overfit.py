@@ -1,0 +1,290 @@
+"""Pure arithmetic of an overfit run on a tiny subset: which examples, what loss, what verdict.
+
+An overfit run checks the mechanics, not generalisation: a loop that cannot learn eight
+examples will not be fixed by a longer rental. The callback
+:class:`~lightning_pilot.callbacks.overfit_tiny_subset.OverfitTinySubset` feeds these functions;
+they never see a Trainer.
+
+Example:
+    >>> from lightning_pilot.core.overfit import expected_initial_loss, select_indices
+    >>> select_indices(1000, 8, seed=0)
+    [41, 265, 394, 430, 776, 864, 911, 988]
+    >>> round(expected_initial_loss(4), 4)  # -log(1/4) for 4 equally likely classes
+    1.3863
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import torch
+from torchmetrics.functional.classification import multiclass_accuracy
+
+from lightning_pilot.core.checks import CheckResult
+
+__all__ = [
+    "Recovery",
+    "check_initial_loss",
+    "check_loss_finite",
+    "check_loss_target",
+    "check_recovery",
+    "expected_initial_loss",
+    "loss_target",
+    "predictions_from_logits",
+    "recovery",
+    "select_indices",
+]
+
+_MAX_SHOWN: Final = 8
+
+
+def _shown(values: Sequence[Any]) -> str:
+    text = ", ".join(str(v) for v in values[:_MAX_SHOWN])
+    more = len(values) - _MAX_SHOWN
+    return text + (f" and {more} more" if more > 0 else "")
+
+
+def select_indices(dataset_size: int, count: int, *, seed: int) -> list[int]:
+    """Choose ``count`` distinct example indices of a dataset, the same for the same seed.
+
+    The choice spreads over the whole dataset (a seeded sample, not the first rows, which are
+    often sorted by class or source) and is stable across processes and platforms (Python's
+    own ``random.Random``, not the global torch generator, which stays untouched). The indices
+    come back sorted, so the subset keeps the dataset's order.
+
+    Raises:
+        ValueError: ``dataset_size`` or ``count`` is not positive.
+    """
+    if dataset_size < 1:
+        raise ValueError(f"dataset_size={dataset_size!r} is invalid: the dataset is empty.")
+    if count < 1:
+        raise ValueError(f"count={count!r} is invalid: choose at least one example.")
+    return sorted(random.Random(seed).sample(range(dataset_size), min(count, dataset_size)))
+
+
+def expected_initial_loss(num_classes: int) -> float:
+    """Cross-entropy of a model that predicts every class equally: ``-log(1/C) = log(C)``."""
+    if num_classes < 2:
+        raise ValueError(f"num_classes={num_classes!r} is invalid: expected at least 2 classes.")
+    return math.log(num_classes)
+
+
+def check_initial_loss(
+    initial: float | None, num_classes: int | None, *, tolerance: float
+) -> CheckResult:
+    """The first loss, before any update, is near ``log(C)``.
+
+    A loss far above it means the logits start far from uniform (large initialisation, a
+    scaled loss, a sum instead of a mean); far below it means the targets are predictable
+    before training (labels leaking into the inputs, or a loss on the wrong targets). The
+    verdict is a warning: a pretrained model legitimately starts lower.
+
+    Args:
+        initial: loss of the first micro-batch (``None``: not seen).
+        num_classes: classes (vocabulary size for an LM); ``None``: unknown.
+        tolerance: accepted factor, ``log(C) / tolerance <= initial <= log(C) * tolerance``.
+    """
+    name = "initial_loss"
+    if initial is None or not math.isfinite(initial):
+        return CheckResult(name, "not_checked", f"initial loss is {initial}")
+    if num_classes is None or num_classes < 2:
+        return CheckResult(
+            name,
+            "not_checked",
+            f"initial loss {initial:.4g}; the number of classes is unknown, so -log(1/C) is too:"
+            " give num_classes=",
+        )
+    expected = expected_initial_loss(num_classes)
+    detail = f"initial loss {initial:.4g}, expected -log(1/{num_classes}) = {expected:.4g}"
+    if expected / tolerance <= initial <= expected * tolerance:
+        return CheckResult(name, "pass", detail)
+    why = (
+        "the logits start far from uniform (initialisation scale, a summed or scaled loss)"
+        if initial > expected
+        else "the targets are predictable before training (a pretrained model, or labels"
+        " leaking into the inputs)"
+    )
+    return CheckResult(name, "warn", f"{detail}: off by more than x{tolerance:g}; {why}")
+
+
+def loss_target(
+    initial: float | None, *, target_loss: float | None, target_fraction: float | None
+) -> float | None:
+    """The loss to reach: ``target_loss`` if given, else ``target_fraction * initial``."""
+    if target_loss is not None:
+        return target_loss
+    if target_fraction is None or initial is None or not math.isfinite(initial):
+        return None
+    return target_fraction * initial
+
+
+def check_loss_finite(curve: Sequence[tuple[int, float]]) -> CheckResult:
+    """Every recorded loss is finite. ``curve`` holds ``(step, loss)`` pairs."""
+    name = "loss_finite"
+    if not curve:
+        return CheckResult(name, "not_checked", "no training loss was recorded")
+    bad = [step for step, value in curve if not math.isfinite(value)]
+    if bad:
+        return CheckResult(
+            name,
+            "fail",
+            f"the loss is not finite at {len(bad)} of {len(curve)} update(s), first at step"
+            f" {bad[0]}: a tiny subset must train with finite values",
+        )
+    return CheckResult(name, "pass", f"{len(curve)} update(s), all finite")
+
+
+def check_loss_target(
+    curve: Sequence[tuple[int, float]], target: float | None, *, budget: int | None
+) -> CheckResult:
+    """The loss reached ``target`` within the step budget."""
+    name = "loss_target"
+    if not curve:
+        return CheckResult(name, "not_checked", "no training loss was recorded")
+    if target is None:
+        return CheckResult(name, "not_checked", "no target: the initial loss is unknown")
+    first = curve[0][1]
+    finite = [(step, value) for step, value in curve if math.isfinite(value)]
+    reached = next(((step, value) for step, value in finite if value <= target), None)
+    if reached is not None:
+        return CheckResult(
+            name,
+            "pass",
+            f"loss {first:.4g} -> {reached[1]:.4g} <= target {target:.4g} at step {reached[0]}",
+        )
+    best = min((value for _, value in finite), default=math.nan)
+    last_step = curve[-1][0]
+    scope = f"in {last_step} step(s)" + (f" of a budget of {budget}" if budget else "")
+    stalled = math.isfinite(best) and best >= 0.95 * first
+    why = (
+        "nothing learns: check that the loss is computed on outputs that carry gradients"
+        " (no detach/no_grad) and that the trainable parameters are in the optimizer"
+        if stalled
+        else "it learns too slowly: raise the learning rate or the step budget, or check the"
+        " targets"
+    )
+    return CheckResult(
+        name,
+        "fail",
+        f"loss {first:.4g} -> best {best:.4g} {scope}, never reached the target {target:.4g}:"
+        f" {why}",
+    )
+
+
+def predictions_from_logits(logits: torch.Tensor, targets: torch.Tensor, *, shift: bool) -> Any:
+    """Predicted classes aligned with ``targets`` (``argmax`` of the last dimension).
+
+    Classification (``targets`` ``[B]``, logits ``[B, C]``): ``argmax``. Token targets
+    (``[B, T]``, logits ``[B, T, V]``): with ``shift=True`` (causal LMs, Hugging Face
+    convention: labels aligned with the inputs, the model shifts) position ``t`` is predicted
+    by the logits at ``t - 1`` and position 0 gets ``-1`` (no prediction); with ``shift=False``
+    (token classification) position ``t`` by the logits at ``t``.
+
+    Returns:
+        A ``LongTensor`` shaped like ``targets``, or ``None`` when the shapes do not fit.
+
+    Example:
+        >>> logits = torch.tensor([[[0.0, 1.0], [1.0, 0.0], [0.0, 1.0]]])
+        >>> predictions_from_logits(logits, torch.zeros(1, 3, dtype=torch.long), shift=True)
+        tensor([[-1,  1,  0]])
+    """
+    predicted = logits.detach().argmax(dim=-1)
+    if predicted.shape == targets.shape and (targets.ndim == 1 or not shift):
+        return predicted
+    if targets.ndim == 2 and predicted.shape == targets.shape and shift:
+        shifted = torch.full_like(predicted, -1)
+        shifted[:, 1:] = predicted[:, :-1]
+        return shifted
+    return None
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """How many examples of the subset the model gets right.
+
+    ``score`` is accuracy (classification, via torchmetrics) or the fraction of examples whose
+    every label position is predicted exactly (token targets); ``wrong_ids`` lists the others.
+    """
+
+    metric: str
+    score: float
+    examples: int
+    wrong_ids: list[str] = field(default_factory=list)
+
+
+def recovery(
+    predictions: torch.Tensor,
+    targets: torch.Tensor,
+    ids: Sequence[Any],
+    *,
+    ignore_index: int,
+    num_classes: int | None = None,
+) -> Recovery:
+    """Score predictions against targets, example by example.
+
+    Args:
+        predictions: ``[B]`` classes or ``[B, T]`` tokens, aligned with ``targets``.
+        targets: the labels; ``ignore_index`` positions do not count.
+        ids: one id per example (for the list of examples still wrong).
+        ignore_index: the label value the loss skips.
+        num_classes: classes for torchmetrics (``None``: inferred from the values).
+
+    Example:
+        >>> rec = recovery(torch.tensor([0, 2, 1]), torch.tensor([0, 2, 2]), ["a", "b", "c"],
+        ...                ignore_index=-100, num_classes=3)
+        >>> rec.metric, round(rec.score, 3), rec.wrong_ids
+        ('accuracy', 0.667, ['c'])
+    """
+    predictions, targets = predictions.detach().cpu(), targets.detach().cpu()
+    if targets.ndim == 1:
+        counted = targets != ignore_index
+        kept_p, kept_t = predictions[counted], targets[counted]
+        # torchmetrics wants every value inside [0, C): size C to hold them all.
+        size = max(
+            num_classes or 2,
+            int(kept_p.max()) + 1 if kept_p.numel() else 2,
+            int(kept_t.max()) + 1 if kept_t.numel() else 2,
+        )
+        valid = (kept_t >= 0) & (kept_p >= 0)
+        score = (
+            float(
+                multiclass_accuracy(kept_p[valid], kept_t[valid], num_classes=size, average="micro")
+            )
+            * int(valid.sum())
+            / kept_t.numel()
+            if kept_t.numel() and bool(valid.any())
+            else (0.0 if kept_t.numel() else math.nan)
+        )
+        right = (predictions == targets) | ~counted
+        wrong = [str(ids[i]) for i in torch.nonzero(~right).flatten().tolist()]
+        return Recovery("accuracy", score, int(counted.sum()), wrong)
+    counted = targets != ignore_index
+    per_example = ((predictions == targets) | ~counted).all(dim=1)
+    has_positions = counted.any(dim=1)
+    scored = int(has_positions.sum())
+    exact = int((per_example & has_positions).sum())
+    wrong = [str(ids[i]) for i in torch.nonzero(has_positions & ~per_example).flatten().tolist()]
+    score = exact / scored if scored else math.nan
+    return Recovery("exact_match", score, scored, wrong)
+
+
+def check_recovery(result: Recovery | None, *, required: float, step: int | None) -> CheckResult:
+    """The model recovers at least ``required`` of the subset's targets."""
+    name = "targets_recovered"
+    if result is None:
+        return CheckResult(name, "not_checked", "no predictions could be made on the subset")
+    if result.examples == 0 or not math.isfinite(result.score):
+        return CheckResult(name, "not_checked", "no example has a position counted in the loss")
+    at = f" at step {step}" if step is not None else ""
+    detail = f"{result.metric} {result.score:.3f} on {result.examples} example(s){at}"
+    if result.score >= required:
+        return CheckResult(name, "pass", detail)
+    return CheckResult(
+        name,
+        "fail",
+        f"{detail}, required {required:.3f}; ids still wrong: {_shown(result.wrong_ids)}",
+    )

@@ -1,0 +1,262 @@
+"""Pure data checks: ids, targets, label ranges, masks, lengths, histograms and leakage."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from lightning_pilot.core.batches import BatchAdapter
+from lightning_pilot.core.data_checks import (
+    SplitInspection,
+    check_attention_mask,
+    check_class_histograms,
+    check_duplicates,
+    check_ids,
+    check_instruction_masking,
+    check_label_range,
+    check_leakage,
+    check_loss_positions,
+    check_padding,
+    check_targets_present,
+    check_truncation,
+    class_histogram,
+    example_rows,
+    find_shared,
+    infer_output_size,
+    input_fingerprint,
+    row_lengths,
+    target_kind,
+)
+from lightning_pilot.demo import InstructionCollator, InstructionDataset, TinyCausalLM, decode
+
+
+@pytest.mark.parametrize(
+    ("ids", "size", "verdict", "detail"),
+    [
+        ([1, 2, 3], 3, "pass", "3 unique id(s)"),
+        ([1, 2, 2], 3, "fail", "1 id(s) repeated within one batch: 2"),
+        ([1, None], 2, "fail", "1 example(s) without an id at batch position(s) 1"),
+        ([1, 2], 3, "fail", "2 id(s) for 3 example(s)"),
+        (None, 3, "not_checked", "field 'ids' not found"),
+    ],
+)
+def test_check_ids(ids: Any, size: int, verdict: str, detail: str) -> None:
+    result = check_ids(ids, size)
+    assert (result.name, result.verdict) == ("ids_present_unique", verdict)
+    assert detail in result.detail
+
+
+def test_targets_present_names_the_missing_field() -> None:
+    assert check_targets_present(None).verdict == "not_checked"
+    assert "field 'targets' not found" in check_targets_present(None).detail
+    assert check_targets_present(torch.zeros(0)).verdict == "fail"
+    assert check_targets_present(torch.tensor([1])).verdict == "pass"
+
+
+@pytest.mark.parametrize(
+    ("labels", "size", "verdict", "detail"),
+    [
+        ([0, 3, -100, -100], 4, "pass", "labels in [0, 3] within 4 outputs"),
+        ([1, 2, 3, 4], 4, "fail", "1 of 4 label value(s) outside [0, 3]"),
+        ([0, 1, 2, 3], 3, "fail", "values 3"),
+        ([0, -1, 2], 4, "fail", "negative labels other than the ignore index -100"),
+        ([0, 5], None, "not_checked", "labels span [0, 5] but the model's output size is unknown"),
+        ([-100, -100], 4, "not_checked", "every target is the ignore index -100"),
+    ],
+)
+def test_label_range(labels: list[int], size: int | None, verdict: str, detail: str) -> None:
+    result = check_label_range(torch.tensor(labels), output_size=size, ignore_index=-100)
+    assert result.verdict == verdict
+    assert detail in result.detail
+
+
+def test_label_range_hints_a_shift_and_skips_float_targets() -> None:
+    shifted = check_label_range(torch.tensor([1, 2, 3, 4]), output_size=4, ignore_index=-100)
+    assert "shifted by one class" in shifted.detail
+    assert check_label_range(torch.rand(3), output_size=4, ignore_index=-100).verdict == (
+        "not_checked"
+    )
+
+
+def test_infer_output_size_heuristic_order() -> None:
+    assert infer_output_size(TinyCausalLM(d_model=16, n_heads=2, n_layers=1))[0] == 23
+    assert infer_output_size(TinyCausalLM(d_model=16, n_heads=2, n_layers=1))[1] == (
+        "out_features of the head 'head'"
+    )
+    mlp = nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 5))
+    assert infer_output_size(mlp) == (5, "out_features of the last nn.Linear '1'")
+
+    class WithEmbeddings(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.decoder = nn.Linear(4, 11)
+            self.other = nn.Linear(11, 2)
+
+        def get_output_embeddings(self) -> nn.Module:
+            return self.decoder
+
+    assert infer_output_size(WithEmbeddings())[0] == 11
+    assert infer_output_size(nn.Conv1d(2, 3, 1)) == (None, "no nn.Linear head found in the module")
+
+
+def test_target_kind() -> None:
+    tokens = torch.zeros(2, 5, dtype=torch.long)
+    assert target_kind(tokens, tokens) == "sequence"
+    assert target_kind(torch.zeros(2, 3), torch.tensor([0, 1])) == "classification"
+    assert target_kind(torch.zeros(2, 3), torch.zeros(2)) == "regression"
+    assert target_kind(tokens, None) == "unknown"
+
+
+def test_truncation_and_padding() -> None:
+    assert check_truncation([5, 8, 8, 3], 8).verdict == "warn"
+    assert "2 of 4 sequence(s) (50%) reach max_length=8" in check_truncation([5, 8, 8, 3], 8).detail
+    assert check_truncation([5, 7], 8).verdict == "pass"
+    assert check_truncation([5, 7], None).verdict == "not_checked"
+    assert check_truncation(None, 8).verdict == "not_checked"
+    assert check_padding(60, 100).verdict == "warn"
+    assert check_padding(10, 100).detail == "10.0% of 100 positions are padding"
+    assert check_padding(0, 0).verdict == "not_checked"
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
+    assert row_lengths(torch.zeros(2, 3, dtype=torch.long), mask) == [2, 3]
+    assert row_lengths(torch.zeros(2, 3), None) is None
+
+
+def _named(results: list[Any]) -> dict[str, Any]:
+    return {r.name: r for r in results}
+
+
+def test_attention_mask_checks() -> None:
+    inputs = torch.tensor([[5, 6, 0], [5, 6, 7]])
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
+    labels = torch.tensor([[-100, 6, -100], [-100, 6, 7]])
+    good = _named(check_attention_mask(inputs, mask, labels, ignore_index=-100, pad_token_id=0))
+    assert {r.verdict for r in good.values()} == {"pass"}
+    assert set(good) == {
+        "attention_mask_shape",
+        "attention_mask_values",
+        "attention_mask_contiguous",
+        "padding_token_masked",
+        "padding_not_in_loss",
+    }
+    leaking = labels.clone()
+    leaking[0, 2] = 0
+    bad = _named(check_attention_mask(inputs, mask, leaking, ignore_index=-100))
+    assert bad["padding_not_in_loss"].verdict == "fail"
+    assert "1 padding position(s) have a label other than -100" in bad["padding_not_in_loss"].detail
+    holes = _named(
+        check_attention_mask(inputs, torch.tensor([[1, 0, 1], [1, 1, 1]]), None, ignore_index=-100)
+    )
+    assert holes["attention_mask_contiguous"].verdict == "warn"
+    shape = check_attention_mask(inputs, torch.ones(2, 4), None, ignore_index=-100)
+    assert (shape[0].name, shape[0].verdict) == ("attention_mask_shape", "fail")
+    values = _named(check_attention_mask(inputs, mask * 2, None, ignore_index=-100))
+    assert values["attention_mask_values"].verdict == "fail"
+    assert check_attention_mask(inputs, None, None, ignore_index=-100)[0].verdict == "not_checked"
+
+
+def test_instruction_masking_and_loss_positions() -> None:
+    batch = InstructionCollator(32)([InstructionDataset(size=4, seed=0)[i] for i in range(4)])
+    inputs, labels, mask = batch["input_ids"], batch["labels"], batch["attention_mask"]
+    masked = check_instruction_masking(inputs, labels, mask, ignore_index=-100)
+    assert masked.verdict == "pass"
+    # The planted bug: labels are the inputs on every real token (the instruction is a target).
+    unmasked = torch.where(mask.bool(), inputs, torch.full_like(inputs, -100))
+    result = check_instruction_masking(inputs, unmasked, mask, ignore_index=-100)
+    assert result.verdict == "warn"
+    assert "labels equal input_ids on all" in result.detail
+    assert check_loss_positions(labels, ignore_index=-100).verdict == "pass"
+    cut = labels.clone()
+    cut[1] = -100
+    assert "rows 1" in check_loss_positions(cut, ignore_index=-100).detail
+
+
+def test_class_histograms_warn_on_unseen_classes_and_shifted_ranges() -> None:
+    assert class_histogram([0, 2, torch.tensor(2), -100, 1.5]) == {0: 1, 2: 2}
+    clean = _named(check_class_histograms({"train": {0: 5, 1: 4}, "val": {0: 1, 1: 2}}))
+    assert {r.verdict for r in clean.values()} == {"pass"}
+    assert clean["class_histograms"].detail == "train: 0:5, 1:4; val: 0:1, 1:2"
+    shifted = _named(check_class_histograms({"train": {1: 5, 2: 4}, "val": {0: 3, 1: 2}}))
+    assert shifted["val_classes_in_train"].verdict == "warn"
+    assert "val class(es) 0 never occur in training" in shifted["val_classes_in_train"].detail
+    assert shifted["label_ranges_agree"].verdict == "warn"
+    assert "train [1, 2], val [0, 1]" in shifted["label_ranges_agree"].detail
+    assert check_class_histograms({})[0].verdict == "not_checked"
+
+
+def test_leakage_lists_groups_in_two_splits() -> None:
+    assert find_shared({"train": [1, 1, 2], "val": [2, 3], "test": [3, 1]}) == {
+        1: ["train", "test"],
+        2: ["train", "val"],
+        3: ["val", "test"],
+    }
+    scanned = {"train": 3, "val": 2}
+    leak = check_leakage({"train": ["a", "b", "c"], "val": ["c", "d"]}, scanned=scanned)
+    assert leak.verdict == "fail"
+    assert "1 group(s) found in more than one split: 'c' (train+val)" in leak.detail
+    clean = check_leakage({"train": ["a", "b"], "val": ["c"]}, scanned=scanned)
+    assert clean.verdict == "pass"
+    assert check_leakage(None, scanned=scanned).verdict == "not_checked"
+    assert check_leakage({"train": ["a"]}, scanned=scanned).verdict == "not_checked"
+
+
+def test_duplicate_inputs_are_reported() -> None:
+    a, b = input_fingerprint(torch.tensor([1, 2])), input_fingerprint(torch.tensor([1, 3]))
+    assert a == input_fingerprint(torch.tensor([1, 2]))
+    assert a != input_fingerprint(torch.tensor([1.0, 2.0]))  # dtype is part of the input
+    assert input_fingerprint(None) is None
+    result = check_duplicates({"train": [a, b], "val": [a]}, scanned={"train": 2, "val": 1})
+    assert result.verdict == "warn"
+    assert "1 exact duplicate input(s) across splits: 1 in train+val" in result.detail
+    assert check_duplicates({"train": [a], "val": [b]}, scanned={}).verdict == "pass"
+    assert check_duplicates({"train": [a], "val": [None]}, scanned={}).verdict == "not_checked"
+
+
+def test_split_inspection_folds_batches_and_keeps_the_worst() -> None:
+    adapter = BatchAdapter()
+    inspection = SplitInspection("train", ignore_index=-100, output_size=4, max_length=3)
+    inspection.add(
+        adapter.view(
+            {"ids": torch.tensor([0, 1]), "x": torch.zeros(2, 2), "y": torch.tensor([0, 3])}
+        )
+    )
+    inspection.add(
+        adapter.view(
+            {"ids": torch.tensor([2, 3]), "x": torch.zeros(2, 2), "y": torch.tensor([1, 4])}
+        )
+    )
+    checks = _named(inspection.checks())
+    assert checks["train/label_range"].verdict == "fail"
+    assert "values 4" in checks["train/label_range"].detail
+    assert checks["train/ids_present_unique"].verdict == "pass"
+    assert (inspection.batches, inspection.examples) == (2, 4)
+    empty = SplitInspection("val", ignore_index=-100).checks()
+    assert [(c.name, c.verdict) for c in empty] == [("val/batches", "not_checked")]
+
+
+def test_example_rows_decode_tokens_targets_and_loss_positions() -> None:
+    batch = InstructionCollator(32)([InstructionDataset(size=2, seed=0)[i] for i in range(2)])
+    view = BatchAdapter().view(batch)
+    rows = example_rows(
+        view, split="train", batch_index=0, limit=5, ignore_index=-100, max_length=32, decode=decode
+    )
+    assert len(rows) == 2
+    first = rows[0]
+    assert first["example_id"] == "0"
+    assert first["input_text"].startswith("<bos>")
+    assert first["length"] == len(first["input_tokens"])
+    assert first["loss_tokens"] == len(first["loss_positions"]) > 0
+    assert first["target"].endswith("<eos>")
+    assert first["truncated"] is False
+    plain = example_rows(
+        BatchAdapter().view((torch.ones(3, 2), torch.tensor([1, 0, 1]))),
+        split="val",
+        batch_index=1,
+        limit=2,
+        ignore_index=-100,
+    )
+    assert [r["target"] for r in plain] == ["1", "0"]
+    assert plain[0]["input_values"] == [1.0, 1.0]
+    assert plain[0]["notes"] == "no id in the batch"
