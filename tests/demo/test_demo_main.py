@@ -1,4 +1,4 @@
-"""``python -m lightning_pilot.demo``: the demo pilot runs, passes and prints where its files are."""
+"""``python -m lightning_pilot.demo``: the demo pilot passes and says where its files are."""
 
 from __future__ import annotations
 
