@@ -36,9 +36,11 @@ __all__ = [
     "UpdateCounter",
     "UpdatePlan",
     "normalise_schedule",
+    "pack_counts",
     "plan_updates",
     "replica_duplicates",
     "summarize",
+    "unpack_sums",
 ]
 
 Keep = Literal["updates", "examples", "epochs"]
@@ -734,6 +736,69 @@ _SUMMED_COLUMNS: Final = ("micro_batches", "examples", "tokens", "padding_duplic
 SUMMED_COLUMNS: Final[tuple[str, ...]] = _SUMMED_COLUMNS
 
 
+def pack_counts(rows: Sequence[Mapping[str, Any]], length: int) -> list[list[int]]:
+    """Encode this rank's rows as integers to sum over ranks (one all-reduce).
+
+    Each row becomes ``[1, value, known, value, known, ...]`` over :data:`SUMMED_COLUMNS`
+    (``known`` is 0 where the value is null); rows are padded with zeros to ``length``, the
+    longest list of any rank, so every rank reduces a tensor of the same shape.
+
+    Example:
+        >>> pack_counts([{"micro_batches": 2, "examples": 4, "tokens": None,
+        ...               "padding_duplicates": 0}], 2)
+        [[1, 2, 1, 4, 1, 0, 0, 0, 1], [0, 0, 0, 0, 0, 0, 0, 0, 0]]
+    """
+    width = 1 + 2 * len(_SUMMED_COLUMNS)
+    packed = []
+    for row in rows:
+        values = [1]
+        for column in _SUMMED_COLUMNS:
+            value = row[column]
+            values += [0 if value is None else int(value), int(value is not None)]
+        packed.append(values)
+    return packed + [[0] * width for _ in range(length - len(rows))]
+
+
+def unpack_sums(
+    rows: Sequence[Mapping[str, Any]],
+    sums: Sequence[Sequence[int]],
+    *,
+    world_size: int,
+    dp_replicas: int,
+) -> list[dict[str, Any]]:
+    """Fill the ``*_all_ranks`` columns of this rank's rows from the summed :func:`pack_counts`.
+
+    Ranks of one tensor- or pipeline-parallel group (``world_size / dp_replicas`` of them)
+    process the same batch, so the sum over all processes counts it that many times: it is
+    divided back. A count becomes null, with a note, when some rank could not read it, when
+    some rank had no such update, or when ``world_size`` is not a multiple of ``dp_replicas``.
+
+    Example:
+        >>> row = {"micro_batches": 2, "examples": 4, "tokens": None, "padding_duplicates": 0}
+        >>> # 4 processes, 2 data replicas x 2 tensor-parallel ranks: each batch counted twice.
+        >>> summed = unpack_sums([row], [[4, 8, 4, 16, 4, 0, 0, 0, 4]], world_size=4,
+        ...                      dp_replicas=2)[0]
+        >>> summed["examples_all_ranks"], summed["tokens_all_ranks"]
+        (8, None)
+    """
+    group, uneven = divmod(world_size, dp_replicas)
+    out = []
+    for row, packed in zip(rows, sums, strict=False):
+        filled, notes = dict(row), []
+        if uneven:
+            notes.append(f"world size {world_size} is not a multiple of {dp_replicas} replicas")
+        if packed[0] != world_size:
+            notes.append(f"only {packed[0]} of {world_size} ranks counted this update")
+        for j, column in enumerate(_SUMMED_COLUMNS):
+            value, known = packed[1 + 2 * j], packed[2 + 2 * j]
+            ok = not notes and known == world_size and value % group == 0
+            filled[f"{column}_all_ranks"] = value // group if ok else None
+        if notes:
+            filled["notes"] = "; ".join(notes)
+        out.append(filled)
+    return out
+
+
 # --------------------------------------------------------------------------------------------
 # Plan against actual
 # --------------------------------------------------------------------------------------------
@@ -809,9 +874,9 @@ def summarize(
     if counter.duplicates:
         found.add(
             "padding_duplicates",
-            f"DistributedSampler padded the replicas with {counter.duplicates:,} duplicated"
-            " sample(s), trained on twice per epoch; make the dataset size divisible by the"
-            " replicas or use a sampler with drop_last=True.",
+            f"DistributedSampler padding made the replicas train on {counter.duplicates:,}"
+            " duplicated sample(s): those examples count twice in their epoch. Make the dataset"
+            " size divisible by the replicas, or use a sampler with drop_last=True.",
         )
     if counter.skipped_count:
         found.add(
