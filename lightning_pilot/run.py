@@ -455,6 +455,9 @@ class PilotRun:
         schema = self._schemas.get(name)
         if schema is None:
             return pa.Table.from_pylist(rows)
+        version = storage.schema_version(schema)
+        if version is not None and "schema_version" in schema.names:
+            rows = [row | {"schema_version": row.get("schema_version", version)} for row in rows]
         return storage.rows_to_table(rows, schema)
 
 

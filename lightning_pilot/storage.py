@@ -62,6 +62,7 @@ __all__ = [
     "PHASE_SCHEMA_VERSION",
     "STATUSES",
     "conform",
+    "detail_schema",
     "list_snapshot_files",
     "publish_table",
     "read_ledger_records",
@@ -93,6 +94,41 @@ _CHECK = pa.struct([("name", pa.string()), ("verdict", pa.string()), ("detail", 
 def _schema(name: str, version: int, fields: Sequence[tuple[str, pa.DataType]]) -> pa.Schema:
     meta = json.dumps({"name": name, "version": version}).encode()
     return pa.schema(list(fields), metadata={SCHEMA_METADATA_KEY: meta})
+
+
+#: The columns that say whose row it is: every run table starts with them.
+RUN_IDENTITY_FIELDS: Final = (
+    ("schema_version", pa.int32()),
+    ("written_at", _TIMESTAMP),
+    ("run_id", pa.string()),
+    ("attempt", pa.int32()),
+    ("attempt_id", pa.string()),
+    ("rank", pa.int32()),
+    ("world_size", pa.int32()),
+)
+
+
+def detail_schema(name: str, version: int, fields: Sequence[tuple[str, pa.DataType]]) -> pa.Schema:
+    """The schema of a per-callback detail table: the run identity columns, then ``fields``.
+
+    The name and version are stored in the schema metadata; :class:`~lightning_pilot.PilotRun`
+    fills the identity columns and ``schema_version`` when it writes the rows.
+
+    Example:
+        >>> schema = detail_schema("updates", 1, [("update", pa.int64())])
+        >>> schema.names[:3], schema.names[-1]
+        (['schema_version', 'written_at', 'run_id'], 'update')
+    """
+    return _schema(name, version, [*RUN_IDENTITY_FIELDS, *fields])
+
+
+def schema_version(schema: pa.Schema) -> int | None:
+    """The version a schema made by this module records in its metadata."""
+    raw = (schema.metadata or {}).get(SCHEMA_METADATA_KEY)
+    if raw is None:
+        return None
+    version = json.loads(raw).get("version")
+    return int(version) if isinstance(version, int) else None
 
 
 PHASE_SCHEMA_VERSION: Final = 1

@@ -91,9 +91,7 @@ def run_child(
     folder = Path(spec["checkpoint"]).parent
     blocker = _not_importable(spec)
     if blocker is None:
-        result = _subprocess(spec, folder, verifier.timeout_s)
-        result["mode_label"] = "a new process"
-        return result
+        return _subprocess(spec, folder, verifier.timeout_s) | {"mode_label": "a new process"}
     if verifier.fallback != "in_process":
         return {
             "crash": f"{blocker}: pass ResumeVerifier(factory='package.module:function'), or"

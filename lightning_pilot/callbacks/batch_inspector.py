@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import random
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
@@ -38,15 +37,10 @@ __all__ = ["EXAMPLES_SCHEMA", "EXAMPLES_SCHEMA_VERSION", "EXAMPLES_TABLE", "Batc
 EXAMPLES_TABLE: Final = "examples"
 EXAMPLES_SCHEMA_VERSION: Final = 1
 #: ``runs/<run_id>/examples.parquet``: the inspected examples (see the class docstring).
-EXAMPLES_SCHEMA: Final = pa.schema(
+EXAMPLES_SCHEMA: Final = storage.detail_schema(
+    EXAMPLES_TABLE,
+    EXAMPLES_SCHEMA_VERSION,
     [
-        ("schema_version", pa.int32()),
-        ("written_at", pa.timestamp("us", tz="UTC")),
-        ("run_id", pa.string()),
-        ("attempt", pa.int32()),
-        ("attempt_id", pa.string()),
-        ("rank", pa.int32()),
-        ("world_size", pa.int32()),
         ("split", pa.string()),
         ("batch_index", pa.int64()),
         ("position", pa.int64()),
@@ -63,11 +57,6 @@ EXAMPLES_SCHEMA: Final = pa.schema(
         ("truncated", pa.bool_()),
         ("notes", pa.string()),
     ],
-    metadata={
-        storage.SCHEMA_METADATA_KEY: json.dumps(
-            {"name": EXAMPLES_TABLE, "version": EXAMPLES_SCHEMA_VERSION}
-        ).encode()
-    },
 )
 
 GroupFn = Callable[[Any], Hashable]

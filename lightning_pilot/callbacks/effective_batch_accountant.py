@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Mapping
@@ -40,15 +39,10 @@ __all__ = ["UPDATES_SCHEMA", "UPDATES_SCHEMA_VERSION", "UPDATES_TABLE", "Effecti
 UPDATES_TABLE: Final = "updates"
 UPDATES_SCHEMA_VERSION: Final = 1
 #: ``runs/<run_id>/updates.parquet``: one row per update per rank (see the class docstring).
-UPDATES_SCHEMA: Final = pa.schema(
+UPDATES_SCHEMA: Final = storage.detail_schema(
+    UPDATES_TABLE,
+    UPDATES_SCHEMA_VERSION,
     [
-        ("schema_version", pa.int32()),
-        ("written_at", pa.timestamp("us", tz="UTC")),
-        ("run_id", pa.string()),
-        ("attempt", pa.int32()),
-        ("attempt_id", pa.string()),
-        ("rank", pa.int32()),
-        ("world_size", pa.int32()),
         ("dp_replicas", pa.int32()),
         ("update", pa.int64()),
         ("epoch", pa.int64()),
@@ -69,11 +63,6 @@ UPDATES_SCHEMA: Final = pa.schema(
         ("optimizer_stepped", pa.bool_()),
         ("notes", pa.string()),
     ],
-    metadata={
-        storage.SCHEMA_METADATA_KEY: json.dumps(
-            {"name": UPDATES_TABLE, "version": UPDATES_SCHEMA_VERSION}
-        ).encode()
-    },
 )
 
 

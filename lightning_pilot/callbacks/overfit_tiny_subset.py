@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import json
 import math
 import os
 from collections.abc import Callable, Mapping
@@ -41,15 +40,10 @@ __all__ = ["OVERFIT_SCHEMA", "OVERFIT_SCHEMA_VERSION", "OVERFIT_TABLE", "Overfit
 OVERFIT_TABLE: Final = "overfit"
 OVERFIT_SCHEMA_VERSION: Final = 1
 #: ``runs/<run_id>/overfit.parquet``: the overfit curve (see the class docstring).
-OVERFIT_SCHEMA: Final = pa.schema(
+OVERFIT_SCHEMA: Final = storage.detail_schema(
+    OVERFIT_TABLE,
+    OVERFIT_SCHEMA_VERSION,
     [
-        ("schema_version", pa.int32()),
-        ("written_at", pa.timestamp("us", tz="UTC")),
-        ("run_id", pa.string()),
-        ("attempt", pa.int32()),
-        ("attempt_id", pa.string()),
-        ("rank", pa.int32()),
-        ("world_size", pa.int32()),
         ("step", pa.int64()),
         ("loss", pa.float64()),
         ("micro_batches", pa.int64()),
@@ -60,11 +54,6 @@ OVERFIT_SCHEMA: Final = pa.schema(
         ("subset_ids", pa.list_(pa.string())),
         ("notes", pa.string()),
     ],
-    metadata={
-        storage.SCHEMA_METADATA_KEY: json.dumps(
-            {"name": OVERFIT_TABLE, "version": OVERFIT_SCHEMA_VERSION}
-        ).encode()
-    },
 )
 
 PredictFn = Callable[[pl.LightningModule, Any], torch.Tensor]

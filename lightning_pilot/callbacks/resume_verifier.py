@@ -17,6 +17,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from typing_extensions import override
 
+from lightning_pilot import storage
 from lightning_pilot.callbacks._resume_process import final_artifact, run_child, verify_artifact
 from lightning_pilot.core.batches import BatchAdapter
 from lightning_pilot.core.checks import CheckResult
@@ -39,14 +40,10 @@ log = logging.getLogger(__name__)
 ExportFn = Callable[[pl.LightningModule, Path], str | os.PathLike[str]]
 
 #: ``runs/<run_id>/resume.parquet``: reference vs resumed, one row per state item or micro-batch.
-RESUME_SCHEMA = pa.schema(
+RESUME_SCHEMA = storage.detail_schema(
+    "resume",
+    1,
     [
-        ("run_id", pa.string()),
-        ("attempt", pa.int32()),
-        ("attempt_id", pa.string()),
-        ("rank", pa.int32()),
-        ("world_size", pa.int32()),
-        ("written_at", pa.timestamp("us", tz="UTC")),
         ("checkpoint_step", pa.int64()),
         ("check", pa.string()),
         ("micro_batch", pa.int64()),
@@ -54,7 +51,7 @@ RESUME_SCHEMA = pa.schema(
         ("reference", pa.string()),
         ("resumed", pa.string()),
         ("equal", pa.bool_()),
-    ]
+    ],
 )
 
 _STATE_REMEDIES = {
