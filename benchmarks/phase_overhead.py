@@ -75,9 +75,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--pilot-updates", type=int, default=3)
     parser.add_argument("--sample-every", type=int, default=50)
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     parser.add_argument("--root", default="/tmp/lightning-pilot-bench")
     args = parser.parse_args()
-    torch.set_num_threads(max(1, torch.get_num_threads()))
+    torch.set_num_threads(args.threads)  # one thread: steadier timings on a shared machine
     window, steady = [], []
     skip = 1  # the very first update pays one-off costs in both runs
     for repeat in range(args.repeats):

@@ -111,6 +111,10 @@ class PhaseMemoryMonitor(PilotCallback):
     Args:
         pilot_updates: updates measured fully at the start of each fit (>= 2).
         sample_every: after the pilot window, measure one update in this many (0 = stop).
+        memory_updates: on CPU, updates measured with the tensor tracker (1 to
+            ``pilot_updates``; default 2: the first update allocates the optimizer state, the
+            second shows the later peak). Its per-operator cost inflates their durations, so
+            ``duration_median_s`` and ``duration_max_s`` come from the other measured updates.
         export: ``fn(pl_module, directory) -> path | None`` called and measured at fit end as
             the ``export`` phase; the returned file or folder's size is recorded.
         on_fail: ``"record"`` (default) or ``"raise"`` a :class:`PhaseCheckError`.
@@ -143,6 +147,7 @@ class PhaseMemoryMonitor(PilotCallback):
         *,
         pilot_updates: int = 3,
         sample_every: int = 50,
+        memory_updates: int = 2,
         export: ExportFn | None = None,
         on_fail: Literal["record", "raise"] = "record",
         track_cpu: bool = True,
@@ -158,6 +163,15 @@ class PhaseMemoryMonitor(PilotCallback):
             raise ValueError(
                 f"PhaseMemoryMonitor(pilot_updates={pilot_updates!r}) is invalid: measure at least"
                 " 2 updates (the first allocates the optimizer state; the peak comes later)."
+            )
+        if (
+            not isinstance(memory_updates, int)
+            or isinstance(memory_updates, bool)
+            or not 1 <= memory_updates <= pilot_updates
+        ):
+            raise ValueError(
+                f"PhaseMemoryMonitor(memory_updates={memory_updates!r}) is invalid: expected an"
+                f" integer from 1 to pilot_updates={pilot_updates}."
             )
         if not isinstance(sample_every, int) or isinstance(sample_every, bool) or sample_every < 0:
             raise ValueError(
@@ -179,6 +193,7 @@ class PhaseMemoryMonitor(PilotCallback):
             )
         self.pilot_updates = pilot_updates
         self.sample_every = sample_every
+        self.memory_updates = memory_updates
         self.export = export
         self.on_fail = on_fail
         self.track_cpu = bool(track_cpu)
@@ -195,6 +210,7 @@ class PhaseMemoryMonitor(PilotCallback):
         self._open: tuple[str, float, bool] | None = None
         self._pending: Occurrence | None = None
         self._measuring = False
+        self._tracking = False
         self._data_clock: float | None = None
         self._start_step = 0
         self._setup_started: float | None = None
@@ -323,8 +339,9 @@ class PhaseMemoryMonitor(PilotCallback):
         values: dict[str, Any] = {k: getattr(reading, k) for k in reading.__dataclass_fields__}
         if not tracked:
             values["notes"] = (
-                "allocated bytes not measured: the CPU tensor tracker does not run during data"
-                " fetching or checkpoint (de)serialisation; see host_rss_bytes"
+                "allocated bytes not measured here: the CPU tensor tracker runs in the first"
+                " updates and evaluations only, not during data fetching or checkpoint"
+                " (de)serialisation; see host_rss_bytes"
             )
         values.update(self._state_values())
         if view is not None:
@@ -332,7 +349,13 @@ class PhaseMemoryMonitor(PilotCallback):
                 batch_size=view.batch_size, seq_len=view.seq_len, input_shapes=_shapes(view)
             )
         return Occurrence(
-            phase, step, duration_s=duration, synchronized=self._synchronized, values=values
+            phase,
+            step,
+            duration_s=duration,
+            synchronized=self._synchronized,
+            values=values,
+            # Durations are clean unless the CPU tracker ran during the occurrence.
+            clean_timing=not (tracked and isinstance(counter, TrackerCounter)),
         )
 
     def _state_values(self) -> dict[str, Any]:
@@ -419,6 +442,9 @@ class PhaseMemoryMonitor(PilotCallback):
 
     def _restart_data_clock(self, trainer: pl.Trainer) -> None:
         self._measuring = trainer.state.fn == TrainerFn.FITTING and self._is_measured(trainer)
+        # The CPU tracker's per-operator cost inflates durations: it runs in the first
+        # ``memory_updates`` updates only; later measured updates are timed without it.
+        self._tracking = trainer.global_step - self._start_step < self.memory_updates
         self._data_clock = time.perf_counter()
         if self._measuring:
             self._begin("data", track=False)
@@ -436,7 +462,7 @@ class PhaseMemoryMonitor(PilotCallback):
         view = self.adapter.view(batch, count_tokens=False)
         self._add(self._end("data", step, view), _batch_checks(view))
         self._view = view
-        self._begin("forward")
+        self._begin("forward", track=self._tracking)
 
     @override
     def on_before_backward(
@@ -447,7 +473,7 @@ class PhaseMemoryMonitor(PilotCallback):
         if not self._measuring:
             return
         self._add(self._end("forward", step, self._view), checks.check_loss(loss))
-        self._begin("backward")
+        self._begin("backward", track=self._tracking)
 
     @override
     def on_after_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -475,7 +501,7 @@ class PhaseMemoryMonitor(PilotCallback):
         }
         self._fingerprint = checks.fingerprint(pl_module.named_parameters())
         self._step_before = step
-        self._begin("optimizer_step")
+        self._begin("optimizer_step", track=self._tracking)
 
     def _after_update(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self._open is not None and self._open[0] == "optimizer_step":
@@ -547,7 +573,7 @@ class PhaseMemoryMonitor(PilotCallback):
             "grad": False,
         }
         if measured:
-            self._begin(phase)
+            self._begin(phase, track=first)
 
     def _eval_batch(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any) -> None:
         if trainer.sanity_checking or not self._eval.get("measured"):

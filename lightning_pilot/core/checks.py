@@ -85,7 +85,8 @@ def check_gradients(
         optimized: ``id`` of every parameter in the optimizers' param groups (the ones meant to
             train).
     """
-    frozen, missing, nonfinite, stray = [], [], [], []
+    frozen, missing, stray = [], [], []
+    with_grad: list[tuple[str, torch.Tensor]] = []
     for name, param in named_parameters:
         in_optimizer = id(param) in optimized
         if in_optimizer and not param.requires_grad:
@@ -93,10 +94,14 @@ def check_gradients(
         elif in_optimizer and param.grad is None:
             missing.append(name)
         elif param.grad is not None:
-            if not bool(torch.isfinite(param.grad).all()):
-                nonfinite.append(name)
+            with_grad.append((name, param.grad))
             if not in_optimizer:
                 stray.append(name)
+    nonfinite: list[str] = []
+    if with_grad:
+        # One device synchronisation for all parameters, not one each.
+        finite = torch.stack([torch.isfinite(g).all() for _, g in with_grad]).tolist()
+        nonfinite = [name for (name, _), ok in zip(with_grad, finite, strict=True) if not ok]
     results = []
     if frozen:
         results.append(
@@ -145,7 +150,7 @@ def check_gradients(
 def fingerprint(
     named_parameters: Iterable[tuple[str, torch.Tensor]],
 ) -> dict[str, tuple[float, float]]:
-    """A cheap per-parameter fingerprint (sum and sum of squares in float64).
+    """A cheap per-parameter fingerprint (sum and L2 norm, accumulated in float64).
 
     Any change of a float32 element changes its value by at least one ulp, so an exact equality
     of both sums means "unchanged" except for a contrived cancellation. Computed one parameter
@@ -153,10 +158,17 @@ def fingerprint(
     """
     names, sums = [], []
     for name, param in named_parameters:
-        value = param.detach().to(torch.float64)
+        value = param.detach()
         names.append(name)
-        sums.append(torch.stack([value.sum(), (value * value).sum()]))
-        del value
+        # Reductions accumulate in float64 without a float64 copy of the parameter.
+        sums.append(
+            torch.stack(
+                [
+                    value.sum(dtype=torch.float64),
+                    torch.linalg.vector_norm(value, dtype=torch.float64),
+                ]
+            )
+        )
     if not sums:
         return {}
     table = torch.stack(sums).cpu().tolist()
