@@ -25,28 +25,70 @@ from typing import TYPE_CHECKING, Any
 from lightning_pilot._version import __version__
 
 if TYPE_CHECKING:
+    from lightning_pilot.callbacks.batch_inspector import BatchInspector
+    from lightning_pilot.callbacks.divergence_ledger import (
+        DivergenceLedger,
+        RepeatedVariantError,
+        RepeatedVariantWarning,
+    )
+    from lightning_pilot.callbacks.effective_batch_accountant import EffectiveBatchAccountant
+    from lightning_pilot.callbacks.overfit_tiny_subset import OverfitTinySubset
     from lightning_pilot.callbacks.phase_memory_monitor import PhaseCheckError, PhaseMemoryMonitor
+    from lightning_pilot.callbacks.resume_verifier import ResumeVerifier
+    from lightning_pilot.core.accounting import UpdatePlan, plan_updates
+    from lightning_pilot.core.batches import BatchAdapter
+    from lightning_pilot.core.compare import Comparison, compare_runs
+    from lightning_pilot.core.divergence import DivergenceRules
     from lightning_pilot.core.ids import new_run_id
+    from lightning_pilot.ledger import Ledger
     from lightning_pilot.run import PilotCallback, PilotRun
     from lightning_pilot.storage import read_ledger_records, read_phase_table
 
 _LAZY = {
+    "BatchAdapter": "lightning_pilot.core.batches",
+    "BatchInspector": "lightning_pilot.callbacks.batch_inspector",
+    "Comparison": "lightning_pilot.core.compare",
+    "DivergenceLedger": "lightning_pilot.callbacks.divergence_ledger",
+    "DivergenceRules": "lightning_pilot.core.divergence",
+    "EffectiveBatchAccountant": "lightning_pilot.callbacks.effective_batch_accountant",
+    "Ledger": "lightning_pilot.ledger",
+    "OverfitTinySubset": "lightning_pilot.callbacks.overfit_tiny_subset",
     "PhaseCheckError": "lightning_pilot.callbacks.phase_memory_monitor",
     "PhaseMemoryMonitor": "lightning_pilot.callbacks.phase_memory_monitor",
     "PilotCallback": "lightning_pilot.run",
     "PilotRun": "lightning_pilot.run",
+    "RepeatedVariantError": "lightning_pilot.callbacks.divergence_ledger",
+    "RepeatedVariantWarning": "lightning_pilot.callbacks.divergence_ledger",
+    "ResumeVerifier": "lightning_pilot.callbacks.resume_verifier",
+    "UpdatePlan": "lightning_pilot.core.accounting",
+    "compare_runs": "lightning_pilot.core.compare",
     "new_run_id": "lightning_pilot.core.ids",
+    "plan_updates": "lightning_pilot.core.accounting",
     "read_ledger_records": "lightning_pilot.storage",
     "read_phase_table": "lightning_pilot.storage",
 }
 
 __all__ = [
+    "BatchAdapter",
+    "BatchInspector",
+    "Comparison",
+    "DivergenceLedger",
+    "DivergenceRules",
+    "EffectiveBatchAccountant",
+    "Ledger",
+    "OverfitTinySubset",
     "PhaseCheckError",
     "PhaseMemoryMonitor",
     "PilotCallback",
     "PilotRun",
+    "RepeatedVariantError",
+    "RepeatedVariantWarning",
+    "ResumeVerifier",
+    "UpdatePlan",
     "__version__",
+    "compare_runs",
     "new_run_id",
+    "plan_updates",
     "read_ledger_records",
     "read_phase_table",
 ]
