@@ -211,6 +211,14 @@ class Ledger:
         """Every record, oldest first (unreadable files are skipped with a warning)."""
         return storage.read_ledger_records(self.path)
 
+    def index(self) -> Path | None:
+        """Copy records not yet indexed into one index segment, so later reads are fast.
+
+        The record files are never changed or removed (see :func:`storage.index_ledger`).
+        Returns the new segment, or ``None`` when nothing was new.
+        """
+        return storage.index_ledger(self.path)
+
     def runs(self, *, now: datetime | None = None) -> pd.DataFrame:
         """One row per run (see the module docstring); ``now`` is for tests and replays."""
         return fold_records(self.records(), now=now, stale_after=self.stale_after)

@@ -306,3 +306,36 @@ def test_run_ids_sort_by_time() -> None:
     late = new_run_id(now_ns=1_700_000_000_001_000_000)  # one millisecond later
     assert early < late
     assert early.startswith("20231114T221320000Z-")
+
+
+# ------------------------------------------------------------------------------------------
+# the ledger index: a derived copy that speeds reading and never replaces a record
+# ------------------------------------------------------------------------------------------
+
+
+def test_index_speeds_reading_without_touching_records(tmp_path: Path) -> None:
+    for seed in range(5):
+        write_ledger_record(tmp_path, _record(seed=seed))
+    files_before = sorted(p.name for p in tmp_path.glob("*.parquet"))
+    segment = storage.index_ledger(tmp_path)
+    assert segment is not None
+    assert segment.parent.name == "_index"
+    assert storage.index_ledger(tmp_path) is None  # nothing new to index
+    write_ledger_record(tmp_path, _record(seed=5))  # written after the index
+    records = read_ledger_records(tmp_path)
+    assert sorted(records["seed"].tolist()) == [0, 1, 2, 3, 4, 5]
+    assert records["record_id"].is_unique
+    # Every record file is still there, and pandas does not see the index twice.
+    assert sorted(p.name for p in tmp_path.glob("*.parquet"))[:5] == files_before
+    assert len(pd.read_parquet(tmp_path)) == 6
+
+
+def test_damaged_index_falls_back_to_the_record_files(tmp_path: Path) -> None:
+    for seed in range(3):
+        write_ledger_record(tmp_path, _record(seed=seed))
+    segment = storage.index_ledger(tmp_path)
+    assert segment is not None
+    segment.write_bytes(segment.read_bytes()[:40])
+    with pytest.warns(RuntimeWarning, match=r"skipped unreadable ledger index .*segment-"):
+        records = read_ledger_records(tmp_path)
+    assert sorted(records["seed"].tolist()) == [0, 1, 2]
