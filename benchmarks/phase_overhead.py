@@ -6,6 +6,8 @@ callback present in both. It reports, per repeat and overall (median of repeats)
 
 * the pilot window: mean time per update over the monitor's first ``pilot_updates`` updates
   (fully measured: device synchronisation at phase edges, the CPU tensor tracker, checks);
+* the time spent inside the monitor itself (its hooks) after the window, as a fraction of the
+  rest of the update: measured within one run, so it does not suffer from run-to-run noise;
 * the steady state: the updates after the window, sampled ones included at their full measured
   cost, so the figure is what a long run pays. Ordinary updates count at their median time in
   each run, which keeps a busy neighbour on a shared machine from swinging the ratio; the raw
@@ -49,6 +51,39 @@ class UpdateTimer(pl.Callback):
         self._last = now
 
 
+_HOOKS = (
+    "on_train_batch_start",
+    "on_before_backward",
+    "on_after_backward",
+    "on_before_optimizer_step",
+    "_after_update",
+    "on_train_batch_end",
+)
+
+
+def instrument(monitor: PhaseMemoryMonitor) -> list[float]:
+    """Time spent inside the monitor per update (its hooks and its optimizer post-hook).
+
+    Wall time of whole fits varies by several percent from run to run on a shared CPU; the
+    monitor's own time inside the same run is measured directly and varies far less.
+    """
+    per_update: list[float] = [0.0]
+    for name in _HOOKS:
+        original = getattr(monitor, name)
+
+        def timed(*args: Any, _original: Any = original, _name: str = name) -> Any:
+            started = time.perf_counter()
+            try:
+                return _original(*args)
+            finally:
+                per_update[-1] += time.perf_counter() - started
+                if _name == "on_train_batch_end":
+                    per_update.append(0.0)
+
+        setattr(monitor, name, timed)
+    return per_update
+
+
 def run(steps: int, monitor: PhaseMemoryMonitor | None, root: str) -> list[float]:
     torch.manual_seed(0)
     timer = UpdateTimer()
@@ -90,17 +125,18 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--pilot-updates", type=int, default=3)
-    parser.add_argument("--sample-every", type=int, default=50)
+    parser.add_argument("--sample-every", type=int, default=100)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     parser.add_argument("--root", default="/tmp/lightning-pilot-bench")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)  # one thread: steadier timings on a shared machine
-    window, steady = [], []
+    window, steady, inside = [], [], []
     skip = 1  # the very first update pays one-off costs in both runs
     for repeat in range(args.repeats):
         monitor = PhaseMemoryMonitor(
             pilot_updates=args.pilot_updates, sample_every=args.sample_every
         )
+        hook_time = instrument(monitor)
         order = [None, monitor] if repeat % 2 == 0 else [monitor, None]
         results = {}
         for choice in order:
@@ -110,15 +146,20 @@ def main() -> None:
         window.append(statistics.fmean(mon[w]) / statistics.fmean(bare[w]))
         steady.append(steady_ratio(bare, mon, args.pilot_updates, args.sample_every))
         raw = sum(mon[args.pilot_updates :]) / sum(bare[args.pilot_updates :])
+        spent = sum(hook_time[args.pilot_updates : len(mon)])
+        inside.append(spent / (sum(mon[args.pilot_updates :]) - spent))
         print(
             f"repeat {repeat}: bare {1 / statistics.median(bare[args.pilot_updates :]):.1f}"
             f" updates/s; pilot window x{window[-1]:.2f}; steady state x{steady[-1]:.3f}"
-            f" (raw totals x{raw:.3f})"
+            f" (raw totals x{raw:.3f}); time inside the monitor after the window"
+            f" {100 * inside[-1]:.2f}% of the rest of the update"
         )
     print(
         f"median over {args.repeats} repeats ({args.steps} updates, torch"
         f" {torch.__version__}, {torch.get_num_threads()} threads): pilot window"
         f" x{statistics.median(window):.2f}, steady state x{statistics.median(steady):.3f}"
+        f" (spread x{min(steady):.3f} to x{max(steady):.3f}); time inside the"
+        f" monitor after the window: {100 * statistics.median(inside):.2f}% of the update"
     )
 
 

@@ -146,7 +146,7 @@ class PhaseMemoryMonitor(PilotCallback):
         self,
         *,
         pilot_updates: int = 3,
-        sample_every: int = 50,
+        sample_every: int = 100,
         memory_updates: int = 2,
         export: ExportFn | None = None,
         on_fail: Literal["record", "raise"] = "record",

@@ -353,19 +353,13 @@ class StateBytes:
         ]
 
 
-def _storage_key(tensor: torch.Tensor) -> tuple[str, int] | None:
+def _storage_of(tensor: torch.Tensor) -> tuple[tuple[str, int] | None, int]:
+    """The storage identity (device, address) and its bytes; one storage lookup per tensor."""
     try:
         storage = tensor.untyped_storage()
     except (RuntimeError, NotImplementedError):
-        return None
-    return (str(tensor.device), storage.data_ptr())
-
-
-def _storage_bytes(tensor: torch.Tensor) -> int:
-    try:
-        return int(tensor.untyped_storage().nbytes())
-    except (RuntimeError, NotImplementedError):
-        return int(tensor.numel() * tensor.element_size())
+        return None, int(tensor.numel() * tensor.element_size())
+    return (tensor.device.type + str(tensor.device.index), storage.data_ptr()), storage.nbytes()
 
 
 def _optimizer_tensors(optimizers: Iterable[Any]) -> Iterator[torch.Tensor]:
@@ -397,12 +391,11 @@ def state_bytes(module: torch.nn.Module, optimizers: Iterable[Any] = ()) -> Stat
     result = StateBytes()
 
     def add(tensor: torch.Tensor, kind: str) -> int:
-        key = _storage_key(tensor)
-        if key is not None and key in seen:
-            return 0
+        key, nbytes = _storage_of(tensor)
         if key is not None:
+            if key in seen:
+                return 0
             seen.add(key)
-        nbytes = _storage_bytes(tensor)
         slot = (str(tensor.device), kind)
         result.by_device[slot] = result.by_device.get(slot, 0) + nbytes
         return nbytes
