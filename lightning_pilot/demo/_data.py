@@ -12,6 +12,7 @@ from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import Any, TypeVar
 
 import torch
+from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, Sampler, SequentialSampler, Subset
 
 STATEFUL_INSTALL_HINT = "pip install 'lightning-pilot[stateful]'"
@@ -337,3 +338,75 @@ def build_dataloader(
         # Re-forking the workers at every epoch costs a fraction of a second instead.
         persistent_workers=False,
     )
+
+
+class SplitDataModule(LightningDataModule):
+    """What both demo DataModules share: three splits and their loaders.
+
+    Subclasses fill ``self._splits`` in ``setup`` and set ``batch_size``, ``seed``,
+    ``num_workers``, ``stateful`` and ``shuffle``; :meth:`_collate` gives their collate function.
+    """
+
+    batch_size: int
+    seed: int
+    num_workers: int
+    stateful: bool
+    shuffle: bool
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._splits: dict[str, Subset[dict[str, Any]]] = {}
+
+    def _split(self, name: str) -> Subset[dict[str, Any]]:
+        if not self._splits:
+            raise RuntimeError(
+                f"{type(self).__name__}.{name}_dataset is not available before setup(); "
+                "call datamodule.setup() first (Trainer does it for you)."
+            )
+        return self._splits[name]
+
+    @property
+    def train_dataset(self) -> Subset[dict[str, Any]]:
+        """The training examples (after :meth:`setup`)."""
+        return self._split("train")
+
+    @property
+    def val_dataset(self) -> Subset[dict[str, Any]]:
+        """The validation examples (after :meth:`setup`)."""
+        return self._split("val")
+
+    @property
+    def test_dataset(self) -> Subset[dict[str, Any]]:
+        """The test examples (after :meth:`setup`)."""
+        return self._split("test")
+
+    def _collate(self) -> Callable[[list[Any]], Any] | None:
+        return None  # PyTorch's default collate
+
+    def _loader(self, dataset: Subset[dict[str, Any]], *, shuffle: bool) -> DataLoader[Any]:
+        return build_dataloader(
+            dataset,
+            owner=type(self).__name__,
+            batch_size=self.batch_size,
+            shuffle=shuffle,
+            seed=self.seed,
+            num_workers=self.num_workers,
+            stateful=self.stateful,
+            collate_fn=self._collate(),
+        )
+
+    def train_dataloader(self) -> DataLoader[Any]:
+        """Loader of the training split, shuffled (seeded) unless ``shuffle=False``."""
+        return self._loader(self.train_dataset, shuffle=self.shuffle)
+
+    def val_dataloader(self) -> DataLoader[Any]:
+        """Loader of the validation split, in id order."""
+        return self._loader(self.val_dataset, shuffle=False)
+
+    def test_dataloader(self) -> DataLoader[Any]:
+        """Loader of the test split, in id order."""
+        return self._loader(self.test_dataset, shuffle=False)
+
+    def predict_dataloader(self) -> DataLoader[Any]:
+        """Loader of the test split, in id order (batches keep their labels)."""
+        return self._loader(self.test_dataset, shuffle=False)

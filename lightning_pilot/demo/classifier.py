@@ -27,14 +27,14 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 import torch
-from lightning.pytorch import LightningDataModule, LightningModule
+from lightning.pytorch import LightningModule
 from lightning.pytorch.utilities.types import OptimizerLRScheduler
 from torch import Tensor, nn
 from torch.nn.functional import cross_entropy
-from torch.utils.data import DataLoader, Dataset, Subset
+from torch.utils.data import Dataset, Subset
 
 from lightning_pilot.demo._data import (
-    build_dataloader,
+    SplitDataModule,
     check_bool,
     check_choice,
     check_float,
@@ -142,7 +142,7 @@ class GroupedClassificationDataset(Dataset[dict[str, Any]]):
         }
 
 
-class ClassificationDataModule(LightningDataModule):
+class ClassificationDataModule(SplitDataModule):
     """Train/validation/test loaders of the grouped classification task.
 
     With ``split_by="group"`` whole groups are assigned to splits (a seeded shuffle of the
@@ -233,7 +233,6 @@ class ClassificationDataModule(LightningDataModule):
             # Fail at construction, not minutes later when the first loader is built.
             stateful_dataloader_class(owner)
         self.save_hyperparameters()
-        self._splits: dict[str, Subset[dict[str, Any]]] = {}
 
     def setup(self, stage: str | None = None) -> None:
         """Generate the examples and split them (once; later calls reuse them).
@@ -269,58 +268,6 @@ class ClassificationDataModule(LightningDataModule):
             name: Subset(dataset, torch.nonzero(split_of_example == code).flatten().tolist())
             for code, name in enumerate(("train", "val", "test"))
         }
-
-    def _split(self, name: str) -> Subset[dict[str, Any]]:
-        if not self._splits:
-            raise RuntimeError(
-                f"{type(self).__name__}.{name}_dataset is not available before setup(); "
-                "call datamodule.setup() first (Trainer does it for you)."
-            )
-        return self._splits[name]
-
-    @property
-    def train_dataset(self) -> Subset[dict[str, Any]]:
-        """The training examples (after :meth:`setup`)."""
-        return self._split("train")
-
-    @property
-    def val_dataset(self) -> Subset[dict[str, Any]]:
-        """The validation examples (after :meth:`setup`)."""
-        return self._split("val")
-
-    @property
-    def test_dataset(self) -> Subset[dict[str, Any]]:
-        """The test examples (after :meth:`setup`)."""
-        return self._split("test")
-
-    def _loader(self, dataset: Subset[dict[str, Any]], *, shuffle: bool) -> DataLoader[Any]:
-        # PyTorch's default collate already gives the batch format: ints -> LongTensor[B],
-        # 1-d inputs -> FloatTensor[B, F].
-        return build_dataloader(
-            dataset,
-            owner=type(self).__name__,
-            batch_size=self.batch_size,
-            shuffle=shuffle,
-            seed=self.seed,
-            num_workers=self.num_workers,
-            stateful=self.stateful,
-        )
-
-    def train_dataloader(self) -> DataLoader[Any]:
-        """Loader of the training split, shuffled (seeded) unless ``shuffle=False``."""
-        return self._loader(self.train_dataset, shuffle=self.shuffle)
-
-    def val_dataloader(self) -> DataLoader[Any]:
-        """Loader of the validation split, in id order."""
-        return self._loader(self.val_dataset, shuffle=False)
-
-    def test_dataloader(self) -> DataLoader[Any]:
-        """Loader of the test split, in id order."""
-        return self._loader(self.test_dataset, shuffle=False)
-
-    def predict_dataloader(self) -> DataLoader[Any]:
-        """Loader of the test split, in id order (batches keep their labels)."""
-        return self._loader(self.test_dataset, shuffle=False)
 
 
 class TinyClassifier(LightningModule):

@@ -24,19 +24,19 @@ Batch format (what :class:`InstructionDataModule` loaders yield, see :class:`Ins
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, Literal
 
 import torch
-from lightning.pytorch import LightningDataModule, LightningModule
+from lightning.pytorch import LightningModule
 from lightning.pytorch.utilities.types import OptimizerLRScheduler
 from torch import Tensor, nn
 from torch.nn.functional import cross_entropy, scaled_dot_product_attention
-from torch.utils.data import DataLoader, Dataset, Subset
+from torch.utils.data import Dataset, Subset
 
 from lightning_pilot.demo._data import (
-    build_dataloader,
+    SplitDataModule,
     check_bool,
     check_choice,
     check_float,
@@ -295,7 +295,7 @@ class InstructionCollator:
         }
 
 
-class InstructionDataModule(LightningDataModule):
+class InstructionDataModule(SplitDataModule):
     """Train/validation/test loaders of the synthetic instruction task.
 
     The ``dataset_size`` examples are generated from ``seed`` and split in id order: the first
@@ -383,7 +383,9 @@ class InstructionDataModule(LightningDataModule):
             # Fail at construction, not minutes later when the first loader is built.
             stateful_dataloader_class(owner)
         self.save_hyperparameters()
-        self._splits: dict[str, Subset[dict[str, Any]]] = {}
+
+    def _collate(self) -> Callable[[list[Any]], Any] | None:
+        return InstructionCollator(self.max_length)
 
     @property
     def vocab_size(self) -> int:
@@ -410,57 +412,6 @@ class InstructionDataModule(LightningDataModule):
             "val": Subset(dataset, range(n_train, n_train + n_val)),
             "test": Subset(dataset, range(n_train + n_val, self.dataset_size)),
         }
-
-    def _split(self, name: str) -> Subset[dict[str, Any]]:
-        if not self._splits:
-            raise RuntimeError(
-                f"{type(self).__name__}.{name}_dataset is not available before setup(); "
-                "call datamodule.setup() first (Trainer does it for you)."
-            )
-        return self._splits[name]
-
-    @property
-    def train_dataset(self) -> Subset[dict[str, Any]]:
-        """The training examples (after :meth:`setup`)."""
-        return self._split("train")
-
-    @property
-    def val_dataset(self) -> Subset[dict[str, Any]]:
-        """The validation examples (after :meth:`setup`)."""
-        return self._split("val")
-
-    @property
-    def test_dataset(self) -> Subset[dict[str, Any]]:
-        """The test examples (after :meth:`setup`)."""
-        return self._split("test")
-
-    def _loader(self, dataset: Subset[dict[str, Any]], *, shuffle: bool) -> DataLoader[Any]:
-        return build_dataloader(
-            dataset,
-            owner=type(self).__name__,
-            batch_size=self.batch_size,
-            shuffle=shuffle,
-            seed=self.seed,
-            num_workers=self.num_workers,
-            stateful=self.stateful,
-            collate_fn=InstructionCollator(self.max_length),
-        )
-
-    def train_dataloader(self) -> DataLoader[Any]:
-        """Loader of the training split, shuffled (seeded) unless ``shuffle=False``."""
-        return self._loader(self.train_dataset, shuffle=self.shuffle)
-
-    def val_dataloader(self) -> DataLoader[Any]:
-        """Loader of the validation split, in id order."""
-        return self._loader(self.val_dataset, shuffle=False)
-
-    def test_dataloader(self) -> DataLoader[Any]:
-        """Loader of the test split, in id order."""
-        return self._loader(self.test_dataset, shuffle=False)
-
-    def predict_dataloader(self) -> DataLoader[Any]:
-        """Loader of the test split, in id order (batches keep their labels)."""
-        return self._loader(self.test_dataset, shuffle=False)
 
 
 class _CausalSelfAttention(nn.Module):
