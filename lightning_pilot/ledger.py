@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 from collections.abc import Sequence
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -124,7 +123,6 @@ _RUN_COLUMNS_FIRST: Final = (
     "updates_done",
     "planned_updates",
 )
-_END_FILE = re.compile(r"-end-")
 
 
 def fold_records(
@@ -345,14 +343,8 @@ def find_failed_runs(
     columns = ["run_id", "status", "stop_cause", "stop_step"]
     if not folder.is_dir():
         return pd.DataFrame(columns=columns)
-    files = sorted(
-        p
-        for p in folder.iterdir()
-        if p.suffix == ".parquet" and not p.name.startswith((".", "_")) and _END_FILE.search(p.name)
-    )
-    table = storage.read_parquet_files(files, storage.LEDGER_SCHEMA)
-    frame = table.select([*columns, "variant_key", "written_at", "record_id"]).to_pandas()
-    frame = frame.sort_values(["written_at", "record_id"], kind="stable")
+    records = storage.read_ledger_records(folder, events=("end",))  # sorted, index-aware
+    frame = records[[*columns, "variant_key", "written_at", "record_id"]]
     frame = frame.drop_duplicates("run_id", keep="last")
     hit = (frame["variant_key"] == variant_key) & frame["status"].isin(statuses)
     found: pd.DataFrame = frame.loc[hit, columns].reset_index(drop=True)

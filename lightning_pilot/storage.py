@@ -50,6 +50,7 @@ from typing import Any, Final
 
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute
 import pyarrow.parquet as pq
 
 from lightning_pilot.core.ids import new_run_id, validate_run_id
@@ -801,7 +802,7 @@ def _read_one(file: Path) -> pa.Table:
         return pq.ParquetFile(pa.BufferReader(handle.read())).read(use_threads=False)
 
 
-def read_ledger_records(path: PathLike) -> pd.DataFrame:
+def read_ledger_records(path: PathLike, *, events: Sequence[str] | None = None) -> pd.DataFrame:
     """Read every record of a run ledger, oldest first.
 
     Records already copied into an index segment (:func:`index_ledger`) are read from it; the
@@ -809,14 +810,26 @@ def read_ledger_records(path: PathLike) -> pd.DataFrame:
 
     Args:
         path: the ledger folder, or an output folder holding ``ledger/``.
+        events: read only these events (``start``, ``heartbeat``, ``end``); the other files
+            are not even opened, since their names say their event.
 
     Returns:
         One row per record with the columns of :data:`LEDGER_SCHEMA`; unreadable files are
         skipped with a warning naming them.
     """
+    if events is not None and not set(events) <= set(LEDGER_EVENTS):
+        raise ValueError(f"events={events!r} is invalid; expected a subset of {LEDGER_EVENTS}.")
     folder = _ledger_folder(path)
     segments, covered = _read_index(folder)
     pending = [f for f in _visible_parquet_files(folder) if f.name not in covered]
+    if events is not None:
+        # Names read <time>-<run_id>-<event>-<record_id>.parquet; ids are hex, so the event
+        # word cannot occur inside them.
+        pending = [f for f in pending if any(f"-{event}-" in f.name for event in events)]
+        wanted = pa.array(list(events))
+        segments = [
+            t.filter(pa.compute.is_in(t.column("event"), value_set=wanted)) for t in segments
+        ]
     table = pa.concat_tables([*segments, read_parquet_files(pending, LEDGER_SCHEMA)])
     frame = _to_pandas(table.combine_chunks())
     if len(frame):

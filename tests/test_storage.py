@@ -339,3 +339,15 @@ def test_damaged_index_falls_back_to_the_record_files(tmp_path: Path) -> None:
     with pytest.warns(RuntimeWarning, match=r"skipped unreadable ledger index .*segment-"):
         records = read_ledger_records(tmp_path)
     assert sorted(records["seed"].tolist()) == [0, 1, 2]
+
+
+def test_reading_only_some_events_uses_file_names_and_the_index(tmp_path: Path) -> None:
+    run_id = new_run_id()
+    for event, status in (("start", "running"), ("heartbeat", "running"), ("end", "completed")):
+        write_ledger_record(tmp_path, {"run_id": run_id, "event": event, "status": status})
+    storage.index_ledger(tmp_path)
+    write_ledger_record(tmp_path, {"run_id": new_run_id(), "event": "end", "status": "failed"})
+    ends = read_ledger_records(tmp_path, events=("end",))
+    assert sorted(ends["status"].tolist()) == ["completed", "failed"]
+    with pytest.raises(ValueError, match=r"events=\('stop',\) is invalid"):
+        read_ledger_records(tmp_path, events=("stop",))
