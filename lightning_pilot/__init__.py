@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from lightning_pilot.core.divergence import DivergenceRules
     from lightning_pilot.core.ids import new_run_id
     from lightning_pilot.ledger import Ledger
+    from lightning_pilot.report import choice_sheet, parse_size, write_choice_sheet
     from lightning_pilot.run import PilotCallback, PilotRun
     from lightning_pilot.storage import read_ledger_records, read_phase_table
 
@@ -61,11 +62,14 @@ _LAZY = {
     "RepeatedVariantWarning": "lightning_pilot.callbacks.divergence_ledger",
     "ResumeVerifier": "lightning_pilot.callbacks.resume_verifier",
     "UpdatePlan": "lightning_pilot.core.accounting",
+    "choice_sheet": "lightning_pilot.report",
     "compare_runs": "lightning_pilot.core.compare",
     "new_run_id": "lightning_pilot.core.ids",
+    "parse_size": "lightning_pilot.report",
     "plan_updates": "lightning_pilot.core.accounting",
     "read_ledger_records": "lightning_pilot.storage",
     "read_phase_table": "lightning_pilot.storage",
+    "write_choice_sheet": "lightning_pilot.report",
 }
 
 __all__ = [
@@ -86,11 +90,14 @@ __all__ = [
     "ResumeVerifier",
     "UpdatePlan",
     "__version__",
+    "choice_sheet",
     "compare_runs",
     "new_run_id",
+    "parse_size",
     "plan_updates",
     "read_ledger_records",
     "read_phase_table",
+    "write_choice_sheet",
 ]
 
 

@@ -1,20 +1,41 @@
 """The ``lightning-pilot`` command (also ``python -m lightning_pilot``).
 
-Exit codes: 0 success (all checks passed), 1 a check failed, 2 bad usage or an unreadable
-path. A missing or corrupt path is reported in one line, not a traceback.
+Subcommands:
+
+* ``demo [--out DIR] [--quick]``: run the bundled pilot and write its choice sheet.
+* ``show PATH``: the phase table with verdicts and the ledger summary.
+* ``compare LEDGER --metric M [--by variant] [--control NAME]``: variants across seeds.
+* ``plan --dataset-size N --micro-batch B --accumulate K [--replicas R] [--epochs E |
+  --max-steps S]``: the updates and examples a configuration will make.
+* ``sheet RUN_DIR [--gpu-memory 80GiB]``: the choice sheet, written to ``RUN_DIR/sheet.md``.
+
+Exit codes: 0 success (all checks passed), 1 a check failed (a phase verdict ``fail`` in what
+``show``, ``sheet`` or ``demo`` read), 2 bad usage or an unreadable path. ``compare`` and
+``plan`` exit 0 unless their input is unusable: a diverged run is a result, not a failed
+check. A missing or corrupt path is reported in one line, not a traceback.
 
 Example:
     >>> from lightning_pilot.cli import main
     >>> main(["--version"])
     lightning-pilot 0.1.0
     0
+    >>> main(["plan", "--dataset-size", "3200", "--micro-batch", "2", "--accumulate", "8",
+    ...       "--epochs", "1"])
+    16 examples per update (2 x 8 x 1 replica); 200 updates; 3,200 examples; last window full
+    ...
+    0
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib
 import sys
-from collections.abc import Sequence
+import warnings
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
 
 from lightning_pilot._version import __version__
 
@@ -23,8 +44,161 @@ EXIT_CHECK_FAILED = 1
 EXIT_USAGE = 2
 
 
+class UsageError(Exception):
+    """Bad input to a subcommand: printed as one line, exit code 2."""
+
+
+def _out(text: str) -> None:
+    sys.stdout.write(text if text.endswith("\n") else text + "\n")
+
+
+def _err(text: str) -> None:
+    sys.stderr.write(f"lightning-pilot: {text}\n")
+
+
+def _cmd_show(args: argparse.Namespace) -> int:
+    from lightning_pilot.ledger import Ledger
+    from lightning_pilot.report import ledger_text, phase_table_text
+    from lightning_pilot.storage import read_phase_table
+
+    path = Path(args.path)
+    if not path.exists():
+        raise UsageError(f"{path} does not exist.")
+    run_only = (path / "phases.parquet").is_dir()
+    ledger_dir: Path | None = None
+    if (path / "ledger").is_dir():
+        ledger_dir = path / "ledger"
+    elif run_only and (path.parent.parent / "ledger").is_dir():
+        ledger_dir = path.parent.parent / "ledger"
+    elif path.is_dir() and not (path / "runs").is_dir() and any(path.glob("*.parquet")):
+        ledger_dir = path  # the ledger folder itself
+    phases = None
+    try:
+        phases = read_phase_table(path)
+    except ValueError:
+        if ledger_dir is None:
+            raise UsageError(
+                f"{path} holds neither a phase table (<out_dir>/runs/<run_id>/phases.parquet)"
+                " nor a ledger (<out_dir>/ledger)."
+            ) from None
+    failed = False
+    shown = False
+    if phases is not None:
+        if phases.empty:
+            raise UsageError(f"{path}: the phase table has no readable rows (corrupt files?).")
+        _out(f"Phase table ({len(phases)} rows) from {path}\n")
+        _out(phase_table_text(phases))
+        failed = bool((phases["verdict"] == "fail").any())
+        shown = True
+    if ledger_dir is not None:
+        runs = Ledger(ledger_dir).runs()
+        if run_only:
+            runs = runs[runs["run_id"] == path.name]
+        if shown:
+            _out("")
+        _out(f"Ledger ({len(runs)} run(s)) from {ledger_dir}\n")
+        _out(ledger_text(runs))
+    if failed:
+        _out("\nResult: a check failed (verdict fail).")
+        return EXIT_CHECK_FAILED
+    _out("\nResult: no failed check.")
+    return EXIT_OK
+
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+    from lightning_pilot.ledger import Ledger
+    from lightning_pilot.report import comparison_text
+
+    path = Path(args.ledger)
+    if not path.exists():
+        raise UsageError(f"{path} does not exist.")
+    ledger = Ledger(path)
+    if ledger.runs().empty:
+        raise UsageError(f"{ledger.path} holds no readable ledger records.")
+    try:
+        comparison = ledger.compare(
+            args.metric,
+            by=args.by,
+            control=args.control,
+            mode=args.mode,
+            reduce=args.reduce,
+            failures=args.failures,
+        )
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    _out(f"Comparison from {ledger.path}\n")
+    _out(comparison_text(comparison, by=args.by))
+    return EXIT_OK
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+    from lightning_pilot.core.accounting import plan_updates
+    from lightning_pilot.report import plan_text
+
+    if args.epochs is None and args.max_steps is None:
+        raise UsageError("plan needs --epochs or --max-steps.")
+    try:
+        plan = plan_updates(
+            args.dataset_size,
+            args.micro_batch,
+            args.accumulate,
+            args.replicas,
+            epochs=args.epochs,
+            max_steps=args.max_steps,
+            drop_last=args.drop_last,
+        )
+    except (TypeError, ValueError) as err:
+        raise UsageError(str(err)) from None
+    _out(plan_text(plan))
+    return EXIT_OK
+
+
+def _gpu_memory(text: str | None) -> int | None:
+    from lightning_pilot.report import parse_size
+
+    if text is None:
+        return None
+    try:
+        return parse_size(text, "--gpu-memory")
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+
+
+def _write_sheet(run_dir: Path, gpu_memory: int | None) -> int:
+    import pandas as pd
+
+    from lightning_pilot.report import write_choice_sheet
+    from lightning_pilot.storage import read_phase_table
+
+    written = write_choice_sheet(run_dir, gpu_memory_bytes=gpu_memory)
+    _out(written.read_text(encoding="utf-8"))
+    _out(f"Choice sheet written to {written}")
+    phases: pd.DataFrame = read_phase_table(run_dir)
+    return EXIT_CHECK_FAILED if bool((phases["verdict"] == "fail").any()) else EXIT_OK
+
+
+def _cmd_sheet(args: argparse.Namespace) -> int:
+    gpu_memory = _gpu_memory(args.gpu_memory)
+    run_dir = Path(args.run_dir)
+    if not run_dir.exists():
+        raise UsageError(f"{run_dir} does not exist.")
+    try:
+        return _write_sheet(run_dir, gpu_memory)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    gpu_memory = _gpu_memory(args.gpu_memory)
+    # Imported here: the demo pulls in Lightning and torch, which the other commands never need.
+    demo = importlib.import_module("lightning_pilot.demo.pilot")
+    result: dict[str, Any] = demo.run_demo(Path(args.out), quick=args.quick)
+    _out(f"Demo outputs in {result['out_dir']}")
+    return _write_sheet(Path(result["pilot_run_dir"]), gpu_memory)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of ``lightning-pilot`` (subcommands register here)."""
+    """The argument parser of ``lightning-pilot`` and its subcommands."""
     parser = argparse.ArgumentParser(
         prog="lightning-pilot",
         description=(
@@ -37,7 +211,73 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     parser.add_argument("--version", action="store_true", help="print the version and exit")
-    parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    demo = sub.add_parser(
+        "demo",
+        help="run the bundled pilot on CPU and write its choice sheet",
+        description="Run the demo LM pilot with every callback, the learning-rate comparison"
+        " and the plots, then write the pilot run's choice sheet.",
+    )
+    demo.add_argument("--out", default="lightning-pilot-demo", help="output folder")
+    demo.add_argument("--quick", action="store_true", help="a reduced-size demo")
+    demo.add_argument("--gpu-memory", metavar="SIZE", help="target GPU memory, e.g. 80GiB")
+    demo.set_defaults(handler=_cmd_demo)
+
+    show = sub.add_parser(
+        "show",
+        help="print the phase table with verdicts and the ledger summary",
+        description="PATH: an output folder (all runs and the ledger), a run folder"
+        " (<out_dir>/runs/<run_id>) or a ledger folder. Exits 1 when a phase verdict is fail.",
+    )
+    show.add_argument("path", metavar="PATH")
+    show.set_defaults(handler=_cmd_show)
+
+    compare = sub.add_parser(
+        "compare",
+        help="compare variants across seeds from a ledger",
+        description="Every run is counted by status; diverged, oom and failed runs rank worst.",
+    )
+    compare.add_argument("ledger", metavar="LEDGER", help="ledger folder or output folder")
+    compare.add_argument(
+        "--metric", required=True, help="a validation metric, train_loss, or a runs() column"
+    )
+    compare.add_argument("--by", default="variant", help="the column naming the groups")
+    compare.add_argument("--control", default=None, help="the group to pair the others with")
+    compare.add_argument("--mode", choices=["min", "max"], default="min", help="better is")
+    compare.add_argument("--reduce", choices=["last", "min", "max"], default="last")
+    compare.add_argument("--failures", choices=["worst", "exclude"], default="worst")
+    compare.set_defaults(handler=_cmd_compare)
+
+    plan = sub.add_parser(
+        "plan",
+        help="plan updates and examples of a configuration",
+        description="The effective batch, updates and examples of a configuration, computed"
+        " the way Lightning trains it.",
+    )
+    plan.add_argument("--dataset-size", type=int, required=True, metavar="N")
+    plan.add_argument("--micro-batch", type=int, required=True, metavar="B")
+    plan.add_argument("--accumulate", type=int, default=1, metavar="K")
+    plan.add_argument("--replicas", type=int, default=1, metavar="R")
+    budget = plan.add_mutually_exclusive_group()
+    budget.add_argument("--epochs", type=int, metavar="E")
+    budget.add_argument("--max-steps", type=int, metavar="S")
+    plan.add_argument("--drop-last", action="store_true", help="the loader drops the last batch")
+    plan.set_defaults(handler=_cmd_plan)
+
+    sheet = sub.add_parser(
+        "sheet",
+        help="write and print the choice sheet of a run",
+        description="Writes RUN_DIR/sheet.md (sheet-2.md, ... if it exists: never overwrites)."
+        " Exits 1 when a phase verdict is fail.",
+    )
+    sheet.add_argument("run_dir", metavar="RUN_DIR", help="<out_dir>/runs/<run_id>")
+    sheet.add_argument(
+        "--gpu-memory",
+        metavar="SIZE",
+        help="target GPU memory: 80GiB, 80GB, 141G, 24000MiB (G/GiB = 1024^3, GB = 1000^3)",
+    )
+    sheet.set_defaults(handler=_cmd_sheet)
     return parser
 
 
@@ -51,5 +291,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.version:
         sys.stdout.write(f"lightning-pilot {__version__}\n")
         return EXIT_OK
-    parser.print_help()
-    return EXIT_OK
+    handler: Callable[[argparse.Namespace], int] | None = getattr(args, "handler", None)
+    if handler is None:
+        parser.print_help()
+        return EXIT_OK
+    error = None
+    # Readers' warnings (a skipped unreadable file) become "lightning-pilot: warning:" lines;
+    # the demo trains, and Lightning's own warnings are shown as they happen.
+    capture = args.command != "demo"
+    with warnings.catch_warnings(record=True) if capture else contextlib.nullcontext() as caught:
+        if capture:
+            warnings.simplefilter("always")
+        try:
+            code = handler(args)
+        except (UsageError, FileNotFoundError, NotADirectoryError, PermissionError) as err:
+            code, error = EXIT_USAGE, str(err)
+    for warning in caught or []:  # what was skipped first, then the one-line error
+        if issubclass(warning.category, (RuntimeWarning, UserWarning)):
+            message = str(warning.message).removeprefix("lightning-pilot: ")
+            _err(f"warning: {message}")
+    if error is not None:
+        _err(error)
+    return code

@@ -43,10 +43,10 @@ import os
 import re
 import uuid
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, BinaryIO, Final
 
 import pandas as pd
 import pyarrow as pa
@@ -66,6 +66,8 @@ __all__ = [
     "detail_schema",
     "index_ledger",
     "list_snapshot_files",
+    "publish_bytes",
+    "publish_file",
     "publish_table",
     "read_ledger_records",
     "read_parquet_files",
@@ -391,23 +393,17 @@ def _publish_no_overwrite(tmp: Path, final: Path) -> None:
         os.rename(tmp, final)
 
 
-def publish_table(table: pa.Table, path: PathLike) -> Path:
-    """Write ``table`` to ``path`` atomically, never overwriting an existing file.
+def publish_file(path: PathLike, write: Callable[[BinaryIO], object]) -> Path:
+    """Write a file atomically under ``path`` with ``write(handle)``, never overwriting.
 
-    The table is written to a hidden temporary file in the same folder, flushed and fsynced,
-    published under its final name and the folder is fsynced. If anything fails (a full disk,
-    say) the temporary file is removed, the error propagates and no file is visible under
-    ``path``.
-
-    Args:
-        table: the Arrow table to write.
-        path: the final file path; its folder is created if needed.
-
-    Returns:
-        The published path.
+    The content is written to a hidden temporary file in the same folder, flushed and fsynced,
+    published under its final name (a hard link, which refuses an existing name) and the folder
+    is fsynced. If anything fails (a full disk, say) the temporary file is removed, the error
+    propagates and no file is visible under ``path``.
 
     Raises:
         FileExistsError: ``path`` already exists.
+        ValueError: ``path`` names a hidden file (readers would never see it).
         OSError: the write failed (nothing is left behind).
     """
     final = Path(path)
@@ -422,7 +418,7 @@ def publish_table(table: pa.Table, path: PathLike) -> Path:
     tmp = final.parent / f".{final.name}.{uuid.uuid4().hex}.tmp"
     try:
         with open(tmp, "wb") as handle:
-            pq.write_table(table, handle)
+            write(handle)
             handle.flush()
             os.fsync(handle.fileno())
         _publish_no_overwrite(tmp, final)
@@ -431,6 +427,21 @@ def publish_table(table: pa.Table, path: PathLike) -> Path:
             os.unlink(tmp)
     _fsync_dir(final.parent)
     return final
+
+
+def publish_table(table: pa.Table, path: PathLike) -> Path:
+    """Write ``table`` as Parquet to ``path`` atomically, never overwriting (:func:`publish_file`).
+
+    Raises:
+        FileExistsError: ``path`` already exists.
+        OSError: the write failed (nothing is left behind).
+    """
+    return publish_file(path, lambda handle: pq.write_table(table, handle))
+
+
+def publish_bytes(data: bytes, path: PathLike) -> Path:
+    """Write ``data`` to ``path`` atomically, never overwriting (:func:`publish_file`)."""
+    return publish_file(path, lambda handle: handle.write(data))
 
 
 def _utcnow() -> datetime:

@@ -1,0 +1,774 @@
+"""Console tables for phase tables, ledgers and comparisons, and the choice sheet.
+
+Everything here reads files that the callbacks wrote; nothing needs a Trainer or imports
+Lightning. Tables are plain fixed-width text with human units (bytes as KiB/MiB/GiB, durations
+as ms/s); a value that was not measured prints ``n/m``, never 0.
+
+* :func:`phase_table_text`, :func:`ledger_text`, :func:`comparison_text`, :func:`plan_text`:
+  the tables the ``lightning-pilot`` command prints.
+* :func:`choice_sheet` / :func:`write_choice_sheet`: the choice sheet of one run, in Markdown
+  (``runs/<run_id>/sheet.md``): memory per GPU and the phase that sets the peak, the largest
+  sizes seen, precision, micro-batch, accumulation, replicas, strategy, the verdict of every
+  phase (blocking failures first), the expected result, and the headroom on a target GPU.
+* :func:`parse_size`: ``"80GiB"``, ``"80GB"``, ``"141G"``, ``"24000MiB"`` to bytes.
+
+Example:
+    >>> from lightning_pilot.report import format_bytes, format_duration, parse_size
+    >>> parse_size("80GiB"), parse_size("80GB"), parse_size("24000MiB")
+    (85899345920, 80000000000, 25165824000)
+    >>> format_bytes(parse_size("141G")), format_bytes(None)
+    ('141.0 GiB', 'n/m')
+    >>> format_duration(0.0123), format_duration(2.5), format_duration(None)
+    ('12.3 ms', '2.50 s', 'n/m')
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Final
+
+import pandas as pd
+
+from lightning_pilot import storage
+from lightning_pilot._version import __version__
+from lightning_pilot.core.accounting import UpdatePlan, effective_batch_text
+from lightning_pilot.core.compare import STATUS_ORDER, Comparison
+from lightning_pilot.core.phases import PHASES
+
+__all__ = [
+    "NOT_MEASURED",
+    "SHEET_NAME",
+    "choice_sheet",
+    "comparison_text",
+    "format_bytes",
+    "format_duration",
+    "ledger_text",
+    "parse_size",
+    "phase_table_text",
+    "plan_text",
+    "render_table",
+    "write_choice_sheet",
+]
+
+#: How a null (not measured) value prints.
+NOT_MEASURED: Final = "n/m"
+#: The choice sheet's file name in the run folder (``sheet-2.md``, ... when it exists).
+SHEET_NAME: Final = "sheet.md"
+
+_UNITS: Final = {
+    "": 1,
+    "b": 1,
+    "k": 1024,
+    "kib": 1024,
+    "kb": 1000,
+    "m": 1024**2,
+    "mib": 1024**2,
+    "mb": 1000**2,
+    "g": 1024**3,
+    "gib": 1024**3,
+    "gb": 1000**3,
+    "t": 1024**4,
+    "tib": 1024**4,
+    "tb": 1000**4,
+}
+_SIZE: Final = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+_ORDER: Final = {phase: index for index, phase in enumerate(PHASES)}
+_VERDICT_RANK: Final = {"fail": 0, "warn": 1, "not_checked": 2, "pass": 3}
+
+
+# --------------------------------------------------------------------------------------------
+# Units
+# --------------------------------------------------------------------------------------------
+
+
+def parse_size(text: str, name: str = "size") -> int:
+    """Parse a memory size into bytes.
+
+    ``KiB``/``MiB``/``GiB``/``TiB`` and the bare letters ``K``/``M``/``G``/``T`` are powers of
+    1024 (as ``nvidia-smi`` and ``torch.cuda`` report them); ``KB``/``MB``/``GB``/``TB`` are
+    powers of 1000. A plain number is bytes. Case does not matter.
+
+    Args:
+        text: the size, e.g. ``"80GiB"``, ``"80GB"``, ``"141G"``, ``"24000MiB"``.
+        name: the argument's name, for the error message.
+
+    Raises:
+        ValueError: not a positive size with a known unit.
+
+    Example:
+        >>> parse_size("1.5 GiB")
+        1610612736
+        >>> parse_size("80 parsecs", "gpu_memory")
+        Traceback (most recent call last):
+        ...
+        ValueError: gpu_memory='80 parsecs' is not a size: expected a number and a unit ...
+    """
+    match = _SIZE.match(text) if isinstance(text, str) else None
+    unit = match.group(2).lower() if match else ""
+    if match is None or unit not in _UNITS or float(match.group(1)) <= 0:
+        raise ValueError(
+            f"{name}={text!r} is not a size: expected a number and a unit such as 80GiB, 80GB,"
+            " 141G or 24000MiB (K/M/G/T and KiB/MiB/GiB/TiB are powers of 1024, KB/MB/GB/TB"
+            " powers of 1000, no unit is bytes), greater than 0."
+        )
+    return round(float(match.group(1)) * _UNITS[unit])
+
+
+def _null(value: Any) -> bool:
+    if value is None or value is pd.NA or value is pd.NaT:
+        return True
+    return isinstance(value, float) and math.isnan(value)
+
+
+def format_bytes(value: Any) -> str:
+    """Bytes in B/KiB/MiB/GiB/TiB with one decimal; null prints ``n/m``."""
+    if _null(value):
+        return NOT_MEASURED
+    size = float(value)
+    sign = "-" if size < 0 else ""
+    size = abs(size)
+    if size < 1024:
+        return f"{sign}{size:.0f} B"
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        size /= 1024
+        if size < 1024 or unit == "TiB":
+            break
+    return f"{sign}{size:.1f} {unit}"
+
+
+def format_duration(value: Any) -> str:
+    """Seconds as ms below one second, s below ten minutes, else minutes; null prints ``n/m``."""
+    if _null(value):
+        return NOT_MEASURED
+    seconds = float(value)
+    if seconds < 1.0:
+        return f"{seconds * 1000:.1f} ms"
+    if seconds < 600.0:
+        return f"{seconds:.2f} s"
+    return f"{seconds / 60:.1f} min"
+
+
+def _text(value: Any) -> str:
+    if _null(value):
+        return NOT_MEASURED
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def _number(value: Any) -> str:
+    if _null(value):
+        return NOT_MEASURED
+    if isinstance(value, float) and math.isinf(value):
+        return "inf" if value > 0 else "-inf"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return f"{int(value):,}"
+
+
+# --------------------------------------------------------------------------------------------
+# Tables
+# --------------------------------------------------------------------------------------------
+
+
+def render_table(
+    headers: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[int] = ()
+) -> str:
+    """Fixed-width text table: a header, a rule and the rows; ``right``: right-aligned columns.
+
+    Example:
+        >>> print(render_table(["phase", "peak"], [["forward", "1.0 MiB"]], right=[1]))
+        phase       peak
+        -------  -------
+        forward  1.0 MiB
+    """
+    widths = [len(h) for h in headers]
+    for row in rows:
+        widths = [max(w, len(cell)) for w, cell in zip(widths, row, strict=True)]
+
+    def line(cells: Sequence[str]) -> str:
+        parts = [
+            cell.rjust(width) if i in right else cell.ljust(width)
+            for i, (cell, width) in enumerate(zip(cells, widths, strict=True))
+        ]
+        return "  ".join(parts).rstrip()
+
+    out = [line(headers), "  ".join("-" * w for w in widths)]
+    out += [line(row) for row in rows]
+    return "\n".join(out)
+
+
+def _markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    def cells(values: Sequence[str]) -> str:
+        return "| " + " | ".join(v.replace("|", "\\|") for v in values) + " |"
+
+    return "\n".join([cells(headers), "|" + "---|" * len(headers), *(cells(r) for r in rows)])
+
+
+def _occurrence(first: Any) -> str:
+    if _null(first):
+        return "all"
+    return "first" if bool(first) else "later"
+
+
+def phase_table_text(frame: pd.DataFrame) -> str:
+    """The phase table as text: one block per run, attempt and rank, reasons below each block.
+
+    Rows keep :func:`~lightning_pilot.storage.read_phase_table`'s order (runs in time order,
+    phases in campaign order, first occurrence before the rest).
+    """
+    if frame.empty:
+        return "(no phase rows)"
+    blocks = []
+    for (run_id, attempt, rank), rows in frame.groupby(
+        ["run_id", "attempt", "rank"], sort=False, dropna=False
+    ):
+        device = ", ".join(sorted({str(d) for d in rows["device"].dropna()})) or NOT_MEASURED
+        counter = ", ".join(sorted({str(c) for c in rows["counter"].dropna()})) or NOT_MEASURED
+        head = (
+            f"run {run_id}  attempt {_text(attempt)}  rank {_text(rank)}  device {device}"
+            f"  counter {counter}"
+        )
+        table_rows = [
+            [
+                str(row.phase),
+                _occurrence(row.first),
+                _number(row.occurrences),
+                _number(row.batch_size),
+                _number(row.seq_len),
+                format_bytes(row.peak_allocated_bytes),
+                format_bytes(row.peak_reserved_bytes),
+                format_duration(row.duration_s),
+                format_duration(row.duration_median_s),
+                str(row.verdict),
+            ]
+            for row in rows.itertuples(index=False)
+        ]
+        table = render_table(
+            [
+                "phase",
+                "occ.",
+                "count",
+                "batch",
+                "seq",
+                "peak alloc",
+                "peak reserved",
+                "time",
+                "median",
+                "verdict",
+            ],
+            table_rows,
+            right=[2, 3, 4, 5, 6, 7, 8],
+        )
+        reasons = [
+            f"  {row.verdict}: {row.phase} ({_occurrence(row.first)}): {_text(row.reason)}"
+            for row in rows.itertuples(index=False)
+            if row.verdict != "pass"
+        ]
+        reasons.sort(key=lambda line: _VERDICT_RANK.get(line.split(":")[0].strip(), 9))
+        block = [head, table]
+        if reasons:
+            block += ["Not passed:", *reasons]
+        blocks.append("\n".join(block))
+    return "\n\n".join(blocks)
+
+
+def ledger_text(runs: pd.DataFrame) -> str:
+    """The folded ledger (:meth:`lightning_pilot.Ledger.runs`) as text, one row per run."""
+    if runs.empty:
+        return "(no runs in the ledger)"
+    rows = []
+    for data in runs.to_dict("records"):
+        updates = _number(data.get("updates_done"))
+        if not _null(data.get("planned_updates")):
+            updates += f"/{_number(data.get('planned_updates'))}"
+        rows.append(
+            [
+                str(data["run_id"]),
+                _text(data.get("experiment")),
+                _text(data.get("variant")),
+                _text(data.get("seed")),
+                _text(data.get("status")),
+                _text(data.get("stop_cause")),
+                updates,
+                _number(data.get("effective_batch_size")),
+                _text(data.get("lr")),
+            ]
+        )
+    return render_table(
+        [
+            "run_id",
+            "experiment",
+            "variant",
+            "seed",
+            "status",
+            "stop cause",
+            "updates",
+            "eff. batch",
+            "lr",
+        ],
+        rows,
+        right=[3, 6, 7, 8],
+    )
+
+
+def _with_ci(row: Mapping[Any, Any], name: str) -> str:
+    value = _number(row.get(name))
+    low, high = row.get(f"{name}_ci_low"), row.get(f"{name}_ci_high")
+    if _null(low) or _null(high):
+        return value
+    return f"{value} [{_number(low)}, {_number(high)}]"
+
+
+def comparison_text(comparison: Comparison, by: str = "variant") -> str:
+    """A :class:`~lightning_pilot.core.compare.Comparison` as text.
+
+    The summary (every run counted by status; median, mean and IQM with their bootstrap
+    intervals when there were enough runs; paired differences against the control), then
+    every run ranked best first, failed runs last, unfinished runs unranked.
+    """
+    summary_rows = []
+    notes = []
+    for row in comparison.summary.to_dict("records"):
+        counts = ", ".join(
+            f"{row[f'n_{status}']} {status}" for status in STATUS_ORDER if row[f"n_{status}"]
+        )
+        paired = ""
+        if comparison.control is not None and row[by] != comparison.control:
+            if _null(row.get("paired_n")):
+                paired = NOT_MEASURED
+            else:
+                paired = (
+                    f"{_number(row.get('paired_mean_diff'))} over {row['paired_n']} seed(s),"
+                    f" {row['paired_wins']} won"
+                )
+                if not _null(row.get("paired_ci_low")):
+                    paired += (
+                        f" [{_number(row['paired_ci_low'])}, {_number(row['paired_ci_high'])}]"
+                    )
+        summary_rows.append(
+            [
+                str(row[by]),
+                str(row["n_runs"]),
+                counts or "none",
+                str(row["n_in_statistics"]),
+                _with_ci(row, "median"),
+                _with_ci(row, "mean"),
+                _with_ci(row, "iqm"),
+                paired,
+            ]
+        )
+        if row.get("notes"):
+            notes.append(f"  {row[by]}: {row['notes']}")
+    headers = [by, "runs", "by status", "in stats", "median", "mean", "iqm"]
+    if comparison.control is not None:
+        headers.append(f"vs {comparison.control} (mean diff)")
+    else:
+        summary_rows = [r[:-1] for r in summary_rows]
+    direction = "lower" if comparison.mode == "min" else "higher"
+    parts = [
+        f"metric {comparison.metric} ({direction} is better)",
+        render_table(headers, summary_rows, right=[1, 3]),
+    ]
+    if notes:
+        parts += ["Notes:", *notes]
+    runs = comparison.runs.copy()
+    runs["_unranked"] = runs["rank"].isna()
+    runs = runs.sort_values(["_unranked", "rank"], kind="stable")
+    run_rows = [
+        [
+            "-" if _null(r["rank"]) else str(r["rank"]),
+            str(r.get("run_id", "")),
+            str(r[by]),
+            _text(r["seed"]),
+            _text(r["status"]),
+            _text(r.get("stop_cause")),
+            _number(r["value"]),
+        ]
+        for r in runs.to_dict("records")
+    ]
+    parts += [
+        "",
+        "Runs, best first (diverged, oom and failed runs rank worst; '-': unfinished, unranked):",
+        render_table(
+            ["rank", "run_id", by, "seed", "status", "stop cause", "value"],
+            run_rows,
+            right=[0, 3, 6],
+        ),
+    ]
+    return "\n".join(parts)
+
+
+def plan_text(plan: UpdatePlan) -> str:
+    """An :class:`~lightning_pilot.core.accounting.UpdatePlan` as its summary line and fields."""
+    fields = [
+        ("dataset size", f"{plan.dataset_size:,}"),
+        ("micro-batch size", f"{plan.micro_batch_size:,}"),
+        ("accumulate_grad_batches (K)", f"{plan.accumulate_grad_batches:,}"),
+        ("data-parallel replicas", f"{plan.dp_replicas:,}"),
+        ("examples per update", f"{plan.examples_per_update:,}"),
+        ("epochs (budget)", "none" if plan.epochs is None else f"{plan.epochs:,}"),
+        ("max_steps (budget)", "none" if plan.max_steps is None else f"{plan.max_steps:,}"),
+        ("micro-batches per replica per epoch", f"{plan.micro_batches_per_epoch:,}"),
+        ("updates per epoch", f"{plan.updates_per_epoch:,}"),
+        (
+            "last window",
+            f"{plan.last_window_micro_batches} of {plan.accumulate_grad_batches} micro-batches"
+            f" (weight {plan.last_window_weight:.2f})",
+        ),
+        ("total updates", f"{plan.total_updates:,}"),
+        ("examples seen", f"{plan.examples_seen:,}"),
+        ("epochs completed", f"{plan.epochs_completed:,}"),
+        ("ends mid-epoch", "yes" if plan.ends_mid_epoch else "no"),
+        ("partial windows stepped", f"{plan.partial_windows:,}"),
+        ("padding duplicates per epoch", f"{plan.duplicates_per_epoch:,}"),
+    ]
+    width = max(len(name) for name, _ in fields)
+    return "\n".join([plan.describe(), "", *(f"{n.ljust(width)}  {v}" for n, v in fields)])
+
+
+# --------------------------------------------------------------------------------------------
+# The choice sheet
+# --------------------------------------------------------------------------------------------
+
+
+def _run_folder(run_dir: str | os.PathLike[str]) -> Path:
+    root = Path(run_dir)
+    if not root.exists():
+        raise FileNotFoundError(f"run_dir={str(root)!r} does not exist.")
+    if not (root / "phases.parquet").is_dir():
+        runs = root / "runs"
+        found = sorted(p.name for p in runs.iterdir() if p.is_dir()) if runs.is_dir() else []
+        hint = f"; runs here: {', '.join(found)}" if found else ""
+        raise ValueError(
+            f"run_dir={str(root)!r} is not a run folder: expected <out_dir>/runs/<run_id> holding"
+            f" phases.parquet{hint}."
+        )
+    return root
+
+
+def _ledger_rows(run: Path) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+    """The run's folded ledger row and its last curve values (``{name: (step, value)}``)."""
+    from lightning_pilot.ledger import Ledger
+
+    folder = run.parent.parent / "ledger"
+    if not folder.is_dir():
+        return None, {}
+    ledger = Ledger(folder)
+    runs = ledger.runs()
+    mine = runs[runs["run_id"] == run.name]
+    if mine.empty:
+        return None, {}
+    curves = ledger.curves()
+    curves = curves[curves["run_id"] == run.name]
+    last: dict[str, Any] = {}
+    for name, points in curves.groupby("name", sort=True):
+        point = points.sort_values("step", kind="stable").iloc[-1]
+        last[str(name)] = (point["step"], point["value"])
+    record = {str(key): value for key, value in mine.iloc[-1].to_dict().items()}
+    return record, last
+
+
+def _updates(run: Path) -> pd.DataFrame | None:
+    folder = run / "updates.parquet"
+    if not folder.is_dir():
+        return None
+    frame: pd.DataFrame = storage.read_snapshot_table(folder).to_pandas()
+    return frame if len(frame) else None
+
+
+def _max(series: pd.Series) -> Any:
+    values = series.dropna()
+    return None if values.empty else values.max()
+
+
+def _memory_section(phases: pd.DataFrame) -> tuple[list[str], dict[str, Any]]:
+    per_phase = []
+    for phase, rows in phases.groupby("phase", sort=False):
+        per_phase.append(
+            {
+                "phase": str(phase),
+                "alloc": _max(rows["peak_allocated_bytes"]),
+                "reserved": _max(rows["peak_reserved_bytes"]),
+                "first": _max(rows["duration_s"].where(rows["first"].fillna(True).astype(bool))),
+                "median": _steady_median(rows),
+                "verdict": _worst(rows["verdict"]),
+            }
+        )
+    per_phase.sort(key=lambda r: _ORDER.get(r["phase"], len(_ORDER)))
+    table = _markdown_table(
+        ["phase", "peak allocated", "peak reserved", "first time", "median time", "verdict"],
+        [
+            [
+                r["phase"],
+                format_bytes(r["alloc"]),
+                format_bytes(r["reserved"]),
+                format_duration(r["first"]),
+                format_duration(r["median"]),
+                r["verdict"],
+            ]
+            for r in per_phase
+        ],
+    )
+    reserved = [r for r in per_phase if r["reserved"] is not None]
+    allocated = [r for r in per_phase if r["alloc"] is not None]
+    peak: dict[str, Any] = {"kind": None}
+    if reserved:
+        top = max(reserved, key=lambda r: r["reserved"])
+        peak = {"kind": "reserved", "bytes": int(top["reserved"]), "phase": top["phase"]}
+    elif allocated:
+        top = max(allocated, key=lambda r: r["alloc"])
+        peak = {"kind": "allocated", "bytes": int(top["alloc"]), "phase": top["phase"]}
+    lines = [table, ""]
+    if allocated:
+        top_alloc = max(allocated, key=lambda r: r["alloc"])
+        lines.append(
+            f"- Largest phase: **{top_alloc['phase']}**, peak allocated"
+            f" {format_bytes(top_alloc['alloc'])} ({int(top_alloc['alloc']):,} bytes)."
+        )
+    else:
+        lines.append("- Peak allocated: not measured (null) in any phase.")
+    if reserved:
+        lines.append(
+            f"- Largest peak reserved: **{peak['phase']}**, {format_bytes(peak['bytes'])}"
+            f" ({peak['bytes']:,} bytes)."
+        )
+    else:
+        lines.append("- Peak reserved: not measured (null) in any phase.")
+    return lines, peak
+
+
+def _steady_median(rows: pd.DataFrame) -> Any:
+    """The later occurrences' median duration (steady state), else the first occurrence's."""
+    later = _max(rows["duration_median_s"].where(~rows["first"].fillna(False).astype(bool)))
+    return _max(rows["duration_median_s"]) if later is None else later
+
+
+def _worst(verdicts: pd.Series) -> str:
+    known = [str(v) for v in verdicts.dropna()]
+    return min(known, key=lambda v: _VERDICT_RANK.get(v, 9)) if known else NOT_MEASURED
+
+
+def _headroom_lines(
+    peak: dict[str, Any], phases: pd.DataFrame, gpu_memory_bytes: int | None
+) -> list[str]:
+    capacity = _max(phases["device_capacity_bytes"])
+    lines = []
+    if capacity is None:
+        lines.append("- Measured device capacity: not measured (null).")
+    else:
+        lines.append(
+            f"- Measured device capacity: {format_bytes(capacity)} ({int(capacity):,} bytes,"
+            f" device {', '.join(sorted({str(d) for d in phases['device'].dropna()}))})."
+        )
+    if gpu_memory_bytes is None:
+        lines.append(
+            "- Target GPU: not given (pass `--gpu-memory 80GiB` or `gpu_memory_bytes=`);"
+            " headroom not computed."
+        )
+        return lines
+    target = f"{format_bytes(gpu_memory_bytes)} ({gpu_memory_bytes:,} bytes)"
+    if peak["kind"] is None:
+        lines.append(
+            f"- Headroom on a {target} GPU: not computed: no phase measured device memory"
+            " (allocated and reserved are null)."
+        )
+        return lines
+    used = peak["bytes"]
+    left = gpu_memory_bytes - used
+    basis = f"peak {peak['kind']} {format_bytes(used)} ({used:,} bytes) in {peak['phase']}"
+    if peak["kind"] == "allocated":
+        basis += (
+            "; peak reserved was not measured (null), so this compares peak allocated, which"
+            " understates what a caching allocator holds"
+        )
+    verdict = "fits" if left >= 0 else "does NOT fit"
+    lines.append(
+        f"- Headroom on a {target} GPU: {format_bytes(left)} ({left:,} bytes,"
+        f" {100.0 * left / gpu_memory_bytes:.1f}% of the target): {verdict}; {basis}."
+    )
+    return lines
+
+
+def _value(record: dict[str, Any] | None, key: str) -> str:
+    if record is None:
+        return "not measured (no ledger record for this run)"
+    value = record.get(key)
+    return "not measured (null)" if _null(value) else _text(value)
+
+
+def choice_sheet(run_dir: str | os.PathLike[str], *, gpu_memory_bytes: int | None = None) -> str:
+    """The choice sheet of one run as Markdown (see the module docstring).
+
+    Reads ``<run_dir>/phases.parquet``, ``<run_dir>/updates.parquet`` when present, and the
+    run's records in ``<out_dir>/ledger`` when present. A value no file holds is written as
+    "not measured (null)", never 0.
+
+    Args:
+        run_dir: the run folder, ``<out_dir>/runs/<run_id>``.
+        gpu_memory_bytes: the target GPU's memory in bytes (see :func:`parse_size`), for the
+            headroom line; ``None`` leaves headroom out.
+
+    Raises:
+        FileNotFoundError: ``run_dir`` does not exist.
+        ValueError: ``run_dir`` is not a run folder, its phase table has no readable rows, or
+            ``gpu_memory_bytes`` is not a positive int.
+    """
+    if gpu_memory_bytes is not None and (
+        not isinstance(gpu_memory_bytes, int)
+        or isinstance(gpu_memory_bytes, bool)
+        or gpu_memory_bytes <= 0
+    ):
+        raise ValueError(
+            f"gpu_memory_bytes={gpu_memory_bytes!r} is invalid: expected an int > 0 (bytes) or"
+            " None."
+        )
+    run = _run_folder(run_dir)
+    phases = storage.read_phase_table(run)
+    if phases.empty:
+        raise ValueError(f"{run / 'phases.parquet'} holds no readable phase rows.")
+    record, last = _ledger_rows(run)
+    updates = _updates(run)
+    now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    out = [
+        f"# Choice sheet: run {run.name}",
+        "",
+        f"Written {now} by lightning-pilot {__version__} from `{run}`."
+        " `n/m` and 'not measured (null)' mean no measurement, never zero.",
+        "",
+        "## Verdicts",
+        "",
+    ]
+    not_passed = phases[phases["verdict"] != "pass"].copy()
+    not_passed["_rank"] = not_passed["verdict"].map(_VERDICT_RANK).fillna(9)
+    not_passed = not_passed.sort_values("_rank", kind="stable")
+    failures = int((phases["verdict"] == "fail").sum())
+    if failures:
+        out.append(f"**{failures} blocking failure(s)**: fix these before renting GPUs.")
+    else:
+        out.append("No blocking failure.")
+    out.append("")
+    for row in not_passed.itertuples(index=False):
+        out.append(
+            f"- **{row.verdict}** {row.phase} ({_occurrence(row.first)}, attempt"
+            f" {_text(row.attempt)}, rank {_text(row.rank)}): {_text(row.reason)}"
+        )
+    verdicts = [
+        f"{phase}: {_worst(rows['verdict'])}"
+        for phase, rows in sorted(
+            phases.groupby("phase", sort=False), key=lambda item: _ORDER.get(str(item[0]), 99)
+        )
+    ]
+    out += ["", "Per phase (worst over occurrences, attempts and ranks): " + ", ".join(verdicts)]
+
+    memory_lines, peak = _memory_section(phases)
+    counters = ", ".join(sorted({str(c) for c in phases["counter"].dropna()})) or NOT_MEASURED
+    out += ["", "## Memory per GPU", "", f"Counter: {counters}.", "", *memory_lines]
+    out += ["", "## Headroom", "", *_headroom_lines(peak, phases, gpu_memory_bytes)]
+
+    precisions = sorted({str(p) for p in phases["precision"].dropna()})
+    batch, seq = _max(phases["batch_size"]), _max(phases["seq_len"])
+    out += [
+        "",
+        "## Sizes and precision",
+        "",
+        f"- Largest batch size seen: {_number(batch) if batch is not None else 'not measured'}",
+        f"- Longest sequence length seen: {_number(seq) if seq is not None else 'not measured'}",
+        f"- Precision: {', '.join(precisions) if precisions else 'not measured (null)'}",
+    ]
+    out += ["", "## Batch and parallelism", ""]
+    if record is not None:
+        out.append(
+            "- Effective batch: "
+            + effective_batch_text(
+                None if _null(record.get("micro_batch_size")) else int(record["micro_batch_size"]),
+                None
+                if _null(record.get("accumulate_grad_batches"))
+                else int(record["accumulate_grad_batches"]),
+                None if _null(record.get("dp_replicas")) else int(record["dp_replicas"]),
+            )
+            + " (micro-batch x accumulation x data-parallel replicas, from the ledger)"
+        )
+    for label, key in (
+        ("Micro-batch size", "micro_batch_size"),
+        ("Accumulation (K)", "accumulate_grad_batches"),
+        ("Data-parallel replicas", "dp_replicas"),
+        ("Effective batch size", "effective_batch_size"),
+        ("Planned updates", "planned_updates"),
+        ("Updates done", "updates_done"),
+        ("Examples seen", "examples_seen"),
+        ("Tokens seen", "tokens_seen"),
+        ("Sharding strategy", "strategy"),
+        ("Devices", "devices"),
+    ):
+        out.append(f"- {label}: {_value(record, key)}")
+    world = sorted({int(w) for w in phases["world_size"].dropna()})
+    out.append(f"- Processes (world size, phase table): {', '.join(map(str, world)) or 'n/m'}")
+    if updates is not None:
+        ks = sorted({int(k) for k in updates["accumulate_grad_batches"].dropna()})
+        replicas = sorted({int(r) for r in updates["dp_replicas"].dropna()})
+        rank0 = updates[updates["rank"] == updates["rank"].min()]
+        examples = rank0["examples_all_ranks"]
+        counted = "not measured (null)" if examples.isna().any() else f"{int(examples.sum()):,}"
+        out.append(
+            f"- Counted in updates.parquet: {rank0['update'].nunique():,} update(s), K"
+            f" {', '.join(map(str, ks)) or 'n/m'}, replicas {', '.join(map(str, replicas))},"
+            f" {counted} examples over all replicas"
+        )
+    else:
+        out.append("- updates.parquet: not present (no EffectiveBatchAccountant in the run)")
+
+    out += ["", "## Expected result", ""]
+    if record is None:
+        out.append("Not measured: no ledger record for this run (no DivergenceLedger in the run).")
+    else:
+        for label, key in (
+            ("Experiment", "experiment"),
+            ("Variant", "variant"),
+            ("Seed", "seed"),
+            ("Learning rate", "lr"),
+            ("Status", "status"),
+            ("Stop cause", "stop_cause"),
+            ("Stop step", "stop_step"),
+            ("Stop detail", "stop_detail"),
+        ):
+            value = _value(record, key)
+            if key == "stop_detail" and _null(record.get(key)):
+                value = "none recorded"
+            out.append(f"- {label}: {value}")
+        if last:
+            for name, (step, value) in last.items():
+                out.append(f"- Last {name}: {_number(value)} at update {_text(step)}")
+        else:
+            out.append("- Metrics: not measured (no curve points in the ledger)")
+    return "\n".join(out) + "\n"
+
+
+def write_choice_sheet(
+    run_dir: str | os.PathLike[str], *, gpu_memory_bytes: int | None = None
+) -> Path:
+    """Write :func:`choice_sheet` to ``<run_dir>/sheet.md`` atomically; never overwrites.
+
+    When ``sheet.md`` exists (an earlier sheet, perhaps for another target GPU), the new sheet
+    is ``sheet-2.md``, then ``sheet-3.md``, ...: every sheet written stays as it was.
+
+    Returns:
+        The path written.
+
+    Raises:
+        FileNotFoundError, ValueError: as :func:`choice_sheet`.
+    """
+    data = choice_sheet(run_dir, gpu_memory_bytes=gpu_memory_bytes).encode("utf-8")
+    run = Path(run_dir)
+    number = 1
+    while True:
+        final = run / (SHEET_NAME if number == 1 else f"sheet-{number}.md")
+        try:
+            return storage.publish_bytes(data, final)
+        except FileExistsError:
+            number += 1  # an earlier sheet keeps its name and content

@@ -1,0 +1,269 @@
+"""Tests of lightning_pilot.report against phase tables and ledgers written by real fits."""
+
+from __future__ import annotations
+
+import re
+import warnings
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import pytest
+import torch
+
+from lightning_pilot import (
+    DivergenceLedger,
+    EffectiveBatchAccountant,
+    Ledger,
+    PhaseMemoryMonitor,
+    plan_updates,
+    read_phase_table,
+)
+from lightning_pilot.demo import ClassificationDataModule, TinyClassifier
+from lightning_pilot.report import (
+    NOT_MEASURED,
+    choice_sheet,
+    comparison_text,
+    format_bytes,
+    format_duration,
+    ledger_text,
+    parse_size,
+    phase_table_text,
+    plan_text,
+    render_table,
+    write_choice_sheet,
+)
+
+
+class UnusedParameterClassifier(TinyClassifier):
+    """A classifier with a trainable parameter outside the loss: its checks fail."""
+
+    def __init__(self) -> None:
+        super().__init__(hidden=8)
+        self.unused = torch.nn.Parameter(torch.zeros(3))
+
+
+def fit_run(
+    out: Path,
+    variant: str,
+    *,
+    seed: int = 0,
+    lr: float = 1e-2,
+    model: pl.LightningModule | None = None,
+    ledger: bool = True,
+) -> Path:
+    """One tiny real fit with the pilot callbacks; returns its run folder."""
+    pl.seed_everything(seed, verbose=False)
+    before = set((out / "runs").iterdir()) if (out / "runs").is_dir() else set()
+    monitor = PhaseMemoryMonitor(out_dir=out)
+    callbacks: list[pl.Callback] = [monitor, EffectiveBatchAccountant(out_dir=out)]
+    if ledger:
+        callbacks.append(
+            DivergenceLedger(experiment="cli", variant=variant, seed=seed, out_dir=out)
+        )
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=out,
+        max_steps=6,
+        val_check_interval=3,
+        accumulate_grad_batches=2,
+        callbacks=callbacks,
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(
+            model or TinyClassifier(hidden=8, lr=lr),
+            datamodule=ClassificationDataModule(dataset_size=256, batch_size=8, seed=seed),
+        )
+    (new,) = set((out / "runs").iterdir()) - before
+    return new
+
+
+@pytest.fixture(scope="module")
+def pilot(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """An output folder with a clean control run, a diverged run and a run whose checks fail."""
+    out = tmp_path_factory.mktemp("pilot")
+    ctl = fit_run(out, "ctl", seed=0)
+    hot = fit_run(out, "hot", seed=0, lr=1e3)
+    broken = fit_run(out, "broken", model=UnusedParameterClassifier())
+    lone = tmp_path_factory.mktemp("lone")
+    alone = fit_run(lone, "alone", ledger=False)
+    return {"out": out, "ctl": ctl, "hot": hot, "broken": broken, "alone": alone}
+
+
+# -- units --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("80GiB", 80 * 1024**3),
+        ("80GB", 80 * 1000**3),
+        ("141G", 141 * 1024**3),
+        ("24000MiB", 24000 * 1024**2),
+        ("24000mib", 24000 * 1024**2),
+        (" 1.5 TiB ", int(1.5 * 1024**4)),
+        ("512", 512),
+        ("512B", 512),
+        ("64KB", 64_000),
+    ],
+)
+def test_parse_size(text: str, expected: int) -> None:
+    assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "GiB", "80 parsecs", "-1GiB", "0GiB", "8 0GB", "80GiBs"])
+def test_parse_size_rejects(text: str) -> None:
+    with pytest.raises(ValueError, match=rf"gpu_memory={re.escape(repr(text))} is not a size"):
+        parse_size(text, "gpu_memory")
+
+
+def test_formats() -> None:
+    assert format_bytes(0) == "0 B"
+    assert format_bytes(1536) == "1.5 KiB"
+    assert format_bytes(80 * 1024**3) == "80.0 GiB"
+    assert format_bytes(-2 * 1024**2) == "-2.0 MiB"
+    assert format_bytes(None) == format_bytes(float("nan")) == NOT_MEASURED
+    assert format_duration(0.0004) == "0.4 ms"
+    assert format_duration(12.345) == "12.35 s"
+    assert format_duration(1200) == "20.0 min"
+
+
+def test_render_table_aligns_columns() -> None:
+    text = render_table(["a", "bytes"], [["long name", "1"], ["x", "22"]], right=[1])
+    assert text.splitlines() == [
+        "a          bytes",
+        "---------  -----",
+        "long name      1",
+        "x             22",
+    ]
+
+
+# -- tables of real runs ------------------------------------------------------------------------
+
+
+def test_phase_table_text_lists_reasons_below(pilot: dict[str, Any]) -> None:
+    frame = read_phase_table(pilot["broken"])
+    text = phase_table_text(frame)
+    assert f"run {pilot['broken'].name}  attempt 1  rank 0  device cpu" in text
+    forward = frame[(frame["phase"] == "forward") & frame["first"]].iloc[0]
+    line = next(row for row in text.splitlines() if row.startswith("forward         first"))
+    assert format_bytes(forward["peak_allocated_bytes"]) in line
+    assert format_duration(forward["duration_s"]) in line
+    assert line.endswith("pass")
+    below = text.split("Not passed:")[1].splitlines()
+    assert below[1].startswith("  fail: backward (first): grads_reach_params")
+    assert "unused" in below[1]
+    # The CPU has no caching allocator: reserved is null, shown as n/m, never 0.
+    assert frame["peak_reserved_bytes"].isna().all()
+    assert f"{NOT_MEASURED}  " in line
+    assert " 0 B" not in text
+
+
+def test_ledger_text_and_comparison(pilot: dict[str, Any]) -> None:
+    ledger = Ledger(pilot["out"])
+    runs = ledger.runs()
+    text = ledger_text(runs)
+    hot = runs[runs["variant"] == "hot"].iloc[0]
+    assert hot["status"] == "diverged"
+    hot_line = next(line for line in text.splitlines() if line.startswith(hot["run_id"]))
+    assert "diverged" in hot_line
+    assert str(hot["stop_cause"]) in hot_line
+    assert f"{int(hot['updates_done'])}/{int(hot['planned_updates'])}" in hot_line
+
+    comparison = ledger.compare("train_loss", control="ctl")
+    text = comparison_text(comparison)
+    assert "metric train_loss (lower is better)" in text
+    assert "vs ctl (mean diff)" in text
+    ranked = text.split("Runs, best first")[1].splitlines()[3:]
+    assert len(ranked) == len(runs) == 3
+    assert "diverged" in ranked[-1]  # worst, never dropped
+    summary = text.split("Runs, best first")[0]
+    assert re.search(r"^hot\s+1\s+1 diverged\s+1\s+inf", summary, re.MULTILINE)
+
+
+def test_plan_text_is_the_plan() -> None:
+    plan = plan_updates(1000, 4, 8, 2, epochs=3)
+    text = plan_text(plan)
+    assert text.splitlines()[0] == plan.describe()
+    assert re.search(rf"total updates\s+{plan.total_updates:,}$", text, re.MULTILINE)
+    assert re.search(rf"examples seen\s+{plan.examples_seen:,}$", text, re.MULTILINE)
+    assert re.search(r"max_steps \(budget\)\s+none$", text, re.MULTILINE)
+
+
+# -- the choice sheet ---------------------------------------------------------------------------
+
+
+def test_choice_sheet_headroom_with_real_numbers(pilot: dict[str, Any]) -> None:
+    frame = read_phase_table(pilot["ctl"])
+    assert frame["peak_reserved_bytes"].isna().all()
+    peak = int(frame["peak_allocated_bytes"].max())
+    phase = frame.loc[frame["peak_allocated_bytes"].astype(float).idxmax(), "phase"]
+    target = parse_size("80GiB")
+    sheet = choice_sheet(pilot["ctl"], gpu_memory_bytes=target)
+    left = target - peak
+    assert (
+        f"- Headroom on a 80.0 GiB ({target:,} bytes) GPU: {format_bytes(left)} ({left:,} bytes,"
+        in sheet
+    )
+    assert f"peak allocated {format_bytes(peak)} ({peak:,} bytes) in {phase}" in sheet
+    assert "peak reserved was not measured (null)" in sheet
+    assert f"- Largest phase: **{phase}**, peak allocated" in sheet
+    assert "No blocking failure." in sheet
+    runs = Ledger(pilot["out"]).runs().set_index("run_id")
+    row = runs.loc[pilot["ctl"].name]
+    assert f"- Micro-batch size: {int(row['micro_batch_size'])}" in sheet
+    assert "- Accumulation (K): 2" in sheet
+    assert f"- Effective batch size: {int(row['effective_batch_size'])}" in sheet
+    assert f"- Sharding strategy: {row['strategy']}" in sheet
+    assert f"- Status: {row['status']}" in sheet
+    assert f"- Largest batch size seen: {int(frame['batch_size'].max())}" in sheet
+    assert f"- Precision: {frame['precision'].dropna().iloc[0]}" in sheet
+    assert "Counted in updates.parquet: 6 update(s), K 2, replicas 1, 96 examples" in sheet
+
+
+def test_choice_sheet_does_not_fit_and_failures_first(pilot: dict[str, Any]) -> None:
+    frame = read_phase_table(pilot["broken"])
+    peak = int(frame["peak_allocated_bytes"].max())
+    small = peak // 2
+    sheet = choice_sheet(pilot["broken"], gpu_memory_bytes=small)
+    assert f"{format_bytes(small - peak)} ({small - peak:,} bytes" in sheet
+    assert "does NOT fit" in sheet
+    failures = int((frame["verdict"] == "fail").sum())
+    assert f"**{failures} blocking failure(s)**" in sheet
+    verdicts = sheet.split("## Verdicts")[1].split("Per phase")[0]
+    first = next(line for line in verdicts.splitlines() if line.startswith("- **"))
+    assert first.startswith("- **fail** backward")
+
+
+def test_choice_sheet_without_ledger_or_target_says_not_measured(pilot: dict[str, Any]) -> None:
+    sheet = choice_sheet(pilot["alone"])
+    assert "Target GPU: not given" in sheet
+    assert "- Sharding strategy: not measured (no ledger record for this run)" in sheet
+    assert "Not measured: no ledger record for this run" in sheet
+    assert "Counted in updates.parquet: 6 update(s)" in sheet
+
+
+def test_write_choice_sheet_never_overwrites(pilot: dict[str, Any]) -> None:
+    run = pilot["hot"]
+    first = write_choice_sheet(run)
+    second = write_choice_sheet(run, gpu_memory_bytes=parse_size("24000MiB"))
+    assert (first.name, second.name) == ("sheet.md", "sheet-2.md")
+    assert "Target GPU: not given" in first.read_text()
+    assert "Headroom on a 23.4 GiB" in second.read_text()
+    assert "- Status: diverged" in second.read_text()
+    assert not [p for p in run.iterdir() if p.name.startswith(".")]
+
+
+def test_choice_sheet_bad_input(pilot: dict[str, Any], tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"gpu_memory_bytes=0 is invalid"):
+        choice_sheet(pilot["ctl"], gpu_memory_bytes=0)
+    with pytest.raises(ValueError, match=r"is not a run folder.*runs here: "):
+        choice_sheet(pilot["out"])
+    with pytest.raises(FileNotFoundError, match=r"does not exist"):
+        choice_sheet(tmp_path / "missing")
