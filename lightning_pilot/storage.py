@@ -622,7 +622,7 @@ def read_parquet_files(files: Iterable[PathLike], schema: pa.Schema | None = Non
                 table = conform(table, schema)
         except (OSError, pa.ArrowException, ValueError) as err:
             warnings.warn(
-                f"lightning-pilot: skipped unreadable file {file}: {err}",
+                f"lightning-pilot: skipped unreadable file {file}: {type(err).__name__}: {err}",
                 RuntimeWarning,
                 stacklevel=2,
             )

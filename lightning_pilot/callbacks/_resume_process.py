@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import inspect
 import json
 import os
 import subprocess
@@ -47,6 +48,14 @@ def _not_importable(spec: Mapping[str, Any]) -> str | None:
                 f"{path} cannot be imported by a new process (defined in __main__ or inside a"
                 " function)"
             )
+    for key in ("module_class", "datamodule_class"):
+        if spec.get(key) and spec.get(f"{key}_unsaved_args"):
+            return (
+                f"{spec[key]} takes constructor arguments but did not call"
+                " save_hyperparameters(): a new process would build it with default arguments,"
+                " which may be another model or other data; call self.save_hyperparameters() in"
+                " its __init__"
+            )
     if (
         spec["mode"] == "resume"
         and not spec.get("datamodule_class")
@@ -56,6 +65,29 @@ def _not_importable(spec: Mapping[str, Any]) -> str | None:
             "the training data was passed to fit() as loaders, which a new process cannot rebuild"
         )
     return None
+
+
+def _takes_arguments(cls: type) -> bool:
+    try:
+        parameters = list(inspect.signature(cls).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    return any(
+        p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+        for p in parameters
+    )
+
+
+def unsaved_arguments(pl_module: Any, datamodule: Any) -> dict[str, bool]:
+    """Whether the module / datamodule take constructor arguments they did not save."""
+    flags = {
+        "module_class_unsaved_args": _takes_arguments(type(pl_module)) and not pl_module.hparams
+    }
+    if datamodule is not None:
+        flags["datamodule_class_unsaved_args"] = _takes_arguments(type(datamodule)) and not getattr(
+            datamodule, "hparams", None
+        )
+    return flags
 
 
 def _subprocess(spec: dict[str, Any], folder: Path, timeout_s: float) -> dict[str, Any]:
@@ -94,7 +126,7 @@ def run_child(
         return _subprocess(spec, folder, verifier.timeout_s) | {"mode_label": "a new process"}
     if verifier.fallback != "in_process":
         return {
-            "crash": f"{blocker}: pass ResumeVerifier(factory='package.module:function'), or"
+            "blocked": f"{blocker}: pass ResumeVerifier(factory='package.module:function'), or"
             " fallback='in_process' to compare in this process (weaker: shared globals)"
         }
     # In-process fallback: copies of the live objects, and this process's RNG put back after.
@@ -123,7 +155,8 @@ def final_artifact(verifier: ResumeVerifier, trainer: pl.Trainer, pl_module: Any
     """Write the final artifact (every rank: saving is a collective) and return its path."""
     folder = verifier.run.run_dir / "resume"
     folder.mkdir(parents=True, exist_ok=True)
-    checkpoint = folder / "final.ckpt"
+    # One final checkpoint per attempt: a resumed fit must not re-read an earlier attempt's.
+    checkpoint = folder / f"final-attempt-{verifier.run.attempt}.ckpt"
     if not checkpoint.exists():
         trainer.save_checkpoint(checkpoint)
     if verifier.export is not None:
@@ -191,7 +224,7 @@ def verify_artifact(
     verifier.run.set_ledger_fields(checkpoint_uri=str(artifact), checkpoint_sha256=checksum)
     spec = {
         "mode": "artifact",
-        "checkpoint": str(folder / "final.ckpt"),
+        "checkpoint": str(folder / f"final-attempt-{verifier.run.attempt}.ckpt"),
         "artifact": str(artifact),
         "control": str(control),
         "outputs": str(folder / "control-outputs.pt"),
@@ -202,9 +235,10 @@ def verify_artifact(
         "state_key": verifier.state_key,
         "workdir": str(folder / "child"),
     }
+    spec |= unsaved_arguments(pl_module, None)
     blocker = _not_importable(spec)
     if blocker is not None:
-        return [CheckResult("artifact_roundtrip", "not_checked", f"{blocker}: pass factory=...")]
+        return [CheckResult("artifact_roundtrip", "not_checked", f"{blocker}; or pass factory=...")]
     result = _subprocess(spec, folder, verifier.timeout_s)
     for key in ("load_error", "build_error", "artifact_error", "crash"):
         if key in result:

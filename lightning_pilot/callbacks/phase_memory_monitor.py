@@ -417,6 +417,7 @@ class PhaseMemoryMonitor(PilotCallback):
             # The weights baseline: every state tensor, counted once, by the tracker.
             self._tracker.adopt(state_tensors(pl_module, self._optimizers))
             values["end_allocated_bytes"] = self._tracker.current_bytes
+            values["device_capacity_bytes"] = host_memory().total_bytes
         misplaced = [n for n, p in pl_module.named_parameters() if p.device != pl_module.device]
         result = checks.CheckResult("params_on_device", "pass", str(pl_module.device))
         if misplaced:
@@ -809,14 +810,20 @@ def _expected_samples(trainer: pl.Trainer, phase: str, loaders: Any) -> tuple[in
         "test": trainer.limit_test_batches,
         "predict": trainer.limit_predict_batches,
     }[phase]
-    if limit != 1.0:
-        name = "limit_val_batches" if phase == "validation" else f"limit_{phase}_batches"
-        return None, f"{name}={limit} evaluates part of the data by design"
+    name = "limit_val_batches" if phase == "validation" else f"limit_{phase}_batches"
     total = 0
     for loader in _loaders(loaders):
         sampler = getattr(getattr(loader, "batch_sampler", None), "sampler", None)
-        if isinstance(loader, DataLoader) and sampler is not None and hasattr(sampler, "__len__"):
-            total += len(sampler)  # per rank under a DistributedSampler
-        else:
+        if not (
+            isinstance(loader, DataLoader) and sampler is not None and hasattr(sampler, "__len__")
+        ):
             return None, f"the {phase} loader has no sized sampler"
+        # Lightning reads an int limit as a number of batches and a float as a fraction:
+        # ``1`` is one batch, ``1.0`` is everything.
+        partial = (isinstance(limit, float) and limit < 1.0) or (
+            isinstance(limit, int) and limit < len(loader)
+        )
+        if partial:
+            return None, f"{name}={limit} evaluates part of the data by design"
+        total += len(sampler)  # per rank under a DistributedSampler
     return total, ""

@@ -18,7 +18,12 @@ from lightning.pytorch.utilities.model_helpers import is_overridden
 from typing_extensions import override
 
 from lightning_pilot import storage
-from lightning_pilot.callbacks._resume_process import final_artifact, run_child, verify_artifact
+from lightning_pilot.callbacks._resume_process import (
+    final_artifact,
+    run_child,
+    unsaved_arguments,
+    verify_artifact,
+)
 from lightning_pilot.core.batches import BatchAdapter
 from lightning_pilot.core.checks import CheckResult
 from lightning_pilot.core.phases import REMEDIES, worst_verdict
@@ -390,6 +395,7 @@ class ResumeVerifier(PilotCallback):
             "module_class": _class_path(type(pl_module)),
             "datamodule_class": None if datamodule is None else _class_path(type(datamodule)),
             "module_has_data": is_overridden("train_dataloader", pl_module),
+            **unsaved_arguments(pl_module, datamodule),
             "adapter": _portable_adapter(self.adapter),
             "num_threads": torch.get_num_threads(),
             "workdir": str(probe.checkpoint.parent / "child"),
@@ -426,6 +432,8 @@ class ResumeVerifier(PilotCallback):
                     " (str instead of pathlib.Path, int/float/list instead of numpy objects).",
                 )
             ]
+        if "blocked" in result:
+            return [CheckResult("rebuild", "not_checked", str(result["blocked"]))]
         results.append(CheckResult("weights_only_load", "pass", f"loaded in {mode}"))
         for key in ("build_error", "crash"):
             if key in result:
@@ -436,6 +444,10 @@ class ResumeVerifier(PilotCallback):
         restored = result.get("restored") or {}
         rows = []
         for key, expected in probe.state.items():
+            if key == "epoch" and probe.reference:
+                # The epoch training continues in: at the last batch of an epoch the
+                # uninterrupted run moves on to the next one, and so does a correct resume.
+                expected = probe.reference[0].epoch
             got = restored.get(key)
             rows.append(_detail(probe, key, None, None, expected, got, expected == got))
             if expected is None and got is None:
@@ -494,9 +506,18 @@ class ResumeVerifier(PilotCallback):
         checks = [r.as_row() for r in self._results]
         verdict = worst_verdict(r.verdict for r in self._results)
         problems = [f"{r.name}: {r.detail}" for r in self._results if r.verdict in ("fail", "warn")]
+        unverified = [
+            f"{r.name}: {r.detail}"
+            for r in self._results
+            if r.verdict == "not_checked" and r.name.split(".")[-1] in ("resume", "rebuild")
+        ]
         reason = None
         if problems:
             reason = "; ".join(problems) + f". If the check fails: {REMEDIES['resume']}."
+        elif unverified:
+            # Passing side checks (the artifact) must not read as "resume verified".
+            verdict = "not_checked"
+            reason = "resume not verified: " + "; ".join(unverified)
         self.run.put_phase_row(
             {
                 "phase": "resume",
@@ -515,7 +536,10 @@ class ResumeVerifier(PilotCallback):
             source="ResumeVerifier",
         )
         load = self._load_row
-        if load is not None and load.get("load_seconds") is not None:
+        # This attempt's own checkpoint_load row (a fit resumed with ckpt_path, measured by
+        # PhaseMemoryMonitor) is another load in another process: never merge the two.
+        loaded_here = any(row["phase"] == "checkpoint_load" for row in self.run.phase_rows())
+        if load is not None and load.get("load_seconds") is not None and not loaded_here:
             self.run.put_phase_row(
                 {
                     "phase": "checkpoint_load",

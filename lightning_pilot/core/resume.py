@@ -291,10 +291,16 @@ def _data_check(
     at_epoch_boundary: bool,
 ) -> CheckResult:
     if not reference or all(r.ids is None for r in reference):
+        hint = (
+            ""
+            if loader_stateful
+            else "; note that the training loader is not stateful, so a"
+            " mid-epoch resume restarts its permutation (use torchdata's StatefulDataLoader)"
+        )
         return CheckResult(
             "data_position",
             "not_checked",
-            "batches carry no example ids: add an id field or give BatchAdapter(ids=...)",
+            f"batches carry no example ids: add an id field or give BatchAdapter(ids=...){hint}",
         )
     if first is None:
         if len(resumed) < len(reference):

@@ -87,15 +87,15 @@ def _fit(
     tmp_path: Path, model: pl.LightningModule, verifier: ResumeVerifier, **options: Any
 ) -> pd.DataFrame:
     datamodule = options.pop("datamodule", None)
+    extra = options.pop("callbacks", [])
     trainer = pl.Trainer(
         accelerator="cpu",
         logger=False,
-        enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
         default_root_dir=tmp_path,
-        callbacks=[verifier],
-        **({"max_steps": 6} | options),
+        callbacks=[verifier, *extra],
+        **({"max_steps": 6, "enable_checkpointing": False} | options),
     )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -232,7 +232,7 @@ def test_unimportable_module_says_so_and_the_fallback_runs_in_process(tmp_path: 
 
     plain = ResumeVerifier(at_step=2, compare_steps=1, check_artifact=False)
     verdict, detail = _checks(_fit(tmp_path / "a", LocalNet(), plain))["rebuild"]
-    assert verdict == "fail"
+    assert verdict == "not_checked"  # resume could not be verified, and it says why
     assert "cannot be imported by a new process" in detail
     assert "fallback='in_process'" in detail
 
@@ -288,3 +288,62 @@ def test_fit_shorter_than_the_checkpoint_step_is_not_checked(tmp_path: Path) -> 
 def test_bad_arguments(kwargs: dict[str, Any], error: type, match: str) -> None:
     with pytest.raises(error, match=match):
         ResumeVerifier(**kwargs)
+
+
+class Unsaved(Net):
+    """Takes a constructor argument but never calls save_hyperparameters()."""
+
+    def __init__(self, hidden: int = 16) -> None:
+        pl.LightningModule.__init__(self)
+        self.net = nn.Sequential(nn.Linear(8, hidden), nn.ReLU(), nn.Linear(hidden, 2))
+        self.register_buffer("scale", torch.tensor(3.0))
+
+    def train_dataloader(self) -> DataLoader[Any]:
+        return StatefulDataLoader(IdData(64), batch_size=4, shuffle=True)
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        return None
+
+
+def test_unsaved_constructor_arguments_are_not_rebuilt_silently(tmp_path: Path) -> None:
+    verifier = ResumeVerifier(at_step=2, compare_steps=1, check_artifact=False)
+    frame = _fit(tmp_path, Unsaved(hidden=32), verifier, max_steps=3)
+    verdict, detail = _checks(frame)["rebuild"]
+    assert verdict == "not_checked"
+    assert "did not call save_hyperparameters()" in detail
+    row = frame[frame["phase"] == "resume"].iloc[0]
+    assert row["verdict"] == "not_checked"  # never "pass" when resume was not verified
+    assert row["reason"].startswith("resume not verified")
+
+
+def test_checkpoint_on_the_last_batch_of_an_epoch_expects_the_next_epoch(tmp_path: Path) -> None:
+    verifier = ResumeVerifier(at_step=2, compare_steps=2, check_artifact=False)
+    checks = _checks(_fit(tmp_path, Net(), verifier, max_steps=4, limit_train_batches=2))
+    assert checks["epoch"] == ("pass", "")
+    assert checks["global_step"][0] == "pass"
+
+
+def test_a_resumed_fit_writes_and_checks_its_own_final_artifact(tmp_path: Path) -> None:
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    checkpoints = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=2, save_top_k=-1)
+    first = ResumeVerifier(at_step=10, compare_steps=1)
+    _fit(tmp_path, Net(), first, max_steps=4, enable_checkpointing=True, callbacks=[checkpoints])
+    second = ResumeVerifier(at_step=10, compare_steps=1)
+    trainer = pl.Trainer(
+        accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False, default_root_dir=tmp_path, callbacks=[second], max_steps=6,
+    )  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(Net(), ckpt_path=tmp_path / "ckpt" / "epoch=0-step=4.ckpt")
+    assert second.run.attempt == 2
+    resume_dir = second.run.run_dir / "resume"
+    assert (resume_dir / "final-attempt-1.ckpt").exists()
+    assert (resume_dir / "final-attempt-2.ckpt").exists()
+    frame = read_phase_table(second.run.run_dir)
+    checks = _checks(frame[frame["attempt"] == 2])
+    assert checks["artifact_roundtrip"][0] == "pass"
