@@ -388,3 +388,18 @@ def test_summary_scalars_reach_the_logger(make_trainer: Any, tmp_path: Path) -> 
 def test_bad_arguments_are_rejected(kwargs: dict[str, Any], error: type, match: str) -> None:
     with pytest.raises(error, match=match):
         PhaseMemoryMonitor(**kwargs)
+
+
+@pytest.mark.parametrize(
+    ("limit", "verdict"),
+    [(1, "not_checked"), (2, "not_checked"), (1.0, "pass"), (50, "pass"), (0.5, "not_checked")],
+)
+def test_limit_val_batches_int_is_a_batch_count(
+    make_trainer: Any, limit: float, verdict: str
+) -> None:
+    # 16 validation samples in 4 batches: 1 is one batch, 1.0 is all of them, 50 covers all.
+    frame = _fit(
+        make_trainer, TokenModel(val_size=16), max_steps=3, val_check_interval=2,
+        limit_val_batches=limit,
+    )  # fmt: skip
+    assert _check(_row(frame, "validation"), "outputs_complete")["verdict"] == verdict
