@@ -236,6 +236,21 @@ def test_user_exception_propagates_and_the_row_is_kept(make_trainer: Any) -> Non
     assert "the fit failed: ArithmeticError: user bug at step 3" in row["notes"]
     assert row["step_last"] == 3
     assert "on_before_batch_transfer" not in vars(model)
+    # Cut short by the user's error: "learns too slowly" would be a false diagnosis.
+    target = overfit.checks["loss_target"]
+    assert target.verdict == "not_checked"
+    assert target.detail.startswith("the fit failed: ArithmeticError")
+
+
+def test_a_trainer_that_stops_before_the_budget_gives_no_false_fail(make_trainer: Any) -> None:
+    overfit = OverfitTinySubset(max_steps=200)
+    trainer = make_trainer(callbacks=[overfit], max_steps=2)
+    with pytest.warns(UserWarning, match="changes training"):
+        trainer.fit(TinyClassifier(), datamodule=ClassificationDataModule(dataset_size=128))
+    target = overfit.checks["loss_target"]
+    assert target.verdict == "not_checked"
+    assert "the Trainer stopped the fit after 2 update(s)" in target.detail
+    assert overfit.verdict != "fail"
 
 
 @pytest.mark.parametrize(
