@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import warnings
 from collections.abc import Sequence
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -201,6 +202,15 @@ class Ledger:
             )
         self.path = root / "ledger" if (root / "ledger").is_dir() else root
         self.stale_after = float(stale_after)
+        nested = root / "pilot" / "ledger"
+        if self.path == root and nested.is_dir() and not any(root.glob("*.parquet")):
+            # A Trainer's default_root_dir instead of its pilot folder: say where the ledger is.
+            warnings.warn(
+                f"lightning-pilot: {root} holds no ledger records; the ledger is in {nested}"
+                f" (pass {root / 'pilot'})",
+                UserWarning,
+                stacklevel=2,
+            )
 
     def __repr__(self) -> str:
         return f"Ledger({str(self.path)!r})"

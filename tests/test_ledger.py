@@ -200,3 +200,9 @@ def test_fold_is_vectorised_for_ten_thousand_runs() -> None:
     assert len(runs) == n
     assert set(runs["status"]) == {"completed"}
     assert (runs["records"] == 3).all()
+
+
+def test_a_root_dir_instead_of_the_pilot_folder_says_where_the_ledger_is(tmp_path: Path) -> None:
+    (tmp_path / "pilot" / "ledger").mkdir(parents=True)
+    with pytest.warns(UserWarning, match=r"holds no ledger records; the ledger is in .*pilot"):
+        Ledger(tmp_path)
