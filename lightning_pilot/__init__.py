@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from lightning_pilot.core.divergence import DivergenceRules
     from lightning_pilot.core.ids import new_run_id
     from lightning_pilot.ledger import Ledger
+    from lightning_pilot.pilot import pilot_callbacks
     from lightning_pilot.report import choice_sheet, parse_size, write_choice_sheet
     from lightning_pilot.run import PilotCallback, PilotRun
     from lightning_pilot.storage import read_ledger_records, read_phase_table
@@ -66,6 +67,7 @@ _LAZY = {
     "compare_runs": "lightning_pilot.core.compare",
     "new_run_id": "lightning_pilot.core.ids",
     "parse_size": "lightning_pilot.report",
+    "pilot_callbacks": "lightning_pilot.pilot",
     "plan_updates": "lightning_pilot.core.accounting",
     "read_ledger_records": "lightning_pilot.storage",
     "read_phase_table": "lightning_pilot.storage",
@@ -94,6 +96,7 @@ __all__ = [
     "compare_runs",
     "new_run_id",
     "parse_size",
+    "pilot_callbacks",
     "plan_updates",
     "read_ledger_records",
     "read_phase_table",

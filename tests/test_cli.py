@@ -259,3 +259,15 @@ def test_python_m_subprocess(pilot: dict[str, Any], tmp_path: Path) -> None:  # 
     assert missing.returncode == EXIT_USAGE
     assert missing.stdout == ""
     assert missing.stderr == f"lightning-pilot: {tmp_path / 'none'} does not exist.\n"
+
+
+def test_demo_command_runs_the_quick_pilot_and_writes_the_sheet(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(["demo", "--out", str(tmp_path / "demo"), "--quick"])
+    out = capsys.readouterr().out
+    assert code == 0
+    sheets = list((tmp_path / "demo" / "runs").glob("*/sheet.md"))
+    assert len(sheets) == 1
+    assert "Choice sheet written to" in out
+    assert (tmp_path / "demo" / "ledger").is_dir()

@@ -1,0 +1,402 @@
+"""The whole pilot on the bundled tiny LM, then the seeds' learning-rate comparison.
+
+:func:`run_demo` runs, on CPU:
+
+1. the pilot: one fit of :class:`~lightning_pilot.demo.TinyCausalLM` on
+   :class:`~lightning_pilot.demo.InstructionDataModule` (``stateful=True``) with every callback
+   of :func:`~lightning_pilot.pilot.pilot_callbacks`: examples and masks inspected, every phase
+   measured, resume proven in a new process, examples per update counted, the ledger row;
+2. a tiny-subset overfit fit with :class:`~lightning_pilot.OverfitTinySubset`;
+3. the learning-rate comparison of the seeds, scaled to the tiny model: a control and variants
+   at half and double it, same effective batch (micro-batch 2 x accumulation 8), the same
+   number of updates each, plus one deliberately unstable learning rate, every fit with a
+   :class:`~lightning_pilot.DivergenceLedger` in one ledger;
+4. plots (when matplotlib is installed).
+
+It writes one line per fit while it runs, then the phase table, the ledger comparison and where
+the files are.
+
+Example:
+    >>> [variant.name for variant in lr_variants()]
+    ['lr=3e-3 (control)', 'lr=1.5e-3 (half)', 'lr=6e-3 (double)', 'lr=5 (unstable)']
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+import lightning.pytorch as pl
+import pandas as pd
+
+from lightning_pilot.callbacks.divergence_ledger import DivergenceLedger
+from lightning_pilot.callbacks.overfit_tiny_subset import OverfitTinySubset
+from lightning_pilot.demo.lm import PAD_ID, VOCAB_SIZE, InstructionDataModule, TinyCausalLM, decode
+from lightning_pilot.ledger import Ledger
+from lightning_pilot.pilot import pilot_callbacks
+from lightning_pilot.run import PilotRun
+from lightning_pilot.storage import read_phase_table
+
+__all__ = ["DemoSize", "LrVariant", "lr_variants", "run_demo", "write_plots"]
+
+#: The comparison's experiment name in the ledger.
+EXPERIMENT = "lr-comparison"
+
+_PHASE_COLUMNS = [
+    "phase",
+    "first",
+    "occurrences",
+    "batch_size",
+    "seq_len",
+    "peak_allocated_bytes",
+    "duration_median_s",
+    "verdict",
+]
+_QUIET_LOGGERS = ("lightning.pytorch", "lightning.fabric", "lightning_pilot")
+
+
+@dataclass(frozen=True)
+class LrVariant:
+    """One learning rate of the comparison.
+
+    Args:
+        name: the ledger's variant name.
+        lr: the learning rate used on the tiny model.
+        seed_lr: the seeds' learning rate it stands for (``None`` for the unstable one).
+    """
+
+    name: str
+    lr: float
+    seed_lr: float | None
+
+
+def lr_variants() -> list[LrVariant]:
+    """The comparison: control, half, double, and one absurd learning rate that must diverge.
+
+    The seeds' values (1e-4, 5e-5, 2e-4) are for a large pretrained model; the tiny model
+    trained from scratch learns slowly at 1e-4 (val_loss 2.56 after 200 updates against 1.66
+    at 3e-3, from 3.14 at the start), so the values are scaled by 30
+    (3e-3, 1.5e-3, 6e-3), which keeps the ratios half/control/double that the comparison is
+    about.
+    """
+    return [
+        LrVariant("lr=3e-3 (control)", 3e-3, 1e-4),
+        LrVariant("lr=1.5e-3 (half)", 1.5e-3, 5e-5),
+        LrVariant("lr=6e-3 (double)", 6e-3, 2e-4),
+        LrVariant("lr=5 (unstable)", 5.0, None),
+    ]
+
+
+@dataclass(frozen=True)
+class DemoSize:
+    """How much the demo trains (``full`` or ``quick``).
+
+    Args:
+        updates: optimizer updates per comparison fit.
+        val_every: updates between validations of a comparison fit.
+        val_batches: validation batches (of 2 examples) per validation.
+        pilot_updates: updates of the pilot fit.
+        overfit_steps: the overfit fit's update limit.
+        dataset_size: examples generated (train, validation and test together).
+    """
+
+    updates: int
+    val_every: int
+    val_batches: int
+    pilot_updates: int
+    overfit_steps: int
+    dataset_size: int
+
+    @classmethod
+    def of(cls, quick: bool) -> DemoSize:
+        """The quick size (for tests, seconds) or the full one (under a minute)."""
+        if quick:
+            return cls(
+                updates=6,
+                val_every=3,
+                val_batches=2,
+                pilot_updates=5,
+                overfit_steps=60,
+                dataset_size=512,
+            )
+        return cls(
+            updates=200,
+            val_every=50,
+            val_batches=8,
+            pilot_updates=8,
+            overfit_steps=150,
+            dataset_size=4096,
+        )
+
+
+MICRO_BATCH = 2
+ACCUMULATE = 8
+MAX_LENGTH = 20
+_MODEL: dict[str, Any] = {"d_model": 32, "n_heads": 2, "n_layers": 1, "max_length": MAX_LENGTH}
+
+
+def _data(size: DemoSize) -> InstructionDataModule:
+    return InstructionDataModule(
+        dataset_size=size.dataset_size,
+        seed=0,
+        batch_size=MICRO_BATCH,
+        max_length=MAX_LENGTH,
+        stateful=True,
+    )
+
+
+def _trainer(out_dir: Path, callbacks: list[Any], **options: Any) -> pl.Trainer:
+    settings: dict[str, Any] = {
+        "accelerator": "cpu",
+        "devices": 1,
+        "logger": False,
+        "enable_checkpointing": False,
+        "enable_progress_bar": False,
+        "enable_model_summary": False,
+        "num_sanity_val_steps": 0,
+        "default_root_dir": out_dir,
+        "callbacks": callbacks,
+    }
+    settings.update(options)
+    return pl.Trainer(**settings)
+
+
+@contextmanager
+def _quiet() -> Iterator[None]:
+    """Silence Lightning's banners and the expected warnings of the demo's fits."""
+    loggers = [logging.getLogger(name) for name in _QUIET_LOGGERS]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
+
+
+def _pilot_fit(out_dir: Path, size: DemoSize) -> tuple[PilotRun, float]:
+    callbacks = pilot_callbacks(
+        out_dir,
+        experiment="demo-pilot",
+        variant="lr=3e-3 (control)",
+        seed=0,
+        batch_inspector={
+            "decode": decode,
+            "vocab_size": VOCAB_SIZE,
+            "max_length": MAX_LENGTH,
+            "pad_token_id": PAD_ID,
+        },
+        resume={"at_step": 2, "compare_steps": 2},
+        ledger={"params": {"lr": 3e-3}},
+    )
+    trainer = _trainer(
+        out_dir,
+        callbacks,
+        max_steps=size.pilot_updates,
+        accumulate_grad_batches=ACCUMULATE,
+        val_check_interval=ACCUMULATE * 4,
+        limit_val_batches=size.val_batches,
+    )
+    pl.seed_everything(0, verbose=False)
+    start = time.perf_counter()
+    trainer.fit(TinyCausalLM(lr=3e-3, **_MODEL), datamodule=_data(size))
+    return callbacks[0].run, time.perf_counter() - start
+
+
+def _overfit_fit(out_dir: Path, size: DemoSize) -> tuple[OverfitTinySubset, float]:
+    overfit = OverfitTinySubset(max_steps=size.overfit_steps, out_dir=out_dir)
+    trainer = _trainer(out_dir, [overfit], max_steps=-1, max_epochs=1000)
+    pl.seed_everything(0, verbose=False)
+    start = time.perf_counter()
+    trainer.fit(TinyCausalLM(lr=3e-3, **_MODEL), datamodule=_data(size))
+    return overfit, time.perf_counter() - start
+
+
+def _comparison_fit(out_dir: Path, variant: LrVariant, size: DemoSize) -> tuple[str, float]:
+    ledger = DivergenceLedger(
+        experiment=EXPERIMENT,
+        variant=variant.name,
+        seed=0,
+        params={"lr": variant.lr, "seed_lr": variant.seed_lr, "model": "TinyCausalLM-32x1"},
+        heartbeat_every=50,
+        out_dir=out_dir,
+    )
+    trainer = _trainer(
+        out_dir,
+        [ledger],
+        max_steps=size.updates,
+        accumulate_grad_batches=ACCUMULATE,
+        val_check_interval=ACCUMULATE * size.val_every,
+        limit_val_batches=size.val_batches,
+    )
+    pl.seed_everything(0, verbose=False)
+    start = time.perf_counter()
+    trainer.fit(TinyCausalLM(lr=variant.lr, **_MODEL), datamodule=_data(size))
+    return ledger.run.run_id, time.perf_counter() - start
+
+
+def _table(frame: pd.DataFrame) -> str:
+    with pd.option_context("display.width", 200, "display.max_columns", None):
+        return frame.to_string(index=False)
+
+
+def _fmt_bytes(value: Any) -> str:
+    return "null" if value is None or pd.isna(value) else f"{float(value) / 2**20:.2f} MiB"
+
+
+def write_plots(
+    folder: Path,
+    curves: pd.DataFrame,
+    runs: pd.DataFrame,
+    table: pd.DataFrame,
+    write: Callable[[str], object],
+) -> list[Path]:
+    """Write the demo's two PNG plots into ``folder``, or say why not and return ``[]``.
+
+    Args:
+        folder: where ``loss_curves.png`` and ``phase_memory.png`` go.
+        curves: the ledger's curves (:meth:`Ledger.curves`).
+        runs: the comparison's runs (:meth:`Ledger.runs` rows).
+        table: the pilot run's phase table.
+        write: where the "plots skipped" line goes when matplotlib is missing.
+    """
+    try:
+        from lightning_pilot.demo import plots
+
+        plots.require_matplotlib()
+    except ModuleNotFoundError as error:
+        write(f"\n{error}\n")
+        return []
+    return [
+        plots.plot_loss_curves(
+            curves,
+            runs,
+            folder / "loss_curves.png",
+            title="learning-rate comparison: training loss and val_loss per variant",
+        ),
+        plots.plot_phase_memory(table, folder / "phase_memory.png"),
+    ]
+
+
+def run_demo(out_dir: Path, *, quick: bool = False, stream: TextIO | None = None) -> dict[str, Any]:
+    """Run the demo pilot and the learning-rate comparison into ``out_dir``; print as it goes.
+
+    Args:
+        out_dir: the output folder (created; an existing ledger there is added to, never
+            overwritten, so use a fresh folder for a clean comparison).
+        quick: a much smaller version (a few updates per fit) for tests.
+        stream: where progress and results are written (default ``sys.stdout``).
+
+    Returns:
+        ``out_dir``; ``pilot_run_dir`` (the measured pilot run's folder, for the choice sheet);
+        ``pilot_run_id``; ``overfit_run_dir`` and ``overfit_verdict``; ``ledger`` (the ledger
+        folder); ``comparison_run_ids`` (variant name -> run id); ``control`` (the control
+        variant's name); ``comparison`` (the :class:`~lightning_pilot.Comparison` on
+        ``val_loss``); ``plots`` (the PNG files written, empty without matplotlib); ``seconds``
+        (wall time per stage and in total).
+    """
+    out = Path(out_dir)
+    target = stream if stream is not None else sys.stdout
+
+    def write(text: str) -> None:
+        target.write(text)
+        target.flush()  # progress shows while the demo runs, also through a pipe
+
+    size = DemoSize.of(quick)
+    variants = lr_variants()
+    total_fits = 2 + len(variants)
+    seconds: dict[str, float] = {}
+    start = time.perf_counter()
+    write(
+        f"lightning-pilot demo ({'quick' if quick else 'full'}): TinyCausalLM (d_model 32, 1 layer)"
+        f" on CPU, micro-batch {MICRO_BATCH} x accumulation {ACCUMULATE}; output in {out}\n"
+    )
+    with _quiet():
+        run, seconds["pilot"] = _pilot_fit(out, size)
+        write(
+            f"[1/{total_fits}] pilot with every callback: {size.pilot_updates} updates,"
+            f" run {run.run_id}, {seconds['pilot']:.1f} s (includes the resume and artifact"
+            " checks in new processes)\n"
+        )
+        overfit, seconds["overfit"] = _overfit_fit(out, size)
+        write(
+            f"[2/{total_fits}] tiny-subset overfit: {overfit.verdict}, run {overfit.run.run_id},"
+            f" {seconds['overfit']:.1f} s\n"
+        )
+        run_ids: dict[str, str] = {}
+        for i, variant in enumerate(variants, start=3):
+            run_id, took = _comparison_fit(out, variant, size)
+            run_ids[variant.name] = run_id
+            seconds[variant.name] = took
+            done = dict(Ledger(out).runs().set_index("run_id").loc[run_id].items())
+            write(
+                f"[{i}/{total_fits}] {variant.name}: {done['status']} ({done['stop_cause']})"
+                f" after {done['updates_done']} updates, {took:.1f} s\n"
+            )
+
+    table = read_phase_table(run.run_dir)
+    write(f"\nPhase table of the pilot run ({run.run_dir / 'phases.parquet'}):\n")
+    shown = table[_PHASE_COLUMNS].assign(
+        peak_allocated_bytes=table["peak_allocated_bytes"].map(_fmt_bytes)
+    )
+    write(_table(shown.rename(columns={"peak_allocated_bytes": "peak_allocated"})) + "\n")
+    for row in table[table["verdict"].isin(["fail", "warn"])].itertuples():
+        write(f"  {row.phase}: {row.verdict}: {row.reason}\n")
+
+    ledger = Ledger(out)
+    control = variants[0].name
+    comparison = ledger.compare("val_loss", by="variant", control=control, experiment=EXPERIMENT)
+    runs = ledger.runs()
+    ours = runs[runs["run_id"].isin(list(run_ids.values()))]
+    write(
+        "\nLearning-rate comparison (the seeds' 1e-4 / 5e-5 / 2e-4 scaled x30 to 3e-3 / 1.5e-3 /"
+        f" 6e-3 for the tiny model; 2 x {ACCUMULATE} examples per update, {size.updates}"
+        " updates each, seed 0):\n"
+    )
+    write(_table(ours[["variant", "status", "stop_cause", "stop_step", "updates_done"]]) + "\n")
+    summary = comparison.summary[
+        ["variant", "n_runs", "n_completed", "n_diverged", "median", "paired_mean_diff"]
+    ]
+    write(f"\nval_loss (last validation; lower is better; control {control}):\n")
+    write(_table(summary) + "\n")
+    write(
+        "A diverged run keeps its row: it counts as the worst value (inf) and is ranked last,"
+        " never dropped.\n"
+    )
+
+    plots = write_plots(out / "plots", ledger.curves(), ours, table, write)
+    seconds["total"] = time.perf_counter() - start
+
+    write(
+        f"\nFiles:\n  pilot run:   {run.run_dir}\n  overfit run: {overfit.run.run_dir}\n"
+        f"  ledger:      {ledger.path}\n"
+    )
+    for path in plots:
+        write(f"  plot:        {path}\n")
+    write(
+        f"Read them with lightning_pilot.read_phase_table({str(run.run_dir)!r}) and"
+        f" lightning_pilot.Ledger({str(out)!r}).\nDone in {seconds['total']:.1f} s.\n"
+    )
+    return {
+        "out_dir": out,
+        "pilot_run_dir": run.run_dir,
+        "pilot_run_id": run.run_id,
+        "overfit_run_dir": overfit.run.run_dir,
+        "overfit_verdict": overfit.verdict,
+        "ledger": ledger.path,
+        "comparison_run_ids": run_ids,
+        "control": control,
+        "comparison": comparison,
+        "plots": plots,
+        "seconds": seconds,
+    }

@@ -1,0 +1,165 @@
+"""``pilot_callbacks()``: every pilot callback for one Trainer, with consistent settings."""
+
+from __future__ import annotations
+
+import inspect
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from lightning_pilot.callbacks.batch_inspector import BatchInspector
+from lightning_pilot.callbacks.divergence_ledger import DivergenceLedger
+from lightning_pilot.callbacks.effective_batch_accountant import EffectiveBatchAccountant
+from lightning_pilot.callbacks.overfit_tiny_subset import OverfitTinySubset
+from lightning_pilot.callbacks.phase_memory_monitor import PhaseMemoryMonitor
+from lightning_pilot.callbacks.resume_verifier import ResumeVerifier
+from lightning_pilot.core.batches import BatchAdapter
+from lightning_pilot.run import PilotCallback
+
+__all__ = ["PILOT_OPTION_KEYS", "pilot_callbacks"]
+
+#: Option key -> (callback class, name of its batch-adapter argument, included by default).
+_CALLBACKS: dict[str, tuple[type[PilotCallback], str, bool]] = {
+    "phase_memory": (PhaseMemoryMonitor, "adapter", True),
+    "batch_inspector": (BatchInspector, "adapter", True),
+    "effective_batch": (EffectiveBatchAccountant, "adapter", True),
+    "resume": (ResumeVerifier, "adapter", True),
+    "ledger": (DivergenceLedger, "batch_adapter", True),
+    "overfit": (OverfitTinySubset, "adapter", False),
+}
+
+#: The keys ``pilot_callbacks(**options)`` accepts, in the order the callbacks are returned.
+PILOT_OPTION_KEYS: tuple[str, ...] = tuple(_CALLBACKS)
+
+# Arguments pilot_callbacks sets itself, so every callback shares them.
+_SHARED = {"out_dir", "adapter", "batch_adapter", "experiment", "variant", "seed"}
+
+
+def _accepted(cls: type[PilotCallback]) -> list[str]:
+    parameters = inspect.signature(cls.__init__).parameters
+    return sorted(name for name in parameters if name != "self" and name not in _SHARED)
+
+
+def _options_for(key: str, value: object) -> dict[str, Any] | None:
+    """The keyword arguments for one callback, or ``None`` when it is left out."""
+    cls, _, default = _CALLBACKS[key]
+    if value is None:
+        return {} if default else None
+    if isinstance(value, bool):
+        return {} if value else None
+    if not isinstance(value, Mapping):
+        raise TypeError(
+            f"pilot_callbacks({key}={value!r}) is invalid: expected a dict of {cls.__name__}"
+            " options, True (defaults) or False (leave it out)."
+        )
+    shared = sorted(str(name) for name in value if name in _SHARED)
+    if shared:
+        raise ValueError(
+            f"pilot_callbacks({key}={dict(value)!r}) is invalid: {', '.join(shared)} are set"
+            " for every callback at once; pass them to pilot_callbacks itself (out_dir=,"
+            " adapter=, experiment=, variant=, seed=)."
+        )
+    accepted = _accepted(cls)
+    unknown = sorted(str(name) for name in value if name not in accepted)
+    if unknown:
+        raise ValueError(
+            f"pilot_callbacks({key}={dict(value)!r}) is invalid: {cls.__name__} has no option"
+            f" {', '.join(repr(name) for name in unknown)}; valid: {', '.join(accepted)}."
+        )
+    return {str(name): option for name, option in value.items()}
+
+
+def pilot_callbacks(
+    out_dir: str | os.PathLike[str] | None = None,
+    *,
+    experiment: str = "pilot",
+    variant: str = "control",
+    seed: int | None = None,
+    adapter: BatchAdapter | None = None,
+    **options: Any,
+) -> list[PilotCallback]:
+    """Every pilot callback, configured to share one output folder, run and batch format.
+
+    Returns, in this order: :class:`~lightning_pilot.PhaseMemoryMonitor`,
+    :class:`~lightning_pilot.BatchInspector`, :class:`~lightning_pilot.EffectiveBatchAccountant`,
+    :class:`~lightning_pilot.ResumeVerifier` and :class:`~lightning_pilot.DivergenceLedger`.
+    They land in one Trainer as one run (one ``run_id``, one folder under ``out_dir``), and
+    ``Trainer(fast_dev_run=N, callbacks=pilot_callbacks())`` still saves and reloads a
+    checkpoint: the verifier saves at update ``at_step`` even where ``fast_dev_run`` disables
+    checkpointing (give ``N >= at_step + compare_steps``, 4 with the defaults, for the
+    comparison to run; with fewer updates its checks read ``not_checked`` with the reason).
+
+    :class:`~lightning_pilot.OverfitTinySubset` is left out by default because it changes
+    training on purpose (it trains and validates on a few fixed examples): pass
+    ``overfit=True`` (or ``overfit={...}``) to add it, in a pilot fit of its own.
+
+    Options per callback go under one key each; a dict configures the callback, ``True`` adds it
+    with its defaults, ``False`` leaves it out, and ``None`` (not given) means included with its
+    defaults for every callback except ``overfit``, which is then left out:
+
+    ============================  ==========================================
+    key                           callback
+    ============================  ==========================================
+    ``phase_memory={...}``        :class:`~lightning_pilot.PhaseMemoryMonitor`
+    ``batch_inspector={...}``     :class:`~lightning_pilot.BatchInspector`
+    ``effective_batch={...}``     :class:`~lightning_pilot.EffectiveBatchAccountant`
+    ``resume={...}``              :class:`~lightning_pilot.ResumeVerifier`
+    ``ledger={...}``              :class:`~lightning_pilot.DivergenceLedger`
+    ``overfit={...}``             :class:`~lightning_pilot.OverfitTinySubset` (off by default)
+    ============================  ==========================================
+
+    Args:
+        out_dir: the output folder of every callback (default ``<default_root_dir>/pilot``).
+        experiment: the ledger's experiment name.
+        variant: the ledger's variant name.
+        seed: the seed recorded in the ledger (the Trainer's seeding stays yours).
+        adapter: how every callback reads batches (default :class:`BatchAdapter`).
+        **options: per-callback options, keyed as in the table.
+
+    Returns:
+        The callbacks, ready for ``Trainer(callbacks=...)`` (add your own to the list).
+
+    Raises:
+        ValueError: an unknown key (the message lists the valid ones), an unknown option of a
+            callback, or an option set for every callback at once (``out_dir``, ``adapter``,
+            ``experiment``, ``variant``, ``seed``) given to one of them; the callbacks' own
+            validation errors pass through.
+        TypeError: an option value that is not a dict or a bool.
+
+    Example:
+        >>> callbacks = pilot_callbacks(experiment="lr-sweep", variant="lr=1e-4", seed=0,
+        ...                             resume={"at_step": 3})
+        >>> [type(callback).__name__ for callback in callbacks]  # doctest: +NORMALIZE_WHITESPACE
+        ['PhaseMemoryMonitor', 'BatchInspector', 'EffectiveBatchAccountant',
+         'ResumeVerifier', 'DivergenceLedger']
+        >>> pilot_callbacks(resum={"at_step": 3})
+        Traceback (most recent call last):
+        ...
+        ValueError: pilot_callbacks(resum=...) is invalid: unknown option 'resum'; valid: ...
+    """
+    unknown = sorted(name for name in options if name not in _CALLBACKS)
+    if unknown:
+        raise ValueError(
+            f"pilot_callbacks({unknown[0]}=...) is invalid: unknown option"
+            f"{'s' if len(unknown) > 1 else ''} {', '.join(repr(name) for name in unknown)};"
+            f" valid: {', '.join(PILOT_OPTION_KEYS)} (and out_dir, experiment, variant, seed,"
+            " adapter)."
+        )
+    if adapter is not None and not isinstance(adapter, BatchAdapter):
+        raise TypeError(
+            f"pilot_callbacks(adapter={adapter!r}) is invalid: expected a"
+            " lightning_pilot.BatchAdapter or None."
+        )
+    configured = {key: _options_for(key, options.get(key)) for key in PILOT_OPTION_KEYS}
+    callbacks: list[PilotCallback] = []
+    for key, kwargs in configured.items():
+        if kwargs is None:
+            continue
+        cls, adapter_name, _ = _CALLBACKS[key]
+        kwargs = dict(kwargs, out_dir=out_dir)
+        if adapter is not None:
+            kwargs[adapter_name] = adapter
+        if cls is DivergenceLedger:
+            kwargs.update(experiment=experiment, variant=variant, seed=seed)
+        callbacks.append(cls(**kwargs))
+    return callbacks

@@ -1,0 +1,144 @@
+"""run_demo(quick=True): the pilot, the overfit, the learning-rate comparison and the plots."""
+
+from __future__ import annotations
+
+import io
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+
+from lightning_pilot import Ledger, read_phase_table
+from lightning_pilot.demo.pilot import EXPERIMENT, DemoSize, lr_variants, run_demo, write_plots
+from lightning_pilot.demo.plots import MATPLOTLIB_MISSING, phase_peaks, require_matplotlib
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], str]:
+    out = tmp_path_factory.mktemp("demo")
+    stream = io.StringIO()
+    result = run_demo(out, quick=True, stream=stream)
+    return result, stream.getvalue()
+
+
+def test_result_points_to_the_files(demo: tuple[dict[str, Any], str]) -> None:
+    result, _ = demo
+    out = result["out_dir"]
+    assert result["pilot_run_dir"] == out / "runs" / result["pilot_run_id"]
+    assert (result["pilot_run_dir"] / "phases.parquet").is_dir()
+    assert result["ledger"] == out / "ledger"
+    assert result["overfit_verdict"] == "pass"
+    assert (result["overfit_run_dir"] / "overfit.parquet").is_dir()
+    assert set(result["seconds"]) >= {"pilot", "overfit", "total"}
+
+
+def test_pilot_run_measured_every_phase_and_proved_resume(
+    demo: tuple[dict[str, Any], str],
+) -> None:
+    result, _ = demo
+    table = read_phase_table(result["pilot_run_dir"])
+    assert set(table["run_id"]) == {result["pilot_run_id"]}
+    expected = {
+        "setup", "data", "forward", "backward", "optimizer_step", "validation",
+        "checkpoint_save", "checkpoint_load", "resume",
+    }  # fmt: skip
+    assert expected <= set(table["phase"])
+    resume = table[table["phase"] == "resume"].iloc[0]
+    assert resume["verdict"] == "pass", resume["reason"]
+    assert "fail" not in set(table["verdict"])
+    run_dir = result["pilot_run_dir"]
+    for detail in ("examples", "resume", "updates"):
+        assert list((run_dir / f"{detail}.parquet").glob("*.parquet")), detail
+    updates = pd.read_parquet(run_dir / "updates.parquet")
+    assert (updates["examples"] == 2 * 8).all()
+    assert len(updates) == DemoSize.of(True).pilot_updates
+
+
+def test_ledger_keeps_control_variants_and_the_diverged_run(
+    demo: tuple[dict[str, Any], str],
+) -> None:
+    result, _ = demo
+    runs = Ledger(result["ledger"]).runs()
+    comparison = runs[runs["experiment"] == EXPERIMENT].set_index("variant")
+    names = [variant.name for variant in lr_variants()]
+    assert sorted(comparison.index) == sorted(names)
+    assert set(result["comparison_run_ids"]) == set(names)
+    control, half, double, unstable = names
+    updates = DemoSize.of(True).updates
+    for name in (control, half, double):
+        row = comparison.loc[name]
+        assert (row["status"], row["stop_cause"], row["updates_done"]) == (
+            "completed", "max_steps", updates,
+        )  # fmt: skip
+        assert (row["micro_batch_size"], row["accumulate_grad_batches"]) == (2, 8)
+    bad = comparison.loc[unstable]
+    assert bad["status"] == "diverged"
+    assert bad["stop_cause"] in {"loss_blowup", "nonfinite_loss", "nonfinite_grad"}
+    assert bad["stop_step"] < updates
+    assert isinstance(bad["stop_detail"], str)
+    assert "consecutive updates" in bad["stop_detail"] or "non-finite" in bad["stop_detail"]
+    lrs = {name: comparison.loc[name, "lr"] for name in names}
+    assert lrs[half] == pytest.approx(lrs[control] / 2)
+    assert lrs[double] == pytest.approx(lrs[control] * 2)
+
+    summary = result["comparison"].summary.set_index("variant")
+    assert summary.loc[unstable, "n_diverged"] == 1
+    assert math.isinf(summary.loc[unstable, "median"])
+    assert math.isfinite(summary.loc[control, "median"])
+    assert result["control"] == control
+
+
+def test_output_shows_progress_tables_and_files(demo: tuple[dict[str, Any], str]) -> None:
+    result, text = demo
+    lines = text.splitlines()
+    progress = [line for line in lines if line.startswith("[")]
+    assert [line.split("]")[0] for line in progress] == [f"[{i}/6" for i in range(1, 7)]
+    assert "diverged (" in progress[-1]
+    assert "Phase table of the pilot run" in text
+    assert "scaled x30" in text
+    assert f"ledger:      {result['ledger']}" in text
+    assert str(result["pilot_run_dir"]) in text
+    for path in result["plots"]:
+        assert f"plot:        {path}" in text
+
+
+def test_plots_are_png_files(demo: tuple[dict[str, Any], str]) -> None:
+    result, _ = demo
+    names = sorted(path.name for path in result["plots"])
+    assert names == ["loss_curves.png", "phase_memory.png"]
+    for path in result["plots"]:
+        data = path.read_bytes()
+        assert data.startswith(PNG_MAGIC)
+        assert len(data) > 5000
+
+
+def test_without_matplotlib_plots_are_skipped_with_a_message(
+    demo: tuple[dict[str, Any], str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    result, _ = demo
+    ledger = Ledger(result["ledger"])
+    table = read_phase_table(result["pilot_run_dir"])
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now fails
+    with pytest.raises(ModuleNotFoundError, match=r"pip install matplotlib"):
+        require_matplotlib()
+    written: list[str] = []
+    plots = write_plots(tmp_path, ledger.curves(), ledger.runs(), table, written.append)
+    assert plots == []
+    assert MATPLOTLIB_MISSING in "".join(written)
+    assert not list(tmp_path.iterdir())
+
+
+def test_phase_peaks_skips_unmeasured_phases() -> None:
+    table = pd.DataFrame(
+        {
+            "phase": ["forward", "backward", "forward", "setup"],
+            "peak_allocated_bytes": [10.0, 30.0, 20.0, None],
+        }
+    )
+    peaks = phase_peaks(table)
+    assert peaks.to_dict() == {"forward": 20.0, "backward": 30.0}

@@ -1,0 +1,136 @@
+"""pilot_callbacks(): every pilot callback in one call, one run, bad options refused."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from lightning_pilot import (
+    BatchAdapter,
+    BatchInspector,
+    DivergenceLedger,
+    EffectiveBatchAccountant,
+    Ledger,
+    OverfitTinySubset,
+    PhaseMemoryMonitor,
+    ResumeVerifier,
+    read_phase_table,
+)
+from lightning_pilot.demo import InstructionDataModule, TinyCausalLM
+from lightning_pilot.pilot import PILOT_OPTION_KEYS, pilot_callbacks
+
+
+def test_fast_dev_run_still_saves_and_loads_a_checkpoint(make_trainer: Any, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    callbacks = pilot_callbacks(out, experiment="fdr", variant="control", seed=3)
+    trainer = make_trainer(callbacks=callbacks, fast_dev_run=4)
+    data = InstructionDataModule(dataset_size=256, batch_size=4, max_length=20, stateful=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(TinyCausalLM(max_length=20, d_model=32, n_heads=2, n_layers=1), datamodule=data)
+
+    assert len({callback.run.run_id for callback in callbacks}) == 1
+    table = read_phase_table(out)
+    phases = set(table["phase"])
+    assert {"checkpoint_save", "checkpoint_load", "resume", "forward", "backward"} <= phases
+    resume = table[table["phase"] == "resume"].iloc[0]
+    assert resume["verdict"] == "pass", resume["reason"]
+    assert "fail" not in set(table["verdict"]), table[table["verdict"] == "fail"]["reason"]
+    runs = Ledger(out).runs()
+    assert runs[["experiment", "variant", "seed"]].values.tolist() == [["fdr", "control", 3]]
+    assert runs["updates_done"].tolist() == [4]
+
+
+def test_default_set_order_and_shared_settings(tmp_path: Path) -> None:
+    adapter = BatchAdapter(ids="ids")
+    callbacks = pilot_callbacks(
+        tmp_path,
+        experiment="e",
+        variant="v",
+        seed=1,
+        adapter=adapter,
+        phase_memory={"pilot_updates": 5},
+        resume={"at_step": 3, "compare_steps": 1},
+        ledger={"params": {"lr": 0.1}},
+    )
+    assert [type(c) for c in callbacks] == [
+        PhaseMemoryMonitor,
+        BatchInspector,
+        EffectiveBatchAccountant,
+        ResumeVerifier,
+        DivergenceLedger,
+    ]
+    assert all(Path(c.out_dir) == tmp_path for c in callbacks)  # type: ignore[arg-type]
+    monitor, _, accountant, verifier, ledger = callbacks
+    assert isinstance(monitor, PhaseMemoryMonitor)
+    assert monitor.pilot_updates == 5
+    assert isinstance(verifier, ResumeVerifier)
+    assert verifier.at_step == 3
+    assert isinstance(ledger, DivergenceLedger)
+    assert (ledger.experiment, ledger.variant, ledger.seed, ledger.params) == (
+        "e",
+        "v",
+        1,
+        {"lr": 0.1},
+    )
+    assert isinstance(accountant, EffectiveBatchAccountant)
+    assert accountant.adapter is adapter
+
+
+def test_overfit_is_opt_in_and_callbacks_can_be_left_out() -> None:
+    callbacks = pilot_callbacks(overfit={"max_steps": 30}, resume=False, ledger=False)
+    names = [type(c).__name__ for c in callbacks]
+    assert names == [
+        "PhaseMemoryMonitor",
+        "BatchInspector",
+        "EffectiveBatchAccountant",
+        "OverfitTinySubset",
+    ]
+    overfit = callbacks[-1]
+    assert isinstance(overfit, OverfitTinySubset)
+    assert overfit.max_steps == 30
+    assert OverfitTinySubset in {type(c) for c in pilot_callbacks(overfit=True)}
+    assert OverfitTinySubset not in {type(c) for c in pilot_callbacks()}
+    assert set(PILOT_OPTION_KEYS) == {
+        "phase_memory",
+        "batch_inspector",
+        "effective_batch",
+        "resume",
+        "ledger",
+        "overfit",
+    }
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "match"),
+    [
+        (
+            {"resum": {}},
+            ValueError,
+            r"unknown option 'resum'; valid: phase_memory, batch_inspector",
+        ),
+        (
+            {"resume": {"at_stpe": 2}},
+            ValueError,
+            r"ResumeVerifier has no option 'at_stpe'; valid: .*at_step",
+        ),
+        ({"ledger": {"out_dir": "x"}}, ValueError, r"out_dir are set for every callback"),
+        ({"ledger": {"variant": "x"}}, ValueError, r"variant are set for every callback"),
+        (
+            {"phase_memory": 3},
+            TypeError,
+            r"pilot_callbacks\(phase_memory=3\) is invalid: expected a dict",
+        ),
+        ({"adapter": "ids"}, TypeError, r"pilot_callbacks\(adapter='ids'\) is invalid"),
+        ({"resume": {"at_step": 0}}, ValueError, r"ResumeVerifier\(at_step=0\) is invalid"),
+        ({"variant": ""}, ValueError, r"variant"),
+    ],
+)
+def test_bad_options_are_rejected(
+    options: dict[str, Any], error: type[Exception], match: str
+) -> None:
+    with pytest.raises(error, match=match):
+        pilot_callbacks(**options)
