@@ -29,7 +29,7 @@ from lightning_pilot.core.data_checks import (
     infer_output_size,
     input_fingerprint,
 )
-from lightning_pilot.core.phases import REMEDIES, worst_verdict
+from lightning_pilot.core.phases import judge
 from lightning_pilot.run import PilotCallback
 
 __all__ = ["EXAMPLES_SCHEMA", "EXAMPLES_SCHEMA_VERSION", "EXAMPLES_TABLE", "BatchInspector"]
@@ -379,7 +379,7 @@ class BatchInspector(PilotCallback):
         results: list[CheckResult] = []
         if any(labels.values()):
             results += check_class_histograms(labels)
-        if problems:
+        if self.verdict in ("fail", "warn"):
             results += problems
         else:
             results.append(check_leakage(keys if self.group_fn else None, scanned=scanned))
@@ -409,12 +409,8 @@ class BatchInspector(PilotCallback):
             )
         results += self._dataset_checks
         self.checks = {c.name: c for c in results}
-        self.verdict = worst_verdict(c.verdict for c in results)
-        problems = [f"{c.name}: {c.detail}" for c in results if c.verdict in ("fail", "warn")]
-        reason = None
-        if problems:
-            reason = "; ".join(problems) + f". If the check fails: {REMEDIES['data']}"
-        elif self.verdict == "not_checked":
+        self.verdict, reason = judge("data", ((c.name, c.verdict, c.detail) for c in results))
+        if reason is None and self.verdict == "not_checked":
             reason = "; ".join(f"{c.name}: {c.detail}" for c in results)
         self.run.put_phase_row(
             {
@@ -433,7 +429,7 @@ class BatchInspector(PilotCallback):
         )
         self.run.append_rows(EXAMPLES_TABLE, [meta | row for row in rows])
         line = f"BatchInspector: data verdict {self.verdict}"
-        if problems:
+        if self.verdict in ("fail", "warn"):
             rank_zero_warn(f"{line}: {reason}")
         else:
             rank_zero_info(line)

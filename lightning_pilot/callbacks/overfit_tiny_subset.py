@@ -32,7 +32,7 @@ from lightning_pilot.core.overfit import (
     recovery,
     select_indices,
 )
-from lightning_pilot.core.phases import REMEDIES, worst_verdict
+from lightning_pilot.core.phases import judge
 from lightning_pilot.run import PilotCallback
 
 __all__ = ["OVERFIT_SCHEMA", "OVERFIT_SCHEMA_VERSION", "OVERFIT_TABLE", "OverfitTinySubset"]
@@ -513,11 +513,7 @@ class OverfitTinySubset(PilotCallback):
         if not self._batches:
             results = [CheckResult("subset", "not_checked", "; ".join(self._notes))]
         self.checks = {c.name: c for c in results}
-        self.verdict = worst_verdict(c.verdict for c in results)
-        problems = [f"{c.name}: {c.detail}" for c in results if c.verdict in ("fail", "warn")]
-        reason = None
-        if problems:
-            reason = "; ".join(problems) + f". If the check fails: {REMEDIES['overfit']}"
+        self.verdict, reason = judge("overfit", ((c.name, c.verdict, c.detail) for c in results))
         notes = [f"subset ids {self.subset_ids}", *self._notes]
         self.run.put_phase_row(
             {
@@ -535,7 +531,7 @@ class OverfitTinySubset(PilotCallback):
             source=type(self).__name__,
         )
         line = f"OverfitTinySubset: overfit verdict {self.verdict}"
-        if problems:
+        if self.verdict in ("fail", "warn"):
             rank_zero_warn(f"{line}: {reason}")
         else:
             rank_zero_info(f"{line}: {'; '.join(c.detail for c in results)}")

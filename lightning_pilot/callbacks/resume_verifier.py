@@ -26,7 +26,7 @@ from lightning_pilot.callbacks._resume_process import (
 )
 from lightning_pilot.core.batches import BatchAdapter
 from lightning_pilot.core.checks import CheckResult
-from lightning_pilot.core.phases import REMEDIES, worst_verdict
+from lightning_pilot.core.phases import judge
 from lightning_pilot.core.resume import (
     StepRecord,
     capture_rng,
@@ -504,17 +504,13 @@ class ResumeVerifier(PilotCallback):
         if not self.run.is_global_zero or not self._results:
             return
         checks = [r.as_row() for r in self._results]
-        verdict = worst_verdict(r.verdict for r in self._results)
-        problems = [f"{r.name}: {r.detail}" for r in self._results if r.verdict in ("fail", "warn")]
+        verdict, reason = judge("resume", ((r.name, r.verdict, r.detail) for r in self._results))
         unverified = [
             f"{r.name}: {r.detail}"
             for r in self._results
             if r.verdict == "not_checked" and r.name.split(".")[-1] in ("resume", "rebuild")
         ]
-        reason = None
-        if problems:
-            reason = "; ".join(problems) + f". If the check fails: {REMEDIES['resume']}."
-        elif unverified:
+        if reason is None and unverified:
             # Passing side checks (the artifact) must not read as "resume verified".
             verdict = "not_checked"
             reason = "resume not verified: " + "; ".join(unverified)

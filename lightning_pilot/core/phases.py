@@ -83,7 +83,32 @@ REMEDIES: Final[dict[str, str]] = {
     "overfit": "fix the loop on the tiny subset before any long run",
 }
 
+
 # Columns folded by their maximum over occurrences; the others keep the latest value.
+def judge(phase: str, checks: Iterable[tuple[str, str, str]]) -> tuple[str, str | None]:
+    """The verdict of a phase from its ``(name, verdict, detail)`` checks, and the reason.
+
+    The reason lists every failed or warned check and ends with the seeds' remedy for the
+    phase; it is ``None`` when nothing failed or warned.
+
+    Example:
+        >>> verdict, reason = judge("forward", [("loss_finite", "fail", "loss is nan")])
+        >>> verdict
+        'fail'
+        >>> reason
+        'loss_finite: loss is nan. If the check fails: inspect the reduced batch and the values'
+        >>> judge("forward", [("loss_finite", "pass", "")])
+        ('pass', None)
+    """
+    checks = list(checks)
+    verdict = worst_verdict(v for _, v, _ in checks)
+    problems = [f"{n}: {d}" if d else n for n, v, d in checks if v in ("fail", "warn")]
+    if not problems:
+        return verdict, None
+    remedy = REMEDIES.get(phase, "")
+    return verdict, "; ".join(problems) + (f". If the check fails: {remedy}" if remedy else "")
+
+
 _MAXIMA: Final = (
     "peak_allocated_bytes",
     "peak_reserved_bytes",
@@ -170,18 +195,10 @@ class _Group:
             {"name": name, "verdict": verdict, "detail": detail}
             for name, (verdict, detail) in self.checks.items()
         ]
-        verdict = worst_verdict(c["verdict"] for c in checks)
-        problems = [
-            f"{c['name']}: {c['detail']}" if c["detail"] else c["name"]
-            for c in checks
-            if c["verdict"] in ("fail", "warn")
-        ]
-        reason = None
-        if problems:
-            reason = "; ".join(problems) + f". If the check fails: {REMEDIES.get(phase, '')}."
-        elif self.measured == 0:
+        verdict, reason = judge(phase, ((c["name"], c["verdict"], c["detail"]) for c in checks))
+        if reason is None and self.measured == 0:
             reason = "not measured: outside the pilot window and the sampled updates"
-        elif verdict == "not_checked":
+        elif reason is None and verdict == "not_checked":
             skipped = [c["detail"] for c in checks if c["detail"]]
             reason = "; ".join(skipped) if skipped else "no check applies to this phase"
         row: dict[str, Any] = dict(self.values)
