@@ -164,13 +164,17 @@ def _gpu_memory(text: str | None) -> int | None:
         raise UsageError(str(err)) from None
 
 
-def _write_sheet(run_dir: Path, gpu_memory: int | None) -> int:
+def _write_sheet(
+    run_dir: Path, gpu_memory: int | None, reserve: float = 0.25, experiment: str | None = None
+) -> int:
     import pandas as pd
 
     from lightning_pilot.report import write_choice_sheet
     from lightning_pilot.storage import read_phase_table
 
-    written = write_choice_sheet(run_dir, gpu_memory_bytes=gpu_memory)
+    written = write_choice_sheet(
+        run_dir, gpu_memory_bytes=gpu_memory, reserve=reserve, experiment=experiment
+    )
     _out(written.read_text(encoding="utf-8"))
     _out(f"Choice sheet written to {written}")
     phases: pd.DataFrame = read_phase_table(run_dir)
@@ -183,7 +187,7 @@ def _cmd_sheet(args: argparse.Namespace) -> int:
     if not run_dir.exists():
         raise UsageError(f"{run_dir} does not exist.")
     try:
-        return _write_sheet(run_dir, gpu_memory)
+        return _write_sheet(run_dir, gpu_memory, args.reserve, args.experiment)
     except ValueError as err:
         raise UsageError(str(err)) from None
 
@@ -194,7 +198,10 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     demo = importlib.import_module("lightning_pilot.demo.pilot")
     result: dict[str, Any] = demo.run_demo(Path(args.out), quick=args.quick)
     _out(f"Demo outputs in {result['out_dir']}")
-    return _write_sheet(Path(result["pilot_run_dir"]), gpu_memory)
+    # The package of the learning-rate comparison the demo just ran, priced at the pilot's speed.
+    return _write_sheet(
+        Path(result["pilot_run_dir"]), gpu_memory, experiment=result.get("experiment")
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -276,6 +283,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--gpu-memory",
         metavar="SIZE",
         help="target GPU memory: 80GiB, 80GB, 141G, 24000MiB (G/GiB = 1024^3, GB = 1000^3)",
+    )
+    sheet.add_argument(
+        "--reserve",
+        type=float,
+        default=0.25,
+        metavar="FRACTION",
+        help="share of each 3/7/30-day campaign package kept for evaluation and export"
+        " (default 0.25)",
+    )
+    sheet.add_argument(
+        "--experiment",
+        metavar="NAME",
+        help="ledger experiment whose variants fill the campaign package (default: the run's)",
     )
     sheet.set_defaults(handler=_cmd_sheet)
     return parser

@@ -602,7 +602,164 @@ def _value(record: dict[str, Any] | None, key: str) -> str:
     return "not measured (null)" if _null(value) else _text(value)
 
 
-def choice_sheet(run_dir: str | os.PathLike[str], *, gpu_memory_bytes: int | None = None) -> str:
+def _model_rows(run: Path) -> pd.DataFrame | None:
+    folder = run / "model.parquet"
+    if not folder.is_dir():
+        return None
+    frame: pd.DataFrame = storage.read_snapshot_table(folder).to_pandas()
+    return frame if len(frame) else None
+
+
+def _phase_median(phases: pd.DataFrame, phase: str) -> float | None:
+    rows = phases[phases["phase"] == phase]
+    if rows.empty:
+        return None
+    value = _steady_median(rows)
+    return None if _null(value) else float(value)
+
+
+def step_time(phases: pd.DataFrame, accumulate: int) -> tuple[float | None, str]:
+    """Seconds per update from the phase medians: K micro-batches of data, forward and backward,
+    then one optimizer step. Returns the time and how it was made (or why it is missing).
+
+    Example:
+        >>> frame = pd.DataFrame({"phase": ["data", "forward", "backward", "optimizer_step"],
+        ...                       "first": [False] * 4, "duration_median_s": [1.0, 2.0, 3.0, 4.0]})
+        >>> step_time(frame, 2)[0]
+        16.0
+    """
+    parts = {p: _phase_median(phases, p) for p in ("data", "forward", "backward", "optimizer_step")}
+    missing = [p for p, v in parts.items() if v is None]
+    if missing:
+        return None, f"not measured: no duration for {', '.join(missing)}"
+    micro = sum(v for p, v in parts.items() if p != "optimizer_step" and v is not None)
+    total = accumulate * micro + (parts["optimizer_step"] or 0.0)
+    how = (
+        f"{accumulate} x (data {format_duration(parts['data'])} + forward"
+        f" {format_duration(parts['forward'])} + backward {format_duration(parts['backward'])})"
+        f" + optimizer step {format_duration(parts['optimizer_step'])}, steady-state medians"
+    )
+    return total, how
+
+
+def _per_update(phases: pd.DataFrame, phase: str, updates: int) -> tuple[float, float]:
+    """How often ``phase`` happened per update in this run, and its median duration."""
+    rows = phases[phases["phase"] == phase]
+    median = _phase_median(phases, phase)
+    if rows.empty or median is None or updates <= 0:
+        return 0.0, 0.0
+    return float(rows["occurrences"].fillna(0).sum()) / updates, median
+
+
+def campaign_lines(
+    run: Path,
+    phases: pd.DataFrame,
+    record: dict[str, Any] | None,
+    step_seconds: float | None,
+    *,
+    reserve: float,
+    experiment: str | None = None,
+) -> list[str]:
+    """The campaign package of MISSION.md section 7: device-hours per variant, 3/7/30 days."""
+    if step_seconds is None:
+        return ["- Not computed: the step time was not measured."]
+    updates = _max(phases[phases["phase"] == "optimizer_step"]["occurrences"])
+    done = int(updates) if updates is not None else 0
+    val_rate, val_time = _per_update(phases, "validation", done)
+    ckpt_rate, ckpt_time = _per_update(phases, "checkpoint_save", done)
+    export = _phase_median(phases, "export") or 0.0
+    per_update = step_seconds + val_rate * val_time + ckpt_rate * ckpt_time
+    devices = 1
+    if record is not None and not _null(record.get("devices")):
+        devices = max(1, int(record["devices"]))
+    variants = _variants(run, record, experiment)
+    lines = [
+        f"- Time per update, validation and checkpoints included at this run's rate:"
+        f" {format_duration(per_update)} ({format_duration(step_seconds)} step, validation"
+        f" {val_rate:.3g}/update x {format_duration(val_time)}, checkpoint {ckpt_rate:.3g}/update x"
+        f" {format_duration(ckpt_time)}); export once: {format_duration(export)}.",
+        f"- Devices per run: {devices}. Reserve kept for evaluation and export: {reserve:.0%}.",
+        "- Assumes every variant runs this model and batch at this run's speed: a variant that"
+        " changes them needs its own pilot.",
+        "",
+    ]
+    if not variants:
+        lines.append(
+            "- No variant with planned updates in the ledger: planned updates are recorded by"
+            " EffectiveBatchAccountant (or the Trainer's max_steps) through DivergenceLedger."
+        )
+        return lines
+    rows, cumulative = [], 0.0
+    packages: dict[int, list[str]] = {3: [], 7: [], 30: []}
+    for name, planned, status in variants:
+        hours = (planned * per_update + export) / 3600.0
+        # A variant that diverged or failed in the pilot is priced but never packaged as is.
+        packaged = status not in ("diverged", "failed", "oom")
+        if packaged:
+            cumulative += hours
+            for days, members in packages.items():
+                if cumulative <= days * 24.0 * (1.0 - reserve):
+                    members.append(name)
+        rows.append(
+            [
+                name,
+                status,
+                f"{planned:,}",
+                f"{hours:.3g}",
+                f"{hours * devices:.3g}",
+                f"{cumulative:.3g}" if packaged else "not packaged",
+            ]
+        )
+    lines.append(
+        _markdown_table(
+            [
+                "variant (priority order)",
+                "pilot status",
+                "planned updates",
+                "hours",
+                "device-hours",
+                "cumulative hours",
+            ],
+            rows,
+        )
+    )
+    lines.append("")
+    for days, members in packages.items():
+        fits = ", ".join(members) if members else "none"
+        lines.append(
+            f"- {days}-day package ({days * 24 * (1 - reserve):.0f} h after the reserve): {fits}"
+        )
+    return lines
+
+
+def _variants(
+    run: Path, record: dict[str, Any] | None, experiment: str | None
+) -> list[tuple[str, int, str]]:
+    """Variants of an experiment (default: this run's) with planned updates, in ledger order."""
+    from lightning_pilot.ledger import Ledger
+
+    folder = run.parent.parent / "ledger"
+    if not folder.is_dir() or (record is None and experiment is None):
+        return []
+    runs = Ledger(folder).runs()
+    wanted = experiment if experiment is not None else (record or {}).get("experiment")
+    runs = runs[runs["experiment"] == wanted]
+    found: dict[str, tuple[int, str]] = {}
+    for row in runs.itertuples(index=False):
+        planned = getattr(row, "planned_updates", None)
+        name = str(getattr(row, "variant", None) or row.run_id)
+        if planned is not None and not _null(planned) and name not in found:
+            found[name] = (int(planned), _text(getattr(row, "status", None)))
+    return [(name, planned, status) for name, (planned, status) in found.items()]
+
+
+def choice_sheet(
+    run_dir: str | os.PathLike[str],
+    *,
+    gpu_memory_bytes: int | None = None,
+    reserve: float = 0.25,
+    experiment: str | None = None,
+) -> str:
     """The choice sheet of one run as Markdown (see the module docstring).
 
     Reads ``<run_dir>/phases.parquet``, ``<run_dir>/updates.parquet`` when present, and the
@@ -613,6 +770,9 @@ def choice_sheet(run_dir: str | os.PathLike[str], *, gpu_memory_bytes: int | Non
         run_dir: the run folder, ``<out_dir>/runs/<run_id>``.
         gpu_memory_bytes: the target GPU's memory in bytes (see :func:`parse_size`), for the
             headroom line; ``None`` leaves headroom out.
+        reserve: the fraction of each 3, 7 or 30 day package kept for evaluation and export.
+        experiment: the ledger experiment whose variants fill the campaign package (default:
+            this run's experiment).
 
     Raises:
         FileNotFoundError: ``run_dir`` does not exist.
@@ -628,6 +788,8 @@ def choice_sheet(run_dir: str | os.PathLike[str], *, gpu_memory_bytes: int | Non
             f"gpu_memory_bytes={gpu_memory_bytes!r} is invalid: expected an int > 0 (bytes) or"
             " None."
         )
+    if not isinstance(reserve, int | float) or isinstance(reserve, bool) or not 0 <= reserve < 1:
+        raise ValueError(f"reserve={reserve!r} is invalid: expected a fraction in [0, 1).")
     run = _run_folder(run_dir)
     phases = storage.read_phase_table(run)
     if phases.empty:
@@ -666,6 +828,19 @@ def choice_sheet(run_dir: str | os.PathLike[str], *, gpu_memory_bytes: int | Non
     ]
     out += ["", "Per phase (worst over occurrences, attempts and ranks): " + ", ".join(verdicts)]
 
+    model = _model_rows(run)
+    out += ["", "## Model", ""]
+    if model is None:
+        out.append("- Not measured: no model.parquet (PhaseMemoryMonitor writes it).")
+    else:
+        first = model.iloc[0]
+        out += [
+            f"- Module: `{_text(first['model_class'])}`",
+            f"- Parameters: {_number(first['parameters'])}"
+            f" ({_number(first['trainable_parameters'])} trainable),"
+            f" {format_bytes(first['param_bytes'])} of weights",
+            f"- Optimizer: {_text(first['optimizers'])}",
+        ]
     memory_lines, peak = _memory_section(phases)
     counters = ", ".join(sorted({str(c) for c in phases["counter"].dropna()})) or NOT_MEASURED
     out += ["", "## Memory per GPU", "", f"Counter: {counters}.", "", *memory_lines]
@@ -723,6 +898,19 @@ def choice_sheet(run_dir: str | os.PathLike[str], *, gpu_memory_bytes: int | Non
     else:
         out.append("- updates.parquet: not present (no EffectiveBatchAccountant in the run)")
 
+    accumulate = 1
+    if record is not None and not _null(record.get("accumulate_grad_batches")):
+        accumulate = int(record["accumulate_grad_batches"])
+    elif updates is not None and updates["accumulate_grad_batches"].notna().any():
+        accumulate = int(updates["accumulate_grad_batches"].dropna().max())
+    seconds, how = step_time(phases, accumulate)
+    out += ["", "## Step time", ""]
+    out.append(
+        f"- One update: {format_duration(seconds)} ({how})"
+        if seconds is not None
+        else f"- One update: {how}"
+    )
+
     out += ["", "## Expected result", ""]
     if record is None:
         out.append("Not measured: no ledger record for this run (no DivergenceLedger in the run).")
@@ -746,11 +934,17 @@ def choice_sheet(run_dir: str | os.PathLike[str], *, gpu_memory_bytes: int | Non
                 out.append(f"- Last {name}: {_number(value)} at update {_text(step)}")
         else:
             out.append("- Metrics: not measured (no curve points in the ledger)")
+    out += ["", "## Campaign package", ""]
+    out += campaign_lines(run, phases, record, seconds, reserve=reserve, experiment=experiment)
     return "\n".join(out) + "\n"
 
 
 def write_choice_sheet(
-    run_dir: str | os.PathLike[str], *, gpu_memory_bytes: int | None = None
+    run_dir: str | os.PathLike[str],
+    *,
+    gpu_memory_bytes: int | None = None,
+    reserve: float = 0.25,
+    experiment: str | None = None,
 ) -> Path:
     """Write :func:`choice_sheet` to ``<run_dir>/sheet.md`` atomically; never overwrites.
 
@@ -763,7 +957,10 @@ def write_choice_sheet(
     Raises:
         FileNotFoundError, ValueError: as :func:`choice_sheet`.
     """
-    data = choice_sheet(run_dir, gpu_memory_bytes=gpu_memory_bytes).encode("utf-8")
+    text = choice_sheet(
+        run_dir, gpu_memory_bytes=gpu_memory_bytes, reserve=reserve, experiment=experiment
+    )
+    data = text.encode("utf-8")
     run = Path(run_dir)
     number = 1
     while True:

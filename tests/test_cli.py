@@ -271,3 +271,13 @@ def test_demo_command_runs_the_quick_pilot_and_writes_the_sheet(
     assert len(sheets) == 1
     assert "Choice sheet written to" in out
     assert (tmp_path / "demo" / "ledger").is_dir()
+    sheet = sheets[0].read_text()
+    assert "- Module: `lightning_pilot.demo.lm.TinyCausalLM`" in sheet
+    assert re.search(r"- Parameters: [\d,]+ \([\d,]+ trainable\)", sheet)
+    assert "- Optimizer: AdamW(lr=0.003)" in sheet
+    assert re.search(r"- One update: [\d.]+ ms \(8 x \(data", sheet)  # K = 8 from the ledger
+    # The comparison is priced at the pilot's speed; the diverged variant is never packaged.
+    assert re.search(r"\| lr=5 \(unstable\) \| diverged \| .* \| not packaged \|", sheet)
+    package = next(line for line in sheet.splitlines() if line.startswith("- 3-day package"))
+    assert "lr=3e-3 (control)" in package
+    assert "unstable" not in package

@@ -267,3 +267,7 @@ def test_choice_sheet_bad_input(pilot: dict[str, Any], tmp_path: Path) -> None:
         choice_sheet(pilot["out"])
     with pytest.raises(FileNotFoundError, match=r"does not exist"):
         choice_sheet(tmp_path / "missing")
+    with pytest.raises(
+        ValueError, match=r"reserve=1.5 is invalid: expected a fraction in \[0, 1\)"
+    ):
+        choice_sheet(pilot["ctl"], reserve=1.5)

@@ -10,12 +10,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 import lightning.pytorch as pl
+import pyarrow as pa
 import torch
 from lightning.fabric.plugins import CheckpointIO
 from lightning.pytorch.trainer.states import TrainerFn
 from torch.utils.data import DataLoader
 from typing_extensions import override
 
+from lightning_pilot import storage
 from lightning_pilot.core import checks
 from lightning_pilot.core.batches import BatchAdapter, BatchView
 from lightning_pilot.core.memory import (
@@ -33,7 +35,23 @@ from lightning_pilot.core.memory import (
 from lightning_pilot.core.phases import Occurrence, PhaseAggregator
 from lightning_pilot.run import PilotCallback
 
-__all__ = ["PhaseCheckError", "PhaseMemoryMonitor"]
+__all__ = ["MODEL_SCHEMA", "PhaseCheckError", "PhaseMemoryMonitor"]
+
+#: ``runs/<run_id>/model.parquet``: what was measured, one row per attempt and rank, written at
+#: fit start: the module's class, parameter counts and bytes, optimizers, precision, device.
+MODEL_SCHEMA = storage.detail_schema(
+    "model",
+    1,
+    [
+        ("model_class", pa.string()),
+        ("parameters", pa.int64()),
+        ("trainable_parameters", pa.int64()),
+        ("param_bytes", pa.int64()),
+        ("optimizers", pa.string()),
+        ("precision", pa.string()),
+        ("device", pa.string()),
+    ],
+)
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +104,8 @@ class PhaseMemoryMonitor(PilotCallback):
     duration and largest peak. Memory columns are bytes, durations seconds; a value that could
     not be measured is null with ``counter="none"`` or a note, never 0. Also writes
     ``placement.parquet`` (``device``, ``kind`` in param/grad/optimizer_state/buffer, ``bytes``,
-    ``host_swap_used_bytes``): where the weights and the training state sit.
+    ``host_swap_used_bytes``): where the weights and the training state sit; and
+    ``model.parquet`` (:data:`MODEL_SCHEMA`): the module's class, parameter counts, optimizers.
 
     Memory: on CUDA the caching-allocator counters (allocated baseline, peak and end; reserved
     peak apart; alloc retries; capacity), peak reset at each measured phase start; on other
@@ -402,6 +421,30 @@ class PhaseMemoryMonitor(PilotCallback):
         for optimizer in self._optimizers:
             self._hooks.append(optimizer.register_step_post_hook(self._after_update))
         self._record_setup(trainer, pl_module)
+        self._record_model(pl_module)
+
+    def _record_model(self, pl_module: pl.LightningModule) -> None:
+        params = list(pl_module.parameters())
+        optimizers = [
+            f"{type(o).__name__}(lr={o.param_groups[0].get('lr')})" if o.param_groups else
+            type(o).__name__
+            for o in self._optimizers
+        ]  # fmt: skip
+        self.run.register_table("model", MODEL_SCHEMA)
+        self.run.append_rows(
+            "model",
+            [
+                {
+                    "model_class": f"{type(pl_module).__module__}.{type(pl_module).__qualname__}",
+                    "parameters": sum(p.numel() for p in params),
+                    "trainable_parameters": sum(p.numel() for p in params if p.requires_grad),
+                    "param_bytes": state_bytes(pl_module).param_bytes,
+                    "optimizers": ", ".join(optimizers) or None,
+                    "precision": self._precision,
+                    "device": self._device,
+                }
+            ],
+        )
 
     def _record_setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._setup_started is None:

@@ -388,6 +388,7 @@ def run_demo(out_dir: Path, *, quick: bool = False, stream: TextIO | None = None
         f" lightning_pilot.Ledger({str(out)!r}).\nDone in {seconds['total']:.1f} s.\n"
     )
     return {
+        "experiment": EXPERIMENT,
         "out_dir": out,
         "pilot_run_dir": run.run_dir,
         "pilot_run_id": run.run_id,
