@@ -107,7 +107,7 @@ def _cmd_show(args: argparse.Namespace) -> int:
 
 def _cmd_compare(args: argparse.Namespace) -> int:
     from lightning_pilot.ledger import Ledger
-    from lightning_pilot.report import comparison_text
+    from lightning_pilot.report import comparison_text, variant_costs, variant_costs_text
 
     path = Path(args.ledger)
     if not path.exists():
@@ -123,11 +123,19 @@ def _cmd_compare(args: argparse.Namespace) -> int:
             mode=args.mode,
             reduce=args.reduce,
             failures=args.failures,
+            experiment=args.experiment,
         )
     except ValueError as err:
         raise UsageError(str(err)) from None
     _out(f"Comparison from {ledger.path}\n")
     _out(comparison_text(comparison, by=args.by))
+    # What each variant costs, from the phase tables beside the ledger (MISSION section 4).
+    runs = ledger.runs()
+    if args.experiment is not None:
+        runs = runs[runs["experiment"] == args.experiment]
+    costs = variant_costs(ledger.path.parent, runs, by=args.by, control=args.control)
+    _out("\nCost per variant (peak memory, time per update, data shape):\n")
+    _out(variant_costs_text(costs, by=args.by))
     return EXIT_OK
 
 
@@ -254,6 +262,7 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--mode", choices=["min", "max"], default="min", help="better is")
     compare.add_argument("--reduce", choices=["last", "min", "max"], default="last")
     compare.add_argument("--failures", choices=["worst", "exclude"], default="worst")
+    compare.add_argument("--experiment", metavar="NAME", help="only this experiment's runs")
     compare.set_defaults(handler=_cmd_compare)
 
     plan = sub.add_parser(

@@ -969,3 +969,148 @@ def write_choice_sheet(
             return storage.publish_bytes(data, final)
         except FileExistsError:
             number += 1  # an earlier sheet keeps its name and content
+
+
+def _run_costs(run: Path, accumulate: int) -> dict[str, Any]:
+    """Memory, step time and data shape of one run, from its phase table and examples."""
+    costs: dict[str, Any] = {}
+    try:
+        phases = storage.read_phase_table(run)
+    except (FileNotFoundError, ValueError):
+        return costs
+    if phases.empty:
+        return costs
+    alloc = phases.dropna(subset=["peak_allocated_bytes"])
+    if len(alloc):
+        top = alloc.iloc[int(alloc["peak_allocated_bytes"].astype("float64").to_numpy().argmax())]
+        costs["peak_allocated_bytes"] = int(top["peak_allocated_bytes"])
+        costs["peak_phase"] = str(top["phase"])
+    reserved = _max(phases["peak_reserved_bytes"])
+    costs["peak_reserved_bytes"] = None if reserved is None else int(reserved)
+    costs["step_s"] = step_time(phases, accumulate)[0]
+    examples = run / "examples.parquet"
+    if examples.is_dir():
+        frame = storage.read_snapshot_table(examples).to_pandas()
+        train = frame[frame["split"] == "train"] if "split" in frame else frame
+        if len(train) and train["truncated"].notna().any():
+            costs["truncated_fraction"] = float(train["truncated"].dropna().astype(bool).mean())
+        if len(train) and train["loss_tokens"].notna().any():
+            costs["loss_positions"] = float(train["loss_tokens"].dropna().mean())
+    return costs
+
+
+def variant_costs(
+    out_dir: str | os.PathLike[str],
+    runs: pd.DataFrame,
+    *,
+    by: str = "variant",
+    control: str | None = None,
+) -> pd.DataFrame:
+    """Each variant's memory, step time and data shape next to its quality (MISSION section 4).
+
+    For every run of ``runs`` (``Ledger.runs()``) with a phase table under
+    ``<out_dir>/runs/<run_id>``: the largest peak allocated (and its phase), the largest peak
+    reserved, the time per update (:func:`step_time`), and from BatchInspector's examples the
+    fraction of truncated training sequences and the mean number of positions counted in the
+    loss. Per variant: the median over its runs. A variant whose truncation or loss positions
+    differ from the control's (by more than 5 points or 5 %) is flagged as not the same
+    experiment: a memory saving bought by cutting the task does not answer the same question.
+
+    Returns:
+        One row per variant: ``runs_measured``, ``peak_allocated_bytes``, ``peak_phase``,
+        ``peak_reserved_bytes``, ``step_s``, ``truncated_fraction``, ``loss_positions``,
+        ``same_experiment`` (``True``/``False``/``None`` when unknown) and ``why``.
+    """
+    root = Path(out_dir)
+    rows = []
+    for run in runs.itertuples(index=False):
+        k = getattr(run, "accumulate_grad_batches", None)
+        costs = _run_costs(root / "runs" / str(run.run_id), 1 if k is None or _null(k) else int(k))
+        if costs:
+            rows.append({by: getattr(run, by)} | costs)
+    columns = [
+        by, "runs_measured", "peak_allocated_bytes", "peak_phase", "peak_reserved_bytes",
+        "step_s", "truncated_fraction", "loss_positions", "same_experiment", "why",
+    ]  # fmt: skip
+    if not rows:
+        return pd.DataFrame(columns=columns)
+    frame = pd.DataFrame(rows)
+    for column in ("peak_allocated_bytes", "peak_reserved_bytes", "step_s", "truncated_fraction",
+                   "loss_positions", "peak_phase"):  # fmt: skip
+        if column not in frame:
+            frame[column] = None
+    grouped = []
+    for name, group in frame.groupby(by, sort=False):
+        phase = group["peak_phase"].dropna()
+        grouped.append(
+            {
+                by: name,
+                "runs_measured": len(group),
+                "peak_allocated_bytes": _max(group["peak_allocated_bytes"]),
+                "peak_phase": phase.mode().iloc[0] if len(phase) else None,
+                "peak_reserved_bytes": _max(group["peak_reserved_bytes"]),
+                "step_s": group["step_s"].dropna().median()
+                if group["step_s"].notna().any()
+                else None,
+                "truncated_fraction": group["truncated_fraction"].dropna().median()
+                if group["truncated_fraction"].notna().any()
+                else None,
+                "loss_positions": group["loss_positions"].dropna().median()
+                if group["loss_positions"].notna().any()
+                else None,
+            }
+        )
+    result = pd.DataFrame(grouped)
+    reference = result[result[by] == control].iloc[0] if control in set(result[by]) else None
+    same, why = [], []
+    for row in result.to_dict("records"):
+        if reference is None or row[by] == control:
+            same.append(None if reference is None else True)
+            why.append("no control to compare with" if reference is None else "the control")
+            continue
+        reasons = []
+        for column, label in (
+            ("truncated_fraction", "truncated"),
+            ("loss_positions", "loss positions"),
+        ):
+            mine, theirs = row[column], reference[column]
+            if _null(mine) or _null(theirs):
+                continue
+            if column == "truncated_fraction" and abs(mine - theirs) > 0.05:
+                reasons.append(f"{label} {mine:.0%} vs {theirs:.0%} in the control")
+            if column == "loss_positions" and abs(mine - theirs) > 0.05 * max(abs(theirs), 1e-9):
+                reasons.append(f"{label} {mine:.3g} vs {theirs:.3g} per example in the control")
+        known = not (_null(row["truncated_fraction"]) and _null(row["loss_positions"]))
+        same.append(None if not known else not reasons)  # plain bools, never numpy ones
+        why.append("; ".join(reasons) if reasons else ("same data shape" if known else
+                   "not measured (no BatchInspector examples)"))  # fmt: skip
+    result["same_experiment"] = pd.Series(same, dtype=object)
+    result["why"] = why
+    return result[columns]
+
+
+def variant_costs_text(costs: pd.DataFrame, by: str = "variant") -> str:
+    """:func:`variant_costs` as a terminal table."""
+    if costs.empty:
+        return "No phase tables for these runs: add PhaseMemoryMonitor to see their costs."
+    rows = []
+    for row in costs.to_dict("records"):
+        same = row["same_experiment"]
+        rows.append(
+            [
+                str(row[by]),
+                str(row["runs_measured"]),
+                format_bytes(row["peak_allocated_bytes"])
+                + (f" ({row['peak_phase']})" if not _null(row["peak_phase"]) else ""),
+                format_bytes(row["peak_reserved_bytes"]),
+                format_duration(row["step_s"]),
+                NOT_MEASURED
+                if _null(row["truncated_fraction"])
+                else f"{row['truncated_fraction']:.0%}",
+                NOT_MEASURED if _null(row["loss_positions"]) else f"{row['loss_positions']:.3g}",
+                NOT_MEASURED if same is None else ("yes" if same else "NO: " + str(row["why"])),
+            ]
+        )
+    headers = [by, "runs", "peak allocated", "peak reserved", "update time", "truncated",
+               "loss positions", "same experiment"]  # fmt: skip
+    return render_table(headers, rows)

@@ -107,9 +107,12 @@ def test_compare_counts_every_run_and_ranks_diverged_worst(
     ctl = expected[expected["variant"] == "ctl"].iloc[0]
     assert re.search(rf"^ctl\s+1\s+1 completed\s+1\s+{ctl['median']:.4g}", out, re.MULTILINE)
     assert re.search(r"^hot\s+1\s+1 diverged\s+1\s+inf", out, re.MULTILINE)
-    ranked = out.split("Runs, best first")[1].strip().splitlines()[3:]
+    runs_part, costs_part = out.split("Runs, best first")[1].split("Cost per variant")
+    ranked = runs_part.strip().splitlines()[3:]
     assert len(ranked) == 3
     assert ranked[-1].split()[1:5] == [pilot["hot"].name, "hot", "0", "diverged"]
+    # Next to the quality: what each variant cost, from its phase table.
+    assert re.search(r"^ctl\s+1\s+[\d.]+ KiB \(\w+\)", costs_part, re.MULTILINE)
 
 
 def test_compare_bad_usage_exits_2(

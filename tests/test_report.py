@@ -271,3 +271,35 @@ def test_choice_sheet_bad_input(pilot: dict[str, Any], tmp_path: Path) -> None:
         ValueError, match=r"reserve=1.5 is invalid: expected a fraction in \[0, 1\)"
     ):
         choice_sheet(pilot["ctl"], reserve=1.5)
+
+
+def test_variant_costs_flag_a_variant_that_cuts_the_task(tmp_path: Path) -> None:
+    import lightning.pytorch as pl
+
+    from lightning_pilot import BatchInspector, DivergenceLedger, PhaseMemoryMonitor
+    from lightning_pilot.demo import InstructionDataModule, TinyCausalLM
+    from lightning_pilot.report import variant_costs, variant_costs_text
+
+    # The same task at two maximum lengths: 8 tokens cuts most responses out of the loss.
+    for variant, max_length in (("full", 32), ("short", 8)):
+        trainer = pl.Trainer(
+            accelerator="cpu", max_steps=2, limit_val_batches=1, logger=False,
+            enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+            default_root_dir=tmp_path,
+            callbacks=[
+                PhaseMemoryMonitor(), BatchInspector(),
+                DivergenceLedger(experiment="length", variant=variant, seed=0),
+            ],
+        )  # fmt: skip
+        data = InstructionDataModule(dataset_size=64, batch_size=4, max_length=max_length)
+        trainer.fit(TinyCausalLM(max_length=32, d_model=16, n_layers=1), datamodule=data)
+    out = tmp_path / "pilot"
+    costs = variant_costs(out, Ledger(out).runs(), control="full").set_index("variant")
+    assert costs.loc["full", "same_experiment"] is True
+    assert costs.loc["short", "same_experiment"] is False
+    assert "truncated" in costs.loc["short", "why"]
+    assert costs.loc["short", "truncated_fraction"] > costs.loc["full", "truncated_fraction"]
+    assert costs.loc["short", "peak_allocated_bytes"] > 0
+    assert costs.loc["short", "step_s"] > 0
+    text = variant_costs_text(costs.reset_index())
+    assert "NO: truncated" in text
