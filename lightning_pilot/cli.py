@@ -173,7 +173,12 @@ def _gpu_memory(text: str | None) -> int | None:
 
 
 def _write_sheet(
-    run_dir: Path, gpu_memory: int | None, reserve: float = 0.25, experiment: str | None = None
+    run_dir: Path,
+    gpu_memory: int | None,
+    reserve: float = 0.25,
+    experiment: str | None = None,
+    metric: str = "val_loss",
+    control: str | None = None,
 ) -> int:
     import pandas as pd
 
@@ -181,7 +186,12 @@ def _write_sheet(
     from lightning_pilot.storage import read_phase_table
 
     written = write_choice_sheet(
-        run_dir, gpu_memory_bytes=gpu_memory, reserve=reserve, experiment=experiment
+        run_dir,
+        gpu_memory_bytes=gpu_memory,
+        reserve=reserve,
+        experiment=experiment,
+        metric=metric,
+        control=control,
     )
     _out(written.read_text(encoding="utf-8"))
     _out(f"Choice sheet written to {written}")
@@ -195,7 +205,9 @@ def _cmd_sheet(args: argparse.Namespace) -> int:
     if not run_dir.exists():
         raise UsageError(f"{run_dir} does not exist.")
     try:
-        return _write_sheet(run_dir, gpu_memory, args.reserve, args.experiment)
+        return _write_sheet(
+            run_dir, gpu_memory, args.reserve, args.experiment, args.metric, args.control
+        )
     except ValueError as err:
         raise UsageError(str(err)) from None
 
@@ -208,7 +220,10 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     _out(f"Demo outputs in {result['out_dir']}")
     # The package of the learning-rate comparison the demo just ran, priced at the pilot's speed.
     return _write_sheet(
-        Path(result["pilot_run_dir"]), gpu_memory, experiment=result.get("experiment")
+        Path(result["pilot_run_dir"]),
+        gpu_memory,
+        experiment=result.get("experiment"),
+        control=result.get("control"),
     )
 
 
@@ -306,6 +321,8 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help="ledger experiment whose variants fill the campaign package (default: the run's)",
     )
+    sheet.add_argument("--metric", default="val_loss", help="the agreed quality metric")
+    sheet.add_argument("--control", metavar="VARIANT", help="the control variant, marked")
     sheet.set_defaults(handler=_cmd_sheet)
     return parser
 

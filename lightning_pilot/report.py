@@ -759,6 +759,8 @@ def choice_sheet(
     gpu_memory_bytes: int | None = None,
     reserve: float = 0.25,
     experiment: str | None = None,
+    metric: str = "val_loss",
+    control: str | None = None,
 ) -> str:
     """The choice sheet of one run as Markdown (see the module docstring).
 
@@ -773,6 +775,8 @@ def choice_sheet(
         reserve: the fraction of each 3, 7 or 30 day package kept for evaluation and export.
         experiment: the ledger experiment whose variants fill the campaign package (default:
             this run's experiment).
+        metric: the agreed quality metric for "where the variants stand".
+        control: the control variant, marked in that list.
 
     Raises:
         FileNotFoundError: ``run_dir`` does not exist.
@@ -934,6 +938,8 @@ def choice_sheet(
                 out.append(f"- Last {name}: {_number(value)} at update {_text(step)}")
         else:
             out.append("- Metrics: not measured (no curve points in the ledger)")
+    out += ["", "### Where the variants stand", ""]
+    out += standing_lines(run, record, metric=metric, control=control, experiment=experiment)
     out += ["", "## Campaign package", ""]
     out += campaign_lines(run, phases, record, seconds, reserve=reserve, experiment=experiment)
     return "\n".join(out) + "\n"
@@ -945,6 +951,8 @@ def write_choice_sheet(
     gpu_memory_bytes: int | None = None,
     reserve: float = 0.25,
     experiment: str | None = None,
+    metric: str = "val_loss",
+    control: str | None = None,
 ) -> Path:
     """Write :func:`choice_sheet` to ``<run_dir>/sheet.md`` atomically; never overwrites.
 
@@ -958,7 +966,12 @@ def write_choice_sheet(
         FileNotFoundError, ValueError: as :func:`choice_sheet`.
     """
     text = choice_sheet(
-        run_dir, gpu_memory_bytes=gpu_memory_bytes, reserve=reserve, experiment=experiment
+        run_dir,
+        gpu_memory_bytes=gpu_memory_bytes,
+        reserve=reserve,
+        experiment=experiment,
+        metric=metric,
+        control=control,
     )
     data = text.encode("utf-8")
     run = Path(run_dir)
@@ -1114,3 +1127,32 @@ def variant_costs_text(costs: pd.DataFrame, by: str = "variant") -> str:
     headers = [by, "runs", "peak allocated", "peak reserved", "update time", "truncated",
                "loss positions", "same experiment"]  # fmt: skip
     return render_table(headers, rows)
+
+
+def standing_lines(
+    run: Path, record: dict[str, Any] | None, *, metric: str, control: str | None,
+    experiment: str | None,
+) -> list[str]:  # fmt: skip
+    """Where each variant of the experiment stands on the agreed metric, the control marked."""
+    from lightning_pilot.ledger import Ledger
+
+    folder = run.parent.parent / "ledger"
+    wanted = experiment if experiment is not None else (record or {}).get("experiment")
+    if not folder.is_dir() or wanted is None:
+        return ["- Not measured: no ledger for this run's experiment."]
+    try:
+        comparison = Ledger(folder).compare(metric, experiment=str(wanted))
+    except ValueError as err:
+        return [f"- Not measured: {err}"]
+    lines = [f"- Agreed metric: {metric} ({'lower' if comparison.mode == 'min' else 'higher'}"
+             f" is better), experiment {wanted}; the median over each variant's runs:"]  # fmt: skip
+    ordered = comparison.summary.sort_values("median", kind="stable", na_position="last")
+    for row in ordered.to_dict("records"):
+        mark = " [the control]" if control is not None and row["variant"] == control else ""
+        counts = ", ".join(
+            f"{row[f'n_{status}']} {status}" for status in STATUS_ORDER if row.get(f"n_{status}")
+        )
+        lines.append(f"  - {row['variant']}{mark}: {_number(row['median'])} ({counts})")
+    if control is not None and control not in set(comparison.summary["variant"]):
+        lines.append(f"- Control {control!r}: not in the ledger of this experiment.")
+    return lines

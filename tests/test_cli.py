@@ -281,6 +281,9 @@ def test_demo_command_runs_the_quick_pilot_and_writes_the_sheet(
     assert re.search(r"- One update: [\d.]+ ms \(8 x \(data", sheet)  # K = 8 from the ledger
     # The comparison is priced at the pilot's speed; the diverged variant is never packaged.
     assert re.search(r"\| lr=5 \(unstable\) \| diverged \| .* \| not packaged \|", sheet)
+    # Where each variant stands on the agreed metric, the control marked, the diverged one worst.
+    assert "- lr=3e-3 (control) [the control]: " in sheet
+    assert "- lr=5 (unstable): inf (1 diverged)" in sheet
     package = next(line for line in sheet.splitlines() if line.startswith("- 3-day package"))
     assert "lr=3e-3 (control)" in package
     assert "unstable" not in package
