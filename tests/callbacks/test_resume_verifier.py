@@ -347,3 +347,34 @@ def test_a_resumed_fit_writes_and_checks_its_own_final_artifact(tmp_path: Path) 
     frame = read_phase_table(second.run.run_dir)
     checks = _checks(frame[frame["attempt"] == 2])
     assert checks["artifact_roundtrip"][0] == "pass"
+
+
+@pytest.mark.distributed
+def test_every_pilot_callback_under_two_process_ddp(tmp_path: Path) -> None:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    worker = Path(__file__).parents[1] / "workers" / "ddp_pilot.py"
+    env = os.environ | {"PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run(
+        [sys.executable, str(worker), str(tmp_path)],
+        capture_output=True, text=True, timeout=240, env=env, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert ranks[0]["run_id"] == ranks[1]["run_id"]  # one run, agreed at setup
+    table = read_phase_table(tmp_path / "pilot")
+    assert set(table["rank"]) == {0, 1}
+    assert set(table["world_size"]) == {2}
+    assert {"forward", "optimizer_step", "validation"} <= set(table[table["rank"] == 1]["phase"])
+    checks = _checks(table[table["rank"] == 0])
+    assert checks["global_step"][0] == checks["optimizer_state"][0] == "pass"
+    # One device cannot replay a rank's shard: said, not failed.
+    assert checks["data_position"][0] == "not_checked"
+    assert "2 processes" in checks["data_position"][1]
+    from lightning_pilot import Ledger
+
+    (run,) = Ledger(tmp_path / "pilot").runs().to_dict("records")
+    assert (run["status"], run["dp_replicas"], run["effective_batch_size"]) == ("completed", 2, 8)
