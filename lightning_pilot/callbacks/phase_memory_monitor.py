@@ -174,11 +174,14 @@ class PhaseMemoryMonitor(PilotCallback):
         out_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         super().__init__(out_dir=out_dir)
-        if (
-            not isinstance(pilot_updates, int)
-            or isinstance(pilot_updates, bool)
-            or pilot_updates < 2
-        ):
+        for name, value in (("pilot_updates", pilot_updates), ("memory_updates", memory_updates),
+                            ("sample_every", sample_every)):  # fmt: skip
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise TypeError(
+                    f"PhaseMemoryMonitor({name}={value!r}) is invalid: expected an integer, got"
+                    f" {type(value).__name__}."
+                )
+        if pilot_updates < 2:
             raise ValueError(
                 f"PhaseMemoryMonitor(pilot_updates={pilot_updates!r}) is invalid: measure at least"
                 " 2 updates (the first allocates the optimizer state; the peak comes later)."

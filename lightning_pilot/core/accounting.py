@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Literal, get_args
 
 __all__ = [
+    "TOKENS_NOT_COUNTED",
     "KEEP_CHOICES",
     "BatchConfig",
     "Keep",
@@ -213,11 +214,21 @@ class UpdatePlan:
             f"{self.examples_seen:,} examples",
             last_window_text(self.last_window_micro_batches, self.accumulate_grad_batches),
         ]
+        if self.last_window_partial and self.partial_windows == 0:
+            # max_steps stops the run before the end of an epoch: no partial update happens.
+            parts[-1] = "the partial last window of an epoch is never reached (max_steps)"
         if len(self.k_schedule) > 1:
             parts.append("K by epoch " + ", ".join(f"{e}: {k}" for e, k in self.k_schedule))
         if self.duplicates_per_epoch:
             parts.append(f"{self.duplicates_per_epoch:,} padding duplicate(s) per epoch")
         return "; ".join(parts)
+
+
+#: The note of an update row whose tokens are null.
+TOKENS_NOT_COUNTED: Final = (
+    "tokens not counted: not every micro-batch had an attention mask or integer token ids"
+    " to count them from"
+)
 
 
 def effective_batch_text(micro_batch_size: int | None, k: int | None, replicas: int | None) -> str:
@@ -600,6 +611,8 @@ class UpdateCounter:
             "weight": window.micro_batches / k,
             "optimizer_stepped": stepped,
         }
+        if row["tokens"] is None:
+            row["notes"] = TOKENS_NOT_COUNTED
         self.pending.append(row)
         return row
 
@@ -794,7 +807,7 @@ def unpack_sums(
             ok = not notes and known == world_size and value % group == 0
             filled[f"{column}_all_ranks"] = value // group if ok else None
         if notes:
-            filled["notes"] = "; ".join(notes)
+            filled["notes"] = "; ".join([*([row["notes"]] if row.get("notes") else []), *notes])
         out.append(filled)
     return out
 

@@ -403,3 +403,12 @@ def test_limit_val_batches_int_is_a_batch_count(
         limit_val_batches=limit,
     )  # fmt: skip
     assert _check(_row(frame, "validation"), "outputs_complete")["verdict"] == verdict
+
+
+@pytest.mark.parametrize("name", ["pilot_updates", "memory_updates", "sample_every"])
+def test_non_integer_counts_are_type_errors(name: str) -> None:
+    with pytest.raises(
+        TypeError,
+        match=rf"PhaseMemoryMonitor\({name}='3'\) is invalid: expected an integer, got str",
+    ):
+        PhaseMemoryMonitor(**{name: "3"})
