@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Literal, get_args
 
 __all__ = [
-    "TOKENS_NOT_COUNTED",
     "KEEP_CHOICES",
+    "TOKENS_NOT_COUNTED",
     "BatchConfig",
     "Keep",
     "UpdateCounter",
