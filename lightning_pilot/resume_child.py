@@ -47,13 +47,38 @@ def load_object(path: str) -> Any:
     return target
 
 
+def current_lrs(trainer: pl.Trainer) -> list[float]:
+    """The learning rate of every param group of every optimizer."""
+    return [float(g["lr"]) for o in trainer.optimizers for g in o.param_groups]
+
+
+def batch_position(
+    trainer: pl.Trainer, adapter: BatchAdapter, batch: Any, batch_idx: int
+) -> dict[str, Any]:
+    """Where a micro-batch is and which examples it holds (at ``on_train_batch_start``)."""
+    ids = adapter.view(batch, count_tokens=False).ids_list()
+    return {
+        "step": trainer.global_step,
+        "batch_idx": batch_idx,
+        "epoch": trainer.current_epoch,
+        "ids": None if ids is None else [_json_id(i) for i in ids],
+    }
+
+
+def step_record(trainer: pl.Trainer, position: Mapping[str, Any], outputs: Any) -> StepRecord:
+    """The micro-batch's record once it ran (at ``on_train_batch_end``): loss and LRs added."""
+    loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
+    value = float(loss.detach()) if isinstance(loss, torch.Tensor) else None
+    return StepRecord.from_dict(dict(position) | {"loss": value, "lrs": current_lrs(trainer)})
+
+
 def state_digests(trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, Any]:
     """What a resume must restore, as comparable values (shared by parent and child)."""
     scaler = getattr(trainer.precision_plugin, "scaler", None)
     return {
         "global_step": trainer.global_step,
         "epoch": trainer.current_epoch,
-        "lrs": [float(g["lr"]) for o in trainer.optimizers for g in o.param_groups],
+        "lrs": current_lrs(trainer),
         "optimizer_state": digest([o.state_dict()["state"] for o in trainer.optimizers]),
         "scheduler_state": digest(
             [_plain(c.scheduler.state_dict()) for c in trainer.lr_scheduler_configs]
@@ -99,13 +124,7 @@ class ResumeRecorder(pl.Callback):
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        ids = self.adapter.view(batch, count_tokens=False).ids_list()
-        self._current = {
-            "step": trainer.global_step,
-            "batch_idx": batch_idx,
-            "epoch": trainer.current_epoch,
-            "ids": None if ids is None else [_json_id(i) for i in ids],
-        }
+        self._current = batch_position(trainer, self.adapter, batch, batch_idx)
 
     def on_train_batch_end(
         self,
@@ -115,10 +134,7 @@ class ResumeRecorder(pl.Callback):
         batch: Any,
         batch_idx: int,
     ) -> None:
-        loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
-        value = float(loss.detach()) if isinstance(loss, torch.Tensor) else None
-        lrs = [float(g["lr"]) for o in trainer.optimizers for g in o.param_groups]
-        self.steps.append(StepRecord.from_dict(self._current | {"loss": value, "lrs": lrs}))
+        self.steps.append(step_record(trainer, self._current, outputs))
 
 
 def _json_id(value: Any) -> Any:

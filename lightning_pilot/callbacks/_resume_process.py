@@ -7,7 +7,6 @@ stays hook glue.
 from __future__ import annotations
 
 import copy
-import hashlib
 import inspect
 import json
 import os
@@ -23,18 +22,10 @@ import torch
 from lightning_pilot import resume_child
 from lightning_pilot.core.checks import CheckResult
 from lightning_pilot.core.resume import capture_rng, restore_rng
+from lightning_pilot.ledger import file_sha256
 
 if TYPE_CHECKING:
     from lightning_pilot.callbacks.resume_verifier import ResumeVerifier
-
-
-def sha256_of(path: Path) -> str:
-    """The sha256 of a file, read in chunks."""
-    hasher = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            hasher.update(chunk)
-    return hasher.hexdigest()
 
 
 def _not_importable(spec: Mapping[str, Any]) -> str | None:
@@ -220,7 +211,7 @@ def verify_artifact(
             for i, b in enumerate(batches)
         ]
     pl_module.train(was_training)
-    checksum = sha256_of(artifact)
+    checksum = file_sha256(artifact)
     verifier.run.set_ledger_fields(checkpoint_uri=str(artifact), checkpoint_sha256=checksum)
     spec = {
         "mode": "artifact",

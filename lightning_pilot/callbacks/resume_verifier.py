@@ -35,7 +35,7 @@ from lightning_pilot.core.resume import (
     restore_rng,
     unsafe_values,
 )
-from lightning_pilot.resume_child import state_digests
+from lightning_pilot.resume_child import batch_position, state_digests, step_record
 from lightning_pilot.run import PilotCallback
 
 __all__ = ["RESUME_SCHEMA", "ResumeVerifier"]
@@ -266,13 +266,7 @@ class ResumeVerifier(PilotCallback):
         if self._all_done():
             self._current = {}
             return
-        ids = self.adapter.view(batch, count_tokens=False).ids_list()
-        self._current = {
-            "step": trainer.global_step,
-            "batch_idx": batch_idx,
-            "epoch": trainer.current_epoch,
-            "ids": None if ids is None else [_json_id(i) for i in ids],
-        }
+        self._current = batch_position(trainer, self.adapter, batch, batch_idx)
 
     def _all_done(self) -> bool:
         kinds = {p.kind for p in self._probes if p.done}
@@ -291,12 +285,7 @@ class ResumeVerifier(PilotCallback):
             return
         stepped = trainer.global_step != self._current["step"]
         self._epoch_ids.update(self._current["ids"] or ())
-        loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
-        record = StepRecord.from_dict(
-            self._current
-            | {"loss": float(loss.detach()) if isinstance(loss, torch.Tensor) else None}
-            | {"lrs": [float(g["lr"]) for o in trainer.optimizers for g in o.param_groups]}
-        )
+        record = step_record(trainer, self._current, outputs)
         for probe in self._probes:
             if not probe.done:
                 probe.reference.append(record)
@@ -600,10 +589,6 @@ def _detail(
         "resumed": json.dumps(got, default=str),
         "equal": equal,
     }
-
-
-def _json_id(value: Any) -> Any:
-    return value if isinstance(value, int | float | str | bool) or value is None else str(value)
 
 
 def _class_path(cls: type) -> str:
