@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from lightning.pytorch import Callback, LightningModule, Trainer, seed_everything
-from torch import Tensor
+from demo_helpers import LossRecorder, assert_same_batches, make_trainer
+from lightning.pytorch import seed_everything
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from lightning_pilot.demo import (
@@ -20,59 +19,6 @@ from lightning_pilot.demo import (
     example_group,
 )
 from lightning_pilot.demo._data import SeededShuffleSampler
-
-# Trainer arguments shared by every test (plus default_root_dir=tmp_path).
-QUIET_CPU = {
-    "accelerator": "cpu",
-    "devices": 1,
-    "logger": False,
-    "enable_checkpointing": False,
-    "enable_progress_bar": False,
-    "enable_model_summary": False,
-}
-
-
-@pytest.fixture(autouse=True)
-def one_torch_thread() -> Iterator[None]:
-    """Run each test with one intra-op thread, then restore the setting.
-
-    These models are tiny: on a 2-core machine shared with other processes, two threads spent
-    10-20x longer per step synchronising than computing (measured 330-590 ms vs 16-27 ms).
-    """
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
-def make_trainer(tmp_path: Path, **overrides: Any) -> Trainer:
-    """A quiet single-process CPU Trainer writing only under ``tmp_path``."""
-    return Trainer(**{**QUIET_CPU, "default_root_dir": tmp_path, **overrides})
-
-
-class LossRecorder(Callback):
-    """Keeps the training loss of every step."""
-
-    def __init__(self) -> None:
-        self.losses: list[float] = []
-
-    def on_train_batch_end(
-        self,
-        trainer: Trainer,
-        pl_module: LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-    ) -> None:
-        self.losses.append(float(outputs["loss"]))
-
-
-def assert_same_batches(first: list[dict[str, Tensor]], second: list[dict[str, Tensor]]) -> None:
-    assert len(first) == len(second)
-    for a, b in zip(first, second, strict=True):
-        assert a.keys() == b.keys()
-        for key in a:
-            assert torch.equal(a[key], b[key]), key
 
 
 def set_up(**overrides: Any) -> ClassificationDataModule:
