@@ -1,19 +1,20 @@
 """Overhead of each pilot callback, and of all of them, against a bare Trainer on the demo LM.
 
-For each configuration (bare, each callback alone, all of them) one fit runs in this process on
-identical data and model seeds, with every hook of every pilot callback timed from inside the
-run. It reports, per configuration:
+Every configuration (bare, each callback alone, all of them) fits the same model on the same
+data in this process, ``--repeats`` times. In each repeat the bare Trainer runs first and last
+and every configuration is paired with the mean of those two bare fits, so slow drifts of a
+shared machine cancel. Per configuration it reports the median over repeats (and the range) of:
 
-* ``window``: the mean update time over the pilot window (the first ``--window`` updates)
-  divided by the bare fit's;
-* ``steady``: the time spent inside the callbacks' hooks after the window, as a share of the
-  rest of the update time, ordinary updates only: measured within one run, so it does not
-  suffer from the run-to-run noise of whole-fit wall times on a shared machine;
-* ``one-off``: the seconds of updates whose hooks took more than ``--one-off-ms`` (the resume
-  check in a new process, a pilot-window flush): paid once per fit, not per update;
-* ``paired``: the whole-fit ratio of median update times (monitored / bare), for reference.
+* ``window``: steps per second over the pilot window (updates 2 to ``--window``: the first
+  update builds the optimizer state in every configuration), as a ratio to bare;
+* ``steady``: steps per second after the window (one over the median update time), as a ratio
+  to bare: 1.000 is free, 0.980 is 2 % slower;
+* ``hooks``: the time spent inside the callbacks' own hooks after the window, as a share of the
+  update time (measured within one fit, so it does not suffer from run-to-run noise);
+* ``one-off``: seconds of updates whose hooks took longer than ``--one-off-ms`` (the resume
+  check in a new process, the pilot-window flush): paid once per fit, not per update.
 
-    python benchmarks/overhead.py --steps 300
+    python benchmarks/overhead.py --steps 300 --repeats 5
 
 The figures go in the README; there is no wall-clock limit in the tests.
 """
@@ -41,7 +42,6 @@ from lightning_pilot import (
 from lightning_pilot.demo import InstructionDataModule, TinyCausalLM
 
 CONFIGS: dict[str, Callable[[], list[pl.Callback]]] = {
-    "bare": lambda: [],
     "PhaseMemoryMonitor": lambda: [PhaseMemoryMonitor()],
     "BatchInspector": lambda: [BatchInspector()],
     "EffectiveBatchAccountant": lambda: [EffectiveBatchAccountant()],
@@ -97,15 +97,16 @@ def time_hooks(callback: pl.Callback, clock: Clock) -> None:
         setattr(callback, name, timed)
 
 
-def fit(config: str, steps: int) -> Clock:
+def fit(config: str | None, steps: int) -> Clock:
     torch.manual_seed(0)
     clock = Clock()
-    callbacks = CONFIGS[config]()
+    callbacks = CONFIGS[config]() if config else []
     for callback in callbacks:
         time_hooks(callback, clock)
     with tempfile.TemporaryDirectory() as root:
         trainer = pl.Trainer(
-            accelerator="cpu",
+            accelerator="auto",
+            devices=1,
             max_steps=steps,
             limit_val_batches=0,
             logger=False,
@@ -122,37 +123,64 @@ def fit(config: str, steps: int) -> Clock:
     return clock
 
 
+def rates(clock: Clock, window: int, one_off_ms: float) -> dict[str, float]:
+    """Steps per second in the window and after it; hook share and one-off seconds after it."""
+    updates, inside = clock.updates, clock.inside[: len(clock.updates)]
+    after = list(zip(updates[window:], inside[window:], strict=True))
+    ordinary = [(u, i) for u, i in after if i * 1000 <= one_off_ms]
+    spent = sum(i for _, i in ordinary)
+    return {
+        "window": 1 / statistics.fmean(updates[1:window]),
+        "steady": 1 / statistics.median(u for u, _ in after),
+        "hooks": spent / (sum(u for u, _ in ordinary) - spent),
+        "one_off": sum(i for _, i in after if i * 1000 > one_off_ms),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--window", type=int, default=3, help="pilot window, in updates")
     parser.add_argument("--one-off-ms", type=float, default=50.0)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--only", nargs="*", choices=list(CONFIGS), help="configurations to run")
     args = parser.parse_args()
+    if args.window < 2:
+        parser.error(f"--window={args.window} is invalid: expected at least 2 updates")
     torch.set_num_threads(args.threads)
-    bare = fit("bare", args.steps)
-    bare_window = statistics.fmean(bare.updates[1 : args.window])
-    bare_median = statistics.median(bare.updates[args.window :])
+    configs = args.only or list(CONFIGS)
+    ratios: dict[str, dict[str, list[float]]] = {c: {} for c in configs}
+    bare_steady: list[float] = []
+    for repeat in range(args.repeats):
+        before = rates(fit(None, args.steps), args.window, args.one_off_ms)
+        measured = {c: rates(fit(c, args.steps), args.window, args.one_off_ms) for c in configs}
+        after = rates(fit(None, args.steps), args.window, args.one_off_ms)
+        bare = {k: (before[k] + after[k]) / 2 for k in ("window", "steady")}
+        bare_steady.append(bare["steady"])
+        for config, got in measured.items():
+            row = ratios[config]
+            for key in ("window", "steady"):
+                row.setdefault(key, []).append(got[key] / bare[key])
+            row.setdefault("hooks", []).append(got["hooks"])
+            row.setdefault("one_off", []).append(got["one_off"])
+        print(f"repeat {repeat + 1}/{args.repeats} done", flush=True)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
     print(
-        f"demo LM, {args.steps} updates, torch {torch.__version__}, {args.threads} thread(s);"
-        f" bare: {1 / bare_median:.1f} updates/s after the window"
+        f"\ndemo LM on {device}, {args.steps} updates x {args.repeats} repeats, torch"
+        f" {torch.__version__}, {args.threads} thread(s); bare: "
+        f"{statistics.median(bare_steady):.1f} updates/s after the window"
     )
-    print(f"{'configuration':26} {'window':>8} {'steady':>8} {'one-off':>9} {'paired':>8}")
-    for config in CONFIGS:
-        if config == "bare":
-            continue
-        clock = fit(config, args.steps)
-        updates, inside = clock.updates, clock.inside[: len(clock.updates)]
-        after = list(zip(updates[args.window :], inside[args.window :], strict=True))
-        one_off = [(u, i) for u, i in after if i * 1000 > args.one_off_ms]
-        ordinary = [(u, i) for u, i in after if i * 1000 <= args.one_off_ms]
-        spent = sum(i for _, i in ordinary)
-        steady = spent / (sum(u for u, _ in ordinary) - spent)
-        window = statistics.fmean(updates[1 : args.window]) / bare_window
-        paired = statistics.median(u for u, _ in ordinary) / bare_median
+    print("steps/s ratios to bare (median over repeats, [min, max]); 1.000 = as fast as bare")
+    print(f"{'configuration':26} {'window':>8} {'steady':>22} {'hooks':>7} {'one-off':>8}")
+    for config in configs:
+        row = ratios[config]
+        steady = row["steady"]
         print(
-            f"{config:26} {window:>7.2f}x {100 * steady:>7.2f}% {sum(i for _, i in one_off):>8.2f}s"
-            f" {paired:>7.3f}x"
+            f"{config:26} {statistics.median(row['window']):>7.3f}x"
+            f" {statistics.median(steady):>7.3f}x [{min(steady):.3f}, {max(steady):.3f}]"
+            f" {100 * statistics.median(row['hooks']):>6.2f}%"
+            f" {statistics.median(row['one_off']):>7.2f}s"
         )
 
 

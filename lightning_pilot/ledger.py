@@ -417,9 +417,59 @@ def file_sha256(path: str | os.PathLike[str]) -> str:
     return digest.hexdigest()
 
 
-def _latest_curve_rows(records: pd.DataFrame, all_attempts: bool) -> pd.DataFrame:
+def latest_with_curves(records: pd.DataFrame, *, all_attempts: bool = False) -> pd.DataFrame:
+    """The latest record of each run (or attempt), its curve columns holding the whole curve.
+
+    A heartbeat carries only the points since the attempt's previous record
+    (``curves_delta``); its curves are joined here to those of the records before it, back to
+    the last record that carried the whole curve (a ``start``, an ``end``, or a heartbeat of a
+    ledger written before schema version 2).
+
+    Args:
+        records: ledger records, oldest first (:meth:`Ledger.records`).
+        all_attempts: one row per attempt instead of per run.
+
+    Example:
+        >>> import pandas as pd
+        >>> records = pd.DataFrame({"run_id": ["r"] * 3, "attempt_id": ["a"] * 3,
+        ...     "curves_delta": [False, True, True], "lr_curve": [[], [], []],
+        ...     "val_points": [[], [], []], "train_loss": [[{"step": 1, "value": 3.0}],
+        ...     [{"step": 2, "value": 2.5}], [{"step": 3, "value": 2.0}]]})
+        >>> [p["step"] for p in latest_with_curves(records)["train_loss"].iloc[0]]
+        [1, 2, 3]
+    """
     keys = ["run_id", "attempt_id"] if all_attempts else ["run_id"]
-    return records.drop_duplicates(keys, keep="last")
+    latest = records.drop_duplicates(keys, keep="last")
+    if "curves_delta" not in records.columns or latest.empty:
+        return latest
+    partial = latest["curves_delta"].astype("boolean").fillna(False).to_numpy(dtype=bool)
+    if not partial.any():
+        return latest
+    latest = latest.copy()
+    wanted = latest[partial]
+    attempt = "attempt_id" if "attempt_id" in records.columns else "attempt"
+    pairs = set(zip(wanted["run_id"], wanted[attempt], strict=True))
+    chosen = records[
+        [(r, a) in pairs for r, a in zip(records["run_id"], records[attempt], strict=True)]
+    ]
+    joined: dict[tuple[Any, Any], dict[str, list[Any]]] = {}
+    for key, group in chosen.groupby(["run_id", attempt], sort=False, dropna=False):
+        curves: dict[str, list[Any]] = {column: [] for column in CURVE_COLUMNS}
+        deltas = group["curves_delta"].astype("boolean").fillna(False).tolist()
+        for delta, (_, row) in zip(deltas, group.iterrows(), strict=True):
+            for column in CURVE_COLUMNS:
+                points = row[column] if column in group.columns else None
+                points = list(points) if isinstance(points, list | np.ndarray) else []
+                curves[column] = [*curves[column], *points] if delta else points
+        joined[key] = curves  # type: ignore[index]
+    keys_of_rows = list(zip(latest["run_id"], latest[attempt], strict=True))
+    for column in CURVE_COLUMNS:
+        if column in latest.columns:
+            values = latest[column].tolist()
+            for position in np.flatnonzero(partial):
+                values[position] = joined[keys_of_rows[position]][column]
+            latest[column] = pd.Series(values, index=latest.index, dtype=object)
+    return latest
 
 
 def _curves(records: pd.DataFrame, *, all_attempts: bool) -> pd.DataFrame:
@@ -436,7 +486,7 @@ def _curves(records: pd.DataFrame, *, all_attempts: bool) -> pd.DataFrame:
     ]
     if records.empty:
         return pd.DataFrame(columns=columns)
-    rows = _latest_curve_rows(records, all_attempts)
+    rows = latest_with_curves(records, all_attempts=all_attempts)
     identity = ["run_id", "attempt", "experiment", "variant", "seed"]
     parts = []
     for column, curve in (("train_loss", "train_loss"), ("lr_curve", "lr"), ("val_points", "val")):
@@ -483,7 +533,7 @@ def _metric_values(
         if not pd.api.types.is_numeric_dtype(column):
             raise ValueError(f"metric={metric!r} is a column of runs() but is not numeric.")
         return pd.to_numeric(column, errors="coerce").astype(float)
-    latest = records.drop_duplicates("run_id", keep="last").set_index("run_id")
+    latest = latest_with_curves(records).set_index("run_id")
     if metric == "train_loss":
         values = {
             rid: _reduce_points(latest.at[rid, "train_loss"], None, reduce, mode)

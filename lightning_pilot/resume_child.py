@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import sys
+import threading
 import time
 import traceback
 import warnings
@@ -33,7 +35,13 @@ import torch
 
 from lightning_pilot.core.batches import BatchAdapter
 from lightning_pilot.core.memory import host_memory
-from lightning_pilot.core.resume import StepRecord, capture_rng, digest, restore_rng
+from lightning_pilot.core.resume import (
+    StepRecord,
+    capture_rng,
+    digest,
+    restore_rng,
+    rng_of_this_rank,
+)
 
 
 def load_object(path: str) -> Any:
@@ -61,7 +69,7 @@ def batch_position(
         "step": trainer.global_step,
         "batch_idx": batch_idx,
         "epoch": trainer.current_epoch,
-        "ids": None if ids is None else [_json_id(i) for i in ids],
+        "ids": None if ids is None else [json_id(i) for i in ids],
     }
 
 
@@ -113,7 +121,7 @@ class ResumeRecorder(pl.Callback):
         return self._key
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.rng = state_dict.get("rng")
+        self.rng = rng_of_this_rank(state_dict)
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.rng is not None:
@@ -137,7 +145,8 @@ class ResumeRecorder(pl.Callback):
         self.steps.append(step_record(trainer, self._current, outputs))
 
 
-def _json_id(value: Any) -> Any:
+def json_id(value: Any) -> Any:
+    """An example id as a JSON value: numbers, strings and booleans as they are, else ``str``."""
     return value if isinstance(value, int | float | str | bool) or value is None else str(value)
 
 
@@ -201,8 +210,10 @@ def run_resume(
     del checkpoint
     adapter = BatchAdapter(**{k: v for k, v in (spec.get("adapter") or {}).items()})
     recorder = ResumeRecorder(spec["state_key"], adapter)
+    options = dict(spec["trainer"])
     trainer = pl.Trainer(
-        devices=1,
+        # One device, or (with the rank's environment) one rank of a DDP group like the fit's.
+        devices=options.pop("devices", 1),
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,
@@ -210,7 +221,7 @@ def run_resume(
         num_sanity_val_steps=0,
         callbacks=[recorder],
         default_root_dir=spec["workdir"],
-        **spec["trainer"],
+        **options,
     )
     fit_kwargs: dict[str, Any] = {"ckpt_path": spec["checkpoint"], "weights_only": True}
     if datamodule is not None:
@@ -256,6 +267,22 @@ def run_artifact(spec: Mapping[str, Any], result: dict[str, Any]) -> None:
     result["outputs"] = spec["outputs"]
 
 
+def _exit_with_parent(poll_s: float = 0.5) -> None:
+    """End this process when the training process that started it is gone (killed).
+
+    The parent enforces the timeout; without it a verification process would live on and
+    keep its memory (on a GPU too).
+    """
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        os._exit(3)
+
+    threading.Thread(target=watch, name="lightning-pilot-parent-watch", daemon=True).start()
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: run the spec given as the only argument; 0 unless the spec is unusable."""
     args = sys.argv[1:] if argv is None else argv
@@ -267,6 +294,7 @@ def main(argv: list[str] | None = None) -> int:
         "artifact": run_artifact,
     }
     warnings.simplefilter("ignore")
+    _exit_with_parent()
     # The parent's thread count: CPU reductions (and so losses) depend on it.
     torch.set_num_threads(int(spec.get("num_threads") or torch.get_num_threads()))
     try:

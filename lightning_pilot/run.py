@@ -535,7 +535,17 @@ class PilotCallback(Callback):
     @property
     @override
     def state_key(self) -> str:
-        return self._generate_state_key(out_dir=str(self._out_dir))
+        # Lightning reads ``state_key`` for every hook of every callback (its profiler label),
+        # so it is built once: the fields it names are fixed at construction.
+        key = self.__dict__.get("_state_key")
+        if key is None:
+            key = self._generate_state_key(**self._state_key_fields())
+            self.__dict__["_state_key"] = key
+        return key
+
+    def _state_key_fields(self) -> dict[str, Any]:
+        """The options that tell two instances of this callback apart in a checkpoint."""
+        return {"out_dir": str(self._out_dir)}
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:

@@ -193,10 +193,12 @@ PHASE_SCHEMA: Final = _schema(
     ],
 )
 
-LEDGER_SCHEMA_VERSION: Final = 1
+LEDGER_SCHEMA_VERSION: Final = 2
 #: One run-ledger record (events ``start``, ``heartbeat``, ``end``). Curves are lists of
 #: ``{step, value}``; validation points lists of ``{step, name, value}``. The learning-rate
 #: curve is ``lr_curve`` because ``lr`` is the typed learning rate of the configuration.
+#: ``curves_delta`` (version 2): true when the record's curves hold only the points added
+#: since the attempt's previous record (heartbeats); null or false: the whole curve so far.
 LEDGER_SCHEMA: Final = _schema(
     "ledger",
     LEDGER_SCHEMA_VERSION,
@@ -238,6 +240,7 @@ LEDGER_SCHEMA: Final = _schema(
         ("exception_type", pa.string()),
         ("exception_message", pa.string()),
         # curves
+        ("curves_delta", pa.bool_()),
         ("train_loss", pa.list_(_POINT)),
         ("lr_curve", pa.list_(_POINT)),
         ("val_points", pa.list_(_NAMED_POINT)),

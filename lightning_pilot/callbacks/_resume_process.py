@@ -10,6 +10,7 @@ import copy
 import inspect
 import json
 import os
+import socket
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import lightning.pytorch as pl
 import torch
+from lightning.pytorch.strategies import DDPStrategy
 
 from lightning_pilot import resume_child
 from lightning_pilot.core.checks import CheckResult
@@ -81,14 +83,17 @@ def unsaved_arguments(pl_module: Any, datamodule: Any) -> dict[str, bool]:
     return flags
 
 
-def _subprocess(spec: dict[str, Any], folder: Path, timeout_s: float) -> dict[str, Any]:
+def _subprocess(
+    spec: dict[str, Any], folder: Path, timeout_s: float, env: Mapping[str, str] | None = None
+) -> dict[str, Any]:
     folder.mkdir(parents=True, exist_ok=True)
-    spec_path = folder / f"spec-{spec['mode']}.json"
-    result_path = folder / f"result-{spec['mode']}.json"
+    name = f"{spec['mode']}{spec.get('tag', '')}"
+    spec_path = folder / f"spec-{name}.json"
+    result_path = folder / f"result-{name}.json"
     spec = spec | {"result": str(result_path)}
     spec_path.write_text(json.dumps(spec, default=str))
     # The new process imports what this one can: same interpreter, same import path.
-    env = os.environ | {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    env = os.environ | {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p)} | dict(env or {})
     try:
         done = subprocess.run(
             [sys.executable, "-m", "lightning_pilot.resume_child", str(spec_path)],
@@ -140,6 +145,58 @@ def run_child(
     finally:
         restore_rng(saved)
     return result
+
+
+def replays_every_rank(trainer: pl.Trainer) -> bool:
+    """Whether the resume is checked as the fit runs: one new process per rank, a DDP group."""
+    return trainer.world_size > 1 and isinstance(trainer.strategy, DDPStrategy)
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def run_children_per_rank(
+    verifier: ResumeVerifier, spec: dict[str, Any], trainer: pl.Trainer
+) -> dict[str, Any]:
+    """Resume in one new process per rank: together a DDP group shaped like the fit's.
+
+    Every rank calls this at the same update (it holds a collective: the port of the new
+    group, chosen by rank 0). Each new process gets its rank's environment (rank, local rank,
+    node rank, world size, the new group's address), so Lightning starts no processes of its
+    own and each rank reads its own shard of the data again, on its own device.
+    """
+    port = trainer.strategy.broadcast(_free_port() if trainer.is_global_zero else 0, src=0)
+    blocker = _not_importable(spec)
+    if blocker is not None:  # the same on every rank: no rank waits for another
+        return {
+            "blocked": f"{blocker}: pass ResumeVerifier(factory='package.module:function'); under"
+            " several processes the check needs one new process per rank"
+        }
+    rank = trainer.global_rank
+    options = {"devices": trainer.num_devices, "num_nodes": trainer.num_nodes, "strategy": "ddp"}
+    spec = spec | {
+        "tag": f"-rank{rank}",
+        "workdir": f"{spec['workdir']}-rank{rank}",
+        "trainer": dict(spec["trainer"]) | options,
+    }
+    env = {
+        "MASTER_ADDR": os.environ.get("MASTER_ADDR", "127.0.0.1"),
+        "MASTER_PORT": str(port),
+        "WORLD_SIZE": str(trainer.world_size),
+        "RANK": str(rank),
+        "LOCAL_RANK": str(trainer.local_rank),
+        "NODE_RANK": str(trainer.node_rank),
+        "GROUP_RANK": str(trainer.node_rank),
+        "LOCAL_WORLD_SIZE": str(trainer.num_devices),
+    }
+    folder = Path(spec["checkpoint"]).parent
+    result = _subprocess(spec, folder, verifier.timeout_s, env=env)
+    label = f"{trainer.world_size} new processes (one per rank, DDP)"
+    return result | {"mode_label": label, "per_rank": True}
 
 
 def final_artifact(verifier: ResumeVerifier, trainer: pl.Trainer, pl_module: Any) -> Path:

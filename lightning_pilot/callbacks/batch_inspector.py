@@ -239,10 +239,9 @@ class BatchInspector(PilotCallback):
         self.verdict: str | None = None
         self.checks: dict[str, CheckResult] = {}
 
-    @property
     @override
-    def state_key(self) -> str:
-        return self._generate_state_key(out_dir=str(self.out_dir), batches=self.batches)
+    def _state_key_fields(self) -> dict[str, Any]:
+        return {"out_dir": str(self.out_dir), "batches": self.batches}
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timezone
@@ -50,7 +51,7 @@ EVENTS_TABLE: Final = "divergence"
 _OWN_FIELDS: Final = frozenset(
     {"run_id", "attempt", "attempt_id", "experiment", "variant", "seed", "derived_from_run_id",
      "params_json", "config_hash", "variant_key", "event", "status", "stop_cause", "stop_step",
-     "stop_detail", "exception_type", "exception_message", "train_loss", "lr_curve",
+     "stop_detail", "exception_type", "exception_message", "curves_delta", "train_loss", "lr_curve",
      "val_points", "predictions_uri", "predictions_sha256"}
 )  # fmt: skip
 _MESSAGE_CHARS: Final = 2000
@@ -82,12 +83,16 @@ class DivergenceLedger(PilotCallback):
       ``effective_batch_size``, ``planned_updates``, ``precision``, ``strategy``, ``devices``)
       and environment, merged with the facts other pilot callbacks put in
       ``run.ledger_fields`` (theirs win for the setup and counters).
-    * ``heartbeat`` every ``heartbeat_every`` updates: ``status="running"`` and the curves so
-      far: ``train_loss`` (float, the loss of the update un-divided by accumulation: the mean
-      of its micro-batch losses, each multiplied back by ``K``; rank 0's batches), ``lr_curve``
-      (float, the first param group's LR used by the update) and ``val_points``
-      (``{step, name, value}`` of metrics named ``val*``, or ``val_metrics``, at each
-      validation end). Steps are ``trainer.global_step`` after the update (1 = first).
+    * ``heartbeat`` every ``heartbeat_seconds`` (and every ``heartbeat_every`` updates when
+      given), at a rule evaluation: ``status="running"`` and the curve points added since the
+      previous record (``curves_delta=True``: the ledger grows linearly with a long run;
+      :class:`~lightning_pilot.Ledger` joins them back into whole curves). ``start`` and
+      ``end`` carry the whole curves: ``train_loss`` (float, the loss of the update
+      un-divided by accumulation: the mean of its micro-batch losses, each multiplied back by
+      ``K``; rank 0's batches), ``lr_curve`` (float, the first param group's LR used by the
+      update) and ``val_points`` (``{step, name, value}`` of metrics named ``val*``, or
+      ``val_metrics``, at each validation end). Steps are ``trainer.global_step`` after the
+      update (1 = first).
     * ``end`` on every exit: ``status`` / ``stop_cause`` (completed/max_steps|max_epochs,
       stopped/early_stopping|time_limit|step_shortfall, diverged/<rule>,
       oom/cuda_oom, failed/exception:<Type>, interrupted/keyboard_interrupt|sigterm),
@@ -102,13 +107,19 @@ class DivergenceLedger(PilotCallback):
     flattened float64 lists, ``prediction_shape``), referenced by ``predictions_uri`` and
     ``predictions_sha256`` in the end record.
 
-    Divergence: the rules of :class:`~lightning_pilot.core.divergence.DivergenceRules` run once
-    per optimizer update (not per micro-batch) on the loss and the total gradient norm (one
-    norm over all gradients in ``on_before_optimizer_step``: a read of the gradients and one
-    host sync per update). Every rank applies them to its own values; the stop is decided with
-    ``trainer.strategy.reduce_boolean_decision`` so every rank stops after the same update.
-    ``action="record"`` records the rule and the run's status (``diverged``) without stopping.
-    EarlyStopping's reason and message go to ``stop_detail``.
+    Divergence: the rules of :class:`~lightning_pilot.core.divergence.DivergenceRules` see the
+    loss of every optimizer update (not per micro-batch). The losses stay on the device and
+    are read together every ``check_every`` updates (one host sync, and under several
+    processes one collective, per evaluation: no per-update synchronisation). The total
+    gradient norm (one norm over all gradients, in ``on_before_optimizer_step``) is taken at
+    the update that completes each evaluation window; a non-finite gradient at another update
+    makes the weights, and so the next loss, non-finite: caught as ``nonfinite_loss``. Every
+    rank applies the rules to its own values; the stop is decided with
+    ``trainer.strategy.reduce_boolean_decision`` so every rank stops after the same update, at
+    most ``check_every - 1`` updates after the rule fired (``stop_step`` is the update where it
+    fired, ``updates_done`` where training stopped). ``action="record"`` records the rule and
+    the run's status (``diverged``) without stopping. EarlyStopping's reason and message go to
+    ``stop_detail``.
 
     Args:
         experiment: the experiment's name (a record field, not a path).
@@ -119,7 +130,12 @@ class DivergenceLedger(PilotCallback):
             a match of that run is acknowledged and does not warn.
         rules: divergence thresholds (defaults of :class:`DivergenceRules`).
         action: ``"stop"`` the fit on a fatal rule, or only ``"record"`` it.
-        heartbeat_every: updates between heartbeats.
+        check_every: updates between rule evaluations (1: after every update, at the cost of
+            a host sync per update on an accelerator).
+        heartbeat_seconds: seconds between heartbeats (checked at rule evaluations); keep it
+            well below the ``stale_after`` of :class:`~lightning_pilot.Ledger` (30 minutes).
+        heartbeat_every: also write a heartbeat every this many updates (``None``: by time
+            only).
         on_repeat: what a ``variant_key`` already diverged or failed in this ledger does:
             ``"warn"`` (:class:`RepeatedVariantWarning`), ``"error"``
             (:class:`RepeatedVariantError` at train start, nothing written) or ``"ignore"``.
@@ -164,7 +180,9 @@ class DivergenceLedger(PilotCallback):
         derived_from: str | None = None,
         rules: DivergenceRules | None = None,
         action: Literal["stop", "record"] = "stop",
-        heartbeat_every: int = 20,
+        check_every: int = 10,
+        heartbeat_seconds: float = 60.0,
+        heartbeat_every: int | None = None,
         on_repeat: Literal["warn", "error", "ignore"] = "warn",
         save_predictions: bool = False,
         predictions_fn: PredictionsFn | None = None,
@@ -188,15 +206,31 @@ class DivergenceLedger(PilotCallback):
         _choice("action", action, ("stop", "record"))
         _choice("on_repeat", on_repeat, ("warn", "error", "ignore"))
         self.action, self.on_repeat = action, on_repeat
+        for name, value, none_ok in (
+            ("check_every", check_every, False),
+            ("heartbeat_every", heartbeat_every, True),
+        ):
+            if (value is None and none_ok) or (
+                isinstance(value, int) and not isinstance(value, bool) and value >= 1
+            ):
+                continue
+            raise ValueError(
+                f"DivergenceLedger({name}={value!r}) is invalid: expected an int >= 1 (updates)"
+                + (" or None" if none_ok else "")
+                + "."
+            )
         if (
-            not isinstance(heartbeat_every, int)
-            or isinstance(heartbeat_every, bool)
-            or heartbeat_every < 1
+            not isinstance(heartbeat_seconds, int | float)
+            or isinstance(heartbeat_seconds, bool)
+            or not math.isfinite(heartbeat_seconds)
+            or heartbeat_seconds < 0
         ):
             raise ValueError(
-                f"DivergenceLedger(heartbeat_every={heartbeat_every!r}) is invalid: expected an"
-                " int >= 1 (updates between heartbeats)."
+                f"DivergenceLedger(heartbeat_seconds={heartbeat_seconds!r}) is invalid: expected"
+                " a finite number of seconds >= 0."
             )
+        self.check_every = check_every
+        self.heartbeat_seconds = float(heartbeat_seconds)
         self.heartbeat_every = heartbeat_every
         if not isinstance(save_predictions, bool):
             raise TypeError(
@@ -236,19 +270,25 @@ class DivergenceLedger(PilotCallback):
         self._facts: dict[str, Any] | None = None
         self._last_step = 0
         self._last_heartbeat = 0
-        self._pending: torch.Tensor | None = None
-        self._pending_count = 0
+        self._last_record_at = time.monotonic()
+        self._mark: tuple[int, int, int] | None = None
+        # Updates not yet evaluated: (step, micro-batch losses, K factor, lr, gradient norms).
+        self._updates: list[tuple[int, list[torch.Tensor], int, float | None, list[Any]]] = []
+        self._micro: list[torch.Tensor] = []
+        self._factor = 1
         self._grad_norms: list[torch.Tensor] = []
         self._lr: float | None = None
+        self._overflow = False
         self._stop: tuple[str, int, str] | None = None
         self._predictions: list[dict[str, Any]] = []
 
-    @property
     @override
-    def state_key(self) -> str:
-        return self._generate_state_key(
-            out_dir=str(self.out_dir), experiment=self.experiment, variant=self.variant
-        )
+    def _state_key_fields(self) -> dict[str, Any]:
+        return {
+            "out_dir": str(self.out_dir),
+            "experiment": self.experiment,
+            "variant": self.variant,
+        }
 
     # ---------------------------------------------------------------------------------------
     # Hooks
@@ -280,6 +320,7 @@ class DivergenceLedger(PilotCallback):
         if not self._active:
             return
         self._last_step = self._last_heartbeat = trainer.global_step
+        self._overflow = str(trainer.precision) in ("16-mixed", "16")
         self.curves.truncate(trainer.global_step)
         self._facts = self._read_facts(trainer, full=True)
         self._check_repeat(trainer)
@@ -288,6 +329,7 @@ class DivergenceLedger(PilotCallback):
             storage.write_ledger_record(
                 self.run.ledger_dir, self._record(trainer, "start", status="running")
             )
+            self._mark, self._last_record_at = self.curves.mark(), time.monotonic()
 
     @override
     def on_before_optimizer_step(
@@ -297,7 +339,7 @@ class DivergenceLedger(PilotCallback):
             return
         if self._lr is None and optimizer.param_groups:
             self._lr = float(optimizer.param_groups[0]["lr"])
-        if self.detector.rules.check_grad_norm:
+        if self.detector.rules.check_grad_norm and self._evaluates(trainer.global_step + 1):
             grads = [
                 p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None
             ]
@@ -348,6 +390,7 @@ class DivergenceLedger(PilotCallback):
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not self._active or self._ended:
             return
+        self._evaluate()  # the updates since the last evaluation: no stop decision now
         status, cause, detail = self._normal_outcome(trainer)
         stop_step = self._stop[1] if self._stop is not None else trainer.global_step
         self._write_end(
@@ -360,6 +403,7 @@ class DivergenceLedger(PilotCallback):
     ) -> None:
         try:
             if self._active and not self._refused and not self._ended:
+                self._evaluate()  # no collective here: other ranks may be gone
                 status, cause = exception_outcome(exception)
                 message = str(exception)[:_MESSAGE_CHARS] or None
                 self._write_end(trainer, failing=True, status=status, stop_cause=cause,
@@ -376,6 +420,7 @@ class DivergenceLedger(PilotCallback):
 
     @override
     def state_dict(self) -> dict[str, Any]:
+        self._evaluate()  # a checkpoint holds every update's loss so far
         state = super().state_dict()
         state.update(
             ledger_version=self.LEDGER_STATE_VERSION,
@@ -400,50 +445,71 @@ class DivergenceLedger(PilotCallback):
         loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
             return
-        # Lightning divides the loss by K (automatic optimisation) before outputs reach us.
-        factor = trainer.accumulate_grad_batches if pl_module.automatic_optimization else 1
-        value = loss.detach().reshape(()).double() * factor
-        self._pending = value if self._pending is None else self._pending + value
-        self._pending_count += 1
+        # Lightning divides the loss by K (automatic optimisation) before outputs reach us;
+        # the multiplication back waits for the evaluation, like the read.
+        self._factor = trainer.accumulate_grad_batches if pl_module.automatic_optimization else 1
+        self._micro.append(loss.detach())
+
+    def _evaluates(self, step: int) -> bool:
+        return step % self.check_every == 0
 
     def _after_update(self, trainer: pl.Trainer) -> None:
         step = trainer.global_step
-        loss = grad = None
-        # One host sync per update for both numbers.
-        if self._pending is not None:
-            loss = float(self._pending) / self._pending_count
-        if self._grad_norms:
-            grad = float(torch.linalg.vector_norm(torch.stack(self._grad_norms).double()))
-        self.curves.add_train(step, loss, lr=self._lr)
-        self._pending, self._pending_count, self._grad_norms, self._lr = None, 0, [], None
-        overflow = str(trainer.precision) in ("16-mixed", "16")
-        decision = self.detector.update(step, loss, grad, grad_may_overflow=overflow)
-        if decision.events:
-            self.run.append_rows(
-                EVENTS_TABLE, [e.as_row() | {"action": self.action} for e in decision.events]
-            )
-        if decision.fatal and self._stop is None:
-            found = (e.detail for e in decision.events if e.event == decision.cause)
-            self._stop = (str(decision.cause), step, next(found, str(decision.cause)))
+        self._updates.append((step, self._micro, self._factor, self._lr, self._grad_norms))
+        self._micro, self._grad_norms, self._lr = [], [], None
+        if not self._evaluates(step):
+            return
+        self._evaluate()
         if self.action == "stop":
-            self._decide_stop(trainer, decision.cause, step)
-        if self.run.is_global_zero and step - self._last_heartbeat >= self.heartbeat_every:
+            self._decide_stop(trainer, step)
+        if self.run.is_global_zero and self._heartbeat_due(step):
             self._last_heartbeat = step
             self._write(trainer, "heartbeat", failing=True, status="running")
 
-    def _decide_stop(self, trainer: pl.Trainer, cause: str | None, step: int) -> None:
-        if not trainer.strategy.reduce_boolean_decision(cause is not None, all=False):
+    def _heartbeat_due(self, step: int) -> bool:
+        if self.heartbeat_every is not None and step - self._last_heartbeat >= self.heartbeat_every:
+            return True
+        return time.monotonic() - self._last_record_at >= self.heartbeat_seconds
+
+    def _evaluate(self) -> None:
+        """Read the pending updates' losses and norms (one host sync) and apply the rules."""
+        updates, self._updates = self._updates, []
+        if not updates:
+            return
+        values = iter(_to_floats([t for u in updates for t in (*u[1], *u[4])]))
+        overflow = self._overflow
+        for step, micro, factor, lr, norms in updates:
+            losses = [next(values) for _ in micro]
+            squares = [next(values) ** 2 for _ in norms]
+            loss = factor * math.fsum(losses) / len(losses) if losses else None
+            grad = math.sqrt(math.fsum(squares)) if squares else None
+            self.curves.add_train(step, loss, lr=lr)
+            decision = self.detector.update(step, loss, grad, grad_may_overflow=overflow)
+            if decision.events:
+                self.run.append_rows(
+                    EVENTS_TABLE, [e.as_row() | {"action": self.action} for e in decision.events]
+                )
+            if decision.fatal and self._stop is None:
+                found = (e.detail for e in decision.events if e.event == decision.cause)
+                self._stop = (str(decision.cause), step, next(found, str(decision.cause)))
+
+    def _decide_stop(self, trainer: pl.Trainer, step: int) -> None:
+        mine = self._stop
+        if not trainer.strategy.reduce_boolean_decision(mine is not None, all=False):
             return
         trainer.should_stop = True
-        if trainer.world_size > 1:
-            # Another rank may have fired: agree on the highest-priority rule (max of codes).
-            code = len(FATAL_CAUSES) - FATAL_CAUSES.index(cause) if cause else 0
-            agreed = trainer.strategy.reduce(
-                torch.tensor(code, device=trainer.strategy.root_device), reduce_op="max"
-            )
-            if self._stop is None:
-                other = FATAL_CAUSES[len(FATAL_CAUSES) - int(agreed)]
-                self._stop = (other, step, f"{other} fired on another rank at step {step}")
+        if trainer.world_size == 1:
+            return
+        # Agree on the highest-priority rule (max of codes) and the earliest update it fired.
+        device = trainer.strategy.root_device
+        code = len(FATAL_CAUSES) - FATAL_CAUSES.index(mine[0]) if mine else 0
+        agreed = trainer.strategy.reduce(torch.tensor(code, device=device), reduce_op="max")
+        fired = trainer.strategy.reduce(
+            torch.tensor(mine[1] if mine else step, device=device), reduce_op="min"
+        )
+        if mine is None:
+            other, at = FATAL_CAUSES[len(FATAL_CAUSES) - int(agreed)], int(fired)
+            self._stop = (other, at, f"{other} fired on another rank at step {at}")
 
     def _normal_outcome(self, trainer: pl.Trainer) -> tuple[str, str, str | None]:
         early = trainer.early_stopping_callbacks
@@ -570,16 +636,20 @@ class DivergenceLedger(PilotCallback):
             event=event,
             updates_done=trainer.global_step,
             phase_table_uri=str(phases) if phases.exists() else None,
-            **self.curves.as_record(),
+            # Heartbeats carry the points since the attempt's previous record; start and end
+            # the whole curves.
+            curves_delta=event == "heartbeat" and self._mark is not None,
+            **self.curves.as_record(since=self._mark if event == "heartbeat" else None),
         )
         record.update(outcome)
         return record
 
     def _write(self, trainer: pl.Trainer, event: str, *, failing: bool, **outcome: Any) -> None:
+        self._last_record_at = time.monotonic()
         try:
-            storage.write_ledger_record(
-                self.run.ledger_dir, self._record(trainer, event, **outcome)
-            )
+            record = self._record(trainer, event, **outcome)
+            storage.write_ledger_record(self.run.ledger_dir, record)
+            self._mark = self.curves.mark()
         except (OSError, ValueError) as err:
             if not failing:
                 raise
@@ -671,3 +741,13 @@ class DivergenceLedger(PilotCallback):
 
 def _expired(remaining: float | None) -> bool:
     return remaining is not None and remaining <= 0
+
+
+def _to_floats(tensors: list[torch.Tensor]) -> list[float]:
+    """The values of 0-d tensors as floats, read with one host sync where they share a device."""
+    if not tensors:
+        return []
+    try:
+        return [float(v) for v in torch.stack([t.reshape(()).double() for t in tensors]).tolist()]
+    except RuntimeError:  # tensors on different devices (model parallel): one read each
+        return [float(t) for t in tensors]

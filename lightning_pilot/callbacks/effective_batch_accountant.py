@@ -31,12 +31,15 @@ from lightning_pilot.core.accounting import (
     summarize,
     unpack_sums,
 )
-from lightning_pilot.core.batches import BatchAdapter
+from lightning_pilot.core.batches import BatchAdapter, token_count
 from lightning_pilot.run import PilotCallback
 
 __all__ = ["UPDATES_SCHEMA", "UPDATES_SCHEMA_VERSION", "UPDATES_TABLE", "EffectiveBatchAccountant"]
 
 UPDATES_TABLE: Final = "updates"
+#: Updates between reads of the buffered counts (one host sync and, under several processes,
+#: one collective each): token counts stay on the device until then.
+FLUSH_EVERY: Final = 50
 UPDATES_SCHEMA_VERSION: Final = 1
 #: ``runs/<run_id>/updates.parquet``: one row per update per rank (see the class docstring).
 UPDATES_SCHEMA: Final = storage.detail_schema(
@@ -210,6 +213,8 @@ class EffectiveBatchAccountant(PilotCallback):
         self._plan_inputs: dict[str, Any] | None = None
         self._last_step = 0
         self._step_calls = 0
+        # Micro-batches and update ends not yet counted (token counts still on the device).
+        self._raw: list[tuple[Any, ...]] = []
         self._scaler = False
         self._hooks: list[RemovableHandle] = []
         self._training = False
@@ -217,10 +222,9 @@ class EffectiveBatchAccountant(PilotCallback):
         self._notes: list[str] = []
         self._summary: dict[str, Any] | None = None
 
-    @property
     @override
-    def state_key(self) -> str:
-        return self._generate_state_key(out_dir=str(self.out_dir), keep=self.keep)
+    def _state_key_fields(self) -> dict[str, Any]:
+        return {"out_dir": str(self.out_dir), "keep": self.keep}
 
     @property
     def plan(self) -> UpdatePlan | None:
@@ -282,8 +286,8 @@ class EffectiveBatchAccountant(PilotCallback):
         # rank 0 then holds the totals of all ranks (state_dict ran before, with local ones).
         if not self._training:
             return
+        self._flush(trainer, pl_module)
         if self._world > 1:
-            self._flush(trainer, pl_module)
             states = checkpoint.get("callbacks")
             if isinstance(states, dict) and self.state_key in states:
                 states[self.state_key] = self.state_dict()
@@ -306,6 +310,13 @@ class EffectiveBatchAccountant(PilotCallback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
     ) -> None:
         # No collective here: rows not summed yet are kept with this rank's counts only.
+        try:
+            if self._world == 1:
+                self._flush(None, None)  # one process: its counts are the totals
+            else:
+                self._count_buffered()
+        except RuntimeError as err:  # the device itself failed: its counts are lost
+            self._notes.append(f"the last micro-batches could not be counted: {err}")
         pending = self._counter.take_pending()
         if pending and self._run is not None and not self._run.closed:
             note = "not summed over ranks: the fit failed before the next flush point"
@@ -332,6 +343,8 @@ class EffectiveBatchAccountant(PilotCallback):
     @override
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()
+        if self._world == 1 and self._raw:
+            self._flush(None, None)  # one process: counting needs no collective
         if state:
             state["counts"] = self._counter.state_dict()
         return state
@@ -477,35 +490,50 @@ class EffectiveBatchAccountant(PilotCallback):
     def _count(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        view = self.adapter.view(batch)
+        view = self.adapter.view(batch, count_tokens=False)
         if self._plan_inputs is not None:  # the loader did not say: the first batch does
             self._plan_inputs["micro_batch_size"] = view.batch_size
             k = self._config.accumulate_grad_batches
             self._config = BatchConfig(view.batch_size, k, self._dp)
             self._make_plan()
-        source = None
-        if view.tokens is not None:
-            source = "attention_mask" if view.attention_mask is not None else "input_ids"
-        self._counter.add_micro_batch(
-            epoch=trainer.current_epoch,
-            batch_idx=batch_idx,
-            examples=view.batch_size,
-            tokens=view.tokens,
-            tokens_source=source,
-            duplicates=self._duplicates(batch_idx),
+        tokens, source = token_count(view)
+        duplicates = self._duplicates(batch_idx)
+        self._raw.append(
+            (trainer.current_epoch, batch_idx, view.batch_size, tokens, source, duplicates)
         )
-        if trainer.global_step == self._last_step:
+        step = trainer.global_step
+        if step == self._last_step:
             return
-        self._last_step = trainer.global_step
+        self._last_step = step
         stepped = True if self._step_calls else (False if self._scaler else None)
         self._step_calls = 0
-        self._counter.close_update(
-            update=trainer.global_step,
-            accumulate_grad_batches=trainer.accumulate_grad_batches,
-            stepped=stepped,
-        )
-        if self._world == 1:
+        self._raw.append((step, trainer.accumulate_grad_batches, stepped))
+        if step % FLUSH_EVERY == 0:  # the same update on every rank: a safe collective
             self._flush(trainer, pl_module)
+
+    def _count_buffered(self) -> None:
+        """Count the buffered micro-batches, reading their token counts with one host sync."""
+        raw, self._raw = self._raw, []
+        lazy = [entry[3] for entry in raw if len(entry) == 6 and isinstance(entry[3], torch.Tensor)]
+        try:
+            values = iter(torch.stack(lazy).tolist() if lazy else [])
+        except RuntimeError:  # on several devices: one read each
+            values = iter([int(t) for t in lazy])
+        for entry in raw:
+            if len(entry) == 3:
+                self._counter.close_update(
+                    update=entry[0], accumulate_grad_batches=entry[1], stepped=entry[2]
+                )
+                continue
+            epoch, batch_idx, examples, tokens, source, duplicates = entry
+            self._counter.add_micro_batch(
+                epoch=epoch,
+                batch_idx=batch_idx,
+                examples=examples,
+                tokens=int(next(values)) if isinstance(tokens, torch.Tensor) else tokens,
+                tokens_source=source,
+                duplicates=duplicates,
+            )
 
     def _duplicates(self, batch_idx: int) -> int | None:
         sampler, b = self._sampler, self._loader_batch_size
@@ -522,12 +550,15 @@ class EffectiveBatchAccountant(PilotCallback):
             micro_batch_size=b,
         )
 
-    def _flush(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    def _flush(self, trainer: pl.Trainer | None, pl_module: pl.LightningModule | None) -> None:
         """Sum the pending rows over ranks (a collective when several processes run)."""
+        self._count_buffered()
         rows = self._counter.take_pending()
         if self._world == 1:
             summed = UpdateCounter.local_as_all_ranks(rows)
         else:
+            assert trainer is not None
+            assert pl_module is not None
             summed = self._sum_over_ranks(trainer, pl_module, rows)
         if not summed:
             return

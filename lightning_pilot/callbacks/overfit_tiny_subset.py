@@ -241,12 +241,9 @@ class OverfitTinySubset(PilotCallback):
         self.verdict: str | None = None
         self.checks: dict[str, CheckResult] = {}
 
-    @property
     @override
-    def state_key(self) -> str:
-        return self._generate_state_key(
-            out_dir=str(self.out_dir), num_examples=self.num_examples, seed=self.seed
-        )
+    def _state_key_fields(self) -> dict[str, Any]:
+        return {"out_dir": str(self.out_dir), "num_examples": self.num_examples, "seed": self.seed}
 
     # -- replacing the batches --------------------------------------------------------------------
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import logging
 import os
 import time
+import warnings
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -91,6 +93,38 @@ class _MeasuredCheckpointIO(CheckpointIO):
 
     def teardown(self) -> None:
         self.inner.teardown()
+
+
+@dataclass
+class _QuietCounts:
+    """Training-step phases between measured updates, counted in bulk (one add per hook)."""
+
+    micro_batches: int = 0
+    backward: int = 0
+    optimizer_steps: int = 0
+    step_first: int | None = None
+    step_last: int | None = None
+
+    def micro_batch(self, step: int) -> None:
+        self.micro_batches += 1
+        if self.step_first is None:
+            self.step_first = step
+        self.step_last = step
+
+    def fold_into(self, aggregator: PhaseAggregator) -> None:
+        """Add the counts to the aggregator and start again from zero."""
+        if not (self.micro_batches or self.backward or self.optimizer_steps):
+            return
+        counts = {
+            "data": self.micro_batches,
+            "forward": self.micro_batches,
+            "backward": self.backward,
+            "optimizer_step": self.optimizer_steps,
+        }
+        for phase, times in counts.items():
+            aggregator.count(phase, self.step_last, times=times, step_first=self.step_first)
+        self.micro_batches = self.backward = self.optimizer_steps = 0
+        self.step_first = self.step_last = None
 
 
 class PhaseMemoryMonitor(PilotCallback):
@@ -224,6 +258,7 @@ class PhaseMemoryMonitor(PilotCallback):
 
     def _reset(self) -> None:
         self.aggregator = PhaseAggregator()
+        self._quiet = _QuietCounts()
         self._counter: MemoryCounter | None = None
         self._tracker: TensorTracker | None = None
         self._module: pl.LightningModule | None = None
@@ -248,10 +283,9 @@ class PhaseMemoryMonitor(PilotCallback):
         self._trainable: set[str] = set()
         self._placed = False
 
-    @property
     @override
-    def state_key(self) -> str:
-        return self._generate_state_key(out_dir=str(self.out_dir), pilot_updates=self.pilot_updates)
+    def _state_key_fields(self) -> dict[str, Any]:
+        return {"out_dir": str(self.out_dir), "pilot_updates": self.pilot_updates}
 
     # ----------------------------------------------------------------------------------------
     # Setting up and tearing down
@@ -479,7 +513,23 @@ class PhaseMemoryMonitor(PilotCallback):
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._start_step = trainer.global_step  # restored by now when resuming
+        # The phase table exists from the first update on: a kill before the pilot window
+        # ends still leaves the setup row (and the other callbacks' rows) readable.
+        self._flush_during_fit("at train start")
         self._restart_data_clock(trainer)
+
+    def _flush_during_fit(self, when: str) -> None:
+        """Publish and flush the rows; a failed write warns and training goes on."""
+        try:
+            self._publish(flush=True)
+        except OSError as err:
+            # The rows stay buffered: the flush at the end of the fit tries them again.
+            warnings.warn(
+                f"lightning-pilot: could not write the phase table of run {self.run.run_id} to"
+                f" {self.run.out_dir} {when}: {err}; the rows stay buffered",
+                RuntimeWarning,
+                stacklevel=2,
+            )
 
     def _is_measured(self, trainer: pl.Trainer) -> bool:
         done = trainer.global_step - self._start_step
@@ -489,6 +539,8 @@ class PhaseMemoryMonitor(PilotCallback):
 
     def _restart_data_clock(self, trainer: pl.Trainer) -> None:
         self._measuring = trainer.state.fn == TrainerFn.FITTING and self._is_measured(trainer)
+        if self._measuring:
+            self._quiet.fold_into(self.aggregator)  # keep the counts in occurrence order
         # The CPU tracker's per-operator cost inflates durations: it runs in the first
         # ``memory_updates`` updates only; later measured updates are timed without it.
         self._tracking = trainer.global_step - self._start_step < self.memory_updates
@@ -500,12 +552,14 @@ class PhaseMemoryMonitor(PilotCallback):
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
+        if self._pending is not None:
+            self._flush_pending()
+        if not self._measuring:
+            self._quiet.micro_batch(trainer.global_step)  # counted in bulk: no per-hook work
+            return
         step = trainer.global_step
-        self._flush_pending()
         self.aggregator.count("data", step)
         self.aggregator.count("forward", step)
-        if not self._measuring:
-            return
         view = self.adapter.view(batch, count_tokens=False)
         self._add(self._end("data", step, view), _batch_checks(view))
         self._view = view
@@ -515,10 +569,11 @@ class PhaseMemoryMonitor(PilotCallback):
     def on_before_backward(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: torch.Tensor
     ) -> None:
+        if not self._measuring:
+            self._quiet.backward += 1
+            return
         step = trainer.global_step
         self.aggregator.count("backward", step)
-        if not self._measuring:
-            return
         self._add(self._end("forward", step, self._view), checks.check_loss(loss))
         self._begin("backward", track=self._tracking)
 
@@ -538,10 +593,11 @@ class PhaseMemoryMonitor(PilotCallback):
     def on_before_optimizer_step(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: torch.optim.Optimizer
     ) -> None:
+        if not self._measuring:
+            self._quiet.optimizer_steps += 1
+            return
         step = trainer.global_step
         self.aggregator.count("optimizer_step", step)
-        if not self._measuring:
-            return
         optimized = {id(p) for group in optimizer.param_groups for p in group["params"]}
         self._trainable = {
             n for n, p in pl_module.named_parameters() if id(p) in optimized and p.requires_grad
@@ -594,7 +650,7 @@ class PhaseMemoryMonitor(PilotCallback):
             )
         if not self._window_done and trainer.global_step - self._start_step >= self.pilot_updates:
             self._window_done = True
-            self._publish(flush=True)  # the pilot window survives a later crash
+            self._flush_during_fit("after the pilot window")  # it survives a later crash
         self._stop_tracker()
         self._restart_data_clock(trainer)
 
@@ -774,6 +830,7 @@ class PhaseMemoryMonitor(PilotCallback):
     def _publish(self, flush: bool = False) -> None:
         if self._run is None:
             return
+        self._quiet.fold_into(self.aggregator)
         for row in self.aggregator.rows():
             row.update(
                 device=self._device,

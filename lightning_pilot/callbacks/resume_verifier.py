@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -20,7 +21,9 @@ from typing_extensions import override
 from lightning_pilot import storage
 from lightning_pilot.callbacks._resume_process import (
     final_artifact,
+    replays_every_rank,
     run_child,
+    run_children_per_rank,
     unsaved_arguments,
     verify_artifact,
 )
@@ -33,9 +36,10 @@ from lightning_pilot.core.resume import (
     compare_trajectories,
     digest,
     restore_rng,
+    rng_of_this_rank,
     unsafe_values,
 )
-from lightning_pilot.resume_child import batch_position, state_digests, step_record
+from lightning_pilot.resume_child import batch_position, json_id, state_digests, step_record
 from lightning_pilot.run import PilotCallback
 
 __all__ = ["RESUME_SCHEMA", "ResumeVerifier"]
@@ -196,17 +200,20 @@ class ResumeVerifier(PilotCallback):
         self._saving = False
         self._unsafe: list[str] = []
         self._probes: list[_Probe] = []
-        self._epoch_ids: set[Any] = set()
+        # Example ids of this epoch's batches so far, as the batches held them (converted to
+        # a set only when a checkpoint is taken: no per-batch device read).
+        self._epoch_ids: list[Any] = []
+        self._boundary_reachable = True
+        self._batch_step = 0
         self._current: dict[str, Any] = {}
         self._step_at_start = 0
         self._epoch_at_start = 0
         self._results: list[CheckResult] = []
         self._load_row: Mapping[str, Any] | None = None
 
-    @property
     @override
-    def state_key(self) -> str:
-        return self._generate_state_key(at_step=self.at_step, compare_steps=self.compare_steps)
+    def _state_key_fields(self) -> dict[str, Any]:
+        return {"at_step": self.at_step, "compare_steps": self.compare_steps}
 
     # ----------------------------------------------------------------------------------------
     # State: the run identity and the RNG states, all weights-only-safe
@@ -216,15 +223,21 @@ class ResumeVerifier(PilotCallback):
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()
         rng = capture_rng()
-        if self._saving:
-            self._saved_rng_digest = digest(rng)
+        if not self._saving:
+            return state | {"rng": rng}
+        self._saved_rng_digest = digest(rng)
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            # A probe checkpoint is taken by every rank at once: keep every rank's own states
+            # so each resumed rank continues its own random streams.
+            by_rank: list[Any] = [None] * torch.distributed.get_world_size()
+            torch.distributed.all_gather_object(by_rank, rng)
+            return state | {"rng": rng, "rng_by_rank": by_rank}
         return state | {"rng": rng}
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         super().load_state_dict(state_dict)
-        rng = state_dict.get("rng")
-        self._pending_rng = rng if isinstance(rng, Mapping) else None
+        self._pending_rng = rng_of_this_rank(state_dict)
 
     @override
     def on_save_checkpoint(
@@ -257,20 +270,41 @@ class ResumeVerifier(PilotCallback):
 
     @override
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._epoch_ids = set()
+        self._epoch_ids = []
+        # Whether this epoch can end with an epoch-boundary probe: else its ids are not needed.
+        batches = trainer.num_training_batches
+        updates = (
+            math.ceil(batches / trainer.accumulate_grad_batches) if math.isfinite(batches) else None
+        )
+        self._boundary_reachable = (
+            self.epoch_boundary
+            and trainer.current_epoch == self._epoch_at_start
+            and (
+                updates is None
+                or trainer.max_steps == -1
+                or trainer.global_step + updates + self.compare_steps <= trainer.max_steps
+            )
+        )
 
     @override
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        if self._all_done():
+        self._batch_step = trainer.global_step
+        kinds = {p.kind for p in self._probes}
+        recording = any(not p.done for p in self._probes)
+        # Ids of this epoch matter until the probes that compare against them are taken.
+        keep_ids = "mid_epoch" not in kinds or (
+            self._boundary_reachable and "epoch_boundary" not in kinds
+        )
+        if recording:
+            self._current = batch_position(trainer, self.adapter, batch, batch_idx)
+            ids = self._current["ids"]
+        else:
             self._current = {}
-            return
-        self._current = batch_position(trainer, self.adapter, batch, batch_idx)
-
-    def _all_done(self) -> bool:
-        kinds = {p.kind for p in self._probes if p.done}
-        return "mid_epoch" in kinds and ("epoch_boundary" in kinds or not self.epoch_boundary)
+            ids = self.adapter.view(batch, count_tokens=False).ids if keep_ids else None
+        if keep_ids and ids is not None:
+            self._epoch_ids.append(ids.detach() if isinstance(ids, torch.Tensor) else ids)
 
     @override
     def on_train_batch_end(
@@ -281,16 +315,14 @@ class ResumeVerifier(PilotCallback):
         batch: Any,
         batch_idx: int,
     ) -> None:
-        if not self._current:
-            return
-        stepped = trainer.global_step != self._current["step"]
-        self._epoch_ids.update(self._current["ids"] or ())
-        record = step_record(trainer, self._current, outputs)
-        for probe in self._probes:
-            if not probe.done:
-                probe.reference.append(record)
-                if stepped and trainer.global_step >= probe.step + self.compare_steps:
-                    self._verify(probe, trainer, pl_module)
+        stepped = trainer.global_step != self._batch_step
+        if self._current:
+            record = step_record(trainer, self._current, outputs)
+            for probe in self._probes:
+                if not probe.done:
+                    probe.reference.append(record)
+                    if stepped and trainer.global_step >= probe.step + self.compare_steps:
+                        self._verify(probe, trainer, pl_module)
         if stepped and trainer.global_step == self._step_at_start + self.at_step:
             self._save("mid_epoch", trainer, pl_module)
 
@@ -322,7 +354,7 @@ class ResumeVerifier(PilotCallback):
         finally:
             self._saving = False
         state = state_digests(trainer, pl_module) | {"rng": self._saved_rng_digest}
-        probe = _Probe(kind, trainer.global_step, path, state, set(self._epoch_ids))
+        probe = _Probe(kind, trainer.global_step, path, state, _id_set(self._epoch_ids))
         self._probes.append(probe)
         rank_zero_info(
             f"ResumeVerifier: {kind.replace('_', '-')} checkpoint at update {probe.step} -> {path};"
@@ -355,7 +387,8 @@ class ResumeVerifier(PilotCallback):
 
     def _verify(self, probe: _Probe, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         probe.done = True
-        if not self.run.is_global_zero:
+        per_rank = replays_every_rank(trainer)  # then every rank checks its own replay
+        if not (self.run.is_global_zero or per_rank):
             return
         prefix = "" if probe.kind == "mid_epoch" else f"{probe.kind}."
         if not probe.reference:
@@ -368,7 +401,11 @@ class ResumeVerifier(PilotCallback):
                 )
             )
             return
-        result = run_child(self, self._spec(probe, trainer, pl_module), trainer, pl_module)
+        spec = self._spec(probe, trainer, pl_module)
+        if per_rank:
+            result = run_children_per_rank(self, spec, trainer)
+        else:
+            result = run_child(self, spec, trainer, pl_module)
         for check in self._judge(probe, result, trainer):
             self._results.append(CheckResult(prefix + check.name, check.verdict, check.detail))
 
@@ -461,7 +498,7 @@ class ResumeVerifier(PilotCallback):
             atol=self.atol,
             rtol=self.rtol,
         )
-        if trainer.world_size > 1:
+        if trainer.world_size > 1 and not result.get("per_rank"):
             # The verification process resumes on one device: each rank's shard of the data
             # and its losses cannot be reproduced there, so only the state checks apply.
             why = (
@@ -504,7 +541,8 @@ class ResumeVerifier(PilotCallback):
         return results
 
     def _publish_row(self, trainer: pl.Trainer) -> None:
-        if not self.run.is_global_zero or not self._results:
+        # Rank 0 always; other ranks when they checked their own replay (DDP).
+        if not self._results:
             return
         checks = [r.as_row() for r in self._results]
         verdict, reason = judge("resume", ((r.name, r.verdict, r.detail) for r in self._results))
@@ -604,3 +642,12 @@ def _portable_adapter(adapter: BatchAdapter) -> dict[str, Any]:
 def _loader_stateful(trainer: pl.Trainer) -> bool:
     loader = trainer.train_dataloader
     return hasattr(loader, "state_dict") and hasattr(loader, "load_state_dict")
+
+
+def _id_set(chunks: list[Any]) -> set[Any]:
+    """The example ids of the batches' id chunks (tensors or lists) as one set."""
+    ids: set[Any] = set()
+    for chunk in chunks:
+        values = chunk.cpu().reshape(-1).tolist() if isinstance(chunk, torch.Tensor) else chunk
+        ids.update(json_id(v) for v in values)
+    return ids

@@ -40,7 +40,7 @@ from typing import Any, Final
 
 import torch
 
-__all__ = ["BatchAdapter", "BatchView", "FieldSpec"]
+__all__ = ["BatchAdapter", "BatchView", "FieldSpec", "token_count"]
 
 #: How to find a field: a dict key, a tuple/list index, or a callable on the whole batch.
 FieldSpec = str | int | Callable[[Any], Any]
@@ -215,12 +215,34 @@ def _seq_len(inputs: Any, mask: Any) -> int | None:
     return None
 
 
-def _tokens(inputs: Any, mask: Any) -> int | None:
+def token_count(view: BatchView) -> tuple[torch.Tensor | int | None, str | None]:
+    """Real tokens of a batch without waiting for the device, and where they were read.
+
+    With an attention mask: its sum as a 0-d int64 tensor on the batch's device (read it
+    later, many at once); with integer ``[B, T]`` token ids and no mask: every token, an int;
+    else ``(None, None)``.
+
+    Example:
+        >>> view = BatchAdapter().view({"input_ids": torch.ones(2, 5, dtype=torch.long),
+        ...                             "attention_mask": torch.tensor([[1] * 5, [1, 1, 0, 0, 0]])})
+        >>> count, source = token_count(view)
+        >>> int(count), source
+        (7, 'attention_mask')
+    """
+    return _lazy_tokens(view.inputs, view.attention_mask)
+
+
+def _lazy_tokens(inputs: Any, mask: Any) -> tuple[torch.Tensor | int | None, str | None]:
     if isinstance(mask, torch.Tensor):
-        return int(mask.detach().to(torch.int64).sum().item())
+        return mask.detach().sum(dtype=torch.int64), "attention_mask"
     if _is_token_tensor(inputs):
-        return int(inputs.numel())
-    return None
+        return int(inputs.numel()), "input_ids"
+    return None, None
+
+
+def _tokens(inputs: Any, mask: Any) -> int | None:
+    count, _ = _lazy_tokens(inputs, mask)
+    return int(count) if count is not None else None
 
 
 def _loss_tokens(targets: Any, ignore_index: int) -> int | None:

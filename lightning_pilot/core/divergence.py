@@ -440,17 +440,28 @@ class Curves:
     Steps are optimizer updates. A resumed run restores them from the checkpoint and drops
     points past the restored step (they were trained again).
 
+    A heartbeat record carries only the points added since the previous record
+    (:meth:`as_record` with ``since=``, the :meth:`mark` taken then), so a long run's ledger
+    grows linearly; :class:`~lightning_pilot.Ledger` joins them back into the whole curve.
+
     Example:
         >>> curves = Curves()
         >>> curves.add_train(1, 3.2, lr=1e-3); curves.add_val(1, "val_loss", 3.0)
         >>> curves.as_record()["train_loss"], curves.as_record()["val_points"]
         ([{'step': 1, 'value': 3.2}], [{'step': 1, 'name': 'val_loss', 'value': 3.0}])
+        >>> mark = curves.mark(); curves.add_train(2, 3.1, lr=1e-3)
+        >>> curves.as_record(since=mark)["train_loss"]
+        [{'step': 2, 'value': 3.1}]
     """
 
     def __init__(self) -> None:
         self.train_loss: list[tuple[int, float | None]] = []
         self.lr: list[tuple[int, float | None]] = []
         self.val: list[tuple[int, str, float | None]] = []
+
+    def mark(self) -> tuple[int, int, int]:
+        """Where the curves end now (pass it to :meth:`as_record` later as ``since``)."""
+        return len(self.train_loss), len(self.lr), len(self.val)
 
     def add_train(self, step: int, loss: float | None, *, lr: float | None) -> None:
         """Add the loss and learning rate of the update that finished at ``step``."""
@@ -467,12 +478,19 @@ class Curves:
         self.lr = [p for p in self.lr if p[0] <= step]
         self.val = [p for p in self.val if p[0] <= step]
 
-    def as_record(self) -> dict[str, list[dict[str, Any]]]:
-        """The ledger columns ``train_loss``, ``lr_curve`` and ``val_points``."""
+    def as_record(
+        self, since: tuple[int, int, int] | None = None
+    ) -> dict[str, list[dict[str, Any]]]:
+        """The ledger columns ``train_loss``, ``lr_curve`` and ``val_points``.
+
+        Args:
+            since: a :meth:`mark`: only the points added after it (default: every point).
+        """
+        train_at, lr_at, val_at = since or (0, 0, 0)
         return {
-            "train_loss": [{"step": s, "value": v} for s, v in self.train_loss],
-            "lr_curve": [{"step": s, "value": v} for s, v in self.lr],
-            "val_points": [{"step": s, "name": n, "value": v} for s, n, v in self.val],
+            "train_loss": [{"step": s, "value": x} for s, x in self.train_loss[train_at:]],
+            "lr_curve": [{"step": s, "value": x} for s, x in self.lr[lr_at:]],
+            "val_points": [{"step": s, "name": n, "value": x} for s, n, x in self.val[val_at:]],
         }
 
     def state_dict(self) -> dict[str, Any]:

@@ -154,10 +154,12 @@ class _Group:
     values: dict[str, Any] = field(default_factory=dict)
     checks: dict[str, tuple[str, str]] = field(default_factory=dict)
 
-    def count(self, step: int | None) -> None:
-        self.occurrences += 1
+    def count(self, step: int | None, times: int = 1, step_first: int | None = None) -> None:
+        self.occurrences += times
+        first = step if step_first is None else step_first
+        if first is not None:
+            self.step_first = first if self.step_first is None else min(self.step_first, first)
         if step is not None:
-            self.step_first = step if self.step_first is None else min(self.step_first, step)
             self.step_last = step if self.step_last is None else max(self.step_last, step)
 
     def add(self, occ: Occurrence) -> None:
@@ -242,15 +244,29 @@ class PhaseAggregator:
     def __init__(self) -> None:
         self._groups: dict[tuple[str, bool], _Group] = {}
 
-    def count(self, phase: str, step: int | None) -> None:
-        """Count one occurrence, measured or not (cheap: no device work)."""
+    def count(
+        self, phase: str, step: int | None, *, times: int = 1, step_first: int | None = None
+    ) -> None:
+        """Count occurrences, measured or not (cheap: no device work).
+
+        Args:
+            phase: the phase.
+            step: the step of the (last) occurrence.
+            times: how many occurrences (unmeasured ones can be counted in bulk); the first
+                occurrence of a phase is always counted on its own.
+            step_first: the step of the first of ``times`` occurrences (default ``step``).
+        """
         if phase not in PHASES:
             raise ValueError(f"phase={phase!r} is invalid; expected one of {PHASES}.")
+        if times < 1:
+            return
         if (phase, True) not in self._groups:
             self._groups[(phase, True)] = _Group()
-            self._groups[(phase, True)].count(step)
-        else:
-            self._groups.setdefault((phase, False), _Group()).count(step)
+            self._groups[(phase, True)].count(step if times == 1 else step_first)
+            times -= 1
+            if times == 0:
+                return
+        self._groups.setdefault((phase, False), _Group()).count(step, times, step_first)
 
     def add(self, occurrence: Occurrence) -> None:
         """Add the measurements of the occurrence counted last for its phase."""

@@ -45,6 +45,7 @@ __all__ = [
     "compare_trajectories",
     "digest",
     "restore_rng",
+    "rng_of_this_rank",
     "unsafe_values",
 ]
 
@@ -119,6 +120,31 @@ def _feed(hasher: Any, value: Any) -> None:
         hasher.update(b"]")
     else:
         hasher.update(repr(value).encode())
+
+
+def rng_of_this_rank(state: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The RNG states a resumed process should restore from a saved ``{"rng", "rng_by_rank"}``.
+
+    Under several processes the state can hold every rank's own states (``rng_by_rank``,
+    gathered when the checkpoint was taken): each rank takes its own, so per-rank random
+    streams (dropout masks, augmentation) continue where they were. Otherwise ``rng``.
+
+    Example:
+        >>> rng_of_this_rank({"rng": {"python": 1}})
+        {'python': 1}
+    """
+    by_rank = state.get("rng_by_rank")
+    if (
+        isinstance(by_rank, list)
+        and torch.distributed.is_available()
+        and torch.distributed.is_initialized()
+    ):
+        rank = torch.distributed.get_rank()
+        if rank < len(by_rank) and isinstance(by_rank[rank], Mapping):
+            own: Mapping[str, Any] = by_rank[rank]
+            return own
+    rng = state.get("rng")
+    return rng if isinstance(rng, Mapping) else None
 
 
 def digest(value: Any) -> str:

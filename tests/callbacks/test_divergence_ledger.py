@@ -85,7 +85,9 @@ def test_lr_sweep_keeps_the_diverged_variant(make_trainer: Any, tmp_path: Path) 
     for seed in (0, 1):
         for name, lr in lrs.items():
             pl.seed_everything(seed, verbose=False)
-            callback = ledger_cb(variant=name, seed=seed, params={"lr": lr}, heartbeat_every=4)
+            callback = ledger_cb(
+                variant=name, seed=seed, params={"lr": lr}, heartbeat_every=4, check_every=2
+            )
             trainer = make_trainer(
                 max_steps=10, val_check_interval=5, limit_val_batches=1, callbacks=[callback]
             )
@@ -104,7 +106,9 @@ def test_lr_sweep_keeps_the_diverged_variant(make_trainer: Any, tmp_path: Path) 
     diverged = runs[runs["variant"] == "lr=100"]
     assert set(diverged["stop_cause"]) <= {"nonfinite_loss", "nonfinite_grad", "loss_blowup"}
     assert (diverged["stop_step"] < 10).all()
-    assert (diverged["stop_step"] == diverged["updates_done"]).all()
+    # Rules are evaluated every 2 updates: the fit stops at the evaluation after the rule fired.
+    assert (diverged["updates_done"] % 2 == 0).all()
+    assert (diverged["updates_done"] - diverged["stop_step"]).between(0, 1).all()
     assert diverged["stop_detail"].notna().all()
     assert (diverged["lr"] == 100.0).all()
     completed = runs[runs["variant"] != "lr=100"]
@@ -115,9 +119,9 @@ def test_lr_sweep_keeps_the_diverged_variant(make_trainer: Any, tmp_path: Path) 
     # Curves: a point per update up to the stop; validation points at steps 5 and 10.
     curves = ledger.curves()
     train = curves[curves["curve"] == "train_loss"]
-    per_run = train.groupby("run_id")["step"].max()
-    stops = runs.set_index("run_id")["stop_step"]
-    assert (per_run == stops.loc[per_run.index]).all()
+    per_run = train.groupby("run_id")["step"].agg(list)
+    done = runs.set_index("run_id")["updates_done"]
+    assert all(steps == list(range(1, done[rid] + 1)) for rid, steps in per_run.items())
     val = curves[(curves["curve"] == "val") & (curves["name"] == "val_loss")]
     completed_val = val[val["variant"] != "lr=100"]
     assert sorted(set(completed_val["step"])) == [5, 10]
@@ -141,7 +145,7 @@ def test_lr_sweep_keeps_the_diverged_variant(make_trainer: Any, tmp_path: Path) 
 def test_records_carry_configuration_environment_and_undivided_loss(
     make_trainer: Any, tmp_path: Path
 ) -> None:
-    callback = ledger_cb(params={"lr": 0.01, "width": 32}, heartbeat_every=2)
+    callback = ledger_cb(params={"lr": 0.01, "width": 32}, heartbeat_every=2, check_every=1)
     trainer = make_trainer(max_steps=5, accumulate_grad_batches=3, callbacks=[callback])
     model = Scripted()
     trainer.fit(model)
@@ -174,12 +178,14 @@ def test_records_carry_configuration_environment_and_undivided_loss(
     assert values == pytest.approx(expected, rel=1e-6)
     assert [p["step"] for p in end["train_loss"]] == [1, 2, 3, 4, 5]
     assert [p["value"] for p in end["lr_curve"]] == pytest.approx([0.01] * 5)
-    # Heartbeats carry the curve so far.
-    assert [len(r) for r in records["train_loss"]] == [0, 2, 4, 5]
+    # Heartbeats carry the points since the previous record; start and end the whole curve.
+    assert [len(r) for r in records["train_loss"]] == [0, 2, 2, 5]
+    assert records["curves_delta"].tolist() == [False, True, True, False]
+    assert [p["step"] for p in records["train_loss"].iloc[2]] == [3, 4]
 
 
 def test_nan_loss_stops_the_fit_and_is_recorded(make_trainer: Any, tmp_path: Path) -> None:
-    trainer = make_trainer(max_steps=20, callbacks=[ledger_cb()])
+    trainer = make_trainer(max_steps=20, callbacks=[ledger_cb(check_every=1)])
     trainer.fit(Scripted(nan_from=4))
     assert trainer.global_step == 4
     run = runs_of(tmp_path).loc["v"]
@@ -190,6 +196,47 @@ def test_nan_loss_stops_the_fit_and_is_recorded(make_trainer: Any, tmp_path: Pat
     ).to_pandas()
     first = events.iloc[0]
     assert (first["event"], first["step"], first["action"]) == ("nonfinite_loss", 4, "stop")
+
+
+def test_rules_read_every_loss_but_sync_every_check_every_updates(
+    make_trainer: Any, tmp_path: Path
+) -> None:
+    # Default check_every=10: the losses stay on the device and are read at updates 10, 20...
+    trainer = make_trainer(max_steps=30, callbacks=[ledger_cb()])
+    trainer.fit(Scripted(nan_from=4))
+    assert trainer.global_step == 10  # stopped at the first evaluation after the rule fired
+    run = runs_of(tmp_path).loc["v"]
+    assert (run["status"], run["stop_cause"]) == ("diverged", "nonfinite_loss")
+    assert (run["stop_step"], run["updates_done"]) == (4, 10)  # where it fired, where it stopped
+    curve = Ledger(tmp_path / "pilot").curves()
+    train = curve[curve["curve"] == "train_loss"]
+    assert train["step"].tolist() == list(range(1, 11))
+    assert train["value"].iloc[:3].notna().all()
+    assert train["value"].iloc[3:].isna().all()
+
+
+def test_heartbeats_by_time_carry_only_new_points_and_the_ledger_joins_them(
+    make_trainer: Any, tmp_path: Path
+) -> None:
+    # heartbeat_seconds=0: a heartbeat at every evaluation (every 3 updates here).
+    callback = ledger_cb(check_every=3, heartbeat_seconds=0)
+    make_trainer(max_steps=10, callbacks=[callback]).fit(Scripted())
+    ledger = Ledger(tmp_path / "pilot")
+    records = ledger.records()
+    assert records["event"].tolist() == ["start", "heartbeat", "heartbeat", "heartbeat", "end"]
+    assert [[p["step"] for p in r] for r in records["train_loss"]] == [
+        [],
+        [1, 2, 3],
+        [4, 5, 6],
+        [7, 8, 9],
+        list(range(1, 11)),
+    ]
+    # Without the end record (a killed run), the heartbeats' points make the whole curve.
+    (end,) = (tmp_path / "pilot" / "ledger").glob("*-end-*.parquet")
+    end.unlink()
+    curve = Ledger(tmp_path / "pilot").curves()
+    assert curve[curve["curve"] == "train_loss"]["step"].tolist() == list(range(1, 10))
+    assert curve[curve["curve"] == "lr"]["step"].tolist() == list(range(1, 10))
 
 
 def test_record_action_trains_on_but_the_run_reads_diverged(
@@ -449,7 +496,14 @@ def test_missing_predictions_fail_fast_with_the_contract(make_trainer: Any, tmp_
         (
             {"heartbeat_every": 0},
             ValueError,
-            r"heartbeat_every=0\) is invalid: expected an int >= 1",
+            r"heartbeat_every=0\) is invalid: expected an int >= 1 \(updates\) or None",
+        ),
+        ({"check_every": 0}, ValueError, r"check_every=0\) is invalid: expected an int >= 1"),
+        ({"check_every": None}, ValueError, r"check_every=None\) is invalid"),
+        (
+            {"heartbeat_seconds": -1},
+            ValueError,
+            r"heartbeat_seconds=-1\) is invalid: expected a finite number of seconds >= 0",
         ),
         ({"save_predictions": "yes"}, TypeError, r"save_predictions='yes'\) must be a bool"),
         ({"predictions_fn": 3}, TypeError, r"predictions_fn=3\) must be a callable"),

@@ -74,6 +74,7 @@ def main() -> None:
         seed=0,
         params={"mode": args.mode},
         heartbeat_every=2,
+        check_every=1,  # the tests assert the exact update each run stops at
         rules=DivergenceRules(blowup_patience=2),
         out_dir=args.out,
     )
