@@ -448,7 +448,7 @@ class DivergenceLedger(PilotCallback):
         # Lightning divides the loss by K (automatic optimisation) before outputs reach us;
         # the multiplication back waits for the evaluation, like the read.
         self._factor = trainer.accumulate_grad_batches if pl_module.automatic_optimization else 1
-        self._micro.append(loss.detach())
+        self._micro.append(loss.detach() if loss.requires_grad else loss)
 
     def _evaluates(self, step: int) -> bool:
         return step % self.check_every == 0

@@ -31,7 +31,7 @@ from lightning_pilot.core.accounting import (
     summarize,
     unpack_sums,
 )
-from lightning_pilot.core.batches import BatchAdapter, token_count
+from lightning_pilot.core.batches import BatchAdapter, sum_token_masks, token_count
 from lightning_pilot.run import PilotCallback
 
 __all__ = ["UPDATES_SCHEMA", "UPDATES_SCHEMA_VERSION", "UPDATES_TABLE", "EffectiveBatchAccountant"]
@@ -215,6 +215,7 @@ class EffectiveBatchAccountant(PilotCallback):
         self._step_calls = 0
         # Micro-batches and update ends not yet counted (token counts still on the device).
         self._raw: list[tuple[Any, ...]] = []
+        self._micro: tuple[Any, ...] | None = None
         self._scaler = False
         self._hooks: list[RemovableHandle] = []
         self._training = False
@@ -262,6 +263,13 @@ class EffectiveBatchAccountant(PilotCallback):
             self._make_plan()
 
     @override
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        # Read while the batch is fresh; counted once its step ran (on_train_batch_end).
+        self._read(trainer, batch, batch_idx)
+
+    @override
     def on_train_batch_end(
         self,
         trainer: pl.Trainer,
@@ -270,7 +278,7 @@ class EffectiveBatchAccountant(PilotCallback):
         batch: Any,
         batch_idx: int,
     ) -> None:
-        self._count(trainer, pl_module, batch, batch_idx)
+        self._count(trainer, pl_module)
 
     @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -487,9 +495,7 @@ class EffectiveBatchAccountant(PilotCallback):
 
     # -- counting ----------------------------------------------------------------------------------
 
-    def _count(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
-    ) -> None:
+    def _read(self, trainer: pl.Trainer, batch: Any, batch_idx: int) -> None:
         view = self.adapter.view(batch, count_tokens=False)
         if self._plan_inputs is not None:  # the loader did not say: the first batch does
             self._plan_inputs["micro_batch_size"] = view.batch_size
@@ -498,9 +504,20 @@ class EffectiveBatchAccountant(PilotCallback):
             self._make_plan()
         tokens, source = token_count(view)
         duplicates = self._duplicates(batch_idx)
-        self._raw.append(
-            (trainer.current_epoch, batch_idx, view.batch_size, tokens, source, duplicates)
+        self._micro = (
+            trainer.current_epoch,
+            batch_idx,
+            view.batch_size,
+            tokens,
+            source,
+            duplicates,
         )
+
+    def _count(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._micro is None:
+            return
+        self._raw.append(self._micro)
+        self._micro = None
         step = trainer.global_step
         if step == self._last_step:
             return
@@ -512,13 +529,10 @@ class EffectiveBatchAccountant(PilotCallback):
             self._flush(trainer, pl_module)
 
     def _count_buffered(self) -> None:
-        """Count the buffered micro-batches, reading their token counts with one host sync."""
+        """Count the buffered micro-batches, summing their attention masks together."""
         raw, self._raw = self._raw, []
-        lazy = [entry[3] for entry in raw if len(entry) == 6 and isinstance(entry[3], torch.Tensor)]
-        try:
-            values = iter(torch.stack(lazy).tolist() if lazy else [])
-        except RuntimeError:  # on several devices: one read each
-            values = iter([int(t) for t in lazy])
+        masks = [e[3] for e in raw if len(e) == 6 and isinstance(e[3], torch.Tensor)]
+        sums = iter(sum_token_masks(masks))
         for entry in raw:
             if len(entry) == 3:
                 self._counter.close_update(
@@ -530,7 +544,7 @@ class EffectiveBatchAccountant(PilotCallback):
                 epoch=epoch,
                 batch_idx=batch_idx,
                 examples=examples,
-                tokens=int(next(values)) if isinstance(tokens, torch.Tensor) else tokens,
+                tokens=next(sums) if isinstance(tokens, torch.Tensor) else tokens,
                 tokens_source=source,
                 duplicates=duplicates,
             )

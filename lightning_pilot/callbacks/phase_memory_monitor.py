@@ -531,19 +531,20 @@ class PhaseMemoryMonitor(PilotCallback):
                 stacklevel=2,
             )
 
-    def _is_measured(self, trainer: pl.Trainer) -> bool:
-        done = trainer.global_step - self._start_step
+    def _is_measured(self, step: int) -> bool:
+        done = step - self._start_step
         if done < self.pilot_updates:
             return True
         return self.sample_every > 0 and (done - self.pilot_updates + 1) % self.sample_every == 0
 
-    def _restart_data_clock(self, trainer: pl.Trainer) -> None:
-        self._measuring = trainer.state.fn == TrainerFn.FITTING and self._is_measured(trainer)
+    def _restart_data_clock(self, trainer: pl.Trainer, step: int | None = None) -> None:
+        step = trainer.global_step if step is None else step
+        self._measuring = trainer.state.fn == TrainerFn.FITTING and self._is_measured(step)
         if self._measuring:
             self._quiet.fold_into(self.aggregator)  # keep the counts in occurrence order
         # The CPU tracker's per-operator cost inflates durations: it runs in the first
         # ``memory_updates`` updates only; later measured updates are timed without it.
-        self._tracking = trainer.global_step - self._start_step < self.memory_updates
+        self._tracking = step - self._start_step < self.memory_updates
         self._data_clock = time.perf_counter()
         if self._measuring:
             self._begin("data", track=False)
@@ -648,11 +649,13 @@ class PhaseMemoryMonitor(PilotCallback):
                     step_after=trainer.global_step,
                 )
             )
-        if not self._window_done and trainer.global_step - self._start_step >= self.pilot_updates:
+        step = trainer.global_step
+        if not self._window_done and step - self._start_step >= self.pilot_updates:
             self._window_done = True
             self._flush_during_fit("after the pilot window")  # it survives a later crash
-        self._stop_tracker()
-        self._restart_data_clock(trainer)
+        if self._tracker is not None and self._tracker.active:
+            self._tracker.stop()
+        self._restart_data_clock(trainer, step)
 
     # ----------------------------------------------------------------------------------------
     # validation, test, predict

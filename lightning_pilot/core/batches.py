@@ -40,7 +40,7 @@ from typing import Any, Final
 
 import torch
 
-__all__ = ["BatchAdapter", "BatchView", "FieldSpec", "token_count"]
+__all__ = ["BatchAdapter", "BatchView", "FieldSpec", "sum_token_masks", "token_count"]
 
 #: How to find a field: a dict key, a tuple/list index, or a callable on the whole batch.
 FieldSpec = str | int | Callable[[Any], Any]
@@ -125,6 +125,9 @@ class BatchAdapter:
             )
         self._specs = specs
         self.ignore_index = ignore_index
+        # Dict batches: which key holds each field, per set of keys (a loader yields the same
+        # keys every time, so the defaults are searched once).
+        self._resolved: dict[tuple[Any, ...], dict[str, Any]] = {}
 
     def __repr__(self) -> str:
         given = ", ".join(f"{k}={v!r}" for k, v in self._specs.items() if v is not None)
@@ -138,7 +141,7 @@ class BatchAdapter:
             count_tokens: also count real tokens and loss positions. Counting reads tensor
                 values, which waits for the device; shapes alone never do.
         """
-        values = {name: self._find(batch, name) for name in _FIELDS}
+        values = self._values(batch)
         missing = tuple(name for name in _FIELDS if values[name] is None)
         inputs, mask, targets = values["inputs"], values["attention_mask"], values["targets"]
         return BatchView(
@@ -152,6 +155,31 @@ class BatchAdapter:
             loss_tokens=_loss_tokens(targets, self.ignore_index) if count_tokens else None,
             missing=missing,
         )
+
+    def _values(self, batch: Any) -> dict[str, Any]:
+        if not isinstance(batch, Mapping):
+            return {name: self._find(batch, name) for name in _FIELDS}
+        layout = tuple(batch)
+        keys = self._resolved.get(layout)
+        if keys is None:
+            keys = {
+                name: spec
+                if (spec := self._specs[name]) is not None
+                else next((k for k in _DEFAULT_KEYS[name] if k in batch), None)
+                for name in _FIELDS
+            }
+            if len(self._resolved) < 64:  # a bounded cache: layouts are few
+                self._resolved[layout] = keys
+        return {
+            name: (
+                None
+                if key is None
+                else _lookup(batch, key)
+                if self._specs[name] is not None
+                else batch[key]
+            )
+            for name, key in keys.items()
+        }
 
     def _find(self, batch: Any, name: str) -> Any:
         spec = self._specs[name]
@@ -216,20 +244,40 @@ def _seq_len(inputs: Any, mask: Any) -> int | None:
 
 
 def token_count(view: BatchView) -> tuple[torch.Tensor | int | None, str | None]:
-    """Real tokens of a batch without waiting for the device, and where they were read.
+    """What to count as the batch's real tokens, without touching the device, and its source.
 
-    With an attention mask: its sum as a 0-d int64 tensor on the batch's device (read it
-    later, many at once); with integer ``[B, T]`` token ids and no mask: every token, an int;
-    else ``(None, None)``.
+    With an attention mask: the mask itself (its sum is the count; read many masks at once
+    with :func:`sum_token_masks`); with integer ``[B, T]`` token ids and no mask: every token,
+    an int; else ``(None, None)``.
 
     Example:
         >>> view = BatchAdapter().view({"input_ids": torch.ones(2, 5, dtype=torch.long),
         ...                             "attention_mask": torch.tensor([[1] * 5, [1, 1, 0, 0, 0]])})
-        >>> count, source = token_count(view)
-        >>> int(count), source
-        (7, 'attention_mask')
+        >>> mask, source = token_count(view)
+        >>> sum_token_masks([mask, mask]), source
+        ([7, 7], 'attention_mask')
     """
-    return _lazy_tokens(view.inputs, view.attention_mask)
+    mask = view.attention_mask
+    if isinstance(mask, torch.Tensor):
+        return mask, "attention_mask"
+    if _is_token_tensor(view.inputs):
+        return int(view.inputs.numel()), "input_ids"
+    return None, None
+
+
+def sum_token_masks(masks: Sequence[torch.Tensor]) -> list[int]:
+    """The sum of every mask, in order: masks of one shape and device are summed together, so
+    reading them waits for the device once per shape, not once per mask."""
+    groups: dict[tuple[Any, ...], list[int]] = {}
+    for index, mask in enumerate(masks):
+        groups.setdefault((tuple(mask.shape), mask.device, mask.dtype), []).append(index)
+    counts = [0] * len(masks)
+    for indices in groups.values():
+        stacked = torch.stack([masks[i].detach() for i in indices])
+        sums = stacked.reshape(len(indices), -1).sum(dim=1, dtype=torch.int64).tolist()
+        for index, value in zip(indices, sums, strict=True):
+            counts[index] = int(value)
+    return counts
 
 
 def _lazy_tokens(inputs: Any, mask: Any) -> tuple[torch.Tensor | int | None, str | None]:
