@@ -1,16 +1,20 @@
 """Overhead of each pilot callback, and of all of them, against a bare Trainer on the demo LM.
 
-Every configuration (bare, each callback alone, all of them) fits the same model on the same
-data in this process, ``--repeats`` times. In each repeat the bare Trainer runs first and last
-and every configuration is paired with the mean of those two bare fits, so slow drifts of a
-shared machine cancel. Per configuration it reports the median over repeats (and the range) of:
+Paired runs in one process: for every configuration (each callback alone, all of them, and a
+bare-against-bare calibration) a bare fit and the configured fit run in two threads that take
+turns update by update (a baton passed at each batch end), pinned to one CPU core. Both fits
+then see the same machine at the same moments: on a shared VM, two cores, or the same core a
+minute apart, differ by several per cent, more than the cost being measured. The two threads
+are not timed quite alike either, so every pair runs twice with the roles swapped and the
+ratio is the geometric mean of both. Same model weights, same data. Per configuration it
+reports the median over ``--repeats`` (and the range) of:
 
 * ``window``: steps per second over the pilot window (updates 2 to ``--window``: the first
   update builds the optimizer state in every configuration), as a ratio to bare;
 * ``steady``: steps per second after the window (one over the median update time), as a ratio
   to bare: 1.000 is free, 0.980 is 2 % slower;
 * ``hooks``: the time spent inside the callbacks' own hooks after the window, as a share of the
-  update time (measured within one fit, so it does not suffer from run-to-run noise);
+  rest of the update (a wrapper times each hook, which adds a little of its own);
 * ``one-off``: seconds of updates whose hooks took longer than ``--one-off-ms`` (the resume
   check in a new process, the pilot-window flush): paid once per fit, not per update.
 
@@ -22,8 +26,11 @@ The figures go in the README; there is no wall-clock limit in the tests.
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import statistics
 import tempfile
+import threading
 import time
 import warnings
 from collections.abc import Callable
@@ -42,6 +49,8 @@ from lightning_pilot import (
 from lightning_pilot.demo import InstructionDataModule, TinyCausalLM
 
 CONFIGS: dict[str, Callable[[], list[pl.Callback]]] = {
+    # Bare against bare: the measurement's own bias and noise (should read 1.000).
+    "bare (calibration)": lambda: [],
     "PhaseMemoryMonitor": lambda: [PhaseMemoryMonitor()],
     "BatchInspector": lambda: [BatchInspector()],
     "EffectiveBatchAccountant": lambda: [EffectiveBatchAccountant()],
@@ -97,9 +106,60 @@ def time_hooks(callback: pl.Callback, clock: Clock) -> None:
         setattr(callback, name, timed)
 
 
-def fit(config: str | None, steps: int) -> Clock:
-    torch.manual_seed(0)
-    clock = Clock()
+class Baton:
+    """Two fits in two threads take turns update by update, so both see the same machine."""
+
+    def __init__(self) -> None:
+        self._turn = 0
+        self._done = [False, False]
+        self._cond = threading.Condition()
+
+    def wait(self, me: int) -> None:
+        with self._cond:
+            self._cond.wait_for(lambda: self._turn == me or self._done[1 - me])
+
+    def pass_on(self, me: int, *, done: bool = False) -> None:
+        with self._cond:
+            self._turn = 1 - me
+            self._done[me] = self._done[me] or done
+            self._cond.notify_all()
+
+
+class TurnClock(Clock):
+    """A Clock that times one update per turn: from taking the baton to handing it back."""
+
+    def __init__(self, baton: Baton, me: int) -> None:
+        super().__init__()
+        self.baton, self.me = baton, me
+
+    def on_train_start(self, *args: Any) -> None:
+        self.baton.wait(self.me)
+        self._last = time.perf_counter()
+
+    def on_train_batch_start(self, *args: Any) -> None:
+        pass
+
+    def on_train_batch_end(self, *args: Any) -> None:
+        super().on_train_batch_end(*args)
+        self.baton.pass_on(self.me)
+        self.baton.wait(self.me)
+        self._last = time.perf_counter()  # the other fit's update is not ours
+
+    def on_train_end(self, *args: Any) -> None:
+        self.baton.pass_on(self.me, done=True)
+
+    def on_exception(self, *args: Any) -> None:
+        self.baton.pass_on(self.me, done=True)
+
+
+_BUILD = threading.Lock()  # the global RNG is shared by the threads: identical weights
+
+
+def fit(config: str | None, steps: int, clock: Clock | None = None) -> Clock:
+    with _BUILD:
+        torch.manual_seed(0)
+        model = TinyCausalLM(max_length=32)
+    clock = clock or Clock()
     callbacks = CONFIGS[config]() if config else []
     for callback in callbacks:
         time_hooks(callback, clock)
@@ -117,10 +177,24 @@ def fit(config: str | None, steps: int) -> Clock:
             default_root_dir=root,
         )
         data = InstructionDataModule(dataset_size=4096, batch_size=16, max_length=32, stateful=True)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            trainer.fit(TinyCausalLM(max_length=32), datamodule=data)
+        trainer.fit(model, datamodule=data)
     return clock
+
+
+def paired_fits(config: str, steps: int, *, swap: bool) -> tuple[Clock, Clock]:
+    """A bare fit and a fit with ``config`` in two threads, alternating update by update.
+
+    Returns (bare, config) clocks. ``swap`` runs the bare fit in this thread and the other in
+    a new one: the two threads are not timed quite alike, so every pair runs both ways.
+    """
+    baton = Baton()
+    clocks = (TurnClock(baton, 0), TurnClock(baton, 1))
+    jobs = [(None, steps, clocks[0]), (config, steps, clocks[1])]
+    other = threading.Thread(target=fit, args=jobs[0 if not swap else 1])
+    other.start()
+    fit(*jobs[1 if not swap else 0])
+    other.join()
+    return clocks
 
 
 def rates(clock: Clock, window: int, one_off_ms: float) -> dict[str, float]:
@@ -144,26 +218,38 @@ def main() -> None:
     parser.add_argument("--window", type=int, default=3, help="pilot window, in updates")
     parser.add_argument("--one-off-ms", type=float, default=50.0)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--cpu", type=int, default=0, help="the one CPU core both fits run on (none: -1)"
+    )
     parser.add_argument("--only", nargs="*", choices=list(CONFIGS), help="configurations to run")
     args = parser.parse_args()
+    if args.cpu == -1:
+        args.cpu = None
     if args.window < 2:
         parser.error(f"--window={args.window} is invalid: expected at least 2 updates")
     torch.set_num_threads(args.threads)
+    if args.cpu is not None and hasattr(os, "sched_setaffinity"):
+        # Both fits on one core: two cores of a shared machine differ by several per cent.
+        os.sched_setaffinity(0, {args.cpu})
+    limits = (args.window, args.one_off_ms)
     configs = args.only or list(CONFIGS)
+    warnings.simplefilter("ignore")  # for both threads (catch_warnings is not thread-safe)
     ratios: dict[str, dict[str, list[float]]] = {c: {} for c in configs}
     bare_steady: list[float] = []
     for repeat in range(args.repeats):
-        before = rates(fit(None, args.steps), args.window, args.one_off_ms)
-        measured = {c: rates(fit(c, args.steps), args.window, args.one_off_ms) for c in configs}
-        after = rates(fit(None, args.steps), args.window, args.one_off_ms)
-        bare = {k: (before[k] + after[k]) / 2 for k in ("window", "steady")}
-        bare_steady.append(bare["steady"])
-        for config, got in measured.items():
+        for config in configs:
+            both = []
+            for swap in (False, True):
+                bare_clock, clock = paired_fits(config, args.steps, swap=swap)
+                both.append((rates(bare_clock, *limits), rates(clock, *limits)))
             row = ratios[config]
             for key in ("window", "steady"):
-                row.setdefault(key, []).append(got[key] / bare[key])
-            row.setdefault("hooks", []).append(got["hooks"])
-            row.setdefault("one_off", []).append(got["one_off"])
+                # The geometric mean of both thread orders: the threads' own bias cancels.
+                ratio = math.prod(got[key] / bare[key] for bare, got in both) ** 0.5
+                row.setdefault(key, []).append(ratio)
+            row.setdefault("hooks", []).append(statistics.fmean(g["hooks"] for _, g in both))
+            row.setdefault("one_off", []).append(statistics.fmean(g["one_off"] for _, g in both))
+            bare_steady.extend(bare["steady"] for bare, _ in both)
         print(f"repeat {repeat + 1}/{args.repeats} done", flush=True)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     print(

@@ -28,10 +28,11 @@ import traceback
 import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import lightning.pytorch as pl
 import torch
+from lightning.pytorch.strategies import DDPStrategy
 
 from lightning_pilot.core.batches import BatchAdapter
 from lightning_pilot.core.memory import host_memory
@@ -211,6 +212,8 @@ def run_resume(
     adapter = BatchAdapter(**{k: v for k, v in (spec.get("adapter") or {}).items()})
     recorder = ResumeRecorder(spec["state_key"], adapter)
     options = dict(spec["trainer"])
+    if spec.get("ddp") is not None:  # one rank of a DDP group shaped like the fit's
+        options["strategy"] = DDPStrategy(**spec["ddp"])
     trainer = pl.Trainer(
         # One device, or (with the rank's environment) one rank of a DDP group like the fit's.
         devices=options.pop("devices", 1),
@@ -267,13 +270,18 @@ def run_artifact(spec: Mapping[str, Any], result: dict[str, Any]) -> None:
     result["outputs"] = spec["outputs"]
 
 
+#: The environment variable that names the training process (the parent to outlive not).
+PARENT_PID: Final = "LIGHTNING_PILOT_PARENT_PID"
+
+
 def _exit_with_parent(poll_s: float = 0.5) -> None:
     """End this process when the training process that started it is gone (killed).
 
     The parent enforces the timeout; without it a verification process would live on and
     keep its memory (on a GPU too).
     """
-    parent = os.getppid()
+    expected = os.environ.get(PARENT_PID)
+    parent = int(expected) if expected and expected.isdigit() else os.getppid()
 
     def watch() -> None:
         while os.getppid() == parent:

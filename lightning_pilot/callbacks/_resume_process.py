@@ -25,6 +25,7 @@ from lightning_pilot import resume_child
 from lightning_pilot.core.checks import CheckResult
 from lightning_pilot.core.resume import capture_rng, restore_rng
 from lightning_pilot.ledger import file_sha256
+from lightning_pilot.resume_child import PARENT_PID
 
 if TYPE_CHECKING:
     from lightning_pilot.callbacks.resume_verifier import ResumeVerifier
@@ -93,7 +94,11 @@ def _subprocess(
     spec = spec | {"result": str(result_path)}
     spec_path.write_text(json.dumps(spec, default=str))
     # The new process imports what this one can: same interpreter, same import path.
-    env = os.environ | {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p)} | dict(env or {})
+    env = (
+        os.environ
+        | {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p), PARENT_PID: str(os.getpid())}
+        | dict(env or {})
+    )
     try:
         done = subprocess.run(
             [sys.executable, "-m", "lightning_pilot.resume_child", str(spec_path)],
@@ -177,11 +182,22 @@ def run_children_per_rank(
             " several processes the check needs one new process per rank"
         }
     rank = trainer.global_rank
-    options = {"devices": trainer.num_devices, "num_nodes": trainer.num_nodes, "strategy": "ddp"}
+    strategy = trainer.strategy
+    assert isinstance(strategy, DDPStrategy)
+    ddp = getattr(strategy, "model", None)
+    # The fit's devices (indices, not only how many) and its DDP options, as far as public.
+    devices = (
+        trainer.num_devices if trainer.strategy.root_device.type == "cpu" else trainer.device_ids
+    )
     spec = spec | {
         "tag": f"-rank{rank}",
         "workdir": f"{spec['workdir']}-rank{rank}",
-        "trainer": dict(spec["trainer"]) | options,
+        "trainer": dict(spec["trainer"]) | {"devices": devices, "num_nodes": trainer.num_nodes},
+        "ddp": {
+            "process_group_backend": strategy.process_group_backend,
+            "find_unused_parameters": bool(getattr(ddp, "find_unused_parameters", False)),
+            "static_graph": bool(getattr(ddp, "static_graph", False)),
+        },
     }
     env = {
         "MASTER_ADDR": os.environ.get("MASTER_ADDR", "127.0.0.1"),
@@ -192,6 +208,8 @@ def run_children_per_rank(
         "NODE_RANK": str(trainer.node_rank),
         "GROUP_RANK": str(trainer.node_rank),
         "LOCAL_WORLD_SIZE": str(trainer.num_devices),
+        # torchrun's default: the group's store would be expected from an agent on this port.
+        "TORCHELASTIC_USE_AGENT_STORE": "False",
     }
     folder = Path(spec["checkpoint"]).parent
     result = _subprocess(spec, folder, verifier.timeout_s, env=env)

@@ -270,6 +270,7 @@ class DivergenceLedger(PilotCallback):
         self._facts: dict[str, Any] | None = None
         self._last_step = 0
         self._last_heartbeat = 0
+        self._last_eval = 0
         self._last_record_at = time.monotonic()
         self._mark: tuple[int, int, int] | None = None
         # Updates not yet evaluated: (step, micro-batch losses, K factor, lr, gradient norms).
@@ -319,7 +320,7 @@ class DivergenceLedger(PilotCallback):
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not self._active:
             return
-        self._last_step = self._last_heartbeat = trainer.global_step
+        self._last_step = self._last_heartbeat = self._last_eval = trainer.global_step
         self._overflow = str(trainer.precision) in ("16-mixed", "16")
         self.curves.truncate(trainer.global_step)
         self._facts = self._read_facts(trainer, full=True)
@@ -339,7 +340,11 @@ class DivergenceLedger(PilotCallback):
             return
         if self._lr is None and optimizer.param_groups:
             self._lr = float(optimizer.param_groups[0]["lr"])
-        if self.detector.rules.check_grad_norm and self._evaluates(trainer.global_step + 1):
+        # The norm is taken at the update that completes an evaluation window; under a
+        # gradient scaler at every update (each overflow is a skipped step worth recording).
+        if self.detector.rules.check_grad_norm and (
+            self._overflow or self._evaluates(trainer.global_step + 1)
+        ):
             grads = [
                 p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None
             ]
@@ -390,7 +395,11 @@ class DivergenceLedger(PilotCallback):
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not self._active or self._ended:
             return
-        self._evaluate()  # the updates since the last evaluation: no stop decision now
+        self._evaluate()  # the updates since the last evaluation
+        if trainer.world_size > 1:
+            # Every rank ends here on a normal exit: a rule that fired on another rank after
+            # the last evaluation (or with action="record") reaches rank 0's end record.
+            self._agree(trainer, trainer.global_step)
         status, cause, detail = self._normal_outcome(trainer)
         stop_step = self._stop[1] if self._stop is not None else trainer.global_step
         self._write_end(
@@ -403,12 +412,19 @@ class DivergenceLedger(PilotCallback):
     ) -> None:
         try:
             if self._active and not self._refused and not self._ended:
-                self._evaluate()  # no collective here: other ranks may be gone
+                unread = self._evaluate_if_possible()  # no collective: other ranks may be gone
                 status, cause = exception_outcome(exception)
                 message = str(exception)[:_MESSAGE_CHARS] or None
-                self._write_end(trainer, failing=True, status=status, stop_cause=cause,
-                                stop_step=trainer.global_step, exception_message=message,
-                                exception_type=type(exception).__name__)  # fmt: skip
+                self._write_end(
+                    trainer,
+                    failing=True,
+                    status=status,
+                    stop_cause=cause,
+                    stop_step=trainer.global_step,
+                    stop_detail=unread,
+                    exception_type=type(exception).__name__,
+                    exception_message=message,
+                )
         except Exception as err:  # ours must never replace the user's exception
             warnings.warn(
                 f"lightning-pilot: DivergenceLedger could not record how the fit ended: {err!r}",
@@ -451,7 +467,9 @@ class DivergenceLedger(PilotCallback):
         self._micro.append(loss.detach() if loss.requires_grad else loss)
 
     def _evaluates(self, step: int) -> bool:
-        return step % self.check_every == 0
+        # By distance, not step % check_every: several optimizers step global_step by more
+        # than one per batch. Every rank sees the same steps, so they agree.
+        return step - self._last_eval >= self.check_every
 
     def _after_update(self, trainer: pl.Trainer) -> None:
         step = trainer.global_step
@@ -459,9 +477,10 @@ class DivergenceLedger(PilotCallback):
         self._micro, self._grad_norms, self._lr = [], [], None
         if not self._evaluates(step):
             return
+        self._last_eval = step
         self._evaluate()
-        if self.action == "stop":
-            self._decide_stop(trainer, step)
+        if self.action == "stop" and self._agree(trainer, step):
+            trainer.should_stop = True
         if self.run.is_global_zero and self._heartbeat_due(step):
             self._last_heartbeat = step
             self._write(trainer, "heartbeat", failing=True, status="running")
@@ -470,6 +489,16 @@ class DivergenceLedger(PilotCallback):
         if self.heartbeat_every is not None and step - self._last_heartbeat >= self.heartbeat_every:
             return True
         return time.monotonic() - self._last_record_at >= self.heartbeat_seconds
+
+    def _evaluate_if_possible(self) -> str | None:
+        """Evaluate the pending updates; if the device cannot be read any more, say so."""
+        pending = len(self._updates)
+        try:
+            self._evaluate()
+        except Exception as err:  # e.g. a device-side assert: its tensors are unreadable
+            self._updates = []
+            return f"the losses of the last {pending} update(s) could not be read: {err}"
+        return None
 
     def _evaluate(self) -> None:
         """Read the pending updates' losses and norms (one host sync) and apply the rules."""
@@ -493,23 +522,26 @@ class DivergenceLedger(PilotCallback):
                 found = (e.detail for e in decision.events if e.event == decision.cause)
                 self._stop = (str(decision.cause), step, next(found, str(decision.cause)))
 
-    def _decide_stop(self, trainer: pl.Trainer, step: int) -> None:
+    def _agree(self, trainer: pl.Trainer, step: int) -> bool:
+        """Whether a fatal rule fired on any rank (a collective: every rank calls it at once).
+
+        A rank that did not see it takes the highest-priority rule (max of codes) and the
+        earliest update it fired at (min over ranks).
+        """
         mine = self._stop
         if not trainer.strategy.reduce_boolean_decision(mine is not None, all=False):
-            return
-        trainer.should_stop = True
-        if trainer.world_size == 1:
-            return
-        # Agree on the highest-priority rule (max of codes) and the earliest update it fired.
-        device = trainer.strategy.root_device
-        code = len(FATAL_CAUSES) - FATAL_CAUSES.index(mine[0]) if mine else 0
-        agreed = trainer.strategy.reduce(torch.tensor(code, device=device), reduce_op="max")
-        fired = trainer.strategy.reduce(
-            torch.tensor(mine[1] if mine else step, device=device), reduce_op="min"
-        )
-        if mine is None:
-            other, at = FATAL_CAUSES[len(FATAL_CAUSES) - int(agreed)], int(fired)
-            self._stop = (other, at, f"{other} fired on another rank at step {at}")
+            return False
+        if trainer.world_size > 1:
+            device = trainer.strategy.root_device
+            code = len(FATAL_CAUSES) - FATAL_CAUSES.index(mine[0]) if mine else 0
+            agreed = trainer.strategy.reduce(torch.tensor(code, device=device), reduce_op="max")
+            fired = trainer.strategy.reduce(
+                torch.tensor(mine[1] if mine else step, device=device), reduce_op="min"
+            )
+            if mine is None:
+                other, at = FATAL_CAUSES[len(FATAL_CAUSES) - int(agreed)], int(fired)
+                self._stop = (other, at, f"{other} fired on another rank at step {at}")
+        return True
 
     def _normal_outcome(self, trainer: pl.Trainer) -> tuple[str, str, str | None]:
         early = trainer.early_stopping_callbacks

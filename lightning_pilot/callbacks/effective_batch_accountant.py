@@ -31,7 +31,7 @@ from lightning_pilot.core.accounting import (
     summarize,
     unpack_sums,
 )
-from lightning_pilot.core.batches import BatchAdapter, sum_token_masks, token_count
+from lightning_pilot.core.batches import BatchAdapter, token_count
 from lightning_pilot.run import PilotCallback
 
 __all__ = ["UPDATES_SCHEMA", "UPDATES_SCHEMA_VERSION", "UPDATES_TABLE", "EffectiveBatchAccountant"]
@@ -216,6 +216,7 @@ class EffectiveBatchAccountant(PilotCallback):
         # Micro-batches and update ends not yet counted (token counts still on the device).
         self._raw: list[tuple[Any, ...]] = []
         self._micro: tuple[Any, ...] | None = None
+        self._last_flush = 0
         self._scaler = False
         self._hooks: list[RemovableHandle] = []
         self._training = False
@@ -257,7 +258,7 @@ class EffectiveBatchAccountant(PilotCallback):
         self._check_resume(trainer.global_step)
         self._read_configuration(trainer)
         self._install_step_hooks(trainer)
-        self._last_step = trainer.global_step
+        self._last_step = self._last_flush = trainer.global_step
         self._training = True
         if self._plan_inputs is not None and self._plan_inputs["micro_batch_size"] is not None:
             self._make_plan()
@@ -525,14 +526,17 @@ class EffectiveBatchAccountant(PilotCallback):
         stepped = True if self._step_calls else (False if self._scaler else None)
         self._step_calls = 0
         self._raw.append((step, trainer.accumulate_grad_batches, stepped))
-        if step % FLUSH_EVERY == 0:  # the same update on every rank: a safe collective
+        if step - self._last_flush >= FLUSH_EVERY:  # the same update on every rank
             self._flush(trainer, pl_module)
 
     def _count_buffered(self) -> None:
-        """Count the buffered micro-batches, summing their attention masks together."""
+        """Count the buffered micro-batches, reading their token counts with one host sync."""
         raw, self._raw = self._raw, []
-        masks = [e[3] for e in raw if len(e) == 6 and isinstance(e[3], torch.Tensor)]
-        sums = iter(sum_token_masks(masks))
+        lazy = [e[3] for e in raw if len(e) == 6 and isinstance(e[3], torch.Tensor)]
+        try:
+            sums = iter(torch.stack(lazy).tolist() if lazy else [])
+        except RuntimeError:  # on several devices: one read each
+            sums = iter([int(t) for t in lazy])
         for entry in raw:
             if len(entry) == 3:
                 self._counter.close_update(
@@ -544,7 +548,7 @@ class EffectiveBatchAccountant(PilotCallback):
                 epoch=epoch,
                 batch_idx=batch_idx,
                 examples=examples,
-                tokens=next(sums) if isinstance(tokens, torch.Tensor) else tokens,
+                tokens=int(next(sums)) if isinstance(tokens, torch.Tensor) else tokens,
                 tokens_source=source,
                 duplicates=duplicates,
             )
@@ -566,6 +570,7 @@ class EffectiveBatchAccountant(PilotCallback):
 
     def _flush(self, trainer: pl.Trainer | None, pl_module: pl.LightningModule | None) -> None:
         """Sum the pending rows over ranks (a collective when several processes run)."""
+        self._last_flush = self._last_step
         self._count_buffered()
         rows = self._counter.take_pending()
         if self._world == 1:

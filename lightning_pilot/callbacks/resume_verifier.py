@@ -226,7 +226,7 @@ class ResumeVerifier(PilotCallback):
         if not self._saving:
             return state | {"rng": rng}
         self._saved_rng_digest = digest(rng)
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
+        if self.run.world_size > 1 and torch.distributed.is_initialized():
             # A probe checkpoint is taken by every rank at once: keep every rank's own states
             # so each resumed rank continues its own random streams.
             by_rank: list[Any] = [None] * torch.distributed.get_world_size()

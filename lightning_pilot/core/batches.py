@@ -40,7 +40,7 @@ from typing import Any, Final
 
 import torch
 
-__all__ = ["BatchAdapter", "BatchView", "FieldSpec", "sum_token_masks", "token_count"]
+__all__ = ["BatchAdapter", "BatchView", "FieldSpec", "token_count"]
 
 #: How to find a field: a dict key, a tuple/list index, or a callable on the whole batch.
 FieldSpec = str | int | Callable[[Any], Any]
@@ -244,45 +244,28 @@ def _seq_len(inputs: Any, mask: Any) -> int | None:
 
 
 def token_count(view: BatchView) -> tuple[torch.Tensor | int | None, str | None]:
-    """What to count as the batch's real tokens, without touching the device, and its source.
+    """Real tokens of a batch without waiting for the device, and where they were read.
 
-    With an attention mask: the mask itself (its sum is the count; read many masks at once
-    with :func:`sum_token_masks`); with integer ``[B, T]`` token ids and no mask: every token,
+    With an attention mask: its sum as a 0-d int64 tensor on the batch's device (queued, not
+    read: read many at once later); with integer ``[B, T]`` token ids and no mask: every token,
     an int; else ``(None, None)``.
 
     Example:
         >>> view = BatchAdapter().view({"input_ids": torch.ones(2, 5, dtype=torch.long),
         ...                             "attention_mask": torch.tensor([[1] * 5, [1, 1, 0, 0, 0]])})
-        >>> mask, source = token_count(view)
-        >>> sum_token_masks([mask, mask]), source
-        ([7, 7], 'attention_mask')
+        >>> count, source = token_count(view)
+        >>> int(count), source
+        (7, 'attention_mask')
     """
-    mask = view.attention_mask
-    if isinstance(mask, torch.Tensor):
-        return mask, "attention_mask"
-    if _is_token_tensor(view.inputs):
-        return int(view.inputs.numel()), "input_ids"
-    return None, None
-
-
-def sum_token_masks(masks: Sequence[torch.Tensor]) -> list[int]:
-    """The sum of every mask, in order: masks of one shape and device are summed together, so
-    reading them waits for the device once per shape, not once per mask."""
-    groups: dict[tuple[Any, ...], list[int]] = {}
-    for index, mask in enumerate(masks):
-        groups.setdefault((tuple(mask.shape), mask.device, mask.dtype), []).append(index)
-    counts = [0] * len(masks)
-    for indices in groups.values():
-        stacked = torch.stack([masks[i].detach() for i in indices])
-        sums = stacked.reshape(len(indices), -1).sum(dim=1, dtype=torch.int64).tolist()
-        for index, value in zip(indices, sums, strict=True):
-            counts[index] = int(value)
-    return counts
+    return _lazy_tokens(view.inputs, view.attention_mask)
 
 
 def _lazy_tokens(inputs: Any, mask: Any) -> tuple[torch.Tensor | int | None, str | None]:
     if isinstance(mask, torch.Tensor):
-        return mask.detach().sum(dtype=torch.int64), "attention_mask"
+        # Summed now: a loader may refill the same buffer for the next batch.
+        return (mask.detach() if mask.requires_grad else mask).sum(
+            dtype=torch.int64
+        ), "attention_mask"
     if _is_token_tensor(inputs):
         return int(inputs.numel()), "input_ids"
     return None, None

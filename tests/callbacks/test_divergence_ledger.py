@@ -643,3 +643,22 @@ def test_ddp_ranks_stop_together_on_one_ranks_blowup(tmp_path: Path) -> None:
         tmp_path / "runs" / run["run_id"] / "divergence.parquet"
     ).to_pandas()
     assert events[["rank", "step", "event"]].values.tolist() == [[1, 4, "loss_blowup"]]
+
+
+def test_an_unreadable_device_at_the_exception_still_leaves_the_end_record(
+    make_trainer: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import lightning_pilot.callbacks.divergence_ledger as module
+
+    def unreadable(tensors: list[torch.Tensor]) -> list[float]:
+        raise RuntimeError("device-side assert triggered")
+
+    trainer = make_trainer(max_steps=20, callbacks=[ledger_cb(check_every=10)])
+    monkeypatch.setattr(module, "_to_floats", unreadable)
+    with pytest.raises(ValueError, match="user bug"):
+        trainer.fit(Scripted(raise_at=4, error=ValueError("user bug")))
+    run = runs_of(tmp_path).loc["v"]
+    assert (run["status"], run["stop_cause"]) == ("failed", "exception:ValueError")
+    assert run["stop_detail"] == (
+        "the losses of the last 3 update(s) could not be read: device-side assert triggered"
+    )

@@ -553,3 +553,39 @@ def test_bad_arguments_fail_at_construction(
 ) -> None:
     with pytest.raises(error, match=match):
         EffectiveBatchAccountant(**kwargs)
+
+
+def test_a_loader_that_refills_one_mask_buffer_is_counted_batch_by_batch(
+    make_trainer: Any,
+) -> None:
+    class Refilling:
+        """Yields the same mask tensor every time, refilled in place (a ring-buffer loader)."""
+
+        def __init__(self) -> None:
+            self.mask = torch.zeros(2, 4, dtype=torch.long)
+            self.x = torch.randn(2, 4)
+
+        def __iter__(self) -> Any:
+            for real in (1, 2, 3, 4):
+                self.mask.zero_()
+                self.mask[:, :real] = 1
+                yield {"inputs": self.x, "attention_mask": self.mask, "y": torch.zeros(2)}
+
+        def __len__(self) -> int:
+            return 4
+
+    class Model(Regression):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(4, 1)
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            out = self.layer(batch["inputs"]).squeeze(-1)
+            return torch.nn.functional.mse_loss(out, batch["y"])
+
+    accountant = EffectiveBatchAccountant()
+    trainer = make_trainer(max_steps=-1, max_epochs=1, callbacks=[accountant])
+    trainer.fit(Model(), Refilling())
+    # 2 sequences x (1 + 2 + 3 + 4) real tokens, whatever the buffer holds at the flush.
+    assert accountant.summary["tokens_seen"] == 20
+    assert updates_table(accountant)["tokens"].tolist() == [2, 4, 6, 8]

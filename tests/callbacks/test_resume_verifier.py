@@ -410,3 +410,18 @@ def test_a_blowup_on_one_rank_stops_both_ranks_with_every_callback(tmp_path: Pat
     assert (run["dp_replicas"], run["updates_done"]) == (2, 4)
     table = read_phase_table(tmp_path / "pilot")
     assert set(table["rank"]) == {0, 1}
+
+
+@pytest.mark.distributed
+def test_a_blowup_after_the_last_evaluation_on_one_rank_still_reaches_the_ledger(
+    tmp_path: Path,
+) -> None:
+    # Rules evaluated every 10 updates; rank 1 blows up at updates 11 and 12, after the last
+    # evaluation (update 10): the ranks agree at the end of the fit instead.
+    ranks = _ddp_pilot(tmp_path, "--blowup-at", "11", "--steps", "12", "--check-every", "10")
+    assert [r["global_step"] for r in ranks] == [12, 12]
+    from lightning_pilot import Ledger
+
+    (run,) = Ledger(tmp_path / "pilot").runs().to_dict("records")
+    assert (run["status"], run["stop_cause"], run["stop_step"]) == ("diverged", "loss_blowup", 12)
+    assert run["stop_detail"] == "loss_blowup fired on another rank at step 12"

@@ -1,6 +1,7 @@
 """Worker for the DDP tests of every pilot callback together: a 2-process gloo fit on CPU.
 
 Usage: python ddp_pilot.py OUT_DIR [--dataset-size N] [--steps N] [--blowup-at STEP]
+                              [--check-every N]
 
 Lightning's ``strategy="ddp"`` starts rank 1 by running this same command again. Each rank fits
 the demo LM with ``pilot_callbacks()`` (phase monitor, batch inspector, accountant, resume
@@ -45,6 +46,7 @@ def main() -> None:
     parser.add_argument("--dataset-size", type=int, default=128)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--blowup-at", type=int, default=0)
+    parser.add_argument("--check-every", type=int, default=1)
     args = parser.parse_args()
     warnings.simplefilter("ignore")
     torch.set_num_threads(1)  # two ranks, and later their two verification processes
@@ -55,7 +57,7 @@ def main() -> None:
         variant="blowup" if args.blowup_at else "control",
         seed=0,
         resume={"at_step": 2, "compare_steps": 2, "check_artifact": False},
-        ledger={"check_every": 1, "rules": DivergenceRules(blowup_patience=2)},
+        ledger={"check_every": args.check_every, "rules": DivergenceRules(blowup_patience=2)},
     )
     trainer = pl.Trainer(
         accelerator="cpu",
