@@ -112,8 +112,9 @@ class DivergenceLedger(PilotCallback):
     are read together every ``check_every`` updates (one host sync, and under several
     processes one collective, per evaluation: no per-update synchronisation). The total
     gradient norm (one norm over all gradients, in ``on_before_optimizer_step``) is taken at
-    the update that completes each evaluation window; a non-finite gradient at another update
-    makes the weights, and so the next loss, non-finite: caught as ``nonfinite_loss``. Every
+    the first update and then one in ``grad_norm_every`` (every update under float16 AMP); a
+    non-finite gradient at another update makes the weights, and so the next loss, non-finite:
+    caught as ``nonfinite_loss`` one update later. Every
     rank applies the rules to its own values; the stop is decided with
     ``trainer.strategy.reduce_boolean_decision`` so every rank stops after the same update, at
     most ``check_every - 1`` updates after the rule fired (``stop_step`` is the update where it
@@ -132,6 +133,9 @@ class DivergenceLedger(PilotCallback):
         action: ``"stop"`` the fit on a fatal rule, or only ``"record"`` it.
         check_every: updates between rule evaluations (1: after every update, at the cost of
             a host sync per update on an accelerator).
+        grad_norm_every: updates between gradient-norm reads for the ``nonfinite_grad`` rule
+            (one pass over all gradients each; the first update always; 1: every update).
+            Under float16 AMP every update, to record each step the scaler skips.
         heartbeat_seconds: seconds between heartbeats (checked at rule evaluations); keep it
             well below the ``stale_after`` of :class:`~lightning_pilot.Ledger` (30 minutes).
         heartbeat_every: also write a heartbeat every this many updates (``None``: by time
@@ -181,6 +185,7 @@ class DivergenceLedger(PilotCallback):
         rules: DivergenceRules | None = None,
         action: Literal["stop", "record"] = "stop",
         check_every: int = 10,
+        grad_norm_every: int = 100,
         heartbeat_seconds: float = 60.0,
         heartbeat_every: int | None = None,
         on_repeat: Literal["warn", "error", "ignore"] = "warn",
@@ -208,6 +213,7 @@ class DivergenceLedger(PilotCallback):
         self.action, self.on_repeat = action, on_repeat
         for name, value, none_ok in (
             ("check_every", check_every, False),
+            ("grad_norm_every", grad_norm_every, False),
             ("heartbeat_every", heartbeat_every, True),
         ):
             if (value is None and none_ok) or (
@@ -230,6 +236,7 @@ class DivergenceLedger(PilotCallback):
                 " a finite number of seconds >= 0."
             )
         self.check_every = check_every
+        self.grad_norm_every = grad_norm_every
         self.heartbeat_seconds = float(heartbeat_seconds)
         self.heartbeat_every = heartbeat_every
         if not isinstance(save_predictions, bool):
@@ -271,6 +278,7 @@ class DivergenceLedger(PilotCallback):
         self._last_step = 0
         self._last_heartbeat = 0
         self._last_eval = 0
+        self._last_norm = -(10**9)  # the first update's norm is always taken
         self._last_record_at = time.monotonic()
         self._mark: tuple[int, int, int] | None = None
         # Updates not yet evaluated: (step, micro-batch losses, K factor, lr, gradient norms).
@@ -340,11 +348,13 @@ class DivergenceLedger(PilotCallback):
             return
         if self._lr is None and optimizer.param_groups:
             self._lr = float(optimizer.param_groups[0]["lr"])
-        # The norm is taken at the update that completes an evaluation window; under a
-        # gradient scaler at every update (each overflow is a skipped step worth recording).
+        # One update in grad_norm_every (the first one included); under a gradient scaler
+        # every update: each overflow is a skipped step worth recording.
+        step = trainer.global_step + 1
         if self.detector.rules.check_grad_norm and (
-            self._overflow or self._evaluates(trainer.global_step + 1)
+            self._overflow or step - self._last_norm >= self.grad_norm_every
         ):
+            self._last_norm = step
             grads = [
                 p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None
             ]

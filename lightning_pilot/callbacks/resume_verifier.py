@@ -203,6 +203,10 @@ class ResumeVerifier(PilotCallback):
         # Example ids of this epoch's batches so far, as the batches held them (converted to
         # a set only when a checkpoint is taken: no per-batch device read).
         self._epoch_ids: list[Any] = []
+        # The first micro-batches of the epoch: an epoch-boundary resume that starts the same
+        # way again repeats the previous epoch's order.
+        self._epoch_head: list[Any] = []
+        self._head_left = 0
         self._boundary_reachable = True
         self._batch_step = 0
         self._current: dict[str, Any] = {}
@@ -271,6 +275,8 @@ class ResumeVerifier(PilotCallback):
     @override
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._epoch_ids = []
+        self._epoch_head = []
+        self._head_left = self.compare_steps * trainer.accumulate_grad_batches
         # Whether this epoch can end with an epoch-boundary probe: else its ids are not needed.
         batches = trainer.num_training_batches
         updates = (
@@ -293,18 +299,26 @@ class ResumeVerifier(PilotCallback):
         self._batch_step = trainer.global_step
         kinds = {p.kind for p in self._probes}
         recording = any(not p.done for p in self._probes)
-        # Ids of this epoch matter until the probes that compare against them are taken.
-        keep_ids = "mid_epoch" not in kinds or (
-            self._boundary_reachable and "epoch_boundary" not in kinds
+        # Ids of this epoch matter until the mid-epoch probe is taken (all of them before it)
+        # and for the epoch-boundary probe (the epoch's first micro-batches only).
+        keep_all = "mid_epoch" not in kinds
+        keep_head = (
+            self._head_left > 0 and self._boundary_reachable and "epoch_boundary" not in kinds
         )
         if recording:
             self._current = batch_position(trainer, self.adapter, batch, batch_idx)
             ids = self._current["ids"]
         else:
             self._current = {}
-            ids = self.adapter.view(batch, count_tokens=False).ids if keep_ids else None
-        if keep_ids and ids is not None:
-            self._epoch_ids.append(ids.detach() if isinstance(ids, torch.Tensor) else ids)
+            keep = keep_all or keep_head
+            ids = self.adapter.view(batch, count_tokens=False).ids if keep else None
+        if ids is not None:
+            chunk = ids.detach() if isinstance(ids, torch.Tensor) else ids
+            if keep_all:
+                self._epoch_ids.append(chunk)
+            if keep_head:
+                self._epoch_head.append(chunk)
+        self._head_left -= 1
 
     @override
     def on_train_batch_end(
@@ -354,7 +368,8 @@ class ResumeVerifier(PilotCallback):
         finally:
             self._saving = False
         state = state_digests(trainer, pl_module) | {"rng": self._saved_rng_digest}
-        probe = _Probe(kind, trainer.global_step, path, state, _id_set(self._epoch_ids))
+        seen = self._epoch_ids if kind == "mid_epoch" else self._epoch_head
+        probe = _Probe(kind, trainer.global_step, path, state, _id_set(seen))
         self._probes.append(probe)
         rank_zero_info(
             f"ResumeVerifier: {kind.replace('_', '-')} checkpoint at update {probe.step} -> {path};"

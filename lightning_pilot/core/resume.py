@@ -248,8 +248,10 @@ def compare_trajectories(
     Args:
         reference: the reference run's micro-batches after the checkpoint.
         resumed: the resumed run's micro-batches.
-        seen_before: sample ids the reference trained on in the checkpoint's epoch before it,
-            to recognise a replay.
+        seen_before: for a mid-epoch checkpoint, the sample ids the reference trained on in
+            the checkpoint's epoch before it (to recognise a replay); at an epoch boundary,
+            the ids of the finished epoch's first micro-batches (to recognise the same order
+            starting again).
         loader_stateful: whether the training loader can save its position
             (``state_dict``/``load_state_dict``), to choose the diagnosis.
         at_epoch_boundary: the checkpoint was taken at the end of an epoch.
