@@ -1,11 +1,14 @@
 """Write and fold a run ledger of many runs: how long reading, folding and indexing take.
 
-Writes ``--runs`` runs through the real writer (a ``start``, a ``heartbeat`` with a 20-point
-curve and an ``end`` record each: one immutable Parquet file per record), then times:
+Writes ``--runs`` runs through the real writer (a ``start``, a ``heartbeat`` with the first 10
+points of the curve, as a delta, and an ``end`` record with all 20; one run in ten has no end
+record, as if killed, so its curve is joined from the heartbeat: one immutable Parquet file per
+record), then times:
 
 * reading every record file and folding them into one row per run (``Ledger.runs()``);
 * building the index (``Ledger.index()``: one segment holding copies of all records);
-* reading and folding again, from the index.
+* reading and folding again, from the index;
+* every run's curves in long format (``Ledger.curves()``, which joins heartbeat deltas).
 
     python benchmarks/ledger_scale.py --runs 10000 --out /tmp/ledger-scale
 """
@@ -40,8 +43,13 @@ def write(folder: Path, runs: int) -> float:
         curve = [{"step": step * 10, "value": 2.0 / (step + 1)} for step in range(20)]
         write_ledger_record(folder, base | {"event": "start", "status": "running"})
         write_ledger_record(
-            folder, base | {"event": "heartbeat", "status": "running", "train_loss": curve}
+            folder,
+            base
+            | {"event": "heartbeat", "status": "running", "curves_delta": True}
+            | {"train_loss": curve[:10]},
         )
+        if index % 10 == 9:
+            continue  # killed: no end record
         status = STATUSES[index % len(STATUSES)]
         write_ledger_record(
             folder,
@@ -75,13 +83,15 @@ def main() -> None:
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir(parents=True)
         seconds = write(folder, args.runs)
-        print(f"wrote {3 * args.runs} records for {args.runs} runs in {seconds:.1f} s")
+        print(f"wrote the records of {args.runs} runs in {seconds:.1f} s")
     ledger = Ledger(folder)
     records = timed("read every record file", ledger.records)
     timed("fold into one row per run", lambda: fold_records(records))  # type: ignore[arg-type]
     timed("build the index", ledger.index)
     runs = timed("read from the index and fold (Ledger.runs)", ledger.runs)
     print(f"{len(runs)} runs; statuses: {runs['status'].value_counts().to_dict()}")  # type: ignore[index]
+    curves = timed("every run's curves (Ledger.curves)", ledger.curves)
+    print(f"{len(curves)} curve points")  # type: ignore[arg-type]
 
 
 if __name__ == "__main__":

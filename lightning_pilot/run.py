@@ -26,6 +26,7 @@ Ranks:
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import warnings
@@ -532,16 +533,12 @@ class PilotCallback(Callback):
             )
         return self._run
 
-    @property
-    @override
+    @functools.cached_property
     def state_key(self) -> str:
         # Lightning reads ``state_key`` for every hook of every callback (its profiler label),
-        # so it is built once: the fields it names are fixed at construction.
-        key = self.__dict__.get("_state_key")
-        if key is None:
-            key = self._generate_state_key(**self._state_key_fields())
-            self.__dict__["_state_key"] = key
-        return key
+        # so it is built once and then read from the instance like a plain attribute: the
+        # fields it names are fixed at construction.
+        return self._generate_state_key(**self._state_key_fields())
 
     def _state_key_fields(self) -> dict[str, Any]:
         """The options that tell two instances of this callback apart in a checkpoint."""

@@ -31,7 +31,7 @@ from lightning_pilot.core.accounting import (
     summarize,
     unpack_sums,
 )
-from lightning_pilot.core.batches import BatchAdapter, token_count
+from lightning_pilot.core.batches import BatchAdapter
 from lightning_pilot.run import PilotCallback
 
 __all__ = ["UPDATES_SCHEMA", "UPDATES_SCHEMA_VERSION", "UPDATES_TABLE", "EffectiveBatchAccountant"]
@@ -497,22 +497,14 @@ class EffectiveBatchAccountant(PilotCallback):
     # -- counting ----------------------------------------------------------------------------------
 
     def _read(self, trainer: pl.Trainer, batch: Any, batch_idx: int) -> None:
-        view = self.adapter.view(batch, count_tokens=False)
+        size, tokens, source = self.adapter.size_and_tokens(batch)
         if self._plan_inputs is not None:  # the loader did not say: the first batch does
-            self._plan_inputs["micro_batch_size"] = view.batch_size
+            self._plan_inputs["micro_batch_size"] = size
             k = self._config.accumulate_grad_batches
-            self._config = BatchConfig(view.batch_size, k, self._dp)
+            self._config = BatchConfig(size, k, self._dp)
             self._make_plan()
-        tokens, source = token_count(view)
         duplicates = self._duplicates(batch_idx)
-        self._micro = (
-            trainer.current_epoch,
-            batch_idx,
-            view.batch_size,
-            tokens,
-            source,
-            duplicates,
-        )
+        self._micro = (trainer.current_epoch, batch_idx, size, tokens, source, duplicates)
 
     def _count(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._micro is None:

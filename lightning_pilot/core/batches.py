@@ -40,7 +40,7 @@ from typing import Any, Final
 
 import torch
 
-__all__ = ["BatchAdapter", "BatchView", "FieldSpec", "token_count"]
+__all__ = ["BatchAdapter", "BatchView", "FieldSpec"]
 
 #: How to find a field: a dict key, a tuple/list index, or a callable on the whole batch.
 FieldSpec = str | int | Callable[[Any], Any]
@@ -156,6 +156,27 @@ class BatchAdapter:
             missing=missing,
         )
 
+    def size_and_tokens(
+        self, batch: Any
+    ) -> tuple[int | None, torch.Tensor | int | None, str | None]:
+        """The batch size and :func:`token_count` of ``batch``, without building a view.
+
+        The per-micro-batch path of counters that need nothing else (no device wait).
+
+        Example:
+            >>> adapter = BatchAdapter()
+            >>> size, tokens, source = adapter.size_and_tokens(
+            ...     {"input_ids": torch.ones(2, 5, dtype=torch.long),
+            ...      "attention_mask": torch.tensor([[1] * 5, [1, 1, 0, 0, 0]])})
+            >>> size, int(tokens), source
+            (2, 7, 'attention_mask')
+        """
+        values = self._values(batch)
+        inputs, mask = values["inputs"], values["attention_mask"]
+        size = _batch_size(values["ids"], inputs, values["targets"], mask)
+        tokens, source = _lazy_tokens(inputs, mask)
+        return size, tokens, source
+
     def _values(self, batch: Any) -> dict[str, Any]:
         if not isinstance(batch, Mapping):
             return {name: self._find(batch, name) for name in _FIELDS}
@@ -241,23 +262,6 @@ def _seq_len(inputs: Any, mask: Any) -> int | None:
     if _is_token_tensor(inputs):
         return int(inputs.shape[1])
     return None
-
-
-def token_count(view: BatchView) -> tuple[torch.Tensor | int | None, str | None]:
-    """Real tokens of a batch without waiting for the device, and where they were read.
-
-    With an attention mask: its sum as a 0-d int64 tensor on the batch's device (queued, not
-    read: read many at once later); with integer ``[B, T]`` token ids and no mask: every token,
-    an int; else ``(None, None)``.
-
-    Example:
-        >>> view = BatchAdapter().view({"input_ids": torch.ones(2, 5, dtype=torch.long),
-        ...                             "attention_mask": torch.tensor([[1] * 5, [1, 1, 0, 0, 0]])})
-        >>> count, source = token_count(view)
-        >>> int(count), source
-        (7, 'attention_mask')
-    """
-    return _lazy_tokens(view.inputs, view.attention_mask)
 
 
 def _lazy_tokens(inputs: Any, mask: Any) -> tuple[torch.Tensor | int | None, str | None]:
