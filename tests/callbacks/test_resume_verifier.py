@@ -349,8 +349,11 @@ def test_a_resumed_fit_writes_and_checks_its_own_final_artifact(tmp_path: Path) 
     assert checks["artifact_roundtrip"][0] == "pass"
 
 
-def _ddp_pilot(out: Path, *args: str) -> list[dict[str, Any]]:
-    """Run tests/workers/ddp_pilot.py (2 gloo processes, every pilot callback); rank reports."""
+def _ddp_pilot(out: Path, *args: str, torchrun: bool = False) -> list[dict[str, Any]]:
+    """Run tests/workers/ddp_pilot.py (2 gloo processes, every pilot callback); rank reports.
+
+    Started by Lightning's own launcher, or with ``torchrun=True`` by torch's elastic launcher.
+    """
     import json
     import os
     import subprocess
@@ -358,8 +361,9 @@ def _ddp_pilot(out: Path, *args: str) -> list[dict[str, Any]]:
 
     worker = Path(__file__).parents[1] / "workers" / "ddp_pilot.py"
     env = os.environ | {"PYTHONPATH": os.pathsep.join(sys.path)}
+    launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
     done = subprocess.run(
-        [sys.executable, str(worker), str(out), *args],
+        [sys.executable, *(launcher if torchrun else []), str(worker), str(out), *args],
         capture_output=True, text=True, timeout=300, env=env, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
@@ -425,3 +429,19 @@ def test_a_blowup_after_the_last_evaluation_on_one_rank_still_reaches_the_ledger
     (run,) = Ledger(tmp_path / "pilot").runs().to_dict("records")
     assert (run["status"], run["stop_cause"], run["stop_step"]) == ("diverged", "loss_blowup", 12)
     assert run["stop_detail"] == "loss_blowup fired on another rank at step 12"
+
+
+@pytest.mark.distributed
+def test_the_per_rank_resume_check_runs_under_torchrun(tmp_path: Path) -> None:
+    # torchrun's environment (an agent store, TORCHELASTIC_* variables) must not leak into the
+    # verification group: it would wait for a store nobody serves.
+    ranks = _ddp_pilot(tmp_path, "--steps", "5", torchrun=True)
+    assert ranks[0]["run_id"] == ranks[1]["run_id"]
+    table = read_phase_table(tmp_path / "pilot")
+    for rank in (0, 1):
+        checks = _checks(table[table["rank"] == rank])
+        assert checks["weights_only_load"] == (
+            "pass",
+            "loaded in 2 new processes (one per rank, DDP)",
+        )
+        assert checks["global_step"][0] == "pass"

@@ -56,7 +56,7 @@ def main() -> None:
         experiment="ddp",
         variant="blowup" if args.blowup_at else "control",
         seed=0,
-        resume={"at_step": 2, "compare_steps": 2, "check_artifact": False},
+        resume={"at_step": 2, "compare_steps": 2, "check_artifact": False, "timeout_s": 90},
         ledger={"check_every": args.check_every, "rules": DivergenceRules(blowup_patience=2)},
     )
     trainer = pl.Trainer(
