@@ -112,8 +112,11 @@ class ResumeVerifier(PilotCallback):
 
     Output: phase rows ``resume`` and ``checkpoint_load`` (the load's duration, file size and
     host memory, measured in the new process) and ``runs/<run_id>/resume.parquet``
-    (:data:`RESUME_SCHEMA`). Ranks: every rank saves (a collective); global rank 0 runs the new
-    process and writes the verdict; the new process runs on one device.
+    (:data:`RESUME_SCHEMA`). Ranks: every rank saves (a collective; the probe checkpoint keeps
+    every rank's RNG states). Under DDP every rank starts its own new process, together a DDP
+    group shaped like the fit's (same devices, nodes, backend), so each rank replays its own
+    shard and writes its own ``resume`` row. Under other multi-process strategies global
+    rank 0 runs one new process on one device and only the state checks apply.
 
     Args:
         at_step: the update after which the checkpoint is taken (>= 1).
