@@ -373,8 +373,9 @@ class DivergenceLedger(PilotCallback):
         if not self._active:
             return
         self._add_micro_batch_loss(trainer, pl_module, outputs)
-        if trainer.global_step != self._last_step:
-            self._last_step = trainer.global_step
+        step = trainer.global_step
+        if step != self._last_step:
+            self._last_step = step
             self._after_update(trainer)
 
     @override
@@ -468,7 +469,9 @@ class DivergenceLedger(PilotCallback):
     def _add_micro_batch_loss(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any
     ) -> None:
-        loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
+        # type() first: Lightning hands a plain dict, and an ABC isinstance check is slower.
+        is_map = type(outputs) is dict or isinstance(outputs, Mapping)
+        loss = outputs.get("loss") if is_map else outputs
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
             return
         # Lightning divides the loss by K (automatic optimisation) before outputs reach us;

@@ -259,6 +259,7 @@ class PhaseMemoryMonitor(PilotCallback):
     def _reset(self) -> None:
         self.aggregator = PhaseAggregator()
         self._quiet = _QuietCounts()
+        self._step_now = 0
         self._counter: MemoryCounter | None = None
         self._tracker: TensorTracker | None = None
         self._module: pl.LightningModule | None = None
@@ -539,6 +540,7 @@ class PhaseMemoryMonitor(PilotCallback):
 
     def _restart_data_clock(self, trainer: pl.Trainer, step: int | None = None) -> None:
         step = trainer.global_step if step is None else step
+        self._step_now = step  # global_step does not move until the next update ends
         self._measuring = trainer.state.fn == TrainerFn.FITTING and self._is_measured(step)
         if self._measuring:
             self._quiet.fold_into(self.aggregator)  # keep the counts in occurrence order
@@ -556,7 +558,7 @@ class PhaseMemoryMonitor(PilotCallback):
         if self._pending is not None:
             self._flush_pending()
         if not self._measuring:
-            self._quiet.micro_batch(trainer.global_step)  # counted in bulk: no per-hook work
+            self._quiet.micro_batch(self._step_now)  # counted in bulk: no per-hook work
             return
         step = trainer.global_step
         self.aggregator.count("data", step)

@@ -212,6 +212,7 @@ class ResumeVerifier(PilotCallback):
         self._head_left = 0
         self._boundary_reachable = True
         self._batch_step = 0
+        self._idle = False
         self._current: dict[str, Any] = {}
         self._step_at_start = 0
         self._epoch_at_start = 0
@@ -280,6 +281,7 @@ class ResumeVerifier(PilotCallback):
         self._epoch_ids = []
         self._epoch_head = []
         self._head_left = self.compare_steps * trainer.accumulate_grad_batches
+        self._idle = False
         # Whether this epoch can end with an epoch-boundary probe: else its ids are not needed.
         batches = trainer.num_training_batches
         updates = (
@@ -300,6 +302,8 @@ class ResumeVerifier(PilotCallback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
         self._batch_step = trainer.global_step
+        if self._idle:
+            return
         kinds = {p.kind for p in self._probes}
         recording = any(not p.done for p in self._probes)
         # Ids of this epoch matter until the mid-epoch probe is taken (all of them before it)
@@ -322,6 +326,10 @@ class ResumeVerifier(PilotCallback):
             if keep_head:
                 self._epoch_head.append(chunk)
         self._head_left -= 1
+        # Nothing left to record or keep: later batches cost one comparison each.
+        self._idle = not (recording or keep_all or keep_head) and (
+            "epoch_boundary" in kinds or not self._boundary_reachable
+        )
 
     @override
     def on_train_batch_end(
@@ -363,6 +371,7 @@ class ResumeVerifier(PilotCallback):
             self._save("epoch_boundary", trainer, pl_module)
 
     def _save(self, kind: str, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._idle = False  # a new probe records the updates that follow
         path = self.run.run_dir / "resume" / f"{kind}-step-{trainer.global_step}.ckpt"
         path.parent.mkdir(parents=True, exist_ok=True)
         self._saving = True
