@@ -462,23 +462,29 @@ def check_full_disk_files(drill: Drill, run_id: str, events: list[str]) -> Ledge
     return ledger
 
 
-def test_disk_full_mid_run_warns_per_record_then_fails_the_fit_at_its_end(
-    disk: dict[int, Drill], reference: dict[str, list[Any]]
-) -> None:
-    drill = disk[3]
+def ended_by_a_full_disk(drill: Drill) -> tuple[str, list[str]]:
+    """The fit trained its 6 updates and then raised ENOSPC from DivergenceLedger.on_fit_end
+    (its end record could not be written); returns the run id and the RuntimeWarnings."""
     assert drill.returncode == 0, drill.log  # the worker returns after fit raised
     result = drill.note("result")
-    run_id = result["run_id"]
-    # Heartbeats 4 to 6 could not be written: one RuntimeWarning each, naming the ledger
-    # folder, and training went on to the planned 6 updates. The end record could not be
-    # written either: that OSError is what trainer.fit raised, from DivergenceLedger's
-    # on_fit_end; on the way out the run's tables could not be flushed (a warning).
     assert result["global_step"] == 6
     assert result["exception"]["type"] == "OSError"
     assert result["exception"]["errno"] == 28
     assert result["exception"]["raised_in"] == ["divergence_ledger.py", "on_fit_end"]
-    ledger_dir = re.escape(str(drill.pilot / "ledger"))
     messages = [w["message"] for w in result["warnings"] if w["category"] == "RuntimeWarning"]
+    return result["run_id"], messages
+
+
+def test_disk_full_mid_run_warns_per_record_then_fails_the_fit_at_its_end(
+    disk: dict[int, Drill], reference: dict[str, list[Any]]
+) -> None:
+    drill = disk[3]
+    # Heartbeats 4 to 6 could not be written: one RuntimeWarning each, naming the ledger
+    # folder, and training went on to the planned 6 updates. The end record could not be
+    # written either: that OSError is what trainer.fit raised, from DivergenceLedger's
+    # on_fit_end; on the way out the run's tables could not be flushed (a warning).
+    run_id, messages = ended_by_a_full_disk(drill)
+    ledger_dir = re.escape(str(drill.pilot / "ledger"))
     assert len(messages) == 4, messages
     for message in messages[:3]:
         assert re.fullmatch(
@@ -504,17 +510,10 @@ def test_disk_full_before_the_pilot_window_flush_warns_and_training_goes_on(
     disk: dict[int, Drill], reference: dict[str, list[Any]]
 ) -> None:
     drill = disk[1]
-    assert drill.returncode == 0, drill.log
-    result = drill.note("result")
-    run_id = result["run_id"]
     # The pilot-window flush (end of update 2) could not be written: a warning, and training
     # went on to the planned 6 updates (heartbeats 2 to 6 warn too). The end record could not
     # be written: that OSError is what trainer.fit raised, from DivergenceLedger's on_fit_end.
-    assert result["global_step"] == 6
-    assert result["exception"]["type"] == "OSError"
-    assert result["exception"]["errno"] == 28
-    assert result["exception"]["raised_in"] == ["divergence_ledger.py", "on_fit_end"]
-    messages = [w["message"] for w in result["warnings"] if w["category"] == "RuntimeWarning"]
+    run_id, messages = ended_by_a_full_disk(drill)
     pilot = re.escape(str(drill.pilot))
     assert re.fullmatch(
         rf"lightning-pilot: could not write the phase table of run {run_id} to {pilot} after"
