@@ -33,6 +33,7 @@ from lightning_pilot.core.divergence import (
     normal_outcome,
 )
 from lightning_pilot.core.ids import validate_run_id
+from lightning_pilot.core.scalars import read_scalars
 from lightning_pilot.ledger import (
     EVENTS_SCHEMA,
     PREDICTIONS_SCHEMA,
@@ -518,7 +519,7 @@ class DivergenceLedger(PilotCallback):
         updates, self._updates = self._updates, []
         if not updates:
             return
-        values = iter(_to_floats([t for u in updates for t in (*u[1], *u[4])]))
+        values = iter(read_scalars([t for u in updates for t in (*u[1], *u[4])]))
         overflow = self._overflow
         for step, micro, factor, lr, norms in updates:
             losses = [next(values) for _ in micro]
@@ -786,13 +787,3 @@ class DivergenceLedger(PilotCallback):
 
 def _expired(remaining: float | None) -> bool:
     return remaining is not None and remaining <= 0
-
-
-def _to_floats(tensors: list[torch.Tensor]) -> list[float]:
-    """The values of 0-d tensors as floats, read with one host sync where they share a device."""
-    if not tensors:
-        return []
-    try:
-        return [float(v) for v in torch.stack([t.reshape(()).double() for t in tensors]).tolist()]
-    except RuntimeError:  # tensors on different devices (model parallel): one read each
-        return [float(t) for t in tensors]

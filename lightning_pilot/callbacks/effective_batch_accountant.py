@@ -32,6 +32,7 @@ from lightning_pilot.core.accounting import (
     unpack_sums,
 )
 from lightning_pilot.core.batches import BatchAdapter
+from lightning_pilot.core.scalars import read_scalars
 from lightning_pilot.run import PilotCallback
 
 __all__ = ["UPDATES_SCHEMA", "UPDATES_SCHEMA_VERSION", "UPDATES_TABLE", "EffectiveBatchAccountant"]
@@ -524,11 +525,9 @@ class EffectiveBatchAccountant(PilotCallback):
     def _count_buffered(self) -> None:
         """Count the buffered micro-batches, reading their token counts with one host sync."""
         raw, self._raw = self._raw, []
-        lazy = [e[3] for e in raw if len(e) == 6 and isinstance(e[3], torch.Tensor)]
-        try:
-            sums = iter(torch.stack(lazy).tolist() if lazy else [])
-        except RuntimeError:  # on several devices: one read each
-            sums = iter([int(t) for t in lazy])
+        sums = iter(
+            read_scalars([e[3] for e in raw if len(e) == 6 and isinstance(e[3], torch.Tensor)])
+        )
         for entry in raw:
             if len(entry) == 3:
                 self._counter.close_update(

@@ -655,8 +655,7 @@ class PhaseMemoryMonitor(PilotCallback):
         if not self._window_done and step - self._start_step >= self.pilot_updates:
             self._window_done = True
             self._flush_during_fit("after the pilot window")  # it survives a later crash
-        if self._tracker is not None and self._tracker.active:
-            self._tracker.stop()
+        self._stop_tracker()
         self._restart_data_clock(trainer, step)
 
     # ----------------------------------------------------------------------------------------

@@ -654,7 +654,7 @@ def test_an_unreadable_device_at_the_exception_still_leaves_the_end_record(
         raise RuntimeError("device-side assert triggered")
 
     trainer = make_trainer(max_steps=20, callbacks=[ledger_cb(check_every=10)])
-    monkeypatch.setattr(module, "_to_floats", unreadable)
+    monkeypatch.setattr(module, "read_scalars", unreadable)
     with pytest.raises(ValueError, match="user bug"):
         trainer.fit(Scripted(raise_at=4, error=ValueError("user bug")))
     run = runs_of(tmp_path).loc["v"]

@@ -1,0 +1,34 @@
+"""Reading many 0-d tensors back to the host at once, free of Lightning.
+
+Callbacks queue per-update values on the device (losses, gradient norms, token counts) and read
+them together at their flush points, so a long run waits for the device once per flush instead
+of once per update.
+
+Example:
+    >>> import torch
+    >>> read_scalars([torch.tensor(1.5), torch.tensor(2)])
+    [1.5, 2.0]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+__all__ = ["read_scalars"]
+
+
+def read_scalars(tensors: Sequence[torch.Tensor]) -> list[float]:
+    """The values of 0-d (or one-element) tensors as floats, in order.
+
+    Tensors on one device are read with a single host sync; tensors spread over several
+    devices (model parallel) are read one by one.
+    """
+    if not tensors:
+        return []
+    try:
+        stacked = torch.stack([t.detach().reshape(()).double() for t in tensors])
+    except RuntimeError:  # on several devices: one read each
+        return [float(t) for t in tensors]
+    return [float(v) for v in stacked.tolist()]
