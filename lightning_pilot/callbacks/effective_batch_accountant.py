@@ -121,16 +121,17 @@ class EffectiveBatchAccountant(PilotCallback):
     notes, schema_version, written_at         str/...    why a value is null; file metadata
     ========================================  =========  ======================================
 
-    When written: a row is handed to the shared run when its sums are known (at once on one
-    process) and published with the run's snapshots: at the end of the fit, on an exception
-    (rows not summed yet keep null sums and a note) and at any ``run.flush()``. The ledger
-    fields are refreshed at every epoch end, checkpoint save and at the end.
+    When written: rows are counted and handed to the shared run at flush points (every
+    ``FLUSH_EVERY`` = 50 updates, epoch ends, checkpoint saves, the end of training) and
+    published with the run's snapshots: at the end of the fit, on an exception (rows not summed
+    over ranks yet keep null sums and a note) and at any ``run.flush()``. The ledger fields are
+    refreshed at every epoch end, checkpoint save and at the end.
 
     Ranks: every rank counts its own micro-batches. The ``*_all_ranks`` sums are computed at
-    flush points every rank reaches together (epoch end, checkpoint save during the fit, train
-    end: one ``max`` and one ``sum`` all-reduce of a small integer tensor each, never per
-    micro-batch and never in ``on_exception``); a single process needs no collective. Reading
-    the token count costs one host-device synchronisation per micro-batch.
+    the flush points, which every rank reaches at the same update (one ``max`` and one ``sum``
+    all-reduce of a small integer tensor each, never per micro-batch and never in
+    ``on_exception``); a single process needs no collective. Token counts (the attention
+    mask's sum) stay on the device until a flush reads them all with one host sync.
 
     Args:
         keep: what a comparison of runs holds constant (``"updates"``, ``"examples"`` or
