@@ -313,6 +313,8 @@ class BatchInspector(PilotCallback):
     def _inspect(self, split: str, batch: Any) -> None:
         inspection = self._splits.get(split)
         if inspection is None or self._done or inspection.batches >= self.batches:
+            if split == "train":  # nothing more to read from training batches in this fit
+                self._mute("on_train_batch_start")
             return
         view = self.adapter.view(batch)
         if len([r for r in self._rows if r["split"] == split]) < self.examples:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 import warnings
@@ -268,6 +269,9 @@ class PhaseMemoryMonitor(PilotCallback):
         self._open: tuple[str, float, bool] | None = None
         self._pending: Occurrence | None = None
         self._measuring = False
+        # Below this step every update is unmeasured and the pilot window is over: a batch
+        # end then only notes the step (-1: look at every batch end).
+        self._quiet_until: float = -1
         self._tracking = False
         self._data_clock: float | None = None
         self._start_step = 0
@@ -533,10 +537,16 @@ class PhaseMemoryMonitor(PilotCallback):
             )
 
     def _is_measured(self, step: int) -> bool:
+        return self._next_measured(step) == step
+
+    def _next_measured(self, step: int) -> float:
+        """The first step at or after ``step`` whose update is measured (inf: none)."""
         done = step - self._start_step
         if done < self.pilot_updates:
-            return True
-        return self.sample_every > 0 and (done - self.pilot_updates + 1) % self.sample_every == 0
+            return step
+        if self.sample_every == 0:
+            return math.inf
+        return step + (-(done - self.pilot_updates + 1)) % self.sample_every
 
     def _restart_data_clock(self, trainer: pl.Trainer, step: int | None = None) -> None:
         step = trainer.global_step if step is None else step
@@ -544,6 +554,13 @@ class PhaseMemoryMonitor(PilotCallback):
         self._measuring = trainer.state.fn == TrainerFn.FITTING and self._is_measured(step)
         if self._measuring:
             self._quiet.fold_into(self.aggregator)  # keep the counts in occurrence order
+            self._unmute("on_after_backward")
+            self._quiet_until = -1
+        else:
+            # Nothing to do after an unmeasured backward: Lightning skips the hook. Batch
+            # ends before the next measured update take the short path.
+            self._mute("on_after_backward")
+            self._quiet_until = self._next_measured(step) if self._window_done else -1
         # The CPU tracker's per-operator cost inflates durations: it runs in the first
         # ``memory_updates`` updates only; later measured updates are timed without it.
         self._tracking = step - self._start_step < self.memory_updates
@@ -636,6 +653,10 @@ class PhaseMemoryMonitor(PilotCallback):
         batch: Any,
         batch_idx: int,
     ) -> None:
+        step = trainer.global_step
+        if step < self._quiet_until:  # an unmeasured update follows: nothing to start
+            self._step_now = step
+            return
         if (
             self._measuring
             and self._pending is not None
@@ -648,10 +669,9 @@ class PhaseMemoryMonitor(PilotCallback):
                     after,
                     trainable=self._trainable,
                     step_before=self._step_before,
-                    step_after=trainer.global_step,
+                    step_after=step,
                 )
             )
-        step = trainer.global_step
         if not self._window_done and step - self._start_step >= self.pilot_updates:
             self._window_done = True
             self._flush_during_fit("after the pilot window")  # it survives a later crash

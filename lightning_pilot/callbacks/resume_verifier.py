@@ -282,6 +282,7 @@ class ResumeVerifier(PilotCallback):
         self._epoch_head = []
         self._head_left = self.compare_steps * trainer.accumulate_grad_batches
         self._idle = False
+        self._unmute("on_train_batch_start", "on_train_batch_end")
         # Whether this epoch can end with an epoch-boundary probe: else its ids are not needed.
         batches = trainer.num_training_batches
         updates = (
@@ -326,10 +327,12 @@ class ResumeVerifier(PilotCallback):
             if keep_head:
                 self._epoch_head.append(chunk)
         self._head_left -= 1
-        # Nothing left to record or keep: later batches cost one comparison each.
-        self._idle = not (recording or keep_all or keep_head) and (
-            "epoch_boundary" in kinds or not self._boundary_reachable
-        )
+        # Nothing left to record or keep (the mid-epoch probe is taken, since keep_all is
+        # off; the epoch head is kept): Lightning skips both batch hooks until an epoch
+        # starts or on_train_epoch_end saves the epoch-boundary probe.
+        self._idle = not (recording or keep_all or keep_head)
+        if self._idle:
+            self._mute("on_train_batch_start", "on_train_batch_end")
 
     @override
     def on_train_batch_end(
@@ -372,6 +375,7 @@ class ResumeVerifier(PilotCallback):
 
     def _save(self, kind: str, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._idle = False  # a new probe records the updates that follow
+        self._unmute("on_train_batch_start", "on_train_batch_end")
         path = self.run.run_dir / "resume" / f"{kind}-step-{trainer.global_step}.ckpt"
         path.parent.mkdir(parents=True, exist_ok=True)
         self._saving = True

@@ -127,7 +127,7 @@ class BatchAdapter:
         self.ignore_index = ignore_index
         # Dict batches: which key holds each field, per set of keys (a loader yields the same
         # keys every time, so the defaults are searched once).
-        self._resolved: dict[tuple[Any, ...], dict[str, Any]] = {}
+        self._resolved: dict[tuple[Any, ...], tuple[tuple[Any, bool], ...]] = {}
 
     def __repr__(self) -> str:
         given = ", ".join(f"{k}={v!r}" for k, v in self._specs.items() if v is not None)
@@ -141,15 +141,14 @@ class BatchAdapter:
             count_tokens: also count real tokens and loss positions. Counting reads tensor
                 values, which waits for the device; shapes alone never do.
         """
-        values = self._values(batch)
-        missing = tuple(name for name in _FIELDS if values[name] is None)
-        inputs, mask, targets = values["inputs"], values["attention_mask"], values["targets"]
+        ids, inputs, targets, mask = values = self._values(batch)
+        missing = tuple(name for name, value in zip(_FIELDS, values, strict=True) if value is None)
         return BatchView(
-            ids=values["ids"],
+            ids=ids,
             inputs=inputs,
             targets=targets,
             attention_mask=mask,
-            batch_size=_batch_size(values["ids"], inputs, targets, mask),
+            batch_size=_batch_size(ids, inputs, targets, mask),
             seq_len=_seq_len(inputs, mask),
             tokens=_tokens(inputs, mask) if count_tokens else None,
             loss_tokens=_loss_tokens(targets, self.ignore_index) if count_tokens else None,
@@ -171,36 +170,33 @@ class BatchAdapter:
             >>> size, int(tokens), source
             (2, 7, 'attention_mask')
         """
-        values = self._values(batch)
-        inputs, mask = values["inputs"], values["attention_mask"]
-        size = _batch_size(values["ids"], inputs, values["targets"], mask)
+        ids, inputs, targets, mask = self._values(batch)
         tokens, source = _lazy_tokens(inputs, mask)
-        return size, tokens, source
+        return _batch_size(ids, inputs, targets, mask), tokens, source
 
-    def _values(self, batch: Any) -> dict[str, Any]:
+    def _values(self, batch: Any) -> tuple[Any, Any, Any, Any]:
+        """The fields of ``batch`` in ``_FIELDS`` order: ids, inputs, targets, attention mask."""
         if not isinstance(batch, Mapping):
-            return {name: self._find(batch, name) for name in _FIELDS}
+            ids, inputs, targets, mask = (self._find(batch, name) for name in _FIELDS)
+            return ids, inputs, targets, mask
         layout = tuple(batch)
         keys = self._resolved.get(layout)
         if keys is None:
-            keys = {
-                name: spec
+            keys = tuple(
+                (spec, True)
                 if (spec := self._specs[name]) is not None
-                else next((k for k in _DEFAULT_KEYS[name] if k in batch), None)
+                else (next((k for k in _DEFAULT_KEYS[name] if k in batch), None), False)
                 for name in _FIELDS
-            }
+            )
             if len(self._resolved) < 64:  # a bounded cache: layouts are few
                 self._resolved[layout] = keys
-        return {
-            name: (
-                None
-                if key is None
-                else _lookup(batch, key)
-                if self._specs[name] is not None
-                else batch[key]
-            )
-            for name, key in keys.items()
-        }
+        (ki, si), (kx, sx), (ky, sy), (km, sm) = keys
+        return (
+            _pick(batch, ki, si),
+            _pick(batch, kx, sx),
+            _pick(batch, ky, sy),
+            _pick(batch, km, sm),
+        )
 
     def _find(self, batch: Any, name: str) -> Any:
         spec = self._specs[name]
@@ -219,6 +215,13 @@ class BatchAdapter:
         if isinstance(batch, torch.Tensor) and name == "inputs":
             return batch
         return None
+
+
+def _pick(batch: Mapping[Any, Any], key: Any, given: bool) -> Any:
+    # A key found among the defaults is known to be there; a given spec may be missing.
+    if key is None:
+        return None
+    return _lookup(batch, key) if given else batch[key]
 
 
 def _lookup(batch: Any, spec: FieldSpec) -> Any:
