@@ -285,3 +285,65 @@ def test_ledger_fields_are_shared_and_checked(tmp_path: Path) -> None:
     }
     with pytest.raises(ValueError, match=r"unknown ledger field\(s\) \['batch'\]"):
         run.set_ledger_fields(batch=3)
+
+
+class _Counting(pl.Callback):
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def on_train_batch_start(self, *args: Any) -> None:
+        self.calls.append("start")
+
+    def on_train_batch_end(self, *args: Any) -> None:
+        self.calls.append("end")
+
+
+def test_lightning_skips_a_hook_that_is_not_callable(make_trainer: Any) -> None:
+    # PilotCallback._mute relies on this dispatch rule of Lightning: if an upgrade calls
+    # non-callable hooks, this test fails before any user's fit does.
+    muted = _Counting()
+    muted.on_train_batch_end = None  # type: ignore[assignment,method-assign]
+    make_trainer(max_steps=3, limit_val_batches=0, callbacks=[muted]).fit(BoringModel())
+    assert muted.calls == ["start"] * 3
+
+
+class _Ends(PilotCallback):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ends = 0
+
+    def on_train_batch_end(self, *args: Any) -> None:
+        self.ends += 1
+        if self.ends == 2:
+            self._mute("on_train_batch_end")
+
+
+def test_pilot_callbacks_mute_the_hooks_they_do_not_need(make_trainer: Any) -> None:
+    from lightning.pytorch.utilities.model_helpers import is_overridden
+
+    plain = PilotCallback()
+    for hook in PilotCallback.PER_UPDATE_HOOKS:
+        assert getattr(plain, hook) is None  # Lightning's no-op: not even dispatched
+        assert not is_overridden(hook, plain, pl.Callback)
+    callback = _Ends()
+    assert callable(callback.on_train_batch_end)
+    assert callback.on_before_backward is None
+    make_trainer(max_steps=5, limit_val_batches=0, callbacks=[callback]).fit(BoringModel())
+    assert callback.ends == 2  # muted after its second call
+    # A new fit gives every hook back.
+    make_trainer(max_steps=3, limit_val_batches=0, callbacks=[callback]).fit(BoringModel())
+    assert callback.ends == 5  # all three of its updates
+
+
+def test_a_wrapper_set_on_the_instance_survives_mute_and_unmute() -> None:
+    callback = _Ends()
+    seen: list[int] = []
+
+    def wrapper(*args: Any) -> None:
+        seen.append(1)
+
+    callback.on_train_batch_end = wrapper  # type: ignore[method-assign]
+    callback._mute("on_train_batch_end")
+    assert callback.on_train_batch_end is None
+    callback._unmute()
+    assert callback.on_train_batch_end is wrapper

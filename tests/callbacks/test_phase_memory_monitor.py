@@ -343,6 +343,35 @@ def test_sampling_after_the_pilot_window(make_trainer: Any) -> None:
     assert frame[frame["phase"] == "optimizer_step"]["measured_occurrences"].sum() == 2
 
 
+class _AfterBackwardSpy(pl.Callback):
+    """Per update: was the monitor's on_after_backward still dispatched by Lightning?"""
+
+    def __init__(self, monitor: PhaseMemoryMonitor) -> None:
+        self.monitor = monitor
+        self.live: dict[int, bool] = {}
+
+    def on_before_optimizer_step(self, trainer: pl.Trainer, *args: Any) -> None:
+        self.live[trainer.global_step] = callable(self.monitor.on_after_backward)
+
+
+def test_sampling_with_accumulation_and_validation_in_between(make_trainer: Any) -> None:
+    monitor = PhaseMemoryMonitor(pilot_updates=2, sample_every=3)
+    spy = _AfterBackwardSpy(monitor)
+    frame = _fit(
+        make_trainer, TokenModel(), max_steps=11, accumulate_grad_batches=2,
+        val_check_interval=6, limit_val_batches=1, monitor=monitor, extra_callbacks=[spy],
+    )  # fmt: skip
+    counts = frame.groupby("phase")["occurrences"].sum()
+    measured = frame.groupby("phase")["measured_occurrences"].sum()
+    # Every micro-batch and update counted, quiet ones in bulk; validation runs three times
+    # (after 3, 6 and 9 updates) without moving the sampled updates 0, 1, 4, 7 and 10.
+    assert (counts["forward"], counts["backward"], counts["optimizer_step"]) == (22, 22, 11)
+    assert measured["optimizer_step"] == 5
+    assert counts["validation"] == 3
+    # Lightning dispatches on_after_backward only in measured updates.
+    assert [step for step, live in sorted(spy.live.items()) if live] == [0, 1, 4, 7, 10]
+
+
 @pytest.mark.parametrize(
     "options",
     [

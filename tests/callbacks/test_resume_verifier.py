@@ -262,6 +262,35 @@ def test_epoch_boundary_checkpoint_is_checked_too(tmp_path: Path) -> None:
     assert set(detail_rows["checkpoint_step"]) == {2, 4}
 
 
+class _HookSpy(pl.Callback):
+    """Whether Lightning would still call the verifier's batch hooks, after each batch."""
+
+    def __init__(self, verifier: ResumeVerifier) -> None:
+        self.verifier = verifier
+        self.live: list[bool] = []
+
+    def on_train_batch_end(self, *args: Any) -> None:
+        self.live.append(callable(self.verifier.on_train_batch_start))
+
+
+def test_batch_hooks_are_skipped_while_no_probe_needs_them(tmp_path: Path) -> None:
+    verifier = ResumeVerifier(at_step=2, compare_steps=2, check_artifact=False)
+    spy = _HookSpy(verifier)
+    frame = _fit(
+        tmp_path, Net(stateful=True), verifier, max_steps=14, limit_train_batches=8,
+        callbacks=[spy],
+    )  # fmt: skip
+    # Epoch 1: ids kept up to the probe at update 2, updates 3-4 recorded and compared; from
+    # batch 5 on Lightning skips the hooks. Epoch 2 starts them again for the epoch-boundary
+    # probe taken at update 8 (updates 9-10), then they are skipped again.
+    assert spy.live == [True] * 4 + [False] * 4 + [True] * 2 + [False] * 4
+    checks = _checks(frame)
+    assert checks["global_step"][0] == checks["epoch_boundary.global_step"][0] == "pass"
+    assert checks["loss_trajectory"][0] == "pass"
+    detail_rows = pd.read_parquet(_run_dir(tmp_path) / "resume.parquet")
+    assert set(detail_rows["checkpoint_step"]) == {2, 8}
+
+
 def test_fit_shorter_than_the_checkpoint_step_is_not_checked(tmp_path: Path) -> None:
     verifier = ResumeVerifier(at_step=5, compare_steps=1, check_artifact=False)
     checks = _checks(_fit(tmp_path, Net(), verifier, max_steps=3))
