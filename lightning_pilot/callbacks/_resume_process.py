@@ -224,7 +224,7 @@ def final_artifact(verifier: ResumeVerifier, trainer: pl.Trainer, pl_module: Any
     # One final checkpoint per attempt: a resumed fit must not re-read an earlier attempt's.
     checkpoint = folder / f"final-attempt-{verifier.run.attempt}.ckpt"
     if not checkpoint.exists():
-        trainer.save_checkpoint(checkpoint)
+        trainer.save_checkpoint(checkpoint, weights_only=False)  # full, and said so
     if verifier.export is not None:
         return Path(os.fspath(verifier.export(pl_module, folder)))
     return checkpoint

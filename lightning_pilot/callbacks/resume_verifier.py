@@ -380,7 +380,9 @@ class ResumeVerifier(PilotCallback):
         path.parent.mkdir(parents=True, exist_ok=True)
         self._saving = True
         try:
-            trainer.save_checkpoint(path)  # every rank: saving is a collective
+            # Every rank: saving is a collective. A full checkpoint, said so (Lightning logs a
+            # line when weights_only is left unset).
+            trainer.save_checkpoint(path, weights_only=False)
         finally:
             self._saving = False
         state = state_digests(trainer, pl_module) | {"rng": self._saved_rng_digest}
