@@ -480,6 +480,9 @@ def _merge_phase_rows(current: Mapping[str, Any], new: Mapping[str, Any]) -> dic
     return merged
 
 
+_ABSENT: Final = object()  # a hook the instance did not hold
+
+
 class PilotCallback(Callback):
     """Base of every pilot callback: joins the fit's :class:`PilotRun` and leaves it cleanly.
 
@@ -523,8 +526,6 @@ class PilotCallback(Callback):
         self._out_dir = _normalise_out_dir(out_dir)
         self._run: PilotRun | None = None
         self._pending_identity: Mapping[str, Any] | None = None
-        self._kept_hooks: dict[str, Any] = {}
-        self._unmute()
 
     def _mute(self, *hooks: str) -> None:
         """Have Lightning skip these per-update hooks of this instance until :meth:`_unmute`.
@@ -534,27 +535,50 @@ class PilotCallback(Callback):
         ``is_overridden`` reads ``None`` as "not overridden". An instance attribute set to
         ``None`` therefore costs no call, no profiler frame and no early return: on a 9 ms
         CPU step, each of those is a measurable share (benchmarks/overhead.py).
-        ``tests/test_run.py`` asserts that the dispatcher still behaves so. A hook the
-        instance itself holds (a wrapper set on it) is kept aside and given back.
+        ``tests/test_run.py`` asserts that the dispatcher still behaves so.
+
+        Only a running fit mutes: ``teardown`` and ``on_exception`` give every hook back, so
+        outside a fit the instance has its plain methods. A hook the instance itself holds (a
+        wrapper or mock set on it) is kept aside while muted and given back; one set to
+        ``None`` by someone else is left alone.
         """
+        muted = self.__dict__.setdefault("_muted_hooks", {})
         for hook in hooks:
-            current = self.__dict__.get(hook)
-            if current is not None:
-                self._kept_hooks[hook] = current
+            if hook in muted:
+                continue
+            held = self.__dict__.get(hook, _ABSENT)
+            if held is None:
+                continue
+            muted[hook] = held
             self.__dict__[hook] = None
 
     def _unmute(self, *hooks: str) -> None:
-        """Give the hooks back to Lightning (all per-update hooks when none are named).
+        """Give back the hooks this instance muted (all of them when none are named).
 
-        Hooks the subclass does not override stay muted: they are Lightning's no-ops.
+        A hook replaced since it was muted keeps its replacement.
         """
-        for hook in hooks or self.PER_UPDATE_HOOKS:
-            if hook in self._kept_hooks:
-                self.__dict__[hook] = self._kept_hooks.pop(hook)
-            elif getattr(type(self), hook) is getattr(Callback, hook):
-                self.__dict__[hook] = None
-            elif self.__dict__.get(hook, 0) is None:
+        muted = self.__dict__.setdefault("_muted_hooks", {})
+        for hook in hooks or tuple(muted):
+            if hook not in muted:
+                continue
+            held = muted.pop(hook)
+            if self.__dict__.get(hook, _ABSENT) is not None:
+                continue  # someone set the hook since: theirs stays
+            if held is _ABSENT:
                 del self.__dict__[hook]
+            else:
+                self.__dict__[hook] = held
+
+    def _mute_unused(self) -> None:
+        """Mute the per-update hooks the class does not override (Lightning's no-ops)."""
+        base = type(self)
+        self._mute(
+            *(
+                hook
+                for hook in self.PER_UPDATE_HOOKS
+                if getattr(base, hook) is getattr(Callback, hook) and hook not in self.__dict__
+            )
+        )
 
     @property
     def out_dir(self) -> Path | None:
@@ -588,7 +612,8 @@ class PilotCallback(Callback):
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        self._unmute()  # a new fit: every hook back until the subclass mutes some again
+        self._unmute()  # a new fit: every hook back, then the unused ones muted
+        self._mute_unused()
         run = PilotRun.of(trainer)
         run.attach(self, self._out_dir)
         run.synchronize(trainer)
@@ -599,6 +624,7 @@ class PilotCallback(Callback):
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._unmute()
         if self._run is not None:
             self._run.close(self)
 
@@ -606,6 +632,7 @@ class PilotCallback(Callback):
     def on_exception(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
     ) -> None:
+        self._unmute()
         if self._run is not None:
             self._run.record_exception(exception)
             self._run.close(self, failing=True)

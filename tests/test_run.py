@@ -318,32 +318,80 @@ class _Ends(PilotCallback):
             self._mute("on_train_batch_end")
 
 
-def test_pilot_callbacks_mute_the_hooks_they_do_not_need(make_trainer: Any) -> None:
-    from lightning.pytorch.utilities.model_helpers import is_overridden
+class _LiveHooks(pl.Callback):
+    """Which hooks of ``watched`` Lightning would call, seen at every batch end."""
 
-    plain = PilotCallback()
-    for hook in PilotCallback.PER_UPDATE_HOOKS:
-        assert getattr(plain, hook) is None  # Lightning's no-op: not even dispatched
-        assert not is_overridden(hook, plain, pl.Callback)
+    def __init__(self, watched: pl.Callback) -> None:
+        self.watched = watched
+        self.seen: list[dict[str, bool]] = []
+
+    def on_train_batch_end(self, *args: Any) -> None:
+        self.seen.append(
+            {hook: callable(getattr(self.watched, hook)) for hook in PilotCallback.PER_UPDATE_HOOKS}
+        )
+
+
+def test_pilot_callbacks_mute_the_hooks_they_do_not_need_during_a_fit(
+    make_trainer: Any,
+) -> None:
     callback = _Ends()
-    assert callable(callback.on_train_batch_end)
-    assert callback.on_before_backward is None
-    make_trainer(max_steps=5, limit_val_batches=0, callbacks=[callback]).fit(BoringModel())
-    assert callback.ends == 2  # muted after its second call
-    # A new fit gives every hook back.
+    spy = _LiveHooks(callback)
+    make_trainer(max_steps=5, limit_val_batches=0, callbacks=[callback, spy]).fit(BoringModel())
+    assert callback.ends == 2  # muted by itself after its second call
+    # During the fit, Lightning's no-ops are not even dispatched.
+    assert all(not seen["on_before_backward"] for seen in spy.seen)
+    assert [seen["on_train_batch_end"] for seen in spy.seen] == [True, False, False, False, False]
+    # Outside a fit every hook is a plain method again, and a new fit starts with all of them.
+    for hook in PilotCallback.PER_UPDATE_HOOKS:
+        assert callable(getattr(callback, hook)), hook
     make_trainer(max_steps=3, limit_val_batches=0, callbacks=[callback]).fit(BoringModel())
     assert callback.ends == 5  # all three of its updates
 
 
-def test_a_wrapper_set_on_the_instance_survives_mute_and_unmute() -> None:
+class _Boom(BoringModel):
+    def training_step(self, batch: Any, batch_idx: int) -> Any:
+        if batch_idx == 3:
+            raise RuntimeError("boom")
+        return super().training_step(batch, batch_idx)
+
+
+def test_hooks_are_given_back_after_an_exception(make_trainer: Any) -> None:
     callback = _Ends()
-    seen: list[int] = []
+    with pytest.raises(RuntimeError, match="boom"):
+        make_trainer(max_steps=6, limit_val_batches=0, callbacks=[callback]).fit(_Boom())
+    assert callback.ends == 2
+    for hook in PilotCallback.PER_UPDATE_HOOKS:
+        assert callable(getattr(callback, hook)), hook
 
-    def wrapper(*args: Any) -> None:
-        seen.append(1)
 
-    callback.on_train_batch_end = wrapper  # type: ignore[method-assign]
-    callback._mute("on_train_batch_end")
-    assert callback.on_train_batch_end is None
-    callback._unmute()
-    assert callback.on_train_batch_end is wrapper
+def test_hooks_set_on_the_instance_are_respected(make_trainer: Any) -> None:
+    calls: list[str] = []
+    callback = _Ends()
+    # On a hook the class does not override: called, not muted.
+    callback.on_before_optimizer_step = lambda *a: calls.append("opt")  # type: ignore[method-assign]
+    make_trainer(max_steps=3, limit_val_batches=0, callbacks=[callback]).fit(BoringModel())
+    assert calls == ["opt"] * 3
+
+    # A wrapper of a hook the callback mutes itself: kept aside while muted, given back after.
+    def first(*args: Any) -> None:
+        calls.append("first")
+        _Ends.on_train_batch_end(callback, *args)
+
+    callback.on_train_batch_end = first  # type: ignore[method-assign]
+    make_trainer(max_steps=3, limit_val_batches=0, callbacks=[callback]).fit(BoringModel())
+    assert callback.on_train_batch_end is first
+    # A replacement set between fits is the one used next, not an older one.
+    second_calls: list[int] = []
+    callback.on_train_batch_end = lambda *a: second_calls.append(1)  # type: ignore[method-assign]
+    make_trainer(max_steps=2, limit_val_batches=0, callbacks=[callback]).fit(BoringModel())
+    assert second_calls == [1, 1]
+    # A patch that ends while the hook is muted leaves no stale hook behind.
+    from unittest import mock
+
+    fresh = _Ends()
+    with mock.patch.object(fresh, "on_train_batch_end", wraps=fresh.on_train_batch_end) as spy:
+        make_trainer(max_steps=4, limit_val_batches=0, callbacks=[fresh]).fit(BoringModel())
+    assert spy.call_count == 2
+    assert "on_train_batch_end" not in vars(fresh)
+    make_trainer(max_steps=3, limit_val_batches=0, callbacks=[fresh]).fit(BoringModel())
+    assert spy.call_count == 2
