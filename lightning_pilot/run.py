@@ -135,6 +135,17 @@ class PilotRun:
         self._ledger_fields: dict[str, Any] = {}
         self._lock = threading.RLock()
 
+    def __getstate__(self) -> dict[str, Any]:
+        # A copied or pickled callback carries its run (its identity and folder); the lock is
+        # not copyable and is made anew.
+        state = dict(self.__dict__)
+        del state["_lock"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.RLock()
+
     # ----------------------------------------------------------------------------------------
     # Finding the run of a Trainer
     # ----------------------------------------------------------------------------------------

@@ -62,3 +62,36 @@ def test_all_callbacks_share_one_run(make_trainer: Any, tmp_path: Path, options:
     assert row["micro_batch_size"] == 8
     assert row["effective_batch_size"] == 8 * trainer.accumulate_grad_batches
     assert row["updates_done"] == trainer.global_step
+
+
+@pytest.mark.parametrize("how", ["deepcopy", "pickle"])
+def test_callbacks_copied_after_a_fit_run_a_fit_of_their_own(
+    make_trainer: Any, tmp_path: Path, how: str
+) -> None:
+    # A sweep that copies its callbacks after a first fit: the run's lock is made anew and the
+    # monitor's memory counter rebuilt, so the copies work; the originals keep their run.
+    import copy
+    import pickle
+
+    def fit(callbacks: list[Any]) -> None:
+        data = InstructionDataModule(dataset_size=64, batch_size=8, max_length=32, stateful=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            make_trainer(callbacks=callbacks, max_steps=4).fit(
+                TinyCausalLM(max_length=32, d_model=32, n_layers=1), datamodule=data
+            )
+
+    first = _callbacks()
+    fit(first)
+    copies = copy.deepcopy(first) if how == "deepcopy" else pickle.loads(pickle.dumps(first))
+    assert [c.run.run_id for c in copies] == [c.run.run_id for c in first]
+    fit(copies)
+    runs = {c.run.run_id for c in copies}
+    assert len(runs) == 1
+    assert runs != {c.run.run_id for c in first}
+    table = read_phase_table(tmp_path / "pilot")
+    assert set(table["run_id"]) == runs | {first[0].run.run_id}
+    second = table[table["run_id"].isin(runs)]
+    assert {"forward", "backward", "optimizer_step", "resume"} <= set(second["phase"])
+    assert "fail" not in set(second["verdict"])
+    assert set(Ledger(tmp_path / "pilot").runs()["status"]) == {"completed"}

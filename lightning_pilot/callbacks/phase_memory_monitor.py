@@ -329,6 +329,12 @@ class PhaseMemoryMonitor(PilotCallback):
         if self._tracker is not None:
             self._tracker.stop()
 
+    def __getstate__(self) -> dict[str, Any]:
+        # The memory counter (and the CPU tracker's weak references) is rebuilt on next use.
+        state = dict(self.__dict__)
+        state.update(_counter=None, _tracker=None)
+        return state
+
     def _release(self, trainer: pl.Trainer) -> None:
         self._stop_tracker()
         for handle in self._hooks:
