@@ -40,6 +40,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
+from phase_overhead import UpdateTimer  # this folder: the scripts run as benchmarks/<name>.py
 
 from lightning_pilot import (
     BatchInspector,
@@ -70,26 +71,20 @@ CONFIGS: dict[str, Callable[[], list[pl.Callback]]] = {
 }
 
 
-class Clock(pl.Callback):
+class Clock(UpdateTimer):
     """Wall time of every update, and the time spent in the timed callbacks during it."""
 
     def __init__(self) -> None:
-        self.updates: list[float] = []
+        super().__init__()
         self.inside: list[float] = [0.0]
-        self._last: float | None = None
-
-    def on_train_batch_start(self, *args: Any) -> None:
-        if self._last is None:
-            self._last = time.perf_counter()
 
     def on_train_batch_end(self, *args: Any) -> None:
         # The Clock is last in the callback list, so the pilot callbacks' batch-end hooks
         # for this update are already counted.
-        now = time.perf_counter()
-        if self._last is not None:
-            self.updates.append(now - self._last)
+        timed = len(self.times)
+        super().on_train_batch_end(*args)
+        if len(self.times) > timed:
             self.inside.append(0.0)
-        self._last = now
 
 
 def time_hooks(callback: pl.Callback, clock: Clock) -> None:
@@ -205,7 +200,7 @@ def paired_fits(config: str, steps: int, *, swap: bool) -> tuple[Clock, Clock]:
 
 def rates(clock: Clock, window: int, one_off_ms: float) -> dict[str, float]:
     """Steps per second in the window and after it; hook share and one-off seconds after it."""
-    updates, inside = clock.updates, clock.inside[: len(clock.updates)]
+    updates, inside = clock.times, clock.inside[: len(clock.times)]
     after = list(zip(updates[window:], inside[window:], strict=True))
     ordinary = [(u, i) for u, i in after if i * 1000 <= one_off_ms]
     spent = sum(i for _, i in ordinary)

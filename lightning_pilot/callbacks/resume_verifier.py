@@ -212,7 +212,6 @@ class ResumeVerifier(PilotCallback):
         self._head_left = 0
         self._boundary_reachable = True
         self._batch_step = 0
-        self._idle = False
         self._current: dict[str, Any] = {}
         self._step_at_start = 0
         self._epoch_at_start = 0
@@ -281,7 +280,6 @@ class ResumeVerifier(PilotCallback):
         self._epoch_ids = []
         self._epoch_head = []
         self._head_left = self.compare_steps * trainer.accumulate_grad_batches
-        self._idle = False
         self._unmute("on_train_batch_start", "on_train_batch_end")
         # Whether this epoch can end with an epoch-boundary probe: else its ids are not needed.
         batches = trainer.num_training_batches
@@ -303,8 +301,6 @@ class ResumeVerifier(PilotCallback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
         self._batch_step = trainer.global_step
-        if self._idle:
-            return
         kinds = {p.kind for p in self._probes}
         recording = any(not p.done for p in self._probes)
         # Ids of this epoch matter until the mid-epoch probe is taken (all of them before it)
@@ -330,8 +326,7 @@ class ResumeVerifier(PilotCallback):
         # Nothing left to record or keep (the mid-epoch probe is taken, since keep_all is
         # off; the epoch head is kept): Lightning skips both batch hooks until an epoch
         # starts or on_train_epoch_end saves the epoch-boundary probe.
-        self._idle = not (recording or keep_all or keep_head)
-        if self._idle:
+        if not (recording or keep_all or keep_head):
             self._mute("on_train_batch_start", "on_train_batch_end")
 
     @override
@@ -374,8 +369,7 @@ class ResumeVerifier(PilotCallback):
             self._save("epoch_boundary", trainer, pl_module)
 
     def _save(self, kind: str, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._idle = False  # a new probe records the updates that follow
-        self._unmute("on_train_batch_start", "on_train_batch_end")
+        self._unmute("on_train_batch_start", "on_train_batch_end")  # the probe records what follows
         path = self.run.run_dir / "resume" / f"{kind}-step-{trainer.global_step}.ckpt"
         path.parent.mkdir(parents=True, exist_ok=True)
         self._saving = True
