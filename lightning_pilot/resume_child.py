@@ -2,7 +2,9 @@
 
 ``python -m lightning_pilot.resume_child SPEC.json`` reads a spec written by
 :class:`~lightning_pilot.callbacks.resume_verifier.ResumeVerifier`, and writes a JSON result next
-to it. Two modes:
+to it. A spec holds one task or, under ``"tasks"``, several run one after the other in this one
+process (every probe checkpoint and the artifact: one interpreter start, one import of the
+user's code). Two modes:
 
 * ``resume``: load the checkpoint with ``weights_only=True`` (timing it), rebuild the module and
   datamodule (a user factory ``"package.module:function"``, else the classes with the
@@ -10,7 +12,7 @@ to it. Two modes:
   and record the restored state and every micro-batch (sample ids, loss, learning rates).
 * ``artifact``: rebuild a fresh module, load the final artifact into it (a checkpoint's
   ``state_dict`` or an exported ``state_dict`` file, strictly), run it on the saved control
-  inputs and save the outputs.
+  inputs the way the training process did (:func:`control_outputs`) and save the outputs.
 
 Failures that are the answer (an unsafe checkpoint, a module that cannot be rebuilt) are
 written into the result, not raised: the parent turns them into verdicts.
@@ -39,6 +41,7 @@ from lightning_pilot.core.memory import host_memory
 from lightning_pilot.core.resume import (
     StepRecord,
     capture_rng,
+    content_keys,
     digest,
     restore_rng,
     rng_of_this_rank,
@@ -65,7 +68,10 @@ def batch_position(
     trainer: pl.Trainer, adapter: BatchAdapter, batch: Any, batch_idx: int
 ) -> dict[str, Any]:
     """Where a micro-batch is and which examples it holds (at ``on_train_batch_start``)."""
-    ids = adapter.view(batch, count_tokens=False).ids_list()
+    view = adapter.view(batch, count_tokens=False)
+    ids = view.ids_list()
+    if ids is None:
+        ids = content_keys(view.inputs)
     return {
         "step": trainer.global_step,
         "batch_idx": batch_idx,
@@ -133,6 +139,11 @@ class ResumeRecorder(pl.Callback):
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
+        if not self.steps and not self._current:
+            # The epoch training continues in: at train start Lightning has not yet moved on
+            # from an epoch that a checkpoint at its last batch closed; at the first batch it
+            # has (the reference side records the same).
+            self.restored["epoch"] = trainer.current_epoch
         self._current = batch_position(trainer, self.adapter, batch, batch_idx)
 
     def on_train_batch_end(
@@ -149,6 +160,76 @@ class ResumeRecorder(pl.Callback):
 def json_id(value: Any) -> Any:
     """An example id as a JSON value: numbers, strings and booleans as they are, else ``str``."""
     return value if isinstance(value, int | float | str | bool) or value is None else str(value)
+
+
+#: How the control inputs reach the model, tried in this order when ``predict_step`` is not the
+#: module's own: Lightning's default ``predict_step`` is ``self(batch)``, which a ``forward``
+#: taking unpacked inputs (``forward(x)``, ``forward(input_ids, attention_mask)``) refuses.
+CONTROL_CALLS: Final = ("predict_step", "forward(batch)", "forward(batch[0])", "forward(**batch)")
+
+
+def control_outputs(model: Any, batch: Any, call: str, index: int = 0) -> Any:
+    """The model's outputs on one control batch, reached the way ``call`` names."""
+    if call == "predict_step":
+        return model.predict_step(batch, index)
+    if call == "forward(batch)":
+        return model(batch)
+    if call == "forward(batch[0])":
+        return model(batch[0])
+    if call == "forward(**batch)":
+        return model(**batch)
+    raise ValueError(f"call={call!r} is invalid; expected one of {CONTROL_CALLS}.")
+
+
+def control_calls(model: Any, batch: Any) -> list[str]:
+    """The ways to run ``model`` on ``batch`` worth trying, best first."""
+    from lightning.pytorch.utilities.model_helpers import is_overridden
+
+    if isinstance(model, pl.LightningModule) and is_overridden("predict_step", model):
+        return ["predict_step"]
+    calls = ["forward(batch)"]
+    if isinstance(batch, list | tuple) and batch:
+        calls.append("forward(batch[0])")
+    if isinstance(batch, Mapping) and all(isinstance(k, str) for k in batch):
+        calls.append("forward(**batch)")
+    return calls
+
+
+def plain_outputs(value: Any) -> Any:
+    """Outputs reduced to what ``torch.load(weights_only=True)`` reads back and can compare.
+
+    Tensors (on the CPU), numbers, strings and containers of them stay; other objects (a
+    Hugging Face cache, a custom class) are dropped: they cannot be compared across processes.
+    """
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if isinstance(value, bool | int | float | str) or value is None:
+        return value
+    if isinstance(value, Mapping):
+        kept = {str(k): plain_outputs(v) for k, v in value.items()}
+        return {k: v for k, v in kept.items() if v is not _DROPPED}
+    if isinstance(value, list | tuple):
+        return [v for v in (plain_outputs(x) for x in value) if v is not _DROPPED]
+    return _DROPPED
+
+
+class _Dropped:
+    def __repr__(self) -> str:
+        return "<dropped>"
+
+
+_DROPPED: Final = _Dropped()
+
+
+def count_tensors(value: Any) -> int:
+    """How many tensors a :func:`plain_outputs` value holds."""
+    if isinstance(value, torch.Tensor):
+        return 1
+    if isinstance(value, Mapping):
+        return sum(count_tensors(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return sum(count_tensors(v) for v in value)
+    return 0
 
 
 def _build(spec: Mapping[str, Any], checkpoint: Mapping[str, Any]) -> tuple[Any, Any]:
@@ -264,8 +345,12 @@ def run_artifact(spec: Mapping[str, Any], result: dict[str, Any]) -> None:
         return
     model.eval()
     control = torch.load(spec["control"], map_location="cpu", weights_only=True)
+    call = spec.get("call") or "predict_step"
     with torch.no_grad():
-        outputs = [model.predict_step(batch, index) for index, batch in enumerate(control)]
+        outputs = [
+            plain_outputs(control_outputs(model, batch, call, index))
+            for index, batch in enumerate(control)
+        ]
     torch.save(outputs, spec["outputs"])
     result["outputs"] = spec["outputs"]
 
@@ -296,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     spec_path = Path(args[0])
     spec = json.loads(spec_path.read_text())
-    result: dict[str, Any] = {"mode": spec["mode"]}
+    result: dict[str, Any] = {"mode": spec.get("mode", "tasks")}
     runners: dict[str, Callable[[Mapping[str, Any], dict[str, Any]], None]] = {
         "resume": run_resume,
         "artifact": run_artifact,
@@ -305,13 +390,29 @@ def main(argv: list[str] | None = None) -> int:
     _exit_with_parent()
     # The parent's thread count: CPU reductions (and so losses) depend on it.
     torch.set_num_threads(int(spec.get("num_threads") or torch.get_num_threads()))
+    tasks = spec.get("tasks")
+    if tasks is None:
+        _run_task(runners, spec, result)
+    else:
+        result["results"] = []
+        for task in tasks:
+            answer: dict[str, Any] = {"mode": task["mode"]}
+            _run_task(runners, task, answer)
+            result["results"].append(answer)
+    Path(spec["result"]).write_text(json.dumps(result, default=str))
+    return 0
+
+
+def _run_task(
+    runners: Mapping[str, Callable[[Mapping[str, Any], dict[str, Any]], None]],
+    spec: Mapping[str, Any],
+    result: dict[str, Any],
+) -> None:
     try:
         runners[spec["mode"]](spec, result)
     except Exception as err:  # anything else is a crash of the user's code: report it whole
         result["crash"] = f"{type(err).__name__}: {err}"
         result["traceback"] = traceback.format_exc(limit=8)
-    Path(spec["result"]).write_text(json.dumps(result, default=str))
-    return 0
 
 
 if __name__ == "__main__":

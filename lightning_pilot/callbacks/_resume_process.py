@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -117,20 +118,46 @@ def _subprocess(
     return result
 
 
-def run_child(
-    verifier: ResumeVerifier, spec: dict[str, Any], trainer: pl.Trainer, pl_module: Any
-) -> dict[str, Any]:
-    """Resume in a new process, or in this one when asked to and a new one cannot rebuild."""
-    folder = Path(spec["checkpoint"]).parent
-    blocker = _not_importable(spec)
-    if blocker is None:
-        return _subprocess(spec, folder, verifier.timeout_s) | {"mode_label": "a new process"}
-    if verifier.fallback != "in_process":
-        return {
-            "blocked": f"{blocker}: pass ResumeVerifier(factory='package.module:function'), or"
-            " fallback='in_process' to compare in this process (weaker: shared globals)"
+def run_tasks(
+    verifier: ResumeVerifier, specs: list[dict[str, Any]], trainer: pl.Trainer, pl_module: Any
+) -> list[dict[str, Any]]:
+    """Run every task in one new process (in this one when asked to and a new one cannot).
+
+    One interpreter start and one import of the user's code serve every probe checkpoint and
+    the artifact. Returns one result per spec, in order.
+    """
+    results: list[dict[str, Any] | None] = [None] * len(specs)
+    runnable: list[int] = []
+    for index, spec in enumerate(specs):
+        blocker = _not_importable(spec)
+        if blocker is None:
+            runnable.append(index)
+        elif spec["mode"] == "artifact":
+            results[index] = {"blocked": f"{blocker}; or pass factory=..."}
+        elif verifier.fallback != "in_process":
+            results[index] = {
+                "blocked": f"{blocker}: pass ResumeVerifier(factory='package.module:function'),"
+                " or fallback='in_process' to compare in this process (weaker: shared globals)"
+            }
+        else:
+            results[index] = _in_process(spec, trainer, pl_module)
+    if runnable:
+        batch = {
+            "mode": "tasks",
+            "tag": "",
+            "tasks": [specs[i] for i in runnable],
+            "num_threads": torch.get_num_threads(),
         }
-    # In-process fallback: copies of the live objects, and this process's RNG put back after.
+        folder = Path(specs[runnable[0]]["checkpoint"]).parent
+        answer = _subprocess(batch, folder, verifier.timeout_s * len(runnable))
+        answers = answer.get("results") or [answer] * len(runnable)
+        for index, one in zip(runnable, answers, strict=False):
+            results[index] = dict(one) | {"mode_label": "a new process"}
+    return [r if r is not None else {"crash": "no result"} for r in results]
+
+
+def _in_process(spec: dict[str, Any], trainer: pl.Trainer, pl_module: Any) -> dict[str, Any]:
+    """The in-process fallback: copies of the live objects, this process's RNG put back after."""
     live_datamodule = getattr(trainer, "datamodule", None)
     datamodule = copy.copy(live_datamodule) if live_datamodule is not None else None
     loaders = None
@@ -147,6 +174,8 @@ def run_child(
     result: dict[str, Any] = {"mode": "resume", "mode_label": "the in-process fallback"}
     try:
         resume_child.run_resume(spec | {"factory": None}, result, objects=objects)
+    except Exception as err:  # the user's code, in this process: an answer, not a crash
+        result["crash"] = f"{type(err).__name__}: {err}"
     finally:
         restore_rng(saved)
     return result
@@ -165,8 +194,8 @@ def _free_port() -> int:
 
 
 def run_children_per_rank(
-    verifier: ResumeVerifier, spec: dict[str, Any], trainer: pl.Trainer
-) -> dict[str, Any]:
+    verifier: ResumeVerifier, specs: list[dict[str, Any]], trainer: pl.Trainer
+) -> list[dict[str, Any]]:
     """Resume in one new process per rank: together a DDP group shaped like the fit's.
 
     Every rank calls this at the same update (it holds a collective: the port of the new
@@ -175,12 +204,13 @@ def run_children_per_rank(
     own and each rank reads its own shard of the data again, on its own device.
     """
     port = trainer.strategy.broadcast(_free_port() if trainer.is_global_zero else 0, src=0)
-    blocker = _not_importable(spec)
+    blocker = _not_importable(specs[0])
     if blocker is not None:  # the same on every rank: no rank waits for another
-        return {
+        blocked = {
             "blocked": f"{blocker}: pass ResumeVerifier(factory='package.module:function'); under"
             " several processes the check needs one new process per rank"
         }
+        return [dict(blocked) for _ in specs]
     rank = trainer.global_rank
     strategy = trainer.strategy
     assert isinstance(strategy, DDPStrategy)
@@ -189,15 +219,26 @@ def run_children_per_rank(
     devices = (
         trainer.num_devices if trainer.strategy.root_device.type == "cpu" else trainer.device_ids
     )
-    spec = spec | {
+    ddp_options = {
+        "process_group_backend": strategy.process_group_backend,
+        "find_unused_parameters": bool(getattr(ddp, "find_unused_parameters", False)),
+        "static_graph": bool(getattr(ddp, "static_graph", False)),
+    }
+    tasks = [
+        spec
+        | {
+            "workdir": f"{spec['workdir']}-rank{rank}",
+            "trainer": dict(spec["trainer"]) | {"devices": devices, "num_nodes": trainer.num_nodes},
+            "ddp": ddp_options,
+        }
+        for spec in specs
+    ]
+    batch = {
+        "mode": "tasks",
         "tag": f"-rank{rank}",
-        "workdir": f"{spec['workdir']}-rank{rank}",
-        "trainer": dict(spec["trainer"]) | {"devices": devices, "num_nodes": trainer.num_nodes},
-        "ddp": {
-            "process_group_backend": strategy.process_group_backend,
-            "find_unused_parameters": bool(getattr(ddp, "find_unused_parameters", False)),
-            "static_graph": bool(getattr(ddp, "static_graph", False)),
-        },
+        "tasks": tasks,
+        "checkpoint": specs[0]["checkpoint"],
+        "num_threads": torch.get_num_threads(),
     }
     env = {
         "MASTER_ADDR": os.environ.get("MASTER_ADDR", "127.0.0.1"),
@@ -211,10 +252,11 @@ def run_children_per_rank(
         # torchrun's default: the group's store would be expected from an agent on this port.
         "TORCHELASTIC_USE_AGENT_STORE": "False",
     }
-    folder = Path(spec["checkpoint"]).parent
-    result = _subprocess(spec, folder, verifier.timeout_s, env=env)
+    folder = Path(specs[0]["checkpoint"]).parent
+    answer = _subprocess(batch, folder, verifier.timeout_s * len(specs), env=env)
     label = f"{trainer.world_size} new processes (one per rank, DDP)"
-    return result | {"mode_label": label, "per_rank": True}
+    answers = answer.get("results") or [answer] * len(specs)
+    return [dict(one) | {"mode_label": label, "per_rank": True} for one in answers]
 
 
 def final_artifact(verifier: ResumeVerifier, trainer: pl.Trainer, pl_module: Any) -> Path:
@@ -270,29 +312,100 @@ def _to_cpu(value: Any) -> Any:
     return value
 
 
-def verify_artifact(
-    verifier: ResumeVerifier, trainer: pl.Trainer, pl_module: Any, artifact: Path
-) -> list[CheckResult]:
-    """Reload ``artifact`` in a new process, run the control inputs, compare with the live model."""
-    folder = artifact.parent
-    batches = _control_batches(trainer, verifier.control_batches)
-    control = folder / "control.pt"
-    torch.save([_to_cpu(b) for b in batches], control)
+_PROBE_REMEDY = (
+    "define predict_step(self, batch, batch_idx) returning the model's outputs on a batch,"
+    " or pass ResumeVerifier(check_artifact=False)"
+)
+
+
+@dataclass
+class ArtifactProbe:
+    """The artifact round trip prepared in the training process: a spec for the new process,
+    the live outputs to compare with, or the verdict that ends it early."""
+
+    artifact: Path
+    checksum: str
+    spec: dict[str, Any] | None = None
+    live: list[Any] = field(default_factory=list)
+    early: CheckResult | None = None
+
+
+def _live_outputs(pl_module: Any, batches: list[Any]) -> tuple[str, list[Any]]:
+    """Run the live module on the control batches (on the CPU, where Lightning's teardown put
+    it), trying each way of calling it; the first that works for every batch is the answer.
+
+    Raises:
+        RuntimeError: no way worked; the message names each attempt's error.
+    """
+    errors = []
     was_training = pl_module.training
     pl_module.eval()
-    with torch.no_grad():
-        live = [
-            _to_cpu(pl_module.predict_step(trainer.strategy.batch_to_device(b), i))
-            for i, b in enumerate(batches)
-        ]
-    pl_module.train(was_training)
+    try:
+        for call in resume_child.control_calls(pl_module, batches[0]):
+            try:
+                with torch.no_grad():
+                    outputs = [
+                        resume_child.plain_outputs(
+                            resume_child.control_outputs(pl_module, batch, call, index)
+                        )
+                        for index, batch in enumerate(batches)
+                    ]
+            except Exception as err:  # the user's code: each failure is part of the answer
+                errors.append(f"{call} raised {type(err).__name__}: {str(err)[:200]}")
+                continue
+            return call, outputs
+    finally:
+        pl_module.train(was_training)
+    raise RuntimeError("; ".join(errors))
+
+
+def prepare_artifact(
+    verifier: ResumeVerifier, trainer: pl.Trainer, pl_module: Any, artifact: Path
+) -> ArtifactProbe:
+    """Record the live outputs on the control inputs and write the new process's spec."""
+    folder = artifact.parent
     checksum = file_sha256(artifact)
     verifier.run.set_ledger_fields(checkpoint_uri=str(artifact), checkpoint_sha256=checksum)
-    spec = {
+    probe = ArtifactProbe(artifact, checksum)
+    try:
+        batches = [_to_cpu(b) for b in _control_batches(trainer, verifier.control_batches)]
+    except Exception as err:  # the user's loader
+        probe.early = CheckResult(
+            "artifact_roundtrip",
+            "not_checked",
+            f"reading the control batches from the validation (else training) loader raised"
+            f" {type(err).__name__}: {err}",
+        )
+        return probe
+    if not batches:
+        probe.early = CheckResult(
+            "artifact_roundtrip", "not_checked", "no loader gave a control batch"
+        )
+        return probe
+    try:
+        call, probe.live = _live_outputs(pl_module, batches)
+    except RuntimeError as err:
+        probe.early = CheckResult(
+            "artifact_roundtrip",
+            "not_checked",
+            f"the live module could not be run on a control batch ({err}): {_PROBE_REMEDY}",
+        )
+        return probe
+    if resume_child.count_tensors(probe.live) == 0:
+        probe.early = CheckResult(
+            "artifact_roundtrip",
+            "not_checked",
+            f"{call} returned no tensor to compare: {_PROBE_REMEDY}",
+        )
+        return probe
+    control = folder / "control.pt"
+    torch.save(batches, control)
+    probe.spec = {
         "mode": "artifact",
         "checkpoint": str(folder / f"final-attempt-{verifier.run.attempt}.ckpt"),
         "artifact": str(artifact),
         "control": str(control),
+        "call": call,
         "outputs": str(folder / "control-outputs.pt"),
         "factory": verifier.factory,
         "module_class": f"{type(pl_module).__module__}:{type(pl_module).__qualname__}",
@@ -300,40 +413,40 @@ def verify_artifact(
         "num_threads": torch.get_num_threads(),
         "state_key": verifier.state_key,
         "workdir": str(folder / "child"),
-    }
-    spec |= unsaved_arguments(pl_module, None)
-    blocker = _not_importable(spec)
-    if blocker is not None:
-        return [CheckResult("artifact_roundtrip", "not_checked", f"{blocker}; or pass factory=...")]
-    result = _subprocess(spec, folder, verifier.timeout_s)
+    } | unsaved_arguments(pl_module, None)
+    return probe
+
+
+def judge_artifact(
+    verifier: ResumeVerifier, probe: ArtifactProbe, result: Mapping[str, Any]
+) -> CheckResult:
+    """The artifact round trip's verdict from the new process's answer."""
+    name, checksum = probe.artifact.name, probe.checksum
+    if "blocked" in result:
+        return CheckResult("artifact_roundtrip", "not_checked", str(result["blocked"]))
     for key in ("load_error", "build_error", "artifact_error", "crash"):
         if key in result:
             extra = ""
             if key == "load_error":
                 extra = f" (unsafe globals: {', '.join(result.get('unsafe_globals') or [])})"
-            return [
-                CheckResult(
-                    "artifact_roundtrip",
-                    "fail",
-                    f"{artifact.name} (sha256 {checksum[:16]}) did not reload into a fresh"
-                    f" module: {result[key]}{extra}",
-                )
-            ]
-    reloaded = torch.load(result["outputs"], map_location="cpu", weights_only=True)
-    if _close(live, reloaded, verifier.atol, verifier.rtol):
-        return [
-            CheckResult(
+            return CheckResult(
                 "artifact_roundtrip",
-                "pass",
-                f"{artifact.name} sha256 {checksum} reproduces the live outputs on"
-                f" {len(batches)} control batch(es)",
+                "fail",
+                f"{name} (sha256 {checksum[:16]}) did not reload into a fresh"
+                f" module: {result[key]}{extra}",
             )
-        ]
-    return [
-        CheckResult(
+    reloaded = torch.load(result["outputs"], map_location="cpu", weights_only=True)
+    call = probe.spec["call"] if probe.spec else "predict_step"
+    if _close(probe.live, reloaded, verifier.atol, verifier.rtol):
+        return CheckResult(
             "artifact_roundtrip",
-            "fail",
-            f"{artifact.name} (sha256 {checksum[:16]}) reloaded, but its outputs on the control"
-            " inputs differ from the live model's: the artifact misses state the model uses",
+            "pass",
+            f"{name} sha256 {checksum} reproduces the live outputs ({call}) on"
+            f" {len(probe.live)} control batch(es)",
         )
-    ]
+    return CheckResult(
+        "artifact_roundtrip",
+        "fail",
+        f"{name} (sha256 {checksum[:16]}) reloaded, but its outputs ({call}) on the control"
+        " inputs differ from the live model's: the artifact misses state the model uses",
+    )

@@ -20,12 +20,14 @@ from typing_extensions import override
 
 from lightning_pilot import storage
 from lightning_pilot.callbacks._resume_process import (
+    ArtifactProbe,
     final_artifact,
+    judge_artifact,
+    prepare_artifact,
     replays_every_rank,
-    run_child,
     run_children_per_rank,
+    run_tasks,
     unsaved_arguments,
-    verify_artifact,
 )
 from lightning_pilot.core.batches import BatchAdapter
 from lightning_pilot.core.checks import CheckResult
@@ -34,6 +36,7 @@ from lightning_pilot.core.resume import (
     StepRecord,
     capture_rng,
     compare_trajectories,
+    content_keys,
     digest,
     restore_rng,
     rng_of_this_rank,
@@ -315,7 +318,12 @@ class ResumeVerifier(PilotCallback):
         else:
             self._current = {}
             keep = keep_all or keep_head
-            ids = self.adapter.view(batch, count_tokens=False).ids if keep else None
+            ids = None
+            if keep:
+                view = self.adapter.view(batch, count_tokens=False)
+                # No id field: the examples are told apart by their content (a device read,
+                # only until the probes have what they need).
+                ids = view.ids if view.ids is not None else content_keys(view.inputs)
         if ids is not None:
             chunk = ids.detach() if isinstance(ids, torch.Tensor) else ids
             if keep_all:
@@ -345,7 +353,7 @@ class ResumeVerifier(PilotCallback):
                 if not probe.done:
                     probe.reference.append(record)
                     if stepped and trainer.global_step >= probe.step + self.compare_steps:
-                        self._verify(probe, trainer, pl_module)
+                        probe.done = True  # recorded; compared once the fit has ended
         if stepped and trainer.global_step == self._step_at_start + self.at_step:
             self._save("mid_epoch", trainer, pl_module)
 
@@ -390,9 +398,45 @@ class ResumeVerifier(PilotCallback):
 
     @override
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        for probe in self._probes:
-            if not probe.done:
-                self._verify(probe, trainer, pl_module)
+        # Everything runs here, after Lightning's teardown moved the module and the optimizer
+        # state to the CPU and emptied the accelerator's cache: the verification process gets
+        # the device the fit had, training never waits for it, and one process serves every
+        # probe checkpoint and the artifact.
+        try:
+            self._verify_all(trainer, pl_module)
+        except Exception as err:  # never the user's fit: the row says what could not be done
+            if isinstance(err, OSError):
+                raise
+            self._results.append(
+                CheckResult(
+                    "resume",
+                    "not_checked",
+                    f"the verification raised {type(err).__name__}: {err} (the fit went on)",
+                )
+            )
+        self._publish_row(trainer)
+
+    @override
+    def on_exception(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
+    ) -> None:
+        if self._probes and self._run is not None and not self._results:
+            self._results.append(
+                CheckResult(
+                    "resume",
+                    "not_checked",
+                    f"the fit raised {type(exception).__name__} before its end, where the"
+                    " resume check runs; the probe checkpoints stay in"
+                    f" {self.run.run_dir / 'resume'}",
+                )
+            )
+            try:
+                self._publish_row(trainer)
+            except Exception as err:  # never replace the user's exception
+                log.warning("ResumeVerifier could not record its row: %s", err)
+        super().on_exception(trainer, pl_module, exception)
+
+    def _verify_all(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not self._probes and self.run.is_global_zero:
             self._results.append(
                 CheckResult(
@@ -402,39 +446,61 @@ class ResumeVerifier(PilotCallback):
                     f" before update {self.at_step} where the checkpoint is taken: lower at_step",
                 )
             )
+        per_rank = replays_every_rank(trainer)  # then every rank checks its own replay
+        checks_here = self.run.is_global_zero or per_rank
+        probes = [p for p in self._probes if checks_here]
+        compared = []
+        for probe in probes:
+            probe.done = True
+            if probe.reference:
+                compared.append(probe)
+            else:
+                self._results.append(
+                    CheckResult(
+                        _prefixed(probe, "resume"),
+                        "not_checked",
+                        f"the fit ended right after the checkpoint at update {probe.step}:"
+                        " nothing to compare; run at least compare_steps more updates",
+                    )
+                )
+        specs = [self._spec(p, trainer, pl_module) for p in compared]
+        artifact: ArtifactProbe | None = None
         if self.check_artifact:
-            artifact = final_artifact(self, trainer, pl_module)  # every rank: a collective
-            if self.run.is_global_zero:
-                self._results.extend(verify_artifact(self, trainer, pl_module, artifact))
-        self._publish_row(trainer)
+            try:
+                path = final_artifact(self, trainer, pl_module)  # every rank: a collective
+            except OSError:
+                raise
+            except Exception as err:  # the user's export function
+                if self.run.is_global_zero:
+                    self._results.append(
+                        CheckResult(
+                            "artifact_roundtrip",
+                            "fail",
+                            f"export(pl_module, folder) raised {type(err).__name__}: {err}",
+                        )
+                    )
+            else:
+                if self.run.is_global_zero:
+                    artifact = prepare_artifact(self, trainer, pl_module, path)
+                    if artifact.early is not None:
+                        self._results.append(artifact.early)
+        tasks = [artifact.spec] if artifact is not None and artifact.spec is not None else []
+        if per_rank:
+            results = run_children_per_rank(self, specs, trainer) if specs else []
+            results += run_tasks(self, tasks, trainer, pl_module) if tasks else []
+        else:
+            results = run_tasks(self, specs + tasks, trainer, pl_module) if specs or tasks else []
+        for probe, result in zip(compared, results, strict=False):
+            for check in self._judge(probe, result, trainer):
+                self._results.append(
+                    CheckResult(_prefixed(probe, check.name), check.verdict, check.detail)
+                )
+        if tasks and artifact is not None and len(results) == len(compared) + 1:
+            self._results.append(judge_artifact(self, artifact, results[-1]))
 
     # ----------------------------------------------------------------------------------------
     # The comparison
     # ----------------------------------------------------------------------------------------
-
-    def _verify(self, probe: _Probe, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        probe.done = True
-        per_rank = replays_every_rank(trainer)  # then every rank checks its own replay
-        if not (self.run.is_global_zero or per_rank):
-            return
-        prefix = "" if probe.kind == "mid_epoch" else f"{probe.kind}."
-        if not probe.reference:
-            self._results.append(
-                CheckResult(
-                    prefix + "resume",
-                    "not_checked",
-                    f"the fit ended right after the checkpoint at update {probe.step}: nothing to"
-                    " compare; run at least compare_steps more updates",
-                )
-            )
-            return
-        spec = self._spec(probe, trainer, pl_module)
-        if per_rank:
-            result = run_children_per_rank(self, spec, trainer)
-        else:
-            result = run_child(self, spec, trainer, pl_module)
-        for check in self._judge(probe, result, trainer):
-            self._results.append(CheckResult(prefix + check.name, check.verdict, check.detail))
 
     def _spec(
         self, probe: _Probe, trainer: pl.Trainer, pl_module: pl.LightningModule
@@ -573,15 +639,9 @@ class ResumeVerifier(PilotCallback):
             return
         checks = [r.as_row() for r in self._results]
         verdict, reason = judge("resume", ((r.name, r.verdict, r.detail) for r in self._results))
-        unverified = [
-            f"{r.name}: {r.detail}"
-            for r in self._results
-            if r.verdict == "not_checked" and r.name.split(".")[-1] in ("resume", "rebuild")
-        ]
-        if reason is None and unverified:
+        if verdict == "not_checked" and reason is not None and reason.startswith("not proven"):
             # Passing side checks (the artifact) must not read as "resume verified".
-            verdict = "not_checked"
-            reason = "resume not verified: " + "; ".join(unverified)
+            reason = "resume not verified: " + reason.removeprefix("not proven: ")
         self.run.put_phase_row(
             {
                 "phase": "resume",
@@ -654,6 +714,10 @@ def _detail(
         "resumed": json.dumps(got, default=str),
         "equal": equal,
     }
+
+
+def _prefixed(probe: _Probe, name: str) -> str:
+    return name if probe.kind == "mid_epoch" else f"{probe.kind}.{name}"
 
 
 def _class_path(cls: type) -> str:

@@ -84,12 +84,46 @@ REMEDIES: Final[dict[str, str]] = {
 }
 
 
-# Columns folded by their maximum over occurrences; the others keep the latest value.
+#: The checks a phase's ``pass`` rests on. A row whose essential check was not checked cannot
+#: read ``pass`` (it reads ``not_checked``, naming what was not proven): an overfit run capped
+#: before the loss target proves nothing about learning; a resume whose data position could
+#: not be compared proves nothing about the data order. Names match the last dotted part, so
+#: ``epoch_boundary.data_position`` counts as ``data_position``.
+ESSENTIAL: Final[dict[str, frozenset[str]]] = {
+    "overfit": frozenset({"loss_target", "targets_recovered"}),
+    "resume": frozenset(
+        {
+            "resume",
+            "rebuild",
+            "weights_only_load",
+            "global_step",
+            "epoch",
+            "lrs",
+            "optimizer_state",
+            "weights",
+            "data_position",
+            "loss_trajectory",
+            "updates_after_resume",
+        }
+    ),
+}
+
+
 def judge(phase: str, checks: Iterable[tuple[str, str, str]]) -> tuple[str, str | None]:
     """The verdict of a phase from its ``(name, verdict, detail)`` checks, and the reason.
 
-    The reason lists every failed or warned check and ends with the seeds' remedy for the
-    phase; it is ``None`` when nothing failed or warned.
+    The rule, for every row of the phase table:
+
+    * ``fail`` if any check failed, else ``warn`` if any warned;
+    * ``pass`` only when every check the phase's claim rests on (:data:`ESSENTIAL`) was
+      checked and passed: an essential check that was ``not_checked`` makes the row
+      ``not_checked``, and the reason says what was not proven and why;
+    * other ``not_checked`` checks beside passing ones leave the row ``pass``, and the reason
+      names them (``not proven: ...``), so a pass never hides what it did not cover;
+    * ``not_checked`` when nothing was checked at all.
+
+    The reason lists every failed or warned check, then the seeds' remedy for the phase, then
+    what was not proven; it is ``None`` when every check passed.
 
     Example:
         >>> verdict, reason = judge("forward", [("loss_finite", "fail", "loss is nan")])
@@ -99,16 +133,29 @@ def judge(phase: str, checks: Iterable[tuple[str, str, str]]) -> tuple[str, str 
         'loss_finite: loss is nan. If the check fails: inspect the reduced batch and the values'
         >>> judge("forward", [("loss_finite", "pass", "")])
         ('pass', None)
+        >>> judge("overfit", [("loss_finite", "pass", ""),
+        ...                   ("loss_target", "not_checked", "capped by max_steps")])
+        ('not_checked', 'not proven: loss_target (capped by max_steps)')
     """
     checks = list(checks)
     verdict = worst_verdict(v for _, v, _ in checks)
     problems = [f"{n}: {d}" if d else n for n, v, d in checks if v in ("fail", "warn")]
+    unproven = [f"{n} ({d})" if d else n for n, v, d in checks if v == "not_checked"]
     if not problems:
-        return verdict, None
+        if not unproven:
+            return verdict, None
+        essential = ESSENTIAL.get(phase, frozenset())
+        if any(v == "not_checked" and n.rsplit(".", 1)[-1] in essential for n, v, _ in checks):
+            verdict = "not_checked"
+        return verdict, "not proven: " + "; ".join(unproven)
     remedy = REMEDIES.get(phase, "")
-    return verdict, "; ".join(problems) + (f". If the check fails: {remedy}" if remedy else "")
+    reason = "; ".join(problems) + (f". If the check fails: {remedy}" if remedy else "")
+    if unproven:
+        reason += ". Not proven: " + "; ".join(unproven)
+    return verdict, reason
 
 
+# Columns folded by their maximum over occurrences; the others keep the latest value.
 _MAXIMA: Final = (
     "peak_allocated_bytes",
     "peak_reserved_bytes",
