@@ -45,7 +45,14 @@ from lightning_pilot import storage
 from lightning_pilot.core.ids import new_run_id, validate_run_id
 from lightning_pilot.core.phases import worst_verdict
 
-__all__ = ["PilotCallback", "PilotRun", "new_run_id", "validate_run_id"]
+__all__ = [
+    "GUARDED_HOOKS",
+    "PilotCallback",
+    "PilotRefusalError",
+    "PilotRun",
+    "new_run_id",
+    "validate_run_id",
+]
 
 PHASE_TABLE: Final = "phases"
 _IDENTITY_COLUMNS: Final = ("run_id", "attempt", "attempt_id", "rank")
@@ -494,6 +501,50 @@ def _merge_phase_rows(current: Mapping[str, Any], new: Mapping[str, Any]) -> dic
 _ABSENT: Final = object()  # a hook the instance did not hold
 
 
+class PilotRefusalError(RuntimeError):
+    """Raised on purpose by a pilot callback to stop a fit before it runs (a refusal the user
+    asked for, such as ``DivergenceLedger(on_repeat="error")``); never turned into a verdict."""
+
+
+#: The Lightning hooks a pilot callback may override that are guarded: an exception inside one
+#: becomes a ``not_checked`` check of the phase-table row ``pilot`` and a warning, and the fit
+#: goes on. ``setup`` is not guarded (a configuration error there is raised before any
+#: training), nor ``state_dict`` / ``load_state_dict`` (a checkpoint must not be half-written
+#: or half-read silently). ``OSError`` (the pilot's own writes failing: a full disk, a
+#: read-only folder) and :class:`PilotRefusalError` pass through.
+GUARDED_HOOKS: Final = frozenset(
+    name
+    for name in dir(Callback)
+    if (name.startswith("on_") or name == "teardown") and callable(getattr(Callback, name))
+)
+
+#: Hooks that close the run: they run even after an error, and close it if they fail.
+_CLOSING: Final = frozenset({"teardown", "on_exception"})
+
+
+def _guard(name: str, hook: Any) -> Any:
+    """Wrap a callback hook so that an exception in the pilot's work never breaks the fit."""
+    if getattr(hook, "_pilot_guarded", False):
+        return hook
+
+    @functools.wraps(hook)
+    def guarded(self: PilotCallback, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return hook(self, *args, **kwargs)
+        except (OSError, PilotRefusalError):
+            raise
+        except Exception as err:
+            self._hook_failed(name, err)
+            if name in _CLOSING:
+                self._unmute()
+                if self._run is not None:
+                    self._run.close(self, failing=True)
+            return None
+
+    guarded._pilot_guarded = True  # type: ignore[attr-defined]
+    return guarded
+
+
 class PilotCallback(Callback):
     """Base of every pilot callback: joins the fit's :class:`PilotRun` and leaves it cleanly.
 
@@ -532,6 +583,54 @@ class PilotCallback(Callback):
         "on_before_zero_grad",
         "on_train_batch_end",
     )
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for name in GUARDED_HOOKS:
+            hook = cls.__dict__.get(name)
+            if callable(hook):
+                setattr(cls, name, _guard(name, hook))
+
+    def _hook_failed(self, hook: str, err: Exception) -> None:
+        """Record an exception raised inside this callback's ``hook``: a warning, and a
+        ``not_checked`` check on the ``pilot`` row of the phase table (once per hook, with a
+        count). The fit goes on; only the checks this hook would have made are missing."""
+        counts = self.__dict__.setdefault("_hook_errors", {})
+        counts[hook] = counts.get(hook, 0) + 1
+        name = f"{type(self).__name__}.{hook}"
+        detail = (
+            f"raised {type(err).__name__}: {str(err)[:500]} ({counts[hook]} time(s)); the fit"
+            " went on without what this hook would have checked or written"
+        )
+        if counts[hook] == 1:
+            warnings.warn(
+                f"lightning-pilot: {name} {detail} (phase table row 'pilot')",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        run = self._run
+        if run is None:
+            return
+        try:
+            run.put_phase_row(
+                {
+                    "phase": "pilot",
+                    "first": True,
+                    "counter": "none",
+                    "verdict": "not_checked",
+                    "checks": [{"name": name, "verdict": "not_checked", "detail": detail}],
+                    "reason": f"{name} {detail}",
+                },
+                source=type(self).__name__,
+            )
+            if run.closed:
+                run.flush()
+        except (OSError, ValueError) as inner:  # recording must not break the fit either
+            warnings.warn(
+                f"lightning-pilot: could not record {name}'s error: {inner}",
+                RuntimeWarning,
+                stacklevel=3,
+            )
 
     def __init__(self, *, out_dir: str | os.PathLike[str] | None = None) -> None:
         self._out_dir = _normalise_out_dir(out_dir)
@@ -663,3 +762,9 @@ class PilotCallback(Callback):
             self._run.adopt(identity)
         else:
             self._pending_identity = identity
+
+
+for _name in GUARDED_HOOKS:
+    if callable(PilotCallback.__dict__.get(_name)):
+        setattr(PilotCallback, _name, _guard(_name, PilotCallback.__dict__[_name]))
+del _name

@@ -41,7 +41,7 @@ from lightning_pilot.ledger import (
     find_failed_runs,
     prediction_rows,
 )
-from lightning_pilot.run import PilotCallback
+from lightning_pilot.run import PilotCallback, PilotRefusalError
 
 __all__ = ["DivergenceLedger", "RepeatedVariantError", "RepeatedVariantWarning"]
 
@@ -62,7 +62,7 @@ class RepeatedVariantWarning(UserWarning):
     """A run starts with the ``variant_key`` of a run that diverged or failed."""
 
 
-class RepeatedVariantError(RuntimeError):
+class RepeatedVariantError(PilotRefusalError):
     """Raised instead of the warning with ``on_repeat="error"`` (before anything is written)."""
 
 
@@ -291,6 +291,7 @@ class DivergenceLedger(PilotCallback):
         self._overflow = False
         self._stop: tuple[str, int, str] | None = None
         self._predictions: list[dict[str, Any]] = []
+        self._predictions_error: str | None = None
 
     @override
     def _state_key_fields(self) -> dict[str, Any]:
@@ -389,8 +390,37 @@ class DivergenceLedger(PilotCallback):
         batch_idx: int,
         dataloader_idx: int = 0,
     ) -> None:
-        if self._active and self.save_predictions and self.run.is_global_zero:
-            self._collect_predictions(trainer, pl_module, outputs, batch, batch_idx, dataloader_idx)
+        if (
+            self._active
+            and self.save_predictions
+            and self.run.is_global_zero
+            and self._predictions_error is None
+        ):
+            try:
+                self._collect_predictions(
+                    trainer, pl_module, outputs, batch, batch_idx, dataloader_idx
+                )
+            except Exception as err:  # the user's outputs or predictions_fn: a verdict
+                self._predictions_failed(err)
+
+    def _predictions_failed(self, err: Exception) -> None:
+        """Stop keeping predictions for this fit and say why on the validation row."""
+        detail = str(err) if isinstance(err, ValueError) else f"{type(err).__name__}: {err}"
+        self._predictions_error = detail
+        self.run.put_phase_row(
+            {
+                "phase": "validation",
+                "first": True,
+                "counter": "none",
+                "verdict": "not_checked",
+                "checks": [{"name": "predictions", "verdict": "not_checked", "detail": detail}],
+                "reason": f"predictions not kept: {detail}",
+            },
+            source="DivergenceLedger",
+        )
+        warnings.warn(
+            f"lightning-pilot: predictions not kept: {detail}", RuntimeWarning, stacklevel=3
+        )
 
     @override
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

@@ -31,6 +31,7 @@ Phase = Literal[
     "export",
     "resume",
     "overfit",
+    "pilot",
 ]
 Verdict = Literal["pass", "warn", "fail", "not_checked"]
 Counter = Literal["cuda_allocator", "accelerator_allocator", "cpu_tensor_tracker", "none"]
@@ -81,6 +82,7 @@ REMEDIES: Final[dict[str, str]] = {
     "export": "fix the export function before the campaign",
     "setup": "fix the model placement or precision before training",
     "overfit": "fix the loop on the tiny subset before any long run",
+    "pilot": "the fit went on without this pilot check; report the error with the run folder",
 }
 
 

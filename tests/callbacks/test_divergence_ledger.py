@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -17,7 +18,7 @@ import torch
 from lightning.pytorch.callbacks import Callback, EarlyStopping, ModelCheckpoint
 from lightning.pytorch.demos.boring_classes import BoringModel, RandomDataset
 
-from lightning_pilot import storage
+from lightning_pilot import read_phase_table, storage
 from lightning_pilot.callbacks import DivergenceLedger
 from lightning_pilot.callbacks.divergence_ledger import RepeatedVariantError, RepeatedVariantWarning
 from lightning_pilot.core.divergence import DivergenceRules
@@ -464,13 +465,24 @@ def test_validation_predictions_are_saved_with_a_checksum(
         ledger.predictions(run["run_id"])
 
 
-def test_missing_predictions_fail_fast_with_the_contract(make_trainer: Any, tmp_path: Path) -> None:
-    trainer = make_trainer(max_steps=2, callbacks=[ledger_cb(save_predictions=True)])
-    with pytest.raises(
-        ValueError,
-        match=r"the key 'preds', it returned a dict without it \(keys: \['x'\]\)",
-    ):
+def test_missing_predictions_say_the_contract_and_leave_the_fit_whole(
+    make_trainer: Any, tmp_path: Path
+) -> None:
+    callback = ledger_cb(save_predictions=True)
+    trainer = make_trainer(max_steps=2, callbacks=[callback])
+    with pytest.warns(RuntimeWarning, match=r"predictions not kept"):
         trainer.fit(Scripted())
+    assert trainer.global_step == 2  # the fit went on
+    table = read_phase_table(callback.run.run_dir)
+    row = table[(table["phase"] == "validation") & table["first"]].iloc[0]
+    checks = {c["name"]: c for c in row["checks"]}
+    assert checks["predictions"]["verdict"] == "not_checked"
+    assert re.search(
+        r"the key 'preds', it returned a dict without it \(keys: \['x'\]\)",
+        checks["predictions"]["detail"],
+    )
+    runs = Ledger(callback.run.out_dir).runs()
+    assert runs["status"].tolist() == ["completed"]
 
 
 # ---------------------------------------------------------------------------------------------
