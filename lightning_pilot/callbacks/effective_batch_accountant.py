@@ -24,6 +24,7 @@ from lightning_pilot.core.accounting import (
     Keep,
     UpdateCounter,
     UpdatePlan,
+    check_accumulation_windows,
     normalise_schedule,
     pack_counts,
     plan_updates,
@@ -32,6 +33,7 @@ from lightning_pilot.core.accounting import (
     unpack_sums,
 )
 from lightning_pilot.core.batches import BatchAdapter
+from lightning_pilot.core.phases import judge
 from lightning_pilot.core.scalars import read_scalars
 from lightning_pilot.run import PilotCallback
 
@@ -93,7 +95,11 @@ class EffectiveBatchAccountant(PilotCallback):
     duplicates of a ``DistributedSampler``, steps skipped by a GradScaler, ``K`` changing and a
     wide spread of tokens per update, logs a summary line, and hands ``micro_batch_size``,
     ``accumulate_grad_batches``, ``dp_replicas``, ``effective_batch_size``, ``planned_updates``,
-    ``updates_done``, ``examples_seen`` and ``tokens_seen`` to the run's ledger fields.
+    ``updates_done``, ``examples_seen`` and ``tokens_seen`` to the run's ledger fields. The
+    phase table's ``optimizer_step`` row (the later occurrences') gets the check
+    ``partial_accumulation_windows`` when ``K > 1``: ``warn`` naming the updates that stepped an
+    incomplete window, their weight and the remedy that fits the cause
+    (:func:`~lightning_pilot.core.accounting.partial_window_remedy`), else ``pass``.
 
     Table ``<out_dir>/runs/<run_id>/updates.parquet`` (:data:`UPDATES_SCHEMA`), one row per
     update per rank, written by every rank into its own snapshot files:
@@ -315,6 +321,7 @@ class EffectiveBatchAccountant(PilotCallback):
                 rank_zero_warn(f"EffectiveBatchAccountant: {flag['detail']}")
         rank_zero_info(f"EffectiveBatchAccountant: {self._summary['line']}")
         self._set_ledger_fields(self._summary)
+        self._put_verdict()
 
     @override
     def on_exception(
@@ -343,6 +350,7 @@ class EffectiveBatchAccountant(PilotCallback):
         self._summary = summary
         if self._run is not None and not self._run.closed:
             self._set_ledger_fields(summary)
+            self._put_verdict()
         super().on_exception(trainer, pl_module, exception)
 
     @override
@@ -605,6 +613,28 @@ class EffectiveBatchAccountant(PilotCallback):
             estimated_updates=self._estimated,
             token_spread_ratio=self.token_spread_ratio,
             notes=self._notes,
+        )
+
+    def _put_verdict(self) -> None:
+        """The ``optimizer_step`` verdict on the accumulation windows, in the phase table.
+
+        A partial window is rarely the first update, so the row is the later occurrences'
+        (``first=False``), shared with ``PhaseMemoryMonitor``'s timing of the step; a fit of
+        one update writes the first occurrence's row.
+        """
+        check = check_accumulation_windows(self._counter, self._plan)
+        if check is None:
+            return
+        verdict, reason = judge("optimizer_step", [(check.name, check.verdict, check.detail)])
+        self.run.put_phase_row(
+            {
+                "phase": "optimizer_step",
+                "first": self._counter.counted_from + self._counter.updates <= 1,
+                "verdict": verdict,
+                "checks": [check.as_row()],
+                "reason": reason,
+            },
+            source=type(self).__name__,
         )
 
     def _set_ledger_fields(self, summary: Mapping[str, Any]) -> None:

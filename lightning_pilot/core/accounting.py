@@ -29,6 +29,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, get_args
 
+from lightning_pilot.core.checks import CheckResult
+
 __all__ = [
     "KEEP_CHOICES",
     "TOKENS_NOT_COUNTED",
@@ -36,8 +38,10 @@ __all__ = [
     "Keep",
     "UpdateCounter",
     "UpdatePlan",
+    "check_accumulation_windows",
     "normalise_schedule",
     "pack_counts",
+    "partial_window_remedy",
     "plan_updates",
     "replica_duplicates",
     "summarize",
@@ -655,6 +659,7 @@ class UpdateCounter:
                         {
                             "update": self.last_update,
                             "epoch": int(row["epoch"]),
+                            "batch_idx_last": int(row["batch_idx_last"]),
                             "micro_batches": int(row["micro_batches"]),
                             "accumulate_grad_batches": k,
                             "weight": float(row["weight"]),
@@ -813,6 +818,142 @@ def unpack_sums(
 
 
 # --------------------------------------------------------------------------------------------
+# Partial accumulation windows: the verdict and the remedy that fits the cause
+# --------------------------------------------------------------------------------------------
+
+
+def _divisors_near(n: int, k: int) -> list[int]:
+    """The divisors of ``n`` closest to ``k`` from below and above (1 only when nothing else)."""
+    divisors = [d for d in range(2, n + 1) if n % d == 0]
+    below = [d for d in divisors if d < k]
+    above = [d for d in divisors if d > k]
+    near = ([below[-1]] if below else []) + ([above[0]] if above else [])
+    return near or [1]
+
+
+def _epoch_length_remedy(micro_batches: int, k: int) -> str:
+    near = " or ".join(str(d) for d in _divisors_near(micro_batches, k))
+    rest = micro_batches % k
+    return (
+        f"micro-batches per epoch ({micro_batches}) are not a multiple of"
+        f" accumulate_grad_batches ({k}): choose K dividing {micro_batches} (e.g. {near}), or"
+        " limit_train_batches to a multiple of K, or accept that each epoch's last update"
+        f" sees {rest}/{k} of the examples"
+    )
+
+
+def partial_window_remedy(plan: UpdatePlan | None, window: Mapping[str, Any]) -> str:
+    """What to do about a partial accumulation window, for the cause the plan shows.
+
+    * The loader's own last micro-batch is partial and dropping it leaves a multiple of ``K``
+      micro-batches: ``drop_last=True``.
+    * The micro-batches per epoch are not a multiple of ``K``: choose a ``K`` that divides them,
+      limit the batches to a multiple of ``K``, or accept the down-weighted update.
+    * They are (or no plan says otherwise and the window did not end an epoch's count): the
+      window was cut short by something else, such as a resume inside a window.
+
+    Args:
+        plan: the fit's plan (``None``: no plan could be made).
+        window: the first partial window (``UpdateCounter.partial_windows[0]``).
+
+    Example:
+        >>> plan = plan_updates(64, 1, accumulate_grad_batches=5, epochs=1)
+        >>> print(partial_window_remedy(plan, {"micro_batches": 4, "accumulate_grad_batches": 5}))
+        micro-batches per epoch (64) are not a multiple of accumulate_grad_batches (5): choose K
+        dividing 64 (e.g. 4 or 8), or limit_train_batches to a multiple of K, or accept that
+        each epoch's last update sees 4/5 of the examples
+        >>> plan = plan_updates(81, 2, accumulate_grad_batches=5, epochs=1)
+        >>> print(partial_window_remedy(plan, {"micro_batches": 1, "accumulate_grad_batches": 5}))
+        the loader's last micro-batch is partial (81 examples per replica are not a multiple of
+        batch_size 2) and makes 41 micro-batches per epoch where 40 would fill every window of
+        accumulate_grad_batches (5): use drop_last=True
+    """
+    k = int(window["accumulate_grad_batches"])
+    other = (
+        "the partial window did not come from the epoch length: a resume from a checkpoint"
+        " saved inside a window (Lightning does not replay its micro-batches) or a loader that"
+        " yielded fewer batches than its length; see batch_idx_first/batch_idx_last in"
+        " updates.parquet"
+    )
+    if plan is None:
+        last = window.get("batch_idx_last")
+        if last is None or (int(last) + 1) % k == 0:
+            return other
+        return _epoch_length_remedy(int(last) + 1, k) + " (no plan: counted in its epoch)"
+    n = plan.micro_batches_per_epoch
+    if n % k == 0:
+        return f"micro-batches per epoch ({n}) are a multiple of K ({k}), so {other}"
+    b, share = plan.micro_batch_size, plan.samples_per_replica
+    loader_partial = not plan.drop_last and share % b != 0 and n == math.ceil(share / b)
+    dropped = share // b
+    if loader_partial and dropped and dropped % k == 0:
+        return (
+            f"the loader's last micro-batch is partial ({share} examples per replica are not a"
+            f" multiple of batch_size {b}) and makes {n} micro-batches per epoch where"
+            f" {dropped} would fill every window of accumulate_grad_batches ({k}):"
+            " use drop_last=True"
+        )
+    remedy = _epoch_length_remedy(n, k)
+    if loader_partial:
+        remedy += f" (drop_last=True alone leaves {dropped}, not a multiple of {k} either)"
+    return remedy
+
+
+def _partial_windows_text(counter: UpdateCounter, plan: UpdatePlan | None) -> str:
+    first = counter.partial_windows[0]
+    weights = sorted({f"{w['weight']:.2f}" for w in counter.partial_windows})
+    total = counter.counted_from + counter.updates
+    return (
+        f"{counter.partial_window_count} of {total:,} update(s) stepped an incomplete"
+        f" accumulation window (first: update {first['update']}, {first['micro_batches']} of"
+        f" {first['accumulate_grad_batches']} micro-batches); Lightning still divides the loss"
+        f" by K, so their examples got weight {', '.join(weights)} of a full update;"
+        f" {partial_window_remedy(plan, first)}"
+    )
+
+
+def check_accumulation_windows(
+    counter: UpdateCounter, plan: UpdatePlan | None = None
+) -> CheckResult | None:
+    """The ``optimizer_step`` check ``partial_accumulation_windows`` over the counted updates.
+
+    ``warn`` when an update stepped fewer than ``K`` micro-batches, naming how many, their
+    weight and the remedy for the cause (:func:`partial_window_remedy`); ``pass`` when every
+    update stepped a full window of ``K > 1``; ``None`` when there is nothing to check (no
+    update counted, or ``K = 1`` throughout: every window is one micro-batch).
+
+    Example:
+        >>> counter = UpdateCounter()
+        >>> for i in range(5):
+        ...     counter.add_micro_batch(epoch=0, batch_idx=i, examples=1, tokens=None)
+        ...     if i in (1, 3, 4):
+        ...         _ = counter.close_update(update=i // 2 + 1, accumulate_grad_batches=2)
+        >>> counter.absorb(UpdateCounter.local_as_all_ranks(counter.take_pending()))
+        >>> result = check_accumulation_windows(counter, plan_updates(5, 1, 2, epochs=1))
+        >>> result.verdict
+        'warn'
+        >>> print(result.detail)
+        1 of 3 update(s) stepped an incomplete accumulation window (first: update 3, 1 of 2
+        micro-batches); Lightning still divides the loss by K, so their examples got weight
+        0.50 of a full update; micro-batches per epoch (5) are not a multiple of
+        accumulate_grad_batches (2): choose K dividing 5 (e.g. 5), or limit_train_batches to a
+        multiple of K, or accept that each epoch's last update sees 1/2 of the examples
+    """
+    name = "partial_accumulation_windows"
+    if counter.partial_window_count:
+        return CheckResult(name, "warn", _partial_windows_text(counter, plan))
+    ks = [counter.last_k or 1] + [c["old"] for c in counter.k_changes]
+    if counter.updates == 0 or max(ks) <= 1:
+        return None
+    k = "/".join(str(v) for v in dict.fromkeys(sorted(ks)))
+    return CheckResult(
+        name,
+        "pass",
+        f"all {counter.updates:,} update(s) counted stepped full windows of K={k} micro-batches",
+    )
+
+
+# --------------------------------------------------------------------------------------------
 # Plan against actual
 # --------------------------------------------------------------------------------------------
 
@@ -873,17 +1014,7 @@ def summarize(
         planned_epochs = plan.epochs_completed + int(plan.ends_mid_epoch)
 
     if counter.partial_window_count:
-        first = counter.partial_windows[0]
-        weights = sorted({f"{w['weight']:.2f}" for w in counter.partial_windows})
-        found.add(
-            "last_window_partial",
-            f"{counter.partial_window_count} update(s) stepped an incomplete accumulation window"
-            f" (first: update {first['update']}, {first['micro_batches']} of"
-            f" {first['accumulate_grad_batches']} micro-batches); Lightning still divides the"
-            f" loss by K, so their examples got weight {', '.join(weights)} of a full update."
-            " Use drop_last=True or a dataset size divisible by micro_batch_size x K x replicas"
-            " to avoid it.",
-        )
+        found.add("last_window_partial", _partial_windows_text(counter, plan) + ".")
     if counter.duplicates:
         found.add(
             "padding_duplicates",

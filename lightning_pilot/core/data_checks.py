@@ -36,14 +36,18 @@ from lightning_pilot.core.phases import worst_verdict
 
 __all__ = [
     "HEAD_NAMES",
+    "LABEL_RELATIONS",
+    "SHIFTED_LABELS_ADVICE",
     "SplitInspection",
     "TargetKind",
     "check_attention_mask",
+    "check_causal_lm_labels",
     "check_class_histograms",
     "check_duplicates",
     "check_ids",
     "check_instruction_masking",
     "check_label_range",
+    "check_label_shift",
     "check_leakage",
     "check_loss_positions",
     "check_padding",
@@ -51,9 +55,11 @@ __all__ = [
     "check_truncation",
     "class_histogram",
     "example_rows",
+    "find_causal_lm",
     "find_shared",
     "infer_output_size",
     "input_fingerprint",
+    "label_relations",
     "row_lengths",
     "target_kind",
 ]
@@ -61,6 +67,14 @@ __all__ = [
 #: Child-module names tried first when looking for a model's output layer.
 HEAD_NAMES: Final = ("lm_head", "head", "classifier", "fc", "output_layer", "out")
 TargetKind = Literal["classification", "sequence", "regression", "unknown"]
+#: How a row's token labels relate to its ``input_ids`` (:func:`label_relations`).
+LABEL_RELATIONS: Final = ("identical", "shifted by 1", "shifted by -1", "other")
+#: The advice of ``label_shift`` when the labels are ``input_ids`` shifted left by one.
+SHIFTED_LABELS_ADVICE: Final = (
+    "labels are input_ids shifted left by 1; Hugging Face *ForCausalLM models shift labels"
+    " internally, so this trains to predict 2 tokens ahead; pass labels = input_ids (with -100"
+    " on masked positions) to such models, or ignore this warning if your loss does not shift"
+)
 _MAX_SHOWN: Final = 8
 
 
@@ -127,6 +141,40 @@ def infer_output_size(module: nn.Module) -> tuple[int | None, str]:
     if last is not None:
         return last[1].out_features, f"out_features of the last nn.Linear '{last[0]}'"
     return None, "no nn.Linear head found in the module"
+
+
+#: Hugging Face causal LMs whose loss does not shift the labels it is given.
+_NOT_SHIFTING: Final = frozenset({"XLNetLMHeadModel"})
+
+
+def find_causal_lm(module: nn.Module) -> tuple[str, nn.Module] | None:
+    """The first submodule that is a Hugging Face causal LM, which shifts the labels it is given.
+
+    A causal LM here is an instance of a ``transformers`` ``PreTrainedModel`` subclass whose
+    class name ends with ``ForCausalLM`` or ``LMHeadModel`` (``LlamaForCausalLM``,
+    ``GPT2LMHeadModel``): given ``labels=``, their loss scores the logits at ``t`` against
+    ``labels[t + 1]``. Classes are matched by name, so ``transformers`` is never imported here.
+
+    Returns:
+        ``(path, model)``: the submodule's name in ``module`` (``""`` for the module itself) and
+        the model; ``None`` when there is none.
+
+    Example:
+        >>> find_causal_lm(nn.Sequential(nn.Linear(2, 2))) is None
+        True
+    """
+    for name, sub in module.named_modules():
+        cls = type(sub)
+        if cls.__name__ in _NOT_SHIFTING or not cls.__name__.endswith(
+            ("ForCausalLM", "LMHeadModel")
+        ):
+            continue
+        if any(
+            base.__name__ == "PreTrainedModel" and base.__module__.startswith("transformers.")
+            for base in cls.__mro__
+        ):
+            return name, sub
+    return None
 
 
 # ------------------------------------------------------------------------------------------------
@@ -460,6 +508,183 @@ def check_loss_positions(targets: Any, *, ignore_index: int) -> CheckResult:
     return CheckResult(name, "pass", f"{int(per_row.sum())} positions counted in the loss")
 
 
+def label_relations(inputs: Any, targets: Any, *, ignore_index: int) -> list[str | None] | None:
+    """How each row's token labels relate to its ``input_ids``, on the positions counted.
+
+    ``identical``: ``labels[t] == input_ids[t]`` (the Hugging Face convention: the model or the
+    loss shifts); ``shifted by 1``: ``labels[t] == input_ids[t + 1]`` (already shifted left, for
+    a loss that does not shift); ``shifted by -1``: ``labels[t] == input_ids[t - 1]``;
+    ``other``: none of these (token classification, sequence-to-sequence targets). A relation
+    holds when every counted position it can compare agrees; ``None`` for a row with no counted
+    position.
+
+    Returns:
+        One relation per row, or ``None`` when the targets are not token sequences aligned with
+        the inputs.
+
+    Example:
+        >>> ids = torch.tensor([[5, 6, 7, 0], [5, 6, 7, 8]])
+        >>> label_relations(ids, torch.tensor([[5, 6, 7, -100], [6, 7, 8, -100]]),
+        ...                 ignore_index=-100)
+        ['identical', 'shifted by 1']
+    """
+    if target_kind(inputs, targets) != "sequence":
+        return None
+    labels, tokens = targets.detach().cpu(), inputs.detach().cpu()
+    counted = labels != ignore_index
+
+    def holds(lab: torch.Tensor, tok: torch.Tensor, cnt: torch.Tensor) -> list[bool]:
+        agree = ((lab == tok) | ~cnt).all(dim=1) & cnt.any(dim=1)
+        flags: list[bool] = agree.tolist()
+        return flags
+
+    rows = int(labels.shape[0])
+    same = holds(labels, tokens, counted)
+    left = right = [False] * rows
+    if labels.shape[1] > 1:
+        left = holds(labels[:, :-1], tokens[:, 1:], counted[:, :-1])
+        right = holds(labels[:, 1:], tokens[:, :-1], counted[:, 1:])
+    any_counted: list[bool] = counted.any(dim=1).tolist()
+    relations: list[str | None] = []
+    for i in range(rows):
+        if not any_counted[i]:
+            relations.append(None)
+        elif same[i]:
+            relations.append("identical")
+        elif left[i]:
+            relations.append("shifted by 1")
+        elif right[i]:
+            relations.append("shifted by -1")
+        else:
+            relations.append("other")
+    return relations
+
+
+def _tally(counts: Mapping[str, int]) -> tuple[str | None, int, str]:
+    """The relation of at least half the rows (``None``: none), the rows, and the counts."""
+    total = sum(counts.values())
+    text = ", ".join(f"{counts[r]} {r}" for r in LABEL_RELATIONS if counts.get(r))
+    for relation in LABEL_RELATIONS:
+        if total and 2 * counts.get(relation, 0) >= total:
+            return relation, total, text
+    return None, total, text
+
+
+def check_label_shift(counts: Mapping[str, int], *, causal_lm: str | None = None) -> CheckResult:
+    """What relation the labels bear to ``input_ids``; warns when they are already shifted.
+
+    Labels shifted left by one (``labels[t] == input_ids[t + 1]``) are right for a loss that
+    does not shift, and train a model that shifts internally (Hugging Face ``*ForCausalLM``
+    given ``labels=``) to predict two tokens ahead. The checker cannot see which loss is used,
+    so this is a warning (:func:`check_causal_lm_labels` watches what such a model receives).
+
+    Args:
+        counts: rows per relation of :data:`LABEL_RELATIONS` (rows with no counted position
+            left out).
+        causal_lm: a Hugging Face causal LM found in the module (``"GPT2LMHeadModel at
+            'model'"``), named in the detail.
+
+    Example:
+        >>> check_label_shift({"identical": 8}).verdict
+        'pass'
+        >>> check_label_shift({"shifted by 1": 8}).detail.startswith(SHIFTED_LABELS_ADVICE)
+        True
+    """
+    name = "label_shift"
+    relation, total, text = _tally(counts)
+    rows = f"rows: {text}"
+    if total == 0:
+        return CheckResult(name, "not_checked", "no row has a position counted in the loss")
+    held = "" if causal_lm is None else f"; the module holds {causal_lm}, which shifts labels"
+    if relation == "shifted by 1":
+        return CheckResult(
+            name,
+            "warn",
+            f"{SHIFTED_LABELS_ADVICE} (labels[t] == input_ids[t+1] in {rows}{held})",
+        )
+    if relation == "shifted by -1":
+        return CheckResult(
+            name,
+            "warn",
+            "labels are input_ids shifted right by 1 (labels[t] == input_ids[t-1]): every"
+            " target is a token the model has already seen, so it learns to copy; pass labels"
+            " = input_ids to a model that shifts internally, or input_ids shifted left by 1 to"
+            f" a loss that does not ({rows}{held})",
+        )
+    if relation == "identical":
+        return CheckResult(
+            name,
+            "pass",
+            "labels equal input_ids where counted (the Hugging Face convention: the model or"
+            f" the loss shifts them; {rows}{held})",
+        )
+    return CheckResult(
+        name,
+        "not_checked",
+        f"labels are not input_ids, shifted or not ({rows}): not next-token targets",
+    )
+
+
+def check_causal_lm_labels(causal_lm: str, counts: Mapping[str, int], calls: int) -> CheckResult:
+    """What a Hugging Face causal LM was given as ``labels=`` in the forward calls seen.
+
+    Such a model shifts the labels it is given, so labels already shifted left by one train
+    it to predict two tokens ahead: ``fail``. ``not_checked`` when it was not called, or
+    called without ``labels=`` (the loss is then computed outside it: see ``label_shift``).
+
+    Args:
+        causal_lm: the model, as ``"GPT2LMHeadModel at 'model'"``.
+        counts: rows per relation of its ``labels`` to its ``input_ids``.
+        calls: forward calls seen (with or without labels).
+
+    Example:
+        >>> check_causal_lm_labels("GPT2LMHeadModel at 'model'", {"shifted by 1": 4}, 1).verdict
+        'fail'
+    """
+    name = "causal_lm_labels"
+    relation, total, text = _tally(counts)
+    seen = f"{calls} forward call(s) seen"
+    if calls == 0:
+        return CheckResult(name, "not_checked", f"{causal_lm} was not called before the verdict")
+    if total == 0:
+        return CheckResult(
+            name,
+            "not_checked",
+            f"{causal_lm} was given no labels= comparable with its input_ids ({seen}): the"
+            " loss is computed outside it, see label_shift",
+        )
+    if relation == "shifted by 1":
+        return CheckResult(
+            name,
+            "fail",
+            f"{causal_lm} was given labels equal to its input_ids shifted left by 1"
+            f" (labels[t] == input_ids[t+1]; rows: {text}; {seen}); it shifts labels"
+            " internally, so this trains to predict 2 tokens ahead: pass labels = input_ids"
+            " (with -100 on masked positions)",
+        )
+    if relation == "shifted by -1":
+        return CheckResult(
+            name,
+            "warn",
+            f"{causal_lm} was given labels equal to its input_ids shifted right by 1 (rows:"
+            f" {text}; {seen}); it shifts labels internally, so it learns to copy its current"
+            " token: pass labels = input_ids (with -100 on masked positions)",
+        )
+    if relation == "identical":
+        return CheckResult(
+            name,
+            "pass",
+            f"{causal_lm} was given labels = input_ids where counted and shifts them"
+            f" internally: next-token targets (rows: {text}; {seen})",
+        )
+    return CheckResult(
+        name,
+        "not_checked",
+        f"the labels given to {causal_lm} are not its input_ids, shifted or not (rows: {text};"
+        f" {seen})",
+    )
+
+
 # ------------------------------------------------------------------------------------------------
 # Splits
 # ------------------------------------------------------------------------------------------------
@@ -650,6 +875,7 @@ class SplitInspection:
         max_length: the maximum sequence length (``None``: unknown).
         pad_token_id: the padding token (``None``: not checked).
         padding_warn: warn when more than this fraction of positions is padding.
+        causal_lm: a Hugging Face causal LM found in the module, named by ``label_shift``.
 
     Example:
         >>> import torch
@@ -673,8 +899,11 @@ class SplitInspection:
         max_length: int | None = None,
         pad_token_id: int | None = None,
         padding_warn: float = 0.5,
+        causal_lm: str | None = None,
     ) -> None:
         self.split = split
+        self.causal_lm = causal_lm
+        self._relations: Counter[str] = Counter()
         self.ignore_index = ignore_index
         self.output_size = output_size
         self.size_source = size_source
@@ -740,6 +969,8 @@ class SplitInspection:
             self._real_tokens += int(real.sum())
             self._equal_tokens += int((real & (labels == tokens)).sum())
             self._masked_tokens += int((real & (labels == self.ignore_index)).sum())
+            relations = label_relations(inputs, targets, ignore_index=self.ignore_index) or []
+            self._relations.update(r for r in relations if r is not None)
 
     def checks(self) -> list[CheckResult]:
         """The folded checks, names prefixed with ``<split>/``."""
@@ -752,6 +983,7 @@ class SplitInspection:
                     self._real_tokens, self._equal_tokens, self._masked_tokens, self.ignore_index
                 )
             )
+            results.append(check_label_shift(self._relations, causal_lm=self.causal_lm))
         if self._lengths:
             results.append(check_truncation(self._lengths, self.max_length))
         if self._padding[1]:
@@ -771,6 +1003,7 @@ def example_rows(
     max_length: int | None = None,
     decode: Any = None,
     max_values: int = 256,
+    errors: list[str] | None = None,
 ) -> list[dict[str, Any]]:
     """Rows of the examples table for the first ``limit`` examples of one batch.
 
@@ -780,12 +1013,18 @@ def example_rows(
     (text: the class, or the decoded counted target tokens), ``target_tokens`` (token targets as
     given, ignore index included), ``loss_positions`` (positions counted in the loss),
     ``loss_tokens``, ``length`` (real tokens), ``seq_len`` (padded width), ``truncated``
-    (``length >= max_length``; null when unknown) and ``notes``.
+    (``length >= max_length``; null when unknown), ``label_relation`` (of the token labels to
+    the inputs: :func:`label_relations`; null when not token sequences or nothing is counted)
+    and ``notes``.
+
+    ``decode`` is the user's function: when it raises, the text stays null, the row's note
+    names the error, and the message is appended to ``errors`` (when given); nothing is raised.
     """
     size = view.batch_size or 0
     ids = view.ids_list()
     rows = []
     lengths = row_lengths(view.inputs, view.attention_mask)
+    relations = label_relations(view.inputs, view.targets, ignore_index=ignore_index)
     for i in range(min(limit, size)):
         notes = []
         row: dict[str, Any] = {
@@ -805,7 +1044,7 @@ def example_rows(
             kept = tokens[real] if real is not None and real.shape == tokens.shape else tokens
             row["input_tokens"] = kept.reshape(-1).tolist()
             if decode is not None:
-                row["input_text"] = str(decode(kept))
+                row["input_text"] = _decoded(decode, kept, notes, errors)
         elif x is not None and x.is_floating_point():
             flat = x.detach().cpu().reshape(-1).to(torch.float64)
             row["input_values"] = flat[:max_values].tolist()
@@ -824,7 +1063,9 @@ def example_rows(
             row["loss_positions"] = counted.tolist()
             row["loss_tokens"] = int(counted.numel())
             if decode is not None:
-                row["target"] = str(decode(labels[counted]))
+                row["target"] = _decoded(decode, labels[counted], notes, errors)
+            if relations is not None and i < len(relations):
+                row["label_relation"] = relations[i]
         elif y is None:
             notes.append("no target in the batch")
         if lengths is not None:
@@ -835,3 +1076,18 @@ def example_rows(
         row["notes"] = "; ".join(notes) or None
         rows.append(row)
     return rows
+
+
+def _decoded(
+    decode: Any, tokens: torch.Tensor, notes: list[str], errors: list[str] | None
+) -> str | None:
+    """``str(decode(tokens))``; ``None`` with a note when the user's ``decode`` raises."""
+    try:
+        return str(decode(tokens))
+    except Exception as err:  # the user's function: report it, keep the row
+        message = f"decode raised {type(err).__name__}: {err}"
+        if message not in notes:
+            notes.append(message)
+        if errors is not None:
+            errors.append(message)
+        return None

@@ -118,7 +118,7 @@ def test_lm_labels_that_include_the_instruction_warn(make_trainer: Any) -> None:
     row = _data_row(inspector)
     assert row["verdict"] == "warn"
     assert "the instruction (prompt) is a target too" in row["reason"]
-    assert row["reason"].endswith(REMEDY)
+    assert REMEDY in row["reason"]
 
 
 def test_group_shared_by_train_and_validation_fails(make_trainer: Any) -> None:
@@ -134,7 +134,7 @@ def test_group_shared_by_train_and_validation_fails(make_trainer: Any) -> None:
     row = _data_row(inspector)
     assert row["verdict"] == "fail"
     assert "split_leakage" in row["reason"]
-    assert row["reason"].endswith(REMEDY)
+    assert REMEDY in row["reason"]
 
 
 def test_head_too_small_for_the_labels_fails_before_the_crash(make_trainer: Any) -> None:
@@ -258,3 +258,220 @@ def test_custom_adapter_reads_renamed_fields(make_trainer: Any) -> None:
     trainer = make_trainer(callbacks=[inspector], max_steps=2)
     trainer.fit(Model(), datamodule=Renamed(dataset_size=128))
     assert inspector.checks["train/ids_present_unique"].verdict == "pass"
+
+
+# ---------------------------------------------------------------------------------------------
+# Third-party modules: a DataModule that builds its test split in setup("test"), user code that
+# raises, and labels shifted for a model that shifts them itself
+# ---------------------------------------------------------------------------------------------
+
+
+def test_boring_datamodule_with_a_test_split_built_in_setup_test_fits(make_trainer: Any) -> None:
+    # Lightning's own BoringDataModule builds random_test in setup("test") only: during fit
+    # its test_dataloader() raises AttributeError, which crashed on_train_start.
+    from lightning.pytorch.demos.boring_classes import BoringDataModule, BoringModel
+
+    inspector = BatchInspector()
+    trainer = make_trainer(callbacks=[inspector], max_steps=3)
+    trainer.fit(BoringModel(), datamodule=BoringDataModule())
+
+    assert trainer.global_step == 3
+    test = inspector.checks["test/split_leakage"]
+    assert test.verdict == "not_checked"
+    assert test.detail.startswith("the test split is built in setup('test'), not for fit;")
+    assert "test_dataloader() raised AttributeError during fit" in test.detail
+    assert "build the test split in setup() for every stage" in test.detail
+    # The other splits are still compared.
+    assert inspector.checks["duplicate_inputs_across_splits"].detail == (
+        "no input in two splits (examples scanned: train 64, val 64)"
+    )
+    row = _data_row(inspector)
+    assert row["verdict"] == inspector.verdict
+    assert "test/split_leakage" in {c["name"] for c in row["checks"]}
+
+
+def test_user_code_that_raises_is_reported_and_the_fit_goes_on(make_trainer: Any) -> None:
+    def bad_decode(tokens: Any) -> str:
+        raise UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte")
+
+    def bad_group(item: Any) -> Any:
+        return item["conversation"]  # the items have no such key
+
+    inspector = BatchInspector(decode=bad_decode, group_fn=bad_group, examples=2)
+    trainer = make_trainer(callbacks=[inspector], max_steps=2)
+    trainer.fit(_lm(), datamodule=InstructionDataModule(dataset_size=96, batch_size=8))
+
+    assert trainer.global_step == 2
+    leak = inspector.checks["split_leakage"]
+    assert leak.verdict == "not_checked"
+    assert leak.detail.startswith("group_fn raised KeyError: 'conversation' on a train item")
+    assert "fix group_fn" in leak.detail
+    decoded = inspector.checks["decode"]
+    assert decoded.verdict == "not_checked"
+    assert decoded.detail.startswith("decode raised UnicodeDecodeError")
+    assert "fix decode=" in decoded.detail
+    examples = read_snapshot_table(inspector.run.run_dir / "examples.parquet").to_pylist()
+    assert len(examples) == 4
+    assert all(r["input_text"] is None and r["target"] is None for r in examples)
+    assert all("decode raised UnicodeDecodeError" in r["notes"] for r in examples)
+    assert all(r["input_tokens"] for r in examples)  # the rest of the row is kept
+
+
+def test_an_adapter_field_that_raises_is_reported(make_trainer: Any) -> None:
+    inspector = BatchInspector(adapter=BatchAdapter(ids=lambda batch: batch["uid"]))
+    trainer = make_trainer(callbacks=[inspector], max_steps=2)
+    trainer.fit(TinyClassifier(), datamodule=ClassificationDataModule(dataset_size=128))
+
+    assert trainer.global_step == 2
+    read = inspector.checks["train/batch_read"]
+    assert read.verdict == "not_checked"
+    assert read.detail.startswith("reading a train batch raised KeyError: 'uid'")
+    scan = inspector.checks["train/split_leakage"]
+    assert scan.detail.startswith("reading the train dataset raised KeyError: 'uid'")
+
+
+VOCAB, WIDTH, PROMPT = 50, 12, 4
+
+
+def _gpt2() -> Any:
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(
+        n_layer=1, n_head=2, n_embd=16, vocab_size=VOCAB, n_positions=32
+    )
+    return transformers.GPT2LMHeadModel(config)
+
+
+def _causal_items(n: int, *, shifted: bool) -> list[dict[str, torch.Tensor]]:
+    """Prompt + response rows, right-padded with 0; labels mask the prompt and the padding.
+
+    ``shifted``: the labels are shifted left by hand (``labels[t] = input_ids[t + 1]``), the
+    convention of a loss that does not shift.
+    """
+    generator = torch.Generator().manual_seed(0)
+    items = []
+    for index in range(n):
+        length = 8 + index % (WIDTH - 7)
+        input_ids = torch.zeros(WIDTH, dtype=torch.long)
+        input_ids[:length] = torch.randint(1, VOCAB, (length,), generator=generator)
+        mask = (torch.arange(WIDTH) < length).long()
+        labels = torch.full((WIDTH,), -100, dtype=torch.long)
+        if shifted:
+            labels[PROMPT - 1 : length - 1] = input_ids[PROMPT:length]
+        else:
+            labels[PROMPT:length] = input_ids[PROMPT:length]
+        items.append(
+            {
+                "ids": torch.tensor(index),
+                "input_ids": input_ids,
+                "attention_mask": mask,
+                "labels": labels,
+            }
+        )
+    return items
+
+
+class HFCausalLM(pl.LightningModule):
+    """A Hugging Face *LMHeadModel trained the Hugging Face way: labels=, the model shifts."""
+
+    def __init__(self, shift_in_step: bool = False) -> None:
+        super().__init__()
+        self.model = _gpt2()
+        self.shift_in_step = shift_in_step
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        labels = batch["labels"]
+        if self.shift_in_step:  # shifted by hand once more, inside the step
+            labels = torch.cat([labels[:, 1:], torch.full_like(labels[:, :1], -100)], dim=1)
+        output = self.model(
+            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=labels
+        )
+        loss: torch.Tensor = output.loss
+        return loss
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+def _fit_causal(
+    make_trainer: Any, *, shifted: bool, shift_in_step: bool = False
+) -> tuple[BatchInspector, list[dict[str, Any]]]:
+    inspector = BatchInspector()
+    trainer = make_trainer(callbacks=[inspector], max_steps=3)
+    loader = DataLoader(_causal_items(32, shifted=shifted), batch_size=8)
+    module = HFCausalLM(shift_in_step)
+    trainer.fit(module, train_dataloaders=loader)
+    assert trainer.global_step == 3
+    assert not module.model._forward_pre_hooks  # the watch ends with the verdict
+    examples = read_snapshot_table(inspector.run.run_dir / "examples.parquet").to_pylist()
+    return inspector, examples
+
+
+def test_hf_convention_labels_equal_to_input_ids_pass(make_trainer: Any) -> None:
+    inspector, examples = _fit_causal(make_trainer, shifted=False)
+
+    shift = inspector.checks["train/label_shift"]
+    assert shift.verdict == "pass"
+    assert shift.detail.startswith("labels equal input_ids where counted")
+    assert "16 identical" in shift.detail
+    assert "GPT2LMHeadModel at 'model'" in shift.detail
+    model = inspector.checks["causal_lm_labels"]
+    assert model.verdict == "pass"
+    assert model.detail.startswith("GPT2LMHeadModel at 'model' was given labels = input_ids")
+    warned = [c.name for c in inspector.checks.values() if c.verdict in ("warn", "fail")]
+    assert warned == []
+    assert inspector.verdict == "pass"
+    assert [r["label_relation"] for r in examples] == ["identical"] * 4
+
+
+def test_labels_shifted_by_hand_for_a_model_that_shifts_are_caught(make_trainer: Any) -> None:
+    inspector, examples = _fit_causal(make_trainer, shifted=True)
+
+    shift = inspector.checks["train/label_shift"]
+    assert shift.verdict == "warn"
+    assert shift.detail.startswith(
+        "labels are input_ids shifted left by 1; Hugging Face *ForCausalLM models shift labels"
+        " internally, so this trains to predict 2 tokens ahead; pass labels = input_ids (with"
+        " -100 on masked positions) to such models, or ignore this warning if your loss does"
+        " not shift (labels[t] == input_ids[t+1] in rows: 16 shifted by 1"
+    )
+    # The model was given those labels: it shifts them again, which is certain.
+    model = inspector.checks["causal_lm_labels"]
+    assert model.verdict == "fail"
+    assert "was given labels equal to its input_ids shifted left by 1" in model.detail
+    assert "trains to predict 2 tokens ahead" in model.detail
+    assert [r["label_relation"] for r in examples] == ["shifted by 1"] * 4
+    row = _data_row(inspector)
+    assert row["verdict"] == "fail"
+    assert "train/label_shift: labels are input_ids shifted left by 1" in row["reason"]
+
+
+def test_a_shift_inside_training_step_is_seen_on_the_model_call(make_trainer: Any) -> None:
+    # The batch follows the convention; the step shifts the labels before the model shifts them.
+    inspector, examples = _fit_causal(make_trainer, shifted=False, shift_in_step=True)
+
+    assert inspector.checks["train/label_shift"].verdict == "pass"
+    assert [r["label_relation"] for r in examples] == ["identical"] * 4
+    model = inspector.checks["causal_lm_labels"]
+    assert model.verdict == "fail"
+    assert "shifted left by 1" in model.detail
+
+
+def test_a_copy_of_a_watched_model_carries_an_inert_hook() -> None:
+    # The resume check's in-process fallback deep-copies the module; a user may pickle it.
+    import copy
+    import pickle
+
+    module = HFCausalLM()
+    inspector = BatchInspector()
+    inspector._watch(module)
+    assert inspector._causal_lm == "GPT2LMHeadModel at 'model'"
+    ids = torch.randint(1, VOCAB, (2, 6))
+    for other in (copy.deepcopy(module), pickle.loads(pickle.dumps(module))):
+        [hook] = other.model._forward_pre_hooks.values()
+        assert hook.inspector is None
+        other.model(input_ids=ids, labels=ids)
+    assert inspector._lm_calls == 0
+    module.model(input_ids=ids, labels=ids)
+    assert (inspector._lm_calls, inspector._lm_relations["identical"]) == (1, 2)
+    inspector._unwatch()
+    assert not module.model._forward_pre_hooks

@@ -162,6 +162,90 @@ def test_five_micro_batches_with_k2_step_a_down_weighted_last_window(
     assert "weight 0.50 of a full update" in warning
 
 
+def _optimizer_step_rows(accountant: EffectiveBatchAccountant) -> list[dict[str, Any]]:
+    if not (accountant.run.run_dir / "phases.parquet").exists():
+        return []  # no callback wrote a phase row
+    table = storage.read_phase_table(accountant.run.run_dir)
+    rows: list[dict[str, Any]] = table[table["phase"] == "optimizer_step"].to_dict("records")
+    return rows
+
+
+def test_k5_over_64_micro_batches_is_a_phase_table_warn_with_the_right_remedy(
+    make_trainer: Any, caught: list[warnings.WarningMessage]
+) -> None:
+    # 256 examples in micro-batches of 4: 64 micro-batches per epoch and no partial batch, so
+    # drop_last=True changes nothing; K=5 leaves 4 micro-batches in each epoch's last window.
+    accountant = EffectiveBatchAccountant()
+    trainer = make_trainer(
+        max_steps=-1, max_epochs=2, accumulate_grad_batches=5, callbacks=[accountant]
+    )
+    trainer.fit(Regression(), loader(256, 4))
+
+    table = updates_table(accountant)
+    assert len(table) == 26
+    assert table.loc[table["window_partial"], "update"].tolist() == [13, 26]
+    assert table.loc[table["window_partial"], "weight"].tolist() == [0.8, 0.8]
+    [row] = _optimizer_step_rows(accountant)
+    assert (row["first"], row["verdict"], row["source"]) == (
+        False,
+        "warn",
+        "EffectiveBatchAccountant",
+    )
+    [check] = row["checks"]
+    assert (check["name"], check["verdict"]) == ("partial_accumulation_windows", "warn")
+    assert check["detail"] == (
+        "2 of 26 update(s) stepped an incomplete accumulation window (first: update 13, 4 of 5"
+        " micro-batches); Lightning still divides the loss by K, so their examples got weight"
+        " 0.80 of a full update; micro-batches per epoch (64) are not a multiple of"
+        " accumulate_grad_batches (5): choose K dividing 64 (e.g. 4 or 8), or"
+        " limit_train_batches to a multiple of K, or accept that each epoch's last update sees"
+        " 4/5 of the examples"
+    )
+    assert row["reason"].startswith("partial_accumulation_windows: 2 of 26 update(s)")
+    assert "If the check fails: inspect the optimizer and accumulation" in row["reason"]
+    assert "drop_last" not in row["reason"]
+    # The Python warning says the same.
+    [warning] = [m for m in ours(caught) if "incomplete accumulation window" in m]
+    assert "choose K dividing 64 (e.g. 4 or 8)" in warning
+
+
+def test_a_partial_last_micro_batch_that_makes_the_window_partial_says_drop_last(
+    make_trainer: Any,
+) -> None:
+    # 81 examples in micro-batches of 2: 41 micro-batches, the last of one example; K=5.
+    accountant = EffectiveBatchAccountant()
+    trainer = make_trainer(
+        max_steps=-1, max_epochs=1, accumulate_grad_batches=5, callbacks=[accountant]
+    )
+    trainer.fit(Regression(), loader(81, 2))
+    [row] = _optimizer_step_rows(accountant)
+    assert row["verdict"] == "warn"
+    detail = row["checks"][0]["detail"]
+    assert detail.startswith("1 of 9 update(s) stepped an incomplete accumulation window")
+    assert detail.endswith(
+        "the loader's last micro-batch is partial (81 examples per replica are not a multiple"
+        " of batch_size 2) and makes 41 micro-batches per epoch where 40 would fill every"
+        " window of accumulate_grad_batches (5): use drop_last=True"
+    )
+
+
+def test_full_windows_pass_and_no_accumulation_writes_no_row(make_trainer: Any) -> None:
+    accountant = EffectiveBatchAccountant()
+    trainer = make_trainer(
+        max_steps=-1, max_epochs=1, accumulate_grad_batches=8, callbacks=[accountant]
+    )
+    trainer.fit(Regression(), loader(64, 2))
+    [row] = _optimizer_step_rows(accountant)
+    assert (row["first"], row["verdict"]) == (False, "pass")
+    assert row["checks"][0]["detail"] == (
+        "all 4 update(s) counted stepped full windows of K=8 micro-batches"
+    )
+
+    plain = EffectiveBatchAccountant()
+    make_trainer(max_steps=3, callbacks=[plain]).fit(Regression(), loader(64, 2))
+    assert _optimizer_step_rows(plain) == []
+
+
 def test_lightning_divides_the_last_lone_micro_batch_by_k(make_trainer: Any) -> None:
     """The fact behind the weight: the loss back-propagated is the training loss / K."""
 
@@ -381,7 +465,7 @@ def test_fast_dev_run_with_accumulation(
     assert plan.total_updates == 2
     assert accountant.summary["updates_done"] == 2
     assert accountant.summary["examples_seen"] == 6
-    assert [m for m in ours(caught) if "1 update(s) stepped an incomplete" in m]
+    assert [m for m in ours(caught) if "1 of 2 update(s) stepped an incomplete" in m]
 
 
 def test_overfit_batches_and_validation_interval(make_trainer: Any) -> None:
@@ -426,7 +510,7 @@ def test_drop_last_loader_and_plan_agree(
     summary = accountant.summary
     assert (summary["updates_done"], summary["examples_seen"]) == (6, 20)
     # 5 full micro-batches per epoch with K=2: each epoch ends with a lone micro-batch.
-    assert [m for m in ours(caught) if "2 update(s) stepped an incomplete" in m]
+    assert [m for m in ours(caught) if "2 of 6 update(s) stepped an incomplete" in m]
 
 
 def test_the_first_batch_gives_the_micro_batch_when_the_loader_does_not(

@@ -15,8 +15,10 @@ from lightning_pilot.core.accounting import (
     TOKENS_NOT_COUNTED,
     BatchConfig,
     UpdateCounter,
+    check_accumulation_windows,
     normalise_schedule,
     pack_counts,
+    partial_window_remedy,
     plan_updates,
     replica_duplicates,
     summarize,
@@ -431,7 +433,7 @@ def test_summarize_names_every_finding() -> None:
         "plan_shortfall",
         "note",
     }
-    assert "2 update(s) stepped an incomplete" in flags["last_window_partial"]
+    assert "2 of 4 update(s) stepped an incomplete" in flags["last_window_partial"]
     assert "weight 0.25, 0.50 of a full update" in flags["last_window_partial"]
     assert "train on 3 duplicated sample(s)" in flags["padding_duplicates"]
     assert "skipped 1 optimizer step(s) (first: update 2)" in flags["gradscaler_skipped"]
@@ -458,6 +460,92 @@ def test_keep_selects_the_checked_quantity(keep: Any, planned: int, done: int) -
     )
     assert (result["keep"], result["kept_planned"], result["kept_done"]) == (keep, planned, done)
     assert [flag["flag"] for flag in result["flags"]] == ["last_window_partial"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Partial accumulation windows: the verdict and a remedy that fits the cause
+# ---------------------------------------------------------------------------------------------
+
+
+def test_epoch_length_not_a_multiple_of_k_gets_its_own_remedy() -> None:
+    # 256 examples in batches of 4: 64 micro-batches, none partial; K=5 leaves 4 in the last.
+    plan = plan_updates(256, 4, accumulate_grad_batches=5, epochs=2)
+    assert (plan.micro_batches_per_epoch, plan.last_window_micro_batches) == (64, 4)
+    remedy = partial_window_remedy(plan, {"micro_batches": 4, "accumulate_grad_batches": 5})
+    assert remedy == (
+        "micro-batches per epoch (64) are not a multiple of accumulate_grad_batches (5): choose"
+        " K dividing 64 (e.g. 4 or 8), or limit_train_batches to a multiple of K, or accept"
+        " that each epoch's last update sees 4/5 of the examples"
+    )
+    assert "drop_last" not in remedy
+
+
+def test_a_partial_last_micro_batch_that_drop_last_fixes() -> None:
+    # 81 examples in batches of 2: 41 micro-batches, the last of 1 example; 40 fill K=5.
+    plan = plan_updates(81, 2, accumulate_grad_batches=5, epochs=1)
+    remedy = partial_window_remedy(plan, {"micro_batches": 1, "accumulate_grad_batches": 5})
+    assert remedy.startswith("the loader's last micro-batch is partial (81 examples per")
+    assert remedy.endswith("use drop_last=True")
+
+
+def test_a_partial_window_the_epoch_length_does_not_explain() -> None:
+    # 65 micro-batches fill K=5: a partial window came from elsewhere (a mid-window resume).
+    plan = plan_updates(129, 2, accumulate_grad_batches=5, epochs=1)
+    remedy = partial_window_remedy(plan, {"micro_batches": 2, "accumulate_grad_batches": 5})
+    assert remedy.startswith("micro-batches per epoch (65) are a multiple of K (5), so the")
+    assert "a resume from a checkpoint saved inside a window" in remedy
+
+
+def test_a_partial_last_micro_batch_that_drop_last_does_not_fix() -> None:
+    # 127 examples in batches of 2: 64 micro-batches; dropping the last leaves 63, still not 5k.
+    plan = plan_updates(127, 2, accumulate_grad_batches=5, epochs=1)
+    remedy = partial_window_remedy(plan, {"micro_batches": 4, "accumulate_grad_batches": 5})
+    assert remedy.startswith("micro-batches per epoch (64) are not a multiple")
+    assert remedy.endswith("(drop_last=True alone leaves 63, not a multiple of 5 either)")
+
+
+def test_limit_train_batches_and_a_prime_epoch_length() -> None:
+    plan = plan_updates(1000, 1, accumulate_grad_batches=4, epochs=1, limit_micro_batches=67)
+    remedy = partial_window_remedy(plan, {"micro_batches": 3, "accumulate_grad_batches": 4})
+    assert "choose K dividing 67 (e.g. 67)" in remedy
+    assert "sees 3/4 of the examples" in remedy
+
+
+def test_without_a_plan_the_window_names_its_epoch_length() -> None:
+    window = {"micro_batches": 4, "accumulate_grad_batches": 5, "batch_idx_last": 63}
+    remedy = partial_window_remedy(None, window)
+    assert remedy.startswith("micro-batches per epoch (64) are not a multiple")
+    assert remedy.endswith("(no plan: counted in its epoch)")
+    # A window that ends at a multiple of K was cut short by something else (a resume).
+    window = {"micro_batches": 2, "accumulate_grad_batches": 5, "batch_idx_last": 9}
+    assert partial_window_remedy(None, window).startswith("the partial window did not come")
+
+
+def test_check_accumulation_windows_verdicts() -> None:
+    counter = UpdateCounter()
+    count(counter, [(5, 5)] * 12 + [(4, 5)])
+    check = check_accumulation_windows(counter, plan_updates(64, 1, 5, epochs=1))
+    assert check is not None
+    assert (check.name, check.verdict) == ("partial_accumulation_windows", "warn")
+    assert check.detail.startswith(
+        "1 of 13 update(s) stepped an incomplete accumulation window (first: update 13, 4 of 5"
+        " micro-batches); Lightning still divides the loss by K, so their examples got weight"
+        " 0.80 of a full update; micro-batches per epoch (64) are not a multiple of"
+    )
+    assert counter.partial_windows[0]["batch_idx_last"] == 63
+
+    full = UpdateCounter()
+    count(full, [(4, 4)] * 3)
+    check = check_accumulation_windows(full)
+    assert check is not None
+    assert (check.verdict, check.detail) == (
+        "pass",
+        "all 3 update(s) counted stepped full windows of K=4 micro-batches",
+    )
+    single = UpdateCounter()
+    count(single, [(1, 1)] * 3)
+    assert check_accumulation_windows(single) is None  # K=1: nothing to check
+    assert check_accumulation_windows(UpdateCounter()) is None
 
 
 def test_effective_batch_size_needs_the_micro_batch() -> None:

@@ -10,13 +10,16 @@ from torch import nn
 
 from lightning_pilot.core.batches import BatchAdapter
 from lightning_pilot.core.data_checks import (
+    SHIFTED_LABELS_ADVICE,
     SplitInspection,
     check_attention_mask,
+    check_causal_lm_labels,
     check_class_histograms,
     check_duplicates,
     check_ids,
     check_instruction_masking,
     check_label_range,
+    check_label_shift,
     check_leakage,
     check_loss_positions,
     check_padding,
@@ -24,9 +27,11 @@ from lightning_pilot.core.data_checks import (
     check_truncation,
     class_histogram,
     example_rows,
+    find_causal_lm,
     find_shared,
     infer_output_size,
     input_fingerprint,
+    label_relations,
     row_lengths,
     target_kind,
 )
@@ -260,3 +265,121 @@ def test_example_rows_decode_tokens_targets_and_loss_positions() -> None:
     assert [r["target"] for r in plain] == ["1", "0"]
     assert plain[0]["input_values"] == [1.0, 1.0]
     assert plain[0]["notes"] == "no id in the batch"
+
+
+# ---------------------------------------------------------------------------------------------
+# Labels against input_ids: identical, shifted, other
+# ---------------------------------------------------------------------------------------------
+
+IDS = torch.tensor([[5, 6, 7, 8, 0], [9, 8, 7, 6, 5]])
+
+
+@pytest.mark.parametrize(
+    ("labels", "expected"),
+    [
+        ([[-100, 6, 7, 8, -100], [-100, -100, 7, 6, 5]], ["identical", "identical"]),
+        ([[6, 7, 8, -100, -100], [8, 7, 6, 5, -100]], ["shifted by 1", "shifted by 1"]),
+        ([[-100, 5, 6, 7, -100], [-100, 9, 8, 7, 6]], ["shifted by -1", "shifted by -1"]),
+        ([[1, 2, 3, 4, -100], [-100] * 5], ["other", None]),
+        # Only the last position counted: no shift to compare, and it is not identical.
+        ([[-100, -100, -100, -100, 3], [-100, -100, -100, -100, 5]], ["other", "identical"]),
+    ],
+)
+def test_label_relations(labels: list[list[int]], expected: list[str | None]) -> None:
+    assert label_relations(IDS, torch.tensor(labels), ignore_index=-100) == expected
+
+
+def test_label_relations_need_token_sequences() -> None:
+    assert label_relations(torch.zeros(2, 3), torch.tensor([0, 1]), ignore_index=-100) is None
+    assert label_relations(IDS, IDS[:, :3], ignore_index=-100) is None
+
+
+def test_check_label_shift_verdicts() -> None:
+    clean = check_label_shift({"identical": 6})
+    assert (clean.name, clean.verdict) == ("label_shift", "pass")
+    assert clean.detail == (
+        "labels equal input_ids where counted (the Hugging Face convention: the model or the loss"
+        " shifts them; rows: 6 identical)"
+    )
+    shifted = check_label_shift(
+        {"shifted by 1": 5, "identical": 1}, causal_lm="GPT2LMHeadModel at 'model'"
+    )
+    assert shifted.verdict == "warn"
+    assert shifted.detail == (
+        f"{SHIFTED_LABELS_ADVICE} (labels[t] == input_ids[t+1] in rows: 1 identical, 5 shifted"
+        " by 1; the module holds GPT2LMHeadModel at 'model', which shifts labels)"
+    )
+    assert check_label_shift({"shifted by -1": 2}).verdict == "warn"
+    assert check_label_shift({"other": 3, "identical": 1}).verdict == "not_checked"
+    assert check_label_shift({}).verdict == "not_checked"
+
+
+def test_check_causal_lm_labels_verdicts() -> None:
+    lm = "GPT2LMHeadModel at 'model'"
+    assert check_causal_lm_labels(lm, {"identical": 8}, 1).verdict == "pass"
+    failed = check_causal_lm_labels(lm, {"shifted by 1": 8}, 2)
+    assert failed.verdict == "fail"
+    assert "trains to predict 2 tokens ahead" in failed.detail
+    assert "2 forward call(s) seen" in failed.detail
+    assert check_causal_lm_labels(lm, {"shifted by -1": 8}, 1).verdict == "warn"
+    unlabelled = check_causal_lm_labels(lm, {}, 3)
+    assert unlabelled.verdict == "not_checked"
+    assert "the loss is computed outside it" in unlabelled.detail
+    assert check_causal_lm_labels(lm, {}, 0).detail == f"{lm} was not called before the verdict"
+
+
+def test_find_causal_lm_matches_hugging_face_causal_lms_only() -> None:
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(n_layer=1, n_head=2, n_embd=8, vocab_size=20, n_positions=8)
+
+    class Wrapper(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.backbone = transformers.GPT2Model(config)  # no LM head: not a causal LM
+            self.model = transformers.GPT2LMHeadModel(config)
+
+    found = find_causal_lm(Wrapper())
+    assert found is not None
+    assert (found[0], type(found[1]).__name__) == ("model", "GPT2LMHeadModel")
+
+    class GPT2LMHeadModel(nn.Module):  # the name alone is not enough
+        pass
+
+    assert find_causal_lm(nn.Sequential(GPT2LMHeadModel())) is None
+    assert find_causal_lm(TinyCausalLM(d_model=8, n_heads=2, n_layers=1)) is None
+
+
+def test_split_inspection_and_example_rows_name_the_relation() -> None:
+    shifted = torch.tensor([[6, 7, 8, -100, -100], [8, 7, 6, 5, -100]])
+    batch = {"input_ids": IDS, "attention_mask": (IDS != 0).long(), "labels": shifted}
+    view = BatchAdapter().view(batch)
+    inspection = SplitInspection("train", ignore_index=-100, output_size=10)
+    inspection.add(view)
+    checks = {c.name: c for c in inspection.checks()}
+    assert checks["train/label_shift"].verdict == "warn"
+    rows = example_rows(view, split="train", batch_index=0, limit=2, ignore_index=-100)
+    assert [r["label_relation"] for r in rows] == ["shifted by 1", "shifted by 1"]
+    classes = example_rows(
+        BatchAdapter().view((torch.ones(2, 3), torch.tensor([1, 0]))),
+        split="train",
+        batch_index=0,
+        limit=2,
+        ignore_index=-100,
+    )
+    assert [r.get("label_relation") for r in classes] == [None, None]
+
+
+def test_example_rows_keep_going_when_decode_raises() -> None:
+    def broken(tokens: Any) -> str:
+        raise ValueError("vocabulary not loaded")
+
+    view = BatchAdapter().view({"input_ids": IDS, "labels": IDS})
+    errors: list[str] = []
+    rows = example_rows(
+        view, split="val", batch_index=0, limit=2, ignore_index=-100, decode=broken, errors=errors
+    )
+    assert [r["input_text"] for r in rows] == [None, None]
+    assert [r["target"] for r in rows] == [None, None]
+    assert rows[0]["notes"] == "no id in the batch; decode raised ValueError: vocabulary not loaded"
+    assert errors == ["decode raised ValueError: vocabulary not loaded"] * 4
+    assert rows[0]["input_tokens"] == [5, 6, 7, 8, 0]
