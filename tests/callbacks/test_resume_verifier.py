@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pathlib
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -108,6 +109,32 @@ def _checks(frame: pd.DataFrame) -> dict[str, tuple[str, str]]:
     return {c["name"]: (c["verdict"], c["detail"]) for c in row["checks"]}
 
 
+class _LastBatch(pl.Callback):
+    """When the fit's last training batch ended, and whether the module was still training."""
+
+    def __init__(self) -> None:
+        self.at = 0.0
+
+    def on_train_batch_end(self, *args: Any) -> None:
+        self.at = time.time()
+
+
+def test_verification_runs_once_after_the_fit_in_one_process(tmp_path: Path) -> None:
+    """Training never waits for the verification, and the new process never shares the device
+    with the fit: it starts after Lightning's teardown, one process for every checkpoint."""
+    last = _LastBatch()
+    verifier = ResumeVerifier(at_step=2, compare_steps=1)  # mid-epoch, epoch boundary, artifact
+    frame = _fit(tmp_path, Net(stateful=True), verifier, max_steps=20, callbacks=[last])
+    checks = _checks(frame)
+    assert checks["loss_trajectory"][0] == "pass"
+    assert checks["epoch_boundary.loss_trajectory"][0] == "pass", checks
+    assert checks["artifact_roundtrip"][0] == "pass"
+    folder = verifier.run.run_dir / "resume"
+    specs = sorted(p.name for p in folder.glob("spec-*.json"))
+    assert specs == ["spec-tasks.json"]  # one process for two probes and the artifact
+    assert (folder / "spec-tasks.json").stat().st_mtime >= last.at  # after the last batch
+
+
 def test_stateful_loader_resumes_exactly_in_a_new_process(tmp_path: Path) -> None:
     frame = _fit(tmp_path, Net(stateful=True), ResumeVerifier(at_step=2, compare_steps=3))
     checks = _checks(frame)
@@ -118,7 +145,7 @@ def test_stateful_loader_resumes_exactly_in_a_new_process(tmp_path: Path) -> Non
     ):  # fmt: skip
         assert checks[name][0] == "pass", (name, checks[name])
     assert checks["weights_only_load"][1] == "loaded in a new process"
-    assert checks["grad_scaler"][0] == "not_checked"
+    assert checks["grad_scaler"] == ("pass", "none saved, none restored")
     assert "sha256" in checks["artifact_roundtrip"][1]
     load = frame[frame["phase"] == "checkpoint_load"].iloc[0]
     assert load["file_bytes"] > 0
