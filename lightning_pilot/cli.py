@@ -9,10 +9,25 @@ Subcommands:
   --max-steps S]``: the updates and examples a configuration will make.
 * ``sheet RUN_DIR [--gpu-memory 80GiB]``: the choice sheet, written to ``RUN_DIR/sheet.md``.
 
-Exit codes: 0 success (all checks passed), 1 a check failed (a phase verdict ``fail`` in what
-``show``, ``sheet`` or ``demo`` read), 2 bad usage or an unreadable path. ``compare`` and
-``plan`` exit 0 unless their input is unusable: a diverged run is a result, not a failed
-check. A missing or corrupt path is reported in one line, not a traceback.
+Exit codes (``show``, ``compare`` and ``sheet`` are a CI gate):
+
+* 0: no check failed and no run in scope diverged or failed.
+* 1: a phase verdict ``fail``, or a ledger run in scope with status ``diverged``, ``oom`` or
+  ``failed`` (:data:`lightning_pilot.report.GATE_STATUSES`). The last lines printed,
+  ``Result: ...``, name each such run: run id, variant, and its failed checks or its status and
+  stop cause.
+* 2: bad usage, or a path that is missing, not what the command expects, or unreadable (one
+  line on stderr, not a traceback).
+
+The runs in scope are those the command reports on: for ``show``, the runs of the phase tables
+and of the ledger summary it prints (a run folder: that run only; an output or ledger folder:
+every run); for ``compare``, the runs compared (``--experiment`` narrows them), with their
+phase tables beside the ledger; for ``sheet``, the sheet's own run (the other variants of its
+experiment, priced in the campaign package, are context: a diverged one is never packaged;
+gate on them with ``compare``). ``plan`` exits 0 unless its input is unusable. ``demo`` is a
+demonstration: its learning-rate comparison diverges one run on purpose and still exits 0
+(``show`` or ``compare`` on the demo's folder exit 1 because of that run); it exits 1 only when
+its own pilot run fails, which would be a bug.
 
 Example:
     >>> from lightning_pilot.cli import main
@@ -35,9 +50,12 @@ import sys
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lightning_pilot._version import __version__
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 EXIT_OK = 0
 EXIT_CHECK_FAILED = 1
@@ -81,28 +99,31 @@ def _cmd_show(args: argparse.Namespace) -> int:
                 f"{path} holds neither a phase table (<out_dir>/runs/<run_id>/phases.parquet)"
                 " nor a ledger (<out_dir>/ledger)."
             ) from None
-    failed = False
-    shown = False
+    runs = None
     if phases is not None:
         if phases.empty:
             raise UsageError(f"{path}: the phase table has no readable rows (corrupt files?).")
         _out(f"Phase table ({len(phases)} rows) from {path}\n")
         _out(phase_table_text(phases))
-        failed = bool((phases["verdict"] == "fail").any())
-        shown = True
     if ledger_dir is not None:
         runs = Ledger(ledger_dir).runs()
         if run_only:
             runs = runs[runs["run_id"] == path.name]
-        if shown:
+        if phases is not None:
             _out("")
         _out(f"Ledger ({len(runs)} run(s)) from {ledger_dir}\n")
         _out(ledger_text(runs))
-    if failed:
-        _out("\nResult: a check failed (verdict fail).")
-        return EXIT_CHECK_FAILED
-    _out("\nResult: no failed check.")
-    return EXIT_OK
+    # In scope: the runs shown, in the phase tables and the ledger summary.
+    return _gate(phases, runs)
+
+
+def _gate(phases: pd.DataFrame | None, runs: pd.DataFrame | None) -> int:
+    """Print the ``Result:`` summary; exit 1 for a failed check or a diverged/failed run."""
+    from lightning_pilot.report import gate_result
+
+    failed, text = gate_result(phases, runs)
+    _out("\n" + text)
+    return EXIT_CHECK_FAILED if failed else EXIT_OK
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
@@ -136,7 +157,22 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     costs = variant_costs(ledger.path.parent, runs, by=args.by, control=args.control)
     _out("\nCost per variant (peak memory, time per update, data shape):\n")
     _out(variant_costs_text(costs, by=args.by))
-    return EXIT_OK
+    # In scope: the runs compared, and their phase tables beside the ledger.
+    return _gate(_phases_of(ledger.path.parent, runs["run_id"]), runs)
+
+
+def _phases_of(out_dir: Path, run_ids: pd.Series) -> pd.DataFrame | None:
+    """The phase rows of these runs under ``out_dir/runs`` (``None`` when there are none)."""
+    from lightning_pilot.storage import read_phase_table
+
+    if not (out_dir / "runs").is_dir():
+        return None
+    try:
+        phases = read_phase_table(out_dir)
+    except ValueError:
+        return None
+    mine: pd.DataFrame = phases[phases["run_id"].isin(set(run_ids))]
+    return mine if len(mine) else None
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
@@ -180,8 +216,7 @@ def _write_sheet(
     metric: str = "val_loss",
     control: str | None = None,
 ) -> int:
-    import pandas as pd
-
+    from lightning_pilot.ledger import Ledger
     from lightning_pilot.report import write_choice_sheet
     from lightning_pilot.storage import read_phase_table
 
@@ -195,8 +230,14 @@ def _write_sheet(
     )
     _out(written.read_text(encoding="utf-8"))
     _out(f"Choice sheet written to {written}")
+    # In scope: the sheet's own run, its phase verdicts and its ledger status.
     phases: pd.DataFrame = read_phase_table(run_dir)
-    return EXIT_CHECK_FAILED if bool((phases["verdict"] == "fail").any()) else EXIT_OK
+    runs = None
+    ledger_dir = run_dir.parent.parent / "ledger"
+    if ledger_dir.is_dir():
+        runs = Ledger(ledger_dir).runs()
+        runs = runs[runs["run_id"] == run_dir.name]
+    return _gate(phases, runs)
 
 
 def _cmd_sheet(args: argparse.Namespace) -> int:
@@ -219,6 +260,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     result: dict[str, Any] = demo.run_demo(Path(args.out), quick=args.quick)
     _out(f"Demo outputs in {result['out_dir']}")
     # The package of the learning-rate comparison the demo just ran, priced at the pilot's speed.
+    # The gate covers the pilot run only: the comparison's lr=5 run diverges on purpose (it is
+    # what the demo shows), so the demo exits 0; `show` on its folder exits 1 for that run.
     return _write_sheet(
         Path(result["pilot_run_dir"]),
         gpu_memory,
@@ -236,7 +279,9 @@ def build_parser() -> argparse.ArgumentParser:
             " examples per update and keep every diverged variant before renting GPUs."
         ),
         epilog=(
-            "Exit codes: 0 all checks passed, 1 a check failed, 2 bad usage or unreadable path."
+            "Exit codes: 0 no failed check and no diverged or failed run in scope, 1 a check"
+            " failed or a run in scope diverged or failed (named in the last lines), 2 bad usage"
+            " or unreadable path."
             " Add the callbacks to your Trainer; see the README."
         ),
     )
@@ -258,7 +303,8 @@ def build_parser() -> argparse.ArgumentParser:
         "show",
         help="print the phase table with verdicts and the ledger summary",
         description="PATH: an output folder (all runs and the ledger), a run folder"
-        " (<out_dir>/runs/<run_id>) or a ledger folder. Exits 1 when a phase verdict is fail.",
+        " (<out_dir>/runs/<run_id>) or a ledger folder. Exits 1 when a phase verdict is fail"
+        " or a run shown diverged or failed (status diverged, oom or failed).",
     )
     show.add_argument("path", metavar="PATH")
     show.set_defaults(handler=_cmd_show)
@@ -266,7 +312,8 @@ def build_parser() -> argparse.ArgumentParser:
     compare = sub.add_parser(
         "compare",
         help="compare variants across seeds from a ledger",
-        description="Every run is counted by status; diverged, oom and failed runs rank worst.",
+        description="Every run is counted by status; diverged, oom and failed runs rank worst."
+        " Exits 1 when a compared run diverged or failed, or its phase table holds a fail.",
     )
     compare.add_argument("ledger", metavar="LEDGER", help="ledger folder or output folder")
     compare.add_argument(
@@ -300,7 +347,7 @@ def build_parser() -> argparse.ArgumentParser:
         "sheet",
         help="write and print the choice sheet of a run",
         description="Writes RUN_DIR/sheet.md (sheet-2.md, ... if it exists: never overwrites)."
-        " Exits 1 when a phase verdict is fail.",
+        " Exits 1 when a phase verdict of the run is fail or the run diverged or failed.",
     )
     sheet.add_argument("run_dir", metavar="RUN_DIR", help="<out_dir>/runs/<run_id>")
     sheet.add_argument(

@@ -10,6 +10,10 @@ as ms/s); a value that was not measured prints ``n/m``, never 0.
   (``runs/<run_id>/sheet.md``): memory per GPU and the phase that sets the peak, the largest
   sizes seen, precision, micro-batch, accumulation, replicas, strategy, the verdict of every
   phase (blocking failures first), the expected result, and the headroom on a target GPU.
+* :func:`gate_result`: the command line's exit verdict (a failed check, or a run that
+  diverged or failed) and the ``Result:`` summary naming them.
+* :func:`sampled_out`: later occurrences counted but not measured by design (sampling); they
+  are not listed as problems.
 * :func:`parse_size`: ``"80GiB"``, ``"80GB"``, ``"141G"``, ``"24000MiB"`` to bytes.
 
 Example:
@@ -37,21 +41,24 @@ import pandas as pd
 from lightning_pilot import storage
 from lightning_pilot._version import __version__
 from lightning_pilot.core.accounting import UpdatePlan, effective_batch_text
-from lightning_pilot.core.compare import STATUS_ORDER, Comparison
+from lightning_pilot.core.compare import FAILED_STATUSES, STATUS_ORDER, Comparison
 from lightning_pilot.core.phases import PHASES
 
 __all__ = [
+    "GATE_STATUSES",
     "NOT_MEASURED",
     "SHEET_NAME",
     "choice_sheet",
     "comparison_text",
     "format_bytes",
     "format_duration",
+    "gate_result",
     "ledger_text",
     "parse_size",
     "phase_table_text",
     "plan_text",
     "render_table",
+    "sampled_out",
     "write_choice_sheet",
 ]
 
@@ -59,6 +66,9 @@ __all__ = [
 NOT_MEASURED: Final = "n/m"
 #: The choice sheet's file name in the run folder (``sheet-2.md``, ... when it exists).
 SHEET_NAME: Final = "sheet.md"
+#: Ledger statuses that fail the command line's exit code (the CI gate): the run did not train
+#: to its end (``diverged``, ``oom``, ``failed``; see ``docs/ledger.md``).
+GATE_STATUSES: Final = FAILED_STATUSES
 
 _UNITS: Final = {
     "": 1,
@@ -216,6 +226,123 @@ def _occurrence(first: Any) -> str:
     return "first" if bool(first) else "later"
 
 
+def _no_checks(value: Any) -> bool:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return True
+    return len(value) == 0
+
+
+def sampled_out(frame: pd.DataFrame) -> pd.Series:
+    """Phase rows of later occurrences that happened but were, by design, not measured.
+
+    PhaseMemoryMonitor measures the pilot window and one update in ``sample_every``; a later
+    validation is measured only when the update before it was. Such a row keeps its count, its
+    null measurements and ``verdict="not_checked"`` with the reason, so the table stays honest;
+    but it is not a problem to act on, so the tables list it apart, never under "Not passed".
+
+    Returns:
+        A boolean Series aligned with ``frame``: ``first`` is false, ``occurrences > 0``,
+        ``measured_occurrences == 0``, no check recorded and verdict ``not_checked``.
+    """
+    if frame.empty:
+        return pd.Series(False, index=frame.index, dtype=bool)
+    later = ~frame["first"].fillna(True).astype(bool)
+    happened = frame["occurrences"].fillna(0).astype("int64") > 0
+    unmeasured = frame["measured_occurrences"].fillna(-1).astype("int64") == 0
+    unchecked = (frame["verdict"] == "not_checked") & frame["checks"].map(_no_checks)
+    mask: pd.Series = (later & happened & unmeasured & unchecked).astype(bool)
+    return mask
+
+
+def _sampled_line(rows: pd.DataFrame) -> str:
+    """One line naming the sampled-out rows (:func:`sampled_out`), each phase once."""
+    counts: dict[str, int] = {}
+    for data in rows.to_dict("records"):
+        key = f"{data['phase']} ({_occurrence(data['first'])}"
+        counts[key] = counts.get(key, 0) + int(data["occurrences"])
+    named = ", ".join(f"{key}, {count} occurrence(s))" for key, count in counts.items())
+    return f"Not measured by design (outside the pilot window and the sampled updates): {named}"
+
+
+def gate_result(phases: pd.DataFrame | None, runs: pd.DataFrame | None) -> tuple[bool, str]:
+    """The command line's exit verdict and the ``Result:`` summary that names the reasons.
+
+    The gate fails when a phase row has verdict ``fail`` or a ledger run has a status in
+    :data:`GATE_STATUSES` (``diverged``, ``oom``, ``failed``). The summary names every run
+    that fails it: its id, variant, and the failed checks, or its status and stop cause.
+
+    Args:
+        phases: the phase rows in scope (:func:`~lightning_pilot.read_phase_table`), or
+            ``None`` when no phase table was read.
+        runs: the ledger runs in scope (:meth:`lightning_pilot.Ledger.runs`), or ``None``
+            when no ledger was read.
+
+    Returns:
+        ``(failed, text)``.
+
+    Example:
+        >>> import pandas as pd
+        >>> runs = pd.DataFrame({"run_id": ["r1", "r2"], "variant": ["ctl", "hot"],
+        ...                      "seed": [0, 0], "status": ["completed", "diverged"],
+        ...                      "stop_cause": ["max_steps", "loss_blowup"], "stop_step": [6, 4]})
+        >>> failed, text = gate_result(None, runs)
+        >>> failed
+        True
+        >>> print(text)
+        Result: 1 run(s) diverged or failed (exit 1):
+          run r2  variant hot  seed 0  status diverged  stop cause loss_blowup at step 4
+        >>> gate_result(None, runs.iloc[:1])
+        (False, 'Result: no failed check, no diverged or failed run (1 ledger run(s) checked;
+        no phase table read).')
+    """
+    variants: dict[str, Any] = {}
+    bad_runs = pd.DataFrame()
+    if runs is not None and not runs.empty:
+        if "variant" in runs.columns:
+            variants = dict(zip(runs["run_id"].astype(str), runs["variant"], strict=True))
+        bad_runs = runs[runs["status"].isin(GATE_STATUSES)]
+    failed_checks: dict[str, list[str]] = {}
+    if phases is not None and not phases.empty:
+        for data in phases[phases["verdict"] == "fail"].to_dict("records"):
+            checks: Any = [] if _no_checks(data["checks"]) else data["checks"]
+            names = [str(c["name"]) for c in checks if c["verdict"] == "fail"]
+            label = f"{data['phase']} ({_occurrence(data['first'])})"
+            item = f"{label}: {', '.join(names) or 'verdict fail'}"
+            found = failed_checks.setdefault(str(data["run_id"]), [])
+            if item not in found:
+                found.append(item)
+    if not failed_checks and bad_runs.empty:
+        counted = []
+        if runs is not None:
+            counted.append(f"{len(runs)} ledger run(s) checked")
+        else:
+            counted.append("no ledger read: run statuses not checked")
+        if phases is None:
+            counted.append("no phase table read")
+        return False, (
+            "Result: no failed check, no diverged or failed run (" + "; ".join(counted) + ")."
+        )
+    parts = []
+    if failed_checks:
+        parts.append(f"a check failed (verdict fail) in {len(failed_checks)} run(s)")
+    if not bad_runs.empty:
+        parts.append(f"{len(bad_runs)} run(s) diverged or failed")
+    lines = ["Result: " + " and ".join(parts) + " (exit 1):"]
+    for run_id, items in failed_checks.items():
+        variant = variants.get(run_id)
+        named = f"  variant {_text(variant)}" if run_id in variants else ""
+        lines.append(f"  run {run_id}{named}  check failed: {'; '.join(items)}")
+    for data in bad_runs.to_dict("records"):
+        step = data.get("stop_step")
+        at = "" if _null(step) else f" at step {_number(step)}"
+        lines.append(
+            f"  run {data['run_id']}  variant {_text(data.get('variant'))}  seed"
+            f" {_text(data.get('seed'))}  status {_text(data.get('status'))}  stop cause"
+            f" {_text(data.get('stop_cause'))}{at}"
+        )
+    return True, "\n".join(lines)
+
+
 def phase_table_text(frame: pd.DataFrame) -> str:
     """The phase table as text: one block per run, attempt and rank, reasons below each block.
 
@@ -265,15 +392,18 @@ def phase_table_text(frame: pd.DataFrame) -> str:
             table_rows,
             right=[2, 3, 4, 5, 6, 7, 8],
         )
+        skipped = sampled_out(rows)
         reasons = [
             f"  {row.verdict}: {row.phase} ({_occurrence(row.first)}): {_text(row.reason)}"
-            for row in rows.itertuples(index=False)
+            for row in rows[~skipped].itertuples(index=False)
             if row.verdict != "pass"
         ]
         reasons.sort(key=lambda line: _VERDICT_RANK.get(line.split(":")[0].strip(), 9))
         block = [head, table]
         if reasons:
             block += ["Not passed:", *reasons]
+        if skipped.any():
+            block.append(_sampled_line(rows[skipped]))
         blocks.append("\n".join(block))
     return "\n\n".join(blocks)
 
@@ -497,7 +627,7 @@ def _memory_section(phases: pd.DataFrame) -> tuple[list[str], dict[str, Any]]:
                 "reserved": _max(rows["peak_reserved_bytes"]),
                 "first": _max(rows["duration_s"].where(rows["first"].fillna(True).astype(bool))),
                 "median": _steady_median(rows),
-                "verdict": _worst(rows["verdict"]),
+                "verdict": _phase_verdict(rows),
             }
         )
     per_phase.sort(key=lambda r: _ORDER.get(r["phase"], len(_ORDER)))
@@ -552,6 +682,12 @@ def _steady_median(rows: pd.DataFrame) -> Any:
 def _worst(verdicts: pd.Series) -> str:
     known = [str(v) for v in verdicts.dropna()]
     return min(known, key=lambda v: _VERDICT_RANK.get(v, 9)) if known else NOT_MEASURED
+
+
+def _phase_verdict(rows: pd.DataFrame) -> str:
+    """The worst verdict of a phase's rows, leaving out the sampled-out ones when others exist."""
+    measured = rows[~sampled_out(rows)]
+    return _worst((measured if len(measured) else rows)["verdict"])
 
 
 def _headroom_lines(
@@ -810,7 +946,8 @@ def choice_sheet(
         "## Verdicts",
         "",
     ]
-    not_passed = phases[phases["verdict"] != "pass"].copy()
+    skipped = sampled_out(phases)
+    not_passed = phases[(phases["verdict"] != "pass") & ~skipped].copy()
     not_passed["_rank"] = not_passed["verdict"].map(_VERDICT_RANK).fillna(9)
     not_passed = not_passed.sort_values("_rank", kind="stable")
     failures = int((phases["verdict"] == "fail").sum())
@@ -824,13 +961,18 @@ def choice_sheet(
             f"- **{row.verdict}** {row.phase} ({_occurrence(row.first)}, attempt"
             f" {_text(row.attempt)}, rank {_text(row.rank)}): {_text(row.reason)}"
         )
+    if skipped.any():
+        out.append(f"- {_sampled_line(phases[skipped])}.")
     verdicts = [
-        f"{phase}: {_worst(rows['verdict'])}"
+        f"{phase}: {_phase_verdict(rows)}"
         for phase, rows in sorted(
             phases.groupby("phase", sort=False), key=lambda item: _ORDER.get(str(item[0]), 99)
         )
     ]
-    out += ["", "Per phase (worst over occurrences, attempts and ranks): " + ", ".join(verdicts)]
+    out += [
+        "",
+        "Per phase (worst over measured occurrences, attempts and ranks): " + ", ".join(verdicts),
+    ]
 
     model = _model_rows(run)
     out += ["", "## Model", ""]

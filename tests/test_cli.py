@@ -6,13 +6,21 @@ import re
 import shutil
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
 import pytest
+from lightning.pytorch.demos.boring_classes import BoringModel
 from test_report import pilot  # noqa: F401  (the module-scoped fixture of real fits)
 
-from lightning_pilot import Ledger, plan_updates, read_phase_table
+from lightning_pilot import (
+    DivergenceLedger,
+    Ledger,
+    PhaseMemoryMonitor,
+    plan_updates,
+    read_phase_table,
+)
 from lightning_pilot.cli import EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE, main
 from lightning_pilot.report import format_bytes
 
@@ -31,6 +39,37 @@ def one_line_error(err: str) -> str:
     return lines[-1]
 
 
+def result_lines(out: str) -> list[str]:
+    """The ``Result:`` summary: its last block, from the ``Result:`` line on."""
+    lines = out.rstrip().splitlines()
+    start = max(i for i, line in enumerate(lines) if line.startswith("Result: "))
+    return lines[start:]
+
+
+def copy_runs(fits: dict[str, Any], names: list[str], dest: Path) -> Path:
+    """An output folder holding only these runs of the fixture: run folders and ledger records."""
+    (dest / "ledger").mkdir(parents=True)
+    for name in names:
+        run = fits[name]
+        shutil.copytree(run, dest / "runs" / run.name)
+        for record in (fits["out"] / "ledger").glob(f"*-{run.name}-*.parquet"):
+            shutil.copy2(record, dest / "ledger" / record.name)
+    assert len(Ledger(dest).runs()) == len(names)
+    return dest
+
+
+def diverged_line(fits: dict[str, Any]) -> str:
+    hot = Ledger(fits["out"]).runs().set_index("run_id").loc[fits["hot"].name]
+    assert hot["status"] == "diverged"
+    return (
+        f"  run {fits['hot'].name}  variant hot  seed 0  status diverged  stop cause"
+        f" {hot['stop_cause']} at step {int(hot['stop_step'])}"
+    )
+
+
+CLEAN = "Result: no failed check, no diverged or failed run (1 ledger run(s) checked)."
+
+
 # -- show -----------------------------------------------------------------------------------
 
 
@@ -45,7 +84,23 @@ def test_show_clean_run_exits_0(pilot: dict[str, Any], capsys: pytest.CaptureFix
     assert "Ledger (1 run(s))" in out  # the run's own ledger row only
     assert pilot["ctl"].name in out
     assert pilot["hot"].name not in out
-    assert out.rstrip().endswith("Result: no failed check.")
+    assert "Not passed" not in out
+    assert result_lines(out) == [CLEAN]
+
+
+def test_show_diverged_run_exits_1_and_names_it(
+    pilot: dict[str, Any],  # noqa: F811
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Every phase check of the diverged run passed: only its ledger status gates.
+    assert "fail" not in set(read_phase_table(pilot["hot"])["verdict"])
+    code, out, _ = run_cli(capsys, "show", pilot["hot"])
+    assert code == EXIT_CHECK_FAILED
+    assert "no failed check" not in out
+    assert result_lines(out) == [
+        "Result: 1 run(s) diverged or failed (exit 1):",
+        diverged_line(pilot),
+    ]
 
 
 def test_show_output_folder_with_a_failed_check_exits_1(
@@ -59,14 +114,71 @@ def test_show_output_folder_with_a_failed_check_exits_1(
     assert "  fail: backward (first): grads_reach_params" in out
     assert "Ledger (3 run(s))" in out
     assert re.search(rf"^{pilot['hot'].name}\s+cli\s+hot\s+0\s+diverged", out, re.MULTILINE)
-    assert out.rstrip().endswith("Result: a check failed (verdict fail).")
+    assert result_lines(out) == [
+        "Result: a check failed (verdict fail) in 1 run(s) and 1 run(s) diverged or failed"
+        " (exit 1):",
+        f"  run {pilot['broken'].name}  variant broken  check failed: backward (first):"
+        " grads_reach_params; backward (later): grads_reach_params; optimizer_step (first):"
+        " trainable_params_changed; optimizer_step (later): trainable_params_changed",
+        diverged_line(pilot),
+    ]
 
 
 def test_show_ledger_folder_only(pilot: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:  # noqa: F811
     code, out, _ = run_cli(capsys, "show", pilot["out"] / "ledger")
-    assert code == EXIT_OK
+    assert code == EXIT_CHECK_FAILED  # the ledger holds a diverged run
     assert "Phase table" not in out
     assert "Ledger (3 run(s))" in out
+    assert result_lines(out) == [
+        "Result: 1 run(s) diverged or failed (exit 1):",
+        diverged_line(pilot),
+    ]
+
+
+@pytest.fixture
+def boring_pilot(make_trainer: Any, tmp_path: Path) -> Path:
+    """A clean Lightning BoringModel fit: two epochs, each ending with a full validation."""
+    out = tmp_path / "pilot"
+    monitor = PhaseMemoryMonitor(out_dir=out)
+    ledger = DivergenceLedger(experiment="boring", variant="ctl", seed=0, out_dir=out)
+    trainer = make_trainer(
+        callbacks=[monitor, ledger],
+        max_steps=-1,
+        max_epochs=2,
+        limit_train_batches=4,
+        limit_val_batches=1.0,
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(BoringModel())
+    return monitor.run.run_dir
+
+
+def test_show_clean_boring_model_run_lists_nothing_as_not_passed(
+    boring_pilot: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The second validation happened after the pilot window and was not sampled: its row keeps
+    # the count and the nulls (honest), but it is no problem to list under "Not passed".
+    later = read_phase_table(boring_pilot).set_index(["phase", "first"]).loc[("validation", False)]
+    assert (later["occurrences"], later["measured_occurrences"]) == (1, 0)
+    assert later["verdict"] == "not_checked"
+    code, out, err = run_cli(capsys, "show", boring_pilot)
+    assert code == EXIT_OK, err
+    assert "Not passed" not in out
+    assert "not_checked:" not in out
+    assert re.search(r"^validation\s+later\s+1\s.*\sn/m\s+not_checked$", out, re.MULTILINE)
+    assert (
+        "Not measured by design (outside the pilot window and the sampled updates):"
+        " validation (later, 1 occurrence(s))" in out
+    )
+    assert result_lines(out) == [CLEAN]
+    # The whole output folder, and the comparison of its one run, pass the gate too.
+    code, out, _ = run_cli(capsys, "show", boring_pilot.parent.parent)
+    assert code == EXIT_OK
+    assert "Not passed" not in out
+    code, out, _ = run_cli(capsys, "compare", boring_pilot.parent.parent, "--metric", "train_loss")
+    assert code == EXIT_OK
+    assert result_lines(out) == [CLEAN]
 
 
 def test_show_bad_paths_exit_2(
@@ -102,7 +214,13 @@ def test_compare_counts_every_run_and_ranks_diverged_worst(
     code, out, _ = run_cli(
         capsys, "compare", pilot["out"], "--metric", "train_loss", "--control", "ctl"
     )
-    assert code == EXIT_OK  # a diverged run is a result, not a failed check
+    # The diverged run ranks worst, and it gates: a CI job comparing variants sees it.
+    assert code == EXIT_CHECK_FAILED
+    assert result_lines(out)[0] == (
+        "Result: a check failed (verdict fail) in 1 run(s) and 1 run(s) diverged or failed"
+        " (exit 1):"
+    )
+    assert result_lines(out)[-1] == diverged_line(pilot)
     expected = Ledger(pilot["out"]).compare("train_loss", control="ctl").summary
     ctl = expected[expected["variant"] == "ctl"].iloc[0]
     assert re.search(rf"^ctl\s+1\s+1 completed\s+1\s+{ctl['median']:.4g}", out, re.MULTILINE)
@@ -113,6 +231,24 @@ def test_compare_counts_every_run_and_ranks_diverged_worst(
     assert ranked[-1].split()[1:5] == [pilot["hot"].name, "hot", "0", "diverged"]
     # Next to the quality: what each variant cost, from its phase table.
     assert re.search(r"^ctl\s+1\s+[\d.]+ KiB \(\w+\)", costs_part, re.MULTILINE)
+
+
+def test_compare_gates_on_the_runs_it_compares(
+    pilot: dict[str, Any],  # noqa: F811
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    both = copy_runs(pilot, ["ctl", "hot"], tmp_path / "both")
+    code, out, _ = run_cli(capsys, "compare", both, "--metric", "train_loss", "--control", "ctl")
+    assert code == EXIT_CHECK_FAILED
+    assert result_lines(out) == [
+        "Result: 1 run(s) diverged or failed (exit 1):",
+        diverged_line(pilot),
+    ]
+    alone = copy_runs(pilot, ["ctl"], tmp_path / "alone")
+    code, out, _ = run_cli(capsys, "compare", alone, "--metric", "train_loss")
+    assert code == EXIT_OK
+    assert result_lines(out) == [CLEAN]
 
 
 def test_compare_bad_usage_exits_2(
@@ -186,11 +322,16 @@ def test_sheet_writes_and_prints(
     peak = int(read_phase_table(run)["peak_allocated_bytes"].max())
     left = 80_000_000_000 - peak
     assert f"GPU: {format_bytes(left)} ({left:,} bytes," in out
-    assert out.rstrip().endswith(f"Choice sheet written to {run / 'sheet.md'}")
+    # Copied without the ledger: the run's status cannot be checked, and the summary says so.
+    clean = (
+        "Result: no failed check, no diverged or failed run"
+        " (no ledger read: run statuses not checked)."
+    )
+    assert f"Choice sheet written to {run / 'sheet.md'}\n\n{clean}\n" in out
     assert (run / "sheet.md").read_text() in out
     code, out, _ = run_cli(capsys, "sheet", run)
     assert code == EXIT_OK
-    assert out.rstrip().endswith(f"Choice sheet written to {run / 'sheet-2.md'}")
+    assert f"Choice sheet written to {run / 'sheet-2.md'}\n\n{clean}\n" in out
     assert "Target GPU: not given" in (run / "sheet-2.md").read_text()
 
 
@@ -204,6 +345,28 @@ def test_sheet_failed_check_exits_1(
     assert code == EXIT_CHECK_FAILED
     assert "blocking failure(s)" in out
     assert "Headroom on a 141.0 GiB" in out
+    assert result_lines(out)[0] == "Result: a check failed (verdict fail) in 1 run(s) (exit 1):"
+
+
+def test_sheet_of_a_diverged_run_exits_1(
+    pilot: dict[str, Any],  # noqa: F811
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    out_dir = copy_runs(pilot, ["ctl", "hot"], tmp_path / "both")
+    code, out, _ = run_cli(capsys, "sheet", out_dir / "runs" / pilot["hot"].name)
+    assert code == EXIT_CHECK_FAILED
+    assert "- Status: diverged" in out
+    assert result_lines(out) == [
+        "Result: 1 run(s) diverged or failed (exit 1):",
+        diverged_line(pilot),
+    ]
+    # The sheet of the control lists the diverged variant (never packaged) but does not gate on
+    # it: its scope is its own run; `compare` gates on the experiment's variants.
+    code, out, _ = run_cli(capsys, "sheet", out_dir / "runs" / pilot["ctl"].name)
+    assert code == EXIT_OK
+    assert "| hot | diverged |" in out
+    assert result_lines(out) == [CLEAN]
 
 
 def test_sheet_bad_usage_exits_2(
@@ -269,7 +432,8 @@ def test_demo_command_runs_the_quick_pilot_and_writes_the_sheet(
 ) -> None:
     code = main(["demo", "--out", str(tmp_path / "demo"), "--quick"])
     out = capsys.readouterr().out
-    assert code == 0
+    assert code == 0  # a demonstration: its deliberately diverged lr=5 run does not gate it
+    assert result_lines(out) == [CLEAN]
     sheets = list((tmp_path / "demo" / "runs").glob("*/sheet.md"))
     assert len(sheets) == 1
     assert "Choice sheet written to" in out
@@ -287,3 +451,9 @@ def test_demo_command_runs_the_quick_pilot_and_writes_the_sheet(
     package = next(line for line in sheet.splitlines() if line.startswith("- 3-day package"))
     assert "lr=3e-3 (control)" in package
     assert "unstable" not in package
+    # `show` on the demo's folder is a gate: the diverged comparison run is in its scope.
+    code = main(["show", str(tmp_path / "demo")])
+    out = capsys.readouterr().out
+    assert code == EXIT_CHECK_FAILED
+    assert result_lines(out)[0] == "Result: 1 run(s) diverged or failed (exit 1):"
+    assert re.search(r"^  run \S+  variant lr=5 \(unstable\)  seed \d+  status diverged", out, re.M)

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
+import pandas as pd
 import pytest
 import torch
 
@@ -21,16 +22,19 @@ from lightning_pilot import (
 )
 from lightning_pilot.demo import ClassificationDataModule, TinyClassifier
 from lightning_pilot.report import (
+    GATE_STATUSES,
     NOT_MEASURED,
     choice_sheet,
     comparison_text,
     format_bytes,
     format_duration,
+    gate_result,
     ledger_text,
     parse_size,
     phase_table_text,
     plan_text,
     render_table,
+    sampled_out,
     write_choice_sheet,
 )
 
@@ -163,6 +167,56 @@ def test_phase_table_text_lists_reasons_below(pilot: dict[str, Any]) -> None:
     assert frame["peak_reserved_bytes"].isna().all()
     assert f"{NOT_MEASURED}  " in line
     assert " 0 B" not in text
+
+
+def test_sampled_out_validations_are_counted_not_listed_as_problems(pilot: dict[str, Any]) -> None:
+    frame = read_phase_table(pilot["ctl"])
+    # Validation ran after 3 and 6 updates (and at the end); only the first was in the pilot
+    # window. The later ones are counted, their measurements null, their verdict not_checked.
+    later = frame[(frame["phase"] == "validation") & ~frame["first"].astype(bool)].iloc[0]
+    assert later["occurrences"] >= 1
+    assert later["measured_occurrences"] == 0
+    assert later["verdict"] == "not_checked"
+    assert pd.isna(later["peak_allocated_bytes"])
+    assert sampled_out(frame).tolist() == [
+        row.phase == "validation" and not row.first for row in frame.itertuples()
+    ]
+    text = phase_table_text(frame)
+    assert "Not passed" not in text
+    assert re.search(r"^validation\s+later\s+\d+\s.*\snot_checked$", text, re.MULTILINE)
+    assert text.endswith(
+        "Not measured by design (outside the pilot window and the sampled updates):"
+        f" validation (later, {later['occurrences']} occurrence(s))"
+    )
+    sheet = choice_sheet(pilot["ctl"])
+    verdicts = sheet.split("## Verdicts")[1].split("## Model")[0]
+    assert "**not_checked**" not in verdicts
+    assert "- Not measured by design (outside the pilot window" in verdicts
+    assert "validation: pass" in verdicts.split("Per phase")[1]
+    assert re.search(r"^\| validation \|.*\| pass \|$", sheet, re.MULTILINE)
+    # A measured later row that failed is still listed: only unmeasured, unchecked rows move.
+    broken = phase_table_text(read_phase_table(pilot["broken"]))
+    assert "  fail: backward (later): grads_reach_params" in broken.split("Not passed:")[1]
+
+
+def test_gate_result_names_the_runs_that_fail_it(pilot: dict[str, Any]) -> None:
+    runs = Ledger(pilot["out"]).runs()
+    failed, text = gate_result(read_phase_table(pilot["out"]), runs)
+    assert failed
+    lines = text.splitlines()
+    assert len(lines) == 3
+    assert lines[1].startswith(f"  run {pilot['broken'].name}  variant broken  check failed: ")
+    hot = runs[runs["variant"] == "hot"].iloc[0]
+    assert lines[2] == (
+        f"  run {hot['run_id']}  variant hot  seed 0  status diverged  stop cause"
+        f" {hot['stop_cause']} at step {int(hot['stop_step'])}"
+    )
+    ctl = runs[runs["variant"] == "ctl"]
+    assert gate_result(read_phase_table(pilot["ctl"]), ctl) == (
+        False,
+        "Result: no failed check, no diverged or failed run (1 ledger run(s) checked).",
+    )
+    assert GATE_STATUSES == ("diverged", "oom", "failed")
 
 
 def test_ledger_text_and_comparison(pilot: dict[str, Any]) -> None:

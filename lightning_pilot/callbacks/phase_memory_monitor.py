@@ -36,7 +36,7 @@ from lightning_pilot.core.memory import (
     state_tensors,
 )
 from lightning_pilot.core.phases import Occurrence, PhaseAggregator
-from lightning_pilot.run import PilotCallback
+from lightning_pilot.run import PilotCallback, PilotRefusalError
 
 __all__ = ["MODEL_SCHEMA", "PhaseCheckError", "PhaseMemoryMonitor"]
 
@@ -61,7 +61,7 @@ log = logging.getLogger(__name__)
 ExportFn = Callable[[pl.LightningModule, Path], str | os.PathLike[str] | None]
 
 
-class PhaseCheckError(RuntimeError):
+class PhaseCheckError(PilotRefusalError):
     """A phase check failed and the monitor was asked to stop (``on_fail="raise"``)."""
 
 
@@ -702,7 +702,7 @@ class PhaseMemoryMonitor(PilotCallback):
             "samples": 0,
             "seq_len": None,
             "batch_size": None,
-            "training": set(),
+            "training": {},
             "grad": False,
         }
         if measured:
@@ -718,7 +718,10 @@ class PhaseMemoryMonitor(PilotCallback):
             value = getattr(view, key)
             if value is not None and (state[key] is None or value > state[key]):
                 state[key] = value
-        state["training"].update(n or "<root>" for n, m in pl_module.named_modules() if m.training)
+        training: dict[str, torch.nn.Module] = state["training"]
+        for name, module in pl_module.named_modules():
+            if module.training:  # kept with its module: the check tells dropout from containers
+                training.setdefault(name or "<root>", module)
         state["grad"] = state["grad"] or torch.is_grad_enabled()
 
     def _eval_end(self, trainer: pl.Trainer, phase: str, loaders: Any) -> None:
@@ -730,7 +733,7 @@ class PhaseMemoryMonitor(PilotCallback):
             occurrence.values.update(seq_len=state["seq_len"], batch_size=state["batch_size"])
         expected, why = _expected_samples(trainer, phase, loaders)
         results = (
-            checks.check_eval_mode(sorted(state["training"]), state["grad"])
+            checks.check_eval_mode(list(state["training"].items()), state["grad"], phase)
             if phase != "predict"
             else []
         )

@@ -221,16 +221,105 @@ def check_update(
     return results
 
 
-def check_eval_mode(training_modules: Sequence[str], grad_enabled: bool) -> list[CheckResult]:
-    """During validation every module is in eval mode and autograd is off."""
+def _train_mode_kind(module: torch.nn.Module | None) -> tuple[int, str]:
+    """How a module in train mode changes the outputs: ``(tier, label)``.
+
+    Tier 0: its outputs differ between train and eval mode (dropout with ``p > 0``, any
+    ``_BatchNorm``, instance norm with running statistics, ``RReLU``, or a positive
+    dropout rate kept as a float attribute, as attention layers do). Tier 1: a leaf (no child
+    modules) of a type outside ``torch.nn``, not known to be mode-independent. Tier 2: a
+    container, or a ``torch.nn`` layer whose outputs do not depend on the mode.
+    """
+    if module is None:  # a bare name: nothing known about it
+        return 1, ""
+    kind = type(module).__name__
+    nn = torch.nn
+    if isinstance(module, nn.modules.dropout._DropoutNd):
+        return (0, kind) if module.p > 0 else (2, kind)
+    if isinstance(module, nn.modules.batchnorm._BatchNorm):
+        # Batch statistics in training, running ones in eval (SyncBatchNorm also syncs ranks).
+        return 0, kind
+    if isinstance(module, nn.modules.instancenorm._InstanceNorm):
+        return (0, kind) if module.track_running_stats else (2, kind)
+    if isinstance(module, nn.RReLU):
+        return (0, kind) if module.lower != module.upper else (2, kind)
+    rates = [
+        f"{name}={value:g}"
+        for name, value in vars(module).items()
+        if "drop" in name.lower() and isinstance(value, float) and value > 0
+    ]
+    if rates:  # MultiheadAttention(dropout=...), RNN(dropout=...), custom attention layers
+        return 0, f"{kind}, {', '.join(rates)}"
+    is_leaf = next(iter(module.children()), None) is None
+    if is_leaf and not type(module).__module__.startswith("torch.nn.modules."):
+        return 1, kind
+    return 2, kind
+
+
+def _labelled(entries: Sequence[tuple[str, str]]) -> list[str]:
+    return [f"{name} ({label})" if label else name for name, label in entries]
+
+
+def check_eval_mode(
+    training_modules: Iterable[tuple[str, torch.nn.Module] | str],
+    grad_enabled: bool,
+    phase: str = "validation",
+) -> list[CheckResult]:
+    """During evaluation every module is in eval mode and autograd is off.
+
+    Args:
+        training_modules: ``(name, module)`` of every module found in train mode during the
+            evaluation (a bare name is accepted and treated as a module of unknown type).
+        grad_enabled: whether autograd was enabled.
+        phase: the phase named in the details (``validation`` or ``test``).
+
+    ``eval_mode`` names first the modules whose outputs change in train mode (dropout,
+    batch-norm statistics, ...), then leaves of types not known to be mode-independent, each
+    with its type; containers and mode-independent ``torch.nn`` layers are only counted. It
+    fails when a module of the first two kinds is in train mode, and warns when only
+    containers or mode-independent layers are (code that branches on ``module.training``
+    still takes its training path).
+
+    Example:
+        >>> import torch
+        >>> model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout(0.1)).train()
+        >>> result = check_eval_mode([("model", model), *model.named_children()], False)[0]
+        >>> result.verdict, result.detail.split("; ")
+        ('fail', ['1 module(s) whose outputs change in train mode during validation: 1 (Dropout)',
+                  '3 module(s) in train mode in all'])
+    """
+    tiers: list[list[tuple[str, str]]] = [[], [], []]
+    total = 0
+    for entry in training_modules:
+        name, module = (entry, None) if isinstance(entry, str) else entry
+        tier, label = _train_mode_kind(module)
+        tiers[tier].append((name, label))
+        total += 1
+    changing, unknown, inert = tiers
     results = []
-    if training_modules:
+    if changing or unknown:
+        parts = []
+        if changing:
+            parts.append(
+                f"{len(changing)} module(s) whose outputs change in train mode during {phase}:"
+                f" {_names(_labelled(changing))}"
+            )
+        if unknown:
+            parts.append(
+                f"{len(unknown)} {'more ' if changing else ''}leaf module(s) of types not known"
+                f" to be mode-independent: {_names(_labelled(unknown))}"
+            )
+        parts.append(f"{total} module(s) in train mode in all")
+        results.append(CheckResult("eval_mode", "fail", "; ".join(parts)))
+    elif inert:
         results.append(
             CheckResult(
                 "eval_mode",
-                "fail",
-                f"{len(training_modules)} module(s) in train mode during validation (dropout and"
-                f" batch-norm statistics change the outputs): {_names(list(training_modules))}",
+                "warn",
+                f"{len(inert)} module(s) in train mode during {phase}, none of a type known to"
+                f" change the outputs (containers and mode-independent layers):"
+                f" {_names(_labelled(inert))}; code that branches on `self.training` still takes"
+                " its training path",
             )
         )
     else:
@@ -240,7 +329,7 @@ def check_eval_mode(training_modules: Sequence[str], grad_enabled: bool) -> list
             CheckResult(
                 "no_grad",
                 "fail",
-                "autograd was enabled during validation (memory for activations is kept)",
+                f"autograd was enabled during {phase} (memory for activations is kept)",
             )
         )
     else:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 import warnings
 from pathlib import Path
 from typing import Any
@@ -205,12 +206,89 @@ class TrainModeInValidation(TokenModel):
         return self.loss(batch)
 
 
-def test_train_mode_during_validation_fails(make_trainer: Any) -> None:
+def test_train_mode_without_mode_dependent_layers_warns(make_trainer: Any) -> None:
+    # Embedding and Linear compute the same in both modes: no output changes, so a warning
+    # naming the modules (code that branches on self.training would still change), not a fail.
     frame = _fit(make_trainer, TrainModeInValidation(), max_steps=3, val_check_interval=2)
     validation = _row(frame, "validation")
-    assert validation["verdict"] == "fail"
-    assert "<root>" in _check(validation, "eval_mode")["detail"]
+    assert validation["verdict"] == "warn"
+    detail = _check(validation, "eval_mode")["detail"]
+    assert detail.startswith("4 module(s) in train mode during validation, none of a type known")
+    assert "<root> (TrainModeInValidation), embed (Embedding), hidden (Linear)" in detail
     assert "separate its settings from training's" in validation["reason"]
+
+
+class ForgetsEvalGPT2(pl.LightningModule):
+    """A Hugging Face GPT-2 whose validation forgets eval mode (its dropout stays on)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        transformers = pytest.importorskip("transformers")
+        config = transformers.GPT2Config(
+            n_layer=1, n_head=2, n_embd=16, vocab_size=VOCAB, n_positions=32
+        )
+        self.model = transformers.GPT2LMHeadModel(config)
+
+    def loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        out = self.model(input_ids=batch["input_ids"], labels=batch["input_ids"])
+        return out.loss  # type: ignore[no-any-return]
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        return self.loss(batch)
+
+    def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        return self.loss(batch)
+
+    def on_validation_start(self) -> None:
+        self.model.train()  # the planted bug, as in a real user module
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+    def train_dataloader(self) -> DataLoader[Any]:
+        return DataLoader(TokenData(16, 8), batch_size=4)
+
+    def val_dataloader(self) -> DataLoader[Any]:
+        return DataLoader(TokenData(8, 8, seed=1), batch_size=4)
+
+
+def test_hugging_face_model_left_in_train_mode_names_its_dropout_first(
+    make_trainer: Any,
+) -> None:
+    model = ForgetsEvalGPT2()
+    frame = _fit(make_trainer, model, max_steps=2, val_check_interval=2)
+    validation = _row(frame, "validation")
+    assert validation["verdict"] == "fail"
+    detail = _check(validation, "eval_mode")["detail"]
+    # What Lightning would have switched off: every Dropout with p > 0 of the HF model.
+    dropouts = [
+        name
+        for name, module in model.named_modules(prefix="")
+        if isinstance(module, nn.Dropout) and module.p > 0
+    ]
+    assert len(dropouts) == 4
+    listed = ", ".join(f"{name} (Dropout)" for name in dropouts)
+    assert detail.startswith(
+        f"4 module(s) whose outputs change in train mode during validation: {listed}; "
+    )
+    # HF's own leaf layers (Conv1D, its GELU) are unknown to torch: listed after, with types.
+    assert "5 more leaf module(s) of types not known to be mode-independent:" in detail
+    assert "model.transformer.h.0.attn.c_attn (Conv1D)" in detail
+    # Every HF module is in train mode; the containers and torch's own layers are counted only.
+    in_train = sum(1 for _ in model.model.modules())
+    assert detail.endswith(f"; {in_train} module(s) in train mode in all")
+    names = re.findall(r"(?:^|: |, )([\w.<>]+) \(", detail)
+    assert "model" not in names
+    assert "model.lm_head" not in names
+    assert "model.transformer" not in names
+    # The outputs do change: the same batch gives another loss in train mode.
+    batch = next(iter(model.val_dataloader()))
+    model.model.eval()
+    with torch.no_grad():
+        eval_loss = model.loss(batch)
+        assert torch.equal(eval_loss, model.loss(batch))
+        model.model.train()
+        assert not torch.equal(eval_loss, model.loss(batch))
 
 
 class NanLoss(TokenModel):
