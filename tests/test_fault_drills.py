@@ -293,8 +293,8 @@ KILLS: dict[str, tuple[list[str], int, str, str | None]] = {
     # ResumeVerifier (4th callback) saves at update 3 before DivergenceLedger (5th) beats.
     "checkpoint_save": (["start", "heartbeat", "heartbeat"], 2, "window", None),
     "validation": (["start", *["heartbeat"] * 3], 3, "window", None),
-    # The verification process runs at update 4, before that update's heartbeat.
-    "verification": (["start", *["heartbeat"] * 3], 3, "window", None),
+    # The verification process runs once the fit has ended: every update's heartbeat is in.
+    "verification": (["start", *["heartbeat"] * 6], 6, "window", None),
     # The 3rd ledger publish is heartbeat 2: lost before its link, whole after it.
     "publish_ledger_before_link": (["start", "heartbeat"], 1, "window", "ledger"),
     "publish_ledger_after_link": (["start", "heartbeat", "heartbeat"], 2, "window", "ledger"),
@@ -412,8 +412,8 @@ def test_sigkill_leaves_readable_files_and_an_interrupted_run(
     if fault in ("validation", "verification"):
         assert (run_dir / "resume" / "mid_epoch-step-3.ckpt").is_file()
     if fault == "verification":  # the verification process died with it: no answer
-        assert (run_dir / "resume" / "spec-resume.json").is_file()
-        assert not (run_dir / "resume" / "result-resume.json").exists()
+        assert (run_dir / "resume" / "spec-tasks.json").is_file()
+        assert not (run_dir / "resume" / "result-tasks.json").exists()
 
     # Indexing skips the temp file too, and reading through the index gives the same records.
     with no_pilot_warnings():

@@ -199,7 +199,10 @@ def model_and_data(task: str, seed: int) -> tuple[pl.LightningModule, pl.Lightni
 def describe(error: BaseException) -> dict[str, Any]:
     """The exception ``fit`` raised, and the first lightning_pilot frame it came from."""
     frames = traceback.extract_tb(error.__traceback__)
-    ours = [f for f in frames if "lightning_pilot" in Path(f.filename).parts]
+    # The first pilot frame past the hook guard (run.py's ``guarded`` wraps every hook).
+    ours = [
+        f for f in frames if "lightning_pilot" in Path(f.filename).parts and f.name != "guarded"
+    ]
     return {
         "type": type(error).__name__,
         "errno": getattr(error, "errno", None),
