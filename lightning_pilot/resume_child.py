@@ -42,6 +42,7 @@ from lightning_pilot.core.resume import (
     StepRecord,
     capture_rng,
     content_keys,
+    dataset_fingerprint,
     digest,
     restore_rng,
     rng_of_this_rank,
@@ -232,7 +233,23 @@ def count_tensors(value: Any) -> int:
     return 0
 
 
+def _seed_like_the_script() -> None:
+    """Seed as the training script did before it built its objects.
+
+    ``seed_everything`` leaves its seed in ``PL_GLOBAL_SEED`` (and ``PL_SEED_WORKERS``), which
+    this process inherits: a module or DataModule that draws random data or weights in its
+    constructor (Lightning's ``BoringDataModule``) is then rebuilt with the same values. The
+    RNG states of the fit are restored at train start, separately.
+    """
+    seed = os.environ.get("PL_GLOBAL_SEED")
+    if seed is not None and seed.lstrip("-").isdigit():
+        from lightning.fabric.utilities.seed import seed_everything
+
+        seed_everything(int(seed), workers=os.environ.get("PL_SEED_WORKERS") == "1", verbose=False)
+
+
 def _build(spec: Mapping[str, Any], checkpoint: Mapping[str, Any]) -> tuple[Any, Any]:
+    _seed_like_the_script()
     factory = spec.get("factory")
     if factory:
         built = load_object(factory)()
@@ -313,6 +330,9 @@ def run_resume(
     elif loaders is not None:
         fit_kwargs["train_dataloaders"] = loaders
     trainer.fit(model, **fit_kwargs)
+    result["dataset_fingerprint"] = dataset_fingerprint(
+        getattr(trainer.train_dataloader, "dataset", None)
+    )
     result["restored"] = recorder.restored
     result["steps"] = [s.as_dict() for s in recorder.steps]
     result["global_step_end"] = trainer.global_step

@@ -37,6 +37,7 @@ from lightning_pilot.core.resume import (
     capture_rng,
     compare_trajectories,
     content_keys,
+    dataset_fingerprint,
     digest,
     restore_rng,
     rng_of_this_rank,
@@ -87,14 +88,16 @@ class ResumeVerifier(PilotCallback):
     At update ``at_step`` it saves a full checkpoint (``runs/<run_id>/resume/``, also under
     ``fast_dev_run``), and another at the end of the first epoch when the fit runs long enough
     (``epoch_boundary``), records the next ``compare_steps`` updates of this run (sample ids of
-    every micro-batch, loss, learning rate per param group), then starts a new Python process
-    that rebuilds the module and datamodule, resumes from the checkpoint with
-    ``weights_only=True`` and records the same. Each item is reported on its own: global step,
-    epoch, learning rates, optimizer state, scheduler state, grad scaler, weights, RNG states,
-    data position (the next micro-batches' sample ids: catches the replay of a plain
-    ``DataLoader`` resumed mid-epoch and Lightning #20550), the loss and LR trajectories (exact
-    by default), and the number of updates done after the resume (catches a resume into zero
-    steps).
+    every micro-batch, loss, learning rate per param group). When the fit has ended (after
+    Lightning's teardown moved the module and optimizer state to the CPU and emptied the
+    accelerator's cache, so the fit's device memory is never needed twice and training never
+    waits), one new Python process rebuilds the module and datamodule, resumes from each
+    checkpoint with ``weights_only=True`` and records the same. Each item is reported on its
+    own: global step, epoch, learning rates, optimizer state, scheduler state, grad scaler,
+    weights, RNG states, data position (the next micro-batches' sample ids, or keys made from
+    the inputs' bytes when batches carry no ids: catches the replay of a plain ``DataLoader``
+    resumed mid-epoch and Lightning #20550), the loss and LR trajectories (exact by default),
+    and the number of updates done after the resume (catches a resume into zero steps).
 
     Rebuilding uses ``factory="package.module:function"`` (returning the module, or
     ``(module, datamodule)``, or ``{"model": ..., "datamodule": ...}``) when given, else the
@@ -110,8 +113,14 @@ class ResumeVerifier(PilotCallback):
     At fit end, the final artifact (the last checkpoint, or the file ``export(pl_module, dir)``
     returns: a ``state_dict`` saved with ``torch.save``) is reloaded strictly in a new process
     into a fresh module and run on fixed control inputs (the first ``control_batches`` batches
-    of the validation loader, else the training loader) through ``predict_step``; the outputs
-    must equal the live module's within ``atol``/``rtol``. Its sha256 is recorded.
+    of the validation loader, else the training loader) through the module's own
+    ``predict_step``, else ``module(batch)``, ``module(batch[0])`` or ``module(**batch)``,
+    whichever the live module accepts; the outputs must equal the live module's within
+    ``atol``/``rtol``. Its sha256 is recorded. User code that raises there (``predict_step``,
+    ``export``, the loaders) becomes a verdict with the remedy; the fit goes on.
+
+    The row ``resume`` reads ``pass`` only when every essential item was checked and passed
+    (:data:`lightning_pilot.core.phases.ESSENTIAL`).
 
     Output: phase rows ``resume`` and ``checkpoint_load`` (the load's duration, file size and
     host memory, measured in the new process) and ``runs/<run_id>/resume.parquet``
@@ -133,7 +142,8 @@ class ResumeVerifier(PilotCallback):
         check_artifact: run the artifact round trip at fit end.
         export: ``fn(pl_module, directory) -> path`` writing the artifact as a ``state_dict``.
         control_batches: batches of control inputs for the artifact round trip.
-        timeout_s: limit for each new process, in seconds.
+        timeout_s: limit for each verification task, in seconds (the one process that runs
+            them gets this times their number).
         adapter: how to read example ids (default :class:`BatchAdapter`; only key or index
             fields travel to the new process).
         out_dir: the output folder.
@@ -352,9 +362,16 @@ class ResumeVerifier(PilotCallback):
             for probe in self._probes:
                 if not probe.done:
                     probe.reference.append(record)
+                    probe.end_step = trainer.global_step
                     if stepped and trainer.global_step >= probe.step + self.compare_steps:
                         probe.done = True  # recorded; compared once the fit has ended
-        if stepped and trainer.global_step == self._step_at_start + self.at_step:
+        # ">=": with several optimizers stepped by hand, global_step moves by more than one per
+        # micro-batch and may pass at_step without landing on it.
+        if (
+            stepped
+            and trainer.global_step >= self._step_at_start + self.at_step
+            and not any(p.kind == "mid_epoch" for p in self._probes)
+        ):
             self._save("mid_epoch", trainer, pl_module)
 
     @override
@@ -521,9 +538,7 @@ class ResumeVerifier(PilotCallback):
             "trainer": {
                 "accelerator": trainer.strategy.root_device.type,
                 # As far as the reference went (the fit may have ended before compare_steps).
-                "max_steps": max(r.step for r in probe.reference) + 1
-                if probe.reference
-                else probe.step + self.compare_steps,
+                "max_steps": probe.end_step if probe.reference else probe.step + self.compare_steps,
                 "max_epochs": trainer.max_epochs,
                 "accumulate_grad_batches": trainer.accumulate_grad_batches,
                 "precision": str(trainer.precision),
@@ -582,6 +597,23 @@ class ResumeVerifier(PilotCallback):
                         f"{expected!r} saved, {got!r} after resume; {_STATE_REMEDIES.get(key, '')}",
                     )
                 )
+        ours = dataset_fingerprint(getattr(trainer.train_dataloader, "dataset", None))
+        theirs = result.get("dataset_fingerprint")
+        if ours is not None and theirs is not None:
+            results.append(
+                CheckResult("data_rebuilt", "pass", "the first training examples are equal")
+                if ours == theirs
+                else CheckResult(
+                    "data_rebuilt",
+                    "fail",
+                    f"the new process built other training data (the first examples differ:"
+                    f" digest {ours} in the fit, {theirs} after the rebuild), so the data"
+                    " position and the losses cannot match; a restarted job would train on"
+                    " other examples too. Data drawn at random in a constructor needs a seed"
+                    " set before it is built (seed_everything(...) before creating the"
+                    " DataModule: the new process repeats that seed), or data built from files",
+                )
+            )
         resumed = [StepRecord.from_dict(s) for s in result.get("steps") or []]
         trajectory, steps = compare_trajectories(
             probe.reference,
@@ -617,7 +649,9 @@ class ResumeVerifier(PilotCallback):
                     resumed_values, bool(equal),
                 )
             )  # fmt: skip
-        expected_updates = len({r.step for r in probe.reference})
+        # The global steps the reference advanced (one per update, or one per optimizer
+        # step under manual optimisation with several optimizers).
+        expected_updates = probe.end_step - probe.step
         done = int(result.get("global_step_end", 0)) - probe.step
         results.append(
             CheckResult("updates_after_resume", "pass", f"{done} update(s)")
@@ -694,6 +728,8 @@ class _Probe:
     state: dict[str, Any]
     seen_before: set[Any]
     reference: list[StepRecord] = field(default_factory=list)
+    #: The global step after the last recorded micro-batch.
+    end_step: int = 0
     done: bool = False
 
 

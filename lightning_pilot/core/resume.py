@@ -185,6 +185,57 @@ def content_keys(inputs: Any) -> list[str] | None:
     return keys
 
 
+def dataset_fingerprint(dataset: Any, count: int = 4) -> str | None:
+    """A digest of the first ``count`` items of a map-style dataset (``None`` when it has no
+    length and indexing, or reading an item raises).
+
+    The training process and the verification process compute it on the dataset each of them
+    built: different digests mean the new process trains on other data (random data drawn
+    without a seed, a file that changed), whatever the loader does.
+
+    Example:
+        >>> data = [torch.tensor([1.0, 2.0]), torch.tensor([3.0, 4.0])]
+        >>> dataset_fingerprint(data) == dataset_fingerprint([t.clone() for t in data])
+        True
+        >>> dataset_fingerprint(data) == dataset_fingerprint([torch.zeros(2), data[1]])
+        False
+    """
+    if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
+        return None
+    # The same random state on both sides (random augmentation draws alike), and the caller's
+    # put back after: reading items must not change the fit's random streams.
+    saved = capture_rng()
+    torch.manual_seed(0)
+    random.seed(0)
+    if np is not None:
+        np.random.seed(0)
+    try:
+        items = [_comparable(dataset[index]) for index in range(min(count, len(dataset)))]
+    except Exception:  # the user's dataset, or an item of a kind not comparable across processes
+        return None
+    finally:
+        restore_rng(saved)
+    return digest(items)
+
+
+def _comparable(value: Any) -> Any:
+    """``value`` as tensors, numbers, strings and containers (numpy arrays become tensors).
+
+    Raises:
+        TypeError: another object (an image, a custom class): its ``repr`` may hold a memory
+            address, which differs between processes.
+    """
+    if isinstance(value, torch.Tensor | str | bytes | int | float | bool) or value is None:
+        return value
+    if type(value).__module__ == "numpy":
+        return torch.as_tensor(value)
+    if isinstance(value, Mapping):
+        return {k: _comparable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_comparable(v) for v in value]
+    raise TypeError(f"{type(value).__name__} is not comparable across processes")
+
+
 def unsafe_values(value: Any, path: str = "") -> list[str]:
     """Key paths of values a weights-only load would refuse, with their type.
 
