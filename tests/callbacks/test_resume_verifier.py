@@ -128,6 +128,9 @@ def test_verification_runs_once_after_the_fit_in_one_process(tmp_path: Path) -> 
     checks = _checks(frame)
     assert checks["loss_trajectory"][0] == "pass"
     assert checks["epoch_boundary.loss_trajectory"][0] == "pass", checks
+    # The epoch training continues in (the next one), read at the first micro-batch on both
+    # sides: at train start the resumed loop has not moved past the closed epoch yet.
+    assert checks["epoch_boundary.epoch"] == ("pass", ""), checks["epoch_boundary.epoch"]
     assert checks["artifact_roundtrip"][0] == "pass"
     folder = verifier.run.run_dir / "resume"
     specs = sorted(p.name for p in folder.glob("spec-*.json"))
