@@ -154,9 +154,11 @@ class PhaseMemoryMonitor(PilotCallback):
     sampled steps. The first validation is measured, later ones when the update before them was.
 
     Checks (the seeds' table): ``forward`` loss finite and scalar; ``backward`` every parameter an
-    optimizer updates requires grad and received a finite gradient; ``optimizer_step``
-    trainable parameters changed, frozen ones did not, ``global_step`` advanced by one;
-    ``validation``/``test`` every module in eval mode, autograd off, every sample evaluated. A
+    optimizer updates requires grad and received a finite gradient (one switched off for this
+    backward only, by ``toggle_optimizer`` in manual optimisation, is skipped); ``optimizer_step``
+    trainable parameters changed (one whose gradient was exactly zero, as LoRA's down-projection
+    on the first update, is not expected to), frozen ones did not, ``global_step`` advanced by
+    one; ``validation``/``test`` every module in eval mode, autograd off, every sample evaluated. A
     failed check is ``fail`` with the reason and remedy; training continues unless
     ``on_fail="raise"``.
 
@@ -286,6 +288,9 @@ class PhaseMemoryMonitor(PilotCallback):
         self._synchronized = True
         self._view: BatchView | None = None
         self._trainable: set[str] = set()
+        self._zero_grad: set[str] = set()
+        self._zero_lr: set[str] = set()
+        self._intended: set[int] = set()
         self._placed = False
 
     @override
@@ -584,6 +589,9 @@ class PhaseMemoryMonitor(PilotCallback):
             self._quiet.micro_batch(self._step_now)  # counted in bulk: no per-hook work
             return
         step = trainer.global_step
+        # What the module means to train, read before the training step can switch parameters
+        # off for one backward (see _intended_trainable).
+        self._intended = _intended_trainable(pl_module)
         self.aggregator.count("data", step)
         self.aggregator.count("forward", step)
         view = self.adapter.view(batch, count_tokens=False)
@@ -609,7 +617,11 @@ class PhaseMemoryMonitor(PilotCallback):
             return
         occurrence = self._end("backward", trainer.global_step, self._view)
         optimized = {id(p) for o in self._optimizers for g in o.param_groups for p in g["params"]}
-        self._add(occurrence, checks.check_gradients(pl_module.named_parameters(), optimized))
+        intended = self._intended | _intended_trainable(pl_module)
+        self._add(
+            occurrence,
+            checks.check_gradients(pl_module.named_parameters(), optimized, intended),
+        )
 
     def _flush_pending(self, results: Iterable[checks.CheckResult] = ()) -> None:
         pending, self._pending = self._pending, None
@@ -623,14 +635,56 @@ class PhaseMemoryMonitor(PilotCallback):
             self._quiet.optimizer_steps += 1
             return
         step = trainer.global_step
+        # Manual optimisation may step several optimizers in one batch (a GAN's discriminator,
+        # then its generator): the previous step is judged now, before this one moves anything.
+        before = self._check_pending_update(trainer, pl_module)
         self.aggregator.count("optimizer_step", step)
         optimized = {id(p) for group in optimizer.param_groups for p in group["params"]}
-        self._trainable = {
-            n for n, p in pl_module.named_parameters() if id(p) in optimized and p.requires_grad
+        # The parameters this optimizer is meant to move: in it and intended to train. Not the
+        # current requires_grad alone: the step may run while toggle_optimizer has switched
+        # some off.
+        intended = self._intended | _intended_trainable(pl_module)
+        trainable = [
+            (n, p)
+            for n, p in pl_module.named_parameters()
+            if id(p) in optimized and id(p) in intended
+        ]
+        self._trainable = {n for n, _ in trainable}
+        self._zero_grad = checks.zero_gradients(trainable)
+        resting = {
+            id(p)
+            for group in optimizer.param_groups
+            if isinstance(group.get("lr"), int | float) and group["lr"] == 0
+            for p in group["params"]
         }
-        self._fingerprint = checks.fingerprint(pl_module.named_parameters())
+        self._zero_lr = {n for n, p in trainable if id(p) in resting}
+        self._fingerprint = before or checks.fingerprint(pl_module.named_parameters())
         self._step_before = step
         self._begin("optimizer_step", track=self._tracking)
+
+    def _check_pending_update(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule
+    ) -> dict[str, tuple[float, float]] | None:
+        """Judge the pending optimizer step; returns the fingerprint taken after it, if any."""
+        if not (
+            self._measuring
+            and self._pending is not None
+            and self._pending.phase == "optimizer_step"
+        ):
+            return None
+        after = checks.fingerprint(pl_module.named_parameters())
+        self._flush_pending(
+            checks.check_update(
+                self._fingerprint,
+                after,
+                trainable=self._trainable,
+                step_before=self._step_before,
+                step_after=trainer.global_step,
+                zero_grad=self._zero_grad,
+                zero_lr=self._zero_lr,
+            )
+        )
+        return after
 
     def _after_update(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self._open is not None and self._open[0] == "optimizer_step":
@@ -663,21 +717,7 @@ class PhaseMemoryMonitor(PilotCallback):
         if step < self._quiet_until:  # an unmeasured update follows: nothing to start
             self._step_now = step
             return
-        if (
-            self._measuring
-            and self._pending is not None
-            and self._pending.phase == "optimizer_step"
-        ):
-            after = checks.fingerprint(pl_module.named_parameters())
-            self._flush_pending(
-                checks.check_update(
-                    self._fingerprint,
-                    after,
-                    trainable=self._trainable,
-                    step_before=self._step_before,
-                    step_after=step,
-                )
-            )
+        self._check_pending_update(trainer, pl_module)
         if not self._window_done and step - self._start_step >= self.pilot_updates:
             self._window_done = True
             self._flush_during_fit("after the pilot window")  # it survives a later crash
@@ -888,6 +928,24 @@ class PhaseMemoryMonitor(PilotCallback):
         }
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=trainer.global_step)
+
+
+def _intended_trainable(pl_module: pl.LightningModule) -> set[int]:
+    """``id`` of the parameters the module means to train.
+
+    In manual optimisation Lightning's ``toggle_optimizer`` sets ``requires_grad=False`` on
+    every parameter of the other optimizers until ``untoggle_optimizer``, so ``requires_grad``
+    read inside the training step says "not in this backward", not "frozen". Two readings
+    are robust to that, and the callers take their union: ``requires_grad`` at
+    ``on_train_batch_start`` (before the training step toggles anything; it also covers
+    steps that switch ``requires_grad`` by hand), and, while a toggle is open, the
+    ``requires_grad`` Lightning saved before it toggled (``_param_requires_grad_state``, a
+    private attribute: read defensively, and if absent the first reading still holds). A layer
+    frozen by mistake reads ``False`` in both and still fails.
+    """
+    state = getattr(pl_module, "_param_requires_grad_state", None)
+    saved: Mapping[Any, Any] = state if isinstance(state, Mapping) else {}
+    return {id(p) for p in pl_module.parameters() if p.requires_grad or saved.get(p, False)}
 
 
 def _shapes(view: BatchView) -> str | None:

@@ -15,7 +15,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +29,7 @@ __all__ = [
     "check_sample_count",
     "check_update",
     "fingerprint",
+    "zero_gradients",
 ]
 
 _MAX_NAMES = 8
@@ -77,6 +78,7 @@ def check_loss(loss: Any) -> list[CheckResult]:
 def check_gradients(
     named_parameters: Iterable[tuple[str, torch.nn.Parameter]],
     optimized: set[int],
+    intended: Collection[int] | None = None,
 ) -> list[CheckResult]:
     """Every parameter an optimizer updates is trainable, received a gradient, and it is finite.
 
@@ -84,13 +86,37 @@ def check_gradients(
         named_parameters: the module's ``named_parameters()``.
         optimized: ``id`` of every parameter in the optimizers' param groups (the ones meant to
             train).
+        intended: ``id`` of every parameter the module means to train, read outside any window
+            in which the training step switches parameters off for one backward (Lightning's
+            ``toggle_optimizer`` in manual optimisation sets ``requires_grad=False`` on the
+            other optimizers' parameters). A parameter of an optimizer that is intended to
+            train but has ``requires_grad=False`` now was switched off for this backward: it
+            cannot receive a gradient here and is skipped, not failed. ``None``: the current
+            ``requires_grad`` is the intent.
+
+    Example:
+        >>> import torch
+        >>> layer = torch.nn.Linear(2, 1)
+        >>> layer.weight.requires_grad_(False)  # switched off for this backward
+        Parameter containing:...
+        >>> layer(torch.ones(2)).sum().backward()
+        >>> optimized = {id(p) for p in layer.parameters()}
+        >>> check_gradients(layer.named_parameters(), optimized)[0].verdict
+        'fail'
+        >>> result = check_gradients(layer.named_parameters(), optimized, intended=optimized)[0]
+        >>> result.verdict, result.detail.split(": ")
+        ('pass', ['1 parameter(s) switched off for this backward (e.g. by toggle_optimizer) were
+                   skipped', 'weight'])
     """
-    frozen, missing, stray = [], [], []
+    frozen, switched_off, missing, stray = [], [], [], []
     with_grad: list[tuple[str, torch.Tensor]] = []
     for name, param in named_parameters:
         in_optimizer = id(param) in optimized
         if in_optimizer and not param.requires_grad:
-            frozen.append(name)
+            if intended is not None and id(param) in intended:
+                switched_off.append(name)
+            else:
+                frozen.append(name)
         elif in_optimizer and param.grad is None:
             missing.append(name)
         elif param.grad is not None:
@@ -110,6 +136,15 @@ def check_gradients(
                 "fail",
                 f"{len(frozen)} parameter(s) in the optimizer have requires_grad=False and cannot"
                 f" learn: {_names(frozen)}",
+            )
+        )
+    elif switched_off:
+        results.append(
+            CheckResult(
+                "trainable_params_require_grad",
+                "pass",
+                f"{len(switched_off)} parameter(s) switched off for this backward (e.g. by"
+                f" toggle_optimizer) were skipped: {_names(switched_off)}",
             )
         )
     else:
@@ -175,6 +210,32 @@ def fingerprint(
     return {name: (row[0], row[1]) for name, row in zip(names, table, strict=True)}
 
 
+def zero_gradients(named_parameters: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+    """Names of the parameters whose gradient exists and is exactly zero in every element.
+
+    One reduction per parameter and one device synchronisation for all of them.
+
+    Example:
+        >>> import torch
+        >>> a, b = torch.zeros(3, requires_grad=True), torch.ones(3, requires_grad=True)
+        >>> (a * b).sum().backward()  # a.grad = b = 1, b.grad = a = 0
+        >>> sorted(zero_gradients([("a", a), ("b", b), ("c", torch.ones(1))]))
+        ['b']
+    """
+    names, nonzero = [], []
+    for name, param in named_parameters:
+        grad = param.grad
+        if grad is None:
+            continue
+        values = grad.coalesce().values() if grad.is_sparse else grad
+        names.append(name)
+        nonzero.append(values.detach().any())
+    if not names:
+        return set()
+    flags = torch.stack(nonzero).cpu().tolist()
+    return {name for name, flag in zip(names, flags, strict=True) if not flag}
+
+
 def check_update(
     before: Mapping[str, tuple[float, float]],
     after: Mapping[str, tuple[float, float]],
@@ -182,22 +243,64 @@ def check_update(
     trainable: set[str],
     step_before: int,
     step_after: int,
+    zero_grad: Collection[str] = (),
+    zero_lr: Collection[str] = (),
 ) -> list[CheckResult]:
-    """Trainable parameters changed, the others did not, and the step advanced by one."""
+    """Trainable parameters changed, the others did not, and the step advanced by one.
+
+    A trainable parameter in a param group whose learning rate was 0 at this update
+    (``zero_lr``: a linear warmup that starts at 0, as Hugging Face's
+    ``get_linear_schedule_with_warmup`` does) is not expected to change either; it is named.
+
+    A trainable parameter whose gradient was exactly zero at this update (``zero_grad``, see
+    :func:`zero_gradients`) is not expected to change: plain SGD and Adam without weight decay
+    leave it as it is. LoRA's down-projection on the first update is one: its gradient is the
+    up-projection's weight times the output gradient, and the up-projection starts at zero. It
+    is named in the detail, never failed; a parameter with a nonzero (or no) gradient that did
+    not change still fails.
+
+    Example:
+        >>> same = {"a": (1.0, 1.0), "b": (2.0, 2.0)}
+        >>> moved = {"a": (1.0, 1.0), "b": (2.5, 2.5)}
+        >>> check_update(same, moved, trainable={"a", "b"}, step_before=0, step_after=1,
+        ...              zero_grad={"a"})[0]  # doctest: +NORMALIZE_WHITESPACE
+        CheckResult(name='trainable_params_changed', verdict='pass',
+                    detail='1 parameter(s) had a zero gradient at this update (e.g. a LoRA
+                    down-projection while its zero-initialised up-projection is still zero) and
+                    were not expected to change: a')
+        >>> check_update(same, moved, trainable={"a", "b"}, step_before=0, step_after=1)[0].verdict
+        'fail'
+    """
     unchanged = [n for n in before if n in trainable and before[n] == after.get(n)]
+    resting = [n for n in unchanged if n in zero_lr]
+    excused = [n for n in unchanged if n in zero_grad and n not in zero_lr]
+    unchanged = [n for n in unchanged if n not in zero_grad and n not in zero_lr]
     moved = [n for n in before if n not in trainable and before[n] != after.get(n)]
     results = []
+    notes = []
+    if resting:
+        notes.append(
+            f"{len(resting)} parameter(s) had a learning rate of 0 at this update (a warmup that"
+            f" starts at 0) and were not expected to change: {_names(resting)}"
+        )
+    if excused:
+        notes.append(
+            f"{len(excused)} parameter(s) had a zero gradient at this update (e.g. a LoRA"
+            " down-projection while its zero-initialised up-projection is still zero) and were"
+            f" not expected to change: {_names(excused)}"
+        )
+    note = "; ".join(notes)
     if unchanged:
         results.append(
             CheckResult(
                 "trainable_params_changed",
                 "fail",
-                f"{len(unchanged)} trainable parameter(s) did not change in the update:"
-                f" {_names(unchanged)}",
+                f"{len(unchanged)} trainable parameter(s) with a nonzero or missing gradient did"
+                f" not change in the update: {_names(unchanged)}" + (f"; {note}" if note else ""),
             )
         )
     else:
-        results.append(CheckResult("trainable_params_changed", "pass"))
+        results.append(CheckResult("trainable_params_changed", "pass", note))
     if moved:
         results.append(
             CheckResult(

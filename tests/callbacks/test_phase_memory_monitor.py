@@ -519,3 +519,215 @@ def test_non_integer_counts_are_type_errors(name: str) -> None:
         match=rf"PhaseMemoryMonitor\({name}='3'\) is invalid: expected an integer, got str",
     ):
         PhaseMemoryMonitor(**{name: "3"})
+
+
+class VectorData(Dataset[torch.Tensor]):
+    """Random vectors from a seed."""
+
+    def __init__(self, size: int = 32, width: int = 4, seed: int = 0) -> None:
+        self.data = torch.randn(size, width, generator=torch.Generator().manual_seed(seed))
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return self.data[index]
+
+
+class TinyGAN(pl.LightningModule):
+    """Two Adam optimizers in manual optimisation, with Lightning's toggle/untoggle recipe."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+        self.generator = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 4))
+        self.discriminator = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+
+    def generate(self, noise: torch.Tensor) -> torch.Tensor:
+        return self.generator(noise)  # type: ignore[no-any-return]
+
+    def training_step(self, batch: torch.Tensor, batch_idx: int) -> None:
+        opt_g, opt_d = self.optimizers()  # type: ignore[misc]
+        bce = nn.functional.binary_cross_entropy_with_logits
+        noise = torch.randn_like(batch)
+        real, fake = torch.ones(len(batch), 1), torch.zeros(len(batch), 1)
+
+        self.toggle_optimizer(opt_d)  # the generator's parameters: requires_grad=False
+        generated = self.generate(noise).detach()
+        loss_d = bce(self.discriminator(batch), real) + bce(self.discriminator(generated), fake)
+        self.manual_backward(loss_d)
+        opt_d.step()
+        opt_d.zero_grad()
+        self.untoggle_optimizer(opt_d)
+
+        self.toggle_optimizer(opt_g)  # the discriminator's parameters: requires_grad=False
+        loss_g = bce(self.discriminator(self.generate(noise)), real)
+        self.manual_backward(loss_g)
+        opt_g.step()
+        opt_g.zero_grad()
+        self.untoggle_optimizer(opt_g)
+
+    def configure_optimizers(self) -> list[torch.optim.Optimizer]:
+        return [
+            torch.optim.Adam(self.generator.parameters(), lr=1e-3),
+            torch.optim.Adam(self.discriminator.parameters(), lr=1e-3),
+        ]
+
+    def train_dataloader(self) -> DataLoader[Any]:
+        return DataLoader(VectorData(), batch_size=8)
+
+
+def test_two_optimizers_toggled_in_manual_optimisation_pass(make_trainer: Any) -> None:
+    # 4 batches of two optimizer steps each (global_step counts both): 8 updates.
+    frame = _fit(make_trainer, TinyGAN(), max_steps=8, limit_val_batches=0)
+    assert set(frame["verdict"]) == {"pass"}
+    counts = frame.groupby("phase")["occurrences"].sum()
+    assert (counts["backward"], counts["optimizer_step"]) == (8, 8)
+    # The discriminator's backward comes first: the generator is toggled off, and said so.
+    first_backward = _row(frame, "backward")
+    assert _check(first_backward, "trainable_params_require_grad")["detail"] == (
+        "4 parameter(s) switched off for this backward (e.g. by toggle_optimizer) were"
+        " skipped: generator.0.weight, generator.0.bias, generator.2.weight, generator.2.bias"
+    )
+    assert _check(first_backward, "grads_reach_params")["verdict"] == "pass"
+    # Both optimizers' updates are judged, the first (the discriminator's) included.
+    for first in (True, False):
+        update = _row(frame, "optimizer_step", first=first)
+        assert [c["verdict"] for c in update["checks"]] == ["pass"] * 3
+        assert update["measured_occurrences"] > 0
+
+
+class FrozenDiscriminatorHead(TinyGAN):
+    """The discriminator's last layer is frozen by mistake, yet handed to its optimizer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.discriminator[2].requires_grad_(False)
+
+
+def test_layer_frozen_by_mistake_still_fails_under_toggle_optimizer(make_trainer: Any) -> None:
+    frame = _fit(make_trainer, FrozenDiscriminatorHead(), max_steps=4, limit_val_batches=0)
+    for first in (True, False):  # the discriminator's backward, then the generator's
+        check = _check(_row(frame, "backward", first=first), "trainable_params_require_grad")
+        assert check["verdict"] == "fail"
+        assert check["detail"] == (
+            "2 parameter(s) in the optimizer have requires_grad=False and cannot learn:"
+            " discriminator.2.weight, discriminator.2.bias"
+        )
+
+
+class DetachedGeneratorLayer(TinyGAN):
+    """The generator's first layer is cut from the loss: it never learns."""
+
+    def generate(self, noise: torch.Tensor) -> torch.Tensor:
+        hidden = torch.relu(self.generator[0](noise)).detach()
+        return self.generator[2](hidden)  # type: ignore[no-any-return]
+
+
+def test_detached_layer_still_fails_under_toggle_optimizer(make_trainer: Any) -> None:
+    frame = _fit(make_trainer, DetachedGeneratorLayer(), max_steps=4, limit_val_batches=0)
+    # The generator's backward is the second one of each batch: on the later row.
+    missing = _check(_row(frame, "backward", first=False), "grads_reach_params")
+    assert missing["verdict"] == "fail"
+    assert missing["detail"].endswith(": generator.0.weight, generator.0.bias")
+    unchanged = _check(_row(frame, "optimizer_step", first=False), "trainable_params_changed")
+    assert unchanged["verdict"] == "fail"
+    assert unchanged["detail"].endswith(
+        "did not change in the update: generator.0.weight, generator.0.bias"
+    )
+
+
+class LoRALinear(pl.LightningModule):
+    """A frozen base layer plus a LoRA adapter whose up-projection B starts at zero."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.base = nn.Linear(8, 8)
+        self.base.requires_grad_(False)  # not in the optimizer, on purpose
+        self.lora_a = nn.Linear(8, 2, bias=False)
+        self.lora_b = nn.Linear(2, 8, bias=False)
+        nn.init.zeros_(self.lora_b.weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.base(x) + self.lora_b(self.lora_a(x))  # type: ignore[no-any-return]
+
+    def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+        return nn.functional.mse_loss(self(batch), batch.flip(-1))
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        adapter = [*self.lora_a.parameters(), *self.lora_b.parameters()]
+        return torch.optim.SGD(adapter, lr=0.1)
+
+    def train_dataloader(self) -> DataLoader[Any]:
+        return DataLoader(VectorData(width=8), batch_size=8)
+
+
+def test_lora_zero_initialised_up_projection_passes(make_trainer: Any) -> None:
+    model = LoRALinear()
+    base = model.base.weight.detach().clone()
+    a_before = model.lora_a.weight.detach().clone()
+    frame = _fit(make_trainer, model, max_steps=4, limit_val_batches=0)
+    assert set(frame["verdict"]) == {"pass"}
+    # Update 1: A's gradient is B^T times the output gradient, and B is zero: A stays as it was.
+    update = _row(frame, "optimizer_step")
+    assert _check(update, "trainable_params_changed")["detail"] == (
+        "1 parameter(s) had a zero gradient at this update (e.g. a LoRA down-projection while"
+        " its zero-initialised up-projection is still zero) and were not expected to change:"
+        " lora_a.weight"
+    )
+    assert _check(update, "frozen_params_unchanged")["verdict"] == "pass"
+    # The later updates move A (B is no longer zero); the base never moves.
+    assert _check(_row(frame, "optimizer_step", first=False), "trainable_params_changed") == {
+        "name": "trainable_params_changed",
+        "verdict": "pass",
+        "detail": "",
+    }
+    assert not torch.equal(model.lora_a.weight, a_before)
+    assert torch.equal(model.base.weight, base)
+
+
+class WipesGradientsBeforeStep(LoRALinear):
+    """A misplaced ``zero_grad()`` between backward and the step: nothing ever updates."""
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        optimizer.zero_grad()
+
+
+def test_nonzero_gradient_that_does_not_update_still_fails(make_trainer: Any) -> None:
+    model = WipesGradientsBeforeStep()
+    frame = _fit(make_trainer, model, max_steps=2, limit_val_batches=0)
+    check = _check(_row(frame, "optimizer_step"), "trainable_params_changed")
+    assert check["verdict"] == "fail"
+    # B had a nonzero gradient and did not move: failed. A had a zero one: only named.
+    assert check["detail"] == (
+        "1 trainable parameter(s) with a nonzero or missing gradient did not change in the"
+        " update: lora_b.weight; 1 parameter(s) had a zero gradient at this update (e.g. a LoRA"
+        " down-projection while its zero-initialised up-projection is still zero) and were not"
+        " expected to change: lora_a.weight"
+    )
+    assert not model.lora_b.weight.any()
+
+
+class WarmupFromZero(LoRALinear):
+    """AdamW with a linear warmup from lr 0 (the shape of transformers'
+    ``get_linear_schedule_with_warmup``): the first update moves nothing, on purpose."""
+
+    def configure_optimizers(self) -> Any:
+        optimizer = torch.optim.AdamW(
+            [p for p in self.parameters() if p.requires_grad], lr=1e-2, weight_decay=0.01
+        )
+        warmup = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, step / 10))
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": warmup, "interval": "step"}}
+
+
+def test_a_warmup_from_zero_is_not_a_failed_update(make_trainer: Any) -> None:
+    frame = _fit(make_trainer, WarmupFromZero(), max_steps=3, limit_val_batches=0)
+    assert set(frame["verdict"]) == {"pass"}, frame[["phase", "verdict", "reason"]]
+    detail = _check(_row(frame, "optimizer_step"), "trainable_params_changed")["detail"]
+    assert detail.startswith(
+        "2 parameter(s) had a learning rate of 0 at this update (a warmup that starts at 0) and"
+        " were not expected to change: "
+    )
+    # Later updates (lr > 0) move every trainable parameter: a plain pass.
+    later = _check(_row(frame, "optimizer_step", first=False), "trainable_params_changed")
+    assert later["verdict"] == "pass"
