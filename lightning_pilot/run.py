@@ -31,7 +31,7 @@ import os
 import threading
 import warnings
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Final
@@ -55,6 +55,9 @@ __all__ = [
 ]
 
 PHASE_TABLE: Final = "phases"
+
+#: Disk space a run holds from its first write to its close (:meth:`PilotRun.reserve_space`).
+RESERVE_BYTES: Final = 1 << 20
 _IDENTITY_COLUMNS: Final = ("run_id", "attempt", "attempt_id", "rank")
 
 _RUNS: weakref.WeakKeyDictionary[pl.Trainer, PilotRun] = weakref.WeakKeyDictionary()
@@ -141,12 +144,17 @@ class PilotRun:
         self._dirty: set[str] = set()
         self._ledger_fields: dict[str, Any] = {}
         self._lock = threading.RLock()
+        # Called with the final flush's error (or None) once the tables are written: the
+        # ledger's end record, so its status says whether the run's files were written.
+        self._closers: list[Callable[[OSError | None], None]] = []
+        self._reserve: Path | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         # A copied or pickled callback carries its run (its identity and folder); the lock is
         # not copyable and is made anew.
         state = dict(self.__dict__)
         del state["_lock"]
+        state["_closers"] = []
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -271,25 +279,92 @@ class PilotRun:
     def close(self, callback: object, *, failing: bool = False) -> None:
         """Detach a callback; the last one to leave flushes and closes the run.
 
-        Closing twice is harmless. With ``failing=True`` (the exception path) a failed flush
-        is reported as a warning, so the user's own exception is never replaced by ours.
+        The last one releases the disk space the run reserved (:meth:`reserve_space`), flushes
+        every table, then calls the closers (:meth:`on_close`: the ledger's end record) with
+        the flush's error, so a run whose files could not be written is not recorded as a clean
+        one. Closing twice is harmless. With ``failing=True`` (the exception path) a failed
+        flush is reported as a warning, so the user's own exception is never replaced by ours.
         """
         with self._lock:
             if self._attached.pop(id(callback), None) is None or self._attached:
                 return
+            self.release_space()
+            error: OSError | None = None
             try:
                 self.flush()
             except OSError as err:
-                if not failing:
-                    raise
+                error = err
+            closers, self._closers = self._closers, []
+            try:
+                for closer in closers:
+                    try:
+                        closer(error)
+                    except OSError as err:
+                        error = error or err
+            finally:
+                self.closed = True
+            if error is None:
+                return
+            if not failing:
+                raise error
+            warnings.warn(
+                f"lightning-pilot: could not write run {self.run_id} to {self.out_dir}"
+                f" while the fit was failing: {error}",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+
+    def on_close(self, closer: Callable[[OSError | None], None]) -> None:
+        """Call ``closer(error)`` when the run closes, after its tables were flushed; ``error``
+        is the flush's ``OSError`` or ``None``. An ``OSError`` the closer raises is raised by
+        the close (or warned about on the exception path)."""
+        with self._lock:
+            self._closers.append(closer)
+
+    def reserve_space(self, size: int = RESERVE_BYTES) -> None:
+        """Hold ``size`` bytes of disk in ``out_dir`` until the run closes (once per run).
+
+        A disk that fills during the fit then still has room, at the end, for the tables and the
+        ledger's end record: released just before they are written, so the stored status says
+        what happened instead of a finished run reading ``running`` or ``interrupted``. The
+        file is hidden (``.reserve-<attempt_id>-r<rank>``) and ignored by every reader; a run
+        killed before its end leaves it behind (``size`` bytes). Best effort: where the space
+        cannot be held (the disk is already full, or the file system cannot allocate), nothing
+        is reserved.
+        """
+        with self._lock:
+            if self._reserve is not None or self.closed:
+                return
+            path = self.out_dir / f".reserve-{self.attempt_id}-r{self.rank:05d}"
+            self._reserve = path
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                fd = os.open(path, os.O_CREAT | os.O_WRONLY | os.O_EXCL, 0o600)
+            except OSError:
+                return
+            try:
+                os.posix_fallocate(fd, 0, size)
+            except (OSError, AttributeError):  # no room, or no fallocate (not Linux)
+                pass
+            finally:
+                os.close(fd)
+
+    def release_space(self) -> None:
+        """Give back the space :meth:`reserve_space` held (harmless when none was)."""
+        with self._lock:
+            path = self._reserve
+            if path is None:
+                return
+            try:
+                path.unlink()
+            except FileNotFoundError:
+                pass
+            except OSError as err:
                 warnings.warn(
-                    f"lightning-pilot: could not write run {self.run_id} to {self.out_dir}"
-                    f" while the fit was failing: {err}",
+                    f"lightning-pilot: could not release the reserved space {path}: {err}",
                     RuntimeWarning,
                     stacklevel=2,
                 )
-            finally:
-                self.closed = True
 
     def record_exception(self, exception: BaseException) -> None:
         """Remember the exception that ended the fit (for ledger end records)."""
@@ -436,6 +511,7 @@ class PilotRun:
             OSError: a write failed; the tables stay buffered and the previous snapshots
                 stay readable.
         """
+        self.reserve_space()
         with self._lock:
             written = []
             for name in sorted(self._dirty):

@@ -463,14 +463,14 @@ def check_full_disk_files(drill: Drill, run_id: str, events: list[str]) -> Ledge
 
 
 def ended_by_a_full_disk(drill: Drill) -> tuple[str, list[str]]:
-    """The fit trained its 6 updates and then raised ENOSPC from DivergenceLedger.on_fit_end
-    (its end record could not be written); returns the run id and the RuntimeWarnings."""
+    """The fit trained its 6 updates and then raised ENOSPC when the run closed (its tables
+    could not be flushed, nor then the end record); returns the run id and the warnings."""
     assert drill.returncode == 0, drill.log  # the worker returns after fit raised
     result = drill.note("result")
     assert result["global_step"] == 6
     assert result["exception"]["type"] == "OSError"
     assert result["exception"]["errno"] == 28
-    assert result["exception"]["raised_in"] == ["divergence_ledger.py", "on_fit_end"]
+    assert result["exception"]["raised_in"] == ["run.py", "teardown"]
     messages = [w["message"] for w in result["warnings"] if w["category"] == "RuntimeWarning"]
     return result["run_id"], messages
 
@@ -480,9 +480,9 @@ def test_disk_full_mid_run_warns_per_record_then_fails_the_fit_at_its_end(
 ) -> None:
     drill = disk[3]
     # Heartbeats 4 to 6 could not be written: one RuntimeWarning each, naming the ledger
-    # folder, and training went on to the planned 6 updates. The end record could not be
-    # written either: that OSError is what trainer.fit raised, from DivergenceLedger's
-    # on_fit_end; on the way out the run's tables could not be flushed (a warning).
+    # folder, and training went on to the planned 6 updates. When the run closed its tables
+    # could not be flushed: that OSError is what trainer.fit raised; the end record, written
+    # after the flush to say so, could not be written either (a warning naming it).
     run_id, messages = ended_by_a_full_disk(drill)
     ledger_dir = re.escape(str(drill.pilot / "ledger"))
     assert len(messages) == 4, messages
@@ -493,8 +493,8 @@ def test_disk_full_mid_run_warns_per_record_then_fails_the_fit_at_its_end(
             message,
         )
     assert re.fullmatch(
-        rf"lightning-pilot: could not write run {run_id} to {re.escape(str(drill.pilot))} while"
-        rf" the fit was failing: \[Errno 28\] {NO_SPACE}",
+        rf"lightning-pilot: could not write the end record of run {run_id} to {ledger_dir}:"
+        rf" \[Errno 28\] {NO_SPACE}",
         messages[3],
     )
     ledger = check_full_disk_files(drill, run_id, ["start", *["heartbeat"] * 3])
@@ -511,8 +511,8 @@ def test_disk_full_before_the_pilot_window_flush_warns_and_training_goes_on(
 ) -> None:
     drill = disk[1]
     # The pilot-window flush (end of update 2) could not be written: a warning, and training
-    # went on to the planned 6 updates (heartbeats 2 to 6 warn too). The end record could not
-    # be written: that OSError is what trainer.fit raised, from DivergenceLedger's on_fit_end.
+    # went on to the planned 6 updates (heartbeats 2 to 6 warn too). The final flush could not
+    # be written: that OSError is what trainer.fit raised; nor could the end record after it.
     run_id, messages = ended_by_a_full_disk(drill)
     pilot = re.escape(str(drill.pilot))
     assert re.fullmatch(

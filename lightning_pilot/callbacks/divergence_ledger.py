@@ -16,12 +16,12 @@ from lightning.pytorch.callbacks import Timer
 from typing_extensions import override
 
 from lightning_pilot import storage
+from lightning_pilot.core import validate
 from lightning_pilot.core.batches import BatchAdapter
 from lightning_pilot.core.config import (
     canonical_params_json,
     config_hash,
     environment,
-    validate_name,
     variant_key,
 )
 from lightning_pilot.core.divergence import (
@@ -66,9 +66,16 @@ class RepeatedVariantError(PilotRefusalError):
     """Raised instead of the warning with ``on_repeat="error"`` (before anything is written)."""
 
 
-def _choice(name: str, value: object, valid: tuple[str, ...]) -> None:
-    if value not in valid:
-        raise ValueError(f"DivergenceLedger({name}={value!r}) is invalid; expected one of {valid}.")
+def _run_id(value: object) -> str | None:
+    """``derived_from``: ``None`` or a run id (:func:`~lightning_pilot.core.ids.new_run_id`)."""
+    owner, expected = "DivergenceLedger", "a run id such as '20261130T092309763Z-a1fe91cb433ec8b4'"
+    run_id = validate.text(owner, "derived_from", value, optional=True, hint=expected)
+    if run_id is None:
+        return None
+    try:
+        return validate_run_id(run_id, "derived_from")
+    except ValueError:
+        raise ValueError(validate.invalid(owner, "derived_from", value, expected)) from None
 
 
 class DivergenceLedger(PilotCallback):
@@ -197,77 +204,48 @@ class DivergenceLedger(PilotCallback):
         val_metrics: Sequence[str] | None = None,
         out_dir: str | os.PathLike[str] | None = None,
     ) -> None:
+        owner = "DivergenceLedger"
+        validate.path(owner, "out_dir", out_dir)
         super().__init__(out_dir=out_dir)
-        self.experiment = validate_name(experiment, "experiment")
-        self.variant = validate_name(variant, "variant")
-        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or seed < 0):
-            raise ValueError(f"DivergenceLedger(seed={seed!r}) is invalid: expected an int >= 0.")
-        self.seed = seed
-        self.params = dict(params or {})
+        self.experiment = validate.run_name(owner, "experiment", experiment)
+        self.variant = validate.run_name(owner, "variant", variant)
+        self.seed = validate.integer(owner, "seed", seed, minimum=0, optional=True)
+        self.params = validate.mapping_of_scalars(owner, "params", params)
         self.params_json = canonical_params_json(self.params)
-        self.derived_from = None
-        if derived_from is not None:
-            self.derived_from = validate_run_id(derived_from, "derived_from")
+        self.derived_from = _run_id(derived_from)
+        validate.instance(owner, "rules", rules, DivergenceRules)
         self.detector = DivergenceDetector(rules)
-        _choice("action", action, ("stop", "record"))
-        _choice("on_repeat", on_repeat, ("warn", "error", "ignore"))
-        self.action, self.on_repeat = action, on_repeat
-        for name, value, none_ok in (
-            ("check_every", check_every, False),
-            ("grad_norm_every", grad_norm_every, False),
-            ("heartbeat_every", heartbeat_every, True),
-        ):
-            if (value is None and none_ok) or (
-                isinstance(value, int) and not isinstance(value, bool) and value >= 1
-            ):
-                continue
-            raise ValueError(
-                f"DivergenceLedger({name}={value!r}) is invalid: expected an int >= 1 (updates)"
-                + (" or None" if none_ok else "")
-                + "."
-            )
-        if (
-            not isinstance(heartbeat_seconds, int | float)
-            or isinstance(heartbeat_seconds, bool)
-            or not math.isfinite(heartbeat_seconds)
-            or heartbeat_seconds < 0
-        ):
-            raise ValueError(
-                f"DivergenceLedger(heartbeat_seconds={heartbeat_seconds!r}) is invalid: expected"
-                " a finite number of seconds >= 0."
-            )
-        self.check_every = check_every
-        self.grad_norm_every = grad_norm_every
-        self.heartbeat_seconds = float(heartbeat_seconds)
-        self.heartbeat_every = heartbeat_every
-        if not isinstance(save_predictions, bool):
-            raise TypeError(
-                f"DivergenceLedger(save_predictions={save_predictions!r}) must be a bool."
-            )
-        if predictions_fn is not None and not callable(predictions_fn):
-            raise TypeError(
-                f"DivergenceLedger(predictions_fn={predictions_fn!r}) must be a callable"
-                " (pl_module, batch, outputs) -> tensor, or None."
-            )
-        if not isinstance(predictions_key, str) or not predictions_key:
-            raise ValueError(
-                f"DivergenceLedger(predictions_key={predictions_key!r}) must be a non-empty str."
-            )
-        if batch_adapter is not None and not isinstance(batch_adapter, BatchAdapter):
-            raise TypeError(
-                f"DivergenceLedger(batch_adapter={batch_adapter!r}) must be a BatchAdapter or None."
-            )
-        if val_metrics is not None and (
-            isinstance(val_metrics, str) or not all(isinstance(m, str) for m in val_metrics)
-        ):
-            raise TypeError(
-                f"DivergenceLedger(val_metrics={val_metrics!r}) must be a list of metric names"
-                " or None (metrics starting with 'val')."
-            )
-        self.save_predictions, self.predictions_fn = save_predictions, predictions_fn
-        self.predictions_key = predictions_key
+        self.action: Literal["stop", "record"] = validate.choice(
+            owner, "action", action, ("stop", "record")
+        )
+        self.on_repeat: Literal["warn", "error", "ignore"] = validate.choice(
+            owner, "on_repeat", on_repeat, ("warn", "error", "ignore")
+        )
+        self.check_every = validate.integer(
+            owner, "check_every", check_every, minimum=1, hint="updates"
+        )
+        self.grad_norm_every = validate.integer(
+            owner, "grad_norm_every", grad_norm_every, minimum=1, hint="updates"
+        )
+        self.heartbeat_seconds = validate.number(
+            owner, "heartbeat_seconds", heartbeat_seconds, minimum=0, hint="seconds"
+        )
+        self.heartbeat_every = validate.integer(
+            owner, "heartbeat_every", heartbeat_every, minimum=1, optional=True, hint="updates"
+        )
+        self.save_predictions = validate.boolean(owner, "save_predictions", save_predictions)
+        self.predictions_fn = validate.callable_or_none(
+            owner,
+            "predictions_fn",
+            predictions_fn,
+            "a callable (pl_module, batch, outputs) -> tensor",
+        )
+        self.predictions_key = validate.text(owner, "predictions_key", predictions_key)
+        validate.instance(owner, "batch_adapter", batch_adapter, BatchAdapter)
         self.batch_adapter = batch_adapter or BatchAdapter()
-        self.val_metrics = None if val_metrics is None else tuple(val_metrics)
+        self.val_metrics = validate.strings(
+            owner, "val_metrics", val_metrics, hint="None: the metrics starting with 'val'"
+        )
         self.curves = Curves()
         self._reset()
 
@@ -337,6 +315,7 @@ class DivergenceLedger(PilotCallback):
         self._check_repeat(trainer)
         self.run.register_table(EVENTS_TABLE, EVENTS_SCHEMA)
         if self.run.is_global_zero:
+            self.run.reserve_space()  # held until the end record (a disk may fill meanwhile)
             storage.write_ledger_record(
                 self.run.ledger_dir, self._record(trainer, "start", status="running")
             )
@@ -444,9 +423,35 @@ class DivergenceLedger(PilotCallback):
             self._agree(trainer, trainer.global_step)
         status, cause, detail = self._normal_outcome(trainer)
         stop_step = self._stop[1] if self._stop is not None else trainer.global_step
-        self._write_end(
-            trainer, status=status, stop_cause=cause, stop_step=stop_step, stop_detail=detail
-        )
+
+        def write_end(error: OSError | None) -> None:
+            # After the run's tables were flushed: a run whose files could not be written is
+            # not recorded as a clean one.
+            if self._ended:  # the exception path recorded the end already
+                return
+            if error is None:
+                self._write_end(
+                    trainer,
+                    status=status,
+                    stop_cause=cause,
+                    stop_step=stop_step,
+                    stop_detail=detail,
+                )
+                return
+            failed, failed_cause = exception_outcome(error)
+            self._write_end(
+                trainer,
+                failing=True,
+                status=failed,
+                stop_cause=failed_cause,
+                stop_step=trainer.global_step,
+                stop_detail=f"training ended ({status}: {cause}) after {trainer.global_step}"
+                f" update(s); then the run's tables could not be written: {error}",
+                exception_type=type(error).__name__,
+                exception_message=str(error)[:_MESSAGE_CHARS],
+            )
+
+        self.run.on_close(write_end)
 
     @override
     def on_exception(
@@ -740,6 +745,7 @@ class DivergenceLedger(PilotCallback):
         self._ended = True
         if not self.run.is_global_zero:
             return
+        self.run.release_space()  # room for the end record on a disk that filled up
         if self._facts is None:
             # The fit failed before training started: record what can be read safely.
             self._facts = self._read_facts(trainer, full=False)

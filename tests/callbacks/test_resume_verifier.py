@@ -251,9 +251,7 @@ def test_demo_lm_with_a_stateful_datamodule_and_fast_dev_run(tmp_path: Path) -> 
         _fit(tmp_path, TinyCausalLM(max_length=32), verifier, fast_dev_run=4, max_steps=-1,
              datamodule=data)
     )  # fmt: skip
-    assert {name: v for name, (v, _) in checks.items() if v != "pass"} == {
-        "grad_scaler": "not_checked"
-    }
+    assert {name: v for name, (v, _) in checks.items() if v != "pass"} == {}
 
 
 def test_unimportable_module_says_so_and_the_fallback_runs_in_process(tmp_path: Path) -> None:
@@ -337,16 +335,39 @@ def test_fit_shorter_than_the_checkpoint_step_is_not_checked(tmp_path: Path) -> 
             ValueError,
             r"ResumeVerifier\(at_step=0\) is invalid: expected an integer >= 1",
         ),
-        ({"compare_steps": "2"}, ValueError, r"compare_steps='2'\) is invalid"),
+        ({"compare_steps": "2"}, TypeError, r"compare_steps='2'\) is invalid"),
         ({"factory": "module.function"}, ValueError, r"expected 'package.module:function'"),
+        ({"factory": "pkg.mod:"}, ValueError, r"factory='pkg.mod:'\) is invalid"),
+        ({"factory": "a b:c"}, ValueError, r"factory='a b:c'\) is invalid"),
+        ({"factory": 3}, TypeError, r"factory=3\) is invalid"),
+        ({"timeout_s": 0}, ValueError, r"timeout_s=0\) is invalid: expected a finite number > 0"),
         ({"fallback": "thread"}, ValueError, r"fallback='thread'\) is invalid"),
-        ({"atol": -1.0}, ValueError, r"atol=-1.0\) is invalid: expected >= 0"),
+        ({"atol": -1.0}, ValueError, r"atol=-1.0\) is invalid: expected a finite number >= 0"),
+        ({"rtol": "0"}, TypeError, r"rtol='0'\) is invalid: expected a finite number >= 0"),
         ({"export": "weights.pt"}, TypeError, r"export='weights.pt'\) is invalid"),
     ],
 )
 def test_bad_arguments(kwargs: dict[str, Any], error: type, match: str) -> None:
     with pytest.raises(error, match=match):
         ResumeVerifier(**kwargs)
+
+
+@pytest.mark.parametrize("name", ["epoch_boundary", "check_artifact"])
+@pytest.mark.parametrize("value", ["no", "False", 0, 1, None])
+def test_boolean_options_take_only_a_bool(name: str, value: object) -> None:
+    # A truthy string such as "no" must not switch the check on.
+    with pytest.raises(TypeError, match=rf"ResumeVerifier\({name}=.*expected True or False"):
+        ResumeVerifier(**{name: value})
+
+
+@pytest.mark.parametrize("name", ["atol", "rtol", "timeout_s"])
+@pytest.mark.parametrize(
+    "value", [float("nan"), float("inf"), -float("inf"), pytest.param(10**400, id="10**400")]
+)
+def test_float_options_must_be_finite(name: str, value: float) -> None:
+    # A NaN timeout never times out; a NaN tolerance makes every comparison fail.
+    with pytest.raises(ValueError, match=rf"ResumeVerifier\({name}=.*finite"):
+        ResumeVerifier(**{name: value})
 
 
 class Unsaved(Net):
