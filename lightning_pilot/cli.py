@@ -13,11 +13,18 @@ Exit codes (``show``, ``compare`` and ``sheet`` are a CI gate):
 
 * 0: no check failed and no run in scope diverged or failed.
 * 1: a phase verdict ``fail``, or a ledger run in scope with status ``diverged``, ``oom`` or
-  ``failed`` (:data:`lightning_pilot.report.GATE_STATUSES`). The last lines printed,
-  ``Result: ...``, name each such run: run id, variant, and its failed checks or its status and
-  stop cause.
-* 2: bad usage, or a path that is missing, not what the command expects, or unreadable (one
-  line on stderr, not a traceback).
+  ``failed`` (:data:`lightning_pilot.report.GATE_STATUSES`) or a status the ledger does not
+  define. The last lines printed, ``Result: ...``, name each such run: run id, variant, and its
+  failed checks or its status and stop cause.
+* 2: everything else that went wrong, as one line on stderr (never a traceback): bad usage, a
+  path that is missing or not what the command expects, nothing readable in scope, a file in
+  scope skipped as unreadable while nothing failed in what was read (the ``Result:`` lines say
+  ``N file(s) skipped (unreadable)``: a clean result is never claimed on what was not read), a
+  disk that refuses a write (the path and the system's reason, ``Read-only file system
+  [EROFS]``).
+
+Whatever a file holds is printed through :func:`lightning_pilot.report.terminal_safe`: an
+escape sequence or a newline in a variant name is shown, never obeyed.
 
 The runs in scope are those the command reports on: for ``show``, the runs of the phase tables
 and of the ledger summary it prints (a run folder: that run only; an output or ledger folder:
@@ -45,12 +52,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import importlib
 import sys
+import uuid
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from lightning_pilot._version import __version__
 
@@ -61,79 +70,228 @@ EXIT_OK = 0
 EXIT_CHECK_FAILED = 1
 EXIT_USAGE = 2
 
+#: How many of the files skipped the one-line error names (the ``Result:`` lines name more).
+_NAMED_ON_ONE_LINE = 3
+
 
 class UsageError(Exception):
     """Bad input to a subcommand: printed as one line, exit code 2."""
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (exit 2), never the usage block on stderr."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message} (see '{self.prog} --help')")
+
+
+def _safe(text: object, *, keep_newlines: bool = False) -> str:
+    from lightning_pilot.report import terminal_safe
+
+    return terminal_safe(text, limit=None, keep_newlines=keep_newlines)
+
+
 def _out(text: str) -> None:
+    # The one place output leaves for the terminal: nothing a file held can drive it.
+    text = _safe(text, keep_newlines=True)
     sys.stdout.write(text if text.endswith("\n") else text + "\n")
 
 
 def _err(text: str) -> None:
-    sys.stderr.write(f"lightning-pilot: {text}\n")
+    from lightning_pilot.report import TEXT_LIMIT, terminal_safe
+
+    # One line, always: a newline in a path or a message is shown as \n.
+    sys.stderr.write(f"lightning-pilot: {terminal_safe(text, limit=2 * TEXT_LIMIT)}\n")
 
 
-def _cmd_show(args: argparse.Namespace) -> int:
+def _os_error(err: OSError) -> str:
+    """``Read-only file system [EROFS] (/path)``: the errno's text and name, and the path."""
+    name = errno.errorcode.get(err.errno, "") if isinstance(err.errno, int) else ""
+    if not err.strerror:
+        return str(err)
+    where = f" ({err.filename})" if err.filename else ""
+    return f"{err.strerror}{f' [{name}]' if name else ''}{where}"
+
+
+class _Reads:
+    """What one command could not read: the readers' warnings, and misplaced entries.
+
+    The readers skip a file they cannot read with a ``RuntimeWarning`` whose message starts
+    ``lightning-pilot: skipped`` (``skipped unreadable file <path>: ...``) and read the rest;
+    an entry that is not a plain file (a folder named like a record, a phase table replaced by
+    a file) they may pass over in silence, so it is looked for here. Both are collected, so a
+    command never reports a clean result on what it did not read. A damaged ledger index is
+    not counted: it costs speed only, its records are read one by one.
+    """
+
+    def __init__(self) -> None:
+        self._caught: list[list[warnings.WarningMessage]] = []
+        self._strays: dict[str, str] = {}  # path -> why
+
+    @contextlib.contextmanager
+    def capture(self) -> Iterator[None]:
+        """Record the warnings raised inside (the list fills as they happen)."""
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            self._caught.append(caught)
+            yield
+
+    def _messages(self) -> list[tuple[bool, str]]:
+        """``(skipped_a_file, message)`` per distinct warning, in order."""
+        seen: dict[str, bool] = {}
+        for caught in self._caught:
+            for warning in caught:
+                if not issubclass(warning.category, (RuntimeWarning, UserWarning)):
+                    continue
+                message = str(warning.message).removeprefix("lightning-pilot: ")
+                # A damaged ledger index costs speed only: its records are read one by one.
+                lost = (
+                    issubclass(warning.category, RuntimeWarning)
+                    and message.startswith("skipped ")
+                    and "ledger index" not in message.split(":", 1)[0]
+                )
+                seen.setdefault(message, lost)
+        return [(lost, message) for message, lost in seen.items()]
+
+    def skipped(self) -> list[str]:
+        """One description per file in scope that could not be read (``unreadable file
+        <path>: <why>``, ``<path>: <why>``), each file once."""
+        lost = [
+            message.removeprefix("skipped ") for is_lost, message in self._messages() if is_lost
+        ]
+        # A stray a reader also reported is named once, as the reader said it.
+        strays = [
+            f"{path}: {why}"
+            for path, why in self._strays.items()
+            if not any(path in message for message in lost)
+        ]
+        return strays + lost
+
+    def notes(self) -> list[str]:
+        """The other warnings (a hint where the ledger is, say)."""
+        return [message for lost, message in self._messages() if not lost]
+
+    def _stray(self, path: Path, why: str) -> None:
+        self._strays.setdefault(str(path), why)
+
+    def scan_folder(self, folder: Path) -> None:
+        """Entries of a table folder named like Parquet files that are not files."""
+        if not folder.is_dir():
+            return
+        for entry in sorted(folder.iterdir()):
+            visible = not entry.name.startswith((".", "_"))
+            if visible and entry.suffix == ".parquet" and not entry.is_file():
+                self._stray(entry, "not a file (a Parquet file is expected here)")
+
+    def scan_run(self, run: Path) -> None:
+        """A run folder's phase table: a folder of Parquet files, never a plain file."""
+        table = run / "phases.parquet"
+        if table.is_dir():
+            self.scan_folder(table)
+        elif table.exists() or table.is_symlink():
+            self._stray(table, "not a folder (a phase table is a folder of Parquet files)")
+
+
+def _folder(path: Path, what: str) -> None:
+    if not path.exists():
+        raise UsageError(f"{path} does not exist.")
+    if not path.is_dir():
+        raise UsageError(f"{path} is not a folder: expected {what}.")
+
+
+def _run_folders(path: Path) -> list[Path]:
+    runs = path / "runs"
+    if not runs.is_dir():
+        return []
+    return sorted(p for p in runs.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
+def _cmd_show(args: argparse.Namespace, reads: _Reads) -> int:
     from lightning_pilot.ledger import Ledger
     from lightning_pilot.report import ledger_text, phase_table_text
     from lightning_pilot.storage import read_phase_table
 
     path = Path(args.path)
-    if not path.exists():
-        raise UsageError(f"{path} does not exist.")
-    run_only = (path / "phases.parquet").is_dir()
+    _folder(path, "an output folder, a run folder (<out_dir>/runs/<run_id>) or a ledger folder")
+    # A run folder holds phases.parquet (a folder; a plain file there is a damaged run).
+    run_only = (path / "phases.parquet").exists()
     ledger_dir: Path | None = None
     if (path / "ledger").is_dir():
         ledger_dir = path / "ledger"
     elif run_only and (path.parent.parent / "ledger").is_dir():
         ledger_dir = path.parent.parent / "ledger"
-    elif path.is_dir() and not (path / "runs").is_dir() and any(path.glob("*.parquet")):
+    elif not run_only and not (path / "runs").is_dir() and any(path.glob("*.parquet")):
         ledger_dir = path  # the ledger folder itself
+    run_dirs = [path] if run_only else _run_folders(path)
+    tables = [run / "phases.parquet" for run in run_dirs if (run / "phases.parquet").exists()]
+    if not tables and ledger_dir is None:
+        raise UsageError(
+            f"{path} holds neither a phase table (<out_dir>/runs/<run_id>/phases.parquet)"
+            " nor a ledger (<out_dir>/ledger)."
+        )
+    for run in run_dirs:
+        reads.scan_run(run)
+    if ledger_dir is not None:
+        reads.scan_folder(ledger_dir)
     phases = None
-    try:
-        phases = read_phase_table(path)
-    except ValueError:
-        if ledger_dir is None:
-            raise UsageError(
-                f"{path} holds neither a phase table (<out_dir>/runs/<run_id>/phases.parquet)"
-                " nor a ledger (<out_dir>/ledger)."
-            ) from None
+    if any(table.is_dir() for table in tables):
+        with contextlib.suppress(ValueError):
+            phases = read_phase_table(path)
+        if phases is not None and phases.empty:
+            phases = None  # every file was skipped: said below, never shown as a table
     runs = None
-    if phases is not None:
-        if phases.empty:
-            raise UsageError(f"{path}: the phase table has no readable rows (corrupt files?).")
-        _out(f"Phase table ({len(phases)} rows) from {path}\n")
-        _out(phase_table_text(phases))
     if ledger_dir is not None:
         runs = Ledger(ledger_dir).runs()
         if run_only:
             runs = runs[runs["run_id"] == path.name]
+    if phases is None and (runs is None or runs.empty):
+        # Pointed at data, nothing of it read: no table to show, no result to claim.
+        missing = []
+        if tables:
+            missing.append("the phase table has no readable rows")
+        if ledger_dir is not None:
+            mine = " of this run" if run_only else ""
+            where = "" if ledger_dir == path else f" {ledger_dir}"
+            missing.append(f"the ledger{where} has no readable record{mine}")
+        raise UsageError(f"{path}: nothing to check: {'; '.join(missing)}.")
+    if phases is not None:
+        _out(f"Phase table ({len(phases)} rows) from {path}\n")
+        _out(phase_table_text(phases))
+    if ledger_dir is not None and runs is not None:
         if phases is not None:
             _out("")
         _out(f"Ledger ({len(runs)} run(s)) from {ledger_dir}\n")
         _out(ledger_text(runs))
     # In scope: the runs shown, in the phase tables and the ledger summary.
-    return _gate(phases, runs)
+    return _gate(phases, runs, reads)
 
 
-def _gate(phases: pd.DataFrame | None, runs: pd.DataFrame | None) -> int:
-    """Print the ``Result:`` summary; exit 1 for a failed check or a diverged/failed run."""
+def _gate(phases: pd.DataFrame | None, runs: pd.DataFrame | None, reads: _Reads) -> int:
+    """Print the ``Result:`` summary; exit 1 for a failed check or a diverged/failed run.
+
+    A file in scope that could not be read makes a result that is not failed exit 2: what it
+    held was not checked, so the command cannot say that everything passed.
+    """
     from lightning_pilot.report import gate_result
 
-    failed, text = gate_result(phases, runs)
+    skipped = reads.skipped()
+    failed, text = gate_result(phases, runs, skipped=skipped)
     _out("\n" + text)
-    return EXIT_CHECK_FAILED if failed else EXIT_OK
+    if failed:
+        return EXIT_CHECK_FAILED
+    if skipped:
+        raise UsageError("not everything in scope could be read, so no clean result is claimed")
+    return EXIT_OK
 
 
-def _cmd_compare(args: argparse.Namespace) -> int:
+def _cmd_compare(args: argparse.Namespace, reads: _Reads) -> int:
     from lightning_pilot.ledger import Ledger
     from lightning_pilot.report import comparison_text, variant_costs, variant_costs_text
 
     path = Path(args.ledger)
-    if not path.exists():
-        raise UsageError(f"{path} does not exist.")
+    _folder(path, "a ledger folder or an output folder holding ledger/")
     ledger = Ledger(path)
+    reads.scan_folder(ledger.path)
     if ledger.runs().empty:
         raise UsageError(f"{ledger.path} holds no readable ledger records.")
     try:
@@ -154,28 +312,50 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     runs = ledger.runs()
     if args.experiment is not None:
         runs = runs[runs["experiment"] == args.experiment]
-    costs = variant_costs(ledger.path.parent, runs, by=args.by, control=args.control)
+    out_dir = ledger.path.parent
+    run_dirs = _compared_runs(out_dir, runs["run_id"])
+    for run in run_dirs:
+        reads.scan_run(run)
+    costs = variant_costs(out_dir, runs, by=args.by, control=args.control)
     _out("\nCost per variant (peak memory, time per update, data shape):\n")
     _out(variant_costs_text(costs, by=args.by))
     # In scope: the runs compared, and their phase tables beside the ledger.
-    return _gate(_phases_of(ledger.path.parent, runs["run_id"]), runs)
+    return _gate(_phases_of(run_dirs), runs, reads)
 
 
-def _phases_of(out_dir: Path, run_ids: pd.Series) -> pd.DataFrame | None:
-    """The phase rows of these runs under ``out_dir/runs`` (``None`` when there are none)."""
+def _compared_runs(out_dir: Path, run_ids: pd.Series) -> list[Path]:
+    """The run folders under ``out_dir/runs`` of these ledger runs (ids that are run ids)."""
+    from lightning_pilot.core.ids import validate_run_id
+
+    found = []
+    for run_id in dict.fromkeys(run_ids.astype(str)):
+        try:
+            validate_run_id(run_id, "run_id")  # a forged id never becomes a path
+        except (TypeError, ValueError):
+            continue
+        run = out_dir / "runs" / run_id
+        if run.is_dir():
+            found.append(run)
+    return found
+
+
+def _phases_of(run_dirs: Sequence[Path]) -> pd.DataFrame | None:
+    """The phase rows of these run folders (``None`` when there are none)."""
+    import pandas as pd
+
     from lightning_pilot.storage import read_phase_table
 
-    if not (out_dir / "runs").is_dir():
-        return None
-    try:
-        phases = read_phase_table(out_dir)
-    except ValueError:
-        return None
-    mine: pd.DataFrame = phases[phases["run_id"].isin(set(run_ids))]
-    return mine if len(mine) else None
+    frames = []
+    for run in run_dirs:
+        if not (run / "phases.parquet").is_dir():
+            continue
+        with contextlib.suppress(ValueError):
+            frames.append(read_phase_table(run))
+    frames = [frame for frame in frames if len(frame)]
+    return pd.concat(frames, ignore_index=True) if frames else None
 
 
-def _cmd_plan(args: argparse.Namespace) -> int:
+def _cmd_plan(args: argparse.Namespace, reads: _Reads) -> int:
     from lightning_pilot.core.accounting import plan_updates
     from lightning_pilot.report import plan_text
 
@@ -191,7 +371,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
             max_steps=args.max_steps,
             drop_last=args.drop_last,
         )
-    except (TypeError, ValueError) as err:
+    except (TypeError, ValueError, OverflowError) as err:
         raise UsageError(str(err)) from None
     _out(plan_text(plan))
     return EXIT_OK
@@ -204,75 +384,103 @@ def _gpu_memory(text: str | None) -> int | None:
         return None
     try:
         return parse_size(text, "--gpu-memory")
-    except ValueError as err:
+    except (ValueError, OverflowError) as err:
         raise UsageError(str(err)) from None
 
 
 def _write_sheet(
     run_dir: Path,
     gpu_memory: int | None,
+    reads: _Reads,
     reserve: float = 0.25,
     experiment: str | None = None,
     metric: str = "val_loss",
     control: str | None = None,
 ) -> int:
     from lightning_pilot.ledger import Ledger
-    from lightning_pilot.report import write_choice_sheet
+    from lightning_pilot.report import choice_sheet, publish_choice_sheet
     from lightning_pilot.storage import read_phase_table
 
-    written = write_choice_sheet(
-        run_dir,
-        gpu_memory_bytes=gpu_memory,
-        reserve=reserve,
-        experiment=experiment,
-        metric=metric,
-        control=control,
-    )
+    ledger_dir = run_dir.parent.parent / "ledger"
+    reads.scan_run(run_dir)
+    if ledger_dir.is_dir():
+        reads.scan_folder(ledger_dir)
+    try:
+        text = choice_sheet(
+            run_dir,
+            gpu_memory_bytes=gpu_memory,
+            reserve=reserve,
+            experiment=experiment,
+            metric=metric,
+            control=control,
+        )
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    try:
+        written = publish_choice_sheet(run_dir, text)
+    except OSError as err:
+        raise UsageError(
+            f"could not write the choice sheet to {run_dir}: {_os_error(err)}"
+        ) from None
     _out(written.read_text(encoding="utf-8"))
     _out(f"Choice sheet written to {written}")
     # In scope: the sheet's own run, its phase verdicts and its ledger status.
     phases: pd.DataFrame = read_phase_table(run_dir)
     runs = None
-    ledger_dir = run_dir.parent.parent / "ledger"
     if ledger_dir.is_dir():
         runs = Ledger(ledger_dir).runs()
         runs = runs[runs["run_id"] == run_dir.name]
-    return _gate(phases, runs)
+    return _gate(phases, runs, reads)
 
 
-def _cmd_sheet(args: argparse.Namespace) -> int:
+def _cmd_sheet(args: argparse.Namespace, reads: _Reads) -> int:
     gpu_memory = _gpu_memory(args.gpu_memory)
     run_dir = Path(args.run_dir)
-    if not run_dir.exists():
-        raise UsageError(f"{run_dir} does not exist.")
+    _folder(run_dir, "a run folder, <out_dir>/runs/<run_id>")
+    return _write_sheet(
+        run_dir, gpu_memory, reads, args.reserve, args.experiment, args.metric, args.control
+    )
+
+
+def _writable_folder(folder: Path) -> None:
+    """Create ``folder`` and prove a file can be published there, before any work."""
+    from lightning_pilot import storage
+
+    if folder.exists() and not folder.is_dir():
+        raise UsageError(f"--out {folder} is not a folder.")
     try:
-        return _write_sheet(
-            run_dir, gpu_memory, args.reserve, args.experiment, args.metric, args.control
-        )
-    except ValueError as err:
-        raise UsageError(str(err)) from None
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = storage.publish_bytes(b"", folder / f"write-check-{uuid.uuid4().hex}.tmp")
+        probe.unlink()
+    except OSError as err:
+        raise UsageError(f"cannot write to --out {folder}: {_os_error(err)}") from None
 
 
-def _cmd_demo(args: argparse.Namespace) -> int:
+def _cmd_demo(args: argparse.Namespace, reads: _Reads) -> int:
     gpu_memory = _gpu_memory(args.gpu_memory)
+    out = Path(args.out)
+    # A read-only mount or a full disk is said now, not after minutes of training.
+    _writable_folder(out)
     # Imported here: the demo pulls in Lightning and torch, which the other commands never need.
     demo = importlib.import_module("lightning_pilot.demo.pilot")
-    result: dict[str, Any] = demo.run_demo(Path(args.out), quick=args.quick)
+    result: dict[str, Any] = demo.run_demo(out, quick=args.quick)
     _out(f"Demo outputs in {result['out_dir']}")
     # The package of the learning-rate comparison the demo just ran, priced at the pilot's speed.
     # The gate covers the pilot run only: the comparison's lr=5 run diverges on purpose (it is
     # what the demo shows), so the demo exits 0; `show` on its folder exits 1 for that run.
-    return _write_sheet(
-        Path(result["pilot_run_dir"]),
-        gpu_memory,
-        experiment=result.get("experiment"),
-        control=result.get("control"),
-    )
+    with reads.capture():
+        return _write_sheet(
+            Path(result["pilot_run_dir"]),
+            gpu_memory,
+            reads,
+            experiment=result.get("experiment"),
+            control=result.get("control"),
+        )
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``lightning-pilot`` and its subcommands."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="lightning-pilot",
         description=(
             "Pilot runs for PyTorch Lightning: measure every phase, prove resume, count the"
@@ -280,8 +488,8 @@ def build_parser() -> argparse.ArgumentParser:
         ),
         epilog=(
             "Exit codes: 0 no failed check and no diverged or failed run in scope, 1 a check"
-            " failed or a run in scope diverged or failed (named in the last lines), 2 bad usage"
-            " or unreadable path."
+            " failed or a run in scope diverged or failed (named in the last lines), 2 bad usage,"
+            " an unreadable path or file, or a refused write (one line on stderr)."
             " Add the callbacks to your Trainer; see the README."
         ),
     )
@@ -375,34 +583,55 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the exit code."""
+    """Run the command line; returns the exit code.
+
+    Whatever fails that is not a check result (bad usage, a missing, misplaced or unreadable
+    path, a disk that refuses a write) is exit 2 with one line on stderr, never a traceback.
+    """
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
-    except SystemExit as exit_:  # argparse exits 0 for --help and 2 for bad usage
+    except UsageError as err:
+        _err(str(err))
+        return EXIT_USAGE
+    except SystemExit as exit_:  # --help and --version of argparse exit 0
         return int(exit_.code or 0)
     if args.version:
         sys.stdout.write(f"lightning-pilot {__version__}\n")
         return EXIT_OK
-    handler: Callable[[argparse.Namespace], int] | None = getattr(args, "handler", None)
+    handler: Callable[[argparse.Namespace, _Reads], int] | None = getattr(args, "handler", None)
     if handler is None:
         parser.print_help()
         return EXIT_OK
+    reads = _Reads()
     error = None
-    # Readers' warnings (a skipped unreadable file) become "lightning-pilot: warning:" lines;
-    # the demo trains, and Lightning's own warnings are shown as they happen.
-    capture = args.command != "demo"
-    with warnings.catch_warnings(record=True) if capture else contextlib.nullcontext() as caught:
-        if capture:
-            warnings.simplefilter("always")
-        try:
-            code = handler(args)
-        except (UsageError, FileNotFoundError, NotADirectoryError, PermissionError) as err:
-            code, error = EXIT_USAGE, str(err)
-    for warning in caught or []:  # what was skipped first, then the one-line error
-        if issubclass(warning.category, (RuntimeWarning, UserWarning)):
-            message = str(warning.message).removeprefix("lightning-pilot: ")
+    code = EXIT_USAGE
+    # Readers' warnings (a skipped unreadable file) are collected; the demo trains, and
+    # Lightning's own warnings are shown as they happen.
+    capture = reads.capture() if args.command != "demo" else contextlib.nullcontext()
+    try:
+        with capture:
+            code = handler(args, reads)
+    except UsageError as err:
+        error = str(err)
+    except OSError as err:
+        error = _os_error(err)
+    except Exception as err:  # a bug: still one line, never a traceback
+        error = f"unexpected error (please report it): {type(err).__name__}: {err}"
+    skipped, notes = reads.skipped(), reads.notes()
+    if error is None:
+        for message in [*(f"skipped {item}" for item in skipped), *notes]:
             _err(f"warning: {message}")
-    if error is not None:
-        _err(error)
-    return code
+        return code
+    # One line: the error, then what was skipped (the Result lines, when printed, name all).
+    extra = []
+    if skipped:
+        named = "; ".join(skipped[:_NAMED_ON_ONE_LINE])
+        more = len(skipped) - _NAMED_ON_ONE_LINE
+        extra.append(
+            f"{len(skipped)} file(s) skipped (unreadable): {named}"
+            + (f"; and {more} more" if more > 0 else "")
+        )
+    extra += [f"note: {note}" for note in notes]
+    _err(error + (f" [{'; '.join(extra)}]" if extra else ""))
+    return EXIT_USAGE

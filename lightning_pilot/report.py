@@ -15,6 +15,9 @@ as ms/s); a value that was not measured prints ``n/m``, never 0.
 * :func:`sampled_out`: later occurrences counted but not measured by design (sampling); they
   are not listed as problems.
 * :func:`parse_size`: ``"80GiB"``, ``"80GB"``, ``"141G"``, ``"24000MiB"`` to bytes.
+* :func:`terminal_safe`: text read from a file made safe to print: control characters (escape
+  sequences, carriage returns, newlines inside a value) shown as visible escapes, absurd lengths
+  cut. Every value from a file passes through it before it reaches a table or a line.
 
 Example:
     >>> from lightning_pilot.report import format_bytes, format_duration, parse_size
@@ -57,8 +60,10 @@ __all__ = [
     "parse_size",
     "phase_table_text",
     "plan_text",
+    "publish_choice_sheet",
     "render_table",
     "sampled_out",
+    "terminal_safe",
     "write_choice_sheet",
 ]
 
@@ -87,6 +92,20 @@ _UNITS: Final = {
     "tb": 1000**4,
 }
 _SIZE: Final = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+#: The largest size :func:`parse_size` accepts: what a signed 64-bit byte count holds (8 EiB).
+MAX_SIZE: Final = 2**63 - 1
+#: The longest a value from a file prints (:func:`terminal_safe`), in a line and in a table cell.
+TEXT_LIMIT: Final = 2000
+CELL_LIMIT: Final = 200
+# C0 and C1 control characters (ESC, CR, BEL, NUL, newline, ...), DEL, the Unicode line and
+# paragraph separators, the bidirectional overrides and isolates (text that reads reversed) and
+# lone surrogates (bytes of a file name that are not UTF-8, which no terminal can print).
+_UNSAFE: Final = re.compile(
+    "[\x00-\x1f\x7f-\x9f\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]"
+)
+_UNSAFE_BUT_NEWLINE: Final = re.compile(
+    "[\x00-\x09\x0b-\x1f\x7f-\x9f\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]"
+)
 _ORDER: Final = {phase: index for index, phase in enumerate(PHASES)}
 _VERDICT_RANK: Final = {"fail": 0, "warn": 1, "not_checked": 2, "pass": 3}
 
@@ -94,6 +113,55 @@ _VERDICT_RANK: Final = {"fail": 0, "warn": 1, "not_checked": 2, "pass": 3}
 # --------------------------------------------------------------------------------------------
 # Units
 # --------------------------------------------------------------------------------------------
+
+
+_NAMED_ESCAPES: Final = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escape(match: re.Match[str]) -> str:
+    char = match.group()
+    if char in _NAMED_ESCAPES:
+        return _NAMED_ESCAPES[char]
+    code = ord(char)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def terminal_safe(
+    text: object, *, limit: int | None = TEXT_LIMIT, keep_newlines: bool = False
+) -> str:
+    r"""Text from a file, made safe to print on a terminal.
+
+    Every C0 and C1 control character (an escape sequence's ESC, a carriage return, a bell, a
+    newline inside a value), DEL, the Unicode line separators, the bidirectional overrides and
+    lone surrogates become visible escapes (``\x1b``, ``\u202e``), so a file can neither drive
+    the terminal nor break a table's row in two. Text longer than ``limit`` is cut, saying how
+    much was left out. Applying it twice changes nothing.
+
+    Args:
+        text: the value (``str()`` of it).
+        limit: the most characters returned; ``None``: no limit.
+        keep_newlines: keep ``\n`` (for whole blocks of output whose lines are ours).
+
+    Example:
+        >>> print(terminal_safe("ctl\x1b[2J\r\nFAKE"))
+        ctl\x1b[2J\r\nFAKE
+        >>> terminal_safe("x" * 50, limit=20)
+        'xx...[48 more chars]'
+    """
+    value = str(text)
+    pattern = _UNSAFE_BUT_NEWLINE if keep_newlines else _UNSAFE
+    value = pattern.sub(_escape, value)
+    if limit is not None and len(value) > limit:
+        marker = f"...[{len(value)} more chars]"  # never shorter than the final marker
+        keep = max(0, limit - len(marker))
+        value = value[:keep] + f"...[{len(value) - keep} more chars]"
+    return value
+
+
+def _shown(text: object) -> str:
+    """``repr`` of a user's value for an error message, cut when absurdly long."""
+    shown = repr(text)
+    return shown if len(shown) <= 60 else f"{shown[:40]}...{shown[-12:]} ({len(shown)} chars)"
 
 
 def parse_size(text: str, name: str = "size") -> int:
@@ -108,7 +176,8 @@ def parse_size(text: str, name: str = "size") -> int:
         name: the argument's name, for the error message.
 
     Raises:
-        ValueError: not a positive size with a known unit.
+        ValueError: not a size of at least 1 byte with a known unit, or more than
+            :data:`MAX_SIZE` (a 400-digit number, ``inf``, ``nan``).
 
     Example:
         >>> parse_size("1.5 GiB")
@@ -120,13 +189,17 @@ def parse_size(text: str, name: str = "size") -> int:
     """
     match = _SIZE.match(text) if isinstance(text, str) else None
     unit = match.group(2).lower() if match else ""
-    if match is None or unit not in _UNITS or float(match.group(1)) <= 0:
+    # float() of 400 digits is inf, not an error: reject it before round() overflows.
+    size = float(match.group(1)) * _UNITS[unit] if match and unit in _UNITS else math.nan
+    if not size >= 1:
         raise ValueError(
-            f"{name}={text!r} is not a size: expected a number and a unit such as 80GiB, 80GB,"
-            " 141G or 24000MiB (K/M/G/T and KiB/MiB/GiB/TiB are powers of 1024, KB/MB/GB/TB"
-            " powers of 1000, no unit is bytes), greater than 0."
+            f"{name}={_shown(text)} is not a size: expected a number and a unit such as 80GiB,"
+            " 80GB, 141G or 24000MiB (K/M/G/T and KiB/MiB/GiB/TiB are powers of 1024,"
+            " KB/MB/GB/TB powers of 1000, no unit is bytes), of at least 1 byte."
         )
-    return round(float(match.group(1)) * _UNITS[unit])
+    if size > MAX_SIZE:
+        raise ValueError(f"{name}={_shown(text)} is too large: at most {MAX_SIZE:,} bytes (8 EiB).")
+    return round(size)
 
 
 def _null(value: Any) -> bool:
@@ -164,11 +237,17 @@ def format_duration(value: Any) -> str:
 
 
 def _text(value: Any) -> str:
+    """A value from a file as text: ``n/m`` when null, else :func:`terminal_safe`."""
     if _null(value):
         return NOT_MEASURED
     if isinstance(value, float):
         return f"{value:.4g}"
-    return str(value)
+    return terminal_safe(value)
+
+
+def _joined(values: Any) -> str:
+    """Distinct non-null values from a file, sorted and joined; ``n/m`` when there are none."""
+    return ", ".join(sorted({_text(v) for v in values if not _null(v)})) or NOT_MEASURED
 
 
 def _number(value: Any) -> str:
@@ -191,12 +270,17 @@ def render_table(
 ) -> str:
     """Fixed-width text table: a header, a rule and the rows; ``right``: right-aligned columns.
 
+    Every cell passes through :func:`terminal_safe` (capped at :data:`CELL_LIMIT`): a value
+    from a file cannot break its row or drive the terminal.
+
     Example:
         >>> print(render_table(["phase", "peak"], [["forward", "1.0 MiB"]], right=[1]))
         phase       peak
         -------  -------
         forward  1.0 MiB
     """
+    headers = [terminal_safe(h, limit=CELL_LIMIT) for h in headers]
+    rows = [[terminal_safe(cell, limit=CELL_LIMIT) for cell in row] for row in rows]
     widths = [len(h) for h in headers]
     for row in rows:
         widths = [max(w, len(cell)) for w, cell in zip(widths, row, strict=True)]
@@ -215,7 +299,8 @@ def render_table(
 
 def _markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     def cells(values: Sequence[str]) -> str:
-        return "| " + " | ".join(v.replace("|", "\\|") for v in values) + " |"
+        safe = (terminal_safe(v, limit=CELL_LIMIT).replace("|", "\\|") for v in values)
+        return "| " + " | ".join(safe) + " |"
 
     return "\n".join([cells(headers), "|" + "---|" * len(headers), *(cells(r) for r in rows)])
 
@@ -258,27 +343,37 @@ def _sampled_line(rows: pd.DataFrame) -> str:
     """One line naming the sampled-out rows (:func:`sampled_out`), each phase once."""
     counts: dict[str, int] = {}
     for data in rows.to_dict("records"):
-        key = f"{data['phase']} ({_occurrence(data['first'])}"
+        key = f"{_text(data['phase'])} ({_occurrence(data['first'])}"
         counts[key] = counts.get(key, 0) + int(data["occurrences"])
     named = ", ".join(f"{key}, {count} occurrence(s))" for key, count in counts.items())
     return f"Not measured by design (outside the pilot window and the sampled updates): {named}"
 
 
-def gate_result(phases: pd.DataFrame | None, runs: pd.DataFrame | None) -> tuple[bool, str]:
+def gate_result(
+    phases: pd.DataFrame | None,
+    runs: pd.DataFrame | None,
+    *,
+    skipped: Sequence[str] = (),
+) -> tuple[bool, str]:
     """The command line's exit verdict and the ``Result:`` summary that names the reasons.
 
-    The gate fails when a phase row has verdict ``fail`` or a ledger run has a status in
-    :data:`GATE_STATUSES` (``diverged``, ``oom``, ``failed``). The summary names every run
-    that fails it: its id, variant, and the failed checks, or its status and stop cause.
+    The gate fails when a phase row has verdict ``fail``, or a ledger run has a status in
+    :data:`GATE_STATUSES` (``diverged``, ``oom``, ``failed``) or a status the ledger does not
+    define (a newer writer's, or a forged one: it cannot be judged, so it never passes). The
+    summary names every run that fails it: its id, variant, and the failed checks, or its
+    status and stop cause. Files that could not be read (``skipped``) are named too: with them
+    the summary never reads as a clean result, since what they held was not checked (the
+    command line exits 2 then, unless the gate failed on what was read).
 
     Args:
         phases: the phase rows in scope (:func:`~lightning_pilot.read_phase_table`), or
             ``None`` when no phase table was read.
         runs: the ledger runs in scope (:meth:`lightning_pilot.Ledger.runs`), or ``None``
             when no ledger was read.
+        skipped: what could not be read, one description per file (``"<path>: <why>"``).
 
     Returns:
-        ``(failed, text)``.
+        ``(failed, text)``: ``failed`` only for a failed check or a run that did not end well.
 
     Example:
         >>> import pandas as pd
@@ -297,20 +392,25 @@ def gate_result(phases: pd.DataFrame | None, runs: pd.DataFrame | None) -> tuple
     """
     variants: dict[str, Any] = {}
     bad_runs = pd.DataFrame()
+    unknown = 0
     if runs is not None and not runs.empty:
         if "variant" in runs.columns:
             variants = dict(zip(runs["run_id"].astype(str), runs["variant"], strict=True))
-        bad_runs = runs[runs["status"].isin(GATE_STATUSES)]
+        status = runs["status"].astype(object)
+        strange = status.notna() & ~status.isin(storage.STATUSES)
+        unknown = int(strange.sum())
+        bad_runs = runs[status.isin(GATE_STATUSES) | strange]
     failed_checks: dict[str, list[str]] = {}
     if phases is not None and not phases.empty:
         for data in phases[phases["verdict"] == "fail"].to_dict("records"):
             checks: Any = [] if _no_checks(data["checks"]) else data["checks"]
-            names = [str(c["name"]) for c in checks if c["verdict"] == "fail"]
-            label = f"{data['phase']} ({_occurrence(data['first'])})"
+            names = [_text(c["name"]) for c in checks if c["verdict"] == "fail"]
+            label = f"{_text(data['phase'])} ({_occurrence(data['first'])})"
             item = f"{label}: {', '.join(names) or 'verdict fail'}"
             found = failed_checks.setdefault(str(data["run_id"]), [])
             if item not in found:
                 found.append(item)
+    unread = _skipped_lines(skipped)
     if not failed_checks and bad_runs.empty:
         counted = []
         if runs is not None:
@@ -319,28 +419,50 @@ def gate_result(phases: pd.DataFrame | None, runs: pd.DataFrame | None) -> tuple
             counted.append("no ledger read: run statuses not checked")
         if phases is None:
             counted.append("no phase table read")
+        if skipped:
+            return False, "\n".join(
+                [
+                    f"Result: {len(skipped)} file(s) skipped (unreadable), so not everything in"
+                    " scope was checked: no failed check and no diverged or failed run in what"
+                    " was read (" + "; ".join(counted) + ") (exit 2):",
+                    *unread,
+                ]
+            )
         return False, (
             "Result: no failed check, no diverged or failed run (" + "; ".join(counted) + ")."
         )
     parts = []
     if failed_checks:
         parts.append(f"a check failed (verdict fail) in {len(failed_checks)} run(s)")
-    if not bad_runs.empty:
-        parts.append(f"{len(bad_runs)} run(s) diverged or failed")
+    if len(bad_runs) > unknown:
+        parts.append(f"{len(bad_runs) - unknown} run(s) diverged or failed")
+    if unknown:
+        parts.append(f"{unknown} run(s) with an unknown status")
     lines = ["Result: " + " and ".join(parts) + " (exit 1):"]
     for run_id, items in failed_checks.items():
         variant = variants.get(run_id)
         named = f"  variant {_text(variant)}" if run_id in variants else ""
-        lines.append(f"  run {run_id}{named}  check failed: {'; '.join(items)}")
+        lines.append(f"  run {_text(run_id)}{named}  check failed: {'; '.join(items)}")
     for data in bad_runs.to_dict("records"):
         step = data.get("stop_step")
         at = "" if _null(step) else f" at step {_number(step)}"
+        why = "" if data.get("status") in GATE_STATUSES else " (unknown status, not judged)"
         lines.append(
-            f"  run {data['run_id']}  variant {_text(data.get('variant'))}  seed"
-            f" {_text(data.get('seed'))}  status {_text(data.get('status'))}  stop cause"
-            f" {_text(data.get('stop_cause'))}{at}"
+            f"  run {_text(data['run_id'])}  variant {_text(data.get('variant'))}  seed"
+            f" {_text(data.get('seed'))}  status {_text(data.get('status'))}{why}  stop"
+            f" cause {_text(data.get('stop_cause'))}{at}"
         )
+    if unread:
+        lines += [f"  and {len(skipped)} file(s) skipped (unreadable), not checked:", *unread]
     return True, "\n".join(lines)
+
+
+def _skipped_lines(skipped: Sequence[str], most: int = 20) -> list[str]:
+    """One line per file that could not be read, the first ``most`` of them."""
+    lines = [f"  skipped {terminal_safe(item)}" for item in skipped[:most]]
+    if len(skipped) > most:
+        lines.append(f"  and {len(skipped) - most} more")
+    return lines
 
 
 def phase_table_text(frame: pd.DataFrame) -> str:
@@ -355,11 +477,9 @@ def phase_table_text(frame: pd.DataFrame) -> str:
     for (run_id, attempt, rank), rows in frame.groupby(
         ["run_id", "attempt", "rank"], sort=False, dropna=False
     ):
-        device = ", ".join(sorted({str(d) for d in rows["device"].dropna()})) or NOT_MEASURED
-        counter = ", ".join(sorted({str(c) for c in rows["counter"].dropna()})) or NOT_MEASURED
         head = (
-            f"run {run_id}  attempt {_text(attempt)}  rank {_text(rank)}  device {device}"
-            f"  counter {counter}"
+            f"run {_text(run_id)}  attempt {_text(attempt)}  rank {_text(rank)}  device"
+            f" {_joined(rows['device'])}  counter {_joined(rows['counter'])}"
         )
         table_rows = [
             [
@@ -394,7 +514,8 @@ def phase_table_text(frame: pd.DataFrame) -> str:
         )
         skipped = sampled_out(rows)
         reasons = [
-            f"  {row.verdict}: {row.phase} ({_occurrence(row.first)}): {_text(row.reason)}"
+            f"  {_text(row.verdict)}: {_text(row.phase)} ({_occurrence(row.first)}):"
+            f" {_text(row.reason)}"
             for row in rows[~skipped].itertuples(index=False)
             if row.verdict != "pass"
         ]
@@ -455,6 +576,16 @@ def _with_ci(row: Mapping[Any, Any], name: str) -> str:
     return f"{value} [{_number(low)}, {_number(high)}]"
 
 
+def _status_counts(row: Mapping[Any, Any]) -> str:
+    """``"3 completed, 1 diverged"``; a status outside the ledger's vocabulary (a newer
+    writer's, a forged one) is counted as what it is, ``unknown``, never as another."""
+    counts = [f"{row[f'n_{status}']} {status}" for status in STATUS_ORDER if row.get(f"n_{status}")]
+    unknown = int(row["n_runs"]) - sum(int(row.get(f"n_{status}") or 0) for status in STATUS_ORDER)
+    if unknown > 0:
+        counts.append(f"{unknown} unknown")
+    return ", ".join(counts)
+
+
 def comparison_text(comparison: Comparison, by: str = "variant") -> str:
     """A :class:`~lightning_pilot.core.compare.Comparison` as text.
 
@@ -465,9 +596,7 @@ def comparison_text(comparison: Comparison, by: str = "variant") -> str:
     summary_rows = []
     notes = []
     for row in comparison.summary.to_dict("records"):
-        counts = ", ".join(
-            f"{row[f'n_{status}']} {status}" for status in STATUS_ORDER if row[f"n_{status}"]
-        )
+        counts = _status_counts(row)
         paired = ""
         if comparison.control is not None and row[by] != comparison.control:
             if _null(row.get("paired_n")):
@@ -494,7 +623,7 @@ def comparison_text(comparison: Comparison, by: str = "variant") -> str:
             ]
         )
         if row.get("notes"):
-            notes.append(f"  {row[by]}: {row['notes']}")
+            notes.append(f"  {_text(row[by])}: {terminal_safe(row['notes'])}")
     headers = [by, "runs", "by status", "in stats", "median", "mean", "iqm"]
     if comparison.control is not None:
         headers.append(f"vs {comparison.control} (mean diff)")
@@ -502,7 +631,7 @@ def comparison_text(comparison: Comparison, by: str = "variant") -> str:
         summary_rows = [r[:-1] for r in summary_rows]
     direction = "lower" if comparison.mode == "min" else "higher"
     parts = [
-        f"metric {comparison.metric} ({direction} is better)",
+        f"metric {terminal_safe(comparison.metric)} ({direction} is better)",
         render_table(headers, summary_rows, right=[1, 3]),
     ]
     if notes:
@@ -658,14 +787,14 @@ def _memory_section(phases: pd.DataFrame) -> tuple[list[str], dict[str, Any]]:
     if allocated:
         top_alloc = max(allocated, key=lambda r: r["alloc"])
         lines.append(
-            f"- Largest phase: **{top_alloc['phase']}**, peak allocated"
+            f"- Largest phase: **{_text(top_alloc['phase'])}**, peak allocated"
             f" {format_bytes(top_alloc['alloc'])} ({int(top_alloc['alloc']):,} bytes)."
         )
     else:
         lines.append("- Peak allocated: not measured (null) in any phase.")
     if reserved:
         lines.append(
-            f"- Largest peak reserved: **{peak['phase']}**, {format_bytes(peak['bytes'])}"
+            f"- Largest peak reserved: **{_text(peak['phase'])}**, {format_bytes(peak['bytes'])}"
             f" ({peak['bytes']:,} bytes)."
         )
     else:
@@ -700,7 +829,7 @@ def _headroom_lines(
     else:
         lines.append(
             f"- Measured device capacity: {format_bytes(capacity)} ({int(capacity):,} bytes,"
-            f" device {', '.join(sorted({str(d) for d in phases['device'].dropna()}))})."
+            f" device {_joined(phases['device'])})."
         )
     if gpu_memory_bytes is None:
         lines.append(
@@ -717,7 +846,7 @@ def _headroom_lines(
         return lines
     used = peak["bytes"]
     left = gpu_memory_bytes - used
-    basis = f"peak {peak['kind']} {format_bytes(used)} ({used:,} bytes) in {peak['phase']}"
+    basis = f"peak {peak['kind']} {format_bytes(used)} ({used:,} bytes) in {_text(peak['phase'])}"
     if peak["kind"] == "allocated":
         basis += (
             "; peak reserved was not measured (null), so this compares peak allocated, which"
@@ -829,8 +958,11 @@ def campaign_lines(
     packages: dict[int, list[str]] = {3: [], 7: [], 30: []}
     for name, planned, status in variants:
         hours = (planned * per_update + export) / 3600.0
-        # A variant that diverged or failed in the pilot is priced but never packaged as is.
-        packaged = status not in ("diverged", "failed", "oom")
+        # A variant that diverged or failed in the pilot is priced but never packaged as is;
+        # nor is one whose status the ledger does not define (it cannot be judged).
+        packaged = status not in GATE_STATUSES and (
+            status in storage.STATUSES or status == NOT_MEASURED
+        )
         if packaged:
             cumulative += hours
             for days, members in packages.items():
@@ -861,7 +993,7 @@ def campaign_lines(
     )
     lines.append("")
     for days, members in packages.items():
-        fits = ", ".join(members) if members else "none"
+        fits = ", ".join(_text(m) for m in members) if members else "none"
         lines.append(
             f"- {days}-day package ({days * 24 * (1 - reserve):.0f} h after the reserve): {fits}"
         )
@@ -883,7 +1015,7 @@ def _variants(
     found: dict[str, tuple[int, str]] = {}
     for row in runs.itertuples(index=False):
         planned = getattr(row, "planned_updates", None)
-        name = str(getattr(row, "variant", None) or row.run_id)
+        name = _text(getattr(row, "variant", None) or row.run_id)
         if planned is not None and not _null(planned) and name not in found:
             found[name] = (int(planned), _text(getattr(row, "status", None)))
     return [(name, planned, status) for name, (planned, status) in found.items()]
@@ -938,9 +1070,9 @@ def choice_sheet(
     updates = _updates(run)
     now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
     out = [
-        f"# Choice sheet: run {run.name}",
+        f"# Choice sheet: run {_text(run.name)}",
         "",
-        f"Written {now} by lightning-pilot {__version__} from `{run}`."
+        f"Written {now} by lightning-pilot {__version__} from `{terminal_safe(run)}`."
         " `n/m` and 'not measured (null)' mean no measurement, never zero.",
         "",
         "## Verdicts",
@@ -958,13 +1090,13 @@ def choice_sheet(
     out.append("")
     for row in not_passed.itertuples(index=False):
         out.append(
-            f"- **{row.verdict}** {row.phase} ({_occurrence(row.first)}, attempt"
+            f"- **{_text(row.verdict)}** {_text(row.phase)} ({_occurrence(row.first)}, attempt"
             f" {_text(row.attempt)}, rank {_text(row.rank)}): {_text(row.reason)}"
         )
     if skipped.any():
         out.append(f"- {_sampled_line(phases[skipped])}.")
     verdicts = [
-        f"{phase}: {_phase_verdict(rows)}"
+        f"{_text(phase)}: {_text(_phase_verdict(rows))}"
         for phase, rows in sorted(
             phases.groupby("phase", sort=False), key=lambda item: _ORDER.get(str(item[0]), 99)
         )
@@ -988,11 +1120,11 @@ def choice_sheet(
             f"- Optimizer: {_text(first['optimizers'])}",
         ]
     memory_lines, peak = _memory_section(phases)
-    counters = ", ".join(sorted({str(c) for c in phases["counter"].dropna()})) or NOT_MEASURED
+    counters = _joined(phases["counter"])
     out += ["", "## Memory per GPU", "", f"Counter: {counters}.", "", *memory_lines]
     out += ["", "## Headroom", "", *_headroom_lines(peak, phases, gpu_memory_bytes)]
 
-    precisions = sorted({str(p) for p in phases["precision"].dropna()})
+    precisions = sorted({_text(p) for p in phases["precision"].dropna()})
     batch, seq = _max(phases["batch_size"]), _max(phases["seq_len"])
     out += [
         "",
@@ -1077,7 +1209,7 @@ def choice_sheet(
             out.append(f"- {label}: {value}")
         if last:
             for name, (step, value) in last.items():
-                out.append(f"- Last {name}: {_number(value)} at update {_text(step)}")
+                out.append(f"- Last {_text(name)}: {_number(value)} at update {_text(step)}")
         else:
             out.append("- Metrics: not measured (no curve points in the ledger)")
     out += ["", "### Where the variants stand", ""]
@@ -1115,6 +1247,18 @@ def write_choice_sheet(
         metric=metric,
         control=control,
     )
+    return publish_choice_sheet(run_dir, text)
+
+
+def publish_choice_sheet(run_dir: str | os.PathLike[str], text: str) -> Path:
+    """Publish a sheet's text as ``<run_dir>/sheet.md`` (``sheet-2.md``, ... when taken).
+
+    Returns:
+        The path written.
+
+    Raises:
+        OSError: the write failed (a read-only mount, a full disk); nothing is left behind.
+    """
     data = text.encode("utf-8")
     run = Path(run_dir)
     number = 1
@@ -1176,9 +1320,15 @@ def variant_costs(
         ``peak_reserved_bytes``, ``step_s``, ``truncated_fraction``, ``loss_positions``,
         ``same_experiment`` (``True``/``False``/``None`` when unknown) and ``why``.
     """
+    from lightning_pilot.core.ids import validate_run_id
+
     root = Path(out_dir)
     rows = []
     for run in runs.itertuples(index=False):
+        try:
+            validate_run_id(str(run.run_id), "run_id")  # a forged id never becomes a path
+        except (TypeError, ValueError):
+            continue
         k = getattr(run, "accumulate_grad_batches", None)
         costs = _run_costs(root / "runs" / str(run.run_id), 1 if k is None or _null(k) else int(k))
         if costs:
@@ -1285,16 +1435,17 @@ def standing_lines(
     try:
         comparison = Ledger(folder).compare(metric, experiment=str(wanted))
     except ValueError as err:
-        return [f"- Not measured: {err}"]
-    lines = [f"- Agreed metric: {metric} ({'lower' if comparison.mode == 'min' else 'higher'}"
-             f" is better), experiment {wanted}; the median over each variant's runs:"]  # fmt: skip
+        return [f"- Not measured: {terminal_safe(err)}"]
+    better = "lower" if comparison.mode == "min" else "higher"
+    lines = [
+        f"- Agreed metric: {_text(metric)} ({better} is better), experiment {_text(wanted)};"
+        " the median over each variant's runs:"
+    ]
     ordered = comparison.summary.sort_values("median", kind="stable", na_position="last")
     for row in ordered.to_dict("records"):
         mark = " [the control]" if control is not None and row["variant"] == control else ""
-        counts = ", ".join(
-            f"{row[f'n_{status}']} {status}" for status in STATUS_ORDER if row.get(f"n_{status}")
-        )
-        lines.append(f"  - {row['variant']}{mark}: {_number(row['median'])} ({counts})")
+        counts = _status_counts(row)
+        lines.append(f"  - {_text(row['variant'])}{mark}: {_number(row['median'])} ({counts})")
     if control is not None and control not in set(comparison.summary["variant"]):
-        lines.append(f"- Control {control!r}: not in the ledger of this experiment.")
+        lines.append(f"- Control {_shown(control)}: not in the ledger of this experiment.")
     return lines

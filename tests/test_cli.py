@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 import warnings
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -194,14 +195,18 @@ def test_show_bad_paths_exit_2(
     assert code == EXIT_USAGE
     assert "holds neither a phase table" in one_line_error(err)
 
-    # A corrupt phase-table file: skipped with a warning, then nothing readable is left.
+    # A corrupt phase-table file: skipped, then nothing readable is left. One line says both.
     run = shutil.copytree(pilot["ctl"], tmp_path / "runs" / pilot["ctl"].name)
-    for part in (run / "phases.parquet").iterdir():
+    parts = list((run / "phases.parquet").iterdir())
+    for part in parts:
         part.write_bytes(b"not parquet at all")
     code, out, err = run_cli(capsys, "show", run)
-    assert code == EXIT_USAGE
-    assert "the phase table has no readable rows" in one_line_error(err)
-    assert "lightning-pilot: warning: skipped unreadable" in err
+    assert (code, out) == (EXIT_USAGE, "")
+    assert len(err.splitlines()) == 1
+    line = one_line_error(err)
+    assert "nothing to check: the phase table has no readable rows" in line
+    assert f"{len(parts)} file(s) skipped (unreadable): unreadable file " in line
+    assert any(str(part) in line for part in parts)
 
 
 # -- compare --------------------------------------------------------------------------------
@@ -442,7 +447,9 @@ def test_demo_command_runs_the_quick_pilot_and_writes_the_sheet(
     assert "- Module: `lightning_pilot.demo.lm.TinyCausalLM`" in sheet
     assert re.search(r"- Parameters: [\d,]+ \([\d,]+ trainable\)", sheet)
     assert "- Optimizer: AdamW(lr=0.003)" in sheet
-    assert re.search(r"- One update: [\d.]+ ms \(8 x \(data", sheet)  # K = 8 from the ledger
+    assert re.search(
+        r"- One update: [\d.]+ (ms|s|min) \(8 x \(data", sheet
+    )  # K = 8 from the ledger
     # The comparison is priced at the pilot's speed; the diverged variant is never packaged.
     assert re.search(r"\| lr=5 \(unstable\) \| diverged \| .* \| not packaged \|", sheet)
     # Where each variant stands on the agreed metric, the control marked, the diverged one worst.
@@ -457,3 +464,149 @@ def test_demo_command_runs_the_quick_pilot_and_writes_the_sheet(
     assert code == EXIT_CHECK_FAILED
     assert result_lines(out)[0] == "Result: 1 run(s) diverged or failed (exit 1):"
     assert re.search(r"^  run \S+  variant lr=5 \(unstable\)  seed \d+  status diverged", out, re.M)
+
+
+# -- what files hold never drives the terminal ----------------------------------------------
+
+FORGED = "ctl\x1b[2J\x1b]0;pwned\x07\rFAKE LINE\nFAKE: row\x9b31m\u202eevil\x00"
+UNKNOWN_STATUS = "succeeded\x1b[32m"
+
+
+def is_terminal_safe(text: str) -> bool:
+    """No C0 or C1 control character but the newlines between lines, no bidi override."""
+    unsafe = r"[\x00-\x09\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]"
+    return not re.search(unsafe, text)
+
+
+@pytest.fixture
+def forged(tmp_path: Path) -> Path:
+    """An output folder whose files carry escape sequences, newlines and a made-up status."""
+    import pyarrow.parquet as pq
+
+    from lightning_pilot import storage
+    from lightning_pilot.core.ids import new_run_id
+
+    out = tmp_path / "forged"
+    run_id = new_run_id()
+    phase = {
+        "run_id": run_id,
+        "attempt": 1,
+        "rank": 0,
+        "device": "cpu\x1b[2J",
+        "counter": "cpu_tensor_tracker",
+        "occurrences": 1,
+        "measured_occurrences": 1,
+        "duration_s": 0.01,
+        "duration_median_s": 0.01,
+    }
+    rows = [
+        phase | {"phase": name, "first": first, "verdict": "pass"}
+        for name in ("data", "forward", "optimizer_step")
+        for first in (True, False)
+    ]
+    rows += [
+        phase | {"phase": "backward", "first": False, "verdict": "pass"},
+        phase
+        | {
+            "phase": "backward",
+            "first": True,
+            "verdict": "warn",
+            "reason": "slow\x1b[2J\nFAKE: backward passed\r",
+            "checks": [{"name": "speed\x1b[5m", "verdict": "warn", "detail": "x"}],
+        },
+    ]
+    storage.write_snapshot(
+        out / "runs" / run_id / "phases.parquet",
+        storage.rows_to_table(rows, storage.PHASE_SCHEMA),
+        writer="a0001-r00000-x",
+        seq=1,
+    )
+    ledger = out / "ledger"
+    base = {"run_id": run_id, "attempt": 1, "experiment": "exp\x1b]0;t\x07", "seed": 0}
+    storage.write_ledger_record(
+        ledger,
+        base
+        | {"event": "start", "status": "running", "variant": FORGED, "lr": 0.1}
+        | {"planned_updates": 100, "accumulate_grad_batches": 1},
+    )
+    # The real writer refuses a status outside the vocabulary: forge it with pyarrow.
+    end = base | {
+        "event": "end",
+        "status": UNKNOWN_STATUS,
+        "stop_cause": "max_steps\x1b[1A\n",
+        "stop_step": 3,
+        "record_id": new_run_id(),
+        "written_at": datetime.now(timezone.utc),
+        "schema_version": 2,
+        "val_points": [{"step": 3, "name": "val_loss", "value": 0.5}],
+    }
+    pq.write_table(
+        storage.rows_to_table([end], storage.LEDGER_SCHEMA),
+        ledger / f"29991231T000000000000Z-{run_id}-end-x.parquet",
+    )
+    return out
+
+
+def test_show_escapes_control_characters_and_never_passes_an_unknown_status(
+    forged: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = run_cli(capsys, "show", forged)
+    assert is_terminal_safe(out), out
+    assert is_terminal_safe(err), err
+    assert "\\x1b[2J" in out  # shown, as a visible escape
+    assert not [line for line in out.splitlines() if line.startswith("FAKE")]
+    ledger_block = out[out.index("Ledger (1 run(s))") :].splitlines()
+    assert len(ledger_block[3].split("  ")) > 3  # the run's row stays one row of the table
+    assert "succeeded\\x1b[32m" in ledger_block[3]
+    assert "completed" not in out
+    # An unknown status is not a pass: the summary names it and the gate fails.
+    assert code == EXIT_CHECK_FAILED
+    summary = result_lines(out)
+    assert "unknown status" in summary[0]
+    assert "no failed check" not in summary[0]
+    assert any("status succeeded\\x1b[32m" in line for line in summary[1:])
+
+
+def test_compare_and_sheet_escape_control_characters(
+    forged: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = run_cli(capsys, "compare", forged, "--metric", "val_loss")
+    assert code == EXIT_CHECK_FAILED  # the unknown status gates
+    assert is_terminal_safe(out + err), out + err
+    assert not [line for line in out.splitlines() if line.startswith("FAKE")]
+    assert "1 unknown" in out  # counted as what it is, never as completed
+    run = next((forged / "runs").iterdir())
+    code, out, err = run_cli(capsys, "sheet", run)
+    assert code == EXIT_CHECK_FAILED
+    assert is_terminal_safe(out + err), out + err
+    sheet = (run / "sheet.md").read_text()
+    assert is_terminal_safe(sheet)
+    assert not [line for line in sheet.splitlines() if line.startswith("FAKE")]
+    assert "not packaged" in sheet  # an unknown status is never priced as a finished run
+
+
+def test_file_names_with_control_characters_stay_on_one_line(
+    forged: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for record in (forged / "ledger").glob("*.parquet"):
+        record.unlink()
+    (forged / "ledger" / "x\x1b[2J\nFAKE.parquet").write_bytes(b"garbage")
+    code, _, err = run_cli(capsys, "show", forged / "ledger")
+    assert code == EXIT_USAGE
+    assert is_terminal_safe(err)
+    assert len(err.splitlines()) == 1
+    assert "x\\x1b[2J\\nFAKE.parquet" in err
+
+
+def test_terminal_safe_escapes_and_caps() -> None:
+    from lightning_pilot.report import terminal_safe
+
+    assert terminal_safe("a\x1b[2Jb\nc\td\x9b\x7f") == "a\\x1b[2Jb\\nc\\td\\x9b\\x7f"
+    assert terminal_safe("a\nb", keep_newlines=True) == "a\nb"
+    assert terminal_safe("\u202eevil\u2028") == "\\u202eevil\\u2028"
+    assert terminal_safe("plain text, é and 日本") == "plain text, é and 日本"
+    capped = terminal_safe("x" * 10_000, limit=100)
+    assert len(capped) <= 100
+    assert capped.endswith("more chars]")
+    assert terminal_safe(capped, limit=100) == capped  # idempotent
+    assert terminal_safe("\udcff") == "\\udcff"  # an undecodable byte from a file name
