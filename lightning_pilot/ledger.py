@@ -46,7 +46,6 @@ from typing import Any, Final, Literal
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import torch
 
 from lightning_pilot import storage
 from lightning_pilot.core.compare import Comparison, compare_runs
@@ -178,9 +177,17 @@ class Ledger:
             reads as ``interrupted`` / ``heartbeat_lost``. Default 30 minutes; choose a few
             times the interval between heartbeats of your slowest run.
 
+    Attributes:
+        skipped: the record files the latest read skipped (unreadable, or over
+            :data:`~lightning_pilot.storage.LEDGER_RECORD_LIMITS`), each also reported by a
+            :class:`~lightning_pilot.storage.SkippedFileWarning`; the frames :meth:`records`,
+            :meth:`runs` and :meth:`curves` return carry the same list in ``attrs["skipped"]``.
+            Empty: every record file was read.
+
     Raises:
         FileNotFoundError: ``path`` does not exist.
-        ValueError: ``stale_after`` is not a non-negative number.
+        ValueError: ``path`` is empty or blank (it would read the current folder), or
+            ``stale_after`` is not a non-negative number.
 
     Example:
         >>> import tempfile
@@ -189,7 +196,7 @@ class Ledger:
     """
 
     def __init__(self, path: str | os.PathLike[str], *, stale_after: float = 1800.0) -> None:
-        root = Path(path)
+        root = storage.folder_argument(path, "ledger")
         if not root.exists():
             raise FileNotFoundError(f"path={str(root)!r} does not exist.")
         if (
@@ -202,6 +209,7 @@ class Ledger:
             )
         self.path = root / "ledger" if (root / "ledger").is_dir() else root
         self.stale_after = float(stale_after)
+        self.skipped: list[str] = []
         nested = root / "pilot" / "ledger"
         if self.path == root and nested.is_dir() and not any(root.glob("*.parquet")):
             # A Trainer's default_root_dir instead of its pilot folder: say where the ledger is.
@@ -216,20 +224,27 @@ class Ledger:
         return f"Ledger({str(self.path)!r})"
 
     def records(self) -> pd.DataFrame:
-        """Every record, oldest first (unreadable files are skipped with a warning)."""
-        return storage.read_ledger_records(self.path)
+        """Every record once, oldest first (unreadable or oversized files are skipped with a
+        warning and listed in :attr:`skipped` and ``attrs["skipped"]``)."""
+        records = storage.read_ledger_records(self.path)
+        self.skipped = list(records.attrs.get("skipped", []))
+        return records
 
     def index(self) -> Path | None:
-        """Copy records not yet indexed into one index segment, so later reads are fast.
+        """Copy records not yet indexed into index segments, so later reads are fast.
 
-        The record files are never changed or removed (see :func:`storage.index_ledger`).
-        Returns the new segment, or ``None`` when nothing was new.
+        The record files are never changed or removed (see :func:`storage.index_ledger`); a
+        large backlog is cut into several segments, and segments written by processes indexing
+        at the same time may overlap (the readers read each record once). Returns the last new
+        segment, or ``None`` when nothing was new.
         """
         return storage.index_ledger(self.path)
 
     def runs(self, *, now: datetime | None = None) -> pd.DataFrame:
         """One row per run (see the module docstring); ``now`` is for tests and replays."""
-        return fold_records(self.records(), now=now, stale_after=self.stale_after)
+        runs = fold_records(self.records(), now=now, stale_after=self.stale_after)
+        runs.attrs["skipped"] = list(self.skipped)
+        return runs
 
     def curves(self, *, all_attempts: bool = False) -> pd.DataFrame:
         """The curves in long format.
@@ -242,15 +257,17 @@ class Ledger:
             all_attempts: keep the curves of every attempt of a resumed run (default: the
                 latest record of each run, whose curves cover the run up to that record).
         """
-        return _curves(self.records(), all_attempts=all_attempts)
+        curves = _curves(self.records(), all_attempts=all_attempts)
+        curves.attrs["skipped"] = list(self.skipped)
+        return curves
 
     def predictions(self, run_id: str) -> pd.DataFrame:
         """The validation predictions a run's latest record references, checked by sha256.
 
         Raises:
             KeyError: the run is not in the ledger.
-            ValueError: the run saved no predictions, or the file's sha256 differs from the
-                one recorded (the file was changed or replaced).
+            ValueError: the run saved no predictions, the file's sha256 differs from the
+                one recorded (the file was changed or replaced), or it could not be read.
         """
         latest = self.records().drop_duplicates("run_id", keep="last").set_index("run_id")
         if run_id not in latest.index:
@@ -262,7 +279,11 @@ class Ledger:
         actual = file_sha256(uri)
         if actual != expected:
             raise ValueError(f"{uri} has sha256 {actual}, but the ledger recorded {expected}.")
-        frame: pd.DataFrame = storage.read_parquet_files([uri], PREDICTIONS_SCHEMA).to_pandas()
+        skipped: list[str] = []
+        table = storage.read_parquet_files([uri], PREDICTIONS_SCHEMA, skipped=skipped)
+        if skipped:
+            raise ValueError(f"{uri} could not be read (unreadable, or over DETAIL_FILE_LIMITS).")
+        frame: pd.DataFrame = table.to_pandas()
         return frame
 
     def compare(
@@ -386,6 +407,8 @@ def prediction_rows(
         >>> rows[1]["example_id"], rows[1]["prediction"], rows[1]["target"], rows[1]["step"]
         ('8', [3.0, 4.0], [3.0, 4.0], 5)
     """
+    import torch  # here, not at module level: reading a ledger never pays for importing torch
+
     preds = torch.as_tensor(predictions).detach().cpu()
     if preds.dim() == 0:
         raise ValueError(f"predictions must have a batch dimension, got a scalar {preds.item()!r}.")

@@ -17,9 +17,14 @@ whatever happens to the process that writes it:
   removes. Readers keep the newest snapshot of each writer, so a crash between publish and
   clean-up never duplicates rows.
 * **One file at a time.** Readers open files one by one and skip an unreadable or truncated
-  file with a warning that names it, instead of failing the whole folder.
-* **Safe names.** :func:`safe_path_component` and :func:`safe_join` keep every user-given name
-  (experiment, variant, run id) inside the output folder.
+  file with a :class:`SkippedFileWarning` that names it, instead of failing the whole folder,
+  and list what they skipped (``attrs["skipped"]``).
+* **Limits before decoding.** Each file's footer is checked against :class:`ReadLimits`
+  (:data:`PHASE_FILE_LIMITS`, :data:`LEDGER_RECORD_LIMITS`, ...) before anything is decoded: a
+  few KB of Parquet can declare millions of rows.
+* **Safe names, real folders.** :func:`safe_path_component` and :func:`safe_join` keep every
+  user-given name (experiment, variant, run id) inside the output folder, and no folder the
+  pilot writes into may be a symbolic link inside it (:class:`UnsafePathError`).
 
 Example:
     >>> import tempfile, pyarrow as pa
@@ -38,12 +43,15 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import json
 import os
 import re
+import sys
 import uuid
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, BinaryIO, Final
@@ -57,13 +65,21 @@ from lightning_pilot.core.ids import new_run_id, validate_run_id
 from lightning_pilot.core.phases import COUNTERS, PHASES, VERDICTS
 
 __all__ = [
+    "DETAIL_FILE_LIMITS",
+    "LEDGER_RECORD_LIMITS",
     "LEDGER_SCHEMA",
     "LEDGER_SCHEMA_VERSION",
+    "LEDGER_SEGMENT_LIMITS",
+    "PHASE_FILE_LIMITS",
     "PHASE_SCHEMA",
     "PHASE_SCHEMA_VERSION",
     "STATUSES",
+    "ReadLimits",
+    "SkippedFileWarning",
+    "UnsafePathError",
     "conform",
     "detail_schema",
+    "folder_argument",
     "index_ledger",
     "list_snapshot_files",
     "publish_bytes",
@@ -332,12 +348,37 @@ def sanitize_name(value: str, *, fallback: str = "unnamed") -> str:
     return cleaned or fallback
 
 
+class UnsafePathError(OSError):
+    """A folder lightning-pilot would write into is a symbolic link inside the output folder.
+
+    The output folder itself may be a link (shared storage mounted through one); every folder
+    the pilot creates or writes inside it (``ledger/``,
+    ``runs/``, ``runs/<run_id>/``, a table folder, ``ledger/_index/``) must be a real folder.
+    An ``OSError``: the pilot cannot write where it was told to, like a read-only folder, so it
+    travels the same paths as a full disk (a warning while a fit is failing, else raised).
+    """
+
+
+def _refuse_link(folder: Path, root: Path | None = None) -> None:
+    if folder.is_symlink():
+        inside = f" inside the output folder {root}" if root is not None else ""
+        raise UnsafePathError(
+            f"{folder} is a symbolic link{inside} (to {os.readlink(folder)}); lightning-pilot"
+            " refuses to write through links inside an output folder. Remove the link, or make"
+            " the output folder itself the link (out_dir may be a symbolic link)."
+        )
+
+
 def safe_join(root: PathLike, *components: str) -> Path:
-    """Join validated components to ``root`` and check that the result stays inside it.
+    """Join validated components to ``root`` for writing; no component may be a symbolic link.
+
+    ``root`` itself may be a link; a link *inside* it is refused, wherever it points, so every
+    file the pilot writes lands in the output folder.
 
     Raises:
-        ValueError: a component is unsafe, or the joined path resolves outside ``root``
-            (for example through a symbolic link).
+        ValueError: a component is not a safe name.
+        UnsafePathError: a component that exists is a symbolic link, or the joined path
+            resolves outside ``root`` (an ``OSError``).
 
     Example:
         >>> safe_join("/tmp/pilot", "runs", "abc")
@@ -351,11 +392,39 @@ def safe_join(root: PathLike, *components: str) -> Path:
     for component in components:
         safe_path_component(component, "path component")
     joined = base.joinpath(*components)
+    current = base
+    for component in components:
+        current = current / component
+        _refuse_link(current, base)
     resolved_root = base.resolve()
     resolved = joined.resolve()
     if resolved != resolved_root and resolved_root not in resolved.parents:
-        raise ValueError(f"{joined} resolves to {resolved}, outside the output folder {base}.")
+        raise UnsafePathError(f"{joined} resolves to {resolved}, outside the output folder {base}.")
     return joined
+
+
+def folder_argument(path: object, what: str) -> Path:
+    """``path`` as a Path; an empty or blank one is refused (``Path("")`` is the current folder).
+
+    Raises:
+        TypeError: ``path`` is not a str or ``os.PathLike``.
+        ValueError: ``path`` is empty, blank or holds NUL; the message names the argument.
+
+    Example:
+        >>> folder_argument("", "ledger")
+        Traceback (most recent call last):
+        ...
+        ValueError: path='' is invalid: give the ledger folder (an empty path would read ...
+    """
+    if not isinstance(path, str | os.PathLike):
+        raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__} {path!r}.")
+    text = os.fspath(path)
+    if not isinstance(text, str) or not text.strip() or "\x00" in text:
+        raise ValueError(
+            f"path={path!r} is invalid: give the {what} folder (an empty path would read the"
+            " current folder)."
+        )
+    return Path(text)
 
 
 # --------------------------------------------------------------------------------------------
@@ -425,11 +494,38 @@ def publish_file(path: PathLike, write: Callable[[BinaryIO], object]) -> Path:
             handle.flush()
             os.fsync(handle.fileno())
         _publish_no_overwrite(tmp, final)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
+    except BaseException as err:
+        # The first error says what went wrong (a full disk, a read-only remount): a failed
+        # clean-up must not replace it, only be noted on it.
+        problem = _remove_temporary(tmp)
+        if problem is not None:
+            note = f"lightning-pilot: could not remove the temporary file {tmp}: {problem}"
+            if sys.version_info >= (3, 11):
+                err.add_note(note)
+            else:  # pragma: no cover - Python 3.10 has no exception notes
+                warnings.warn(note, RuntimeWarning, stacklevel=2)
+        raise
+    problem = _remove_temporary(tmp)
+    if problem is not None:
+        # Published: the hidden temporary file is invisible to readers, so only say so.
+        warnings.warn(
+            f"lightning-pilot: published {final} but could not remove the temporary file"
+            f" {tmp}: {problem}",
+            RuntimeWarning,
+            stacklevel=2,
+        )
     _fsync_dir(final.parent)
     return final
+
+
+def _remove_temporary(tmp: Path) -> OSError | None:
+    try:
+        os.unlink(tmp)
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        return err
+    return None
 
 
 def publish_table(table: pa.Table, path: PathLike) -> Path:
@@ -498,11 +594,15 @@ def write_snapshot(
 
     Returns:
         The published snapshot file.
+
+    Raises:
+        UnsafePathError: ``folder`` is a symbolic link (see :func:`safe_join`).
     """
     safe_path_component(writer, "writer")
     if not isinstance(seq, int) or seq < 0:
         raise ValueError(f"seq={seq!r} is invalid: seq must be a non-negative integer.")
     target = Path(folder)
+    _refuse_link(target)
     meta = dict(table.schema.metadata or {})
     meta[SNAPSHOT_METADATA_KEY] = json.dumps({"writer": writer, "seq": seq}).encode()
     path = publish_table(
@@ -534,7 +634,9 @@ def write_ledger_record(ledger_dir: PathLike, record: Mapping[str, Any]) -> Path
         The published file.
 
     Raises:
-        ValueError: an unknown column, a bad event or status, or a value of the wrong type.
+        ValueError: an unknown column, a bad event or status, a value of the wrong type, or a
+            record larger than :data:`LEDGER_RECORD_LIMITS` (the readers would skip it).
+        UnsafePathError: ``ledger_dir`` is a symbolic link (link the output folder instead).
 
     Example:
         >>> import tempfile
@@ -545,6 +647,7 @@ def write_ledger_record(ledger_dir: PathLike, record: Mapping[str, Any]) -> Path
         >>> read_ledger_records(folder)["status"].tolist()
         ['running']
     """
+    folder = folder_argument(ledger_dir, "ledger")
     _check_columns(record, LEDGER_SCHEMA, "ledger record")
     run_id = validate_run_id(record.get("run_id"), "record['run_id']")
     event = record.get("event")
@@ -562,7 +665,359 @@ def write_ledger_record(ledger_dir: PathLike, record: Mapping[str, Any]) -> Path
     record_id = safe_path_component(full["record_id"], "record['record_id']")
     stamp = full["written_at"].strftime("%Y%m%dT%H%M%S%fZ")
     name = f"{stamp}-{run_id}-{event}-{record_id}.parquet"
-    return publish_table(rows_to_table([full], LEDGER_SCHEMA), Path(ledger_dir) / name)
+    table = rows_to_table([full], LEDGER_SCHEMA)
+    _check_writable(table, LEDGER_RECORD_LIMITS, "a ledger record")
+    _refuse_link(folder)
+    return publish_table(table, folder / name)
+
+
+# --------------------------------------------------------------------------------------------
+# Limits: what a reader agrees to decode
+# --------------------------------------------------------------------------------------------
+
+
+class SkippedFileWarning(RuntimeWarning):
+    """A reader skipped a file: unreadable, over its limits, or not where the layout expects it.
+
+    The paths whose rows are missing are also listed in the result (``attrs["skipped"]`` of
+    the frames :func:`read_phase_table` and :func:`read_ledger_records` return, the
+    ``skipped=`` list of :func:`read_parquet_files`, ``Ledger.skipped``), so a caller can tell
+    a table that read cleanly from one that lost files.
+    """
+
+
+@dataclass(frozen=True)
+class ReadLimits:
+    """What a reader agrees to decode from one Parquet file, checked on the footer first.
+
+    A Parquet footer declares the rows, columns, row groups and values a file holds and the
+    size of its pages; with compression and dictionary encoding a file of a few KB can declare
+    millions of rows, or one long string repeated thousands of times. Readers compare these
+    declarations with the limits before decoding anything (for a text column whose values come
+    from a dictionary, by reading only the dictionary and its indices) and skip a file over any
+    limit with a :class:`SkippedFileWarning` naming the file and the limit.
+
+    Attributes:
+        name: the constant's name, quoted in warnings.
+        max_file_bytes: bytes on disk.
+        max_footer_bytes: bytes of the serialized footer (schema and metadata).
+        max_rows: rows, as the footer and as its row groups count them.
+        max_columns: leaf columns of the file.
+        max_row_groups: row groups.
+        max_values: values in one leaf column (list elements and nulls counted).
+        max_uncompressed_bytes: the pages of the columns read, decompressed.
+        max_decoded_bytes: the columns read, decoded into Arrow memory (pandas takes a few
+            times more for text and lists).
+    """
+
+    name: str
+    max_file_bytes: int
+    max_footer_bytes: int
+    max_rows: int
+    max_columns: int
+    max_row_groups: int
+    max_values: int
+    max_uncompressed_bytes: int
+    max_decoded_bytes: int
+
+
+_MIB: Final = 1 << 20
+
+#: One phase-table snapshot (``runs/<run_id>/phases.parquet/part-*.parquet``): a writer's rows
+#: are a few dozen (phases x first/later), a long multi-stage run's a few hundred.
+PHASE_FILE_LIMITS: Final = ReadLimits(
+    name="PHASE_FILE_LIMITS",
+    max_file_bytes=64 * _MIB,
+    max_footer_bytes=4 * _MIB,
+    max_rows=100_000,
+    max_columns=256,
+    max_row_groups=64,
+    max_values=2_000_000,
+    max_uncompressed_bytes=256 * _MIB,
+    max_decoded_bytes=256 * _MIB,
+)
+#: One ledger record file (``ledger/*.parquet``): one row; an end record carries the whole
+#: curves, 2 values per point (a 200-update run: 200 points of ``train_loss`` and of
+#: ``lr_curve``). ``max_values`` admits curves of 2 million updates;
+#: :func:`write_ledger_record` refuses to write a record the readers would skip.
+LEDGER_RECORD_LIMITS: Final = ReadLimits(
+    name="LEDGER_RECORD_LIMITS",
+    max_file_bytes=64 * _MIB,
+    max_footer_bytes=4 * _MIB,
+    max_rows=1_000,
+    max_columns=256,
+    max_row_groups=16,
+    max_values=2_000_000,
+    max_uncompressed_bytes=256 * _MIB,
+    max_decoded_bytes=256 * _MIB,
+)
+#: One ledger index segment (``ledger/_index/segment-*.parquet``): :func:`index_ledger` cuts
+#: segments at 10,000 records, 2 million values per column or 128 MiB, half these limits.
+LEDGER_SEGMENT_LIMITS: Final = ReadLimits(
+    name="LEDGER_SEGMENT_LIMITS",
+    max_file_bytes=256 * _MIB,
+    max_footer_bytes=4 * _MIB,
+    max_rows=50_000,
+    max_columns=256,
+    max_row_groups=64,
+    max_values=4_000_000,
+    max_uncompressed_bytes=512 * _MIB,
+    max_decoded_bytes=512 * _MIB,
+)
+#: Every other table (detail tables such as ``updates`` with one row per update, validation
+#: predictions), the default of :func:`read_parquet_files` and :func:`read_snapshot_table`.
+DETAIL_FILE_LIMITS: Final = ReadLimits(
+    name="DETAIL_FILE_LIMITS",
+    max_file_bytes=1024 * _MIB,
+    max_footer_bytes=16 * _MIB,
+    max_rows=5_000_000,
+    max_columns=1_024,
+    max_row_groups=1_024,
+    max_values=50_000_000,
+    max_uncompressed_bytes=2048 * _MIB,
+    max_decoded_bytes=2048 * _MIB,
+)
+
+#: Index segments are cut well inside :data:`LEDGER_SEGMENT_LIMITS`.
+_SEGMENT_ROWS: Final = 10_000
+_SEGMENT_VALUES: Final = 2_000_000
+_SEGMENT_BYTES: Final = 128 * _MIB
+
+_FIXED_WIDTH: Final = {"BOOLEAN": 1, "INT32": 4, "INT64": 8, "INT96": 12, "FLOAT": 4, "DOUBLE": 8}
+#: Text encodings whose decoded bytes are at most the page bytes.
+_TEXT_ENCODINGS: Final = frozenset({"PLAIN", "RLE", "BIT_PACKED", "DELTA_LENGTH_BYTE_ARRAY"})
+_DICTIONARY_ENCODINGS: Final = frozenset({"PLAIN_DICTIONARY", "RLE_DICTIONARY"})
+_OVERHEAD: Final = 8  # per value: offsets, validity and levels, generously
+
+
+class _OverLimitError(ValueError):
+    """A file declares more than its :class:`ReadLimits` allow (found before decoding)."""
+
+
+def _over(limits: ReadLimits, field: str, value: int, what: str) -> _OverLimitError:
+    return _OverLimitError(f"{value:,} {what} > {limits.name}.{field}={getattr(limits, field):,}")
+
+
+def _footer_bytes(tail: bytes, size: int) -> int | None:
+    """The footer length a Parquet file of ``size`` bytes ending with ``tail`` declares."""
+    # The file ends with the footer, its length (4 bytes, little-endian) and b"PAR1".
+    if size < 12 or len(tail) < 8 or tail[-4:] != b"PAR1":
+        return None  # not Parquet: pyarrow says so when it opens it
+    length = int.from_bytes(tail[-8:-4], "little")
+    return length if length <= size - 12 else None  # longer than the file: corrupt, not big
+
+
+def _check_types(arrow: pa.Schema, schema: pa.Schema, names: Sequence[str]) -> None:
+    for name in names:
+        index = arrow.get_field_index(name)
+        if index < 0:
+            raise ValueError(f"column {name!r} appears more than once")
+        have, want = arrow.field(index).type, schema.field(name).type
+        if have == want:
+            continue
+        try:
+            pa.array([], type=have).cast(want)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as err:
+            raise ValueError(f"column {name!r} of type {have} cannot be read as {want}") from err
+
+
+def _check_footer(
+    parquet: pq.ParquetFile, data: bytes, limits: ReadLimits, schema: pa.Schema | None
+) -> list[str] | None:
+    """Compare a file's footer with ``limits``; return the columns to read (None: all).
+
+    Nothing is decoded, except for text columns with a dictionary whose worst case (every
+    value as long as the whole column chunk) is over the limit: their dictionaries and indices
+    are read (bounded by the page limits) to measure the decoded size exactly.
+
+    Raises:
+        _OverLimitError: a limit is exceeded.
+        ValueError: a column the schema knows has a type it cannot be cast from.
+    """
+    meta = parquet.metadata
+    if meta.num_rows > limits.max_rows:
+        raise _over(limits, "max_rows", meta.num_rows, "rows")
+    if meta.num_columns > limits.max_columns:
+        raise _over(limits, "max_columns", meta.num_columns, "columns")
+    if meta.num_row_groups > limits.max_row_groups:
+        raise _over(limits, "max_row_groups", meta.num_row_groups, "row groups")
+    arrow = parquet.schema_arrow
+    columns: list[str] | None = None
+    if schema is not None:
+        # Columns the schema does not know are dropped by ``conform``: never decode them.
+        present = set(arrow.names)
+        columns = [name for name in schema.names if name in present]
+        if not arrow.equals(schema, check_metadata=False):
+            _check_types(arrow, schema, columns)
+        if len(columns) == len(arrow.names):
+            columns = None  # every column of the file is read
+    leaves = parquet.schema
+    read = _leaf_indices(arrow, meta.num_columns, columns, leaves)
+    rows = uncompressed = decoded = worst = 0
+    values = dict.fromkeys(read, 0)
+    texts: list[tuple[int, int, int, int]] = []  # (row group, leaf, values, page bytes)
+    for g in range(meta.num_row_groups):
+        group = meta.row_group(g)
+        rows += group.num_rows
+        for i in read:
+            chunk = group.column(i)
+            count, size, kind = chunk.num_values, chunk.total_uncompressed_size, chunk.physical_type
+            values[i] += count
+            uncompressed += size
+            if kind in _FIXED_WIDTH:
+                decoded += count * (_FIXED_WIDTH[kind] + _OVERHEAD)
+            elif kind == "FIXED_LEN_BYTE_ARRAY":
+                decoded += count * (max(leaves.column(i).length, 0) + _OVERHEAD)
+            else:  # BYTE_ARRAY: text and binary
+                decoded += count * _OVERHEAD + size
+                if count > 1:
+                    # With a dictionary (or prefix sharing) a short page can stand for many
+                    # long values: at worst each is as long as the whole chunk.
+                    worst += count * size
+                    texts.append((g, i, count, size))
+    if rows > limits.max_rows:
+        raise _over(limits, "max_rows", rows, "rows in its row groups")
+    most = max(values.values(), default=0)
+    if most > limits.max_values:
+        raise _over(limits, "max_values", most, "values in one column")
+    if uncompressed > limits.max_uncompressed_bytes:
+        raise _over(limits, "max_uncompressed_bytes", uncompressed, "bytes of pages")
+    if decoded > limits.max_decoded_bytes:
+        raise _over(limits, "max_decoded_bytes", decoded, "bytes once decoded")
+    if decoded + worst <= limits.max_decoded_bytes:
+        return columns
+    # Only now read the encodings (slow to fetch): which text chunks can repeat values?
+    worst, amplified, unmeasurable = 0, set(), False
+    for g, i, count, size in texts:
+        encodings = set(meta.row_group(g).column(i).encodings)
+        if encodings <= _TEXT_ENCODINGS:
+            continue  # every value is on a page: decoded at most the page bytes
+        worst += count * size
+        amplified.add(i)
+        unmeasurable = unmeasurable or not encodings <= _TEXT_ENCODINGS | _DICTIONARY_ENCODINGS
+    if decoded + worst <= limits.max_decoded_bytes:
+        return columns
+    if unmeasurable:
+        raise _over(
+            limits,
+            "max_decoded_bytes",
+            decoded + worst,
+            "bytes once decoded at worst (an encoding whose size cannot be measured first)",
+        )
+    paths = [leaves.column(i).path for i in sorted(amplified)]
+    total = decoded + _dictionary_bytes(data, paths)
+    if total > limits.max_decoded_bytes:
+        raise _over(limits, "max_decoded_bytes", total, "bytes once decoded")
+    return columns
+
+
+@functools.lru_cache(maxsize=1024)
+def _leaf_count(kind: pa.DataType) -> int:
+    """How many Parquet leaf columns a column of this Arrow type is stored as."""
+    if pa.types.is_dictionary(kind) or kind.num_fields == 0:
+        return 1
+    return sum(_leaf_count(kind.field(i).type) for i in range(kind.num_fields))
+
+
+def _leaf_indices(
+    arrow: pa.Schema, count: int, columns: Sequence[str] | None, leaves: pq.ParquetSchema
+) -> list[int]:
+    """The Parquet leaf columns that store the top-level ``columns`` (None: all)."""
+    if columns is None or len(columns) == len(arrow.names):
+        return list(range(count))
+    wanted = set(columns)
+    sizes = [_leaf_count(field.type) for field in arrow]
+    if sum(sizes) != count:  # an unusual mapping: ask each leaf its path
+        return [i for i in range(count) if leaves.column(i).path.split(".")[0] in wanted]
+    read: list[int] = []
+    start = 0
+    for field, size in zip(arrow, sizes, strict=True):
+        if field.name in wanted:
+            read.extend(range(start, start + size))
+        start += size
+    return read
+
+
+def _dictionary_bytes(data: bytes, paths: Sequence[str]) -> int:
+    """The bytes the text columns at ``paths`` take decoded, from their dictionaries."""
+    parquet = pq.ParquetFile(pa.BufferReader(data), read_dictionary=list(paths))
+    top = sorted({path.split(".")[0] for path in paths})
+    table = parquet.read(columns=top, use_threads=False)
+    return sum(_value_bytes(chunk) for column in table.columns for chunk in column.chunks)
+
+
+def _value_bytes(array: pa.Array) -> int:
+    kind = array.type
+    if pa.types.is_dictionary(kind):
+        lengths = pa.compute.binary_length(array.dictionary)
+        total = pa.compute.sum(pa.compute.take(lengths, array.indices)).as_py()
+        return int(total or 0) + _OVERHEAD * len(array)
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        return _value_bytes(array.flatten()) + _OVERHEAD * len(array)
+    if pa.types.is_struct(kind):
+        return sum(_value_bytes(field) for field in array.flatten())
+    return int(array.nbytes)
+
+
+def _leaf_values(array: pa.Array) -> int:
+    """The most values one leaf column of ``array`` holds, as Parquet will count them."""
+    kind = array.type
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        return len(array) + _leaf_values(array.flatten())
+    if pa.types.is_struct(kind):
+        return max([len(array), *(_leaf_values(field) for field in array.flatten())])
+    return len(array)
+
+
+def _most_values(table: pa.Table) -> int:
+    return max(
+        (sum(_leaf_values(chunk) for chunk in column.chunks) for column in table.columns),
+        default=0,
+    )
+
+
+def _check_writable(table: pa.Table, limits: ReadLimits, what: str) -> None:
+    """Refuse to write what a reader would skip (``ValueError`` naming the limit)."""
+    problems = []
+    if table.num_rows > limits.max_rows:
+        problems.append(f"{table.num_rows:,} rows > {limits.name}.max_rows={limits.max_rows:,}")
+    most = _most_values(table)
+    if most > limits.max_values:
+        problems.append(
+            f"{most:,} values in one column > {limits.name}.max_values={limits.max_values:,}"
+        )
+    if table.nbytes > limits.max_decoded_bytes:
+        problems.append(
+            f"{table.nbytes:,} bytes > {limits.name}.max_decoded_bytes={limits.max_decoded_bytes:,}"
+        )
+    if problems:
+        raise ValueError(
+            f"{what} of {'; '.join(problems)} would be skipped by every reader; it is not"
+            " written (shorten its curves or lists)."
+        )
+
+
+def _read_limited(file: Path, limits: ReadLimits, schema: pa.Schema | None) -> pa.Table:
+    """Read one Parquet file after checking its size and footer against ``limits``."""
+    size = file.stat().st_size
+    if size > limits.max_file_bytes:
+        raise _over(limits, "max_file_bytes", size, "bytes on disk")
+    # Reading the bytes first and decoding without threads is about twice as fast as
+    # pq.read_table for the small one-record files of a ledger.
+    with open(file, "rb") as handle:
+        data = handle.read()
+    footer = _footer_bytes(data[-8:], len(data))
+    if footer is not None and footer > limits.max_footer_bytes:
+        raise _over(limits, "max_footer_bytes", footer, "bytes of footer")
+    parquet = pq.ParquetFile(pa.BufferReader(data))
+    columns = _check_footer(parquet, data, limits, schema)
+    return parquet.read(columns=columns, use_threads=False)
+
+
+def _skip(message: str, path: Path, skipped: list[str] | None, *, stacklevel: int = 3) -> None:
+    warnings.warn(f"lightning-pilot: {message}", SkippedFileWarning, stacklevel=stacklevel)
+    if skipped is not None:
+        skipped.append(str(path))
 
 
 # --------------------------------------------------------------------------------------------
@@ -603,46 +1058,83 @@ def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
     return pa.Table.from_arrays(arrays, schema=schema)
 
 
-def read_parquet_files(files: Iterable[PathLike], schema: pa.Schema | None = None) -> pa.Table:
+def _decode_dictionaries(table: pa.Table) -> pa.Table:
+    # Without a schema, files are concatenated as they are: a dictionary-encoded column in one
+    # file and a plain one in another would not concatenate.
+    for index, field in enumerate(table.schema):
+        if pa.types.is_dictionary(field.type):
+            column = table.column(index).cast(field.type.value_type)
+            table = table.set_column(index, field.name, column)
+    return table
+
+
+def read_parquet_files(
+    files: Iterable[PathLike],
+    schema: pa.Schema | None = None,
+    *,
+    limits: ReadLimits = DETAIL_FILE_LIMITS,
+    skipped: list[str] | None = None,
+) -> pa.Table:
     """Read Parquet files one by one and concatenate them.
 
-    A file that cannot be read (truncated, corrupt, or with a column of an incompatible type)
-    is skipped with a :class:`RuntimeWarning` naming it; the others are still read.
+    Each file's size and footer are checked against ``limits`` before anything is decoded. A
+    file over a limit, or that cannot be read (truncated, corrupt, a column of an incompatible
+    type) is skipped with a :class:`SkippedFileWarning` naming it (and the limit); the others
+    are still read.
 
     Args:
         files: the files to read.
         schema: when given, every file is conformed to it (older files read with nulls in
-            newer columns); when absent, the files must share one schema.
+            newer columns) and only its columns are decoded; when absent, the files must share
+            one schema (a file that does not is skipped).
+        limits: what one file may declare (:data:`DETAIL_FILE_LIMITS`,
+            :data:`PHASE_FILE_LIMITS`, :data:`LEDGER_RECORD_LIMITS`, ...).
+        skipped: a list the skipped files' paths are appended to.
 
     Returns:
         One table (empty, with ``schema``'s columns, when nothing could be read).
     """
-    tables = []
+    tables: list[tuple[Path, pa.Table]] = []
     for file in files:
+        path = Path(file)
         try:
-            table = _read_one(Path(file))
-            if schema is not None:
-                table = conform(table, schema)
-        except (OSError, pa.ArrowException, ValueError) as err:
-            warnings.warn(
-                f"lightning-pilot: skipped unreadable file {file}: {type(err).__name__}: {err}",
-                RuntimeWarning,
-                stacklevel=2,
-            )
+            table = _read_limited(path, limits, schema)
+            table = conform(table, schema) if schema is not None else _decode_dictionaries(table)
+        except _OverLimitError as err:
+            _skip(f"skipped oversized file {path}: {err} (not decoded)", path, skipped)
             continue
-        tables.append(table)
+        except (OSError, pa.ArrowException, ValueError) as err:
+            message = f"skipped unreadable file {path}: {type(err).__name__}: {err}"
+            _skip(message, path, skipped)
+            continue
+        tables.append((path, table))
     if not tables:
         return schema.empty_table() if schema is not None else pa.table({})
     # One chunk per column: pandas operations on a column of thousands of one-row chunks (one
     # per file) are tens of times slower.
-    if schema is None:
-        return pa.concat_tables(tables, promote_options="permissive").combine_chunks()
-    return pa.concat_tables(tables).combine_chunks()
+    if schema is not None:
+        return pa.concat_tables([table for _, table in tables]).combine_chunks()
+    try:
+        together = pa.concat_tables([t for _, t in tables], promote_options="permissive")
+    except pa.ArrowException:
+        together = tables[0][1]
+        for path, table in tables[1:]:
+            try:
+                together = pa.concat_tables([together, table], promote_options="permissive")
+            except pa.ArrowException as err:
+                _skip(f"skipped {path}: its columns do not match the others: {err}", path, skipped)
+    return together.combine_chunks()
 
 
 def _snapshot_identity(path: Path, *, default_seq: int) -> tuple[str, int]:
     """The (writer, seq) a snapshot file records, or its own name when it records none."""
     try:
+        size = path.stat().st_size
+        with open(path, "rb") as handle:
+            handle.seek(max(size - 8, 0))
+            footer = _footer_bytes(handle.read(8), size)
+        if footer is None or footer > DETAIL_FILE_LIMITS.max_footer_bytes:
+            return path.name, default_seq  # the read that follows reports it
         meta = pq.read_schema(path).metadata or {}
         info = json.loads(meta[SNAPSHOT_METADATA_KEY])
         return str(info["writer"]), int(info["seq"])
@@ -666,9 +1158,19 @@ def list_snapshot_files(folder: PathLike) -> list[Path]:
     return sorted(path for _, path in newest.values())
 
 
-def read_snapshot_table(folder: PathLike, schema: pa.Schema | None = None) -> pa.Table:
-    """Read a snapshot table folder: the newest snapshot of every writer, concatenated."""
-    return read_parquet_files(list_snapshot_files(folder), schema)
+def read_snapshot_table(
+    folder: PathLike,
+    schema: pa.Schema | None = None,
+    *,
+    limits: ReadLimits = DETAIL_FILE_LIMITS,
+    skipped: list[str] | None = None,
+) -> pa.Table:
+    """Read a snapshot table folder: the newest snapshot of every writer, concatenated.
+
+    Files over ``limits`` or unreadable are skipped with a :class:`SkippedFileWarning` (and
+    appended to ``skipped``), see :func:`read_parquet_files`.
+    """
+    return read_parquet_files(list_snapshot_files(folder), schema, limits=limits, skipped=skipped)
 
 
 def _run_folders(path: Path) -> list[Path]:
@@ -681,6 +1183,12 @@ def _run_folders(path: Path) -> list[Path]:
     return []
 
 
+def _what_is(path: Path) -> str:
+    if path.is_symlink() and not path.exists():
+        return "a broken symbolic link"
+    return "a plain file" if path.is_file() else "something that is not a folder"
+
+
 def read_phase_table(path: PathLike) -> pd.DataFrame:
     """Read the phase table of one run or of every run under an output folder.
 
@@ -691,11 +1199,14 @@ def read_phase_table(path: PathLike) -> pd.DataFrame:
     Returns:
         One row per phase, per attempt, per rank, with the columns of :data:`PHASE_SCHEMA`.
         Integer columns are pandas nullable integers, so an unmeasured value is ``<NA>``,
-        never 0.
+        never 0. ``attrs["skipped"]`` lists what could not be read (a snapshot file that is
+        unreadable or over :data:`PHASE_FILE_LIMITS`, a ``phases.parquet`` that is not a
+        folder), each also reported by a :class:`SkippedFileWarning`: an empty list means
+        every table found was read.
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
-        ValueError: ``path`` holds no phase table.
+        ValueError: ``path`` is empty, or holds no phase table.
 
     Example:
         >>> import tempfile
@@ -705,21 +1216,38 @@ def read_phase_table(path: PathLike) -> pd.DataFrame:
         ...
         ValueError: ... holds no phase table: expected <out_dir>/runs/<run_id>/phases.parquet.
     """
-    root = Path(path)
+    root = folder_argument(path, "run, phase-table or output")
     if not root.exists():
         raise FileNotFoundError(f"path={str(root)!r} does not exist.")
-    if root.name == "phases.parquet" and root.is_dir():
-        folders = [root]
+    if root.name == "phases.parquet":
+        tables = [root]
     else:
-        folders = [run / "phases.parquet" for run in _run_folders(root)]
-        folders = [folder for folder in folders if folder.is_dir()]
-    if not folders:
+        tables = [run / "phases.parquet" for run in _run_folders(root)]
+        tables = [table for table in tables if table.exists() or table.is_symlink()]
+    if not tables:
         raise ValueError(
             f"path={str(root)!r} holds no phase table: expected"
             " <out_dir>/runs/<run_id>/phases.parquet."
         )
+    skipped: list[str] = []
+    folders = []
+    for table in tables:
+        if table.is_dir():
+            folders.append(table)
+        else:
+            # Never read as an empty, clean table: the run's verdicts would vanish with it.
+            _skip(
+                f"skipped {table}: expected a folder of snapshot parts"
+                f" (phases.parquet/part-<writer>-<seq>.parquet), found {_what_is(table)};"
+                " this run's phase rows are not read",
+                table,
+                skipped,
+                stacklevel=2,
+            )
     files = [file for folder in folders for file in list_snapshot_files(folder)]
-    frame = _to_pandas(read_parquet_files(files, PHASE_SCHEMA))
+    frame = _to_pandas(
+        read_parquet_files(files, PHASE_SCHEMA, limits=PHASE_FILE_LIMITS, skipped=skipped)
+    )
     if len(frame):
         # Runs in time order, then attempts and ranks, then phases in campaign order with each
         # phase's first occurrence before the rest.
@@ -731,55 +1259,88 @@ def read_phase_table(path: PathLike) -> pd.DataFrame:
             .drop(columns=["_order", "_later"])
             .reset_index(drop=True)
         )
+    frame.attrs["skipped"] = skipped
     return frame
 
 
 #: Ledger index segments live here, hidden from pandas and pyarrow dataset readers.
 LEDGER_INDEX_DIR: Final = "_index"
 _SOURCE_COLUMN: Final = "source_file"
+_SEGMENT_SCHEMA: Final = LEDGER_SCHEMA.append(pa.field(_SOURCE_COLUMN, pa.string()))
 
 
 def _ledger_folder(path: PathLike) -> Path:
-    root = Path(path)
+    root = folder_argument(path, "ledger")
     if not root.exists():
         raise FileNotFoundError(f"path={str(root)!r} does not exist.")
     return root / "ledger" if (root / "ledger").is_dir() else root
 
 
-def _read_index(folder: Path) -> tuple[list[pa.Table], set[str]]:
-    """The index segments of a ledger and the record files they already hold."""
+def _read_index(folder: Path, *, sources_only: bool = False) -> tuple[list[pa.Table], set[str]]:
+    """The index segments of a ledger and the record files they already hold.
+
+    A segment over :data:`LEDGER_SEGMENT_LIMITS` or unreadable is skipped with a warning; it
+    costs speed, never records: its files are read one by one.
+    """
     index = folder / LEDGER_INDEX_DIR
     if not index.is_dir():
         return [], set()
-    schema = LEDGER_SCHEMA.append(pa.field(_SOURCE_COLUMN, pa.string()))
+    schema = pa.schema([_SEGMENT_SCHEMA.field(_SOURCE_COLUMN)]) if sources_only else None
     segments, covered = [], set()
     for segment in _visible_parquet_files(index):
         try:
-            table = conform(pq.read_table(segment), schema)
+            table = _read_limited(segment, LEDGER_SEGMENT_LIMITS, schema or _SEGMENT_SCHEMA)
+            table = conform(table, schema or _SEGMENT_SCHEMA)
+        except _OverLimitError as err:
+            _skip(f"skipped oversized ledger index {segment}: {err} (not decoded)", segment, None)
+            continue
         except (OSError, pa.ArrowException, ValueError) as err:
-            # A damaged segment costs speed, never records: its files are read one by one.
-            warnings.warn(
-                f"lightning-pilot: skipped unreadable ledger index {segment}: {err}",
-                RuntimeWarning,
-                stacklevel=3,
-            )
+            _skip(f"skipped unreadable ledger index {segment}: {err}", segment, None)
             continue
         covered.update(table.column(_SOURCE_COLUMN).to_pylist())
         segments.append(table.drop_columns([_SOURCE_COLUMN]))
     return segments, covered
 
 
+def _segment_batches(tables: Sequence[pa.Table]) -> list[list[pa.Table]]:
+    """Group record tables into segments cut well inside :data:`LEDGER_SEGMENT_LIMITS`."""
+    batches: list[list[pa.Table]] = []
+    batch: list[pa.Table] = []
+    rows = values = size = 0
+    for table in tables:
+        more = _most_values(table)
+        if batch and (
+            rows + table.num_rows > _SEGMENT_ROWS
+            or values + more > _SEGMENT_VALUES
+            or size + table.nbytes > _SEGMENT_BYTES
+        ):
+            batches.append(batch)
+            batch, rows, values, size = [], 0, 0, 0
+        batch.append(table)
+        rows, values, size = rows + table.num_rows, values + more, size + table.nbytes
+    if batch:
+        batches.append(batch)
+    return batches
+
+
 def index_ledger(path: PathLike) -> Path | None:
-    """Copy the ledger's not-yet-indexed records into one new index segment.
+    """Copy the ledger's not-yet-indexed records into new index segments.
 
     Reading a ledger opens every record file (about 1 ms each); an index segment holds many
     records in one file, so :func:`read_ledger_records` reads it at once and opens only the
     files written since. The record files stay the source of truth: they are never changed or
     removed, a segment is a derived, immutable copy published like any other file, and a
-    damaged segment is skipped with a warning (its files are then read one by one).
+    damaged or oversized segment is skipped with a warning (its files are then read one by
+    one). A large backlog is cut into several segments, each well inside
+    :data:`LEDGER_SEGMENT_LIMITS` (10,000 records, 2 million values per column, 128 MiB).
+    Several processes may index at once: their segments may then hold the same records, which
+    the readers read once (by ``record_id``).
 
     Returns:
-        The new segment, or ``None`` when every record was already indexed.
+        The last new segment, or ``None`` when every record was already indexed.
+
+    Raises:
+        UnsafePathError: the ledger folder or its ``_index`` folder is a symbolic link.
 
     Example:
         >>> import tempfile
@@ -793,34 +1354,41 @@ def index_ledger(path: PathLike) -> Path | None:
         1
     """
     folder = _ledger_folder(path)
-    _, covered = _read_index(folder)
+    _refuse_link(folder)
+    _refuse_link(folder / LEDGER_INDEX_DIR, folder)
+    _, covered = _read_index(folder, sources_only=True)
     pending = [f for f in _visible_parquet_files(folder) if f.name not in covered]
     tables = []
     for file in pending:
         try:
-            table = conform(_read_one(file), LEDGER_SCHEMA)
+            table = conform(_read_limited(file, LEDGER_RECORD_LIMITS, LEDGER_SCHEMA), LEDGER_SCHEMA)
         except (OSError, pa.ArrowException, ValueError):
-            continue  # unreadable files stay out of the index; readers report them
+            continue  # unreadable or oversized files stay out of the index; readers report them
         tables.append(table.append_column(_SOURCE_COLUMN, pa.array([file.name] * len(table))))
-    if not tables:
-        return None
-    segment = pa.concat_tables(tables).combine_chunks()
-    name = f"segment-{_utcnow().strftime('%Y%m%dT%H%M%S%fZ')}-{uuid.uuid4().hex[:12]}.parquet"
-    return publish_table(segment, folder / LEDGER_INDEX_DIR / name)
+    written = None
+    for batch in _segment_batches(tables):
+        segment = pa.concat_tables(batch).combine_chunks()
+        name = f"segment-{_utcnow().strftime('%Y%m%dT%H%M%S%fZ')}-{uuid.uuid4().hex[:12]}.parquet"
+        written = publish_table(segment, folder / LEDGER_INDEX_DIR / name)
+    return written
 
 
-def _read_one(file: Path) -> pa.Table:
-    # Reading the bytes first and decoding without threads is about twice as fast as
-    # pq.read_table for the small one-record files of a ledger.
-    with open(file, "rb") as handle:
-        return pq.ParquetFile(pa.BufferReader(handle.read())).read(use_threads=False)
+def _unique_records(table: pa.Table) -> pa.Table:
+    """Keep the first copy of every ``record_id`` (records without one are all kept)."""
+    ids = table.column("record_id")
+    if ids.null_count == 0 and len(pa.compute.unique(ids)) == len(ids):
+        return table
+    series = ids.to_pandas()
+    duplicate = series.duplicated(keep="first") & series.notna()
+    return table.filter(pa.array(~duplicate.to_numpy(dtype=bool)))
 
 
 def read_ledger_records(path: PathLike, *, events: Sequence[str] | None = None) -> pd.DataFrame:
-    """Read every record of a run ledger, oldest first.
+    """Read every record of a run ledger, oldest first, each record once.
 
     Records already copied into an index segment (:func:`index_ledger`) are read from it; the
-    others file by file.
+    others file by file. A record found several times (segments written by processes indexing
+    at the same time, a file copied under another name) is kept once, by ``record_id``.
 
     Args:
         path: the ledger folder, or an output folder holding ``ledger/``.
@@ -828,8 +1396,14 @@ def read_ledger_records(path: PathLike, *, events: Sequence[str] | None = None) 
             are not even opened, since their names say their event.
 
     Returns:
-        One row per record with the columns of :data:`LEDGER_SCHEMA`; unreadable files are
-        skipped with a warning naming them.
+        One row per record with the columns of :data:`LEDGER_SCHEMA`. Files that are
+        unreadable or over :data:`LEDGER_RECORD_LIMITS` are skipped with a
+        :class:`SkippedFileWarning` naming them and listed in ``attrs["skipped"]`` (empty:
+        every record file was read).
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        ValueError: ``path`` is empty, or ``events`` names an unknown event.
     """
     if events is not None and not set(events) <= set(LEDGER_EVENTS):
         raise ValueError(f"events={events!r} is invalid; expected a subset of {LEDGER_EVENTS}.")
@@ -844,11 +1418,14 @@ def read_ledger_records(path: PathLike, *, events: Sequence[str] | None = None) 
         segments = [
             t.filter(pa.compute.is_in(t.column("event"), value_set=wanted)) for t in segments
         ]
-    table = pa.concat_tables([*segments, read_parquet_files(pending, LEDGER_SCHEMA)])
-    frame = _to_pandas(table.combine_chunks())
+    skipped: list[str] = []
+    files = read_parquet_files(pending, LEDGER_SCHEMA, limits=LEDGER_RECORD_LIMITS, skipped=skipped)
+    table = _unique_records(pa.concat_tables([*segments, files]).combine_chunks())
+    frame = _to_pandas(table)
     if len(frame):
         frame = frame.sort_values(["written_at", "record_id"], kind="stable")
         frame = frame.reset_index(drop=True)
+    frame.attrs["skipped"] = skipped
     return frame
 
 

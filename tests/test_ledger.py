@@ -11,7 +11,7 @@ import pytest
 
 from lightning_pilot.core.ids import new_run_id
 from lightning_pilot.ledger import Ledger, find_failed_runs, fold_records
-from lightning_pilot.storage import write_ledger_record
+from lightning_pilot.storage import read_ledger_records, read_phase_table, write_ledger_record
 
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
@@ -146,6 +146,16 @@ def test_bad_ledger_arguments(tmp_path: Path) -> None:
         Ledger(tmp_path / "missing")
     with pytest.raises(ValueError, match=r"stale_after=-1 is invalid: expected seconds"):
         Ledger(tmp_path, stale_after=-1)
+
+
+@pytest.mark.parametrize("path", ["", " ", "\t\n"])
+def test_an_empty_path_is_refused_not_read_as_the_current_folder(path: str) -> None:
+    with pytest.raises(ValueError, match=r"path=.* is invalid: give the ledger folder"):
+        Ledger(path)
+    with pytest.raises(ValueError, match=r"path=.* is invalid"):
+        read_ledger_records(path)
+    with pytest.raises(ValueError, match=r"path=.* is invalid"):
+        read_phase_table(path)
 
 
 def test_an_unreadable_record_is_skipped_with_a_warning(ledger_dir: Path) -> None:

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import BinaryIO
 
 import pandas as pd
 import pyarrow as pa
@@ -73,6 +74,28 @@ def test_disk_full_during_publish_leaves_nothing_visible(
     monkeypatch.undo()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["good.parquet"]
     assert read_parquet_files([good]).num_rows == 1
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EROFS])
+def test_a_failed_clean_up_never_masks_the_write_error(tmp_path: Path, code: int) -> None:
+    # The write fails (a full disk, a read-only remount) and then so does removing the
+    # temporary file (here: something replaced it by a folder): the caller must see the first
+    # error, the one that says what went wrong.
+    def fail(handle: BinaryIO) -> None:
+        handle.write(b"partial")
+        tmp = Path(handle.name)
+        tmp.unlink()
+        tmp.mkdir()
+        raise OSError(code, os.strerror(code))
+
+    with pytest.raises(OSError, match=os.strerror(code)) as caught:
+        storage.publish_file(tmp_path / "a.parquet", fail)
+    assert caught.value.errno == code
+    assert not (tmp_path / "a.parquet").exists()
+    if sys.version_info >= (3, 11):
+        assert any("could not remove the temporary file" in n for n in caught.value.__notes__)
+    for leftover in tmp_path.iterdir():  # the folder that took the temporary file's place
+        leftover.rmdir()
 
 
 def test_eight_processes_publish_400_records_concurrently(tmp_path: Path) -> None:
@@ -287,8 +310,64 @@ def test_safe_join_refuses_a_symlink_out(tmp_path: Path) -> None:
     root = tmp_path / "root"
     root.mkdir()
     (root / "link").symlink_to(outside)
-    with pytest.raises(ValueError, match=r"outside the output folder"):
+    with pytest.raises(storage.UnsafePathError, match=r"link is a symbolic link"):
         safe_join(root, "link", "x")
+
+
+def _linked_out_dir(tmp_path: Path, component: str, *, inside: bool = False) -> tuple[Path, Path]:
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    target = out_dir / "elsewhere" if inside else tmp_path / "outside"
+    target.mkdir()
+    (out_dir / component).symlink_to(target, target_is_directory=True)
+    return out_dir, target
+
+
+@pytest.mark.parametrize("inside", [False, True])
+def test_a_symlinked_ledger_folder_is_refused_for_writes(tmp_path: Path, inside: bool) -> None:
+    out_dir, target = _linked_out_dir(tmp_path, "ledger", inside=inside)
+    record = {"run_id": new_run_id(), "event": "start", "status": "running"}
+    with pytest.raises(storage.UnsafePathError, match=r"out/ledger is a symbolic link") as caught:
+        write_ledger_record(out_dir / "ledger", record)
+    assert isinstance(caught.value, OSError)  # handled like a folder the pilot cannot write
+    assert list(target.iterdir()) == []  # nothing written through the link
+    with pytest.raises(storage.UnsafePathError, match=r"symbolic link"):
+        storage.index_ledger(out_dir / "ledger")
+
+
+@pytest.mark.parametrize("inside", [False, True])
+def test_a_symlinked_runs_folder_is_refused_like_the_ledger(tmp_path: Path, inside: bool) -> None:
+    out_dir, target = _linked_out_dir(tmp_path, "runs", inside=inside)
+    with pytest.raises(storage.UnsafePathError, match=r"out/runs is a symbolic link"):
+        safe_join(out_dir, "runs", new_run_id())
+    assert list(target.iterdir()) == []
+
+
+def test_a_symlinked_table_folder_is_refused(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    run_dir = tmp_path / "out" / "runs" / "r"
+    run_dir.mkdir(parents=True)
+    (run_dir / "phases.parquet").symlink_to(outside, target_is_directory=True)
+    with pytest.raises(storage.UnsafePathError, match=r"phases\.parquet is a symbolic link"):
+        write_snapshot(run_dir / "phases.parquet", pa.table({"x": [1]}), writer="w", seq=1)
+    assert list(outside.iterdir()) == []
+
+
+def test_an_output_folder_that_is_itself_a_link_is_fine(tmp_path: Path) -> None:
+    # Shared storage mounted through a link: out_dir is resolved once, links inside it refused.
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    out_dir = tmp_path / "pilot"
+    out_dir.symlink_to(shared, target_is_directory=True)
+    run_id = new_run_id()
+    assert safe_join(out_dir, "runs", run_id) == out_dir / "runs" / run_id
+    write_ledger_record(out_dir / "ledger", {"run_id": run_id, "event": "start"})
+    assert storage.index_ledger(out_dir / "ledger") is not None
+    write_snapshot(out_dir / "runs" / run_id / "phases.parquet", pa.table({"x": [1]}),
+                   writer="w", seq=1)  # fmt: skip
+    assert len(read_ledger_records(shared)) == 1
+    assert (shared / "runs" / run_id / "phases.parquet").is_dir()
 
 
 @pytest.mark.parametrize(
@@ -351,3 +430,19 @@ def test_reading_only_some_events_uses_file_names_and_the_index(tmp_path: Path) 
     assert sorted(ends["status"].tolist()) == ["completed", "failed"]
     with pytest.raises(ValueError, match=r"events=\('stop',\) is invalid"):
         read_ledger_records(tmp_path, events=("stop",))
+
+
+def test_index_segments_are_cut_within_their_limits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A backlog larger than one segment may hold is cut into several (3 records each here; 10,000
+    # in real use, well inside LEDGER_SEGMENT_LIMITS), and every record still reads once.
+    monkeypatch.setattr(storage, "_SEGMENT_ROWS", 3)
+    for seed in range(7):
+        write_ledger_record(tmp_path, _record(seed=seed))
+    last = storage.index_ledger(tmp_path)
+    assert last is not None
+    segments = sorted((tmp_path / "_index").glob("segment-*.parquet"))
+    assert sorted(pq.ParquetFile(s).metadata.num_rows for s in segments) == [1, 3, 3]
+    assert storage.index_ledger(tmp_path) is None
+    assert sorted(read_ledger_records(tmp_path)["seed"]) == list(range(7))
