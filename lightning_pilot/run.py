@@ -75,7 +75,9 @@ def _normalise_out_dir(value: object, argument: str = "out_dir") -> Path | None:
     text = os.fspath(value)
     if not isinstance(text, str) or not text.strip() or "\x00" in text:
         raise ValueError(f"{argument}={value!r} is invalid: give a non-empty folder path.")
-    return Path(os.path.abspath(os.path.expanduser(text)))
+    # Resolved once: out_dir itself may be a link (shared storage), and a link swapped there
+    # during the fit is not followed.
+    return Path(os.path.realpath(os.path.expanduser(text)))
 
 
 class PilotRun:
@@ -213,8 +215,9 @@ class PilotRun:
 
     @property
     def ledger_dir(self) -> Path:
-        """``<out_dir>/ledger``: the append-only run ledger."""
-        return self.out_dir / "ledger"
+        """``<out_dir>/ledger``: the append-only run ledger (a symbolic link there is refused,
+        as for ``runs/``: :func:`lightning_pilot.storage.safe_join`)."""
+        return storage.safe_join(self.out_dir, "ledger")
 
     @property
     def is_global_zero(self) -> bool:
@@ -807,6 +810,9 @@ class PilotCallback(Callback):
             run.adopt(self._pending_identity)
             self._pending_identity = None
         self._run = run
+        # A symbolic link inside out_dir (runs/ or ledger/) is refused here, before training,
+        # with storage.UnsafePathError naming it: one policy for both folders.
+        _ = run.run_dir, run.ledger_dir
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:

@@ -395,3 +395,25 @@ def test_hooks_set_on_the_instance_are_respected(make_trainer: Any) -> None:
     assert "on_train_batch_end" not in vars(fresh)
     make_trainer(max_steps=3, limit_val_batches=0, callbacks=[fresh]).fit(BoringModel())
     assert spy.call_count == 2
+
+
+@pytest.mark.parametrize("component", ["ledger", "runs"])
+def test_a_symlinked_folder_inside_out_dir_stops_the_fit_at_setup(
+    make_trainer: Any, tmp_path: Path, component: str
+) -> None:
+    """One policy for ledger/ and runs/: a link inside out_dir is refused before training,
+    and nothing is written through it."""
+    from lightning.pytorch.demos.boring_classes import BoringModel
+
+    from lightning_pilot import pilot_callbacks
+    from lightning_pilot.storage import UnsafePathError
+
+    out_dir, elsewhere = tmp_path / "pilot", tmp_path / "elsewhere"
+    out_dir.mkdir()
+    elsewhere.mkdir()
+    (out_dir / component).symlink_to(elsewhere, target_is_directory=True)
+    trainer = make_trainer(callbacks=pilot_callbacks(out_dir, resume=False))
+    with pytest.raises(UnsafePathError, match=rf"{component} is a symbolic link"):
+        trainer.fit(BoringModel())
+    assert trainer.global_step == 0
+    assert list(elsewhere.iterdir()) == []
