@@ -10,22 +10,21 @@ from typing import Any
 from lightning_pilot.callbacks.batch_inspector import BatchInspector
 from lightning_pilot.callbacks.divergence_ledger import DivergenceLedger
 from lightning_pilot.callbacks.effective_batch_accountant import EffectiveBatchAccountant
-from lightning_pilot.callbacks.overfit_tiny_subset import OverfitTinySubset
 from lightning_pilot.callbacks.phase_memory_monitor import PhaseMemoryMonitor
 from lightning_pilot.callbacks.resume_verifier import ResumeVerifier
+from lightning_pilot.core import validate
 from lightning_pilot.core.batches import BatchAdapter
 from lightning_pilot.run import PilotCallback
 
 __all__ = ["PILOT_OPTION_KEYS", "pilot_callbacks"]
 
-#: Option key -> (callback class, name of its batch-adapter argument, included by default).
-_CALLBACKS: dict[str, tuple[type[PilotCallback], str, bool]] = {
-    "phase_memory": (PhaseMemoryMonitor, "adapter", True),
-    "batch_inspector": (BatchInspector, "adapter", True),
-    "effective_batch": (EffectiveBatchAccountant, "adapter", True),
-    "resume": (ResumeVerifier, "adapter", True),
-    "ledger": (DivergenceLedger, "batch_adapter", True),
-    "overfit": (OverfitTinySubset, "adapter", False),
+#: Option key -> (callback class, name of its batch-adapter argument).
+_CALLBACKS: dict[str, tuple[type[PilotCallback], str]] = {
+    "phase_memory": (PhaseMemoryMonitor, "adapter"),
+    "batch_inspector": (BatchInspector, "adapter"),
+    "effective_batch": (EffectiveBatchAccountant, "adapter"),
+    "resume": (ResumeVerifier, "adapter"),
+    "ledger": (DivergenceLedger, "batch_adapter"),
 }
 
 #: The keys ``pilot_callbacks(**options)`` accepts, in the order the callbacks are returned.
@@ -33,6 +32,14 @@ PILOT_OPTION_KEYS: tuple[str, ...] = tuple(_CALLBACKS)
 
 # Arguments pilot_callbacks sets itself, so every callback shares them.
 _SHARED = {"out_dir", "adapter", "batch_adapter", "experiment", "variant", "seed"}
+
+# OverfitTinySubset replaces every batch of its fit: it cannot share the pilot's.
+_OVERFIT_APART = (
+    "OverfitTinySubset changes training (every batch of its fit is the same few examples), so"
+    " the other callbacks would measure, resume and record that instead of your training; it"
+    " must run in its own fit: Trainer(callbacks=[OverfitTinySubset(...)]).fit(model, ...), a"
+    " separate Trainer (docs/data-and-overfit.md)"
+)
 
 
 def _accepted(cls: type[PilotCallback]) -> list[str]:
@@ -42,9 +49,9 @@ def _accepted(cls: type[PilotCallback]) -> list[str]:
 
 def _options_for(key: str, value: object) -> dict[str, Any] | None:
     """The keyword arguments for one callback, or ``None`` when it is left out."""
-    cls, _, default = _CALLBACKS[key]
+    cls, _ = _CALLBACKS[key]
     if value is None:
-        return {} if default else None
+        return {}
     if isinstance(value, bool):
         return {} if value else None
     if not isinstance(value, Mapping):
@@ -89,13 +96,15 @@ def pilot_callbacks(
     checkpointing (give ``N >= at_step + compare_steps``, 4 with the defaults, for the
     comparison to run; with fewer updates its checks read ``not_checked`` with the reason).
 
-    :class:`~lightning_pilot.OverfitTinySubset` is left out by default because it changes
-    training on purpose (it trains and validates on a few fixed examples): pass
-    ``overfit=True`` (or ``overfit={...}``) to add it, in a pilot fit of its own.
+    :class:`~lightning_pilot.OverfitTinySubset` is never part of the set: it changes training
+    on purpose (every batch of its fit is the same few examples), so it needs a fit of its own,
+    with a separate Trainer: ``Trainer(callbacks=[OverfitTinySubset(...)]).fit(model, ...)``.
+    ``overfit=True`` or ``overfit={...}`` is refused with that explanation (``overfit=False``
+    is accepted: there is nothing to leave out).
 
     Options per callback go under one key each; a dict configures the callback, ``True`` adds it
     with its defaults, ``False`` leaves it out, and ``None`` (not given) means included with its
-    defaults for every callback except ``overfit``, which is then left out:
+    defaults:
 
     ============================  ==========================================
     key                           callback
@@ -105,7 +114,6 @@ def pilot_callbacks(
     ``effective_batch={...}``     :class:`~lightning_pilot.EffectiveBatchAccountant`
     ``resume={...}``              :class:`~lightning_pilot.ResumeVerifier`
     ``ledger={...}``              :class:`~lightning_pilot.DivergenceLedger`
-    ``overfit={...}``             :class:`~lightning_pilot.OverfitTinySubset` (off by default)
     ============================  ==========================================
 
     Args:
@@ -121,10 +129,12 @@ def pilot_callbacks(
 
     Raises:
         ValueError: an unknown key (the message lists the valid ones), an unknown option of a
-            callback, or an option set for every callback at once (``out_dir``, ``adapter``,
-            ``experiment``, ``variant``, ``seed``) given to one of them; the callbacks' own
+            callback, an option set for every callback at once (``out_dir``, ``adapter``,
+            ``experiment``, ``variant``, ``seed``) given to one of them, ``overfit=True`` or
+            ``overfit={...}`` (see above), or a shared argument out of range; the callbacks' own
             validation errors pass through.
-        TypeError: an option value that is not a dict or a bool.
+        TypeError: an option value that is not a dict or a bool, or a shared argument of the
+            wrong type.
 
     Example:
         >>> callbacks = pilot_callbacks(experiment="lr-sweep", variant="lr=1e-4", seed=0,
@@ -137,6 +147,11 @@ def pilot_callbacks(
         ...
         ValueError: pilot_callbacks(resum=...) is invalid: unknown option 'resum'; valid: ...
     """
+    owner = "pilot_callbacks"
+    overfit = options.pop("overfit", None)
+    if overfit is not None and overfit is not False:
+        expected = f"no overfit= option (or False); {_OVERFIT_APART}"
+        raise ValueError(validate.invalid(owner, "overfit", overfit, expected))
     unknown = sorted(name for name in options if name not in _CALLBACKS)
     if unknown:
         raise ValueError(
@@ -145,17 +160,18 @@ def pilot_callbacks(
             f" valid: {', '.join(PILOT_OPTION_KEYS)} (and out_dir, experiment, variant, seed,"
             " adapter)."
         )
-    if adapter is not None and not isinstance(adapter, BatchAdapter):
-        raise TypeError(
-            f"pilot_callbacks(adapter={adapter!r}) is invalid: expected a"
-            " lightning_pilot.BatchAdapter or None."
-        )
+    # Checked here, not only by the callbacks: they hold even when the ledger is left out.
+    validate.path(owner, "out_dir", out_dir)
+    validate.run_name(owner, "experiment", experiment)
+    validate.run_name(owner, "variant", variant)
+    validate.integer(owner, "seed", seed, minimum=0, optional=True)
+    validate.instance(owner, "adapter", adapter, BatchAdapter)
     configured = {key: _options_for(key, options.get(key)) for key in PILOT_OPTION_KEYS}
     callbacks: list[PilotCallback] = []
     for key, kwargs in configured.items():
         if kwargs is None:
             continue
-        cls, adapter_name, _ = _CALLBACKS[key]
+        cls, adapter_name = _CALLBACKS[key]
         kwargs = dict(kwargs, out_dir=out_dir)
         if adapter is not None:
             kwargs[adapter_name] = adapter

@@ -43,6 +43,7 @@ import pandas as pd
 
 from lightning_pilot import storage
 from lightning_pilot._version import __version__
+from lightning_pilot.core import validate
 from lightning_pilot.core.accounting import UpdatePlan, effective_batch_text
 from lightning_pilot.core.compare import FAILED_STATUSES, STATUS_ORDER, Comparison
 from lightning_pilot.core.phases import PHASES
@@ -187,19 +188,8 @@ def parse_size(text: str, name: str = "size") -> int:
         ...
         ValueError: gpu_memory='80 parsecs' is not a size: expected a number and a unit ...
     """
-    match = _SIZE.match(text) if isinstance(text, str) else None
-    unit = match.group(2).lower() if match else ""
-    # float() of 400 digits is inf, not an error: reject it before round() overflows.
-    size = float(match.group(1)) * _UNITS[unit] if match and unit in _UNITS else math.nan
-    if not size >= 1:
-        raise ValueError(
-            f"{name}={_shown(text)} is not a size: expected a number and a unit such as 80GiB,"
-            " 80GB, 141G or 24000MiB (K/M/G/T and KiB/MiB/GiB/TiB are powers of 1024,"
-            " KB/MB/GB/TB powers of 1000, no unit is bytes), of at least 1 byte."
-        )
-    if size > MAX_SIZE:
-        raise ValueError(f"{name}={_shown(text)} is too large: at most {MAX_SIZE:,} bytes (8 EiB).")
-    return round(size)
+    # One size parser (ASCII digits only: '١٢G' is not 12 GiB), shared with the constructors.
+    return validate.parse_size(text, name)
 
 
 def _null(value: Any) -> bool:

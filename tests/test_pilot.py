@@ -80,19 +80,10 @@ def test_default_set_order_and_shared_settings(tmp_path: Path) -> None:
     assert accountant.adapter is adapter
 
 
-def test_overfit_is_opt_in_and_callbacks_can_be_left_out() -> None:
-    callbacks = pilot_callbacks(overfit={"max_steps": 30}, resume=False, ledger=False)
+def test_callbacks_can_be_left_out() -> None:
+    callbacks = pilot_callbacks(resume=False, ledger=False)
     names = [type(c).__name__ for c in callbacks]
-    assert names == [
-        "PhaseMemoryMonitor",
-        "BatchInspector",
-        "EffectiveBatchAccountant",
-        "OverfitTinySubset",
-    ]
-    overfit = callbacks[-1]
-    assert isinstance(overfit, OverfitTinySubset)
-    assert overfit.max_steps == 30
-    assert OverfitTinySubset in {type(c) for c in pilot_callbacks(overfit=True)}
+    assert names == ["PhaseMemoryMonitor", "BatchInspector", "EffectiveBatchAccountant"]
     assert OverfitTinySubset not in {type(c) for c in pilot_callbacks()}
     assert set(PILOT_OPTION_KEYS) == {
         "phase_memory",
@@ -100,8 +91,24 @@ def test_overfit_is_opt_in_and_callbacks_can_be_left_out() -> None:
         "effective_batch",
         "resume",
         "ledger",
-        "overfit",
     }
+
+
+@pytest.mark.parametrize("value", [True, {}, {"max_steps": 30}])
+def test_overfit_is_refused_it_needs_a_fit_of_its_own(value: object) -> None:
+    # OverfitTinySubset replaces every batch of the fit: the other callbacks would measure,
+    # resume and record an 8-example training instead of the campaign's.
+    with pytest.raises(
+        ValueError,
+        match=r"pilot_callbacks\(overfit=.*\) is invalid: .*changes training.*its own fit"
+        r".*OverfitTinySubset\(\.\.\.\).*separate Trainer",
+    ):
+        pilot_callbacks(overfit=value)
+
+
+def test_overfit_false_is_accepted() -> None:
+    # Nothing to leave out: the pilot set never holds OverfitTinySubset.
+    assert len(pilot_callbacks(overfit=False)) == len(PILOT_OPTION_KEYS)
 
 
 @pytest.mark.parametrize(

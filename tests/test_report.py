@@ -357,3 +357,12 @@ def test_variant_costs_flag_a_variant_that_cuts_the_task(tmp_path: Path) -> None
     assert costs.loc["short", "step_s"] > 0
     text = variant_costs_text(costs.reset_index())
     assert "NO: truncated" in text
+
+
+def test_parse_size_takes_ascii_digits_only() -> None:
+    from lightning_pilot.report import parse_size
+
+    assert parse_size("12G") == 12 * 1024**3
+    for text in ("١٢G", "１２G"):  # Arabic-Indic and fullwidth digits are not sizes
+        with pytest.raises(ValueError, match="is not a size"):
+            parse_size(text)

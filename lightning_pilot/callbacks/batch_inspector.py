@@ -20,6 +20,7 @@ from torch.utils.hooks import RemovableHandle
 from typing_extensions import override
 
 from lightning_pilot import storage
+from lightning_pilot.core import validate
 from lightning_pilot.core.batches import BatchAdapter
 from lightning_pilot.core.checks import CheckResult
 from lightning_pilot.core.data_checks import (
@@ -67,14 +68,6 @@ EXAMPLES_SCHEMA: Final = storage.detail_schema(
 )
 
 GroupFn = Callable[[Any], Hashable]
-
-
-def _positive(name: str, value: object, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(
-            f"BatchInspector({name}={value!r}) is invalid: {name} must be an integer >= {minimum}."
-        )
-    return value
 
 
 def _loaders(value: Any) -> list[DataLoader[Any]]:
@@ -198,8 +191,10 @@ class BatchInspector(PilotCallback):
         out_dir: the output folder; default ``<trainer.default_root_dir>/pilot``.
 
     Raises:
-        ValueError: a count out of range, or ``num_classes`` and ``vocab_size`` both given.
-        TypeError: ``decode``/``group_fn`` not callable, ``adapter`` not a BatchAdapter.
+        ValueError: a count out of range, ``padding_warn`` outside [0, 1] or not finite, or
+            ``num_classes`` and ``vocab_size`` both given.
+        TypeError: a count that is not an int (a bool is not), ``padding_warn`` not a number,
+            ``decode``/``group_fn`` not callable, ``adapter`` not a BatchAdapter.
 
     Example:
         >>> import tempfile
@@ -234,39 +229,40 @@ class BatchInspector(PilotCallback):
         adapter: BatchAdapter | None = None,
         out_dir: str | os.PathLike[str] | None = None,
     ) -> None:
+        owner = "BatchInspector"
+        validate.path(owner, "out_dir", out_dir)
         super().__init__(out_dir=out_dir)
-        self.batches = _positive("batches", batches)
-        self.examples = _positive("examples", examples, 0)
-        self.max_examples = _positive("max_examples", max_examples)
-        for name, fn in (("decode", decode), ("group_fn", group_fn)):
-            if fn is not None and not callable(fn):
-                raise TypeError(f"BatchInspector({name}={fn!r}) is invalid: expected a callable.")
-        if num_classes is not None and vocab_size is not None:
+        self.batches = validate.integer(owner, "batches", batches, minimum=1)
+        self.examples = validate.integer(owner, "examples", examples, minimum=0)
+        self.max_examples = validate.integer(owner, "max_examples", max_examples, minimum=1)
+        self.decode = validate.callable_or_none(
+            owner, "decode", decode, "a callable fn(ids) -> str"
+        )
+        self.group_fn = validate.callable_or_none(
+            owner, "group_fn", group_fn, "a callable fn(item) -> key"
+        )
+        # Each is checked under its own name: the message names the argument that was given.
+        sizes = {
+            name: validate.integer(owner, name, value, minimum=2, optional=True)
+            for name, value in (("num_classes", num_classes), ("vocab_size", vocab_size))
+        }
+        if None not in sizes.values():
             raise ValueError(
                 f"BatchInspector(num_classes={num_classes!r}, vocab_size={vocab_size!r}) is"
-                " invalid: give one of them (both name the model's number of outputs)."
+                " invalid: expected one of them, not both (both name the model's number of"
+                " outputs)."
             )
-        size = num_classes if num_classes is not None else vocab_size
-        self.output_size = None if size is None else _positive("num_classes", size, 2)
-        self.max_length = None if max_length is None else _positive("max_length", max_length)
-        if pad_token_id is not None and (
-            isinstance(pad_token_id, bool) or not isinstance(pad_token_id, int)
-        ):
-            raise ValueError(
-                f"BatchInspector(pad_token_id={pad_token_id!r}) is invalid: expected an integer."
-            )
-        ok = isinstance(padding_warn, int | float) and not isinstance(padding_warn, bool)
-        if not ok or not 0.0 <= padding_warn <= 1.0:
-            raise ValueError(
-                f"BatchInspector(padding_warn={padding_warn!r}) is invalid: expected a fraction"
-                " in [0, 1]."
-            )
-        if adapter is not None and not isinstance(adapter, BatchAdapter):
-            raise TypeError(
-                f"BatchInspector(adapter={adapter!r}) is invalid: expected a BatchAdapter."
-            )
-        self.decode, self.group_fn = decode, group_fn
-        self.pad_token_id, self.padding_warn = pad_token_id, float(padding_warn)
+        self.output_size = sizes["num_classes"] or sizes["vocab_size"]
+        self.max_length = validate.integer(
+            owner, "max_length", max_length, minimum=1, optional=True
+        )
+        self.pad_token_id = validate.integer(
+            owner, "pad_token_id", pad_token_id, minimum=0, optional=True
+        )
+        self.padding_warn = validate.number(
+            owner, "padding_warn", padding_warn, minimum=0, maximum=1, hint="a fraction"
+        )
+        validate.instance(owner, "adapter", adapter, BatchAdapter)
         self.adapter = adapter or BatchAdapter()
         self._reset()
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping
-from typing import Any, Final, get_args
+from typing import Any, Final
 
 import lightning.pytorch as pl
 import pyarrow as pa
@@ -18,6 +18,7 @@ from torch.utils.hooks import RemovableHandle
 from typing_extensions import override
 
 from lightning_pilot import storage
+from lightning_pilot.core import validate
 from lightning_pilot.core.accounting import (
     KEEP_CHOICES,
     BatchConfig,
@@ -183,29 +184,19 @@ class EffectiveBatchAccountant(PilotCallback):
         token_spread_ratio: float = 1.5,
         out_dir: str | os.PathLike[str] | None = None,
     ) -> None:
+        owner = "EffectiveBatchAccountant"
+        validate.path(owner, "out_dir", out_dir)
         super().__init__(out_dir=out_dir)
-        if keep not in get_args(Keep):
-            raise ValueError(
-                f"EffectiveBatchAccountant(keep={keep!r}) is invalid: keep must be one of"
-                f" {', '.join(repr(k) for k in KEEP_CHOICES)}."
-            )
-        if adapter is not None and not isinstance(adapter, BatchAdapter):
-            raise TypeError(
-                f"EffectiveBatchAccountant(adapter={adapter!r}) is invalid: adapter must be a"
-                " lightning_pilot.core.batches.BatchAdapter or None."
-            )
-        ratio_ok = isinstance(token_spread_ratio, int | float) and not isinstance(
-            token_spread_ratio, bool
-        )
-        if not ratio_ok or not math.isfinite(token_spread_ratio) or token_spread_ratio < 1:
-            raise ValueError(
-                f"EffectiveBatchAccountant(token_spread_ratio={token_spread_ratio!r}) is"
-                " invalid: token_spread_ratio must be a finite number >= 1 (max/min tokens per"
-                " update)."
-            )
-        self.keep: Keep = keep
+        self.keep: Keep = validate.choice(owner, "keep", keep, KEEP_CHOICES)
+        validate.instance(owner, "adapter", adapter, BatchAdapter)
         self.adapter = adapter or BatchAdapter()
-        self.token_spread_ratio = float(token_spread_ratio)
+        self.token_spread_ratio = validate.number(
+            owner,
+            "token_spread_ratio",
+            token_spread_ratio,
+            minimum=1,
+            hint="max/min tokens per update",
+        )
         self._counter = UpdateCounter()
         self._loaded_counts: Mapping[str, Any] | None = None
         self._reset_fit()

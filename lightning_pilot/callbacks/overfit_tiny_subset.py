@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader, IterableDataset, default_collate
 from typing_extensions import override
 
 from lightning_pilot import storage
+from lightning_pilot.core import validate
 from lightning_pilot.core.batches import BatchAdapter
 from lightning_pilot.core.checks import CheckResult
 from lightning_pilot.core.data_checks import infer_output_size
@@ -58,24 +59,6 @@ OVERFIT_SCHEMA: Final = storage.detail_schema(
 
 PredictFn = Callable[[pl.LightningModule, Any], torch.Tensor]
 _HOOK: Final = "on_before_batch_transfer"
-
-
-def _number(name: str, value: object, low: float, high: float = math.inf) -> float:
-    ok = isinstance(value, int | float) and not isinstance(value, bool)
-    if not ok or not math.isfinite(float(value)) or not low < float(value) <= high:  # type: ignore[arg-type]
-        bound = f"in ({low:g}, {high:g}]" if math.isfinite(high) else f"> {low:g}"
-        raise ValueError(
-            f"OverfitTinySubset({name}={value!r}) is invalid: expected a number {bound}."
-        )
-    return float(value)  # type: ignore[arg-type]
-
-
-def _count(name: str, value: object, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(
-            f"OverfitTinySubset({name}={value!r}) is invalid: expected an integer >= {minimum}."
-        )
-    return value
 
 
 class OverfitTinySubset(PilotCallback):
@@ -195,32 +178,41 @@ class OverfitTinySubset(PilotCallback):
         adapter: BatchAdapter | None = None,
         out_dir: str | os.PathLike[str] | None = None,
     ) -> None:
+        owner = "OverfitTinySubset"
+        validate.path(owner, "out_dir", out_dir)
         super().__init__(out_dir=out_dir)
-        self.num_examples = _count("num_examples", num_examples)
-        self.seed = _count("seed", seed, 0)
-        self.max_steps = _count("max_steps", max_steps)
-        self.target_loss = None if target_loss is None else _number("target_loss", target_loss, 0)
-        self.target_fraction = _number("target_fraction", target_fraction, 0, 1)
-        self.required_recovery = _number("required_recovery", required_recovery, 0, 1)
-        self.check_every = _count("check_every", check_every)
-        self.batch_size = None if batch_size is None else _count("batch_size", batch_size)
-        self.num_classes = None if num_classes is None else _count("num_classes", num_classes, 2)
-        if not isinstance(shift_labels, bool):
-            raise TypeError(
-                f"OverfitTinySubset(shift_labels={shift_labels!r}) is invalid: expected a bool."
-            )
-        self.shift_labels = shift_labels
-        self.init_tolerance = _number("init_tolerance", init_tolerance, 1)
-        if predict_fn is not None and not callable(predict_fn):
-            raise TypeError(
-                f"OverfitTinySubset(predict_fn={predict_fn!r}) is invalid: expected a callable"
-                " fn(pl_module, batch) -> logits."
-            )
-        if adapter is not None and not isinstance(adapter, BatchAdapter):
-            raise TypeError(
-                f"OverfitTinySubset(adapter={adapter!r}) is invalid: expected a BatchAdapter."
-            )
-        self.predict_fn = predict_fn
+        self.num_examples = validate.integer(owner, "num_examples", num_examples, minimum=1)
+        self.seed = validate.integer(owner, "seed", seed, minimum=0)
+        self.max_steps = validate.integer(owner, "max_steps", max_steps, minimum=1)
+        self.target_loss = validate.number(
+            owner, "target_loss", target_loss, minimum=0, allow_minimum=False, optional=True
+        )
+        self.target_fraction = validate.number(
+            owner, "target_fraction", target_fraction, minimum=0, maximum=1, allow_minimum=False
+        )
+        self.required_recovery = validate.number(
+            owner,
+            "required_recovery",
+            required_recovery,
+            minimum=0,
+            maximum=1,
+            allow_minimum=False,
+        )
+        self.check_every = validate.integer(owner, "check_every", check_every, minimum=1)
+        self.batch_size = validate.integer(
+            owner, "batch_size", batch_size, minimum=1, optional=True
+        )
+        self.num_classes = validate.integer(
+            owner, "num_classes", num_classes, minimum=2, optional=True
+        )
+        self.shift_labels = validate.boolean(owner, "shift_labels", shift_labels)
+        self.init_tolerance = validate.number(
+            owner, "init_tolerance", init_tolerance, minimum=1, allow_minimum=False
+        )
+        self.predict_fn = validate.callable_or_none(
+            owner, "predict_fn", predict_fn, "a callable fn(pl_module, batch) -> logits"
+        )
+        validate.instance(owner, "adapter", adapter, BatchAdapter)
         self.adapter = adapter or BatchAdapter()
         self._reset()
 

@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader
 from typing_extensions import override
 
 from lightning_pilot import storage
-from lightning_pilot.core import checks
+from lightning_pilot.core import checks, validate
 from lightning_pilot.core.batches import BatchAdapter, BatchView
 from lightning_pilot.core.memory import (
     AcceleratorCounter,
@@ -210,52 +210,39 @@ class PhaseMemoryMonitor(PilotCallback):
         adapter: BatchAdapter | None = None,
         out_dir: str | os.PathLike[str] | None = None,
     ) -> None:
+        owner = "PhaseMemoryMonitor"
+        validate.path(owner, "out_dir", out_dir)
         super().__init__(out_dir=out_dir)
-        for name, value in (("pilot_updates", pilot_updates), ("memory_updates", memory_updates),
-                            ("sample_every", sample_every)):  # fmt: skip
-            if not isinstance(value, int) or isinstance(value, bool):
-                raise TypeError(
-                    f"PhaseMemoryMonitor({name}={value!r}) is invalid: expected an integer, got"
-                    f" {type(value).__name__}."
-                )
-        if pilot_updates < 2:
-            raise ValueError(
-                f"PhaseMemoryMonitor(pilot_updates={pilot_updates!r}) is invalid: measure at least"
-                " 2 updates (the first allocates the optimizer state; the peak comes later)."
-            )
-        if (
-            not isinstance(memory_updates, int)
-            or isinstance(memory_updates, bool)
-            or not 1 <= memory_updates <= pilot_updates
-        ):
-            raise ValueError(
-                f"PhaseMemoryMonitor(memory_updates={memory_updates!r}) is invalid: expected an"
-                f" integer from 1 to pilot_updates={pilot_updates}."
-            )
-        if not isinstance(sample_every, int) or isinstance(sample_every, bool) or sample_every < 0:
-            raise ValueError(
-                f"PhaseMemoryMonitor(sample_every={sample_every!r}) is invalid: expected an"
-                " integer >= 0 (0 stops measuring after the pilot window)."
-            )
-        if export is not None and not callable(export):
-            raise TypeError(
-                f"PhaseMemoryMonitor(export={export!r}) is invalid: expected a callable"
-                " fn(pl_module, directory) -> path or None."
-            )
-        if on_fail not in ("record", "raise"):
-            raise ValueError(
-                f"PhaseMemoryMonitor(on_fail={on_fail!r}) is invalid: expected 'record' or 'raise'."
-            )
-        if adapter is not None and not isinstance(adapter, BatchAdapter):
-            raise TypeError(
-                f"PhaseMemoryMonitor(adapter={adapter!r}) is invalid: expected a BatchAdapter."
-            )
-        self.pilot_updates = pilot_updates
-        self.sample_every = sample_every
-        self.memory_updates = memory_updates
-        self.export = export
-        self.on_fail = on_fail
-        self.track_cpu = bool(track_cpu)
+        self.pilot_updates = validate.integer(
+            owner,
+            "pilot_updates",
+            pilot_updates,
+            minimum=2,
+            hint="the first update allocates the optimizer state; the peak comes later",
+        )
+        self.sample_every = validate.integer(
+            owner,
+            "sample_every",
+            sample_every,
+            minimum=0,
+            hint="0 stops measuring after the pilot window",
+        )
+        self.memory_updates = validate.integer(
+            owner,
+            "memory_updates",
+            memory_updates,
+            minimum=1,
+            maximum=self.pilot_updates,
+            hint="at most pilot_updates",
+        )
+        self.export = validate.callable_or_none(
+            owner, "export", export, "a callable fn(pl_module, directory) -> path | None"
+        )
+        self.on_fail: Literal["record", "raise"] = validate.choice(
+            owner, "on_fail", on_fail, ("record", "raise")
+        )
+        self.track_cpu = validate.boolean(owner, "track_cpu", track_cpu)
+        validate.instance(owner, "adapter", adapter, BatchAdapter)
         self.adapter = adapter or BatchAdapter()
         self._reset()
 

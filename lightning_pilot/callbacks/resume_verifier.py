@@ -29,6 +29,7 @@ from lightning_pilot.callbacks._resume_process import (
     run_tasks,
     unsaved_arguments,
 )
+from lightning_pilot.core import validate
 from lightning_pilot.core.batches import BatchAdapter
 from lightning_pilot.core.checks import CheckResult
 from lightning_pilot.core.phases import judge
@@ -80,6 +81,19 @@ _STATE_REMEDIES = {
     "rng": "the RNG states differ after the resume: keep ResumeVerifier in the resumed Trainer"
     " so it restores them at train start",
 }
+
+
+def _factory(value: object) -> str | None:
+    """``"package.module:function"``: dotted identifiers on both sides of one colon."""
+    owner, expected = "ResumeVerifier", "'package.module:function'"
+    factory = validate.text(owner, "factory", value, optional=True, hint=expected)
+    if factory is None:
+        return None
+    module, colon, function = factory.partition(":")
+    parts = [*module.split("."), *function.split(".")]
+    if not colon or not all(part.isidentifier() for part in parts):
+        raise ValueError(validate.invalid(owner, "factory", value, expected))
+    return factory
 
 
 class ResumeVerifier(PilotCallback):
@@ -170,43 +184,29 @@ class ResumeVerifier(PilotCallback):
         adapter: BatchAdapter | None = None,
         out_dir: str | os.PathLike[str] | None = None,
     ) -> None:
+        owner = "ResumeVerifier"
+        validate.path(owner, "out_dir", out_dir)
         super().__init__(out_dir=out_dir)
-        for name, value, low in (
-            ("at_step", at_step, 1),
-            ("compare_steps", compare_steps, 1),
-            ("control_batches", control_batches, 1),
-        ):
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                raise ValueError(
-                    f"ResumeVerifier({name}={value!r}) is invalid: expected an integer >= {low}."
-                )
-        if factory is not None and (not isinstance(factory, str) or ":" not in factory):
-            raise ValueError(
-                f"ResumeVerifier(factory={factory!r}) is invalid: expected"
-                " 'package.module:function'."
-            )
-        if fallback not in ("none", "in_process"):
-            raise ValueError(
-                f"ResumeVerifier(fallback={fallback!r}) is invalid: expected 'none' or"
-                " 'in_process'."
-            )
-        for name, tol in (("atol", atol), ("rtol", rtol)):
-            if not isinstance(tol, int | float) or tol < 0:
-                raise ValueError(f"ResumeVerifier({name}={tol!r}) is invalid: expected >= 0.")
-        if export is not None and not callable(export):
-            raise TypeError(f"ResumeVerifier(export={export!r}) is invalid: expected a callable.")
-        if not isinstance(timeout_s, int | float) or timeout_s <= 0:
-            raise ValueError(f"ResumeVerifier(timeout_s={timeout_s!r}) is invalid: expected > 0.")
-        self.at_step = at_step
-        self.compare_steps = compare_steps
-        self.factory = factory
-        self.fallback = fallback
-        self.atol, self.rtol = float(atol), float(rtol)
-        self.epoch_boundary = bool(epoch_boundary)
-        self.check_artifact = check_artifact
-        self.export = export
-        self.control_batches = control_batches
-        self.timeout_s = float(timeout_s)
+        self.at_step = validate.integer(owner, "at_step", at_step, minimum=1)
+        self.compare_steps = validate.integer(owner, "compare_steps", compare_steps, minimum=1)
+        self.factory = _factory(factory)
+        self.fallback: Literal["none", "in_process"] = validate.choice(
+            owner, "fallback", fallback, ("none", "in_process")
+        )
+        self.atol = validate.number(owner, "atol", atol, minimum=0, hint="0 = exact")
+        self.rtol = validate.number(owner, "rtol", rtol, minimum=0, hint="0 = exact")
+        self.epoch_boundary = validate.boolean(owner, "epoch_boundary", epoch_boundary)
+        self.check_artifact = validate.boolean(owner, "check_artifact", check_artifact)
+        self.export = validate.callable_or_none(
+            owner, "export", export, "a callable fn(pl_module, directory) -> path"
+        )
+        self.control_batches = validate.integer(
+            owner, "control_batches", control_batches, minimum=1
+        )
+        self.timeout_s = validate.number(
+            owner, "timeout_s", timeout_s, minimum=0, allow_minimum=False, hint="seconds"
+        )
+        validate.instance(owner, "adapter", adapter, BatchAdapter)
         self.adapter = adapter or BatchAdapter()
         self._reset()
 

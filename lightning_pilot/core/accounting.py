@@ -29,6 +29,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, get_args
 
+from lightning_pilot.core import validate
 from lightning_pilot.core.checks import CheckResult
 
 __all__ = [
@@ -61,30 +62,8 @@ MAX_LISTED: Final = 20
 
 
 # --------------------------------------------------------------------------------------------
-# Argument checks
+# Argument checks (lightning_pilot.core.validate: a bool is never a count)
 # --------------------------------------------------------------------------------------------
-
-
-def _invalid(owner: str, name: str, value: object, requirement: str) -> str:
-    return f"{owner}({name}={value!r}) is invalid: {name} must be {requirement}."
-
-
-def _check_int(owner: str, name: str, value: object, *, minimum: int) -> int:
-    requirement = {0: "a non-negative integer", 1: "a positive integer"}.get(
-        minimum, f"an integer >= {minimum}"
-    )
-    # bool is an int subclass: micro_batch_size=True is a bug, not a batch of one.
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(_invalid(owner, name, value, requirement))
-    if value < minimum:
-        raise ValueError(_invalid(owner, name, value, requirement))
-    return value
-
-
-def _check_optional_int(owner: str, name: str, value: object, *, minimum: int) -> int | None:
-    if value is None:
-        return None
-    return _check_int(owner, name, value, minimum=minimum)
 
 
 def normalise_schedule(
@@ -109,25 +88,23 @@ def normalise_schedule(
     if isinstance(accumulate_grad_batches, Mapping):
         if not accumulate_grad_batches:
             raise ValueError(
-                _invalid(owner, name, accumulate_grad_batches, "an int or a non-empty {epoch: K}")
+                validate.invalid(
+                    owner,
+                    name,
+                    accumulate_grad_batches,
+                    "an integer >= 1 or a non-empty {epoch: K}",
+                )
             )
         pairs: dict[int, int] = {}
         for epoch, k in accumulate_grad_batches.items():
-            pairs[_check_int(owner, f"{name} epoch", epoch, minimum=0)] = _check_int(
-                owner, f"{name}[{epoch!r}]", k, minimum=1
-            )
+            first = validate.integer(owner, f"{name} epoch", epoch, minimum=0)
+            pairs[first] = validate.integer(owner, f"{name}[{epoch!r}]", k, minimum=1)
         pairs.setdefault(0, 1)
         return tuple(sorted(pairs.items()))
-    if isinstance(accumulate_grad_batches, bool) or not isinstance(accumulate_grad_batches, int):
-        raise TypeError(
-            _invalid(
-                owner,
-                name,
-                accumulate_grad_batches,
-                "a positive integer or an {epoch: K} schedule",
-            )
-        )
-    return ((0, _check_int(owner, name, accumulate_grad_batches, minimum=1)),)
+    k = validate.integer(
+        owner, name, accumulate_grad_batches, minimum=1, hint="or an {epoch: K} schedule"
+    )
+    return ((0, k),)
 
 
 def _k_at(schedule: Sequence[tuple[int, int]], epoch: int) -> int:
@@ -314,17 +291,17 @@ def plan_updates(
         100
     """
     owner = "plan_updates"
-    n = _check_int(owner, "dataset_size", dataset_size, minimum=1)
-    b = _check_int(owner, "micro_batch_size", micro_batch_size, minimum=1)
+    n = validate.integer(owner, "dataset_size", dataset_size, minimum=1)
+    b = validate.integer(owner, "micro_batch_size", micro_batch_size, minimum=1)
     schedule = normalise_schedule(accumulate_grad_batches, owner=owner)
-    replicas = _check_int(owner, "dp_replicas", dp_replicas, minimum=1)
-    n_epochs = _check_optional_int(owner, "epochs", epochs, minimum=1)
-    steps = _check_optional_int(owner, "max_steps", max_steps, minimum=0)
-    limit = _check_optional_int(owner, "limit_micro_batches", limit_micro_batches, minimum=0)
-    if not isinstance(drop_last, bool):
-        raise TypeError(_invalid(owner, "drop_last", drop_last, "True or False"))
-    if replica_split not in _REPLICA_SPLITS:
-        raise ValueError(_invalid(owner, "replica_split", replica_split, "'pad' or 'drop'"))
+    replicas = validate.integer(owner, "dp_replicas", dp_replicas, minimum=1)
+    n_epochs = validate.integer(owner, "epochs", epochs, minimum=1, optional=True)
+    steps = validate.integer(owner, "max_steps", max_steps, minimum=0, optional=True)
+    limit = validate.integer(
+        owner, "limit_micro_batches", limit_micro_batches, minimum=0, optional=True
+    )
+    validate.boolean(owner, "drop_last", drop_last)
+    validate.choice(owner, "replica_split", replica_split, _REPLICA_SPLITS)
     if n_epochs is None and steps is None:
         raise ValueError(
             f"{owner}(epochs=None, max_steps=None) is invalid: give epochs, max_steps or both"

@@ -40,6 +40,8 @@ from typing import Any, Final
 
 import torch
 
+from lightning_pilot.core import validate
+
 __all__ = ["BatchAdapter", "BatchView", "FieldSpec"]
 
 #: How to find a field: a dict key, a tuple/list index, or a callable on the whole batch.
@@ -80,6 +82,27 @@ class BatchView:
         return list(self.ids)
 
 
+_SPEC: Final = "a dict key (str), a tuple index (int), a callable batch -> value, or None"
+
+
+def _check_spec(name: str, spec: object) -> None:
+    """A field spec: a non-empty key, an int64 index (not a bool) or a callable."""
+    if spec is None or callable(spec):
+        return
+    if isinstance(spec, str):
+        if not spec:
+            raise ValueError(validate.invalid("BatchAdapter", name, spec, f"{_SPEC} (not '')"))
+        return
+    if isinstance(spec, int) and not isinstance(spec, bool):
+        validate.integer("BatchAdapter", name, spec, hint=_SPEC)
+        return
+    raise TypeError(
+        validate.invalid(
+            "BatchAdapter", name, spec, f"{_SPEC} for the defaults, got {type(spec).__name__}"
+        )
+    )
+
+
 class BatchAdapter:
     """Read ids, inputs, targets, masks and sizes from a batch of any layout.
 
@@ -91,8 +114,9 @@ class BatchAdapter:
         ignore_index: target value that does not count in the loss.
 
     Raises:
-        TypeError: a field spec that is not a str, int, callable or None.
-        ValueError: ``ignore_index`` that is not an int.
+        TypeError: a field spec that is not a str, int, callable or None (a bool is not an
+            index); ``ignore_index`` that is not an int.
+        ValueError: an empty key, or an index or ``ignore_index`` beyond 64 bits.
 
     Example:
         >>> import torch
@@ -113,18 +137,11 @@ class BatchAdapter:
     ) -> None:
         specs = {"ids": ids, "inputs": inputs, "targets": targets, "attention_mask": attention_mask}
         for name, spec in specs.items():
-            if spec is not None and not isinstance(spec, str | int) and not callable(spec):
-                raise TypeError(
-                    f"BatchAdapter({name}={spec!r}) is invalid: give a dict key (str), a tuple"
-                    " index (int), a callable batch -> value, or None for the defaults."
-                )
-        if not isinstance(ignore_index, int) or isinstance(ignore_index, bool):
-            raise ValueError(
-                f"BatchAdapter(ignore_index={ignore_index!r}) is invalid: expected an integer"
-                " such as -100."
-            )
+            _check_spec(name, spec)
         self._specs = specs
-        self.ignore_index = ignore_index
+        self.ignore_index = validate.integer(
+            "BatchAdapter", "ignore_index", ignore_index, hint="such as -100"
+        )
         # Dict batches: which key holds each field, per set of keys (a loader yields the same
         # keys every time, so the defaults are searched once).
         self._resolved: dict[tuple[Any, ...], tuple[tuple[Any, bool], ...]] = {}

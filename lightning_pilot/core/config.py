@@ -38,6 +38,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Final
 
+from lightning_pilot.core.validate import name_problem
+
 __all__ = [
     "canonical_params_json",
     "config_hash",
@@ -48,7 +50,6 @@ __all__ = [
 ]
 
 _HASH_DIGITS: Final = 16
-_MAX_NAME: Final = 200
 
 
 def _plain(value: Any, where: str) -> Any:
@@ -157,7 +158,9 @@ def validate_name(value: object, argument: str) -> str:
     """Check an experiment or variant name: a non-empty single-line string of printable text.
 
     Names are stored in ledger records, not used as paths (use
-    :func:`lightning_pilot.storage.sanitize_name` to put one in a file name).
+    :func:`lightning_pilot.storage.sanitize_name` to put one in a file name). The rule is
+    :func:`lightning_pilot.core.validate.run_name`'s, which constructors use to name their
+    argument as ``Owner(name=...)``.
 
     Raises:
         TypeError: not a string.
@@ -171,14 +174,13 @@ def validate_name(value: object, argument: str) -> str:
         ...
         ValueError: variant='a\\nb' is invalid: use 1 to 200 printable characters ...
     """
+    problem = name_problem(value)
+    if problem is None:
+        assert isinstance(value, str)
+        return value
     if not isinstance(value, str):
         raise TypeError(f"{argument} must be a string, got {type(value).__name__} {value!r}.")
-    if not value.strip() or len(value) > _MAX_NAME or not value.isprintable():
-        raise ValueError(
-            f"{argument}={value!r} is invalid: use 1 to {_MAX_NAME} printable characters on"
-            " one line (not only spaces)."
-        )
-    return value
+    raise ValueError(f"{argument}={value!r} is invalid: {problem}.")
 
 
 _SHA: Final = re.compile(r"[0-9a-f]{40}([0-9a-f]{24})?")

@@ -224,22 +224,34 @@ def test_composes_with_phase_memory_monitor_on_one_data_row(make_trainer: Any) -
         (
             {"examples": -1},
             ValueError,
-            r"examples=-1\) is invalid: examples must be an integer >= 0",
+            r"examples=-1\) is invalid: expected an integer >= 0",
         ),
         ({"max_examples": 0}, ValueError, r"max_examples=0\) is invalid"),
         ({"decode": "utf8"}, TypeError, r"decode='utf8'\) is invalid: expected a callable"),
         ({"group_fn": 3}, TypeError, r"group_fn=3\) is invalid"),
-        ({"num_classes": 4, "vocab_size": 4}, ValueError, "give one of them"),
+        ({"num_classes": 4, "vocab_size": 4}, ValueError, "expected one of them, not both"),
+        ({"batches": True}, TypeError, r"batches=True\) is invalid: expected an integer >= 1"),
         ({"num_classes": 1}, ValueError, r"num_classes=1\) is invalid"),
         ({"max_length": 0}, ValueError, r"max_length=0\) is invalid"),
-        ({"pad_token_id": "0"}, ValueError, r"pad_token_id='0'\) is invalid"),
-        ({"padding_warn": 2}, ValueError, r"padding_warn=2\) is invalid: expected a fraction"),
+        ({"pad_token_id": "0"}, TypeError, r"pad_token_id='0'\) is invalid"),
+        ({"pad_token_id": -1}, ValueError, r"pad_token_id=-1\) is invalid: .* >= 0 or None"),
+        ({"padding_warn": 2}, ValueError, r"padding_warn=2\) is invalid: .* from 0 to 1"),
+        ({"padding_warn": float("nan")}, ValueError, r"padding_warn=nan\) is invalid: .*finite"),
+        ({"padding_warn": "0.5"}, TypeError, r"padding_warn='0.5'\) is invalid"),
         ({"adapter": "x"}, TypeError, r"adapter='x'\) is invalid: expected a BatchAdapter"),
     ],
 )
 def test_invalid_arguments(kwargs: dict[str, Any], error: type[Exception], match: str) -> None:
     with pytest.raises(error, match=match):
         BatchInspector(**kwargs)
+
+
+@pytest.mark.parametrize("name", ["num_classes", "vocab_size"])
+def test_an_output_size_error_names_the_argument_given(name: str) -> None:
+    with pytest.raises(ValueError, match=rf"^BatchInspector\({name}=-1\) is invalid") as caught:
+        BatchInspector(**{name: -1})
+    other = ({"num_classes", "vocab_size"} - {name}).pop()
+    assert other not in str(caught.value)
 
 
 def test_custom_adapter_reads_renamed_fields(make_trainer: Any) -> None:

@@ -493,36 +493,65 @@ def test_missing_predictions_say_the_contract_and_leave_the_fit_whole(
 @pytest.mark.parametrize(
     ("kwargs", "error", "match"),
     [
-        ({"experiment": ""}, ValueError, r"experiment='' is invalid"),
-        ({"variant": None}, TypeError, r"variant must be a string, got NoneType"),
-        ({"seed": -1}, ValueError, r"DivergenceLedger\(seed=-1\) is invalid: expected an int >= 0"),
-        ({"seed": 1.5}, ValueError, r"seed=1.5\) is invalid"),
-        ({"params": {"lr": float("inf")}}, ValueError, r"params\['lr'\]=inf is not finite"),
-        ({"derived_from": "../x"}, ValueError, r"derived_from='../x' is not a run id"),
+        ({"experiment": ""}, ValueError, r"DivergenceLedger\(experiment=''\) is invalid"),
+        ({"variant": None}, TypeError, r"variant=None\) is invalid: expected a string .*NoneType"),
+        ({"variant": "a\nb"}, ValueError, r"variant='a\\nb'\) is invalid: expected 1 to 200"),
+        (
+            {"seed": -1},
+            ValueError,
+            r"DivergenceLedger\(seed=-1\) is invalid: expected an integer >= 0",
+        ),
+        ({"seed": 1.5}, TypeError, r"seed=1.5\) is invalid"),
+        (
+            {"params": {"lr": float("inf")}},
+            ValueError,
+            r"params=\{'lr': inf\}\) is invalid: .*params\['lr'\]=inf is not finite",
+        ),
+        ({"params": {"a": {1: 2}}}, TypeError, r"params\['a'\] has the key 1"),
+        ({"params": {"f": print}}, TypeError, r"params\['f'\] is a builtin_function_or_method"),
+        (
+            {"derived_from": "../x"},
+            ValueError,
+            r"derived_from='../x'\) is invalid: expected a run id",
+        ),
+        ({"derived_from": 3}, TypeError, r"derived_from=3\) is invalid"),
         (
             {"action": "halt"},
             ValueError,
-            r"action='halt'\) is invalid; expected one of \('stop', 'record'\)",
+            r"action='halt'\) is invalid: expected one of 'stop', 'record'",
         ),
-        ({"on_repeat": "raise"}, ValueError, r"on_repeat='raise'\) is invalid; expected one of"),
+        ({"on_repeat": "raise"}, ValueError, r"on_repeat='raise'\) is invalid: expected one of"),
         (
             {"heartbeat_every": 0},
             ValueError,
-            r"heartbeat_every=0\) is invalid: expected an int >= 1 \(updates\) or None",
+            r"heartbeat_every=0\) is invalid: expected an integer >= 1 or None \(updates\)",
         ),
-        ({"check_every": 0}, ValueError, r"check_every=0\) is invalid: expected an int >= 1"),
-        ({"check_every": None}, ValueError, r"check_every=None\) is invalid"),
+        ({"check_every": 0}, ValueError, r"check_every=0\) is invalid: expected an integer >= 1"),
+        ({"check_every": None}, TypeError, r"check_every=None\) is invalid"),
         (
             {"heartbeat_seconds": -1},
             ValueError,
-            r"heartbeat_seconds=-1\) is invalid: expected a finite number of seconds >= 0",
+            r"heartbeat_seconds=-1\) is invalid: expected a finite number >= 0 \(seconds\)",
         ),
-        ({"save_predictions": "yes"}, TypeError, r"save_predictions='yes'\) must be a bool"),
-        ({"predictions_fn": 3}, TypeError, r"predictions_fn=3\) must be a callable"),
-        ({"predictions_key": ""}, ValueError, r"predictions_key=''\) must be a non-empty str"),
-        ({"batch_adapter": "ids"}, TypeError, r"batch_adapter='ids'\) must be a BatchAdapter"),
-        ({"val_metrics": "val_loss"}, TypeError, r"val_metrics='val_loss'\) must be a list"),
-        ({"rules": {"window": 3}}, TypeError, r"rules must be a DivergenceRules or None"),
+        ({"save_predictions": "yes"}, TypeError, r"save_predictions='yes'\) is invalid: expected"),
+        ({"predictions_fn": 3}, TypeError, r"predictions_fn=3\) is invalid: expected a callable"),
+        ({"predictions_key": ""}, ValueError, r"predictions_key=''\) is invalid: expected a non"),
+        (
+            {"batch_adapter": "ids"},
+            TypeError,
+            r"batch_adapter='ids'\) is invalid: expected a Batch",
+        ),
+        (
+            {"val_metrics": "val_loss"},
+            TypeError,
+            r"val_metrics='val_loss'\) is invalid: expected a",
+        ),
+        ({"val_metrics": ["val", ""]}, ValueError, r"val_metrics=\['val', ''\]\) is invalid"),
+        (
+            {"rules": {"window": 3}},
+            TypeError,
+            r"rules=\{'window': 3\}\) is invalid: expected a Div",
+        ),
     ],
 )
 def test_bad_arguments_are_refused(
@@ -530,6 +559,26 @@ def test_bad_arguments_are_refused(
 ) -> None:
     with pytest.raises(error, match=match):
         ledger_cb(**kwargs)
+
+
+def test_params_that_are_not_a_dict_are_named() -> None:
+    with pytest.raises(TypeError) as caught:
+        ledger_cb(params=[1, 2])
+    assert str(caught.value).startswith(
+        "DivergenceLedger(params=[1, 2]) is invalid: expected a dict of str -> scalar"
+    )
+
+
+@pytest.mark.parametrize("value", ["no", "", 1, 0, None])
+def test_save_predictions_takes_only_a_bool(value: object) -> None:
+    with pytest.raises(TypeError, match=r"DivergenceLedger\(save_predictions="):
+        ledger_cb(save_predictions=value)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), pytest.param(10**400, id="10**400")])
+def test_heartbeat_seconds_must_be_finite(value: float) -> None:
+    with pytest.raises(ValueError, match=r"DivergenceLedger\(heartbeat_seconds=.*finite"):
+        ledger_cb(heartbeat_seconds=value)
 
 
 def test_state_keys_differ_per_variant() -> None:

@@ -629,7 +629,8 @@ def test_state_keys_differ_per_configuration() -> None:
         ({"adapter": "ids"}, TypeError, r"adapter='ids'.*BatchAdapter"),
         ({"token_spread_ratio": 0.5}, ValueError, r"token_spread_ratio=0.5.*>= 1"),
         ({"token_spread_ratio": float("nan")}, ValueError, r"token_spread_ratio=nan"),
-        ({"token_spread_ratio": "2"}, ValueError, r"token_spread_ratio='2'"),
+        ({"token_spread_ratio": "2"}, TypeError, r"token_spread_ratio='2'"),
+        ({"keep": None}, TypeError, r"keep=None\) is invalid: expected one of"),
     ],
 )
 def test_bad_arguments_fail_at_construction(
@@ -637,6 +638,12 @@ def test_bad_arguments_fail_at_construction(
 ) -> None:
     with pytest.raises(error, match=match):
         EffectiveBatchAccountant(**kwargs)
+
+
+@pytest.mark.parametrize("value", [float("inf"), pytest.param(10**400, id="10**400")])
+def test_token_spread_ratio_must_be_finite(value: float) -> None:
+    with pytest.raises(ValueError, match=r"EffectiveBatchAccountant\(token_spread_ratio=.*finite"):
+        EffectiveBatchAccountant(token_spread_ratio=value)
 
 
 def test_a_loader_that_refills_one_mask_buffer_is_counted_batch_by_batch(

@@ -268,18 +268,19 @@ def test_a_trainer_that_stops_before_the_budget_gives_no_false_fail(make_trainer
         (
             {"target_loss": -1.0},
             ValueError,
-            r"target_loss=-1.0\) is invalid: expected a number > 0",
+            r"target_loss=-1.0\) is invalid: expected a finite number > 0 or None",
         ),
         ({"target_fraction": 1.5}, ValueError, r"target_fraction=1.5\) is invalid: .* \(0, 1\]"),
         ({"required_recovery": 0}, ValueError, r"required_recovery=0\) is invalid"),
         ({"check_every": 0}, ValueError, r"check_every=0\) is invalid"),
         ({"batch_size": 0}, ValueError, r"batch_size=0\) is invalid"),
         ({"num_classes": 1}, ValueError, r"num_classes=1\) is invalid"),
-        ({"shift_labels": "yes"}, TypeError, r"shift_labels='yes'\) is invalid: expected a bool"),
+        ({"shift_labels": "yes"}, TypeError, r"shift_labels='yes'\) is invalid: expected True or"),
+        ({"seed": 1.0}, TypeError, r"seed=1.0\) is invalid: expected an integer >= 0"),
         (
             {"init_tolerance": 1},
             ValueError,
-            r"init_tolerance=1\) is invalid: expected a number > 1",
+            r"init_tolerance=1\) is invalid: expected a finite number > 1",
         ),
         ({"predict_fn": 3}, TypeError, r"predict_fn=3\) is invalid: expected a callable"),
         ({"adapter": "x"}, TypeError, r"adapter='x'\) is invalid: expected a BatchAdapter"),
@@ -288,3 +289,12 @@ def test_a_trainer_that_stops_before_the_budget_gives_no_false_fail(make_trainer
 def test_invalid_arguments(kwargs: dict[str, Any], error: type[Exception], match: str) -> None:
     with pytest.raises(error, match=match):
         OverfitTinySubset(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "name", ["target_loss", "target_fraction", "required_recovery", "init_tolerance"]
+)
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), pytest.param(10**400, id="10**400")])
+def test_float_options_must_be_finite(name: str, value: float) -> None:
+    with pytest.raises(ValueError, match=rf"OverfitTinySubset\({name}=.*finite"):
+        OverfitTinySubset(**{name: value})

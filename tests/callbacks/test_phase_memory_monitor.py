@@ -481,14 +481,23 @@ def test_summary_scalars_reach_the_logger(make_trainer: Any, tmp_path: Path) -> 
 @pytest.mark.parametrize(
     ("kwargs", "error", "match"),
     [
-        ({"pilot_updates": 1}, ValueError, r"pilot_updates=1\) is invalid: measure at least 2"),
+        (
+            {"pilot_updates": 1},
+            ValueError,
+            r"pilot_updates=1\) is invalid: expected an integer >= 2 \(the first update allocates",
+        ),
+        (
+            {"memory_updates": 4},
+            ValueError,
+            r"memory_updates=4\) is invalid: expected an integer from 1 to 3 \(at most pilot_up",
+        ),
         (
             {"sample_every": -1},
             ValueError,
             r"sample_every=-1\) is invalid: expected an integer >= 0",
         ),
         ({"export": "model.pt"}, TypeError, r"export='model.pt'\) is invalid: expected a callable"),
-        ({"on_fail": "stop"}, ValueError, r"on_fail='stop'\) is invalid: expected 'record' or"),
+        ({"on_fail": "stop"}, ValueError, r"on_fail='stop'\) is invalid: expected one of 'rec"),
         ({"adapter": {"ids": "x"}}, TypeError, r"adapter=\{'ids': 'x'\}\) is invalid"),
     ],
 )
@@ -516,9 +525,15 @@ def test_limit_val_batches_int_is_a_batch_count(
 def test_non_integer_counts_are_type_errors(name: str) -> None:
     with pytest.raises(
         TypeError,
-        match=rf"PhaseMemoryMonitor\({name}='3'\) is invalid: expected an integer, got str",
+        match=rf"PhaseMemoryMonitor\({name}='3'\) is invalid: expected an integer .*, got str",
     ):
         PhaseMemoryMonitor(**{name: "3"})
+
+
+@pytest.mark.parametrize("value", ["no", 0, 1, None])
+def test_track_cpu_takes_only_a_bool(value: object) -> None:
+    with pytest.raises(TypeError, match=r"PhaseMemoryMonitor\(track_cpu=.*expected True or False"):
+        PhaseMemoryMonitor(track_cpu=value)
 
 
 class VectorData(Dataset[torch.Tensor]):

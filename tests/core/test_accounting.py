@@ -219,7 +219,7 @@ def test_plan_matches_a_sample_by_sample_simulation(
 @pytest.mark.parametrize(
     ("kwargs", "error", "match"),
     [
-        ({"dataset_size": 0}, ValueError, r"plan_updates\(dataset_size=0\).*positive integer"),
+        ({"dataset_size": 0}, ValueError, r"plan_updates\(dataset_size=0\).*an integer >= 1"),
         ({"dataset_size": 3.5}, TypeError, r"dataset_size=3.5"),
         ({"micro_batch_size": True}, TypeError, r"micro_batch_size=True"),
         ({"accumulate_grad_batches": 0}, ValueError, r"accumulate_grad_batches=0"),
@@ -230,9 +230,12 @@ def test_plan_matches_a_sample_by_sample_simulation(
         ({"dp_replicas": 0}, ValueError, r"dp_replicas=0"),
         ({"epochs": 0}, ValueError, r"epochs=0"),
         ({"epochs": None, "max_steps": None}, ValueError, r"give epochs, max_steps or both"),
-        ({"max_steps": -1}, ValueError, r"max_steps=-1.*non-negative"),
+        ({"max_steps": -1}, ValueError, r"max_steps=-1.*an integer >= 0 or None"),
         ({"drop_last": 1}, TypeError, r"drop_last=1.*True or False"),
-        ({"replica_split": "even"}, ValueError, r"replica_split='even'.*'pad' or 'drop'"),
+        ({"replica_split": "even"}, ValueError, r"replica_split='even'.*one of 'pad', 'drop'"),
+        ({"replica_split": None}, TypeError, r"replica_split=None.*one of 'pad', 'drop'"),
+        ({"dataset_size": 10**400}, ValueError, r"dataset_size=1000.*64 bits"),
+        ({"accumulate_grad_batches": {"0": 2}}, TypeError, r"accumulate_grad_batches epoch='0'"),
         ({"limit_micro_batches": -2}, ValueError, r"limit_micro_batches=-2"),
     ],
 )

@@ -69,7 +69,11 @@ def test_overrides_by_key_index_and_callable() -> None:
     ("kwargs", "error", "match"),
     [
         ({"ids": 1.5}, TypeError, r"BatchAdapter\(ids=1.5\) is invalid"),
-        ({"ignore_index": "x"}, ValueError, r"BatchAdapter\(ignore_index='x'\) is invalid"),
+        ({"inputs": True}, TypeError, r"BatchAdapter\(inputs=True\) is invalid: expected a dict"),
+        ({"targets": ""}, ValueError, r"BatchAdapter\(targets=''\) is invalid"),
+        ({"ignore_index": "x"}, TypeError, r"BatchAdapter\(ignore_index='x'\) is invalid"),
+        ({"ignore_index": 1.0}, TypeError, r"ignore_index=1.0\) is invalid: expected an integer"),
+        ({"ignore_index": 2**63}, ValueError, r"ignore_index=9223372036854775808\) .* 64 bits"),
     ],
 )
 def test_bad_arguments(kwargs: dict[str, Any], error: type, match: str) -> None:
