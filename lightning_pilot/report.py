@@ -76,23 +76,6 @@ SHEET_NAME: Final = "sheet.md"
 #: to its end (``diverged``, ``oom``, ``failed``; see ``docs/ledger.md``).
 GATE_STATUSES: Final = FAILED_STATUSES
 
-_UNITS: Final = {
-    "": 1,
-    "b": 1,
-    "k": 1024,
-    "kib": 1024,
-    "kb": 1000,
-    "m": 1024**2,
-    "mib": 1024**2,
-    "mb": 1000**2,
-    "g": 1024**3,
-    "gib": 1024**3,
-    "gb": 1000**3,
-    "t": 1024**4,
-    "tib": 1024**4,
-    "tb": 1000**4,
-}
-_SIZE: Final = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 #: The largest size :func:`parse_size` accepts: what a signed 64-bit byte count holds (8 EiB).
 MAX_SIZE: Final = 2**63 - 1
 #: The longest a value from a file prints (:func:`terminal_safe`), in a line and in a table cell.
