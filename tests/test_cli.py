@@ -610,3 +610,18 @@ def test_terminal_safe_escapes_and_caps() -> None:
     assert capped.endswith("more chars]")
     assert terminal_safe(capped, limit=100) == capped  # idempotent
     assert terminal_safe("\udcff") == "\\udcff"  # an undecodable byte from a file name
+
+
+def test_reading_a_pilot_folder_never_imports_torch(tmp_path: Path) -> None:
+    """`lightning-pilot show` and the readers stay light: no torch, no Lightning."""
+    code = (
+        "import sys\n"
+        "from lightning_pilot import cli, report, ledger, storage\n"
+        f"cli.main(['show', {str(tmp_path)!r}])\n"
+        "heavy = sorted(m for m in ('torch', 'lightning') if m in sys.modules)\n"
+        "print('heavy:', heavy)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=120
+    )
+    assert "heavy: []" in done.stdout, done.stdout + done.stderr

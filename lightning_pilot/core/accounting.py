@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Literal, get_args
 
 from lightning_pilot.core import validate
-from lightning_pilot.core.checks import CheckResult
+from lightning_pilot.core.phases import CheckResult
 
 __all__ = [
     "KEEP_CHOICES",

@@ -16,10 +16,11 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from lightning_pilot.core.phases import CheckResult
 
 __all__ = [
     "CheckResult",
@@ -33,19 +34,6 @@ __all__ = [
 ]
 
 _MAX_NAMES = 8
-
-
-@dataclass(frozen=True)
-class CheckResult:
-    """One named check: ``pass``, ``warn``, ``fail`` or ``not_checked``, and why."""
-
-    name: str
-    verdict: str
-    detail: str = ""
-
-    def as_row(self) -> dict[str, str]:
-        """The form stored in the phase table's ``checks`` column."""
-        return {"name": self.name, "verdict": self.verdict, "detail": self.detail}
 
 
 def _names(names: Sequence[str]) -> str:

@@ -40,6 +40,24 @@ PHASES: Final[tuple[str, ...]] = get_args(Phase)
 VERDICTS: Final[tuple[str, ...]] = get_args(Verdict)
 COUNTERS: Final[tuple[str, ...]] = get_args(Counter)
 
+
+@dataclass(frozen=True)
+class CheckResult:
+    """One named check: ``pass``, ``warn``, ``fail`` or ``not_checked``, and why.
+
+    It lives here, beside the verdict vocabulary and free of torch, so that readers (the
+    command line, reports) never import torch; :mod:`lightning_pilot.core.checks` re-exports it.
+    """
+
+    name: str
+    verdict: str
+    detail: str = ""
+
+    def as_row(self) -> dict[str, str]:
+        """The form stored in the phase table's ``checks`` column."""
+        return {"name": self.name, "verdict": self.verdict, "detail": self.detail}
+
+
 # A failed check outranks a warning, which outranks a pass. ``not_checked`` only wins when
 # nothing was checked at all: one real measurement says more than an absent one.
 _SEVERITY: Final[dict[str, int]] = {"not_checked": 0, "pass": 1, "warn": 2, "fail": 3}
