@@ -32,6 +32,7 @@ from lightning_pilot.core.data_checks import (
     class_histogram,
     example_rows,
     find_causal_lm,
+    find_encoder_decoder,
     infer_output_size,
     input_fingerprint,
     label_relations,
@@ -319,6 +320,7 @@ class BatchInspector(PilotCallback):
                 pad_token_id=self.pad_token_id,
                 padding_warn=self.padding_warn,
                 causal_lm=self._causal_lm,
+                encoder_decoder=find_encoder_decoder(pl_module),
             )
         has_val = trainer.limit_val_batches != 0 and is_overridden("validation_step", pl_module)
         self._val_done = not has_val

@@ -56,6 +56,7 @@ __all__ = [
     "class_histogram",
     "example_rows",
     "find_causal_lm",
+    "find_encoder_decoder",
     "find_shared",
     "infer_output_size",
     "input_fingerprint",
@@ -174,6 +175,24 @@ def find_causal_lm(module: nn.Module) -> tuple[str, nn.Module] | None:
             for base in cls.__mro__
         ):
             return name, sub
+    return None
+
+
+def find_encoder_decoder(module: nn.Module) -> str | None:
+    """The first submodule whose ``config.is_encoder_decoder`` is true (a Hugging Face
+    seq2seq model such as T5 or BART), named as ``Class at 'path'``; ``None`` when there is none.
+
+    Its ``labels`` are decoder targets: the encoder's ``input_ids`` and ``attention_mask`` do not
+    describe them, even when both are padded to the same length.
+
+    Example:
+        >>> find_encoder_decoder(nn.Sequential(nn.Linear(2, 2))) is None
+        True
+    """
+    for name, sub in module.named_modules():
+        if getattr(getattr(sub, "config", None), "is_encoder_decoder", False) is True:
+            cls = type(sub).__name__
+            return f"{cls} at '{name}'" if name else cls
     return None
 
 
@@ -372,8 +391,13 @@ def check_attention_mask(
     *,
     ignore_index: int,
     pad_token_id: int | None = None,
+    labels_unaligned: str | None = None,
 ) -> list[CheckResult]:
     """The mask fits the inputs, marks padding as a contiguous block, and padding is not a target.
+
+    ``labels_unaligned`` (why the targets are not aligned with the inputs, e.g. the decoder
+    targets of an encoder-decoder model) makes ``padding_not_in_loss`` ``not_checked``: the
+    mask describes the inputs, not those targets.
 
     Checks: ``attention_mask_shape`` (same shape as token inputs), ``attention_mask_values``
     (only 0 and 1), ``attention_mask_contiguous`` (each row is real tokens then padding, or
@@ -431,7 +455,9 @@ def check_attention_mask(
             )
         else:
             results.append(CheckResult("padding_token_masked", "pass", ""))
-    if _is_int_tensor(targets) and targets.shape == mask.shape:
+    if labels_unaligned is not None and _is_int_tensor(targets):
+        results.append(CheckResult("padding_not_in_loss", "not_checked", labels_unaligned))
+    elif _is_int_tensor(targets) and targets.shape == mask.shape:
         counted = int(((real == 0) & (targets.detach().cpu() != ignore_index)).sum())
         if counted:
             results.append(
@@ -876,6 +902,10 @@ class SplitInspection:
         pad_token_id: the padding token (``None``: not checked).
         padding_warn: warn when more than this fraction of positions is padding.
         causal_lm: a Hugging Face causal LM found in the module, named by ``label_shift``.
+        encoder_decoder: a seq2seq model found in the module (:func:`find_encoder_decoder`):
+            its labels are decoder targets, so the checks that compare labels with the inputs
+            or their mask (``padding_not_in_loss``, ``instruction_masked``, ``label_shift``)
+            read ``not_checked`` with that reason.
 
     Example:
         >>> import torch
@@ -900,9 +930,16 @@ class SplitInspection:
         pad_token_id: int | None = None,
         padding_warn: float = 0.5,
         causal_lm: str | None = None,
+        encoder_decoder: str | None = None,
     ) -> None:
         self.split = split
         self.causal_lm = causal_lm
+        self.unaligned = (
+            None
+            if encoder_decoder is None
+            else f"{encoder_decoder} is an encoder-decoder model: its labels are decoder targets,"
+            " which the encoder's input_ids and attention_mask do not describe"
+        )
         self._relations: Counter[str] = Counter()
         self.ignore_index = ignore_index
         self.output_size = output_size
@@ -950,6 +987,7 @@ class SplitInspection:
                 targets,
                 ignore_index=self.ignore_index,
                 pad_token_id=self.pad_token_id,
+                labels_unaligned=self.unaligned,
             ):
                 self._keep(result)
             self._padding[0] += int((mask == 0).sum())
@@ -977,7 +1015,10 @@ class SplitInspection:
         if self.batches == 0:
             return [CheckResult(f"{self.split}/batches", "not_checked", "no batch was inspected")]
         results = list(self._worst.values())
-        if self._sequence:
+        if self._sequence and self.unaligned is not None:
+            results.append(CheckResult("instruction_masked", "not_checked", self.unaligned))
+            results.append(CheckResult("label_shift", "not_checked", self.unaligned))
+        elif self._sequence:
             results.append(
                 _masking(
                     self._real_tokens, self._equal_tokens, self._masked_tokens, self.ignore_index

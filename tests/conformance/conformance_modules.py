@@ -32,6 +32,8 @@ from transformers import (
     GPT2LMHeadModel,
     ResNetConfig,
     ResNetForImageClassification,
+    T5Config,
+    T5ForConditionalGeneration,
 )
 
 SEQ_LEN = 16
@@ -618,3 +620,88 @@ class LoRAClassifier(pl.LightningModule):
     def configure_optimizers(self) -> torch.optim.Optimizer:
         adapter = [*self.lora_a.parameters(), *self.lora_b.parameters()]
         return torch.optim.AdamW(adapter, lr=self.hparams["lr"])
+
+
+# ------------------------------------------------------------------------------------------------
+# i. Hugging Face encoder-decoder (T5): labels are decoder targets, padded like the inputs
+# ------------------------------------------------------------------------------------------------
+
+
+class TranslationPairs(Dataset[dict[str, Tensor]]):
+    """Source and target token sequences of their own lengths, both padded to ``SEQ_LEN`` (the
+    ``padding="max_length"`` pattern): labels hold -100 past the target, not past the source."""
+
+    def __init__(self, size: int, seed: int) -> None:
+        generator = torch.Generator().manual_seed(seed)
+        self.items = []
+        for _ in range(size):
+            source_len = int(torch.randint(4, SEQ_LEN, (1,), generator=generator))
+            target_len = int(torch.randint(3, SEQ_LEN, (1,), generator=generator))
+            source = torch.randint(2, VOCAB, (source_len,), generator=generator)
+            target = torch.randint(2, VOCAB, (target_len,), generator=generator)
+            input_ids = torch.full((SEQ_LEN,), PAD, dtype=torch.long)
+            attention_mask = torch.zeros(SEQ_LEN, dtype=torch.long)
+            labels = torch.full((SEQ_LEN,), -100, dtype=torch.long)
+            input_ids[: len(source)] = source
+            attention_mask[: len(source)] = 1
+            labels[: len(target)] = target
+            self.items.append(
+                {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+            )
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, index: int) -> dict[str, Tensor]:
+        return self.items[index]
+
+
+class TranslationDataModule(pl.LightningDataModule):
+    def __init__(self, batch_size: int = BATCH) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+
+    def setup(self, stage: str) -> None:
+        self.train = TranslationPairs(32, seed=5)
+        self.val = TranslationPairs(8, seed=6)
+
+    def train_dataloader(self) -> DataLoader[Any]:
+        return _train_loader(self.train, self.hparams["batch_size"])
+
+    def val_dataloader(self) -> DataLoader[Any]:
+        return DataLoader(self.val, batch_size=self.hparams["batch_size"])
+
+
+class Seq2SeqLM(pl.LightningModule):
+    """``T5ForConditionalGeneration`` trained the Hugging Face way (the model shifts the labels
+    into decoder inputs and computes the loss)."""
+
+    def __init__(self, d_model: int = 16, lr: float = 1e-3) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        config = T5Config(
+            d_model=d_model,
+            d_ff=32,
+            d_kv=8,
+            num_layers=1,
+            num_decoder_layers=1,
+            num_heads=2,
+            vocab_size=VOCAB,
+            decoder_start_token_id=PAD,
+            pad_token_id=PAD,
+        )
+        self.model = T5ForConditionalGeneration(config)
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, labels: Tensor) -> Any:
+        return self.model(input_ids=input_ids, attention_mask=attention_mask, labels=labels)
+
+    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+        loss = self(**batch).loss
+        self.log("train_loss", loss)
+        return loss
+
+    def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
+        self.log("val_loss", self(**batch).loss)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(self.parameters(), lr=self.hparams["lr"])

@@ -24,7 +24,9 @@ from conformance_modules import (
     ImageClassifier,
     LoRAClassifier,
     PromptResponseDataModule,
+    Seq2SeqLM,
     TinyGAN,
+    TranslationDataModule,
     example_group,
 )
 from lightning.pytorch.demos.boring_classes import BoringDataModule, BoringModel
@@ -73,6 +75,9 @@ CLEAN: dict[str, Clean] = {
     "manual_two_optimizers": Clean(TinyGAN),
     # g. A frozen base, only a LoRA-style adapter in the optimizer.
     "frozen_base_lora_adapter": Clean(LoRAClassifier, GroupedTextDataModule, pilot=NO_RESUME),
+    # i. T5ForConditionalGeneration: decoder labels padded to the inputs' length (a false
+    # padding_not_in_loss fail before the inspector knew encoder-decoder models).
+    "hf_seq2seq_same_length_padding": Clean(Seq2SeqLM, TranslationDataModule, pilot=NO_RESUME),
 }
 # Each resume check starts a new Python process (5-10 s on 2 cores, most of it importing
 # Lightning): it stays on where resuming is what the module exercises.
