@@ -589,6 +589,23 @@ class ResumeVerifier(PilotCallback):
                 results.append(CheckResult(key, "pass", "none saved, none restored"))
             elif expected == got:
                 results.append(CheckResult(key, "pass"))
+            elif (
+                key == "epoch"
+                and probe.kind == "epoch_boundary"
+                and isinstance(expected, int)
+                and got == expected - 1
+            ):
+                results.append(
+                    CheckResult(
+                        key,
+                        "fail",
+                        f"training continued in epoch {expected}, the resumed run went back into"
+                        f" the finished epoch {got} and trained extra batches there: Lightning"
+                        " re-enters the epoch of an end-of-epoch checkpoint when the loader"
+                        " cannot save its position; use torchdata's StatefulDataLoader, or"
+                        " checkpoint mid-epoch",
+                    )
+                )
             else:
                 results.append(
                     CheckResult(

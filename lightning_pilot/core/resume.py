@@ -452,8 +452,9 @@ def _data_check(
         remedy = (
             "the DataLoader cannot resume mid-epoch: it restarts its permutation, so examples"
             f" already trained on come again ({len(replayed)} of those compared here) while"
-            " others are never seen; use torchdata's StatefulDataLoader, or checkpoint on epoch"
-            " boundaries"
+            " others are never seen; use torchdata's StatefulDataLoader (an end-of-epoch"
+            " checkpoint does not help a plain DataLoader: Lightning re-enters the finished epoch"
+            " on resume)"
         )
     else:
         remedy = (

@@ -170,10 +170,25 @@ def test_plain_shuffled_loader_replays_data_after_a_mid_epoch_resume(tmp_path: P
     verdict, detail = checks["data_position"]
     assert verdict == "fail"
     assert "the DataLoader cannot resume mid-epoch" in detail
-    assert "use torchdata's StatefulDataLoader, or checkpoint on epoch boundaries" in detail
+    assert "use torchdata's StatefulDataLoader (an end-of-epoch checkpoint does not help" in detail
     assert checks["loss_trajectory"][0] == "fail"
     # Step, LR schedule and optimizer state were restored: only the data went wrong.
     assert checks["global_step"][0] == checks["lrs"][0] == checks["optimizer_state"][0] == "pass"
+
+
+def test_plain_loader_resumed_from_an_epoch_end_goes_back_into_the_finished_epoch(
+    tmp_path: Path,
+) -> None:
+    """Lightning 2.6.6 re-enters the finished epoch of an end-of-epoch checkpoint when the
+    loader cannot save its position: the verdict says so, not "the counter was not restored"."""
+    verifier = ResumeVerifier(at_step=2, compare_steps=1, check_artifact=False)
+    checks = _checks(_fit(tmp_path, Net(stateful=False), verifier, max_steps=20))
+    verdict, detail = checks["epoch_boundary.epoch"]
+    assert verdict == "fail"
+    assert detail.startswith(
+        "training continued in epoch 1, the resumed run went back into the finished epoch 0"
+    )
+    assert "StatefulDataLoader" in detail
 
 
 def test_estimated_stepping_batches_drops_the_loader_state(tmp_path: Path) -> None:
