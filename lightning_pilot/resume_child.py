@@ -354,6 +354,9 @@ def run_artifact(spec: Mapping[str, Any], result: dict[str, Any]) -> None:
         if artifact == spec["checkpoint"]
         else torch.load(artifact, map_location="cpu", weights_only=True)
     )
+    dtype = getattr(torch, str(spec.get("dtype") or ""), None)
+    if isinstance(dtype, torch.dtype) and dtype.is_floating_point:
+        model = model.to(dtype)  # as the live module was (precision="bf16-true", "16-true")
     try:
         model.load_state_dict(weights, strict=True)
     except RuntimeError as err:

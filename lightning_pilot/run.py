@@ -43,7 +43,7 @@ from typing_extensions import override
 
 from lightning_pilot import storage
 from lightning_pilot.core.ids import new_run_id, validate_run_id
-from lightning_pilot.core.phases import worst_verdict
+from lightning_pilot.core.phases import judge, worst_verdict
 
 __all__ = [
     "GUARDED_HOOKS",
@@ -150,6 +150,7 @@ class PilotRun:
         # ledger's end record, so its status says whether the run's files were written.
         self._closers: list[Callable[[OSError | None], None]] = []
         self._reserve: Path | None = None
+        self._closing = False
 
     def __getstate__(self) -> dict[str, Any]:
         # A copied or pickled callback carries its run (its identity and folder); the lock is
@@ -291,6 +292,7 @@ class PilotRun:
         with self._lock:
             if self._attached.pop(id(callback), None) is None or self._attached:
                 return
+            self._closing = True  # the final flush must not reserve anew
             self.release_space()
             error: OSError | None = None
             try:
@@ -304,6 +306,12 @@ class PilotRun:
                         closer(error)
                     except OSError as err:
                         error = error or err
+                    except Exception as err:  # one closer must not cost the others
+                        warnings.warn(
+                            f"lightning-pilot: closing run {self.run_id} failed: {err!r}",
+                            RuntimeWarning,
+                            stacklevel=2,
+                        )
             finally:
                 self.closed = True
             if error is None:
@@ -336,7 +344,7 @@ class PilotRun:
         is reserved.
         """
         with self._lock:
-            if self._reserve is not None or self.closed:
+            if self._reserve is not None or self.closed or self._closing:
                 return
             path = self.out_dir / f".reserve-{self.attempt_id}-r{self.rank:05d}"
             self._reserve = path
@@ -571,6 +579,12 @@ def _merge_phase_rows(current: Mapping[str, Any], new: Mapping[str, Any]) -> dic
     checks.update({c["name"]: c for c in (new.get("checks") or [])})
     if checks:
         merged["checks"] = list(checks.values())
+        # The rule of a pass holds for the merged row too: judged again from all its checks.
+        judged, _ = judge(
+            str(merged.get("phase")),
+            ((c["name"], c["verdict"], c.get("detail") or "") for c in checks.values()),
+        )
+        merged["verdict"] = worst_verdict([judged, *(v for v in verdicts if v in ("fail", "warn"))])
     reasons = [r for r in (current.get("reason"), new.get("reason")) if r]
     if reasons:
         merged["reason"] = "; ".join(dict.fromkeys(reasons))
@@ -587,10 +601,12 @@ class PilotRefusalError(RuntimeError):
 
 #: The Lightning hooks a pilot callback may override that are guarded: an exception inside one
 #: becomes a ``not_checked`` check of the phase-table row ``pilot`` and a warning, and the fit
-#: goes on. ``setup`` is not guarded (a configuration error there is raised before any
-#: training), nor ``state_dict`` / ``load_state_dict`` (a checkpoint must not be half-written
-#: or half-read silently). ``OSError`` (the pilot's own writes failing: a full disk, a
-#: read-only folder) and :class:`PilotRefusalError` pass through.
+#: goes on (with one process; under several, the rank raises after recording it, since a rank
+#: that went on would skip a collective the others wait in). ``setup`` is not guarded (a
+#: configuration error there is raised before any training), nor ``state_dict`` /
+#: ``load_state_dict`` (a checkpoint must not be half-written or half-read silently).
+#: ``OSError`` (the pilot's own writes failing: a full disk, a read-only folder) and
+#: :class:`PilotRefusalError` pass through.
 GUARDED_HOOKS: Final = frozenset(
     name
     for name in dir(Callback)
@@ -613,6 +629,13 @@ def _guard(name: str, hook: Any) -> Any:
         except (OSError, PilotRefusalError):
             raise
         except Exception as err:
+            run = self._run
+            if run is not None and run.world_size > 1 and name not in _CLOSING:
+                # Under several processes a rank that swallowed its error would skip the
+                # collective the other ranks wait in (a deadlock): it raises, as the fit's
+                # own error would. The phase row still says which hook it was.
+                self._hook_failed(name, err)
+                raise
             self._hook_failed(name, err)
             if name in _CLOSING:
                 self._unmute()

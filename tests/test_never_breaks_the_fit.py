@@ -215,3 +215,52 @@ def test_a_predictions_fn_that_raises_is_a_verdict(make_trainer: Any, tmp_path: 
     assert check["verdict"] == "not_checked"
     assert "IndexError: no logits here" in check["detail"]
     assert Ledger(tmp_path / "pilot").runs()["status"].tolist() == ["completed"]
+
+
+@pytest.mark.parametrize("failure", ["permission", "missing"])
+def test_an_export_that_fails_with_an_os_error_is_a_verdict_too(
+    make_trainer: Any, tmp_path: Path, failure: str
+) -> None:
+    """An OSError from the user's export is the user's code failing, not the pilot's disk."""
+
+    def export(module: pl.LightningModule, folder: Path) -> Path:
+        if failure == "permission":
+            raise PermissionError("read-only volume")
+        return folder / "never-written.pt"
+
+    verifier = ResumeVerifier(at_step=2, compare_steps=1, epoch_boundary=False, export=export)
+    trainer = make_trainer(max_steps=4, callbacks=[verifier], default_root_dir=tmp_path)
+    trainer.fit(PairClassifier())
+    _, checks = _resume_row(tmp_path / "pilot")
+    artifact = checks["artifact_roundtrip"]
+    assert artifact["verdict"] == "fail"
+    expected = (
+        "raised PermissionError: read-only volume" if failure == "permission" else "not a file"
+    )
+    assert expected in artifact["detail"]
+    assert checks["loss_trajectory"]["verdict"] == "pass"  # the probe was still compared
+
+
+def test_a_callback_alone_leaves_no_reserved_space_behind(
+    make_trainer: Any, tmp_path: Path
+) -> None:
+    trainer = make_trainer(callbacks=[BatchInspector()], default_root_dir=tmp_path)
+    trainer.fit(BoringModel())
+    assert read_phase_table(tmp_path / "pilot") is not None
+    assert list((tmp_path / "pilot").glob(".reserve-*")) == []
+
+
+def test_a_stale_answer_of_an_earlier_attempt_is_never_read(tmp_path: Path) -> None:
+    """A verification process that dies before it answers reads as a crash, whatever an
+    earlier attempt left in the folder."""
+    from lightning_pilot.callbacks._resume_process import _subprocess
+
+    folder = tmp_path / "resume"
+    folder.mkdir()
+    (folder / "result-tasks.json").write_text('{"mode": "tasks", "results": []}')
+    # A spec the process cannot even start on (its thread count is not a number): it exits
+    # before it writes any answer.
+    spec = {"mode": "tasks", "tag": "", "tasks": [], "num_threads": "x"}
+    answer = _subprocess(spec, folder, 120.0)
+    assert "crash" in answer, answer
+    assert "exited with" in answer["crash"]

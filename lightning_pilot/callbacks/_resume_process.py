@@ -93,6 +93,12 @@ def _subprocess(
     spec_path = folder / f"spec-{name}.json"
     result_path = folder / f"result-{name}.json"
     spec = spec | {"result": str(result_path)}
+    # An earlier attempt's answer must never be read as this one's (a child that dies before
+    # it writes leaves no result): remove what a previous run of this spec left.
+    result_path.unlink(missing_ok=True)
+    for task in spec.get("tasks") or [spec]:
+        if task.get("outputs"):
+            Path(task["outputs"]).unlink(missing_ok=True)
     spec_path.write_text(json.dumps(spec, default=str))
     # The new process imports what this one can: same interpreter, same import path.
     env = (
@@ -259,17 +265,36 @@ def run_children_per_rank(
     return [dict(one) | {"mode_label": label, "per_rank": True} for one in answers]
 
 
-def final_artifact(verifier: ResumeVerifier, trainer: pl.Trainer, pl_module: Any) -> Path:
-    """Write the final artifact (every rank: saving is a collective) and return its path."""
+def final_artifact(
+    verifier: ResumeVerifier, trainer: pl.Trainer, pl_module: Any
+) -> tuple[Path, str | None]:
+    """Write the final artifact and return its path, with why the user's export failed if it did.
+
+    Every rank saves the final checkpoint (saving is a collective); the user's ``export`` runs
+    on global rank 0 only (every rank writing one file at once would leave rank 0 hashing a
+    half-written file), then every rank waits for it. An exception from ``export`` (an
+    ``OSError`` too: it is the user's code) is returned as text, never raised.
+    """
     folder = verifier.run.run_dir / "resume"
     folder.mkdir(parents=True, exist_ok=True)
     # One final checkpoint per attempt: a resumed fit must not re-read an earlier attempt's.
     checkpoint = folder / f"final-attempt-{verifier.run.attempt}.ckpt"
     if not checkpoint.exists():
         trainer.save_checkpoint(checkpoint, weights_only=False)  # full, and said so
-    if verifier.export is not None:
-        return Path(os.fspath(verifier.export(pl_module, folder)))
-    return checkpoint
+    if verifier.export is None:
+        return checkpoint, None
+    path, error = checkpoint, None
+    if verifier.run.is_global_zero:
+        try:
+            path = Path(os.fspath(verifier.export(pl_module, folder)))
+        except Exception as err:  # the user's export function
+            error = f"export(pl_module, folder) raised {type(err).__name__}: {err}"
+        else:
+            if not path.is_file():
+                error = f"export(pl_module, folder) returned {str(path)!r}, which is not a file"
+    if trainer.world_size > 1:
+        trainer.strategy.barrier("lightning_pilot.final_artifact")
+    return path, error
 
 
 def _control_batches(trainer: pl.Trainer, count: int) -> list[Any]:
@@ -400,12 +425,26 @@ def prepare_artifact(
         return probe
     control = folder / "control.pt"
     torch.save(batches, control)
+    try:  # the new process loads them with weights_only=True: so must they load here
+        torch.load(control, map_location="cpu", weights_only=True)
+    except Exception as err:  # a batch of custom objects (a dataclass): not comparable
+        probe.early = CheckResult(
+            "artifact_roundtrip",
+            "not_checked",
+            f"the control batches hold objects torch.load(weights_only=True) refuses"
+            f" ({type(err).__name__}: {str(err).splitlines()[0][:200]}); batches of tensors,"
+            " numbers, strings, lists and dicts can be carried to a new process safely",
+        )
+        return probe
+    floats = [p.dtype for p in pl_module.parameters() if p.is_floating_point()]
     probe.spec = {
         "mode": "artifact",
         "checkpoint": str(folder / f"final-attempt-{verifier.run.attempt}.ckpt"),
         "artifact": str(artifact),
         "control": str(control),
         "call": call,
+        # The live module's floating dtype (bf16-true, 16-true): the rebuilt one is cast to it.
+        "dtype": str(floats[0]).removeprefix("torch.") if floats else None,
         "outputs": str(folder / "control-outputs.pt"),
         "factory": verifier.factory,
         "module_class": f"{type(pl_module).__module__}:{type(pl_module).__qualname__}",

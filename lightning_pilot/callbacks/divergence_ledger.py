@@ -416,19 +416,15 @@ class DivergenceLedger(PilotCallback):
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not self._active or self._ended:
             return
-        self._evaluate()  # the updates since the last evaluation
-        if trainer.world_size > 1:
-            # Every rank ends here on a normal exit: a rule that fired on another rank after
-            # the last evaluation (or with action="record") reaches rank 0's end record.
-            self._agree(trainer, trainer.global_step)
-        status, cause, detail = self._normal_outcome(trainer)
-        stop_step = self._stop[1] if self._stop is not None else trainer.global_step
 
         def write_end(error: OSError | None) -> None:
             # After the run's tables were flushed: a run whose files could not be written is
-            # not recorded as a clean one.
+            # not recorded as a clean one. Registered before the last evaluation, so an error
+            # there cannot cost the end record.
             if self._ended:  # the exception path recorded the end already
                 return
+            status, cause, detail = self._normal_outcome(trainer)
+            stop_step = self._stop[1] if self._stop is not None else trainer.global_step
             if error is None:
                 self._write_end(
                     trainer,
@@ -452,6 +448,11 @@ class DivergenceLedger(PilotCallback):
             )
 
         self.run.on_close(write_end)
+        self._evaluate()  # the updates since the last evaluation
+        if trainer.world_size > 1:
+            # Every rank ends here on a normal exit: a rule that fired on another rank after
+            # the last evaluation (or with action="record") reaches rank 0's end record.
+            self._agree(trainer, trainer.global_step)
 
     @override
     def on_exception(

@@ -75,19 +75,29 @@ class _MeasuredCheckpointIO(CheckpointIO):
     def save_checkpoint(
         self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None
     ) -> None:
-        self.monitor._checkpoint_begin("checkpoint_save")
+        self._measure("_checkpoint_begin", "checkpoint_save")
         self.inner.save_checkpoint(checkpoint, path, storage_options=storage_options)
-        self.monitor._checkpoint_end("checkpoint_save", path)
+        self._measure("_checkpoint_end", "checkpoint_save", path)
 
     def load_checkpoint(
         self, path: Any, map_location: Any = None, weights_only: bool | None = None
     ) -> dict[str, Any]:
-        self.monitor._checkpoint_begin("checkpoint_load")
+        self._measure("_checkpoint_begin", "checkpoint_load")
         loaded = self.inner.load_checkpoint(
             path, map_location=map_location, weights_only=weights_only
         )
-        self.monitor._checkpoint_end("checkpoint_load", path)
+        self._measure("_checkpoint_end", "checkpoint_load", path)
         return loaded
+
+    def _measure(self, method: str, *args: Any) -> None:
+        # The measurement is the pilot's, the save or load the user's: a failure of ours is
+        # recorded (row "pilot") and never stops the user's checkpoint.
+        try:
+            getattr(self.monitor, method)(*args)
+        except OSError:
+            raise
+        except Exception as err:
+            self.monitor._hook_failed(f"checkpoint_io.{method}", err)
 
     def remove_checkpoint(self, path: Any) -> None:
         self.inner.remove_checkpoint(path)
@@ -674,6 +684,15 @@ class PhaseMemoryMonitor(PilotCallback):
         return after
 
     def _after_update(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        # An optimizer post-hook runs inside the user's optimizer.step(): never raise from it.
+        try:
+            self._measure_update()
+        except OSError:
+            raise
+        except Exception as err:
+            self._hook_failed("optimizer_step_post_hook", err)
+
+    def _measure_update(self) -> None:
         if self._open is not None and self._open[0] == "optimizer_step":
             self._pending = self._end("optimizer_step", self._step_before)
         if not self._placed:

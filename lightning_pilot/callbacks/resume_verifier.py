@@ -481,32 +481,24 @@ class ResumeVerifier(PilotCallback):
                     )
                 )
         specs = [self._spec(p, trainer, pl_module) for p in compared]
-        artifact: ArtifactProbe | None = None
+        path: Path | None = None
         if self.check_artifact:
-            try:
-                path = final_artifact(self, trainer, pl_module)  # every rank: a collective
-            except OSError:
-                raise
-            except Exception as err:  # the user's export function
-                if self.run.is_global_zero:
-                    self._results.append(
-                        CheckResult(
-                            "artifact_roundtrip",
-                            "fail",
-                            f"export(pl_module, folder) raised {type(err).__name__}: {err}",
-                        )
-                    )
-            else:
-                if self.run.is_global_zero:
-                    artifact = prepare_artifact(self, trainer, pl_module, path)
-                    if artifact.early is not None:
-                        self._results.append(artifact.early)
+            path, export_error = final_artifact(self, trainer, pl_module)  # a collective
+            if self.run.is_global_zero and export_error is not None:
+                self._results.append(CheckResult("artifact_roundtrip", "fail", export_error))
+                path = None
+        # The collectives first (every rank reaches them), then rank 0's own work.
+        results = run_children_per_rank(self, specs, trainer) if per_rank and specs else []
+        artifact: ArtifactProbe | None = None
+        if path is not None and self.run.is_global_zero:
+            artifact = prepare_artifact(self, trainer, pl_module, path)
+            if artifact.early is not None:
+                self._results.append(artifact.early)
         tasks = [artifact.spec] if artifact is not None and artifact.spec is not None else []
         if per_rank:
-            results = run_children_per_rank(self, specs, trainer) if specs else []
             results += run_tasks(self, tasks, trainer, pl_module) if tasks else []
-        else:
-            results = run_tasks(self, specs + tasks, trainer, pl_module) if specs or tasks else []
+        elif specs or tasks:
+            results = run_tasks(self, specs + tasks, trainer, pl_module)
         for probe, result in zip(compared, results, strict=False):
             for check in self._judge(probe, result, trainer):
                 self._results.append(
