@@ -248,7 +248,9 @@ def _seed_like_the_script() -> None:
         seed_everything(int(seed), workers=os.environ.get("PL_SEED_WORKERS") == "1", verbose=False)
 
 
-def _build(spec: Mapping[str, Any], checkpoint: Mapping[str, Any]) -> tuple[Any, Any]:
+def _build(
+    spec: Mapping[str, Any], checkpoint: Mapping[str, Any], *, datamodule_first: bool = False
+) -> tuple[Any, Any]:
     _seed_like_the_script()
     factory = spec.get("factory")
     if factory:
@@ -259,11 +261,19 @@ def _build(spec: Mapping[str, Any], checkpoint: Mapping[str, Any]) -> tuple[Any,
             return built["model"], built.get("datamodule")
         return built, None
     module_cls = load_object(spec["module_class"])
+    dm_cls = load_object(spec["datamodule_class"]) if spec.get("datamodule_class") else None
+
+    def build_datamodule() -> Any:
+        if dm_cls is None:
+            return None
+        return dm_cls(**dict(checkpoint.get("datamodule_hyper_parameters") or {}))
+
+    # After the seed, the script built one of the two first: random data drawn in a
+    # constructor depends on which (the module's weight init draws from the same generator).
+    datamodule = build_datamodule() if datamodule_first else None
     model = module_cls(**dict(checkpoint.get("hyper_parameters") or {}))
-    datamodule = None
-    if spec.get("datamodule_class"):
-        dm_cls = load_object(spec["datamodule_class"])
-        datamodule = dm_cls(**dict(checkpoint.get("datamodule_hyper_parameters") or {}))
+    if not datamodule_first:
+        datamodule = build_datamodule()
     return model, datamodule
 
 
@@ -297,16 +307,38 @@ def run_resume(
     checkpoint = _safe_load(spec["checkpoint"], result)
     if checkpoint is None:
         return
-    loaders = None
     if objects is not None:
-        model, datamodule, loaders = objects
-    else:
+        del checkpoint
+        _resume_once(spec, result, objects)
+        return
+    # Build as the script probably did (seed, module, data); when the data come out other
+    # than the fit's and a seed was set, the script built the data first: build that way and
+    # resume again (only then: one fit in the common case).
+    wanted = spec.get("dataset_fingerprint")
+    for datamodule_first in (False, True):
         try:
-            model, datamodule = _build(spec, checkpoint)
+            model, datamodule = _build(spec, checkpoint, datamodule_first=datamodule_first)
         except Exception as err:  # reported to the parent as "cannot rebuild"
             result["build_error"] = f"{type(err).__name__}: {err}"
             return
-    del checkpoint
+        _resume_once(spec, result, (model, datamodule, None))
+        retry = (
+            not datamodule_first
+            and wanted is not None
+            and result.get("dataset_fingerprint") not in (None, wanted)
+            and datamodule is not None
+            and not spec.get("factory")
+            and os.environ.get("PL_GLOBAL_SEED") is not None
+        )
+        if not retry:
+            return
+        result["build_order"] = "the DataModule before the module"
+
+
+def _resume_once(
+    spec: Mapping[str, Any], result: dict[str, Any], objects: tuple[Any, Any, Any]
+) -> None:
+    model, datamodule, loaders = objects
     adapter = BatchAdapter(**{k: v for k, v in (spec.get("adapter") or {}).items()})
     recorder = ResumeRecorder(spec["state_key"], adapter)
     options = dict(spec["trainer"])

@@ -523,6 +523,12 @@ class ResumeVerifier(PilotCallback):
             "module_class": _class_path(type(pl_module)),
             "datamodule_class": None if datamodule is None else _class_path(type(datamodule)),
             "module_has_data": is_overridden("train_dataloader", pl_module),
+            # What the fit's first training examples were: the new process rebuilds the data in
+            # the other order when its own come out different (a seeded script that built the
+            # DataModule before the module).
+            "dataset_fingerprint": dataset_fingerprint(
+                getattr(trainer.train_dataloader, "dataset", None)
+            ),
             **unsaved_arguments(pl_module, datamodule),
             "adapter": _portable_adapter(self.adapter),
             "num_threads": torch.get_num_threads(),
@@ -610,7 +616,16 @@ class ResumeVerifier(PilotCallback):
         theirs = result.get("dataset_fingerprint")
         if ours is not None and theirs is not None:
             results.append(
-                CheckResult("data_rebuilt", "pass", "the first training examples are equal")
+                CheckResult(
+                    "data_rebuilt",
+                    "pass",
+                    "the first training examples are equal"
+                    + (
+                        f" (rebuilt with {result['build_order']}, as the fit's data show)"
+                        if result.get("build_order")
+                        else ""
+                    ),
+                )
                 if ours == theirs
                 else CheckResult(
                     "data_rebuilt",

@@ -540,3 +540,27 @@ def test_the_per_rank_resume_check_runs_under_torchrun(tmp_path: Path) -> None:
             "loaded in 2 new processes (one per rank, DDP)",
         )
         assert checks["global_step"][0] == "pass"
+
+
+@pytest.mark.parametrize("datamodule_first", [False, True])
+def test_data_drawn_after_the_seed_is_rebuilt_in_the_scripts_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, datamodule_first: bool
+) -> None:
+    """A seeded script builds the DataModule before or after the module; its random data
+    depend on which. The new process rebuilds in the order that gives the fit's data."""
+    from lightning.pytorch.demos.boring_classes import BoringDataModule, BoringModel
+
+    monkeypatch.delenv("PL_GLOBAL_SEED", raising=False)
+    monkeypatch.delenv("PL_SEED_WORKERS", raising=False)
+    pl.seed_everything(0, verbose=False)
+    if datamodule_first:
+        data, model = BoringDataModule(), BoringModel()
+    else:
+        model, data = BoringModel(), BoringDataModule()
+    verifier = ResumeVerifier(
+        at_step=1, compare_steps=1, epoch_boundary=False, check_artifact=False
+    )
+    checks = _checks(_fit(tmp_path, model, verifier, max_steps=3, datamodule=data))
+    verdict, detail = checks["data_rebuilt"]
+    assert verdict == "pass", detail
+    assert ("DataModule before the module" in detail) is datamodule_first
