@@ -1139,12 +1139,25 @@ def choice_sheet(
         ks = sorted({int(k) for k in updates["accumulate_grad_batches"].dropna()})
         replicas = sorted({int(r) for r in updates["dp_replicas"].dropna()})
         rank0 = updates[updates["rank"] == updates["rank"].min()]
-        examples = rank0["examples_all_ranks"]
+        # An update run again by a later attempt (resumed from an earlier checkpoint) counts
+        # once, as the latest attempt ran it: the trajectory the final model followed.
+        order = [c for c in ("attempt", "update") if c in rank0.columns]
+        latest = rank0.sort_values(order).drop_duplicates("update", keep="last")
+        replayed = len(rank0) - len(latest)
+        examples = latest["examples_all_ranks"]
         counted = "not measured (null)" if examples.isna().any() else f"{int(examples.sum()):,}"
+        again = ""
+        if replayed:
+            total = rank0["examples_all_ranks"]
+            extra = "" if total.isna().any() else f", {int(total.sum()):,} with them"
+            again = (
+                f" ({replayed:,} update(s) run again by a later attempt resumed from an earlier"
+                f" checkpoint counted once{extra})"
+            )
         out.append(
-            f"- Counted in updates.parquet: {rank0['update'].nunique():,} update(s), K"
+            f"- Counted in updates.parquet: {len(latest):,} update(s), K"
             f" {', '.join(map(str, ks)) or 'n/m'}, replicas {', '.join(map(str, replicas))},"
-            f" {counted} examples over all replicas"
+            f" {counted} examples over all replicas{again}"
         )
     else:
         out.append("- updates.parquet: not present (no EffectiveBatchAccountant in the run)")

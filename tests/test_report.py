@@ -366,3 +366,34 @@ def test_parse_size_takes_ascii_digits_only() -> None:
     for text in ("١٢G", "１２G"):  # Arabic-Indic and fullwidth digits are not sizes
         with pytest.raises(ValueError, match="is not a size"):
             parse_size(text)
+
+
+def test_sheet_counts_an_update_run_again_by_a_later_attempt_once(tmp_path: Path) -> None:
+    """Attempt 2 resumed from an earlier checkpoint runs updates 3 and 4 again: the sheet
+    counts the trajectory's examples once, and says how many the replay added."""
+    from lightning_pilot.callbacks.effective_batch_accountant import UPDATES_SCHEMA
+    from lightning_pilot.report import choice_sheet
+    from lightning_pilot.run import PilotRun
+
+    first = PilotRun(default_out_dir=tmp_path)
+    second = PilotRun(default_out_dir=tmp_path)
+    second.adopt(first.identity())
+    for run, updates in ((first, range(1, 5)), (second, range(3, 7))):
+        run.put_phase_row({"phase": "setup", "counter": "none", "verdict": "pass"}, source="test")
+        run.register_table("updates", UPDATES_SCHEMA)
+        run.append_rows(
+            "updates",
+            [
+                {"update": u, "accumulate_grad_batches": 1, "dp_replicas": 1,
+                 "micro_batches": 1, "examples": 4, "examples_all_ranks": 4}
+                for u in updates
+            ],
+        )  # fmt: skip
+        run.flush()
+    assert second.attempt == 2
+    sheet = choice_sheet(first.run_dir)
+    assert (
+        "- Counted in updates.parquet: 6 update(s), K 1, replicas 1, 24 examples over all"
+        " replicas (2 update(s) run again by a later attempt resumed from an earlier checkpoint"
+        " counted once, 32 with them)"
+    ) in sheet
