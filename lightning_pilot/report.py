@@ -77,7 +77,7 @@ SHEET_NAME: Final = "sheet.md"
 GATE_STATUSES: Final = FAILED_STATUSES
 
 #: The largest size :func:`parse_size` accepts: what a signed 64-bit byte count holds (8 EiB).
-MAX_SIZE: Final = 2**63 - 1
+MAX_SIZE: Final = validate.INT64_MAX
 #: The longest a value from a file prints (:func:`terminal_safe`), in a line and in a table cell.
 TEXT_LIMIT: Final = 2000
 CELL_LIMIT: Final = 200

@@ -44,6 +44,7 @@ from lightning_pilot.core.resume import (
     content_keys,
     dataset_fingerprint,
     digest,
+    plain_values,
     restore_rng,
     rng_of_this_rank,
 )
@@ -196,34 +197,8 @@ def control_calls(model: Any, batch: Any) -> list[str]:
     return calls
 
 
-def plain_outputs(value: Any) -> Any:
-    """Outputs reduced to what ``torch.load(weights_only=True)`` reads back and can compare.
-
-    Tensors (on the CPU), numbers, strings and containers of them stay; other objects (a
-    Hugging Face cache, a custom class) are dropped: they cannot be compared across processes.
-    """
-    if isinstance(value, torch.Tensor):
-        return value.detach().cpu()
-    if isinstance(value, bool | int | float | str) or value is None:
-        return value
-    if isinstance(value, Mapping):
-        kept = {str(k): plain_outputs(v) for k, v in value.items()}
-        return {k: v for k, v in kept.items() if v is not _DROPPED}
-    if isinstance(value, list | tuple):
-        return [v for v in (plain_outputs(x) for x in value) if v is not _DROPPED]
-    return _DROPPED
-
-
-class _Dropped:
-    def __repr__(self) -> str:
-        return "<dropped>"
-
-
-_DROPPED: Final = _Dropped()
-
-
 def count_tensors(value: Any) -> int:
-    """How many tensors a :func:`plain_outputs` value holds."""
+    """How many tensors a :func:`~lightning_pilot.core.resume.plain_values` value holds."""
     if isinstance(value, torch.Tensor):
         return 1
     if isinstance(value, Mapping):
@@ -403,7 +378,7 @@ def run_artifact(spec: Mapping[str, Any], result: dict[str, Any]) -> None:
     call = spec.get("call") or "predict_step"
     with torch.no_grad():
         outputs = [
-            plain_outputs(control_outputs(model, batch, call, index))
+            plain_values(control_outputs(model, batch, call, index))
             for index, batch in enumerate(control)
         ]
     torch.save(outputs, spec["outputs"])

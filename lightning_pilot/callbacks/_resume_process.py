@@ -24,7 +24,7 @@ from lightning.pytorch.strategies import DDPStrategy
 
 from lightning_pilot import resume_child
 from lightning_pilot.core.checks import CheckResult
-from lightning_pilot.core.resume import capture_rng, restore_rng
+from lightning_pilot.core.resume import capture_rng, plain_values, restore_rng
 from lightning_pilot.ledger import file_sha256
 from lightning_pilot.resume_child import PARENT_PID
 
@@ -370,9 +370,7 @@ def _live_outputs(pl_module: Any, batches: list[Any]) -> tuple[str, list[Any]]:
             try:
                 with torch.no_grad():
                     outputs = [
-                        resume_child.plain_outputs(
-                            resume_child.control_outputs(pl_module, batch, call, index)
-                        )
+                        plain_values(resume_child.control_outputs(pl_module, batch, call, index))
                         for index, batch in enumerate(batches)
                     ]
             except Exception as err:  # the user's code: each failure is part of the answer

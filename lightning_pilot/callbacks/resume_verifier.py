@@ -480,7 +480,14 @@ class ResumeVerifier(PilotCallback):
                         " nothing to compare; run at least compare_steps more updates",
                     )
                 )
-        specs = [self._spec(p, trainer, pl_module) for p in compared]
+        # The fit's first training examples, read once for every probe (the new process
+        # compares its own with them, and rebuilds in the other order when they differ).
+        data = (
+            dataset_fingerprint(getattr(trainer.train_dataloader, "dataset", None))
+            if compared
+            else None
+        )
+        specs = [self._spec(p, trainer, pl_module, data) for p in compared]
         path: Path | None = None
         if self.check_artifact:
             path, export_error = final_artifact(self, trainer, pl_module)  # a collective
@@ -500,7 +507,7 @@ class ResumeVerifier(PilotCallback):
         elif specs or tasks:
             results = run_tasks(self, specs + tasks, trainer, pl_module)
         for probe, result in zip(compared, results, strict=False):
-            for check in self._judge(probe, result, trainer):
+            for check in self._judge(probe, result, trainer, data):
                 self._results.append(
                     CheckResult(_prefixed(probe, check.name), check.verdict, check.detail)
                 )
@@ -512,7 +519,11 @@ class ResumeVerifier(PilotCallback):
     # ----------------------------------------------------------------------------------------
 
     def _spec(
-        self, probe: _Probe, trainer: pl.Trainer, pl_module: pl.LightningModule
+        self,
+        probe: _Probe,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        data: str | None,
     ) -> dict[str, Any]:
         datamodule = getattr(trainer, "datamodule", None)
         return {
@@ -523,12 +534,7 @@ class ResumeVerifier(PilotCallback):
             "module_class": _class_path(type(pl_module)),
             "datamodule_class": None if datamodule is None else _class_path(type(datamodule)),
             "module_has_data": is_overridden("train_dataloader", pl_module),
-            # What the fit's first training examples were: the new process rebuilds the data in
-            # the other order when its own come out different (a seeded script that built the
-            # DataModule before the module).
-            "dataset_fingerprint": dataset_fingerprint(
-                getattr(trainer.train_dataloader, "dataset", None)
-            ),
+            "dataset_fingerprint": data,
             **unsaved_arguments(pl_module, datamodule),
             "adapter": _portable_adapter(self.adapter),
             "num_threads": torch.get_num_threads(),
@@ -548,7 +554,7 @@ class ResumeVerifier(PilotCallback):
         }
 
     def _judge(
-        self, probe: _Probe, result: Mapping[str, Any], trainer: pl.Trainer
+        self, probe: _Probe, result: Mapping[str, Any], trainer: pl.Trainer, ours: str | None
     ) -> list[CheckResult]:
         results: list[CheckResult] = []
         mode = result.get("mode_label", "a new process")
@@ -612,7 +618,6 @@ class ResumeVerifier(PilotCallback):
                         f"{expected!r} saved, {got!r} after resume; {_STATE_REMEDIES.get(key, '')}",
                     )
                 )
-        ours = dataset_fingerprint(getattr(trainer.train_dataloader, "dataset", None))
         theirs = result.get("dataset_fingerprint")
         if ours is not None and theirs is not None:
             results.append(

@@ -33,11 +33,12 @@ import random
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final, Literal
 
 import torch
 
 from lightning_pilot.core.checks import CheckResult
+from lightning_pilot.core.data_checks import input_fingerprint
 
 __all__ = [
     "StepRecord",
@@ -175,14 +176,8 @@ def content_keys(inputs: Any) -> list[str] | None:
     """
     if not isinstance(inputs, torch.Tensor) or inputs.dim() < 1 or inputs.shape[0] == 0:
         return None
-    rows = inputs.detach().cpu().contiguous()
-    keys = []
-    for row in rows:
-        data = (
-            row.numpy().tobytes() if row.dtype != torch.bfloat16 else row.float().numpy().tobytes()
-        )
-        keys.append(CONTENT_KEY_PREFIX + hashlib.blake2b(data, digest_size=8).hexdigest())
-    return keys
+    rows = inputs.detach().cpu()  # one device read for the batch, then one digest per row
+    return [f"{CONTENT_KEY_PREFIX}{input_fingerprint(row)}" for row in rows]
 
 
 def dataset_fingerprint(dataset: Any, count: int = 4) -> str | None:
@@ -210,7 +205,10 @@ def dataset_fingerprint(dataset: Any, count: int = 4) -> str | None:
     if np is not None:
         np.random.seed(0)
     try:
-        items = [_comparable(dataset[index]) for index in range(min(count, len(dataset)))]
+        items = [
+            plain_values(dataset[index], others="raise")
+            for index in range(min(count, len(dataset)))
+        ]
     except Exception:  # the user's dataset, or an item of a kind not comparable across processes
         return None
     finally:
@@ -218,22 +216,41 @@ def dataset_fingerprint(dataset: Any, count: int = 4) -> str | None:
     return digest(items)
 
 
-def _comparable(value: Any) -> Any:
-    """``value`` as tensors, numbers, strings and containers (numpy arrays become tensors).
+class _Dropped:
+    def __repr__(self) -> str:
+        return "<dropped>"
 
-    Raises:
-        TypeError: another object (an image, a custom class): its ``repr`` may hold a memory
-            address, which differs between processes.
+
+_DROPPED: Final = _Dropped()
+
+
+def plain_values(value: Any, *, others: Literal["drop", "raise"] = "drop") -> Any:
+    """``value`` as what compares across processes and ``torch.load(weights_only=True)`` reads:
+    tensors (on the CPU; numpy arrays become tensors), numbers, strings, bytes and containers of
+    them (tuples become lists, keys strings).
+
+    Other objects (a Hugging Face cache, an image, a custom class: their ``repr`` may hold a
+    memory address) are left out (``others="drop"``) or refused with ``TypeError``
+    (``others="raise"``).
+
+    Example:
+        >>> plain_values({"loss": torch.tensor(1.0), "cache": object(), "n": (1, 2)})
+        {'loss': tensor(1.), 'n': [1, 2]}
     """
-    if isinstance(value, torch.Tensor | str | bytes | int | float | bool) or value is None:
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if isinstance(value, bool | int | float | str | bytes) or value is None:
         return value
     if type(value).__module__ == "numpy":
         return torch.as_tensor(value)
     if isinstance(value, Mapping):
-        return {k: _comparable(v) for k, v in value.items()}
+        kept = {str(k): plain_values(v, others=others) for k, v in value.items()}
+        return {k: v for k, v in kept.items() if v is not _DROPPED}
     if isinstance(value, list | tuple):
-        return [_comparable(v) for v in value]
-    raise TypeError(f"{type(value).__name__} is not comparable across processes")
+        return [v for v in (plain_values(x, others=others) for x in value) if v is not _DROPPED]
+    if others == "raise":
+        raise TypeError(f"{type(value).__name__} is not comparable across processes")
+    return _DROPPED
 
 
 def unsafe_values(value: Any, path: str = "") -> list[str]:
