@@ -45,10 +45,10 @@ from typing import Any, Final, Literal
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
 
 from lightning_pilot import storage
 from lightning_pilot.core.compare import Comparison, compare_runs
+from lightning_pilot.schemas import EVENTS_SCHEMA, PREDICTIONS_SCHEMA
 
 __all__ = [
     "EVENTS_SCHEMA",
@@ -62,35 +62,7 @@ __all__ = [
 
 #: ``runs/<run_id>/divergence.parquet``: one row per divergence event, every rank (after the
 #: run identity columns of :func:`lightning_pilot.storage.detail_schema`).
-EVENTS_SCHEMA: Final = storage.detail_schema(
-    "divergence",
-    1,
-    [
-        ("step", pa.int64()),
-        ("event", pa.string()),
-        ("loss", pa.float64()),
-        ("grad_norm", pa.float64()),
-        ("reference", pa.float64()),
-        ("threshold", pa.float64()),
-        ("detail", pa.string()),
-        ("action", pa.string()),
-    ],
-)
 #: ``runs/<run_id>/predictions.parquet``: one row per validation example and validation run.
-PREDICTIONS_SCHEMA: Final = storage.detail_schema(
-    "predictions",
-    1,
-    [
-        ("step", pa.int64()),
-        ("dataloader_idx", pa.int64()),
-        ("batch_idx", pa.int64()),
-        ("row", pa.int64()),
-        ("example_id", pa.string()),
-        ("prediction", pa.list_(pa.float64())),
-        ("prediction_shape", pa.list_(pa.int64())),
-        ("target", pa.list_(pa.float64())),
-    ],
-)
 #: Columns that describe what happened last: taken from the latest record as they are.
 OUTCOME_COLUMNS: Final = (
     "event",

@@ -26,6 +26,7 @@ Ranks:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import threading
@@ -41,7 +42,7 @@ import pyarrow as pa
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
-from lightning_pilot import storage
+from lightning_pilot import schemas, storage
 from lightning_pilot.core.ids import new_run_id, validate_run_id
 from lightning_pilot.core.phases import judge, worst_verdict
 
@@ -59,6 +60,9 @@ PHASE_TABLE: Final = "phases"
 #: Disk space a run holds from its first write to its close (:meth:`PilotRun.reserve_space`).
 RESERVE_BYTES: Final = 1 << 20
 _IDENTITY_COLUMNS: Final = ("run_id", "attempt", "attempt_id", "rank")
+
+#: ``fn(pl_module, directory) -> path``: the user's export, writing the final artifact.
+ExportFn = Callable[[pl.LightningModule, Path], "str | os.PathLike[str] | None"]
 
 _RUNS: weakref.WeakKeyDictionary[pl.Trainer, PilotRun] = weakref.WeakKeyDictionary()
 _RUNS_LOCK = threading.Lock()
@@ -151,6 +155,10 @@ class PilotRun:
         self._closers: list[Callable[[OSError | None], None]] = []
         self._reserve: Path | None = None
         self._closing = False
+        # One export per run and function (both the monitor and the resume check ask for it).
+        self._exports: dict[int, tuple[ExportFn, Path | None, str | None]] = {}
+        #: Set by the memory monitor: a context manager that measures the ``export`` phase.
+        self.measure_export: Callable[[], contextlib.AbstractContextManager[Any]] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         # A copied or pickled callback carries its run (its identity and folder); the lock is
@@ -158,6 +166,8 @@ class PilotRun:
         state = dict(self.__dict__)
         del state["_lock"]
         state["_closers"] = []
+        state["_exports"] = {}
+        state["measure_export"] = None
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -377,6 +387,46 @@ class PilotRun:
                     stacklevel=2,
                 )
 
+    def export(
+        self, fn: ExportFn, trainer: pl.Trainer, pl_module: pl.LightningModule
+    ) -> tuple[Path | None, str | None]:
+        """Run the user's ``fn(pl_module, directory)`` once for this run; return (path, error).
+
+        Every callback that needs the exported artifact calls this: the first call runs ``fn``
+        into ``<run_dir>/export`` on global rank 0 (every rank writing one file at once would
+        leave rank 0 hashing a half-written file) while :attr:`measure_export` measures it, then
+        every rank waits at a barrier; later calls with the same ``fn`` return the same answer.
+        An exception from ``fn`` (an ``OSError`` too: it is the user's code) is returned as
+        text, never raised; so is a path that names no file or folder.
+        """
+        with self._lock:
+            done = self._exports.get(id(fn))
+            if done is not None and done[0] is fn:
+                return done[1], done[2]
+            path: Path | None = None
+            error: str | None = None
+            if self.is_global_zero:
+                directory = storage.safe_join(self.run_dir, "export")
+                directory.mkdir(parents=True, exist_ok=True)
+                measure = self.measure_export() if self.measure_export else contextlib.nullcontext()
+                try:
+                    with measure:
+                        result = fn(pl_module, directory)
+                except Exception as err:  # the user's export function
+                    error = f"export(pl_module, directory) raised {type(err).__name__}: {err}"
+                else:
+                    if result is None or not Path(os.fspath(result)).exists():
+                        error = (
+                            f"export(pl_module, directory) returned {result!r}, which names no"
+                            " file or folder"
+                        )
+                    else:
+                        path = Path(os.fspath(result))
+            if trainer.world_size > 1:
+                trainer.strategy.barrier("lightning_pilot.export")
+            self._exports[id(fn)] = (fn, path, error)
+            return path, error
+
     def record_exception(self, exception: BaseException) -> None:
         """Remember the exception that ended the fit (for ledger end records)."""
         with self._lock:
@@ -561,7 +611,7 @@ class PilotRun:
         schema = self._schemas.get(name)
         if schema is None:
             return pa.Table.from_pylist(rows)
-        version = storage.schema_version(schema)
+        version = schemas.schema_version(schema)
         if version is not None and "schema_version" in schema.names:
             rows = [row | {"schema_version": row.get("schema_version", version)} for row in rows]
         return storage.rows_to_table(rows, schema)

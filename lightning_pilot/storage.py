@@ -63,6 +63,20 @@ import pyarrow.parquet as pq
 
 from lightning_pilot.core.ids import new_run_id, validate_run_id
 from lightning_pilot.core.phases import COUNTERS, PHASES, VERDICTS
+from lightning_pilot.schemas import (  # noqa: F401  (re-exported: storage has always offered them)
+    _TIMESTAMP,
+    LEDGER_EVENTS,
+    LEDGER_SCHEMA,
+    LEDGER_SCHEMA_VERSION,
+    PHASE_SCHEMA,
+    PHASE_SCHEMA_VERSION,
+    RUN_IDENTITY_FIELDS,
+    SCHEMA_METADATA_KEY,
+    STATUSES,
+    _schema,
+    detail_schema,
+    schema_version,
+)
 
 __all__ = [
     "DETAIL_FILE_LIMITS",
@@ -100,184 +114,8 @@ __all__ = [
 
 PathLike = str | os.PathLike[str]
 
-#: Metadata key under which every file records its schema name and version.
-SCHEMA_METADATA_KEY: Final = b"lightning_pilot.schema"
 #: Metadata key under which a snapshot file records its writer and sequence number.
 SNAPSHOT_METADATA_KEY: Final = b"lightning_pilot.snapshot"
-
-_TIMESTAMP = pa.timestamp("us", tz="UTC")
-_POINT = pa.struct([("step", pa.int64()), ("value", pa.float64())])
-_NAMED_POINT = pa.struct([("step", pa.int64()), ("name", pa.string()), ("value", pa.float64())])
-_CHECK = pa.struct([("name", pa.string()), ("verdict", pa.string()), ("detail", pa.string())])
-
-
-def _schema(name: str, version: int, fields: Sequence[tuple[str, pa.DataType]]) -> pa.Schema:
-    meta = json.dumps({"name": name, "version": version}).encode()
-    return pa.schema(list(fields), metadata={SCHEMA_METADATA_KEY: meta})
-
-
-#: The columns that say whose row it is: every run table starts with them.
-RUN_IDENTITY_FIELDS: Final = (
-    ("schema_version", pa.int32()),
-    ("written_at", _TIMESTAMP),
-    ("run_id", pa.string()),
-    ("attempt", pa.int32()),
-    ("attempt_id", pa.string()),
-    ("rank", pa.int32()),
-    ("world_size", pa.int32()),
-)
-
-
-def detail_schema(name: str, version: int, fields: Sequence[tuple[str, pa.DataType]]) -> pa.Schema:
-    """The schema of a per-callback detail table: the run identity columns, then ``fields``.
-
-    The name and version are stored in the schema metadata; :class:`~lightning_pilot.PilotRun`
-    fills the identity columns and ``schema_version`` when it writes the rows.
-
-    Example:
-        >>> schema = detail_schema("updates", 1, [("update", pa.int64())])
-        >>> schema.names[:3], schema.names[-1]
-        (['schema_version', 'written_at', 'run_id'], 'update')
-    """
-    return _schema(name, version, [*RUN_IDENTITY_FIELDS, *fields])
-
-
-def schema_version(schema: pa.Schema) -> int | None:
-    """The version a schema made by this module records in its metadata."""
-    raw = (schema.metadata or {}).get(SCHEMA_METADATA_KEY)
-    if raw is None:
-        return None
-    version = json.loads(raw).get("version")
-    return int(version) if isinstance(version, int) else None
-
-
-PHASE_SCHEMA_VERSION: Final = 1
-#: The phase table: one row per phase, per attempt, per rank. Memory columns are bytes,
-#: durations seconds; a value that was not measured is null (with ``counter="none"`` or a
-#: reason in ``notes``), never 0. Allocated and reserved bytes are separate and never added.
-PHASE_SCHEMA: Final = _schema(
-    "phases",
-    PHASE_SCHEMA_VERSION,
-    [
-        ("schema_version", pa.int32()),
-        ("written_at", _TIMESTAMP),
-        # identity
-        ("run_id", pa.string()),
-        ("attempt", pa.int32()),
-        ("attempt_id", pa.string()),
-        ("rank", pa.int32()),
-        ("world_size", pa.int32()),
-        ("device", pa.string()),
-        ("source", pa.string()),
-        # the phase
-        ("phase", pa.string()),
-        ("first", pa.bool_()),
-        ("occurrences", pa.int64()),
-        ("measured_occurrences", pa.int64()),
-        ("step_first", pa.int64()),
-        ("step_last", pa.int64()),
-        # inputs
-        ("batch_size", pa.int64()),
-        ("seq_len", pa.int64()),
-        ("input_shapes", pa.string()),
-        ("precision", pa.string()),
-        # memory
-        ("counter", pa.string()),
-        ("baseline_allocated_bytes", pa.int64()),
-        ("peak_allocated_bytes", pa.int64()),
-        ("end_allocated_bytes", pa.int64()),
-        ("peak_reserved_bytes", pa.int64()),
-        ("device_capacity_bytes", pa.int64()),
-        ("alloc_retries", pa.int64()),
-        ("host_rss_bytes", pa.int64()),
-        ("param_bytes", pa.int64()),
-        ("grad_bytes", pa.int64()),
-        ("optimizer_state_bytes", pa.int64()),
-        ("buffer_bytes", pa.int64()),
-        ("host_swap_used_bytes", pa.int64()),
-        ("file_bytes", pa.int64()),
-        # time
-        ("duration_s", pa.float64()),
-        ("duration_median_s", pa.float64()),
-        ("duration_max_s", pa.float64()),
-        ("synchronized", pa.bool_()),
-        # verdict
-        ("verdict", pa.string()),
-        ("checks", pa.list_(_CHECK)),
-        ("reason", pa.string()),
-        ("notes", pa.string()),
-    ],
-)
-
-LEDGER_SCHEMA_VERSION: Final = 2
-#: One run-ledger record (events ``start``, ``heartbeat``, ``end``). Curves are lists of
-#: ``{step, value}``; validation points lists of ``{step, name, value}``. The learning-rate
-#: curve is ``lr_curve`` because ``lr`` is the typed learning rate of the configuration.
-#: ``curves_delta`` (version 2): true when the record's curves hold only the points added
-#: since the attempt's previous record (heartbeats); null or false: the whole curve so far.
-LEDGER_SCHEMA: Final = _schema(
-    "ledger",
-    LEDGER_SCHEMA_VERSION,
-    [
-        ("schema_version", pa.int32()),
-        ("record_id", pa.string()),
-        ("event", pa.string()),
-        ("written_at", _TIMESTAMP),
-        # identity
-        ("run_id", pa.string()),
-        ("attempt", pa.int32()),
-        ("attempt_id", pa.string()),
-        ("experiment", pa.string()),
-        ("variant", pa.string()),
-        ("seed", pa.int64()),
-        ("derived_from_run_id", pa.string()),
-        # configuration
-        ("params_json", pa.string()),
-        ("config_hash", pa.string()),
-        ("variant_key", pa.string()),
-        ("lr", pa.float64()),
-        ("micro_batch_size", pa.int64()),
-        ("accumulate_grad_batches", pa.int64()),
-        ("dp_replicas", pa.int64()),
-        ("effective_batch_size", pa.int64()),
-        ("planned_updates", pa.int64()),
-        ("precision", pa.string()),
-        ("strategy", pa.string()),
-        ("devices", pa.int64()),
-        # outcome
-        ("status", pa.string()),
-        ("stop_cause", pa.string()),
-        ("stop_step", pa.int64()),
-        # why it stopped, in words (the divergence rule, EarlyStopping's message, ...)
-        ("stop_detail", pa.string()),
-        ("updates_done", pa.int64()),
-        ("examples_seen", pa.int64()),
-        ("tokens_seen", pa.int64()),
-        ("exception_type", pa.string()),
-        ("exception_message", pa.string()),
-        # curves
-        ("curves_delta", pa.bool_()),
-        ("train_loss", pa.list_(_POINT)),
-        ("lr_curve", pa.list_(_POINT)),
-        ("val_points", pa.list_(_NAMED_POINT)),
-        # artifacts
-        ("predictions_uri", pa.string()),
-        ("predictions_sha256", pa.string()),
-        ("checkpoint_uri", pa.string()),
-        ("checkpoint_sha256", pa.string()),
-        ("phase_table_uri", pa.string()),
-        # environment
-        ("torch_version", pa.string()),
-        ("lightning_version", pa.string()),
-        ("python_version", pa.string()),
-        ("device_name", pa.string()),
-        ("git_revision", pa.string()),
-        ("hostname", pa.string()),
-    ],
-)
-
-LEDGER_EVENTS: Final = ("start", "heartbeat", "end")
-STATUSES: Final = ("running", "completed", "stopped", "diverged", "oom", "failed", "interrupted")
 
 # --------------------------------------------------------------------------------------------
 # Names that become paths

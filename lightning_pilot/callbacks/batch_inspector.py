@@ -10,7 +10,6 @@ from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from typing import Any, Final
 
 import lightning.pytorch as pl
-import pyarrow as pa
 import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.model_helpers import is_overridden
@@ -19,7 +18,6 @@ from torch.utils.data import DataLoader, IterableDataset
 from torch.utils.hooks import RemovableHandle
 from typing_extensions import override
 
-from lightning_pilot import storage
 from lightning_pilot.core import validate
 from lightning_pilot.core.batches import BatchAdapter
 from lightning_pilot.core.checks import CheckResult
@@ -39,34 +37,11 @@ from lightning_pilot.core.data_checks import (
 )
 from lightning_pilot.core.phases import judge
 from lightning_pilot.run import PilotCallback
+from lightning_pilot.schemas import EXAMPLES_SCHEMA, EXAMPLES_SCHEMA_VERSION, EXAMPLES_TABLE
 
 __all__ = ["EXAMPLES_SCHEMA", "EXAMPLES_SCHEMA_VERSION", "EXAMPLES_TABLE", "BatchInspector"]
 
-EXAMPLES_TABLE: Final = "examples"
-EXAMPLES_SCHEMA_VERSION: Final = 2
 #: ``runs/<run_id>/examples.parquet``: the inspected examples (see the class docstring).
-EXAMPLES_SCHEMA: Final = storage.detail_schema(
-    EXAMPLES_TABLE,
-    EXAMPLES_SCHEMA_VERSION,
-    [
-        ("split", pa.string()),
-        ("batch_index", pa.int64()),
-        ("position", pa.int64()),
-        ("example_id", pa.string()),
-        ("input_text", pa.string()),
-        ("input_tokens", pa.list_(pa.int64())),
-        ("input_values", pa.list_(pa.float64())),
-        ("target", pa.string()),
-        ("target_tokens", pa.list_(pa.int64())),
-        ("loss_positions", pa.list_(pa.int64())),
-        ("loss_tokens", pa.int64()),
-        ("length", pa.int64()),
-        ("seq_len", pa.int64()),
-        ("truncated", pa.bool_()),
-        ("label_relation", pa.string()),
-        ("notes", pa.string()),
-    ],
-)
 
 GroupFn = Callable[[Any], Hashable]
 

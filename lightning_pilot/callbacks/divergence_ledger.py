@@ -15,7 +15,7 @@ import torch
 from lightning.pytorch.callbacks import Timer
 from typing_extensions import override
 
-from lightning_pilot import storage
+from lightning_pilot import schemas, storage
 from lightning_pilot.core import validate
 from lightning_pilot.core.batches import BatchAdapter
 from lightning_pilot.core.config import (
@@ -42,12 +42,12 @@ from lightning_pilot.ledger import (
     prediction_rows,
 )
 from lightning_pilot.run import PilotCallback, PilotRefusalError
+from lightning_pilot.schemas import EVENTS_TABLE
 
 __all__ = ["DivergenceLedger", "RepeatedVariantError", "RepeatedVariantWarning"]
 
 PredictionsFn = Callable[[pl.LightningModule, Any, Any], Any]
 
-EVENTS_TABLE: Final = "divergence"
 # Columns the ledger callback owns; facts other callbacks hand over never replace them.
 _OWN_FIELDS: Final = frozenset(
     {"run_id", "attempt", "attempt_id", "experiment", "variant", "seed", "derived_from_run_id",
@@ -796,7 +796,7 @@ class DivergenceLedger(PilotCallback):
             return {}
         run = self.run
         identity = {
-            "schema_version": storage.schema_version(PREDICTIONS_SCHEMA),
+            "schema_version": schemas.schema_version(PREDICTIONS_SCHEMA),
             "written_at": datetime.now(timezone.utc),
             "run_id": run.run_id,
             "attempt": run.attempt,

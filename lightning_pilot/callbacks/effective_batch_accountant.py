@@ -8,7 +8,6 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 import lightning.pytorch as pl
-import pyarrow as pa
 import torch
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.callbacks import GradientAccumulationScheduler
@@ -17,7 +16,6 @@ from torch.utils.data import DataLoader, DistributedSampler
 from torch.utils.hooks import RemovableHandle
 from typing_extensions import override
 
-from lightning_pilot import storage
 from lightning_pilot.core import validate
 from lightning_pilot.core.accounting import (
     KEEP_CHOICES,
@@ -37,40 +35,14 @@ from lightning_pilot.core.batches import BatchAdapter
 from lightning_pilot.core.phases import judge
 from lightning_pilot.core.scalars import read_scalars
 from lightning_pilot.run import PilotCallback
+from lightning_pilot.schemas import UPDATES_SCHEMA, UPDATES_SCHEMA_VERSION, UPDATES_TABLE
 
 __all__ = ["UPDATES_SCHEMA", "UPDATES_SCHEMA_VERSION", "UPDATES_TABLE", "EffectiveBatchAccountant"]
 
-UPDATES_TABLE: Final = "updates"
 #: Updates between reads of the buffered counts (one host sync and, under several processes,
 #: one collective each): token counts stay on the device until then.
 FLUSH_EVERY: Final = 50
-UPDATES_SCHEMA_VERSION: Final = 1
 #: ``runs/<run_id>/updates.parquet``: one row per update per rank (see the class docstring).
-UPDATES_SCHEMA: Final = storage.detail_schema(
-    UPDATES_TABLE,
-    UPDATES_SCHEMA_VERSION,
-    [
-        ("dp_replicas", pa.int32()),
-        ("update", pa.int64()),
-        ("epoch", pa.int64()),
-        ("batch_idx_first", pa.int64()),
-        ("batch_idx_last", pa.int64()),
-        ("accumulate_grad_batches", pa.int64()),
-        ("micro_batches", pa.int64()),
-        ("examples", pa.int64()),
-        ("tokens", pa.int64()),
-        ("tokens_source", pa.string()),
-        ("padding_duplicates", pa.int64()),
-        ("micro_batches_all_ranks", pa.int64()),
-        ("examples_all_ranks", pa.int64()),
-        ("tokens_all_ranks", pa.int64()),
-        ("padding_duplicates_all_ranks", pa.int64()),
-        ("window_partial", pa.bool_()),
-        ("weight", pa.float64()),
-        ("optimizer_stepped", pa.bool_()),
-        ("notes", pa.string()),
-    ],
-)
 
 
 def _finite(value: float | int | None) -> int | None:

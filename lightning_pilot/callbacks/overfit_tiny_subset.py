@@ -9,7 +9,6 @@ from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 import lightning.pytorch as pl
-import pyarrow as pa
 import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.model_helpers import is_overridden
@@ -17,7 +16,6 @@ from lightning_utilities.core.apply_func import apply_to_collection
 from torch.utils.data import DataLoader, IterableDataset, default_collate
 from typing_extensions import override
 
-from lightning_pilot import storage
 from lightning_pilot.core import validate
 from lightning_pilot.core.batches import BatchAdapter
 from lightning_pilot.core.checks import CheckResult
@@ -35,27 +33,11 @@ from lightning_pilot.core.overfit import (
 )
 from lightning_pilot.core.phases import judge
 from lightning_pilot.run import PilotCallback
+from lightning_pilot.schemas import OVERFIT_SCHEMA, OVERFIT_SCHEMA_VERSION, OVERFIT_TABLE
 
 __all__ = ["OVERFIT_SCHEMA", "OVERFIT_SCHEMA_VERSION", "OVERFIT_TABLE", "OverfitTinySubset"]
 
-OVERFIT_TABLE: Final = "overfit"
-OVERFIT_SCHEMA_VERSION: Final = 1
 #: ``runs/<run_id>/overfit.parquet``: the overfit curve (see the class docstring).
-OVERFIT_SCHEMA: Final = storage.detail_schema(
-    OVERFIT_TABLE,
-    OVERFIT_SCHEMA_VERSION,
-    [
-        ("step", pa.int64()),
-        ("loss", pa.float64()),
-        ("micro_batches", pa.int64()),
-        ("target_loss", pa.float64()),
-        ("metric", pa.string()),
-        ("score", pa.float64()),
-        ("wrong_ids", pa.list_(pa.string())),
-        ("subset_ids", pa.list_(pa.string())),
-        ("notes", pa.string()),
-    ],
-)
 
 PredictFn = Callable[[pl.LightningModule, Any], torch.Tensor]
 _HOOK: Final = "on_before_batch_transfer"

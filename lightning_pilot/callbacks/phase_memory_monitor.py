@@ -13,14 +13,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 import lightning.pytorch as pl
-import pyarrow as pa
 import torch
 from lightning.fabric.plugins import CheckpointIO
 from lightning.pytorch.trainer.states import TrainerFn
 from torch.utils.data import DataLoader
 from typing_extensions import override
 
-from lightning_pilot import storage
 from lightning_pilot.core import checks, validate
 from lightning_pilot.core.batches import BatchAdapter, BatchView
 from lightning_pilot.core.memory import (
@@ -37,24 +35,12 @@ from lightning_pilot.core.memory import (
 )
 from lightning_pilot.core.phases import Occurrence, PhaseAggregator
 from lightning_pilot.run import PilotCallback, PilotRefusalError
+from lightning_pilot.schemas import MODEL_SCHEMA
 
 __all__ = ["MODEL_SCHEMA", "PhaseCheckError", "PhaseMemoryMonitor"]
 
 #: ``runs/<run_id>/model.parquet``: what was measured, one row per attempt and rank, written at
 #: fit start: the module's class, parameter counts and bytes, optimizers, precision, device.
-MODEL_SCHEMA = storage.detail_schema(
-    "model",
-    1,
-    [
-        ("model_class", pa.string()),
-        ("parameters", pa.int64()),
-        ("trainable_parameters", pa.int64()),
-        ("param_bytes", pa.int64()),
-        ("optimizers", pa.string()),
-        ("precision", pa.string()),
-        ("device", pa.string()),
-    ],
-)
 
 log = logging.getLogger(__name__)
 

@@ -12,13 +12,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 import lightning.pytorch as pl
-import pyarrow as pa
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from typing_extensions import override
 
-from lightning_pilot import storage
 from lightning_pilot.callbacks._resume_process import (
     ArtifactProbe,
     final_artifact,
@@ -46,6 +44,7 @@ from lightning_pilot.core.resume import (
 )
 from lightning_pilot.resume_child import batch_position, json_id, state_digests, step_record
 from lightning_pilot.run import PilotCallback
+from lightning_pilot.schemas import RESUME_SCHEMA
 
 __all__ = ["RESUME_SCHEMA", "ResumeVerifier"]
 
@@ -54,19 +53,6 @@ log = logging.getLogger(__name__)
 ExportFn = Callable[[pl.LightningModule, Path], str | os.PathLike[str]]
 
 #: ``runs/<run_id>/resume.parquet``: reference vs resumed, one row per state item or micro-batch.
-RESUME_SCHEMA = storage.detail_schema(
-    "resume",
-    1,
-    [
-        ("checkpoint_step", pa.int64()),
-        ("check", pa.string()),
-        ("micro_batch", pa.int64()),
-        ("step", pa.int64()),
-        ("reference", pa.string()),
-        ("resumed", pa.string()),
-        ("equal", pa.bool_()),
-    ],
-)
 
 _STATE_REMEDIES = {
     "global_step": "the loop progress was not restored: resume with trainer.fit(ckpt_path=...)",

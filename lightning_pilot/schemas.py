@@ -1,0 +1,339 @@
+"""Every Arrow schema lightning-pilot writes, in one place (pyarrow only: no torch, no Lightning).
+
+The phase table (:data:`PHASE_SCHEMA`), the run-ledger record (:data:`LEDGER_SCHEMA`) and each
+callback's detail table (``runs/<run_id>/<name>.parquet``) are declared here with their version,
+which every file also records in its metadata. Readers conform each file to the current schema,
+so a file of an older version reads with nulls in the newer columns.
+
+Example:
+    >>> from lightning_pilot.schemas import PHASE_SCHEMA, UPDATES_SCHEMA, schema_version
+    >>> schema_version(PHASE_SCHEMA), UPDATES_SCHEMA.names[:3]
+    (1, ['schema_version', 'written_at', 'run_id'])
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Final
+
+import pyarrow as pa
+
+#: Metadata key under which every file records its schema name and version.
+SCHEMA_METADATA_KEY: Final = b"lightning_pilot.schema"
+
+_TIMESTAMP = pa.timestamp("us", tz="UTC")
+_POINT = pa.struct([("step", pa.int64()), ("value", pa.float64())])
+_NAMED_POINT = pa.struct([("step", pa.int64()), ("name", pa.string()), ("value", pa.float64())])
+_CHECK = pa.struct([("name", pa.string()), ("verdict", pa.string()), ("detail", pa.string())])
+
+
+def _schema(name: str, version: int, fields: Sequence[tuple[str, pa.DataType]]) -> pa.Schema:
+    meta = json.dumps({"name": name, "version": version}).encode()
+    return pa.schema(list(fields), metadata={SCHEMA_METADATA_KEY: meta})
+
+
+#: The columns that say whose row it is: every run table starts with them.
+RUN_IDENTITY_FIELDS: Final = (
+    ("schema_version", pa.int32()),
+    ("written_at", _TIMESTAMP),
+    ("run_id", pa.string()),
+    ("attempt", pa.int32()),
+    ("attempt_id", pa.string()),
+    ("rank", pa.int32()),
+    ("world_size", pa.int32()),
+)
+
+
+def detail_schema(name: str, version: int, fields: Sequence[tuple[str, pa.DataType]]) -> pa.Schema:
+    """The schema of a per-callback detail table: the run identity columns, then ``fields``.
+
+    The name and version are stored in the schema metadata; :class:`~lightning_pilot.PilotRun`
+    fills the identity columns and ``schema_version`` when it writes the rows.
+
+    Example:
+        >>> schema = detail_schema("updates", 1, [("update", pa.int64())])
+        >>> schema.names[:3], schema.names[-1]
+        (['schema_version', 'written_at', 'run_id'], 'update')
+    """
+    return _schema(name, version, [*RUN_IDENTITY_FIELDS, *fields])
+
+
+def schema_version(schema: pa.Schema) -> int | None:
+    """The version a schema made by this module records in its metadata."""
+    raw = (schema.metadata or {}).get(SCHEMA_METADATA_KEY)
+    if raw is None:
+        return None
+    version = json.loads(raw).get("version")
+    return int(version) if isinstance(version, int) else None
+
+
+PHASE_SCHEMA_VERSION: Final = 1
+#: The phase table: one row per phase, per attempt, per rank. Memory columns are bytes,
+#: durations seconds; a value that was not measured is null (with ``counter="none"`` or a
+#: reason in ``notes``), never 0. Allocated and reserved bytes are separate and never added.
+PHASE_SCHEMA: Final = _schema(
+    "phases",
+    PHASE_SCHEMA_VERSION,
+    [
+        ("schema_version", pa.int32()),
+        ("written_at", _TIMESTAMP),
+        # identity
+        ("run_id", pa.string()),
+        ("attempt", pa.int32()),
+        ("attempt_id", pa.string()),
+        ("rank", pa.int32()),
+        ("world_size", pa.int32()),
+        ("device", pa.string()),
+        ("source", pa.string()),
+        # the phase
+        ("phase", pa.string()),
+        ("first", pa.bool_()),
+        ("occurrences", pa.int64()),
+        ("measured_occurrences", pa.int64()),
+        ("step_first", pa.int64()),
+        ("step_last", pa.int64()),
+        # inputs
+        ("batch_size", pa.int64()),
+        ("seq_len", pa.int64()),
+        ("input_shapes", pa.string()),
+        ("precision", pa.string()),
+        # memory
+        ("counter", pa.string()),
+        ("baseline_allocated_bytes", pa.int64()),
+        ("peak_allocated_bytes", pa.int64()),
+        ("end_allocated_bytes", pa.int64()),
+        ("peak_reserved_bytes", pa.int64()),
+        ("device_capacity_bytes", pa.int64()),
+        ("alloc_retries", pa.int64()),
+        ("host_rss_bytes", pa.int64()),
+        ("param_bytes", pa.int64()),
+        ("grad_bytes", pa.int64()),
+        ("optimizer_state_bytes", pa.int64()),
+        ("buffer_bytes", pa.int64()),
+        ("host_swap_used_bytes", pa.int64()),
+        ("file_bytes", pa.int64()),
+        # time
+        ("duration_s", pa.float64()),
+        ("duration_median_s", pa.float64()),
+        ("duration_max_s", pa.float64()),
+        ("synchronized", pa.bool_()),
+        # verdict
+        ("verdict", pa.string()),
+        ("checks", pa.list_(_CHECK)),
+        ("reason", pa.string()),
+        ("notes", pa.string()),
+    ],
+)
+
+LEDGER_SCHEMA_VERSION: Final = 2
+#: One run-ledger record (events ``start``, ``heartbeat``, ``end``). Curves are lists of
+#: ``{step, value}``; validation points lists of ``{step, name, value}``. The learning-rate
+#: curve is ``lr_curve`` because ``lr`` is the typed learning rate of the configuration.
+#: ``curves_delta`` (version 2): true when the record's curves hold only the points added
+#: since the attempt's previous record (heartbeats); null or false: the whole curve so far.
+LEDGER_SCHEMA: Final = _schema(
+    "ledger",
+    LEDGER_SCHEMA_VERSION,
+    [
+        ("schema_version", pa.int32()),
+        ("record_id", pa.string()),
+        ("event", pa.string()),
+        ("written_at", _TIMESTAMP),
+        # identity
+        ("run_id", pa.string()),
+        ("attempt", pa.int32()),
+        ("attempt_id", pa.string()),
+        ("experiment", pa.string()),
+        ("variant", pa.string()),
+        ("seed", pa.int64()),
+        ("derived_from_run_id", pa.string()),
+        # configuration
+        ("params_json", pa.string()),
+        ("config_hash", pa.string()),
+        ("variant_key", pa.string()),
+        ("lr", pa.float64()),
+        ("micro_batch_size", pa.int64()),
+        ("accumulate_grad_batches", pa.int64()),
+        ("dp_replicas", pa.int64()),
+        ("effective_batch_size", pa.int64()),
+        ("planned_updates", pa.int64()),
+        ("precision", pa.string()),
+        ("strategy", pa.string()),
+        ("devices", pa.int64()),
+        # outcome
+        ("status", pa.string()),
+        ("stop_cause", pa.string()),
+        ("stop_step", pa.int64()),
+        # why it stopped, in words (the divergence rule, EarlyStopping's message, ...)
+        ("stop_detail", pa.string()),
+        ("updates_done", pa.int64()),
+        ("examples_seen", pa.int64()),
+        ("tokens_seen", pa.int64()),
+        ("exception_type", pa.string()),
+        ("exception_message", pa.string()),
+        # curves
+        ("curves_delta", pa.bool_()),
+        ("train_loss", pa.list_(_POINT)),
+        ("lr_curve", pa.list_(_POINT)),
+        ("val_points", pa.list_(_NAMED_POINT)),
+        # artifacts
+        ("predictions_uri", pa.string()),
+        ("predictions_sha256", pa.string()),
+        ("checkpoint_uri", pa.string()),
+        ("checkpoint_sha256", pa.string()),
+        ("phase_table_uri", pa.string()),
+        # environment
+        ("torch_version", pa.string()),
+        ("lightning_version", pa.string()),
+        ("python_version", pa.string()),
+        ("device_name", pa.string()),
+        ("git_revision", pa.string()),
+        ("hostname", pa.string()),
+    ],
+)
+
+LEDGER_EVENTS: Final = ("start", "heartbeat", "end")
+STATUSES: Final = ("running", "completed", "stopped", "diverged", "oom", "failed", "interrupted")
+
+
+# --------------------------------------------------------------------------------------------
+# Detail tables (runs/<run_id>/<name>.parquet), one per callback
+# --------------------------------------------------------------------------------------------
+
+EXAMPLES_TABLE: Final = "examples"
+
+EXAMPLES_SCHEMA_VERSION: Final = 2
+
+EXAMPLES_SCHEMA: Final = detail_schema(
+    EXAMPLES_TABLE,
+    EXAMPLES_SCHEMA_VERSION,
+    [
+        ("split", pa.string()),
+        ("batch_index", pa.int64()),
+        ("position", pa.int64()),
+        ("example_id", pa.string()),
+        ("input_text", pa.string()),
+        ("input_tokens", pa.list_(pa.int64())),
+        ("input_values", pa.list_(pa.float64())),
+        ("target", pa.string()),
+        ("target_tokens", pa.list_(pa.int64())),
+        ("loss_positions", pa.list_(pa.int64())),
+        ("loss_tokens", pa.int64()),
+        ("length", pa.int64()),
+        ("seq_len", pa.int64()),
+        ("truncated", pa.bool_()),
+        ("label_relation", pa.string()),
+        ("notes", pa.string()),
+    ],
+)
+
+OVERFIT_TABLE: Final = "overfit"
+
+OVERFIT_SCHEMA_VERSION: Final = 1
+
+OVERFIT_SCHEMA: Final = detail_schema(
+    OVERFIT_TABLE,
+    OVERFIT_SCHEMA_VERSION,
+    [
+        ("step", pa.int64()),
+        ("loss", pa.float64()),
+        ("micro_batches", pa.int64()),
+        ("target_loss", pa.float64()),
+        ("metric", pa.string()),
+        ("score", pa.float64()),
+        ("wrong_ids", pa.list_(pa.string())),
+        ("subset_ids", pa.list_(pa.string())),
+        ("notes", pa.string()),
+    ],
+)
+
+UPDATES_TABLE: Final = "updates"
+
+UPDATES_SCHEMA_VERSION: Final = 1
+
+UPDATES_SCHEMA: Final = detail_schema(
+    UPDATES_TABLE,
+    UPDATES_SCHEMA_VERSION,
+    [
+        ("dp_replicas", pa.int32()),
+        ("update", pa.int64()),
+        ("epoch", pa.int64()),
+        ("batch_idx_first", pa.int64()),
+        ("batch_idx_last", pa.int64()),
+        ("accumulate_grad_batches", pa.int64()),
+        ("micro_batches", pa.int64()),
+        ("examples", pa.int64()),
+        ("tokens", pa.int64()),
+        ("tokens_source", pa.string()),
+        ("padding_duplicates", pa.int64()),
+        ("micro_batches_all_ranks", pa.int64()),
+        ("examples_all_ranks", pa.int64()),
+        ("tokens_all_ranks", pa.int64()),
+        ("padding_duplicates_all_ranks", pa.int64()),
+        ("window_partial", pa.bool_()),
+        ("weight", pa.float64()),
+        ("optimizer_stepped", pa.bool_()),
+        ("notes", pa.string()),
+    ],
+)
+
+MODEL_SCHEMA = detail_schema(
+    "model",
+    1,
+    [
+        ("model_class", pa.string()),
+        ("parameters", pa.int64()),
+        ("trainable_parameters", pa.int64()),
+        ("param_bytes", pa.int64()),
+        ("optimizers", pa.string()),
+        ("precision", pa.string()),
+        ("device", pa.string()),
+    ],
+)
+
+RESUME_SCHEMA = detail_schema(
+    "resume",
+    1,
+    [
+        ("checkpoint_step", pa.int64()),
+        ("check", pa.string()),
+        ("micro_batch", pa.int64()),
+        ("step", pa.int64()),
+        ("reference", pa.string()),
+        ("resumed", pa.string()),
+        ("equal", pa.bool_()),
+    ],
+)
+
+EVENTS_TABLE: Final = "divergence"
+
+EVENTS_SCHEMA: Final = detail_schema(
+    "divergence",
+    1,
+    [
+        ("step", pa.int64()),
+        ("event", pa.string()),
+        ("loss", pa.float64()),
+        ("grad_norm", pa.float64()),
+        ("reference", pa.float64()),
+        ("threshold", pa.float64()),
+        ("detail", pa.string()),
+        ("action", pa.string()),
+    ],
+)
+
+PREDICTIONS_SCHEMA: Final = detail_schema(
+    "predictions",
+    1,
+    [
+        ("step", pa.int64()),
+        ("dataloader_idx", pa.int64()),
+        ("batch_idx", pa.int64()),
+        ("row", pa.int64()),
+        ("example_id", pa.string()),
+        ("prediction", pa.list_(pa.float64())),
+        ("prediction_shape", pa.list_(pa.int64())),
+        ("target", pa.list_(pa.float64())),
+    ],
+)
