@@ -96,9 +96,12 @@ __all__ = [
     "folder_argument",
     "index_ledger",
     "list_snapshot_files",
+    "make_folder",
     "publish_bytes",
     "publish_file",
+    "publish_json",
     "publish_table",
+    "read_json",
     "read_ledger_records",
     "read_parquet_files",
     "read_phase_table",
@@ -379,6 +382,39 @@ def publish_table(table: pa.Table, path: PathLike) -> Path:
 def publish_bytes(data: bytes, path: PathLike) -> Path:
     """Write ``data`` to ``path`` atomically, never overwriting (:func:`publish_file`)."""
     return publish_file(path, lambda handle: handle.write(data))
+
+
+def publish_json(value: Any, path: PathLike) -> Path:
+    """Write ``value`` as JSON to ``path`` atomically, never overwriting (:func:`publish_file`).
+
+    Example:
+        >>> import tempfile
+        >>> path = publish_json({"ok": True}, f"{tempfile.mkdtemp()}/result.json")
+        >>> read_json(path, max_bytes=1024)
+        {'ok': True}
+    """
+    return publish_bytes(json.dumps(value, allow_nan=False).encode(), path)
+
+
+def read_json(path: PathLike, *, max_bytes: int) -> Any:
+    """Read a JSON file written by :func:`publish_json`, refusing one larger than ``max_bytes``.
+
+    Raises:
+        OSError: the file cannot be read.
+        ValueError: it is larger than ``max_bytes`` or is not JSON.
+    """
+    with open(path, "rb") as handle:
+        data = handle.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise ValueError(f"{path} is larger than {max_bytes} bytes: not a file this pilot wrote")
+    return json.loads(data)
+
+
+def make_folder(root: PathLike, *components: str) -> Path:
+    """Make (if needed) and return the folder ``root/components``, checked by :func:`safe_join`."""
+    folder = safe_join(root, *components)
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
 
 
 def _utcnow() -> datetime:
