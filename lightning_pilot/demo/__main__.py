@@ -1,4 +1,4 @@
-"""``python -m lightning_pilot.demo``: the pilot of the bundled tiny LM and the seeds' comparison.
+"""``python -m lightning_pilot.demo``: a pilot of the tiny LM and a learning-rate comparison.
 
 Runs :func:`lightning_pilot.demo.pilot.run_demo`: a pilot fit with every callback, a tiny-subset
 overfit, then the learning-rate comparison (control, half, double and one unstable learning

@@ -1,4 +1,4 @@
-"""The whole pilot on the bundled tiny LM, then the seeds' learning-rate comparison.
+"""The whole pilot on the bundled tiny LM, then a learning-rate comparison.
 
 :func:`run_demo` runs, on CPU:
 
@@ -69,7 +69,7 @@ class LrVariant:
     Args:
         name: the ledger's variant name.
         lr: the learning rate used on the tiny model.
-        seed_lr: the seeds' learning rate it stands for (``None`` for the unstable one).
+        seed_lr: the fine-tuning learning rate it stands for (``None`` for the unstable one).
     """
 
     name: str
@@ -80,7 +80,7 @@ class LrVariant:
 def lr_variants() -> list[LrVariant]:
     """The comparison: control, half, double, and one absurd learning rate that must diverge.
 
-    The seeds' values (1e-4, 5e-5, 2e-4) are for a large pretrained model; the tiny model
+    The usual fine-tuning values (1e-4, 5e-5, 2e-4) are for a large pretrained model; the tiny model
     trained from scratch learns slowly at 1e-4 (val_loss 2.56 after 200 updates against 1.66
     at 3e-3, from 3.14 at the start), so the values are scaled by 30
     (3e-3, 1.5e-3, 6e-3), which keeps the ratios half/control/double that the comparison is
@@ -359,7 +359,7 @@ def run_demo(out_dir: Path, *, quick: bool = False, stream: TextIO | None = None
     runs = ledger.runs()
     ours = runs[runs["run_id"].isin(list(run_ids.values()))]
     write(
-        "\nLearning-rate comparison (the seeds' 1e-4 / 5e-5 / 2e-4 scaled x30 to 3e-3 / 1.5e-3 /"
+        "\nLearning-rate comparison (fine-tuning 1e-4 / 5e-5 / 2e-4 scaled x30 to 3e-3 / 1.5e-3 /"
         f" 6e-3 for the tiny model; 2 x {ACCUMULATE} examples per update, {size.updates}"
         " updates each, seed 0):\n"
     )
