@@ -40,6 +40,8 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
+from lightning.pytorch.callbacks import DeviceStatsMonitor
+from lightning.pytorch.loggers import Logger
 from phase_overhead import UpdateTimer  # this folder: the scripts run as benchmarks/<name>.py
 
 from lightning_pilot import (
@@ -61,6 +63,8 @@ CONFIGS: dict[str, Callable[[], list[pl.Callback]]] = {
     "DivergenceLedger": lambda: [DivergenceLedger(experiment="bench", variant="v", seed=0)],
     # Five callbacks that do nothing: what Lightning's own hook dispatch costs for five.
     "5 empty callbacks": lambda: [pl.Callback() for _ in range(5)],
+    # Lightning's own per-update monitor, for scale.
+    "DeviceStatsMonitor(cpu_stats=True)": lambda: [DeviceStatsMonitor(cpu_stats=True)],
     "all": lambda: [
         PhaseMemoryMonitor(),
         BatchInspector(),
@@ -151,6 +155,19 @@ class TurnClock(Clock):
         self.baton.pass_on(self.me, done=True)
 
 
+class NullLogger(Logger):
+    """A logger that keeps nothing: DeviceStatsMonitor needs one; every fit gets it alike."""
+
+    name = "null"
+    version = 0
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        pass
+
+    def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
+        pass
+
+
 _BUILD = threading.Lock()  # the global RNG is shared by the threads: identical weights
 
 
@@ -170,7 +187,7 @@ def fit(
             devices=1,
             max_steps=steps,
             limit_val_batches=0,
-            logger=False,
+            logger=NullLogger(),
             enable_checkpointing=False,
             enable_progress_bar=False,
             enable_model_summary=False,

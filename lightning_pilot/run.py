@@ -43,6 +43,7 @@ from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
 from lightning_pilot import schemas, storage
+from lightning_pilot.core import validate
 from lightning_pilot.core.ids import new_run_id, validate_run_id
 from lightning_pilot.core.phases import judge, worst_verdict
 
@@ -59,7 +60,6 @@ PHASE_TABLE: Final = "phases"
 
 #: Disk space a run holds from its first write to its close (:meth:`PilotRun.reserve_space`).
 RESERVE_BYTES: Final = 1 << 20
-_IDENTITY_COLUMNS: Final = ("run_id", "attempt", "attempt_id", "rank")
 
 #: ``fn(pl_module, directory) -> path``: the user's export, writing the final artifact.
 ExportFn = Callable[[pl.LightningModule, Path], "str | os.PathLike[str] | None"]
@@ -121,13 +121,8 @@ class PilotRun:
         default = _normalise_out_dir(default_out_dir, "default_out_dir")
         if default is None:
             raise TypeError("default_out_dir must be a folder path, got None.")
-        if not isinstance(rank, int) or rank < 0:
-            raise ValueError(f"rank={rank!r} is invalid: rank must be a non-negative integer.")
-        if not isinstance(world_size, int) or world_size < 1 or rank >= world_size:
-            raise ValueError(
-                f"world_size={world_size!r} is invalid for rank={rank}: world_size must be an"
-                " integer greater than rank."
-            )
+        validate.integer("PilotRun", "rank", rank, minimum=0)
+        validate.integer("PilotRun", "world_size", world_size, minimum=rank + 1, hint="> rank")
         self._default_out_dir = default
         self.rank = rank
         self.world_size = world_size

@@ -268,9 +268,12 @@ def test_composes_with_trainer_options(
 
 
 def test_pilot_run_rejects_bad_arguments(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match=r"rank=-1 is invalid"):
+    with pytest.raises(ValueError, match=r"PilotRun\(rank=-1\) is invalid"):
         PilotRun(default_out_dir=tmp_path, rank=-1)
-    with pytest.raises(ValueError, match=r"world_size=2 is invalid for rank=2"):
+    with pytest.raises(
+        ValueError,
+        match=r"PilotRun\(world_size=2\) is invalid: expected an integer >= 3 \(> rank\)",
+    ):
         PilotRun(default_out_dir=tmp_path, rank=2, world_size=2)
 
 

@@ -32,6 +32,7 @@ from lightning.pytorch.utilities.types import OptimizerLRScheduler
 from torch import Tensor, nn
 from torch.nn.functional import cross_entropy
 from torch.utils.data import Dataset, Subset
+from torchmetrics.functional.classification import multiclass_accuracy
 
 from lightning_pilot.demo._data import (
     SplitDataModule,
@@ -347,7 +348,9 @@ class TinyClassifier(LightningModule):
     def _evaluate(self, batch: Mapping[str, Tensor], prefix: str) -> Tensor:
         logits = self.forward(batch["inputs"])
         loss = cross_entropy(logits, batch["labels"])
-        accuracy = (logits.argmax(dim=-1) == batch["labels"]).float().mean()
+        accuracy = multiclass_accuracy(
+            logits.detach(), batch["labels"], num_classes=logits.shape[-1], average="micro"
+        )
         size = len(batch["labels"])
         self.log(f"{prefix}_loss", loss, prog_bar=True, batch_size=size)
         self.log(f"{prefix}_acc", accuracy, prog_bar=True, batch_size=size)
