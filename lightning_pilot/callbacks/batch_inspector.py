@@ -2,38 +2,27 @@
 
 from __future__ import annotations
 
-import itertools
+import functools
 import os
-import random
-from collections import Counter
-from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any, Final
 
 import lightning.pytorch as pl
-import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.model_helpers import is_overridden
-from torch import nn
-from torch.utils.data import DataLoader, IterableDataset
-from torch.utils.hooks import RemovableHandle
+from torch.utils.data import DataLoader
 from typing_extensions import override
 
 from lightning_pilot.core import validate
 from lightning_pilot.core.batches import BatchAdapter
 from lightning_pilot.core.checks import CheckResult
 from lightning_pilot.core.data_checks import (
+    CausalLMWatch,
+    DataInspection,
+    DatasetScan,
     SplitInspection,
-    check_causal_lm_labels,
-    check_class_histograms,
-    check_duplicates,
-    check_leakage,
-    class_histogram,
-    example_rows,
-    find_causal_lm,
     find_encoder_decoder,
     infer_output_size,
-    input_fingerprint,
-    label_relations,
 )
 from lightning_pilot.core.phases import judge
 from lightning_pilot.run import PilotCallback
@@ -41,46 +30,7 @@ from lightning_pilot.schemas import EXAMPLES_SCHEMA, EXAMPLES_SCHEMA_VERSION, EX
 
 __all__ = ["EXAMPLES_SCHEMA", "EXAMPLES_SCHEMA_VERSION", "EXAMPLES_TABLE", "BatchInspector"]
 
-#: ``runs/<run_id>/examples.parquet``: the inspected examples (see the class docstring).
-
 GroupFn = Callable[[Any], Hashable]
-
-
-def _loaders(value: Any) -> list[DataLoader[Any]]:
-    if isinstance(value, DataLoader):
-        return [value]
-    if isinstance(value, Mapping):
-        value = list(value.values())
-    if isinstance(value, Sequence) and not isinstance(value, str):
-        return [loader for item in value for loader in _loaders(item)]
-    return []
-
-
-def _items(dataset: Any, limit: int) -> Iterator[Any]:
-    if isinstance(dataset, IterableDataset) or not hasattr(dataset, "__len__"):
-        yield from itertools.islice(iter(dataset), limit)
-        return
-    for index in range(min(len(dataset), limit)):
-        yield dataset[index]
-
-
-class _LabelWatch:
-    """The forward pre-hook on a causal LM: hands its ``labels=`` to the inspector.
-
-    A copy of the model made while it is watched (``copy.deepcopy``, ``pickle``: the resume
-    check's in-process fallback, a user's ``torch.save(model)``) gets an inert hook, never a
-    copy of the inspector and its run.
-    """
-
-    def __init__(self, inspector: BatchInspector | None) -> None:
-        self.inspector = inspector
-
-    def __call__(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        if self.inspector is not None:
-            self.inspector._on_lm_forward(args, kwargs)
-
-    def __reduce__(self) -> tuple[type[_LabelWatch], tuple[None]]:
-        return _LabelWatch, (None,)
 
 
 class BatchInspector(PilotCallback):
@@ -91,29 +41,13 @@ class BatchInspector(PilotCallback):
     after the transfer hooks, as ``training_step`` receives them) through the
     :class:`BatchAdapter`, and at ``on_train_start`` scans the datasets of the train,
     validation and test loaders (at most ``max_examples`` each, in index order, with the
-    torch and Python random states restored afterwards). Checks, each named
-    ``<split>/<check>`` in the ``data`` row's ``checks``:
-
-    * ``ids_present_unique``, ``targets_present`` (``not_checked`` naming a missing field);
-    * ``label_range``: counted labels inside the model's outputs, ``ignore_index`` kept apart.
-      The output size is ``num_classes``/``vocab_size`` if given, else read from the module
-      (:func:`~lightning_pilot.core.data_checks.infer_output_size`: the output embeddings, a
-      child named ``lm_head``/``head``/``classifier``/..., else the last ``nn.Linear``);
-    * ``truncation`` (sequences reaching ``max_length``: given, else the datamodule's or the
-      module's ``max_length``), ``padding`` (fraction), ``attention_mask_*`` and
-      ``padding_not_in_loss`` (the mask fits the inputs, padding is not a target);
-    * ``instruction_masked`` (token targets aligned with the inputs: warns when the labels equal
-      ``input_ids`` on every real token) and ``loss_positions_present``;
-    * ``label_shift``: the relation of token labels to ``input_ids`` (``identical``, ``shifted
-      by 1``, ``shifted by -1``, ``other``); warns when they are already shifted left by one,
-      which trains a model that shifts internally (Hugging Face ``*ForCausalLM``) two tokens
-      ahead. When the module holds such a model, a forward pre-hook watches the ``labels=`` it is
-      given until the verdict: ``causal_lm_labels`` fails when they are shifted left by one;
-    * dataset level: ``class_histograms`` with ``val_classes_in_train`` and
-      ``label_ranges_agree`` (one label per example), ``split_leakage`` (``group_fn`` keys in
-      more than one split: ``fail``) and ``duplicate_inputs_across_splits`` (``warn``). A split
-      whose loader cannot be read during ``fit`` (a DataModule that builds its test split in
-      ``setup("test")``) is left out with ``<split>/split_leakage`` ``not_checked`` and why.
+    torch and Python random states restored afterwards). Every check (ids, targets, label
+    ranges against the model's output size, masks, padding, truncation, instruction masking,
+    labels shifted for a causal LM that shifts them, class histograms, split leakage,
+    duplicates) is named ``<split>/<check>`` in the ``data`` row's ``checks`` and described in
+    ``docs/data-and-overfit.md``; the logic is :mod:`lightning_pilot.core.data_checks`. A split
+    whose loader cannot be read during ``fit`` is left out with ``<split>/split_leakage``
+    ``not_checked`` and why.
 
     User code that raises (the DataModule's loaders, the datasets, ``group_fn``, ``decode``,
     the adapter's field functions) never stops the fit: the check it served is ``not_checked``
@@ -122,34 +56,10 @@ class BatchInspector(PilotCallback):
     The verdict goes to the phase table's ``data`` row (``first=True``, shared with
     ``PhaseMemoryMonitor``'s timing of the data fetch), once: when the training and validation
     batches are inspected, else at train end or on an exception. Nothing here stops training.
-
-    Table ``<out_dir>/runs/<run_id>/examples.parquet`` (:data:`EXAMPLES_SCHEMA`), ``examples``
-    rows per split, written with the verdict:
-
-    ==============================  ==============  ============================================
-    column                          dtype           meaning
-    ==============================  ==============  ============================================
-    run_id, attempt, attempt_id,    str/int32       identity
-    rank, world_size
-    split, batch_index, position    str/int64       ``train``/``val``, batch number, row in it
-    example_id                      str             the example's id (null: none in the batch)
-    input_text                      str             ``decode(tokens)`` of the real tokens
-    input_tokens / input_values     list<int64/f64> token ids (real tokens) / float features
-                                                    (flattened, at most 256)
-    target                          str             the class, or the decoded counted targets
-    target_tokens, loss_positions   list<int64>     token targets as given; positions counted
-    loss_tokens                     int64           how many positions count in the loss
-    length, seq_len, truncated      int64/bool      real tokens, padded width, ``length >=
-                                                    max_length`` (null when unknown)
-    label_relation                  str             token labels vs ``input_ids``: ``identical``,
-                                                    ``shifted by 1`` (``labels[t] ==
-                                                    input_ids[t+1]``), ``shifted by -1``,
-                                                    ``other`` (null: not token sequences)
-    notes, schema_version,          str/...         why a value is null; file metadata
-    written_at
-    ==============================  ==============  ============================================
-
-    Ranks: every rank inspects its own batches and writes its own row and examples (``rank``).
+    The table ``<out_dir>/runs/<run_id>/examples.parquet`` (:data:`EXAMPLES_SCHEMA`: ids,
+    tokens or values, decoded text, targets, loss positions, lengths, the label relation)
+    keeps ``examples`` rows per split, written with the verdict. Every rank inspects its own
+    batches and writes its own row and examples (``rank``).
 
     Args:
         batches: batches inspected per split.
@@ -240,34 +150,22 @@ class BatchInspector(PilotCallback):
         )
         validate.instance(owner, "adapter", adapter, BatchAdapter)
         self.adapter = adapter or BatchAdapter()
+        self._watch: CausalLMWatch | None = None
         self._reset()
 
     def _reset(self) -> None:
         self._unwatch()
-        self._splits: dict[str, SplitInspection] = {}
-        self._rows: list[dict[str, Any]] = []
-        self._dataset_checks: list[CheckResult] = []
-        # Per split: the batch the adapter could not read (the split's batch checks stop there).
-        self._errors: dict[str, CheckResult] = {}
-        self._decode_errors: list[str] = []
-        # Every check left ``not_checked`` because user code raised (warned at the verdict).
-        self._raised: list[CheckResult] = []
-        # A Hugging Face causal LM of the module and what its forward calls were given.
-        self._causal_lm: str | None = None
-        self._lm_calls = 0
-        self._lm_relations: Counter[str] = Counter()
-        self._lm_error: str | None = None
-        self._val_done = False
-        self._started = False
-        self._done = False
+        self._watch = None
+        self._inspection: DataInspection | None = None
+        # The dataset checks, once the scan ran at train start (None: not yet).
+        self._dataset_checks: list[CheckResult] | None = None
+        self._val_done = self._done = False
         self.verdict: str | None = None
         self.checks: dict[str, CheckResult] = {}
 
     def _unwatch(self) -> None:
-        handle: RemovableHandle | None = self.__dict__.get("_lm_handle")
-        if handle is not None:
-            handle.remove()
-        self._lm_handle: RemovableHandle | None = None
+        if self._watch is not None:
+            self._watch.remove()
 
     @override
     def _state_key_fields(self) -> dict[str, Any]:
@@ -283,39 +181,44 @@ class BatchInspector(PilotCallback):
         size, source = self.output_size, "num_classes/vocab_size given"
         if size is None:
             size, source = infer_output_size(pl_module)
-        max_length = self.max_length or _max_length(trainer, pl_module)
-        self._watch(pl_module)
-        for split in ("train", "val"):
-            self._splits[split] = SplitInspection(
-                split,
-                ignore_index=self.adapter.ignore_index,
-                output_size=size,
-                size_source=source,
-                max_length=max_length,
-                pad_token_id=self.pad_token_id,
-                padding_warn=self.padding_warn,
-                causal_lm=self._causal_lm,
-                encoder_decoder=find_encoder_decoder(pl_module),
-            )
+        ignore_index = self.adapter.ignore_index
+        # A few calls decide; later ones (a verdict waiting for validation) cost one call each.
+        self._watch = CausalLMWatch.attach(
+            pl_module, ignore_index=ignore_index, max_calls=4 * self.batches
+        )
+        inspect_split = functools.partial(
+            SplitInspection,
+            ignore_index=ignore_index,
+            output_size=size,
+            size_source=source,
+            max_length=self.max_length or _max_length(trainer, pl_module),
+            pad_token_id=self.pad_token_id,
+            padding_warn=self.padding_warn,
+            causal_lm=None if self._watch is None else self._watch.name,
+            encoder_decoder=find_encoder_decoder(pl_module),
+        )
+        self._inspection = DataInspection(
+            {split: inspect_split(split) for split in ("train", "val")},
+            batches=self.batches,
+            examples=self.examples,
+            decode=self.decode,
+        )
         has_val = trainer.limit_val_batches != 0 and is_overridden("validation_step", pl_module)
         self._val_done = not has_val
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self._splits:
-            try:
-                self._dataset_checks = self._scan(trainer)
-            except Exception as err:  # never the user's fit: the scan is left out, with why
-                self._dataset_checks = [
-                    CheckResult(
-                        "datasets_scanned",
-                        "not_checked",
-                        f"the dataset scan raised {type(err).__name__}: {err}; split leakage,"
-                        " duplicates and class histograms not checked",
-                    )
-                ]
-            self._started = True
-            self._maybe_finish()
+        if self._inspection is None:
+            return
+        try:
+            self._dataset_checks = self._scan(trainer, self._inspection)
+        except Exception as err:  # never the user's fit: the scan is left out, with why
+            detail = (
+                f"the dataset scan raised {type(err).__name__}: {err}; split leakage,"
+                " duplicates and class histograms not checked"
+            )
+            self._dataset_checks = [CheckResult("datasets_scanned", "not_checked", detail)]
+        self._maybe_finish()
 
     @override
     def on_train_batch_start(
@@ -357,80 +260,21 @@ class BatchInspector(PilotCallback):
         self._unwatch()
         super().teardown(trainer, pl_module, stage)
 
-    # -- the causal LM's labels ----------------------------------------------------------------
-
-    def _watch(self, pl_module: nn.Module) -> None:
-        """Watch the ``labels=`` given to a Hugging Face causal LM of the module, if any."""
-        found = find_causal_lm(pl_module)
-        if found is None:
-            return
-        path, model = found
-        self._causal_lm = f"{type(model).__name__} at '{path}'" if path else type(model).__name__
-        self._lm_handle = model.register_forward_pre_hook(_LabelWatch(self), with_kwargs=True)
-
-    def _on_lm_forward(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        # A few calls decide; later ones (a verdict waiting for validation) cost one call each.
-        if self._done or self._lm_calls >= 4 * self.batches:
-            return
-        try:
-            self._lm_calls += 1
-            labels = kwargs.get("labels")
-            if labels is None:
-                return
-            ids = kwargs.get("input_ids", args[0] if args else None)
-            relations = label_relations(ids, labels, ignore_index=self.adapter.ignore_index)
-            self._lm_relations.update(r for r in relations or [] if r is not None)
-        except Exception as err:  # inside the user's forward: record, never raise
-            self._lm_error = f"{type(err).__name__}: {err}"
-
-    # -- inspecting --------------------------------------------------------------------------
-
     def _inspect(self, split: str, batch: Any) -> None:
-        inspection = self._splits.get(split)
-        if (
-            inspection is None
-            or self._done
-            or inspection.batches >= self.batches
-            or split in self._errors
-        ):
+        inspection = self._inspection
+        if inspection is None or self._done or inspection.done(split):
             if split == "train":  # nothing more to read from training batches in this fit
                 self._mute("on_train_batch_start")
             return
-        try:
-            view = self.adapter.view(batch)
-            kept = sum(1 for r in self._rows if r["split"] == split)
-            rows = []
-            if kept < self.examples:
-                rows = example_rows(
-                    view,
-                    split=split,
-                    batch_index=inspection.batches,
-                    limit=self.examples - kept,
-                    ignore_index=self.adapter.ignore_index,
-                    max_length=inspection.max_length,
-                    decode=self.decode,
-                    errors=self._decode_errors,
-                )
-            inspection.add(view)
-            self._rows += rows
-        except Exception as err:  # a field function of the adapter, an odd batch: not the fit
-            self._errors[split] = error = CheckResult(
-                f"{split}/batch_read",
-                "not_checked",
-                f"reading a {split} batch raised {type(err).__name__}: {err}; the {split} batch"
-                " checks stop there: give adapter=BatchAdapter(...) field specs that fit the"
-                " batch",
-            )
-            self._raised.append(error)
-        if split == "val" and (inspection.batches >= self.batches or split in self._errors):
+        inspection.add(split, batch, self.adapter)
+        if split == "val" and inspection.done(split):
             self._val_done = True
         self._maybe_finish()
 
-    def _scan(self, trainer: pl.Trainer) -> list[CheckResult]:
+    def _scan(self, trainer: pl.Trainer, inspection: DataInspection) -> list[CheckResult]:
         """Leakage, duplicates and histograms over the splits' datasets (bounded).
 
-        Every read of user code (another split's loader, a dataset item, ``group_fn``) is
-        guarded: a split that cannot be read is left out with ``<split>/split_leakage``
+        A split whose loader cannot be read is left out with ``<split>/split_leakage``
         ``not_checked`` and the reason, and the fit goes on.
         """
         problems: list[CheckResult] = []
@@ -442,124 +286,30 @@ class BatchInspector(PilotCallback):
                 continue
             if not is_overridden(f"{split}_dataloader", datamodule):
                 continue
-            loaders, problem = _split_loaders(datamodule, split)
-            if problem is not None:
-                problems.append(problem)
-            sources[split] = loaders
-        keys: dict[str, list[Hashable]] = {}
-        prints: dict[str, list[str | None]] = {}
-        labels: dict[str, dict[int, int]] = {}
-        scanned: dict[str, int] = {}
-        group_error: CheckResult | None = None
-        python_state = random.getstate()
-        try:
-            with torch.random.fork_rng(devices=[]):
-                for split, loaders in sources.items():
-                    try:
-                        items = [
-                            item
-                            for loader in loaders
-                            for item in _items(loader.dataset, self.max_examples)
-                        ]
-                        views = [self.adapter.view(item, count_tokens=False) for item in items]
-                    except Exception as err:  # the user's dataset or adapter: report it
-                        self._raised.append(
-                            CheckResult(
-                                f"{split}/split_leakage",
-                                "not_checked",
-                                f"reading the {split} dataset raised {type(err).__name__}:"
-                                f" {err}; split leakage, duplicates and class histograms leave"
-                                f" {split} out: check the dataset's items (dataset[i]) and the"
-                                " adapter's field specs",
-                            )
-                        )
-                        problems.append(self._raised[-1])
-                        continue
-                    if not items:
-                        continue
-                    scanned[split] = len(items)
-                    prints[split] = [input_fingerprint(v.inputs) for v in views]
-                    labels[split] = class_histogram(
-                        (v.targets for v in views if _is_scalar(v.targets)),
-                        ignore_index=self.adapter.ignore_index,
-                    )
-                    if self.group_fn is not None and group_error is None:
-                        try:
-                            keys[split] = [self.group_fn(item) for item in items]
-                        except Exception as err:  # the user's function: report it, keep training
-                            group_error = CheckResult(
-                                "split_leakage",
-                                "not_checked",
-                                f"group_fn raised {type(err).__name__}: {err} on a {split} item:"
-                                " fix group_fn (it receives one dataset item, as dataset[i]"
-                                " returns it)",
-                            )
-        finally:
-            random.setstate(python_state)
-        results: list[CheckResult] = []
-        if any(labels.values()):
-            results += check_class_histograms(labels)
-        if group_error is not None:
-            self._raised.append(group_error)
-            results.append(group_error)
-        else:
-            results.append(check_leakage(keys if self.group_fn else None, scanned=scanned))
-        results.append(check_duplicates(prints, scanned=scanned))
-        return results + problems
-
-    # -- the verdict ---------------------------------------------------------------------------
+            sources[split], problem = _split_loaders(datamodule, split)
+            problems += [problem] if problem is not None else []
+        scan = DatasetScan(self.adapter, max_examples=self.max_examples, group_fn=self.group_fn)
+        datasets = {split: [loader.dataset for loader in ls] for split, ls in sources.items()}
+        results = scan.run(datasets, problems)
+        inspection.raised += scan.raised
+        return results
 
     def _maybe_finish(self) -> None:
-        train = self._splits.get("train")
-        full = train is not None and (train.batches >= self.batches or "train" in self._errors)
-        if self._started and full and self._val_done:
+        started = self._dataset_checks is not None
+        if started and self._val_done and self._inspection and self._inspection.done("train"):
             self._finish()
 
     def _finish(self, failed: BaseException | None = None) -> None:
-        if self._done or not self._splits or self._run is None:
+        inspection = self._inspection
+        if self._done or inspection is None or self._run is None:
             return
         self._done = True
         self._unwatch()
-        results = [c for s in self._splits.values() for c in s.checks()]
-        results += self._errors.values()
-        if self._decode_errors:
-            self._raised.append(
-                CheckResult(
-                    "decode",
-                    "not_checked",
-                    f"{self._decode_errors[0]} ({len(self._decode_errors)} call(s)): input_text"
-                    " and target stay null in examples.parquet; fix decode= (it receives a 1-d"
-                    " LongTensor of token ids, e.g. a tokenizer's decode)",
-                )
-            )
-            results.append(self._raised[-1])
-        if self._causal_lm is not None:
-            if self._lm_error is not None:
-                self._raised.append(
-                    CheckResult(
-                        "causal_lm_labels",
-                        "not_checked",
-                        f"reading the labels given to {self._causal_lm} raised {self._lm_error}",
-                    )
-                )
-                results.append(self._raised[-1])
-            else:
-                results.append(
-                    check_causal_lm_labels(self._causal_lm, self._lm_relations, self._lm_calls)
-                )
-        if not self._started:
-            results.append(
-                CheckResult(
-                    "datasets_scanned",
-                    "not_checked",
-                    f"the fit ended ({type(failed).__name__}) before training started",
-                )
-            )
-        results += self._dataset_checks
+        results = inspection.results(
+            self._watch, dataset_checks=self._dataset_checks, failed=failed
+        )
         self.checks = {c.name: c for c in results}
         self.verdict, reason = judge("data", ((c.name, c.verdict, c.detail) for c in results))
-        if reason is None and self.verdict == "not_checked":
-            reason = "; ".join(f"{c.name}: {c.detail}" for c in results)
         self.run.put_phase_row(
             {
                 "phase": "data",
@@ -571,19 +321,25 @@ class BatchInspector(PilotCallback):
             source=type(self).__name__,
         )
         meta = {"schema_version": EXAMPLES_SCHEMA_VERSION}
-        order = {"train": 0, "val": 1}
-        rows = sorted(
-            self._rows, key=lambda r: (order[r["split"]], r["batch_index"], r["position"])
-        )
-        self.run.append_rows(EXAMPLES_TABLE, [meta | row for row in rows])
+        self.run.append_rows(EXAMPLES_TABLE, [meta | row for row in inspection.table_rows()])
         line = f"BatchInspector: data verdict {self.verdict}"
         if self.verdict in ("fail", "warn"):
             rank_zero_warn(f"{line}: {reason}")
-        elif self._raised:  # user code that raised: said even when the rest passes
-            raised = "; ".join(f"{c.name}: {c.detail}" for c in self._raised)
+        elif inspection.raised:  # user code that raised: said even when the rest passes
+            raised = "; ".join(f"{c.name}: {c.detail}" for c in inspection.raised)
             rank_zero_warn(f"{line}; {raised}")
         else:
             rank_zero_info(line)
+
+
+def _loaders(value: Any) -> list[DataLoader[Any]]:
+    if isinstance(value, DataLoader):
+        return [value]
+    if isinstance(value, Mapping):
+        value = list(value.values())
+    if isinstance(value, Sequence) and not isinstance(value, str):
+        return [loader for item in value for loader in _loaders(item)]
+    return []
 
 
 def _datamodule(trainer: pl.Trainer) -> pl.LightningDataModule | None:
@@ -629,12 +385,6 @@ def _split_loaders(
         "not_checked",
         f"{method}() returned {type(value).__name__} during fit, not a DataLoader; {left_out}",
     )
-
-
-def _is_scalar(value: Any) -> bool:
-    if isinstance(value, torch.Tensor):
-        return value.ndim == 0 or value.numel() == 1
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _max_length(trainer: pl.Trainer, pl_module: pl.LightningModule) -> int | None:

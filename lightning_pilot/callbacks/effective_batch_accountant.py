@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import asdict
 from typing import Any, Final
 
 import lightning.pytorch as pl
@@ -21,12 +23,13 @@ from lightning_pilot.core.accounting import (
     KEEP_CHOICES,
     BatchConfig,
     Keep,
+    Summary,
     UpdateCounter,
     UpdatePlan,
     check_accumulation_windows,
     normalise_schedule,
     pack_counts,
-    plan_updates,
+    plan_for_fit,
     replica_duplicates,
     summarize,
     unpack_sums,
@@ -42,7 +45,6 @@ __all__ = ["UPDATES_SCHEMA", "UPDATES_SCHEMA_VERSION", "UPDATES_TABLE", "Effecti
 #: Updates between reads of the buffered counts (one host sync and, under several processes,
 #: one collective each): token counts stay on the device until then.
 FLUSH_EVERY: Final = 50
-#: ``runs/<run_id>/updates.parquet``: one row per update per rank (see the class docstring).
 
 
 def _finite(value: float | int | None) -> int | None:
@@ -57,60 +59,24 @@ class EffectiveBatchAccountant(PilotCallback):
     At ``on_train_start`` it reads the real configuration: the micro-batch size (the loader's
     ``batch_size``, else the first batch through the :class:`BatchAdapter`), ``K`` (with a
     ``GradientAccumulationScheduler``'s schedule), the data-parallel replicas (the strategy's
-    ``distributed_sampler_kwargs["num_replicas"]``: DDP, FSDP and DeepSpeed count every
-    process, ``ModelParallelStrategy`` only its ``data_parallel`` mesh dimension; tensor and
-    pipeline ranks sharing a batch are never replicas) and the dataset. It logs the plan
+    ``distributed_sampler_kwargs["num_replicas"]``: tensor and pipeline ranks sharing a batch
+    are never replicas) and the dataset. It logs the plan
     (:func:`~lightning_pilot.core.accounting.plan_updates`) once and checks it against
     ``trainer.estimated_stepping_batches``. During training it counts micro-batches, examples
-    and non-padding tokens (from the attention mask; without one, every token of integer
-    ``[B, T]`` inputs) into updates. At the end it compares plan and count, warns about partial
-    accumulation windows (with the weight Lightning's division by ``K`` gave them), padding
-    duplicates of a ``DistributedSampler``, steps skipped by a GradScaler, ``K`` changing and a
-    wide spread of tokens per update, logs a summary line, and hands ``micro_batch_size``,
-    ``accumulate_grad_batches``, ``dp_replicas``, ``effective_batch_size``, ``planned_updates``,
-    ``updates_done``, ``examples_seen`` and ``tokens_seen`` to the run's ledger fields. The
-    phase table's ``optimizer_step`` row (the later occurrences') gets the check
-    ``partial_accumulation_windows`` when ``K > 1``: ``warn`` naming the updates that stepped an
-    incomplete window, their weight and the remedy that fits the cause
-    (:func:`~lightning_pilot.core.accounting.partial_window_remedy`), else ``pass``.
+    and non-padding tokens into updates (:class:`~lightning_pilot.core.accounting.UpdateCounter`).
+    At the end it compares plan and count (:func:`~lightning_pilot.core.accounting.summarize`),
+    warns about every finding, logs the summary line, and hands the counts to the run's ledger
+    fields. The phase table's ``optimizer_step`` row gets the check
+    ``partial_accumulation_windows`` when ``K > 1``
+    (:func:`~lightning_pilot.core.accounting.check_accumulation_windows`).
 
-    Table ``<out_dir>/runs/<run_id>/updates.parquet`` (:data:`UPDATES_SCHEMA`), one row per
-    update per rank, written by every rank into its own snapshot files:
-
-    ========================================  =========  ======================================
-    column                                    dtype      meaning
-    ========================================  =========  ======================================
-    run_id, attempt, attempt_id, rank,        str/int32  identity (``world_size``: processes,
-    world_size, dp_replicas                              ``dp_replicas``: data replicas)
-    update                                    int64      ``global_step`` after the update
-    epoch, batch_idx_first, batch_idx_last    int64      where its micro-batches came from
-    accumulate_grad_batches                   int64      ``K`` in effect
-    micro_batches, examples, tokens           int64      this rank's counts (tokens: null when
-                                                         the batch has no mask or token ids)
-    tokens_source                             str        ``attention_mask`` or ``input_ids``
-    padding_duplicates                        int64      sampler duplicates in this rank's
-                                                         examples (null: not knowable)
-    ``<count>_all_ranks``                     int64      the four counts summed over the data
-                                                         replicas; null if the fit failed
-                                                         before they were summed
-    window_partial, weight                    bool/f64   fewer than ``K`` micro-batches; weight
-                                                         = micro_batches / K
-    optimizer_stepped                         bool       false: a GradScaler skipped the step;
-                                                         null: not observable (no GradScaler)
-    notes, schema_version, written_at         str/...    why a value is null; file metadata
-    ========================================  =========  ======================================
-
-    When written: rows are counted and handed to the shared run at flush points (every
-    ``FLUSH_EVERY`` = 50 updates, epoch ends, checkpoint saves, the end of training) and
-    published with the run's snapshots: at the end of the fit, on an exception (rows not summed
-    over ranks yet keep null sums and a note) and at any ``run.flush()``. The ledger fields are
-    refreshed at every epoch end, checkpoint save and at the end.
-
-    Ranks: every rank counts its own micro-batches. The ``*_all_ranks`` sums are computed at
-    the flush points, which every rank reaches at the same update (one ``max`` and one ``sum``
-    all-reduce of a small integer tensor each, never per micro-batch and never in
-    ``on_exception``); a single process needs no collective. Token counts (the attention
-    mask's sum) stay on the device until a flush reads them all with one host sync.
+    Table ``<out_dir>/runs/<run_id>/updates.parquet`` (:data:`UPDATES_SCHEMA`, described in
+    ``docs/effective-batch.md``): one row per update per rank, written by every rank. Rows are
+    counted at flush points (every ``FLUSH_EVERY`` = 50 updates, epoch ends, checkpoint saves,
+    the end of training), where the ``*_all_ranks`` columns are summed over the data replicas
+    (one ``max`` and one ``sum`` all-reduce of a small integer tensor, never per micro-batch and
+    never in ``on_exception``: rows not summed when a fit fails keep null sums and a note).
+    Token counts stay on the device until a flush reads them all with one host sync.
 
     Args:
         keep: what a comparison of runs holds constant (``"updates"``, ``"examples"`` or
@@ -145,7 +111,6 @@ class EffectiveBatchAccountant(PilotCallback):
         >>> rows = read_snapshot_table(accountant.run.run_dir / "updates.parquet").to_pylist()
         >>> [(row["update"], row["micro_batches"], row["examples_all_ranks"]) for row in rows]
         [(1, 8, 16), (2, 8, 16), (3, 8, 16), (4, 8, 16)]
-
     """
 
     def __init__(
@@ -175,25 +140,21 @@ class EffectiveBatchAccountant(PilotCallback):
 
     def _reset_fit(self) -> None:
         self._plan: UpdatePlan | None = None
+        # Makes the plan once the micro-batch size is known (the loader's, else the first batch's).
+        self._planner: Callable[..., tuple[UpdatePlan | None, str | None]] | None = None
         self._config = BatchConfig(None, 1, 1)
-        self._world = 1
-        self._dp = 1
+        self._world = self._dp = 1
         self._estimated: int | None = None
         self._sampler: DistributedSampler[Any] | None = None
         self._loader_batch_size: int | None = None
-        self._plan_inputs: dict[str, Any] | None = None
-        self._last_step = 0
-        self._step_calls = 0
-        # Micro-batches and update ends not yet counted (token counts still on the device).
-        self._raw: list[tuple[Any, ...]] = []
-        self._micro: tuple[Any, ...] | None = None
-        self._last_flush = 0
-        self._scaler = False
+        self._last_step = self._last_flush = self._step_calls = 0
+        # The micro-batch read at its start, counted once its step ran.
+        self._micro: dict[str, Any] | None = None
+        self._scaler = self._training = False
         self._hooks: list[RemovableHandle] = []
-        self._training = False
         self._epochs_done = 0
         self._notes: list[str] = []
-        self._summary: dict[str, Any] | None = None
+        self._summary: Summary | None = None
 
     @override
     def _state_key_fields(self) -> dict[str, Any]:
@@ -206,10 +167,8 @@ class EffectiveBatchAccountant(PilotCallback):
 
     @property
     def summary(self) -> dict[str, Any]:
-        """Plan against count: configuration, totals, ``flags`` and the summary ``line``."""
-        if self._summary is not None:
-            return dict(self._summary)
-        return self._summarize(self._epochs_done)
+        """Plan against count (:class:`~lightning_pilot.core.accounting.Summary`) as a dict."""
+        return (self._summary or self._summarize(self._epochs_done)).as_dict()
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -226,20 +185,37 @@ class EffectiveBatchAccountant(PilotCallback):
         if self._loaded_counts is not None:
             self._counter.load_state_dict(self._loaded_counts)
             self._loaded_counts = None
-        self._check_resume(trainer.global_step)
+        note = self._counter.resume_at(trainer.global_step)
+        self._notes += [note] if note else []
         self._read_configuration(trainer)
-        self._install_step_hooks(trainer)
+        self._remove_step_hooks()
+        self._scaler = isinstance(
+            getattr(trainer.precision_plugin, "scaler", None), torch.amp.GradScaler
+        )
+        self._hooks = [
+            o.register_step_post_hook(self._on_optimizer_step) for o in trainer.optimizers
+        ]
         self._last_step = self._last_flush = trainer.global_step
         self._training = True
-        if self._plan_inputs is not None and self._plan_inputs["micro_batch_size"] is not None:
+        if self._config.micro_batch_size is not None:
             self._make_plan()
 
     @override
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        # Read while the batch is fresh; counted once its step ran (on_train_batch_end).
-        self._read(trainer, batch, batch_idx)
+        size, tokens, source = self.adapter.size_and_tokens(batch)
+        if self._planner is not None:  # the loader did not say: the first batch does
+            self._config = BatchConfig(size, self._config.accumulate_grad_batches, self._dp)
+            self._make_plan()
+        self._micro = {
+            "epoch": trainer.current_epoch,
+            "batch_idx": batch_idx,
+            "examples": size,
+            "tokens": tokens,
+            "tokens_source": source,
+            "duplicates": self._duplicates(batch_idx),
+        }
 
     @override
     def on_train_batch_end(
@@ -250,13 +226,27 @@ class EffectiveBatchAccountant(PilotCallback):
         batch: Any,
         batch_idx: int,
     ) -> None:
-        self._count(trainer, pl_module)
+        if self._micro is None:
+            return
+        self._counter.add_micro_batch(**self._micro)
+        self._micro = None
+        step = trainer.global_step
+        if step == self._last_step:
+            return
+        self._last_step = step
+        stepped = True if self._step_calls else (False if self._scaler else None)
+        self._step_calls = 0
+        self._counter.close_update(
+            update=step, accumulate_grad_batches=trainer.accumulate_grad_batches, stepped=stepped
+        )
+        if step - self._last_flush >= FLUSH_EVERY:  # the same update on every rank
+            self._flush(trainer, pl_module)
 
     @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._epochs_done = trainer.current_epoch + 1
         self._flush(trainer, pl_module)
-        self._set_ledger_fields(self._summarize(self._epochs_done))
+        self.run.set_ledger_fields(**self._summarize(self._epochs_done).ledger_fields())
 
     @override
     def on_save_checkpoint(
@@ -267,23 +257,22 @@ class EffectiveBatchAccountant(PilotCallback):
         if not self._training:
             return
         self._flush(trainer, pl_module)
-        if self._world > 1:
-            states = checkpoint.get("callbacks")
-            if isinstance(states, dict) and self.state_key in states:
-                states[self.state_key] = self.state_dict()
-        self._set_ledger_fields(self._summarize(self._epochs_done))
+        states = checkpoint.get("callbacks")
+        if self._world > 1 and isinstance(states, dict) and self.state_key in states:
+            states[self.state_key] = self.state_dict()
+        self.run.set_ledger_fields(**self._summarize(self._epochs_done).ledger_fields())
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._flush(trainer, pl_module)
         self._training = False
         self._remove_step_hooks()
-        self._summary = self._summarize(trainer.current_epoch)
-        for flag in self._summary["flags"]:
-            if flag["flag"] not in ("note", "estimate_mismatch"):
-                rank_zero_warn(f"EffectiveBatchAccountant: {flag['detail']}")
-        rank_zero_info(f"EffectiveBatchAccountant: {self._summary['line']}")
-        self._set_ledger_fields(self._summary)
+        self._summary = summary = self._summarize(trainer.current_epoch)
+        for flag in summary.flags:
+            if flag.flag not in ("note", "estimate_mismatch"):
+                rank_zero_warn(f"EffectiveBatchAccountant: {flag.detail}")
+        rank_zero_info(f"EffectiveBatchAccountant: {summary.line}")
+        self.run.set_ledger_fields(**summary.ledger_fields())
         self._put_verdict()
 
     @override
@@ -291,28 +280,25 @@ class EffectiveBatchAccountant(PilotCallback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
     ) -> None:
         # No collective here: rows not summed yet are kept with this rank's counts only.
+        pending: list[dict[str, Any]] = []
         try:
             if self._world == 1:
-                self._flush(None, None)  # one process: its counts are the totals
+                self._flush()  # one process: its counts are the totals
             else:
-                self._count_buffered()
+                pending = self._counter.take_pending(read_scalars)
         except RuntimeError as err:  # the device itself failed: its counts are lost
             self._notes.append(f"the last micro-batches could not be counted: {err}")
-        pending = self._counter.take_pending()
-        if pending and self._run is not None and not self._run.closed:
+        open_run = self._run is not None and not self._run.closed
+        if pending and open_run:
             note = "not summed over ranks: the fit failed before the next flush point"
             self._append([dict(row, notes=note) for row in pending])
         self._training = False
         self._remove_step_hooks()
         if pending:
             self._notes.append(f"{len(pending)} update(s) before the failure not summed")
-        summary = self._summarize(trainer.current_epoch)
-        if pending:
-            summary["updates_done"] += len(pending)
-            summary["examples_seen"] = summary["tokens_seen"] = None
-        self._summary = summary
-        if self._run is not None and not self._run.closed:
-            self._set_ledger_fields(summary)
+        self._summary = self._summarize(trainer.current_epoch, unsummed=len(pending))
+        if open_run:
+            self.run.set_ledger_fields(**self._summary.ledger_fields())
             self._put_verdict()
         super().on_exception(trainer, pl_module, exception)
 
@@ -325,8 +311,8 @@ class EffectiveBatchAccountant(PilotCallback):
     @override
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()
-        if self._world == 1 and self._raw:
-            self._flush(None, None)  # one process: counting needs no collective
+        if self._world == 1 and self._counter.pending:
+            self._flush()  # one process: counting needs no collective
         if state:
             state["counts"] = self._counter.state_dict()
         return state
@@ -340,42 +326,29 @@ class EffectiveBatchAccountant(PilotCallback):
 
     # -- configuration and plan ------------------------------------------------------------------
 
-    def _check_resume(self, global_step: int) -> None:
-        counted = self._counter.counted_from + self._counter.updates
-        if global_step == counted:
-            return
-        if counted == 0:
-            self._counter.start_late(global_step)
-            self._notes.append(
-                f"resumed at update {global_step} from a checkpoint without accountant counts:"
-                " examples and tokens before it are unknown"
-            )
-        else:
-            self._notes.append(
-                f"the checkpoint's counts cover {counted} updates but training resumed at"
-                f" update {global_step}"
-            )
-
     def _read_configuration(self, trainer: pl.Trainer) -> None:
-        strategy = trainer.strategy
         self._world = trainer.world_size
-        sampler_kwargs = getattr(strategy, "distributed_sampler_kwargs", None)
+        sampler_kwargs = getattr(trainer.strategy, "distributed_sampler_kwargs", None)
         self._dp = int((sampler_kwargs or {}).get("num_replicas", 1) or 1)
-        callbacks = getattr(trainer, "callbacks", [])
-        schedulers = [c for c in callbacks if isinstance(c, GradientAccumulationScheduler)]
+        schedulers = [
+            c
+            for c in getattr(trainer, "callbacks", [])
+            if isinstance(c, GradientAccumulationScheduler)
+        ]
         accumulate: int | dict[int, int] = (
             dict(schedulers[0].scheduling) if schedulers else trainer.accumulate_grad_batches
         )
         schedule = normalise_schedule(accumulate, owner="EffectiveBatchAccountant")
-        self._estimated = self._estimate(trainer)
+        try:
+            self._estimated = _finite(trainer.estimated_stepping_batches)
+        except (MisconfigurationException, ValueError, TypeError) as err:
+            self._notes.append(f"estimated_stepping_batches is unavailable: {err}")
         loader = trainer.train_dataloader
         sampler = getattr(loader, "sampler", None)
         size: int | None = None
-        split = "pad"
         if isinstance(sampler, DistributedSampler):
             self._sampler = sampler
             size = len(sampler.dataset)  # type: ignore[arg-type]
-            split = "drop" if sampler.drop_last else "pad"
         elif isinstance(loader, DataLoader) and sampler is not None:
             try:
                 size = len(sampler) * self._dp
@@ -388,48 +361,35 @@ class EffectiveBatchAccountant(PilotCallback):
                 )
         else:
             self._notes.append("the training data is not one DataLoader: no plan")
-        b = loader.batch_size if isinstance(loader, DataLoader) else None
-        self._loader_batch_size = b
+        b = self._loader_batch_size = loader.batch_size if isinstance(loader, DataLoader) else None
         self._config = BatchConfig(b, schedule[0][1], self._dp)
-        max_epochs = trainer.max_epochs
-        self._plan_inputs = {
-            "dataset_size": size,
-            "micro_batch_size": b,
-            "accumulate_grad_batches": dict(schedule),
-            "dp_replicas": self._dp,
-            "epochs": max_epochs if max_epochs is not None and max_epochs >= 0 else None,
-            "max_steps": trainer.max_steps if trainer.max_steps >= 0 else None,
-            "drop_last": bool(getattr(loader, "drop_last", False)),
-            "replica_split": split,
-            "limit_micro_batches": _finite(trainer.num_training_batches),
-        }
+        epochs, steps = trainer.max_epochs, trainer.max_steps
+        self._planner = functools.partial(
+            plan_for_fit,
+            size,
+            accumulate_grad_batches=dict(schedule),
+            dp_replicas=self._dp,
+            epochs=epochs if epochs is not None and epochs >= 0 else None,
+            max_steps=steps if steps >= 0 else None,
+            drop_last=bool(getattr(loader, "drop_last", False)),
+            replica_split="drop"
+            if self._sampler is not None and self._sampler.drop_last
+            else "pad",
+            limit_micro_batches=_finite(trainer.num_training_batches),
+        )
         if self._world % self._dp:
             self._notes.append(
                 f"world size {self._world} is not a multiple of {self._dp} data replicas:"
                 " counts are not summed over ranks"
             )
 
-    def _estimate(self, trainer: pl.Trainer) -> int | None:
-        try:
-            return _finite(trainer.estimated_stepping_batches)
-        except (MisconfigurationException, ValueError, TypeError) as err:
-            self._notes.append(f"estimated_stepping_batches is unavailable: {err}")
-            return None
-
     def _make_plan(self) -> None:
-        inputs = self._plan_inputs
-        self._plan_inputs = None
-        if inputs is None:
+        if self._planner is None:
             return
+        self._plan, note = self._planner(self._config.micro_batch_size)
+        self._planner = None
+        self._notes += [note] if note else []
         line = "no plan (see the summary's notes)"
-        budget = inputs["epochs"] is not None or inputs["max_steps"] is not None
-        if not budget:
-            self._notes.append("neither max_epochs nor max_steps limits the run: no plan")
-        elif inputs["dataset_size"] and inputs["micro_batch_size"]:
-            try:
-                self._plan = plan_updates(**inputs)
-            except (TypeError, ValueError) as err:  # e.g. max_epochs=0: nothing to plan
-                self._notes.append(f"no plan: {err}")
         if self._plan is not None:
             line = f"plan: {self._plan.describe()}"
             if self._estimated is not None and self._estimated != self._plan.total_updates:
@@ -442,22 +402,11 @@ class EffectiveBatchAccountant(PilotCallback):
             f"EffectiveBatchAccountant: {line}; Lightning's estimated_stepping_batches ="
             f" {self._estimated}"
         )
-        planned = self._plan.total_updates if self._plan is not None else self._estimated
         self.run.set_ledger_fields(
-            micro_batch_size=self._config.micro_batch_size,
-            accumulate_grad_batches=self._config.accumulate_grad_batches,
-            dp_replicas=self._config.dp_replicas,
+            **asdict(self._config),
             effective_batch_size=self._config.effective_batch_size,
-            planned_updates=planned,
+            planned_updates=self._plan.total_updates if self._plan is not None else self._estimated,
         )
-
-    def _install_step_hooks(self, trainer: pl.Trainer) -> None:
-        self._remove_step_hooks()
-        self._scaler = isinstance(
-            getattr(trainer.precision_plugin, "scaler", None), torch.amp.GradScaler
-        )
-        for optimizer in trainer.optimizers:
-            self._hooks.append(optimizer.register_step_post_hook(self._on_optimizer_step))
 
     def _on_optimizer_step(self, *_: Any) -> None:
         self._step_calls += 1
@@ -468,53 +417,6 @@ class EffectiveBatchAccountant(PilotCallback):
         self._hooks = []
 
     # -- counting ----------------------------------------------------------------------------------
-
-    def _read(self, trainer: pl.Trainer, batch: Any, batch_idx: int) -> None:
-        size, tokens, source = self.adapter.size_and_tokens(batch)
-        if self._plan_inputs is not None:  # the loader did not say: the first batch does
-            self._plan_inputs["micro_batch_size"] = size
-            k = self._config.accumulate_grad_batches
-            self._config = BatchConfig(size, k, self._dp)
-            self._make_plan()
-        duplicates = self._duplicates(batch_idx)
-        self._micro = (trainer.current_epoch, batch_idx, size, tokens, source, duplicates)
-
-    def _count(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self._micro is None:
-            return
-        self._raw.append(self._micro)
-        self._micro = None
-        step = trainer.global_step
-        if step == self._last_step:
-            return
-        self._last_step = step
-        stepped = True if self._step_calls else (False if self._scaler else None)
-        self._step_calls = 0
-        self._raw.append((step, trainer.accumulate_grad_batches, stepped))
-        if step - self._last_flush >= FLUSH_EVERY:  # the same update on every rank
-            self._flush(trainer, pl_module)
-
-    def _count_buffered(self) -> None:
-        """Count the buffered micro-batches, reading their token counts with one host sync."""
-        raw, self._raw = self._raw, []
-        sums = iter(
-            read_scalars([e[3] for e in raw if len(e) == 6 and isinstance(e[3], torch.Tensor)])
-        )
-        for entry in raw:
-            if len(entry) == 3:
-                self._counter.close_update(
-                    update=entry[0], accumulate_grad_batches=entry[1], stepped=entry[2]
-                )
-                continue
-            epoch, batch_idx, examples, tokens, source, duplicates = entry
-            self._counter.add_micro_batch(
-                epoch=epoch,
-                batch_idx=batch_idx,
-                examples=examples,
-                tokens=int(next(sums)) if isinstance(tokens, torch.Tensor) else tokens,
-                tokens_source=source,
-                duplicates=duplicates,
-            )
 
     def _duplicates(self, batch_idx: int) -> int | None:
         sampler, b = self._sampler, self._loader_batch_size
@@ -531,34 +433,28 @@ class EffectiveBatchAccountant(PilotCallback):
             micro_batch_size=b,
         )
 
-    def _flush(self, trainer: pl.Trainer | None, pl_module: pl.LightningModule | None) -> None:
-        """Sum the pending rows over ranks (a collective when several processes run)."""
+    def _flush(
+        self, trainer: pl.Trainer | None = None, pl_module: pl.LightningModule | None = None
+    ) -> None:
+        """Count the pending rows and sum them over ranks (a collective under several)."""
         self._last_flush = self._last_step
-        self._count_buffered()
-        rows = self._counter.take_pending()
+        rows = self._counter.take_pending(read_scalars)
         if self._world == 1:
             summed = UpdateCounter.local_as_all_ranks(rows)
         else:
             assert trainer is not None
             assert pl_module is not None
-            summed = self._sum_over_ranks(trainer, pl_module, rows)
-        if not summed:
-            return
-        self._counter.absorb(row for row in summed if row["micro_batches_all_ranks"] is not None)
-        self._append(summed)
-
-    def _sum_over_ranks(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, rows: list[dict[str, Any]]
-    ) -> list[dict[str, Any]]:
-        strategy = trainer.strategy
-        device = pl_module.device
-        length = torch.tensor([len(rows)], dtype=torch.int64, device=device)
-        longest = int(strategy.reduce(length, reduce_op="max").item())
-        if longest == 0:
-            return []
-        local = torch.tensor(pack_counts(rows, longest), dtype=torch.int64, device=device)
-        total = strategy.reduce(local, reduce_op="sum").cpu().tolist()
-        return unpack_sums(rows, total, world_size=self._world, dp_replicas=self._dp)
+            strategy, device = trainer.strategy, pl_module.device
+            length = torch.tensor([len(rows)], dtype=torch.int64, device=device)
+            longest = int(strategy.reduce(length, reduce_op="max").item())
+            if longest == 0:
+                return
+            local = torch.tensor(pack_counts(rows, longest), dtype=torch.int64, device=device)
+            total = strategy.reduce(local, reduce_op="sum").cpu().tolist()
+            summed = unpack_sums(rows, total, world_size=self._world, dp_replicas=self._dp)
+        if summed:
+            self._counter.absorb(r for r in summed if r["micro_batches_all_ranks"] is not None)
+            self._append(summed)
 
     def _append(self, rows: list[dict[str, Any]]) -> None:
         meta = {"schema_version": UPDATES_SCHEMA_VERSION, "dp_replicas": self._dp}
@@ -566,7 +462,7 @@ class EffectiveBatchAccountant(PilotCallback):
 
     # -- summary ---------------------------------------------------------------------------------
 
-    def _summarize(self, epochs_done: int) -> dict[str, Any]:
+    def _summarize(self, epochs_done: int, unsummed: int = 0) -> Summary:
         return summarize(
             counter=self._counter,
             config=self._config,
@@ -576,6 +472,7 @@ class EffectiveBatchAccountant(PilotCallback):
             estimated_updates=self._estimated,
             token_spread_ratio=self.token_spread_ratio,
             notes=self._notes,
+            unsummed=unsummed,
         )
 
     def _put_verdict(self) -> None:
@@ -598,16 +495,4 @@ class EffectiveBatchAccountant(PilotCallback):
                 "reason": reason,
             },
             source=type(self).__name__,
-        )
-
-    def _set_ledger_fields(self, summary: Mapping[str, Any]) -> None:
-        self.run.set_ledger_fields(
-            micro_batch_size=summary["micro_batch_size"],
-            accumulate_grad_batches=summary["accumulate_grad_batches"],
-            dp_replicas=summary["dp_replicas"],
-            effective_batch_size=summary["effective_batch_size"],
-            planned_updates=summary["planned_updates"],
-            updates_done=summary["updates_done"],
-            examples_seen=summary["examples_seen"],
-            tokens_seen=summary["tokens_seen"],
         )

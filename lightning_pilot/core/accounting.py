@@ -13,7 +13,8 @@ behaviour built in:
 * ``max_steps`` can stop a run in the middle of an epoch.
 
 :func:`plan_updates` predicts; :class:`UpdateCounter` counts what really happened, one row per
-update; :func:`summarize` compares both and names what needs attention.
+update; :func:`summarize` compares both and names what needs attention. Nothing here imports
+torch (the reports read :class:`UpdatePlan` without it).
 
 Example:
     >>> from lightning_pilot.core.accounting import plan_updates
@@ -25,24 +26,33 @@ Example:
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Final, Literal, get_args
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, astuple, dataclass, field, fields
+from typing import Any, ClassVar, Final, Literal, get_args
 
 from lightning_pilot.core import validate
 from lightning_pilot.core.phases import CheckResult
 
 __all__ = [
     "KEEP_CHOICES",
+    "SUMMED_COLUMNS",
     "TOKENS_NOT_COUNTED",
     "BatchConfig",
+    "Flag",
+    "KChange",
     "Keep",
+    "PartialWindow",
+    "Summary",
+    "TokenSpread",
     "UpdateCounter",
     "UpdatePlan",
     "check_accumulation_windows",
+    "effective_batch_text",
+    "last_window_text",
     "normalise_schedule",
     "pack_counts",
     "partial_window_remedy",
+    "plan_for_fit",
     "plan_updates",
     "replica_duplicates",
     "summarize",
@@ -278,17 +288,6 @@ def plan_updates(
         (16, 200, 200)
         >>> plan.examples_seen, plan.last_window_micro_batches, plan.last_window_partial
         (3200, 8, False)
-
-        What does a comparison keep? Keep the 200 updates and double the micro-batch: the
-        examples seen double.
-
-        >>> plan_updates(3200, 4, accumulate_grad_batches=8, max_steps=200).examples_seen
-        6400
-
-        Keep one epoch and double the micro-batch: the updates halve.
-
-        >>> plan_updates(3200, 4, accumulate_grad_batches=8, epochs=1).total_updates
-        100
     """
     owner = "plan_updates"
     n = validate.integer(owner, "dataset_size", dataset_size, minimum=1)
@@ -417,6 +416,30 @@ def replica_duplicates(
     return 1 if batch_idx == last_batch else 0
 
 
+def plan_for_fit(
+    dataset_size: int | None, micro_batch_size: int | None, **budget: Any
+) -> tuple[UpdatePlan | None, str | None]:
+    """:func:`plan_updates` for what a fit could read, or no plan and, when it matters, why.
+
+    ``budget`` holds the other arguments of :func:`plan_updates`. Without a dataset size or a
+    micro-batch size there is no plan and no note (the caller knows why it has none).
+
+    Example:
+        >>> plan_for_fit(64, 2, epochs=None, max_steps=None)
+        (None, 'neither max_epochs nor max_steps limits the run: no plan')
+        >>> plan_for_fit(64, 2, epochs=1)[0].total_updates
+        32
+    """
+    if budget.get("epochs") is None and budget.get("max_steps") is None:
+        return None, "neither max_epochs nor max_steps limits the run: no plan"
+    if not dataset_size or not micro_batch_size:
+        return None, None
+    try:
+        return plan_updates(dataset_size, micro_batch_size, **budget), None
+    except (TypeError, ValueError) as err:  # e.g. max_epochs=0: nothing to plan
+        return None, f"no plan: {err}"
+
+
 # --------------------------------------------------------------------------------------------
 # Counting
 # --------------------------------------------------------------------------------------------
@@ -449,6 +472,39 @@ class BatchConfig:
         return self.micro_batch_size * self.accumulate_grad_batches * self.dp_replicas
 
 
+@dataclass(frozen=True)
+class PartialWindow:
+    """An update that stepped fewer than ``K`` micro-batches (``examples``: all replicas)."""
+
+    update: int
+    epoch: int
+    batch_idx_last: int
+    micro_batches: int
+    accumulate_grad_batches: int
+    weight: float
+    examples: int | None
+
+
+@dataclass(frozen=True)
+class KChange:
+    """``accumulate_grad_batches`` went from ``old`` to ``new`` at ``update``."""
+
+    update: int
+    old: int
+    new: int
+
+
+@dataclass(frozen=True)
+class TokenSpread:
+    """Tokens per full update over all replicas: how many updates, min, max, max/min, CV."""
+
+    updates: int
+    min: int | None
+    max: int | None
+    ratio: float | None
+    cv: float | None
+
+
 @dataclass
 class _Window:
     epoch: int
@@ -456,7 +512,7 @@ class _Window:
     batch_last: int
     micro_batches: int = 0
     examples: int | None = 0
-    tokens: int | None = 0
+    tokens: list[Any] | None = field(default_factory=list)  # counts, some maybe unread
     tokens_source: str | None = None
     duplicates: int | None = 0
 
@@ -465,73 +521,54 @@ def _add(total: int | None, value: int | None) -> int | None:
     return None if total is None or value is None else total + value
 
 
+#: Columns summed over the data-parallel replicas into ``<column>_all_ranks``.
+SUMMED_COLUMNS: Final = ("micro_batches", "examples", "tokens", "padding_duplicates")
+
+
 @dataclass
-class _TokenStats:
-    count: int = 0
-    minimum: int | None = None
-    maximum: int | None = None
-    total: float = 0.0
-    total_sq: float = 0.0
-
-    def add(self, value: int) -> None:
-        self.count += 1
-        self.minimum = value if self.minimum is None else min(self.minimum, value)
-        self.maximum = value if self.maximum is None else max(self.maximum, value)
-        self.total += value
-        self.total_sq += float(value) * value
-
-    @property
-    def cv(self) -> float | None:
-        if self.count < 2 or self.total <= 0:
-            return None
-        mean = self.total / self.count
-        variance = max(self.total_sq / self.count - mean * mean, 0.0)
-        return math.sqrt(variance) / mean
-
-
 class UpdateCounter:
     """Counts micro-batches into updates, one row per update, and keeps the totals.
 
     Feed it every training micro-batch (:meth:`add_micro_batch`) and tell it when an update
-    closed (:meth:`close_update`); it returns the update's row. Rows wait in
-    :attr:`pending` until the caller has filled their ``*_all_ranks`` columns (summed over
-    the data-parallel replicas; identical to the local columns on one process) and hands them
-    to :meth:`absorb`, which updates the totals and findings. Its state (:meth:`state_dict`)
-    holds only ints, floats, strings, ``None``, lists and dicts.
+    closed (:meth:`close_update`). Rows wait in :attr:`pending` until :meth:`take_pending`
+    hands them over, reading every token count still on the device at once; the caller fills
+    their ``*_all_ranks`` columns (summed over the data-parallel replicas, or
+    :meth:`local_as_all_ranks` on one process) and hands them to :meth:`absorb`, which updates
+    the totals (the dataclass fields, saved by :meth:`state_dict` as plain types).
 
     Example:
         >>> counter = UpdateCounter()
-        >>> for batch_idx, k in [(0, 2), (1, 2), (2, 2)]:
+        >>> for batch_idx in range(3):
         ...     counter.add_micro_batch(epoch=0, batch_idx=batch_idx, examples=4, tokens=None)
         ...     if batch_idx in (1, 2):  # Lightning steps at K=2 and at the epoch's end
-        ...         _ = counter.close_update(update=batch_idx, accumulate_grad_batches=k)
+        ...         counter.close_update(update=batch_idx, accumulate_grad_batches=2)
         >>> counter.absorb(UpdateCounter.local_as_all_ranks(counter.take_pending()))
         >>> counter.updates, counter.examples, counter.partial_window_count
         (2, 12, 1)
     """
 
-    STATE_VERSION: Final = 1
+    STATE_VERSION: ClassVar[int] = 1
 
-    def __init__(self) -> None:
+    updates: int = 0
+    micro_batches: int = 0
+    examples: int | None = 0
+    tokens: int | None = 0
+    tokens_source: str | None = None
+    duplicates: int | None = 0
+    partial_window_count: int = 0
+    partial_windows: list[PartialWindow] = field(default_factory=list)
+    skipped_count: int = 0
+    skipped_updates: list[int] = field(default_factory=list)
+    k_changes: list[KChange] = field(default_factory=list)
+    last_k: int | None = None
+    last_update: int | None = None
+    counted_from: int = 0
+    # Full updates' tokens: count, min, max, sum, sum of squares (for the spread).
+    token_stats: list[Any] = field(default_factory=lambda: [0, None, None, 0.0, 0.0])
+
+    def __post_init__(self) -> None:
         self._window: _Window | None = None
         self.pending: list[dict[str, Any]] = []
-        self.updates = 0
-        self.micro_batches = 0
-        self.examples: int | None = 0
-        self.tokens: int | None = 0
-        self.tokens_source: str | None = None
-        self.duplicates: int | None = 0
-        self.partial_window_count = 0
-        self.partial_windows: list[dict[str, Any]] = []
-        self.skipped_count = 0
-        self.skipped_updates: list[int] = []
-        self.k_changes: list[dict[str, int]] = []
-        self.last_k: int | None = None
-        self.last_update: int | None = None
-        self.counted_from = 0
-        self._token_stats = _TokenStats()
-
-    # -- micro-batches and updates -----------------------------------------------------------
 
     @property
     def open_micro_batches(self) -> int:
@@ -544,29 +581,33 @@ class UpdateCounter:
         epoch: int,
         batch_idx: int,
         examples: int | None,
-        tokens: int | None,
+        tokens: Any,
         tokens_source: str | None = None,
         duplicates: int | None = 0,
     ) -> None:
-        """Count one micro-batch of this process (``None``: the value could not be read)."""
+        """Count one micro-batch of this process (``None``: the value could not be read).
+
+        ``tokens`` may be a count still on the device (a 0-d tensor): it is read with the
+        others in :meth:`take_pending`.
+        """
         window = self._window
         if window is None:
             window = self._window = _Window(
-                epoch=epoch, batch_first=batch_idx, batch_last=batch_idx
+                epoch, batch_idx, batch_idx, tokens_source=tokens_source
             )
-            window.tokens_source = tokens_source
         window.batch_last = batch_idx
         window.micro_batches += 1
         window.examples = _add(window.examples, examples)
-        window.tokens = _add(window.tokens, tokens)
+        if window.tokens is not None:
+            window.tokens = None if tokens is None else [*window.tokens, tokens]
         if window.tokens_source != tokens_source:
             window.tokens_source = None
         window.duplicates = _add(window.duplicates, duplicates)
 
     def close_update(
         self, *, update: int, accumulate_grad_batches: int, stepped: bool | None = None
-    ) -> dict[str, Any]:
-        """Close the open window as update number ``update`` and return its (local) row.
+    ) -> None:
+        """Close the open window as update number ``update``; its row waits in :attr:`pending`.
 
         Args:
             update: the update's number (Lightning's ``global_step`` after it).
@@ -577,158 +618,135 @@ class UpdateCounter:
         window = self._window or _Window(epoch=-1, batch_first=-1, batch_last=-1)
         self._window = None
         k = accumulate_grad_batches
-        row: dict[str, Any] = {
-            "update": update,
-            "epoch": window.epoch,
-            "batch_idx_first": window.batch_first,
-            "batch_idx_last": window.batch_last,
-            "accumulate_grad_batches": k,
-            "micro_batches": window.micro_batches,
-            "examples": window.examples,
-            "tokens": window.tokens if window.tokens_source is not None else None,
-            "tokens_source": window.tokens_source,
-            "padding_duplicates": window.duplicates,
-            "window_partial": window.micro_batches < k,
-            "weight": window.micro_batches / k,
-            "optimizer_stepped": stepped,
-        }
-        if row["tokens"] is None:
-            row["notes"] = TOKENS_NOT_COUNTED
-        self.pending.append(row)
-        return row
+        self.pending.append(
+            {
+                "update": update,
+                "epoch": window.epoch,
+                "batch_idx_first": window.batch_first,
+                "batch_idx_last": window.batch_last,
+                "accumulate_grad_batches": k,
+                "micro_batches": window.micro_batches,
+                "examples": window.examples,
+                "tokens": window.tokens if window.tokens_source is not None else None,
+                "tokens_source": window.tokens_source,
+                "padding_duplicates": window.duplicates,
+                "window_partial": window.micro_batches < k,
+                "weight": window.micro_batches / k,
+                "optimizer_stepped": stepped,
+            }
+        )
 
-    def take_pending(self) -> list[dict[str, Any]]:
-        """Hand over (and forget) the rows not absorbed yet."""
+    def take_pending(
+        self, read: Callable[[list[Any]], Sequence[float]] | None = None
+    ) -> list[dict[str, Any]]:
+        """Hand over (and forget) the rows not absorbed yet, their token counts read.
+
+        Args:
+            read: reads the counts that are not ints yet, all at once (such as
+                :func:`~lightning_pilot.core.scalars.read_scalars`: one host sync); default
+                ``int`` of each.
+        """
         rows, self.pending = self.pending, []
+        lazy = [t for row in rows for t in row["tokens"] or () if not isinstance(t, int)]
+        values = iter(read(lazy) if read is not None else [int(t) for t in lazy])
+        for row in rows:
+            parts = row["tokens"]
+            if parts is None:
+                row["notes"] = TOKENS_NOT_COUNTED
+            else:
+                row["tokens"] = sum(t if isinstance(t, int) else int(next(values)) for t in parts)
         return rows
 
     @staticmethod
     def local_as_all_ranks(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
         """Rows of a single process: the all-ranks columns are the local ones."""
-        out = []
-        for row in rows:
-            filled = dict(row)
-            for column in _SUMMED_COLUMNS:
-                filled[f"{column}_all_ranks"] = row[column]
-            out.append(filled)
-        return out
+        return [row | {f"{c}_all_ranks": row[c] for c in SUMMED_COLUMNS} for row in rows]
 
     def absorb(self, rows: Iterable[dict[str, Any]]) -> None:
         """Add rows whose ``*_all_ranks`` columns are filled to the totals and findings."""
         for row in rows:
+            update = self.last_update = int(row["update"])
             self.updates += 1
-            self.last_update = int(row["update"])
             self.micro_batches += int(row["micro_batches_all_ranks"] or 0)
             self.examples = _add(self.examples, row["examples_all_ranks"])
             self.tokens = _add(self.tokens, row["tokens_all_ranks"])
-            if row.get("tokens_source") is not None:
-                self.tokens_source = self.tokens_source or row["tokens_source"]
+            self.tokens_source = self.tokens_source or row.get("tokens_source")
             self.duplicates = _add(self.duplicates, row["padding_duplicates_all_ranks"])
             k = int(row["accumulate_grad_batches"])
-            old_k = self.last_k
-            if old_k is not None and k != old_k and len(self.k_changes) < MAX_LISTED:
-                self.k_changes.append({"update": int(row["update"]), "old": old_k, "new": k})
+            if self.last_k not in (None, k) and len(self.k_changes) < MAX_LISTED:
+                self.k_changes.append(KChange(update, self.last_k, k))
             self.last_k = k
             if row["window_partial"]:
                 self.partial_window_count += 1
                 if len(self.partial_windows) < MAX_LISTED:
                     self.partial_windows.append(
-                        {
-                            "update": self.last_update,
-                            "epoch": int(row["epoch"]),
-                            "batch_idx_last": int(row["batch_idx_last"]),
-                            "micro_batches": int(row["micro_batches"]),
-                            "accumulate_grad_batches": k,
-                            "weight": float(row["weight"]),
-                            "examples": row["examples_all_ranks"],
-                        }
+                        PartialWindow(
+                            update=update,
+                            epoch=int(row["epoch"]),
+                            batch_idx_last=int(row["batch_idx_last"]),
+                            micro_batches=int(row["micro_batches"]),
+                            accumulate_grad_batches=k,
+                            weight=float(row["weight"]),
+                            examples=row["examples_all_ranks"],
+                        )
                     )
-            elif row["tokens_all_ranks"] is not None:
-                self._token_stats.add(int(row["tokens_all_ranks"]))
+            elif (tokens := row["tokens_all_ranks"]) is not None:
+                count, low, high, total, total_sq = self.token_stats
+                self.token_stats = [
+                    count + 1,
+                    tokens if low is None else min(low, tokens),
+                    tokens if high is None else max(high, tokens),
+                    total + tokens,
+                    total_sq + float(tokens) * tokens,
+                ]
             if row.get("optimizer_stepped") is False:
                 self.skipped_count += 1
                 if len(self.skipped_updates) < MAX_LISTED:
-                    self.skipped_updates.append(self.last_update)
+                    self.skipped_updates.append(update)
 
-    def start_late(self, updates_before: int) -> None:
-        """Counting starts after ``updates_before`` uncounted updates (a resume without state).
+    def resume_at(self, global_step: int) -> str | None:
+        """Line the counts up with a fit resumed at ``global_step``; a note when they differ.
 
-        The examples and tokens of those updates are unknown, so their totals become ``None``.
+        Counts that start after uncounted updates (a checkpoint without them) leave the
+        examples, tokens and duplicates before the resume unknown: their totals become ``None``.
         """
-        if updates_before > self.updates:
-            self.counted_from = updates_before
-            self.examples = None
-            self.tokens = None
-            self.duplicates = None
+        counted = self.counted_from + self.updates
+        if global_step == counted:
+            return None
+        if counted:
+            return (
+                f"the checkpoint's counts cover {counted} updates but training resumed at"
+                f" update {global_step}"
+            )
+        self.counted_from = global_step
+        self.examples = self.tokens = self.duplicates = None
+        return (
+            f"resumed at update {global_step} from a checkpoint without accountant counts:"
+            " examples and tokens before it are unknown"
+        )
 
     @property
-    def token_spread(self) -> dict[str, float | int | None]:
+    def token_spread(self) -> TokenSpread:
         """Tokens per full update over all replicas: count, min, max, max/min and the CV."""
-        stats = self._token_stats
-        ratio = None
-        if stats.minimum and stats.maximum is not None:
-            ratio = stats.maximum / stats.minimum
-        return {
-            "updates": stats.count,
-            "min": stats.minimum,
-            "max": stats.maximum,
-            "ratio": ratio,
-            "cv": stats.cv,
-        }
-
-    # -- state ---------------------------------------------------------------------------------
+        count, low, high, total, total_sq = self.token_stats
+        cv = None
+        if count >= 2 and total > 0:
+            mean = total / count
+            cv = math.sqrt(max(total_sq / count - mean * mean, 0.0)) / mean
+        return TokenSpread(count, low, high, high / low if low and high is not None else None, cv)
 
     def state_dict(self) -> dict[str, Any]:
         """The absorbed totals and findings (weights-only-safe types only)."""
-        stats = self._token_stats
-        return {
-            "version": self.STATE_VERSION,
-            "updates": self.updates,
-            "micro_batches": self.micro_batches,
-            "examples": self.examples,
-            "tokens": self.tokens,
-            "tokens_source": self.tokens_source,
-            "duplicates": self.duplicates,
-            "partial_window_count": self.partial_window_count,
-            "partial_windows": [dict(w) for w in self.partial_windows],
-            "skipped_count": self.skipped_count,
-            "skipped_updates": list(self.skipped_updates),
-            "k_changes": [dict(c) for c in self.k_changes],
-            "last_k": self.last_k,
-            "last_update": self.last_update,
-            "counted_from": self.counted_from,
-            "token_stats": [stats.count, stats.minimum, stats.maximum, stats.total, stats.total_sq],
-        }
+        return {"version": self.STATE_VERSION, **asdict(self)}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from :meth:`state_dict` (missing keys keep their defaults)."""
-        self.updates = int(state.get("updates", 0))
-        self.micro_batches = int(state.get("micro_batches", 0))
-        self.examples = state.get("examples", 0)
-        self.tokens = state.get("tokens", 0)
-        self.tokens_source = state.get("tokens_source")
-        self.duplicates = state.get("duplicates", 0)
-        self.partial_window_count = int(state.get("partial_window_count", 0))
-        self.partial_windows = [dict(w) for w in state.get("partial_windows", [])]
-        self.skipped_count = int(state.get("skipped_count", 0))
-        self.skipped_updates = [int(u) for u in state.get("skipped_updates", [])]
-        self.k_changes = [dict(c) for c in state.get("k_changes", [])]
-        self.last_k = state.get("last_k")
-        self.last_update = state.get("last_update")
-        self.counted_from = int(state.get("counted_from", 0))
-        stats = list(state.get("token_stats", [0, None, None, 0.0, 0.0]))
-        self._token_stats = _TokenStats(
-            count=int(stats[0]),
-            minimum=stats[1],
-            maximum=stats[2],
-            total=float(stats[3]),
-            total_sq=float(stats[4]),
-        )
-
-
-#: Columns summed over the data-parallel replicas into ``<column>_all_ranks``.
-_SUMMED_COLUMNS: Final = ("micro_batches", "examples", "tokens", "padding_duplicates")
-SUMMED_COLUMNS: Final[tuple[str, ...]] = _SUMMED_COLUMNS
+        fresh = UpdateCounter()
+        for name in (f.name for f in fields(self)):
+            setattr(self, name, state.get(name, getattr(fresh, name)))
+        self.partial_windows = [PartialWindow(**w) for w in state.get("partial_windows", [])]
+        self.k_changes = [KChange(**c) for c in state.get("k_changes", [])]
+        self.token_stats = list(self.token_stats)
 
 
 def pack_counts(rows: Sequence[Mapping[str, Any]], length: int) -> list[list[int]]:
@@ -743,15 +761,11 @@ def pack_counts(rows: Sequence[Mapping[str, Any]], length: int) -> list[list[int
         ...               "padding_duplicates": 0}], 2)
         [[1, 2, 1, 4, 1, 0, 0, 0, 1], [0, 0, 0, 0, 0, 0, 0, 0, 0]]
     """
-    width = 1 + 2 * len(_SUMMED_COLUMNS)
-    packed = []
-    for row in rows:
-        values = [1]
-        for column in _SUMMED_COLUMNS:
-            value = row[column]
-            values += [0 if value is None else int(value), int(value is not None)]
-        packed.append(values)
-    return packed + [[0] * width for _ in range(length - len(rows))]
+    packed = [
+        [1, *(v for c in SUMMED_COLUMNS for v in (int(row[c] or 0), int(row[c] is not None)))]
+        for row in rows
+    ]
+    return packed + [[0] * (1 + 2 * len(SUMMED_COLUMNS)) for _ in range(length - len(rows))]
 
 
 def unpack_sums(
@@ -784,7 +798,7 @@ def unpack_sums(
             notes.append(f"world size {world_size} is not a multiple of {dp_replicas} replicas")
         if packed[0] != world_size:
             notes.append(f"only {packed[0]} of {world_size} ranks counted this update")
-        for j, column in enumerate(_SUMMED_COLUMNS):
+        for j, column in enumerate(SUMMED_COLUMNS):
             value, known = packed[1 + 2 * j], packed[2 + 2 * j]
             ok = not notes and known == world_size and value % group == 0
             filled[f"{column}_all_ranks"] = value // group if ok else None
@@ -819,33 +833,29 @@ def _epoch_length_remedy(micro_batches: int, k: int) -> str:
     )
 
 
-def partial_window_remedy(plan: UpdatePlan | None, window: Mapping[str, Any]) -> str:
-    """What to do about a partial accumulation window, for the cause the plan shows.
+def partial_window_remedy(
+    plan: UpdatePlan | None, k: int, batch_idx_last: int | None = None
+) -> str:
+    """What to do about a partial accumulation window of ``K = k``, for the cause the plan shows.
 
     * The loader's own last micro-batch is partial and dropping it leaves a multiple of ``K``
       micro-batches: ``drop_last=True``.
     * The micro-batches per epoch are not a multiple of ``K``: choose a ``K`` that divides them,
       limit the batches to a multiple of ``K``, or accept the down-weighted update.
-    * They are (or no plan says otherwise and the window did not end an epoch's count): the
-      window was cut short by something else, such as a resume inside a window.
-
-    Args:
-        plan: the fit's plan (``None``: no plan could be made).
-        window: the first partial window (``UpdateCounter.partial_windows[0]``).
+    * They are (or no plan says otherwise and the window, which ended at ``batch_idx_last``,
+      did not end an epoch's count): the window was cut short by something else, such as a
+      resume inside a window.
 
     Example:
-        >>> plan = plan_updates(64, 1, accumulate_grad_batches=5, epochs=1)
-        >>> print(partial_window_remedy(plan, {"micro_batches": 4, "accumulate_grad_batches": 5}))
+        >>> print(partial_window_remedy(plan_updates(64, 1, 5, epochs=1), k=5))
         micro-batches per epoch (64) are not a multiple of accumulate_grad_batches (5): choose K
         dividing 64 (e.g. 4 or 8), or limit_train_batches to a multiple of K, or accept that
         each epoch's last update sees 4/5 of the examples
-        >>> plan = plan_updates(81, 2, accumulate_grad_batches=5, epochs=1)
-        >>> print(partial_window_remedy(plan, {"micro_batches": 1, "accumulate_grad_batches": 5}))
+        >>> print(partial_window_remedy(plan_updates(81, 2, 5, epochs=1), k=5))
         the loader's last micro-batch is partial (81 examples per replica are not a multiple of
         batch_size 2) and makes 41 micro-batches per epoch where 40 would fill every window of
         accumulate_grad_batches (5): use drop_last=True
     """
-    k = int(window["accumulate_grad_batches"])
     other = (
         "the partial window did not come from the epoch length: a resume from a checkpoint"
         " saved inside a window (Lightning does not replay its micro-batches) or a loader that"
@@ -853,10 +863,9 @@ def partial_window_remedy(plan: UpdatePlan | None, window: Mapping[str, Any]) ->
         " updates.parquet"
     )
     if plan is None:
-        last = window.get("batch_idx_last")
-        if last is None or (int(last) + 1) % k == 0:
+        if batch_idx_last is None or (batch_idx_last + 1) % k == 0:
             return other
-        return _epoch_length_remedy(int(last) + 1, k) + " (no plan: counted in its epoch)"
+        return _epoch_length_remedy(batch_idx_last + 1, k) + " (no plan: counted in its epoch)"
     n = plan.micro_batches_per_epoch
     if n % k == 0:
         return f"micro-batches per epoch ({n}) are a multiple of K ({k}), so {other}"
@@ -878,14 +887,14 @@ def partial_window_remedy(plan: UpdatePlan | None, window: Mapping[str, Any]) ->
 
 def _partial_windows_text(counter: UpdateCounter, plan: UpdatePlan | None) -> str:
     first = counter.partial_windows[0]
-    weights = sorted({f"{w['weight']:.2f}" for w in counter.partial_windows})
+    weights = sorted({f"{w.weight:.2f}" for w in counter.partial_windows})
     total = counter.counted_from + counter.updates
+    remedy = partial_window_remedy(plan, first.accumulate_grad_batches, first.batch_idx_last)
     return (
         f"{counter.partial_window_count} of {total:,} update(s) stepped an incomplete"
-        f" accumulation window (first: update {first['update']}, {first['micro_batches']} of"
-        f" {first['accumulate_grad_batches']} micro-batches); Lightning still divides the loss"
-        f" by K, so their examples got weight {', '.join(weights)} of a full update;"
-        f" {partial_window_remedy(plan, first)}"
+        f" accumulation window (first: update {first.update}, {first.micro_batches} of"
+        f" {first.accumulate_grad_batches} micro-batches); Lightning still divides the loss"
+        f" by K, so their examples got weight {', '.join(weights)} of a full update; {remedy}"
     )
 
 
@@ -904,7 +913,7 @@ def check_accumulation_windows(
         >>> for i in range(5):
         ...     counter.add_micro_batch(epoch=0, batch_idx=i, examples=1, tokens=None)
         ...     if i in (1, 3, 4):
-        ...         _ = counter.close_update(update=i // 2 + 1, accumulate_grad_batches=2)
+        ...         counter.close_update(update=i // 2 + 1, accumulate_grad_batches=2)
         >>> counter.absorb(UpdateCounter.local_as_all_ranks(counter.take_pending()))
         >>> result = check_accumulation_windows(counter, plan_updates(5, 1, 2, epochs=1))
         >>> result.verdict
@@ -919,7 +928,7 @@ def check_accumulation_windows(
     name = "partial_accumulation_windows"
     if counter.partial_window_count:
         return CheckResult(name, "warn", _partial_windows_text(counter, plan))
-    ks = [counter.last_k or 1] + [c["old"] for c in counter.k_changes]
+    ks = [counter.last_k or 1] + [c.old for c in counter.k_changes]
     if counter.updates == 0 or max(ks) <= 1:
         return None
     k = "/".join(str(v) for v in dict.fromkeys(sorted(ks)))
@@ -936,17 +945,67 @@ def check_accumulation_windows(
 
 
 @dataclass(frozen=True)
-class _Flag:
+class Flag:
+    """A finding of :func:`summarize`: its name (``last_window_partial``, ...) and detail."""
+
     flag: str
     detail: str
 
 
-@dataclass
-class _Findings:
-    flags: list[_Flag] = field(default_factory=list)
+#: The fields of a :class:`Summary` the run's ledger records.
+_LEDGER_FIELDS: Final = (
+    "micro_batch_size",
+    "accumulate_grad_batches",
+    "dp_replicas",
+    "effective_batch_size",
+    "planned_updates",
+    "updates_done",
+    "examples_seen",
+    "tokens_seen",
+)
 
-    def add(self, flag: str, detail: str) -> None:
-        self.flags.append(_Flag(flag, detail))
+
+@dataclass(frozen=True)
+class Summary:
+    """Plan against count: the configuration, planned and counted quantities, findings.
+
+    ``keep`` is the quantity a comparison holds constant, ``kept_planned`` and ``kept_done``
+    its planned and counted values; ``flags`` name every finding and ``line`` is the summary
+    for humans. The other fields are named as the ledger and ``UpdatePlan`` name them.
+    """
+
+    micro_batch_size: int | None
+    accumulate_grad_batches: int
+    dp_replicas: int
+    effective_batch_size: int | None
+    planned_updates: int | None
+    planned_examples: int | None
+    planned_epochs: int | None
+    estimated_stepping_batches: int | None
+    updates_done: int
+    examples_seen: int | None
+    tokens_seen: int | None
+    tokens_source: str | None
+    epochs_done: int
+    micro_batches: int
+    padding_duplicates: int | None
+    partial_windows: int
+    skipped_updates: int
+    k_changes: list[KChange]
+    tokens_per_update: TokenSpread
+    keep: Keep
+    kept_planned: int | None
+    kept_done: int | None
+    flags: list[Flag]
+    line: str
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain (JSON-ready) values: ``flags`` as ``{"flag", "detail"}`` dicts, and so on."""
+        return asdict(self)
+
+    def ledger_fields(self) -> dict[str, Any]:
+        """The run's ledger fields this summary gives."""
+        return {name: getattr(self, name) for name in _LEDGER_FIELDS}
 
 
 def summarize(
@@ -960,30 +1019,30 @@ def summarize(
     estimated_updates: int | None = None,
     token_spread_ratio: float = 1.5,
     notes: Sequence[str] = (),
-) -> dict[str, Any]:
+    unsummed: int = 0,
+) -> Summary:
     """Compare the plan with what was counted and name every finding.
 
-    Returns:
-        A dict with the configuration, the planned and counted quantities, what the
-        comparison keeps (``keep``, ``kept_planned``, ``kept_done``), ``flags`` (a list of
-        ``{"flag", "detail"}``) and ``line``, the summary for humans.
+    Args:
+        unsummed: updates counted on this rank whose rows were never summed over the ranks
+            (a failed fit): they count as done, and make the examples and tokens unknown.
 
     Example:
         >>> counter = UpdateCounter()
         >>> for i in range(5):  # 5 micro-batches of 1 example, K=2: Lightning steps 3 times
         ...     counter.add_micro_batch(epoch=0, batch_idx=i, examples=1, tokens=None)
         ...     if i in (1, 3, 4):
-        ...         _ = counter.close_update(update=i // 2 + 1, accumulate_grad_batches=2)
+        ...         counter.close_update(update=i // 2 + 1, accumulate_grad_batches=2)
         >>> counter.absorb(UpdateCounter.local_as_all_ranks(counter.take_pending()))
         >>> result = summarize(counter=counter, config=BatchConfig(1, 2, 1),
         ...                    plan=plan_updates(5, 1, 2, epochs=1), keep="updates", epochs_done=1)
-        >>> result["line"]
+        >>> result.line
         '2 examples per update (1 x 2 x 1 replica); 3 updates; 5 examples; last window partial
          (1 of 2 micro-batches, weight 0.50)'
-        >>> [flag["flag"] for flag in result["flags"]]
+        >>> [flag.flag for flag in result.flags]
         ['last_window_partial']
     """
-    found = _Findings()
+    flags: list[Flag] = []
     updates_done = counter.counted_from + counter.updates
     planned_updates = plan.total_updates if plan is not None else estimated_updates
     planned_examples = plan.examples_seen if plan is not None else None
@@ -991,134 +1050,107 @@ def summarize(
         planned_epochs = plan.epochs_completed + int(plan.ends_mid_epoch)
 
     if counter.partial_window_count:
-        found.add("last_window_partial", _partial_windows_text(counter, plan) + ".")
+        flags.append(Flag("last_window_partial", _partial_windows_text(counter, plan) + "."))
     if counter.duplicates:
-        found.add(
-            "padding_duplicates",
+        detail = (
             f"DistributedSampler padding made the replicas train on {counter.duplicates:,}"
             " duplicated sample(s): those examples count twice in their epoch. Make the dataset"
-            " size divisible by the replicas, or use a sampler with drop_last=True.",
+            " size divisible by the replicas, or use a sampler with drop_last=True."
         )
+        flags.append(Flag("padding_duplicates", detail))
     if counter.skipped_count:
-        found.add(
-            "gradscaler_skipped",
+        detail = (
             f"the GradScaler skipped {counter.skipped_count} optimizer step(s) (first: update"
             f" {counter.skipped_updates[0]}) that Lightning still counted in global_step and"
-            " the LR scheduler.",
+            " the LR scheduler."
         )
+        flags.append(Flag("gradscaler_skipped", detail))
     if counter.k_changes:
-        changes = ", ".join(
-            f"{c['old']} -> {c['new']} from update {c['update']}" for c in counter.k_changes
-        )
-        found.add(
-            "k_changed",
+        changes = ", ".join(f"{c.old} -> {c.new} from update {c.update}" for c in counter.k_changes)
+        detail = (
             f"accumulate_grad_batches changed during the run ({changes}): the examples per"
-            " update changed with it.",
+            " update changed with it."
         )
+        flags.append(Flag("k_changed", detail))
     spread = counter.token_spread
-    ratio = spread["ratio"]
-    if ratio is not None and ratio > token_spread_ratio:
-        found.add(
-            "tokens_spread",
-            f"tokens per full update range from {spread['min']:,} to {spread['max']:,}"
-            f" (x{ratio:.2f}); a loss averaged per micro-batch weights each token differently"
-            " across updates: normalise by the token count if the comparison needs it.",
+    if spread.ratio is not None and spread.ratio > token_spread_ratio:
+        detail = (
+            f"tokens per full update range from {spread.min:,} to {spread.max:,}"
+            f" (x{spread.ratio:.2f}); a loss averaged per micro-batch weights each token"
+            " differently across updates: normalise by the token count if the comparison"
+            " needs it."
         )
+        flags.append(Flag("tokens_spread", detail))
     if counter.open_micro_batches:
-        found.add(
-            "unstepped_micro_batches",
+        detail = (
             f"{counter.open_micro_batches} micro-batch(es) after the last update were never"
-            " stepped.",
+            " stepped."
         )
-    if (
-        plan is not None
-        and estimated_updates is not None
-        and estimated_updates != plan.total_updates
-    ):
-        found.add(
-            "estimate_mismatch",
+        flags.append(Flag("unstepped_micro_batches", detail))
+    if plan is not None and estimated_updates not in (None, plan.total_updates):
+        detail = (
             f"Lightning's estimated_stepping_batches is {estimated_updates:,} but the plan is"
             f" {plan.total_updates:,} updates"
             + (" (Lightning's estimate ignores a changing K)" if len(plan.k_schedule) > 1 else "")
-            + ": a schedule sized from the estimate will not end where training ends.",
+            + ": a schedule sized from the estimate will not end where training ends."
         )
+        flags.append(Flag("estimate_mismatch", detail))
     kept_planned, kept_done = {
         "updates": (planned_updates, updates_done),
         "examples": (planned_examples, counter.examples),
         "epochs": (planned_epochs, epochs_done),
     }[keep]
-    if kept_planned is not None and kept_done is not None and kept_planned != kept_done:
-        found.add(
-            "plan_shortfall" if kept_done < kept_planned else "plan_exceeded",
-            f"the comparison keeps {keep}: planned {kept_planned:,}, done {kept_done:,}.",
-        )
-    for note in notes:
-        found.add("note", note)
+    missed = kept_planned is not None and kept_done is not None and kept_planned != kept_done
+    if missed:
+        short = kept_done < kept_planned  # type: ignore[operator]
+        detail = f"the comparison keeps {keep}: planned {kept_planned:,}, done {kept_done:,}."
+        flags.append(Flag("plan_shortfall" if short else "plan_exceeded", detail))
+    flags += [Flag("note", note) for note in notes]
 
-    line = _summary_line(
-        config, counter, updates_done, planned_updates, plan, keep, kept_planned, kept_done
-    )
-    return {
-        "micro_batch_size": config.micro_batch_size,
-        "accumulate_grad_batches": config.accumulate_grad_batches,
-        "dp_replicas": config.dp_replicas,
-        "effective_batch_size": config.effective_batch_size,
-        "planned_updates": planned_updates,
-        "planned_examples": planned_examples,
-        "planned_epochs": planned_epochs,
-        "estimated_stepping_batches": estimated_updates,
-        "updates_done": updates_done,
-        "examples_seen": counter.examples,
-        "tokens_seen": counter.tokens if counter.tokens_source is not None else None,
-        "tokens_source": counter.tokens_source,
-        "epochs_done": epochs_done,
-        "micro_batches": counter.micro_batches,
-        "padding_duplicates": counter.duplicates,
-        "partial_windows": counter.partial_window_count,
-        "skipped_updates": counter.skipped_count,
-        "k_changes": [dict(c) for c in counter.k_changes],
-        "tokens_per_update": spread,
-        "keep": keep,
-        "kept_planned": kept_planned,
-        "kept_done": kept_done,
-        "flags": [{"flag": f.flag, "detail": f.detail} for f in found.flags],
-        "line": line,
-    }
-
-
-def _summary_line(
-    config: BatchConfig,
-    counter: UpdateCounter,
-    updates_done: int,
-    planned_updates: int | None,
-    plan: UpdatePlan | None,
-    keep: str,
-    kept_planned: int | None,
-    kept_done: int | None,
-) -> str:
-    parts = [
-        effective_batch_text(
-            config.micro_batch_size, config.accumulate_grad_batches, config.dp_replicas
-        )
-    ]
+    parts = [effective_batch_text(*astuple(config))]
     if planned_updates is None or planned_updates == updates_done:
         parts.append(f"{updates_done:,} updates")
     else:
         parts.append(f"{updates_done:,} of {planned_updates:,} planned updates")
-    parts.append(
-        "examples unknown" if counter.examples is None else f"{counter.examples:,} examples"
-    )
-    if counter.tokens is not None and counter.tokens_source is not None:
-        parts.append(f"{counter.tokens:,} tokens")
+    examples = counter.examples
+    parts.append("examples unknown" if examples is None else f"{examples:,} examples")
+    tokens = counter.tokens if counter.tokens_source is not None else None
+    if tokens is not None:
+        parts.append(f"{tokens:,} tokens")
     if counter.partial_windows:
         first = counter.partial_windows[0]
-        parts.append(last_window_text(first["micro_batches"], first["accumulate_grad_batches"]))
+        parts.append(last_window_text(first.micro_batches, first.accumulate_grad_batches))
     elif plan is not None or counter.updates:
         parts.append("last window full")
     if counter.duplicates:
         parts.append(f"{counter.duplicates:,} padding duplicate(s)")
     if counter.skipped_count:
         parts.append(f"{counter.skipped_count} step(s) skipped by the GradScaler")
-    if kept_planned is not None and kept_done is not None and kept_planned != kept_done:
+    if missed:
         parts.append(f"keeps {keep}: {kept_done:,} of {kept_planned:,}")
-    return "; ".join(parts)
+    return Summary(
+        micro_batch_size=config.micro_batch_size,
+        accumulate_grad_batches=config.accumulate_grad_batches,
+        dp_replicas=config.dp_replicas,
+        effective_batch_size=config.effective_batch_size,
+        planned_updates=planned_updates,
+        planned_examples=planned_examples,
+        planned_epochs=planned_epochs,
+        estimated_stepping_batches=estimated_updates,
+        updates_done=updates_done + unsummed,
+        examples_seen=None if unsummed else examples,
+        tokens_seen=None if unsummed else tokens,
+        tokens_source=counter.tokens_source,
+        epochs_done=epochs_done,
+        micro_batches=counter.micro_batches,
+        padding_duplicates=counter.duplicates,
+        partial_windows=counter.partial_window_count,
+        skipped_updates=counter.skipped_count,
+        k_changes=list(counter.k_changes),
+        tokens_per_update=spread,
+        keep=keep,
+        kept_planned=kept_planned,
+        kept_done=kept_done,
+        flags=flags,
+        line="; ".join(parts),
+    )

@@ -35,18 +35,19 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Final
 
 import torch
 
 from lightning_pilot.core import validate
 
-__all__ = ["BatchAdapter", "BatchView", "FieldSpec"]
+__all__ = ["BatchAdapter", "BatchView", "FieldSpec", "is_int_tensor"]
 
 #: How to find a field: a dict key, a tuple/list index, or a callable on the whole batch.
 FieldSpec = str | int | Callable[[Any], Any]
 
+_FIELDS: Final = ("ids", "inputs", "targets", "attention_mask")
 _DEFAULT_KEYS: Final[dict[str, tuple[str, ...]]] = {
     "ids": ("ids", "id", "idx", "index", "example_id", "example_ids"),
     "inputs": ("input_ids", "inputs", "x", "input", "features", "pixel_values"),
@@ -55,7 +56,18 @@ _DEFAULT_KEYS: Final[dict[str, tuple[str, ...]]] = {
 }
 # Positions in a tuple/list batch: (x, y) or (x, y, ids).
 _DEFAULT_POSITIONS: Final[dict[str, int]] = {"inputs": 0, "targets": 1, "ids": 2}
-_FIELDS: Final = ("ids", "inputs", "targets", "attention_mask")
+_SPEC: Final = "a dict key (str), a tuple index (int), a callable batch -> value, or None"
+_MISSING: Final = object()
+
+
+def is_int_tensor(value: Any) -> bool:
+    """An integer tensor (not float, complex or bool): token ids, class labels."""
+    return (
+        isinstance(value, torch.Tensor)
+        and not value.is_floating_point()
+        and not value.is_complex()
+        and value.dtype != torch.bool
+    )
 
 
 @dataclass(frozen=True)
@@ -70,19 +82,14 @@ class BatchView:
     seq_len: int | None = None
     tokens: int | None = None
     loss_tokens: int | None = None
-    missing: tuple[str, ...] = field(default_factory=tuple)
+    missing: tuple[str, ...] = ()
 
     def ids_list(self) -> list[Any] | None:
         """The example ids as plain Python values (``None`` when the batch has none)."""
-        if self.ids is None:
-            return None
         if isinstance(self.ids, torch.Tensor):
             values: list[Any] = self.ids.detach().cpu().reshape(-1).tolist()
             return values
-        return list(self.ids)
-
-
-_SPEC: Final = "a dict key (str), a tuple index (int), a callable batch -> value, or None"
+        return None if self.ids is None else list(self.ids)
 
 
 def _check_spec(name: str, spec: object) -> None:
@@ -92,15 +99,11 @@ def _check_spec(name: str, spec: object) -> None:
     if isinstance(spec, str):
         if not spec:
             raise ValueError(validate.invalid("BatchAdapter", name, spec, f"{_SPEC} (not '')"))
-        return
-    if isinstance(spec, int) and not isinstance(spec, bool):
+    elif isinstance(spec, int) and not isinstance(spec, bool):
         validate.integer("BatchAdapter", name, spec, hint=_SPEC)
-        return
-    raise TypeError(
-        validate.invalid(
-            "BatchAdapter", name, spec, f"{_SPEC} for the defaults, got {type(spec).__name__}"
-        )
-    )
+    else:
+        expected = f"{_SPEC} for the defaults, got {type(spec).__name__}"
+        raise TypeError(validate.invalid("BatchAdapter", name, spec, expected))
 
 
 class BatchAdapter:
@@ -142,9 +145,9 @@ class BatchAdapter:
         self.ignore_index = validate.integer(
             "BatchAdapter", "ignore_index", ignore_index, hint="such as -100"
         )
-        # Dict batches: which key holds each field, per set of keys (a loader yields the same
-        # keys every time, so the defaults are searched once).
-        self._resolved: dict[tuple[Any, ...], tuple[tuple[Any, bool], ...]] = {}
+        # Dict batches: the default key found for each field, per set of keys (a loader yields
+        # the same keys every time, so the defaults are searched once per layout).
+        self._keys: dict[tuple[Any, ...], tuple[Any, ...]] = {}
 
     def __repr__(self) -> str:
         given = ", ".join(f"{k}={v!r}" for k, v in self._specs.items() if v is not None)
@@ -159,25 +162,32 @@ class BatchAdapter:
                 values, which waits for the device; shapes alone never do.
         """
         ids, inputs, targets, mask = values = self._values(batch)
-        missing = tuple(name for name, value in zip(_FIELDS, values, strict=True) if value is None)
+        tokens = loss_tokens = None
+        if count_tokens:
+            count, _ = _token_count(inputs, mask)
+            tokens = None if count is None else int(count)
+            if isinstance(targets, torch.Tensor) and not targets.is_floating_point():
+                loss_tokens = int((targets != self.ignore_index).sum().item())
         return BatchView(
             ids=ids,
             inputs=inputs,
             targets=targets,
             attention_mask=mask,
-            batch_size=_batch_size(ids, inputs, targets, mask),
+            batch_size=_batch_size(values),
             seq_len=_seq_len(inputs, mask),
-            tokens=_tokens(inputs, mask) if count_tokens else None,
-            loss_tokens=_loss_tokens(targets, self.ignore_index) if count_tokens else None,
-            missing=missing,
+            tokens=tokens,
+            loss_tokens=loss_tokens,
+            missing=tuple(name for name, v in zip(_FIELDS, values, strict=True) if v is None),
         )
 
     def size_and_tokens(
         self, batch: Any
     ) -> tuple[int | None, torch.Tensor | int | None, str | None]:
-        """The batch size and :func:`token_count` of ``batch``, without building a view.
+        """The batch size, the real tokens and where they were counted, without a view.
 
-        The per-micro-batch path of counters that need nothing else (no device wait).
+        The tokens are the attention mask's sum left on the device (``"attention_mask"``),
+        else every position of integer ``[B, T]`` inputs (``"input_ids"``), else ``None``: the
+        per-micro-batch path of counters that need nothing else, and never a device wait.
 
         Example:
             >>> adapter = BatchAdapter()
@@ -187,58 +197,31 @@ class BatchAdapter:
             >>> size, int(tokens), source
             (2, 7, 'attention_mask')
         """
-        ids, inputs, targets, mask = self._values(batch)
-        tokens, source = _lazy_tokens(inputs, mask)
-        return _batch_size(ids, inputs, targets, mask), tokens, source
+        values = self._values(batch)
+        return (_batch_size(values), *_token_count(values[1], values[3]))
 
     def _values(self, batch: Any) -> tuple[Any, Any, Any, Any]:
         """The fields of ``batch`` in ``_FIELDS`` order: ids, inputs, targets, attention mask."""
-        if not isinstance(batch, Mapping):
-            ids, inputs, targets, mask = (self._find(batch, name) for name in _FIELDS)
-            return ids, inputs, targets, mask
-        layout = tuple(batch)
-        keys = self._resolved.get(layout)
-        if keys is None:
-            keys = tuple(
-                (spec, True)
-                if (spec := self._specs[name]) is not None
-                else (next((k for k in _DEFAULT_KEYS[name] if k in batch), None), False)
-                for name in _FIELDS
-            )
-            if len(self._resolved) < 64:  # a bounded cache: layouts are few
-                self._resolved[layout] = keys
-        (ki, si), (kx, sx), (ky, sy), (km, sm) = keys
-        return (
-            _pick(batch, ki, si),
-            _pick(batch, kx, sx),
-            _pick(batch, ky, sy),
-            _pick(batch, km, sm),
-        )
-
-    def _find(self, batch: Any, name: str) -> Any:
-        spec = self._specs[name]
-        if spec is not None:
-            return _lookup(batch, spec)
         if isinstance(batch, Mapping):
-            for key in _DEFAULT_KEYS[name]:
-                if key in batch:
-                    return batch[key]
-            return None
-        if isinstance(batch, Sequence) and not isinstance(batch, str):
-            position = _DEFAULT_POSITIONS.get(name)
-            if position is not None and position < len(batch):
-                return batch[position]
-            return None
-        if isinstance(batch, torch.Tensor) and name == "inputs":
-            return batch
-        return None
-
-
-def _pick(batch: Mapping[Any, Any], key: Any, given: bool) -> Any:
-    # A key found among the defaults is known to be there; a given spec may be missing.
-    if key is None:
-        return None
-    return _lookup(batch, key) if given else batch[key]
+            keys = self._keys.get(layout := tuple(batch))
+            if keys is None:
+                keys = tuple(
+                    next((k for k in _DEFAULT_KEYS[name] if k in batch), _MISSING)
+                    for name in _FIELDS
+                )
+                if len(self._keys) < 64:  # a bounded cache: layouts are few
+                    self._keys[layout] = keys
+            found = [None if k is _MISSING else batch[k] for k in keys]
+        elif isinstance(batch, Sequence) and not isinstance(batch, str):
+            positions = [_DEFAULT_POSITIONS.get(name, len(batch)) for name in _FIELDS]
+            found = [batch[p] if p < len(batch) else None for p in positions]
+        else:
+            found = [None, batch if isinstance(batch, torch.Tensor) else None, None, None]
+        ids, inputs, targets, mask = (
+            found[i] if (spec := self._specs[name]) is None else _lookup(batch, spec)
+            for i, name in enumerate(_FIELDS)
+        )
+        return ids, inputs, targets, mask
 
 
 def _lookup(batch: Any, spec: FieldSpec) -> Any:
@@ -250,19 +233,14 @@ def _lookup(batch: Any, spec: FieldSpec) -> Any:
         return None
 
 
-def _leading_dim(value: Any) -> int | None:
-    if isinstance(value, torch.Tensor):
-        return int(value.shape[0]) if value.ndim >= 1 else None
-    if isinstance(value, Sequence) and not isinstance(value, str | bytes):
-        return len(value)
-    return None
-
-
-def _batch_size(*candidates: Any) -> int | None:
-    for value in candidates:
-        size = _leading_dim(value)
-        if size is not None:
-            return size
+def _batch_size(values: Sequence[Any]) -> int | None:
+    """The leading dimension of the first field that has one."""
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            if value.ndim >= 1:
+                return int(value.shape[0])
+        elif isinstance(value, Sequence) and not isinstance(value, str | bytes):
+            return len(value)
     return None
 
 
@@ -271,36 +249,20 @@ def _is_token_tensor(value: Any) -> bool:
     return (
         isinstance(value, torch.Tensor)
         and value.ndim == 2
-        and not value.is_floating_point()
-        and not value.is_complex()
+        and not (value.is_floating_point() or value.is_complex())
     )
 
 
 def _seq_len(inputs: Any, mask: Any) -> int | None:
     if isinstance(mask, torch.Tensor) and mask.ndim >= 2:
         return int(mask.shape[1])
-    if _is_token_tensor(inputs):
-        return int(inputs.shape[1])
-    return None
+    return int(inputs.shape[1]) if _is_token_tensor(inputs) else None
 
 
-def _lazy_tokens(inputs: Any, mask: Any) -> tuple[torch.Tensor | int | None, str | None]:
+def _token_count(inputs: Any, mask: Any) -> tuple[torch.Tensor | int | None, str | None]:
     if isinstance(mask, torch.Tensor):
         # Summed now: a loader may refill the same buffer for the next batch.
-        return (mask.detach() if mask.requires_grad else mask).sum(
-            dtype=torch.int64
-        ), "attention_mask"
+        return mask.detach().sum(dtype=torch.int64), "attention_mask"
     if _is_token_tensor(inputs):
         return int(inputs.numel()), "input_ids"
     return None, None
-
-
-def _tokens(inputs: Any, mask: Any) -> int | None:
-    count, _ = _lazy_tokens(inputs, mask)
-    return int(count) if count is not None else None
-
-
-def _loss_tokens(targets: Any, ignore_index: int) -> int | None:
-    if isinstance(targets, torch.Tensor) and not targets.is_floating_point():
-        return int((targets != ignore_index).sum().item())
-    return None

@@ -24,13 +24,18 @@ Example:
 from __future__ import annotations
 
 import hashlib
+import itertools
+import random
 from collections import Counter
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Final, Literal
 
 import torch
 from torch import nn
+from torch.utils.data import IterableDataset
+from torch.utils.hooks import RemovableHandle
 
+from lightning_pilot.core.batches import BatchAdapter, BatchView, is_int_tensor
 from lightning_pilot.core.checks import CheckResult
 from lightning_pilot.core.phases import worst_verdict
 
@@ -38,6 +43,9 @@ __all__ = [
     "HEAD_NAMES",
     "LABEL_RELATIONS",
     "SHIFTED_LABELS_ADVICE",
+    "CausalLMWatch",
+    "DataInspection",
+    "DatasetScan",
     "SplitInspection",
     "TargetKind",
     "check_attention_mask",
@@ -58,6 +66,7 @@ __all__ = [
     "find_causal_lm",
     "find_encoder_decoder",
     "find_shared",
+    "first_items",
     "infer_output_size",
     "input_fingerprint",
     "label_relations",
@@ -83,15 +92,6 @@ def _shown(values: Sequence[Any]) -> str:
     text = ", ".join(str(v) for v in values[:_MAX_SHOWN])
     more = len(values) - _MAX_SHOWN
     return text + (f" and {more} more" if more > 0 else "")
-
-
-def _is_int_tensor(value: Any) -> bool:
-    return (
-        isinstance(value, torch.Tensor)
-        and not value.is_floating_point()
-        and not value.is_complex()
-        and value.dtype != torch.bool
-    )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -214,7 +214,7 @@ def target_kind(inputs: Any, targets: Any) -> TargetKind:
         return "unknown"
     if targets.is_floating_point():
         return "regression"
-    if not _is_int_tensor(targets):
+    if not is_int_tensor(targets):
         return "unknown"
     if targets.ndim == 1:
         return "classification"
@@ -291,7 +291,7 @@ def check_label_range(
     name = "label_range"
     if not isinstance(targets, torch.Tensor):
         return CheckResult(name, "not_checked", "no targets tensor to check")
-    if not _is_int_tensor(targets):
+    if not is_int_tensor(targets):
         return CheckResult(
             name, "not_checked", f"targets are {targets.dtype} (regression or soft labels)"
         )
@@ -330,7 +330,7 @@ def row_lengths(inputs: Any, mask: Any) -> list[int] | None:
     if isinstance(mask, torch.Tensor) and mask.ndim == 2:
         lengths: list[int] = mask.detach().to(torch.int64).sum(dim=1).cpu().tolist()
         return lengths
-    if _is_int_tensor(inputs) and inputs.ndim == 2:
+    if is_int_tensor(inputs) and inputs.ndim == 2:
         return [int(inputs.shape[1])] * int(inputs.shape[0])
     return None
 
@@ -384,6 +384,11 @@ def check_padding(padding: int, total: int, *, warn_above: float = 0.5) -> Check
     return CheckResult(name, "pass", detail)
 
 
+def _judged(name: str, problem: str | None, verdict: str = "fail", passed: str = "") -> CheckResult:
+    """``verdict`` with the problem when there is one, else ``pass`` (with ``passed``)."""
+    return CheckResult(name, verdict, problem) if problem else CheckResult(name, "pass", passed)
+
+
 def check_attention_mask(
     inputs: Any,
     mask: Any,
@@ -406,71 +411,53 @@ def check_attention_mask(
     """
     if not isinstance(mask, torch.Tensor):
         return [CheckResult("attention_mask", "not_checked", "field 'attention_mask' not found")]
-    results = []
     if isinstance(inputs, torch.Tensor) and inputs.ndim == 2 and inputs.shape != mask.shape:
-        return [
-            CheckResult(
-                "attention_mask_shape",
-                "fail",
-                f"attention_mask has shape {tuple(mask.shape)} but inputs {tuple(inputs.shape)}",
-            )
-        ]
-    results.append(CheckResult("attention_mask_shape", "pass", ""))
+        shapes = f"attention_mask has shape {tuple(mask.shape)} but inputs {tuple(inputs.shape)}"
+        return [CheckResult("attention_mask_shape", "fail", shapes)]
+    results = [CheckResult("attention_mask_shape", "pass", "")]
     values = sorted({int(v) for v in torch.unique(mask.detach().to(torch.int64)).cpu().tolist()})
     if not set(values) <= {0, 1}:
-        results.append(
-            CheckResult(
-                "attention_mask_values",
-                "fail",
-                f"attention_mask holds {values}; expected only 0 (padding) and 1 (real token)",
-            )
-        )
-        return results
+        problem = f"attention_mask holds {values}; expected only 0 (padding) and 1 (real token)"
+        return [*results, CheckResult("attention_mask_values", "fail", problem)]
     results.append(CheckResult("attention_mask_values", "pass", ""))
     real = mask.detach().to(torch.int64).cpu()
     if real.ndim == 2:
         # A row is contiguous when its 0/1 sequence changes value at most once.
         changes = (real[:, 1:] != real[:, :-1]).sum(dim=1)
         broken = [int(i) for i in torch.nonzero(changes > 1).flatten().tolist()]
-        if broken:
-            results.append(
-                CheckResult(
-                    "attention_mask_contiguous",
-                    "warn",
-                    f"{len(broken)} row(s) have padding inside the sequence (rows"
-                    f" {_shown(broken)}): packed sequences need position ids and a block mask",
-                )
-            )
-        else:
-            results.append(CheckResult("attention_mask_contiguous", "pass", ""))
+        problem = (
+            f"{len(broken)} row(s) have padding inside the sequence (rows {_shown(broken)}):"
+            " packed sequences need position ids and a block mask"
+        )
+        results.append(_judged("attention_mask_contiguous", problem if broken else None, "warn"))
     if pad_token_id is not None and isinstance(inputs, torch.Tensor) and inputs.shape == mask.shape:
         wrong = int(((real == 0) & (inputs.detach().cpu() != pad_token_id)).sum())
-        if wrong:
-            results.append(
-                CheckResult(
-                    "padding_token_masked",
-                    "warn",
-                    f"{wrong} masked position(s) do not hold pad_token_id={pad_token_id}",
-                )
-            )
-        else:
-            results.append(CheckResult("padding_token_masked", "pass", ""))
-    if labels_unaligned is not None and _is_int_tensor(targets):
+        problem = f"{wrong} masked position(s) do not hold pad_token_id={pad_token_id}"
+        results.append(_judged("padding_token_masked", problem if wrong else None, "warn"))
+    if labels_unaligned is not None and is_int_tensor(targets):
         results.append(CheckResult("padding_not_in_loss", "not_checked", labels_unaligned))
-    elif _is_int_tensor(targets) and targets.shape == mask.shape:
+    elif is_int_tensor(targets) and targets.shape == mask.shape:
         counted = int(((real == 0) & (targets.detach().cpu() != ignore_index)).sum())
-        if counted:
-            results.append(
-                CheckResult(
-                    "padding_not_in_loss",
-                    "fail",
-                    f"{counted} padding position(s) have a label other than {ignore_index}: the"
-                    " loss trains the model to predict padding",
-                )
-            )
-        else:
-            results.append(CheckResult("padding_not_in_loss", "pass", ""))
+        problem = (
+            f"{counted} padding position(s) have a label other than {ignore_index}: the loss"
+            " trains the model to predict padding"
+        )
+        results.append(_judged("padding_not_in_loss", problem if counted else None))
     return results
+
+
+def _masking_counts(
+    inputs: Any, targets: Any, mask: Any, ignore_index: int
+) -> tuple[int, int, int]:
+    """Real tokens of aligned token targets, those whose label is the input, those ignored."""
+    real = (
+        mask.detach().cpu() != 0
+        if isinstance(mask, torch.Tensor) and mask.shape == targets.shape
+        else torch.ones(targets.shape, dtype=torch.bool)
+    )
+    labels, tokens = targets.detach().cpu(), inputs.detach().cpu()
+    equal, ignored = (real & (labels == tokens)), (real & (labels == ignore_index))
+    return int(real.sum()), int(equal.sum()), int(ignored.sum())
 
 
 def check_instruction_masking(
@@ -482,21 +469,11 @@ def check_instruction_masking(
     training target too (plain language modelling), which is wrong when only the response
     should count.
     """
-    name = "instruction_masked"
     if target_kind(inputs, targets) != "sequence":
-        return CheckResult(name, "not_checked", "targets are not aligned token sequences")
-    real = (
-        mask.detach().cpu() != 0
-        if isinstance(mask, torch.Tensor) and mask.shape == targets.shape
-        else torch.ones(targets.shape, dtype=torch.bool)
-    )
-    labels, tokens = targets.detach().cpu(), inputs.detach().cpu()
-    return _masking(
-        int(real.sum()),
-        int((real & (labels == tokens)).sum()),
-        int((real & (labels == ignore_index)).sum()),
-        ignore_index,
-    )
+        return CheckResult(
+            "instruction_masked", "not_checked", "targets are not aligned token sequences"
+        )
+    return _masking(*_masking_counts(inputs, targets, mask, ignore_index), ignore_index)
 
 
 def _masking(total: int, equal: int, ignored: int, ignore_index: int) -> CheckResult:
@@ -520,7 +497,7 @@ def _masking(total: int, equal: int, ignored: int, ignore_index: int) -> CheckRe
 def check_loss_positions(targets: Any, *, ignore_index: int) -> CheckResult:
     """Every sequence has at least one position that counts in the loss."""
     name = "loss_positions_present"
-    if not _is_int_tensor(targets) or targets.ndim != 2:
+    if not is_int_tensor(targets) or targets.ndim != 2:
         return CheckResult(name, "not_checked", "targets are not token sequences")
     per_row = (targets.detach().cpu() != ignore_index).sum(dim=1)
     empty = [int(i) for i in torch.nonzero(per_row == 0).flatten().tolist()]
@@ -616,39 +593,38 @@ def check_label_shift(counts: Mapping[str, int], *, causal_lm: str | None = None
         >>> check_label_shift({"shifted by 1": 8}).detail.startswith(SHIFTED_LABELS_ADVICE)
         True
     """
-    name = "label_shift"
     relation, total, text = _tally(counts)
-    rows = f"rows: {text}"
     if total == 0:
-        return CheckResult(name, "not_checked", "no row has a position counted in the loss")
-    held = "" if causal_lm is None else f"; the module holds {causal_lm}, which shifts labels"
-    if relation == "shifted by 1":
         return CheckResult(
-            name,
+            "label_shift", "not_checked", "no row has a position counted in the loss"
+        )
+    rows = f"rows: {text}"
+    held = "" if causal_lm is None else f"; the module holds {causal_lm}, which shifts labels"
+    verdict, detail = {
+        "shifted by 1": (
             "warn",
             f"{SHIFTED_LABELS_ADVICE} (labels[t] == input_ids[t+1] in {rows}{held})",
-        )
-    if relation == "shifted by -1":
-        return CheckResult(
-            name,
+        ),
+        "shifted by -1": (
             "warn",
             "labels are input_ids shifted right by 1 (labels[t] == input_ids[t-1]): every"
             " target is a token the model has already seen, so it learns to copy; pass labels"
             " = input_ids to a model that shifts internally, or input_ids shifted left by 1 to"
             f" a loss that does not ({rows}{held})",
-        )
-    if relation == "identical":
-        return CheckResult(
-            name,
+        ),
+        "identical": (
             "pass",
             "labels equal input_ids where counted (the Hugging Face convention: the model or"
             f" the loss shifts them; {rows}{held})",
-        )
-    return CheckResult(
-        name,
-        "not_checked",
-        f"labels are not input_ids, shifted or not ({rows}): not next-token targets",
+        ),
+    }.get(
+        relation or "",
+        (
+            "not_checked",
+            f"labels are not input_ids, shifted or not ({rows}): not next-token targets",
+        ),
     )
+    return CheckResult("label_shift", verdict, detail)
 
 
 def check_causal_lm_labels(causal_lm: str, counts: Mapping[str, int], calls: int) -> CheckResult:
@@ -667,48 +643,45 @@ def check_causal_lm_labels(causal_lm: str, counts: Mapping[str, int], calls: int
         >>> check_causal_lm_labels("GPT2LMHeadModel at 'model'", {"shifted by 1": 4}, 1).verdict
         'fail'
     """
-    name = "causal_lm_labels"
     relation, total, text = _tally(counts)
     seen = f"{calls} forward call(s) seen"
     if calls == 0:
-        return CheckResult(name, "not_checked", f"{causal_lm} was not called before the verdict")
+        detail = f"{causal_lm} was not called before the verdict"
+        return CheckResult("causal_lm_labels", "not_checked", detail)
     if total == 0:
-        return CheckResult(
-            name,
-            "not_checked",
+        detail = (
             f"{causal_lm} was given no labels= comparable with its input_ids ({seen}): the"
-            " loss is computed outside it, see label_shift",
+            " loss is computed outside it, see label_shift"
         )
-    if relation == "shifted by 1":
-        return CheckResult(
-            name,
+        return CheckResult("causal_lm_labels", "not_checked", detail)
+    verdict, detail = {
+        "shifted by 1": (
             "fail",
             f"{causal_lm} was given labels equal to its input_ids shifted left by 1"
             f" (labels[t] == input_ids[t+1]; rows: {text}; {seen}); it shifts labels"
             " internally, so this trains to predict 2 tokens ahead: pass labels = input_ids"
             " (with -100 on masked positions)",
-        )
-    if relation == "shifted by -1":
-        return CheckResult(
-            name,
+        ),
+        "shifted by -1": (
             "warn",
             f"{causal_lm} was given labels equal to its input_ids shifted right by 1 (rows:"
             f" {text}; {seen}); it shifts labels internally, so it learns to copy its current"
             " token: pass labels = input_ids (with -100 on masked positions)",
-        )
-    if relation == "identical":
-        return CheckResult(
-            name,
+        ),
+        "identical": (
             "pass",
             f"{causal_lm} was given labels = input_ids where counted and shifts them"
             f" internally: next-token targets (rows: {text}; {seen})",
-        )
-    return CheckResult(
-        name,
-        "not_checked",
-        f"the labels given to {causal_lm} are not its input_ids, shifted or not (rows: {text};"
-        f" {seen})",
+        ),
+    }.get(
+        relation or "",
+        (
+            "not_checked",
+            f"the labels given to {causal_lm} are not its input_ids, shifted or not (rows:"
+            f" {text}; {seen})",
+        ),
     )
+    return CheckResult("causal_lm_labels", verdict, detail)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -932,40 +905,34 @@ class SplitInspection:
         causal_lm: str | None = None,
         encoder_decoder: str | None = None,
     ) -> None:
-        self.split = split
-        self.causal_lm = causal_lm
+        self.split, self.ignore_index, self.max_length = split, ignore_index, max_length
+        self.output_size, self.size_source = output_size, size_source
+        self.pad_token_id, self.padding_warn, self.causal_lm = pad_token_id, padding_warn, causal_lm
         self.unaligned = (
             None
             if encoder_decoder is None
             else f"{encoder_decoder} is an encoder-decoder model: its labels are decoder targets,"
             " which the encoder's input_ids and attention_mask do not describe"
         )
-        self._relations: Counter[str] = Counter()
-        self.ignore_index = ignore_index
-        self.output_size = output_size
-        self.size_source = size_source
-        self.max_length = max_length
-        self.pad_token_id = pad_token_id
-        self.padding_warn = padding_warn
-        self.batches = 0
-        self.examples = 0
+        self.batches = self.examples = 0
         self._worst: dict[str, CheckResult] = {}
         self._lengths: list[int] = []
-        self._padding = [0, 0]
+        self._padding = self._positions = 0
         self._sequence = False
-        self._real_tokens = 0
-        self._equal_tokens = 0
-        self._masked_tokens = 0
+        # Real tokens of aligned token targets, those equal to the input, those ignored.
+        self._masking = [0, 0, 0]
+        self._relations: Counter[str] = Counter()
 
     def _keep(self, result: CheckResult) -> None:
         previous = self._worst.get(result.name)
-        if previous is None or (
-            worst_verdict([previous.verdict, result.verdict]) != previous.verdict
+        if (
+            previous is None
+            or worst_verdict([previous.verdict, result.verdict]) != previous.verdict
         ):
             self._worst[result.name] = result
 
-    def add(self, view: Any) -> None:
-        """Check one batch (a :class:`~lightning_pilot.core.batches.BatchView`)."""
+    def add(self, view: BatchView) -> None:
+        """Check one batch, as a :class:`~lightning_pilot.core.batches.BatchAdapter` read it."""
         self.batches += 1
         self.examples += view.batch_size or 0
         inputs, targets, mask = view.inputs, view.targets, view.attention_mask
@@ -990,23 +957,14 @@ class SplitInspection:
                 labels_unaligned=self.unaligned,
             ):
                 self._keep(result)
-            self._padding[0] += int((mask == 0).sum())
-            self._padding[1] += int(mask.numel())
-        lengths = row_lengths(inputs, mask)
-        if lengths is not None:
-            self._lengths.extend(lengths)
+            self._padding += int((mask == 0).sum())
+            self._positions += int(mask.numel())
+        self._lengths += row_lengths(inputs, mask) or []
         if target_kind(inputs, targets) == "sequence":
             self._sequence = True
             self._keep(check_loss_positions(targets, ignore_index=self.ignore_index))
-            real = (
-                mask.detach().cpu() != 0
-                if isinstance(mask, torch.Tensor) and mask.shape == targets.shape
-                else torch.ones(targets.shape, dtype=torch.bool)
-            )
-            labels, tokens = targets.detach().cpu(), inputs.detach().cpu()
-            self._real_tokens += int(real.sum())
-            self._equal_tokens += int((real & (labels == tokens)).sum())
-            self._masked_tokens += int((real & (labels == self.ignore_index)).sum())
+            counts = _masking_counts(inputs, targets, mask, self.ignore_index)
+            self._masking = [a + b for a, b in zip(self._masking, counts, strict=True)]
             relations = label_relations(inputs, targets, ignore_index=self.ignore_index) or []
             self._relations.update(r for r in relations if r is not None)
 
@@ -1019,30 +977,27 @@ class SplitInspection:
             results.append(CheckResult("instruction_masked", "not_checked", self.unaligned))
             results.append(CheckResult("label_shift", "not_checked", self.unaligned))
         elif self._sequence:
-            results.append(
-                _masking(
-                    self._real_tokens, self._equal_tokens, self._masked_tokens, self.ignore_index
-                )
-            )
+            total, equal, ignored = self._masking
+            results.append(_masking(total, equal, ignored, self.ignore_index))
             results.append(check_label_shift(self._relations, causal_lm=self.causal_lm))
         if self._lengths:
             results.append(check_truncation(self._lengths, self.max_length))
-        if self._padding[1]:
+        if self._positions:
             results.append(
-                check_padding(self._padding[0], self._padding[1], warn_above=self.padding_warn)
+                check_padding(self._padding, self._positions, warn_above=self.padding_warn)
             )
         return [CheckResult(f"{self.split}/{r.name}", r.verdict, r.detail) for r in results]
 
 
 def example_rows(
-    view: Any,
+    view: BatchView,
     *,
     split: str,
     batch_index: int,
     limit: int,
     ignore_index: int,
     max_length: int | None = None,
-    decode: Any = None,
+    decode: Callable[[torch.Tensor], Any] | None = None,
     max_values: int = 256,
     errors: list[str] | None = None,
 ) -> list[dict[str, Any]]:
@@ -1061,13 +1016,12 @@ def example_rows(
     ``decode`` is the user's function: when it raises, the text stays null, the row's note
     names the error, and the message is appended to ``errors`` (when given); nothing is raised.
     """
-    size = view.batch_size or 0
     ids = view.ids_list()
     rows = []
     lengths = row_lengths(view.inputs, view.attention_mask)
     relations = label_relations(view.inputs, view.targets, ignore_index=ignore_index)
-    for i in range(min(limit, size)):
-        notes = []
+    for i in range(min(limit, view.batch_size or 0)):
+        notes: list[str] = []
         row: dict[str, Any] = {
             "split": split,
             "batch_index": batch_index,
@@ -1080,7 +1034,7 @@ def example_rows(
         real = None
         if isinstance(view.attention_mask, torch.Tensor) and view.attention_mask.ndim == 2:
             real = view.attention_mask[i].detach().cpu() != 0
-        if x is not None and _is_int_tensor(x):
+        if x is not None and is_int_tensor(x):
             tokens = x.detach().cpu()
             kept = tokens[real] if real is not None and real.shape == tokens.shape else tokens
             row["input_tokens"] = kept.reshape(-1).tolist()
@@ -1096,8 +1050,8 @@ def example_rows(
         y = view.targets[i] if isinstance(view.targets, torch.Tensor) else None
         if y is not None and y.ndim == 0:
             row["target"] = str(y.item())
-            row["loss_tokens"] = int(y.item() != ignore_index) if _is_int_tensor(y) else 1
-        elif y is not None and _is_int_tensor(y):
+            row["loss_tokens"] = int(y.item() != ignore_index) if is_int_tensor(y) else 1
+        elif y is not None and is_int_tensor(y):
             labels = y.detach().cpu().reshape(-1)
             counted = torch.nonzero(labels != ignore_index).flatten()
             row["target_tokens"] = labels.tolist()
@@ -1120,7 +1074,10 @@ def example_rows(
 
 
 def _decoded(
-    decode: Any, tokens: torch.Tensor, notes: list[str], errors: list[str] | None
+    decode: Callable[[torch.Tensor], Any],
+    tokens: torch.Tensor,
+    notes: list[str],
+    errors: list[str] | None,
 ) -> str | None:
     """``str(decode(tokens))``; ``None`` with a note when the user's ``decode`` raises."""
     try:
@@ -1132,3 +1089,306 @@ def _decoded(
         if errors is not None:
             errors.append(message)
         return None
+
+
+# ------------------------------------------------------------------------------------------------
+# The data phase of a fit: its first batches, a causal LM's labels, the splits' datasets
+# ------------------------------------------------------------------------------------------------
+
+
+class CausalLMWatch:
+    """A forward pre-hook on a Hugging Face causal LM: the ``labels=`` its first calls get.
+
+    :meth:`attach` finds the model (:func:`find_causal_lm`) and registers the watch; it reads
+    at most ``max_calls`` calls, never raises into the user's forward (an error is kept for
+    :meth:`check`), and a copy of the watched model (``copy.deepcopy``, ``pickle``) carries an
+    inert watch.
+
+    Example:
+        >>> CausalLMWatch.attach(nn.Linear(2, 2), ignore_index=-100, max_calls=8) is None
+        True
+        >>> watch = CausalLMWatch("GPT2LMHeadModel", -100, max_calls=8)
+        >>> ids = torch.tensor([[5, 6, 7]])
+        >>> watch(nn.Identity(), (), {"input_ids": ids, "labels": ids})
+        >>> watch.check().verdict
+        'pass'
+    """
+
+    def __init__(self, name: str, ignore_index: int, max_calls: int) -> None:
+        self.name, self.ignore_index, self.max_calls = name, ignore_index, max_calls
+        self.calls = 0
+        self.relations: Counter[str] = Counter()
+        self.error: str | None = None
+        self._handle: RemovableHandle | None = None
+
+    @classmethod
+    def attach(
+        cls, module: nn.Module, *, ignore_index: int, max_calls: int
+    ) -> CausalLMWatch | None:
+        """Watch the first Hugging Face causal LM of ``module``; ``None`` when it holds none."""
+        found = find_causal_lm(module)
+        if found is None:
+            return None
+        path, model = found
+        name = f"{type(model).__name__} at '{path}'" if path else type(model).__name__
+        watch = cls(name, ignore_index, max_calls)
+        watch._handle = model.register_forward_pre_hook(watch, with_kwargs=True)
+        return watch
+
+    def remove(self) -> None:
+        """Stop watching (the counts are kept)."""
+        if self._handle is not None:
+            self._handle.remove()
+            self._handle = None
+
+    def __call__(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        if self.calls >= self.max_calls:
+            return
+        try:
+            self.calls += 1
+            labels = kwargs.get("labels")
+            if labels is None:
+                return
+            ids = kwargs.get("input_ids", args[0] if args else None)
+            relations = label_relations(ids, labels, ignore_index=self.ignore_index)
+            self.relations.update(r for r in relations or [] if r is not None)
+        except Exception as err:  # inside the user's forward: record, never raise
+            self.error = f"{type(err).__name__}: {err}"
+
+    def __reduce__(self) -> tuple[type[CausalLMWatch], tuple[str, int, int]]:
+        return CausalLMWatch, (self.name, self.ignore_index, 0)
+
+    def check(self) -> CheckResult:
+        """``causal_lm_labels`` (:func:`check_causal_lm_labels`), or the error that stopped it."""
+        if self.error is not None:
+            detail = f"reading the labels given to {self.name} raised {self.error}"
+            return CheckResult("causal_lm_labels", "not_checked", detail)
+        return check_causal_lm_labels(self.name, self.relations, self.calls)
+
+
+def first_items(dataset: Any, limit: int) -> Iterator[Any]:
+    """The first ``limit`` items of a dataset: by index, or iterated when it has no length."""
+    if isinstance(dataset, IterableDataset) or not hasattr(dataset, "__len__"):
+        yield from itertools.islice(iter(dataset), limit)
+        return
+    for index in range(min(len(dataset), limit)):
+        yield dataset[index]
+
+
+class DatasetScan:
+    """Class histograms, leakage and duplicates over the first items of each split's datasets.
+
+    Reading the items runs user code (the datasets, the adapter's field functions,
+    ``group_fn``): a split whose items cannot be read is left out with
+    ``<split>/split_leakage`` ``not_checked``, a ``group_fn`` that raises makes
+    ``split_leakage`` ``not_checked``; both are listed in :attr:`raised`.
+
+    Args:
+        adapter: reads each item's inputs and target.
+        max_examples: items read per split.
+        group_fn: ``fn(item) -> key`` of the unit that must not span splits (``None``: leakage
+            ``not_checked``).
+
+    Example:
+        >>> import torch
+        >>> from lightning_pilot.core.batches import BatchAdapter
+        >>> scan = DatasetScan(BatchAdapter(), max_examples=10, group_fn=lambda item: item[2])
+        >>> train = [(torch.tensor([i]), torch.tensor(i % 2), i // 2) for i in range(4)]
+        >>> val = [(torch.tensor([9]), torch.tensor(0), 1)]
+        >>> [(c.name, c.verdict) for c in scan.run({"train": [train], "val": [val]})]
+        [('class_histograms', 'pass'), ('val_classes_in_train', 'pass'),
+         ('label_ranges_agree', 'pass'), ('split_leakage', 'fail'),
+         ('duplicate_inputs_across_splits', 'pass')]
+    """
+
+    def __init__(
+        self,
+        adapter: BatchAdapter,
+        *,
+        max_examples: int,
+        group_fn: Callable[[Any], Hashable] | None = None,
+    ) -> None:
+        self.adapter, self.max_examples, self.group_fn = adapter, max_examples, group_fn
+        self.raised: list[CheckResult] = []
+
+    def run(
+        self, datasets: Mapping[str, Sequence[Any]], problems: Sequence[CheckResult] = ()
+    ) -> list[CheckResult]:
+        """The checks over the datasets of each split; ``problems`` (splits left out) last.
+
+        The torch and Python random states are restored afterwards, so random transforms in
+        the datasets do not change the fit.
+        """
+        keys: dict[str, list[Hashable]] = {}
+        prints: dict[str, list[str | None]] = {}
+        labels: dict[str, dict[int, int]] = {}
+        scanned: dict[str, int] = {}
+        left_out: list[CheckResult] = []
+        group_error: CheckResult | None = None
+        python_state = random.getstate()
+        try:
+            with torch.random.fork_rng(devices=[]):
+                for split, sets in datasets.items():
+                    try:
+                        items = [i for d in sets for i in first_items(d, self.max_examples)]
+                        views = [self.adapter.view(item, count_tokens=False) for item in items]
+                    except Exception as err:  # the user's dataset or adapter: report it
+                        left_out.append(
+                            CheckResult(
+                                f"{split}/split_leakage",
+                                "not_checked",
+                                f"reading the {split} dataset raised {type(err).__name__}:"
+                                f" {err}; split leakage, duplicates and class histograms leave"
+                                f" {split} out: check the dataset's items (dataset[i]) and the"
+                                " adapter's field specs",
+                            )
+                        )
+                        continue
+                    if not items:
+                        continue
+                    scanned[split] = len(items)
+                    prints[split] = [input_fingerprint(v.inputs) for v in views]
+                    labels[split] = class_histogram(
+                        (v.targets for v in views), ignore_index=self.adapter.ignore_index
+                    )
+                    if self.group_fn is not None and group_error is None:
+                        try:
+                            keys[split] = [self.group_fn(item) for item in items]
+                        except Exception as err:  # the user's function: report it
+                            group_error = CheckResult(
+                                "split_leakage",
+                                "not_checked",
+                                f"group_fn raised {type(err).__name__}: {err} on a {split} item:"
+                                " fix group_fn (it receives one dataset item, as dataset[i]"
+                                " returns it)",
+                            )
+        finally:
+            random.setstate(python_state)
+        self.raised += [*left_out, *([group_error] if group_error else [])]
+        results = check_class_histograms(labels) if any(labels.values()) else []
+        results.append(
+            group_error or check_leakage(keys if self.group_fn else None, scanned=scanned)
+        )
+        results.append(check_duplicates(prints, scanned=scanned))
+        return [*results, *problems, *left_out]
+
+
+class DataInspection:
+    """The ``data`` phase of a fit: the first batches of each split, examples and every check.
+
+    Args:
+        splits: the :class:`SplitInspection` of every split read, by name, in table order.
+        batches: batches inspected per split.
+        examples: examples per split kept for the table (:func:`example_rows`).
+        decode: the user's ``fn(token_ids) -> str`` for the table.
+
+    Example:
+        >>> import torch
+        >>> from lightning_pilot.core.batches import BatchAdapter
+        >>> inspection = DataInspection(
+        ...     {"train": SplitInspection("train", ignore_index=-100, output_size=2)},
+        ...     batches=1, examples=1)
+        >>> inspection.add("train", (torch.zeros(2, 3), torch.tensor([0, 1])), BatchAdapter())
+        >>> inspection.done("train"), [r["target"] for r in inspection.table_rows()]
+        (True, ['0'])
+        >>> inspection.add("train", "x", BatchAdapter(ids=lambda batch: batch["uid"]))
+        >>> [c.verdict for c in inspection.results(None, dataset_checks=[])][-1]
+        'not_checked'
+    """
+
+    def __init__(
+        self,
+        splits: Mapping[str, SplitInspection],
+        *,
+        batches: int,
+        examples: int,
+        decode: Callable[[torch.Tensor], Any] | None = None,
+    ) -> None:
+        self.splits, self.batches, self.examples, self.decode = (
+            dict(splits),
+            batches,
+            examples,
+            decode,
+        )
+        self.rows: list[dict[str, Any]] = []
+        #: Per split: the batch the adapter could not read (the split's checks stop there).
+        self.errors: dict[str, CheckResult] = {}
+        #: Every check left ``not_checked`` because user code raised, in the order it happened.
+        self.raised: list[CheckResult] = []
+        self._decode_errors: list[str] = []
+
+    def done(self, split: str) -> bool:
+        """Nothing more to read from ``split``: all its batches read, or one that failed."""
+        inspection = self.splits.get(split)
+        return inspection is None or inspection.batches >= self.batches or split in self.errors
+
+    def add(self, split: str, batch: Any, adapter: BatchAdapter) -> None:
+        """Inspect one batch of ``split``; user code that raises is kept as ``batch_read``."""
+        inspection = self.splits[split]
+        try:
+            view = adapter.view(batch)
+            kept = sum(1 for r in self.rows if r["split"] == split)
+            rows = []
+            if kept < self.examples:
+                rows = example_rows(
+                    view,
+                    split=split,
+                    batch_index=inspection.batches,
+                    limit=self.examples - kept,
+                    ignore_index=adapter.ignore_index,
+                    max_length=inspection.max_length,
+                    decode=self.decode,
+                    errors=self._decode_errors,
+                )
+            inspection.add(view)
+            self.rows += rows
+        except Exception as err:  # a field function of the adapter, an odd batch: not the fit
+            self.errors[split] = error = CheckResult(
+                f"{split}/batch_read",
+                "not_checked",
+                f"reading a {split} batch raised {type(err).__name__}: {err}; the {split} batch"
+                " checks stop there: give adapter=BatchAdapter(...) field specs that fit the"
+                " batch",
+            )
+            self.raised.append(error)
+
+    def results(
+        self,
+        watch: CausalLMWatch | None,
+        *,
+        dataset_checks: Sequence[CheckResult] | None,
+        failed: BaseException | None = None,
+    ) -> list[CheckResult]:
+        """Every check of the phase; ``dataset_checks`` is ``None`` when the fit ``failed``
+        before training started (and the datasets were scanned)."""
+        results = [c for s in self.splits.values() for c in s.checks()]
+        results += self.errors.values()
+        if self._decode_errors:
+            self.raised.append(
+                CheckResult(
+                    "decode",
+                    "not_checked",
+                    f"{self._decode_errors[0]} ({len(self._decode_errors)} call(s)): input_text"
+                    " and target stay null in examples.parquet; fix decode= (it receives a 1-d"
+                    " LongTensor of token ids, e.g. a tokenizer's decode)",
+                )
+            )
+            results.append(self.raised[-1])
+        if watch is not None:
+            results.append(watch.check())
+            if watch.error is not None:
+                self.raised.append(results[-1])
+        if dataset_checks is None:
+            results.append(
+                CheckResult(
+                    "datasets_scanned",
+                    "not_checked",
+                    f"the fit ended ({type(failed).__name__}) before training started",
+                )
+            )
+        return results + list(dataset_checks or [])
+
+    def table_rows(self) -> list[dict[str, Any]]:
+        """The kept examples, in split order, then by batch and position."""
+        order = {split: i for i, split in enumerate(self.splits)}
+        return sorted(self.rows, key=lambda r: (order[r["split"]], r["batch_index"], r["position"]))

@@ -14,6 +14,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from lightning_pilot import PhaseMemoryMonitor, read_phase_table
 from lightning_pilot.callbacks.batch_inspector import EXAMPLES_SCHEMA, BatchInspector
 from lightning_pilot.core.batches import BatchAdapter
+from lightning_pilot.core.data_checks import CausalLMWatch
 from lightning_pilot.demo import (
     ClassificationDataModule,
     InstructionDataModule,
@@ -474,16 +475,17 @@ def test_a_copy_of_a_watched_model_carries_an_inert_hook() -> None:
     import pickle
 
     module = HFCausalLM()
-    inspector = BatchInspector()
-    inspector._watch(module)
-    assert inspector._causal_lm == "GPT2LMHeadModel at 'model'"
+    watch = CausalLMWatch.attach(module, ignore_index=-100, max_calls=8)
+    assert watch is not None
+    assert watch.name == "GPT2LMHeadModel at 'model'"
     ids = torch.randint(1, VOCAB, (2, 6))
     for other in (copy.deepcopy(module), pickle.loads(pickle.dumps(module))):
         [hook] = other.model._forward_pre_hooks.values()
-        assert hook.inspector is None
+        assert hook is not watch
+        assert hook.max_calls == 0
         other.model(input_ids=ids, labels=ids)
-    assert inspector._lm_calls == 0
+    assert watch.calls == 0
     module.model(input_ids=ids, labels=ids)
-    assert (inspector._lm_calls, inspector._lm_relations["identical"]) == (1, 2)
-    inspector._unwatch()
+    assert (watch.calls, watch.relations["identical"]) == (1, 2)
+    watch.remove()
     assert not module.model._forward_pre_hooks

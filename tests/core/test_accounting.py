@@ -14,11 +14,13 @@ from torch.utils.data import DistributedSampler
 from lightning_pilot.core.accounting import (
     TOKENS_NOT_COUNTED,
     BatchConfig,
+    KChange,
     UpdateCounter,
     check_accumulation_windows,
     normalise_schedule,
     pack_counts,
     partial_window_remedy,
+    plan_for_fit,
     plan_updates,
     replica_duplicates,
     summarize,
@@ -324,10 +326,10 @@ def test_counter_rows_and_totals() -> None:
     assert counter.examples == 10
     assert counter.tokens == 110
     assert counter.partial_window_count == 1
-    assert counter.partial_windows[0]["weight"] == 0.5
+    assert counter.partial_windows[0].weight == 0.5
     # The spread is over full windows only: 40 and 60 tokens.
-    assert counter.token_spread["ratio"] == 1.5
-    assert counter.token_spread["min"] == 40
+    assert counter.token_spread.ratio == 1.5
+    assert counter.token_spread.min == 40
 
 
 def test_counter_rows_carry_the_window() -> None:
@@ -335,7 +337,8 @@ def test_counter_rows_carry_the_window() -> None:
     for i in range(3):
         counter.add_micro_batch(epoch=1, batch_idx=10 + i, examples=4, tokens=7, duplicates=0)
     assert counter.open_micro_batches == 3
-    row = counter.close_update(update=5, accumulate_grad_batches=4, stepped=False)
+    counter.close_update(update=5, accumulate_grad_batches=4, stepped=False)
+    [row] = counter.take_pending()
     assert row == {
         "update": 5,
         "epoch": 1,
@@ -364,10 +367,10 @@ def test_unreadable_values_make_totals_null_not_zero() -> None:
     result = summarize(
         counter=counter, config=BatchConfig(None, 1, 1), plan=None, keep="examples", epochs_done=1
     )
-    assert result["examples_seen"] is None
-    assert result["tokens_seen"] is None
-    assert result["kept_done"] is None
-    assert "examples unknown" in result["line"]
+    assert result.examples_seen is None
+    assert result.tokens_seen is None
+    assert result.kept_done is None
+    assert "examples unknown" in result.line
 
 
 def test_state_round_trip_continues_the_counts() -> None:
@@ -387,9 +390,9 @@ def test_state_round_trip_continues_the_counts() -> None:
     assert second.tokens == 40 + 44 + 48 + 10
     assert second.skipped_count == 1
     assert second.skipped_updates == [2]
-    assert second.k_changes == [{"update": 3, "old": 2, "new": 4}]
+    assert second.k_changes == [KChange(update=3, old=2, new=4)]
     assert second.partial_window_count == 1
-    assert second.token_spread["max"] == 48
+    assert second.token_spread.max == 48
 
 
 def test_old_or_partial_state_loads_with_defaults() -> None:
@@ -400,13 +403,19 @@ def test_old_or_partial_state_loads_with_defaults() -> None:
 
 def test_start_late_makes_earlier_examples_unknown() -> None:
     counter = UpdateCounter()
-    counter.start_late(7)
+    note = counter.resume_at(7)
+    assert note is not None
+    assert note.startswith("resumed at update 7 from a checkpoint without accountant counts")
     count(counter, [(1, 1)])
     result = summarize(
         counter=counter, config=BatchConfig(2, 1, 1), plan=None, keep="updates", epochs_done=1
     )
-    assert result["updates_done"] == 8
-    assert result["examples_seen"] is None
+    assert result.updates_done == 8
+    assert result.examples_seen is None
+    assert counter.resume_at(8) is None  # the counts line up
+    assert counter.resume_at(9) == (
+        "the checkpoint's counts cover 8 updates but training resumed at update 9"
+    )
 
 
 def test_summarize_names_every_finding() -> None:
@@ -424,7 +433,7 @@ def test_summarize_names_every_finding() -> None:
         estimated_updates=40,
         notes=["something to know"],
     )
-    flags = {flag["flag"]: flag["detail"] for flag in result["flags"]}
+    flags = {flag.flag: flag.detail for flag in result.flags}
     assert set(flags) == {
         "last_window_partial",
         "padding_duplicates",
@@ -443,7 +452,7 @@ def test_summarize_names_every_finding() -> None:
     assert "2 -> 4 from update 3" in flags["k_changed"]
     assert "from 20 to 90 (x4.50)" in flags["tokens_spread"]
     assert "planned 25, done 4" in flags["plan_shortfall"]
-    assert result["line"] == (
+    assert result.line == (
         "4 examples per update (2 x 2 x 1 replica); 4 of 25 planned updates; 14 examples;"
         " 175 tokens; last window partial (2 of 4 micro-batches, weight 0.50);"
         " 3 padding duplicate(s); 1 step(s) skipped by the GradScaler; keeps updates: 4 of 25"
@@ -461,8 +470,8 @@ def test_keep_selects_the_checked_quantity(keep: Any, planned: int, done: int) -
     result = summarize(
         counter=counter, config=BatchConfig(1, 2, 1), plan=plan, keep=keep, epochs_done=1
     )
-    assert (result["keep"], result["kept_planned"], result["kept_done"]) == (keep, planned, done)
-    assert [flag["flag"] for flag in result["flags"]] == ["last_window_partial"]
+    assert (result.keep, result.kept_planned, result.kept_done) == (keep, planned, done)
+    assert [flag.flag for flag in result.flags] == ["last_window_partial"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -474,7 +483,7 @@ def test_epoch_length_not_a_multiple_of_k_gets_its_own_remedy() -> None:
     # 256 examples in batches of 4: 64 micro-batches, none partial; K=5 leaves 4 in the last.
     plan = plan_updates(256, 4, accumulate_grad_batches=5, epochs=2)
     assert (plan.micro_batches_per_epoch, plan.last_window_micro_batches) == (64, 4)
-    remedy = partial_window_remedy(plan, {"micro_batches": 4, "accumulate_grad_batches": 5})
+    remedy = partial_window_remedy(plan, 5)
     assert remedy == (
         "micro-batches per epoch (64) are not a multiple of accumulate_grad_batches (5): choose"
         " K dividing 64 (e.g. 4 or 8), or limit_train_batches to a multiple of K, or accept"
@@ -486,7 +495,7 @@ def test_epoch_length_not_a_multiple_of_k_gets_its_own_remedy() -> None:
 def test_a_partial_last_micro_batch_that_drop_last_fixes() -> None:
     # 81 examples in batches of 2: 41 micro-batches, the last of 1 example; 40 fill K=5.
     plan = plan_updates(81, 2, accumulate_grad_batches=5, epochs=1)
-    remedy = partial_window_remedy(plan, {"micro_batches": 1, "accumulate_grad_batches": 5})
+    remedy = partial_window_remedy(plan, 5)
     assert remedy.startswith("the loader's last micro-batch is partial (81 examples per")
     assert remedy.endswith("use drop_last=True")
 
@@ -494,7 +503,7 @@ def test_a_partial_last_micro_batch_that_drop_last_fixes() -> None:
 def test_a_partial_window_the_epoch_length_does_not_explain() -> None:
     # 65 micro-batches fill K=5: a partial window came from elsewhere (a mid-window resume).
     plan = plan_updates(129, 2, accumulate_grad_batches=5, epochs=1)
-    remedy = partial_window_remedy(plan, {"micro_batches": 2, "accumulate_grad_batches": 5})
+    remedy = partial_window_remedy(plan, 5)
     assert remedy.startswith("micro-batches per epoch (65) are a multiple of K (5), so the")
     assert "a resume from a checkpoint saved inside a window" in remedy
 
@@ -502,26 +511,25 @@ def test_a_partial_window_the_epoch_length_does_not_explain() -> None:
 def test_a_partial_last_micro_batch_that_drop_last_does_not_fix() -> None:
     # 127 examples in batches of 2: 64 micro-batches; dropping the last leaves 63, still not 5k.
     plan = plan_updates(127, 2, accumulate_grad_batches=5, epochs=1)
-    remedy = partial_window_remedy(plan, {"micro_batches": 4, "accumulate_grad_batches": 5})
+    remedy = partial_window_remedy(plan, 5)
     assert remedy.startswith("micro-batches per epoch (64) are not a multiple")
     assert remedy.endswith("(drop_last=True alone leaves 63, not a multiple of 5 either)")
 
 
 def test_limit_train_batches_and_a_prime_epoch_length() -> None:
     plan = plan_updates(1000, 1, accumulate_grad_batches=4, epochs=1, limit_micro_batches=67)
-    remedy = partial_window_remedy(plan, {"micro_batches": 3, "accumulate_grad_batches": 4})
+    remedy = partial_window_remedy(plan, 4)
     assert "choose K dividing 67 (e.g. 67)" in remedy
     assert "sees 3/4 of the examples" in remedy
 
 
 def test_without_a_plan_the_window_names_its_epoch_length() -> None:
-    window = {"micro_batches": 4, "accumulate_grad_batches": 5, "batch_idx_last": 63}
-    remedy = partial_window_remedy(None, window)
+    remedy = partial_window_remedy(None, 5, batch_idx_last=63)
     assert remedy.startswith("micro-batches per epoch (64) are not a multiple")
     assert remedy.endswith("(no plan: counted in its epoch)")
     # A window that ends at a multiple of K was cut short by something else (a resume).
-    window = {"micro_batches": 2, "accumulate_grad_batches": 5, "batch_idx_last": 9}
-    assert partial_window_remedy(None, window).startswith("the partial window did not come")
+    assert partial_window_remedy(None, 5, 9).startswith("the partial window did not come")
+    assert partial_window_remedy(None, 5).startswith("the partial window did not come")
 
 
 def test_check_accumulation_windows_verdicts() -> None:
@@ -535,7 +543,7 @@ def test_check_accumulation_windows_verdicts() -> None:
         " micro-batches); Lightning still divides the loss by K, so their examples got weight"
         " 0.80 of a full update; micro-batches per epoch (64) are not a multiple of"
     )
-    assert counter.partial_windows[0]["batch_idx_last"] == 63
+    assert counter.partial_windows[0].batch_idx_last == 63
 
     full = UpdateCounter()
     count(full, [(4, 4)] * 3)
@@ -611,3 +619,121 @@ def test_an_uneven_world_is_not_divided() -> None:
     [row] = unpack_sums(rows, sums, world_size=3, dp_replicas=2)
     assert row["examples_all_ranks"] is None
     assert row["notes"] == "world size 3 is not a multiple of 2 replicas"
+
+
+# ---------------------------------------------------------------------------------------------
+# Lazy token counts, the fit's plan, the summary's plain form
+# ---------------------------------------------------------------------------------------------
+
+
+def test_token_counts_on_the_device_are_read_once_per_take() -> None:
+    counter = UpdateCounter()
+    calls: list[list[Any]] = []
+
+    def read(values: list[Any]) -> list[float]:
+        calls.append(values)
+        return [float(v) for v in values]
+
+    for i, tokens in enumerate([torch.tensor(3), 4, torch.tensor(5), torch.tensor(6)]):
+        counter.add_micro_batch(
+            epoch=0, batch_idx=i, examples=1, tokens=tokens, tokens_source="attention_mask"
+        )
+        if i % 2:
+            counter.close_update(update=i // 2 + 1, accumulate_grad_batches=2)
+    rows = counter.take_pending(read)
+    assert [row["tokens"] for row in rows] == [7, 11]
+    assert len(calls) == 1
+    assert [int(v) for v in calls[0]] == [3, 5, 6]  # the int was never sent to be read
+    assert counter.take_pending(read) == []
+
+
+def test_a_micro_batch_without_tokens_makes_its_update_null() -> None:
+    counter = UpdateCounter()
+    counter.add_micro_batch(epoch=0, batch_idx=0, examples=1, tokens=torch.tensor(3))
+    counter.add_micro_batch(epoch=0, batch_idx=1, examples=1, tokens=None)
+    counter.close_update(update=1, accumulate_grad_batches=2)
+    [row] = counter.take_pending()
+    assert (row["tokens"], row["notes"]) == (None, TOKENS_NOT_COUNTED)
+
+
+def test_state_keeps_the_checkpoint_format() -> None:
+    counter = UpdateCounter()
+    count(counter, [(2, 2), (1, 2)], tokens=[40, 10])
+    state = counter.state_dict()
+    assert list(state) == [
+        "version",
+        "updates",
+        "micro_batches",
+        "examples",
+        "tokens",
+        "tokens_source",
+        "duplicates",
+        "partial_window_count",
+        "partial_windows",
+        "skipped_count",
+        "skipped_updates",
+        "k_changes",
+        "last_k",
+        "last_update",
+        "counted_from",
+        "token_stats",
+    ]
+    assert state["partial_windows"] == [
+        {
+            "update": 2,
+            "epoch": 0,
+            "batch_idx_last": 2,
+            "micro_batches": 1,
+            "accumulate_grad_batches": 2,
+            "weight": 0.5,
+            "examples": 2,
+        }
+    ]
+    assert state["token_stats"] == [1, 40, 40, 40.0, 1600.0]
+
+
+def test_plan_for_fit_says_why_there_is_no_plan() -> None:
+    assert plan_for_fit(None, 2, epochs=1) == (None, None)
+    assert plan_for_fit(10, None, epochs=1) == (None, None)
+    assert plan_for_fit(10, 2, epochs=None, max_steps=None)[1] == (
+        "neither max_epochs nor max_steps limits the run: no plan"
+    )
+    plan, note = plan_for_fit(10, 2, epochs=0)
+    assert plan is None
+    assert note is not None
+    assert note.startswith("no plan: plan_updates(epochs=0) is invalid")
+    plan, note = plan_for_fit(10, 2, accumulate_grad_batches={0: 2}, epochs=1, drop_last=True)
+    assert (plan is not None, note) == (True, None)
+
+
+def test_summary_as_dict_and_ledger_fields() -> None:
+    counter = UpdateCounter()
+    count(counter, [(2, 2), (1, 2)], tokens=[40, 10])
+    result = summarize(
+        counter=counter,
+        config=BatchConfig(2, 2, 1),
+        plan=plan_updates(6, 2, 2, epochs=1),
+        keep="updates",
+        epochs_done=1,
+        unsummed=1,
+    )
+    plain = result.as_dict()
+    assert plain["flags"][0]["flag"] == "last_window_partial"
+    assert plain["tokens_per_update"] == {
+        "updates": 1,
+        "min": 40,
+        "max": 40,
+        "ratio": 1.0,
+        "cv": None,
+    }
+    # An update never summed over the ranks counts as done; examples and tokens are unknown.
+    assert result.ledger_fields() == {
+        "micro_batch_size": 2,
+        "accumulate_grad_batches": 2,
+        "dp_replicas": 1,
+        "effective_batch_size": 4,
+        "planned_updates": 2,
+        "updates_done": 3,
+        "examples_seen": None,
+        "tokens_seen": None,
+    }

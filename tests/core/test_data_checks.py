@@ -9,8 +9,12 @@ import torch
 from torch import nn
 
 from lightning_pilot.core.batches import BatchAdapter
+from lightning_pilot.core.checks import CheckResult
 from lightning_pilot.core.data_checks import (
     SHIFTED_LABELS_ADVICE,
+    CausalLMWatch,
+    DataInspection,
+    DatasetScan,
     SplitInspection,
     check_attention_mask,
     check_causal_lm_labels,
@@ -29,6 +33,7 @@ from lightning_pilot.core.data_checks import (
     example_rows,
     find_causal_lm,
     find_shared,
+    first_items,
     infer_output_size,
     input_fingerprint,
     label_relations,
@@ -383,3 +388,136 @@ def test_example_rows_keep_going_when_decode_raises() -> None:
     assert rows[0]["notes"] == "no id in the batch; decode raised ValueError: vocabulary not loaded"
     assert errors == ["decode raised ValueError: vocabulary not loaded"] * 4
     assert rows[0]["input_tokens"] == [5, 6, 7, 8, 0]
+
+
+# ---------------------------------------------------------------------------------------------
+# The data phase without a Trainer: dataset scans, the batches of a fit, a causal LM's labels
+# ---------------------------------------------------------------------------------------------
+
+
+def _items(n: int, offset: int = 0) -> list[tuple[torch.Tensor, torch.Tensor, int]]:
+    return [(torch.tensor([i + offset]), torch.tensor(i % 3), (i + offset) // 2) for i in range(n)]
+
+
+def test_dataset_scan_compares_the_splits() -> None:
+    scan = DatasetScan(BatchAdapter(), max_examples=100, group_fn=lambda item: item[2])
+    results = _named(scan.run({"train": [_items(6)], "val": [_items(2, offset=5)]}))
+    assert results["split_leakage"].verdict == "fail"
+    assert "1 group(s) found in more than one split: 2 (train+val)" in (
+        results["split_leakage"].detail
+    )
+    assert results["duplicate_inputs_across_splits"].detail.startswith("1 exact duplicate")
+    assert results["class_histograms"].detail == "train: 0:2, 1:2, 2:2; val: 0:1, 1:1"
+    assert scan.raised == []
+
+
+def test_dataset_scan_is_bounded_and_restores_the_random_state() -> None:
+    class Noisy(torch.utils.data.Dataset[Any]):
+        def __len__(self) -> int:
+            return 50
+
+        def __getitem__(self, index: int) -> Any:
+            return torch.rand(1), torch.tensor(0)
+
+    torch.manual_seed(3)
+    expected = torch.rand(1)
+    torch.manual_seed(3)
+    scan = DatasetScan(BatchAdapter(), max_examples=4)
+    results = _named(scan.run({"train": [Noisy()], "val": [Noisy()]}))
+    assert torch.rand(1) == expected  # the scan's draws did not move the generator
+    assert "(examples scanned: train 4, val 4)" in results["duplicate_inputs_across_splits"].detail
+    assert results["split_leakage"].verdict == "not_checked"  # no group_fn
+
+
+def test_dataset_scan_reports_user_code_that_raises() -> None:
+    class Broken(torch.utils.data.Dataset[Any]):
+        def __len__(self) -> int:
+            return 3
+
+        def __getitem__(self, index: int) -> Any:
+            raise OSError("shard missing")
+
+    def group(item: Any) -> Any:
+        return item["conversation"]
+
+    problem = CheckResult("test/split_leakage", "not_checked", "built in setup('test')")
+    scan = DatasetScan(BatchAdapter(), max_examples=10, group_fn=group)
+    results = scan.run({"train": [_items(4)], "val": [Broken()]}, [problem])
+    names = [r.name for r in results]
+    assert names[-2:] == ["test/split_leakage", "val/split_leakage"]
+    assert results[-1].detail.startswith("reading the val dataset raised OSError: shard missing")
+    leak = _named(results)["split_leakage"]
+    assert leak.detail.startswith("group_fn raised TypeError")
+    assert [r.name for r in scan.raised] == ["val/split_leakage", "split_leakage"]
+
+
+def test_data_inspection_reads_batches_until_done_and_keeps_errors() -> None:
+    adapter = BatchAdapter()
+    inspection = DataInspection(
+        {
+            "train": SplitInspection("train", ignore_index=-100, output_size=3),
+            "val": SplitInspection("val", ignore_index=-100, output_size=3),
+        },
+        batches=2,
+        examples=3,
+    )
+    batch = {"ids": torch.tensor([0, 1]), "x": torch.zeros(2, 2), "y": torch.tensor([0, 2])}
+    inspection.add("val", batch, adapter)
+    inspection.add("train", batch, adapter)
+    assert not inspection.done("train")
+    inspection.add("train", batch, adapter)
+    assert inspection.done("train")
+    assert inspection.done("test")  # a split not inspected has nothing to read
+    inspection.add("val", "not a batch", BatchAdapter(ids=lambda b: b["uid"]))
+    assert inspection.done("val")
+    rows = inspection.table_rows()
+    assert [(r["split"], r["batch_index"], r["position"]) for r in rows] == [
+        ("train", 0, 0),
+        ("train", 0, 1),
+        ("train", 1, 0),
+        ("val", 0, 0),
+        ("val", 0, 1),
+    ]
+    results = _named(inspection.results(None, dataset_checks=None, failed=ValueError("x")))
+    assert results["val/batch_read"].detail.startswith("reading a val batch raised TypeError")
+    assert results["datasets_scanned"].detail == (
+        "the fit ended (ValueError) before training started"
+    )
+    assert [r.name for r in inspection.raised] == ["val/batch_read"]
+
+
+def test_data_inspection_names_decode_errors_once() -> None:
+    def broken(tokens: Any) -> str:
+        raise ValueError("no vocabulary")
+
+    inspection = DataInspection(
+        {"train": SplitInspection("train", ignore_index=-100)}, batches=1, examples=2, decode=broken
+    )
+    inspection.add("train", {"input_ids": IDS, "labels": IDS}, BatchAdapter())
+    decode_check = _named(inspection.results(None, dataset_checks=[]))["decode"]
+    assert decode_check.detail.startswith("decode raised ValueError: no vocabulary (4 call(s))")
+    assert inspection.raised == [decode_check]
+
+
+def test_causal_lm_watch_reads_labels_and_stops() -> None:
+    watch = CausalLMWatch("GPT2LMHeadModel at 'model'", -100, max_calls=2)
+    shifted = torch.tensor([[6, 7, 8, -100, -100], [8, 7, 6, 5, -100]])
+    watch(nn.Identity(), (IDS,), {"labels": shifted})
+    watch(nn.Identity(), (), {"input_ids": IDS})  # no labels: counted, nothing to compare
+    watch(nn.Identity(), (), {"input_ids": IDS, "labels": IDS})  # past max_calls: ignored
+    assert (watch.calls, dict(watch.relations)) == (2, {"shifted by 1": 2})
+    assert watch.check().verdict == "fail"
+    watch = CausalLMWatch("GPT2LMHeadModel", -100, max_calls=2)
+    watch(nn.Identity(), (), {"input_ids": IDS, "labels": "not a tensor"})
+    assert watch.check().verdict == "not_checked"
+    watch = CausalLMWatch("LM", -100, max_calls=2)
+    watch(nn.Identity(), (), {"input_ids": IDS[:, :2], "labels": object()})
+    broken = CausalLMWatch("LM", -100, max_calls=2)
+    broken.relations = None  # type: ignore[assignment]
+    broken(nn.Identity(), (), {"input_ids": IDS, "labels": IDS})
+    assert broken.check().detail.startswith("reading the labels given to LM raised AttributeError")
+
+
+def test_first_items_by_index_or_iteration() -> None:
+    assert list(first_items([1, 2, 3], 2)) == [1, 2]
+    assert list(first_items(iter(range(10)), 3)) == [0, 1, 2]
