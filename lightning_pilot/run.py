@@ -401,8 +401,7 @@ class PilotRun:
             path: Path | None = None
             error: str | None = None
             if self.is_global_zero:
-                directory = storage.safe_join(self.run_dir, "export")
-                directory.mkdir(parents=True, exist_ok=True)
+                directory = storage.make_folder(self.run_dir, "export")
                 measure = self.measure_export() if self.measure_export else contextlib.nullcontext()
                 try:
                     with measure:

@@ -6,7 +6,7 @@ import itertools
 import math
 import os
 from collections.abc import Callable, Mapping
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 import lightning.pytorch as pl
 import torch
@@ -37,10 +37,19 @@ from lightning_pilot.schemas import OVERFIT_SCHEMA, OVERFIT_SCHEMA_VERSION, OVER
 
 __all__ = ["OVERFIT_SCHEMA", "OVERFIT_SCHEMA_VERSION", "OVERFIT_TABLE", "OverfitTinySubset"]
 
-#: ``runs/<run_id>/overfit.parquet``: the overfit curve (see the class docstring).
-
 PredictFn = Callable[[pl.LightningModule, Any], torch.Tensor]
 _HOOK: Final = "on_before_batch_transfer"
+_ABSENT: Final = object()  # the owner held no instance attribute of that name
+
+
+class _Installed(NamedTuple):
+    """The hook wrapped for one fit on ``owner``, and what to put back."""
+
+    owner: Any
+    original: Any  # the hook the wrapper calls
+    held: Any  # the owner's own instance attribute, or _ABSENT
+    wrapper: Any
+    limit_val_batches: int | float | None  # None: left as it was
 
 
 class OverfitTinySubset(PilotCallback):
@@ -55,19 +64,15 @@ class OverfitTinySubset(PilotCallback):
     a long rental. Lightning's ``overfit_batches`` checks nothing and validates on other batches
     than it trains on.
 
-    How (public Lightning API only): Lightning offers no public way for a callback to replace
-    loaders given to ``fit(...)`` (its own ``BatchSizeFinder`` refuses them), so the batches
-    are replaced instead. In ``setup`` the callback wraps the ``on_before_batch_transfer``
-    hook of the object Lightning calls it on (the DataModule when it overrides the hook, else
-    the LightningModule) on that instance: each batch the fit fetches for training or
-    validation is swapped for the next batch of the subset, then the user's own hook runs.
-    This works the same with a DataModule, loaders passed to ``fit``, a module's own loaders,
-    dict or tuple batches and ``accumulate_grad_batches`` (every micro-batch holds the subset).
-    The loaders are still iterated (the reads a normal fit would do, discarded), so an epoch
-    keeps its length; ``trainer.limit_val_batches`` is set to the subset's batch count (unless
-    validation is off) so one validation covers the subset once. The sanity check runs before
-    the subset exists and sees the validation loader's own batches. Everything is restored
-    at teardown or on an exception.
+    How (public Lightning API only, ``docs/data-and-overfit.md``): no public API lets a callback
+    replace the loaders given to ``fit(...)``, so the batches are replaced instead. For the fit
+    only, from ``setup`` to ``teardown`` (or ``on_exception``), the callback wraps the
+    ``on_before_batch_transfer`` hook on the instance Lightning calls it on (the DataModule when
+    it overrides the hook, else the LightningModule): each training or validation batch is
+    swapped for the next subset batch, then the user's own hook runs. The loaders are still
+    iterated, so an epoch keeps its length; ``trainer.limit_val_batches`` is set to the
+    subset's batch count (unless validation is off). The sanity check sees the validation
+    loader's own batches. Both are put back exactly as they were when the fit ends or fails.
 
     Per update it records the loss (``outputs["loss"]`` times ``K``, averaged over the
     update's micro-batches); every ``check_every`` updates and at the end it predicts the
@@ -76,33 +81,13 @@ class OverfitTinySubset(PilotCallback):
     loss is at or below the target and the recovery at or above ``required_recovery`` (a
     collective decision), on a non-finite loss, or after ``max_steps`` updates.
 
-    Verdict (phase ``overfit``): ``loss_finite`` every update; ``initial_loss`` near
-    ``-log(1/C)`` (``warn`` outside ``x init_tolerance``; C from ``num_classes`` or the module's
-    head); ``loss_target`` (``target_loss``, else ``target_fraction`` of the initial loss)
-    within the budget; ``targets_recovered`` (accuracy through torchmetrics, or exact match of
-    every label position for token targets) at ``required_recovery``, listing the ids still
-    wrong. The reason ends with the remedy "fix the loop on the tiny subset before any long run".
+    Verdict (phase ``overfit``, :mod:`lightning_pilot.core.overfit`): ``loss_finite``,
+    ``initial_loss`` near ``-log(1/C)``, ``loss_target`` within the budget and
+    ``targets_recovered`` at ``required_recovery``, listing the ids still wrong.
 
-    Table ``<out_dir>/runs/<run_id>/overfit.parquet`` (:data:`OVERFIT_SCHEMA`), one row per
-    update, written by every rank into its own snapshot files:
-
-    ===============================  ============  ==============================================
-    column                           dtype         meaning
-    ===============================  ============  ==============================================
-    run_id, attempt, attempt_id,     str/int32     identity
-    rank, world_size
-    step                             int64         ``global_step`` after the update
-    loss                             float64       mean micro-batch loss of the update (un-scaled)
-    micro_batches                    int64         micro-batches in the update
-    target_loss                      float64       the loss to reach
-    metric, score                    str/float64   ``accuracy`` or ``exact_match`` on the subset
-                                                   (null: not evaluated at this step)
-    wrong_ids                        list<str>     ids still predicted wrong
-    subset_ids                       list<str>     the subset's ids (dataset indices when the
-                                                   batches carry no ids)
-    notes, schema_version,           str/...       remarks; file metadata
-    written_at
-    ===============================  ============  ==============================================
+    Table ``<out_dir>/runs/<run_id>/overfit.parquet`` (:data:`OVERFIT_SCHEMA`): one row per
+    update (the loss, the target, the score when evaluated, the ids still wrong), written by
+    every rank into its own snapshot files.
 
     Ranks: every rank trains the same subset and writes its own rows; stop decisions are
     reduced over ranks (``reduce_boolean_decision``).
@@ -200,8 +185,7 @@ class OverfitTinySubset(PilotCallback):
 
     def _reset(self) -> None:
         self._trainer: pl.Trainer | None = None
-        self._patched: tuple[Any, Any, Any] | None = None
-        self._limit_val: int | float | None = None
+        self._installed: _Installed | None = None
         self._batches: list[Any] = []
         self._cursor = {"train": 0, "val": 0}
         self._micro: list[float] = []
@@ -218,8 +202,6 @@ class OverfitTinySubset(PilotCallback):
     @override
     def _state_key_fields(self) -> dict[str, Any]:
         return {"out_dir": str(self.out_dir), "num_examples": self.num_examples, "seed": self.seed}
-
-    # -- replacing the batches --------------------------------------------------------------------
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -242,7 +224,6 @@ class OverfitTinySubset(PilotCallback):
         if datamodule is not None and is_overridden(_HOOK, datamodule):
             owner = datamodule
         original = getattr(owner, _HOOK)
-        own = vars(owner).get(_HOOK)  # an instance attribute the user set, kept as it was
 
         def on_before_batch_transfer(batch: Any, dataloader_idx: int) -> Any:
             return original(self._substitute(batch), dataloader_idx)
@@ -250,12 +231,16 @@ class OverfitTinySubset(PilotCallback):
         # ``__wrapped__`` lets Lightning's is_overridden see the user's own hook, so which
         # object Lightning calls the hook on does not change.
         on_before_batch_transfer.__wrapped__ = original  # type: ignore[attr-defined]
+        held = vars(owner).get(_HOOK, _ABSENT)
         setattr(owner, _HOOK, on_before_batch_transfer)
-        self._patched = (owner, original, own)
-        if trainer.limit_val_batches != 0:
-            self._limit_val = trainer.limit_val_batches
-            size = self.batch_size or self.num_examples
-            trainer.limit_val_batches = math.ceil(self.num_examples / size)
+        limit = trainer.limit_val_batches
+        self._installed = _Installed(
+            owner, original, held, on_before_batch_transfer, limit if limit else None
+        )
+        if limit:
+            trainer.limit_val_batches = math.ceil(
+                self.num_examples / (self.batch_size or self.num_examples)
+            )
 
     def _substitute(self, batch: Any) -> Any:
         trainer = self._trainer
@@ -270,16 +255,17 @@ class OverfitTinySubset(PilotCallback):
         return apply_to_collection(self._batches[index], torch.Tensor, torch.clone)
 
     def _restore(self) -> None:
-        if self._patched is not None:
-            owner, _, own = self._patched
-            if own is not None:
-                setattr(owner, _HOOK, own)
-            elif _HOOK in vars(owner):
-                delattr(owner, _HOOK)
-            self._patched = None
-        if self._trainer is not None and self._limit_val is not None:
-            self._trainer.limit_val_batches = self._limit_val
-            self._limit_val = None
+        """Put back the hook and ``limit_val_batches`` (unless replaced since by someone else)."""
+        installed, self._installed = self._installed, None
+        if installed is None:
+            return
+        if vars(installed.owner).get(_HOOK) is installed.wrapper:
+            if installed.held is _ABSENT:
+                delattr(installed.owner, _HOOK)
+            else:
+                setattr(installed.owner, _HOOK, installed.held)
+        if installed.limit_val_batches is not None and self._trainer is not None:
+            self._trainer.limit_val_batches = installed.limit_val_batches
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -311,8 +297,6 @@ class OverfitTinySubset(PilotCallback):
     @override
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._cursor["val"] = 0
-
-    # -- following the loss -----------------------------------------------------------------------
 
     @override
     def on_train_batch_end(
@@ -358,9 +342,9 @@ class OverfitTinySubset(PilotCallback):
         )
 
     def _evaluate(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> Recovery | None:
-        if self._patched is None:
+        if self._installed is None:
             return None
-        original = self._patched[1]
+        original = self._installed.original
         predictions, targets, ids = [], [], []
         was_training = pl_module.training
         pl_module.eval()
@@ -424,8 +408,6 @@ class OverfitTinySubset(PilotCallback):
         if result is not None:
             row.update(metric=result.metric, score=result.score, wrong_ids=result.wrong_ids)
         self.run.append_rows(OVERFIT_TABLE, [row])
-
-    # -- the verdict ------------------------------------------------------------------------------
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

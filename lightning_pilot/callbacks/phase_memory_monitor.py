@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import logging
+import contextlib
 import math
 import os
 import time
 import warnings
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import lightning.pytorch as pl
 import torch
@@ -34,17 +34,10 @@ from lightning_pilot.core.memory import (
     state_tensors,
 )
 from lightning_pilot.core.phases import Occurrence, PhaseAggregator
-from lightning_pilot.run import PilotCallback, PilotRefusalError
+from lightning_pilot.run import ExportFn, PilotCallback, PilotRefusalError
 from lightning_pilot.schemas import MODEL_SCHEMA
 
 __all__ = ["MODEL_SCHEMA", "PhaseCheckError", "PhaseMemoryMonitor"]
-
-#: ``runs/<run_id>/model.parquet``: what was measured, one row per attempt and rank, written at
-#: fit start: the module's class, parameter counts and bytes, optimizers, precision, device.
-
-log = logging.getLogger(__name__)
-
-ExportFn = Callable[[pl.LightningModule, Path], str | os.PathLike[str] | None]
 
 
 class PhaseCheckError(PilotRefusalError):
@@ -52,7 +45,11 @@ class PhaseCheckError(PilotRefusalError):
 
 
 class _MeasuredCheckpointIO(CheckpointIO):
-    """Delegates to the strategy's checkpoint IO and times the file write and read."""
+    """Delegates to the strategy's checkpoint IO and times the file write and read.
+
+    Installed on the strategy from ``setup`` to ``teardown`` (or ``on_exception``), which put
+    back the IO that was there.
+    """
 
     def __init__(self, inner: CheckpointIO, monitor: PhaseMemoryMonitor) -> None:
         self.inner = inner
@@ -92,6 +89,38 @@ class _MeasuredCheckpointIO(CheckpointIO):
         self.inner.teardown()
 
 
+class _Open(NamedTuple):
+    """The phase being measured: since when, and whether its memory is counted."""
+
+    phase: str
+    started: float
+    tracked: bool
+
+
+@dataclass
+class _Eval:
+    """One validation, test or predict loop: what its batches showed."""
+
+    phase: str
+    measured: bool
+    samples: int = 0
+    seq_len: int | None = None
+    batch_size: int | None = None
+    training: dict[str, torch.nn.Module] = field(default_factory=dict)
+    grad: bool = False
+
+
+@dataclass
+class _Update:
+    """The optimizer step being measured: what is judged once it has run."""
+
+    step: int
+    before: dict[str, tuple[float, float]]
+    trainable: set[str]
+    zero_grad: set[str]
+    zero_lr: set[str]
+
+
 @dataclass
 class _QuietCounts:
     """Training-step phases between measured updates, counted in bulk (one add per hook)."""
@@ -127,38 +156,28 @@ class _QuietCounts:
 class PhaseMemoryMonitor(PilotCallback):
     """Measure every phase of the campaign: inputs, memory, duration and a verdict per phase.
 
-    Writes ``<out_dir>/runs/<run_id>/phases.parquet`` (see ``docs/phase-table.md``): one row
-    per phase (``setup``, ``data``, ``forward``, ``backward``, ``optimizer_step``,
-    ``validation``, ``checkpoint_save``, ``checkpoint_load``, ``test``, ``predict``,
-    ``export``), the first occurrence on its own row (``first=True``: the first optimizer step
-    allocates the optimizer state), later ones folded with their count, median and maximum
-    duration and largest peak. Memory columns are bytes, durations seconds; a value that could
-    not be measured is null with ``counter="none"`` or a note, never 0. Also writes
-    ``placement.parquet`` (``device``, ``kind`` in param/grad/optimizer_state/buffer, ``bytes``,
-    ``host_swap_used_bytes``): where the weights and the training state sit; and
-    ``model.parquet`` (:data:`MODEL_SCHEMA`): the module's class, parameter counts, optimizers.
+    Writes ``<out_dir>/runs/<run_id>/phases.parquet`` (columns, checks and verdicts:
+    ``docs/phase-table.md``): one row per phase, the first occurrence on its own row
+    (``first=True``: the first optimizer step allocates the optimizer state), later ones folded
+    with their count, median and maximum duration and largest peak. A value that could not be
+    measured is null, never 0. Also ``placement.parquet`` (where the weights and the training
+    state sit, per device and kind) and ``model.parquet`` (:data:`MODEL_SCHEMA`).
 
-    Memory: on CUDA the caching-allocator counters (allocated baseline, peak and end; reserved
-    peak apart; alloc retries; capacity), peak reset at each measured phase start; on other
-    accelerators the same through ``torch.accelerator``; on CPU a tensor tracker
-    (``cpu_tensor_tracker``: live tensor bytes). Every row also has the exact parameter,
-    gradient, optimizer-state and buffer bytes and the host RSS.
+    Memory (:mod:`lightning_pilot.core.memory`): the CUDA (or ``torch.accelerator``) allocator
+    counters, peak reset at each measured phase start; on CPU a tensor tracker.
 
     Cost: the first ``pilot_updates`` updates (at least 2, so the optimizer state exists) are
     measured fully, with device synchronisation at phase edges; afterwards one update in
     ``sample_every`` is (0: none), so a long run pays no synchronisation or tracking outside
     sampled steps. The first validation is measured, later ones when the update before them was.
 
-    Checks (the seeds' table): ``forward`` loss finite and scalar; ``backward`` every parameter an
-    optimizer updates requires grad and received a finite gradient (one switched off for this
-    backward only, by ``toggle_optimizer`` in manual optimisation, is skipped); ``optimizer_step``
-    trainable parameters changed (one whose gradient was exactly zero, as LoRA's down-projection
-    on the first update, is not expected to), frozen ones did not, ``global_step`` advanced by
-    one; ``validation``/``test`` every module in eval mode, autograd off, every sample evaluated. A
-    failed check is ``fail`` with the reason and remedy; training continues unless
-    ``on_fail="raise"``.
+    Checks (:mod:`lightning_pilot.core.checks`): the loss, the gradients, the update, eval mode
+    and sample counts. A failed check is ``fail`` with the reason and remedy; training continues
+    unless ``on_fail="raise"``. Every rank measures its own device and writes its own rows.
 
-    Ranks: every rank measures its own device and writes its own rows (``rank`` column).
+    Checkpoint saves and loads are timed by a delegating ``CheckpointIO`` set on the strategy
+    from ``setup`` to ``teardown`` (or ``on_exception``), which put the original back: a
+    ``trainer.save_checkpoint`` after the fit is not measured.
 
     Args:
         pilot_updates: updates measured fully at the start of each fit (>= 2).
@@ -167,8 +186,10 @@ class PhaseMemoryMonitor(PilotCallback):
             ``pilot_updates``; default 2: the first update allocates the optimizer state, the
             second shows the later peak). Its per-operator cost inflates their durations, so
             ``duration_median_s`` and ``duration_max_s`` come from the other measured updates.
-        export: ``fn(pl_module, directory) -> path | None`` called and measured at fit end as
-            the ``export`` phase; the returned file or folder's size is recorded.
+        export: ``fn(pl_module, directory) -> path`` run once per fit at fit end through
+            :meth:`PilotRun.export` (shared with :class:`ResumeVerifier` when it is given the
+            same function) and measured as the ``export`` phase, with the size of the returned
+            file or folder; an error or a path naming nothing fails the row.
         on_fail: ``"record"`` (default) or ``"raise"`` a :class:`PhaseCheckError`.
         track_cpu: use the tensor tracker on CPU (``False``: CPU memory columns null).
         adapter: how to read batches (default :class:`BatchAdapter`).
@@ -251,7 +272,8 @@ class PhaseMemoryMonitor(PilotCallback):
         self._module: pl.LightningModule | None = None
         self._optimizers: list[torch.optim.Optimizer] = []
         self._hooks: list[Any] = []
-        self._open: tuple[str, float, bool] | None = None
+        self._io: _MeasuredCheckpointIO | None = None
+        self._open: _Open | None = None
         self._pending: Occurrence | None = None
         self._measuring = False
         # Below this step every update is unmeasured and the pilot window is over: a batch
@@ -261,28 +283,21 @@ class PhaseMemoryMonitor(PilotCallback):
         self._data_clock: float | None = None
         self._start_step = 0
         self._setup_started: float | None = None
-        self._step_before = 0
-        self._fingerprint: dict[str, tuple[float, float]] = {}
-        self._eval: dict[str, Any] = {}
+        self._update: _Update | None = None
+        self._eval: _Eval | None = None
+        self._exported: Occurrence | None = None
         self._window_done = False
         self._device = "unknown"
         self._precision: str | None = None
         self._root_device = torch.device("cpu")
         self._synchronized = True
         self._view: BatchView | None = None
-        self._trainable: set[str] = set()
-        self._zero_grad: set[str] = set()
-        self._zero_lr: set[str] = set()
         self._intended: set[int] = set()
         self._placed = False
 
     @override
     def _state_key_fields(self) -> dict[str, Any]:
         return {"out_dir": str(self.out_dir), "pilot_updates": self.pilot_updates}
-
-    # ----------------------------------------------------------------------------------------
-    # Setting up and tearing down
-    # ----------------------------------------------------------------------------------------
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -295,11 +310,13 @@ class PhaseMemoryMonitor(PilotCallback):
         self._root_device = trainer.strategy.root_device
         self._precision = str(trainer.precision)
         self._setup_started = time.perf_counter()
-        strategy = trainer.strategy
-        if isinstance(strategy.checkpoint_io, _MeasuredCheckpointIO):
-            strategy.checkpoint_io.monitor = self
+        io = trainer.strategy.checkpoint_io
+        if isinstance(io, _MeasuredCheckpointIO):  # another monitor's: it measures for us
+            io.monitor = self
         else:
-            strategy.checkpoint_io = _MeasuredCheckpointIO(strategy.checkpoint_io, self)
+            self._io = trainer.strategy.checkpoint_io = _MeasuredCheckpointIO(io, self)
+        if self.export is not None:
+            self.run.measure_export = self._measure_export
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -320,16 +337,23 @@ class PhaseMemoryMonitor(PilotCallback):
     def __getstate__(self) -> dict[str, Any]:
         # The memory counter (and the CPU tracker's weak references) is rebuilt on next use.
         state = dict(self.__dict__)
-        state.update(_counter=None, _tracker=None)
+        state.update(_counter=None, _tracker=None, _io=None)
         return state
 
     def _release(self, trainer: pl.Trainer) -> None:
+        """Take back everything installed for the fit: tracker, optimizer hooks, checkpoint IO."""
         self._stop_tracker()
         for handle in self._hooks:
             handle.remove()
         self._hooks = []
-        if self._run is not None and not self._run.closed:
-            self._publish()
+        io, self._io = self._io, None
+        if io is not None and trainer.strategy.checkpoint_io is io:
+            trainer.strategy.checkpoint_io = io.inner
+        if self._run is not None:
+            if self._run.measure_export == self._measure_export:
+                self._run.measure_export = None
+            if not self._run.closed:
+                self._publish()
 
     def _ensure_counter(self) -> MemoryCounter:
         if self._counter is not None:
@@ -355,10 +379,6 @@ class PhaseMemoryMonitor(PilotCallback):
         self._synchronized = device.type == "cpu" or not isinstance(counter, NoCounter)
         return counter
 
-    # ----------------------------------------------------------------------------------------
-    # Measuring one phase
-    # ----------------------------------------------------------------------------------------
-
     def _begin(self, phase: str, *, track: bool = True) -> None:
         """Start measuring ``phase``.
 
@@ -378,18 +398,19 @@ class PhaseMemoryMonitor(PilotCallback):
         counter.synchronize()
         if tracked:
             counter.begin()
-        self._open = (phase, time.perf_counter(), tracked)
+        self._open = _Open(phase, time.perf_counter(), tracked)
 
     def _end(
         self, phase: str, step: int | None, view: BatchView | None = None
     ) -> Occurrence | None:
-        if self._open is None or self._open[0] != phase:
+        opened = self._open
+        if opened is None or opened.phase != phase:
             return None
+        self._open = None
         counter = self._ensure_counter()
         counter.synchronize()
-        duration = time.perf_counter() - self._open[1]
-        tracked = self._open[2]
-        self._open = None
+        duration = time.perf_counter() - opened.started
+        tracked = opened.tracked
         reading = counter.end() if tracked else MemoryReading()
         values: dict[str, Any] = {k: getattr(reading, k) for k in reading.__dataclass_fields__}
         if not tracked:
@@ -414,14 +435,9 @@ class PhaseMemoryMonitor(PilotCallback):
         )
 
     def _state_values(self) -> dict[str, Any]:
-        module = self._require_module()
-        state = state_bytes(module, self._optimizers)
+        state = state_bytes(self._require_module(), self._optimizers)
         host = host_memory()
-        return {
-            "param_bytes": state.param_bytes,
-            "grad_bytes": state.grad_bytes,
-            "optimizer_state_bytes": state.optimizer_state_bytes,
-            "buffer_bytes": state.buffer_bytes,
+        return state.totals() | {
             "host_rss_bytes": host.rss_bytes,
             "host_swap_used_bytes": host.swap_used_bytes,
         }
@@ -432,7 +448,7 @@ class PhaseMemoryMonitor(PilotCallback):
         if occurrence is None:
             return
         results = list(results)
-        occurrence.checks.extend((r.name, r.verdict, r.detail) for r in results)
+        occurrence.checks.extend(results)
         self.aggregator.add(occurrence)
         failed = [r for r in results if r.verdict == "fail"]
         if failed and self.on_fail == "raise":
@@ -446,10 +462,6 @@ class PhaseMemoryMonitor(PilotCallback):
         if self._module is None:
             raise RuntimeError("PhaseMemoryMonitor used before setup().")
         return self._module
-
-    # ----------------------------------------------------------------------------------------
-    # setup, fit start and the training step
-    # ----------------------------------------------------------------------------------------
 
     @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -490,7 +502,7 @@ class PhaseMemoryMonitor(PilotCallback):
         duration = time.perf_counter() - self._setup_started
         self._setup_started = None
         values = self._state_values()
-        if isinstance(counter, CudaCounter | AcceleratorCounter):
+        if isinstance(counter, AcceleratorCounter):
             values["end_allocated_bytes"] = counter.end().end_allocated_bytes
         elif self._tracker is not None:
             # The weights baseline: every state tensor, counted once, by the tracker.
@@ -632,39 +644,39 @@ class PhaseMemoryMonitor(PilotCallback):
             for n, p in pl_module.named_parameters()
             if id(p) in optimized and id(p) in intended
         ]
-        self._trainable = {n for n, _ in trainable}
-        self._zero_grad = checks.zero_gradients(trainable)
         resting = {
             id(p)
             for group in optimizer.param_groups
             if isinstance(group.get("lr"), int | float) and group["lr"] == 0
             for p in group["params"]
         }
-        self._zero_lr = {n for n, p in trainable if id(p) in resting}
-        self._fingerprint = before or checks.fingerprint(pl_module.named_parameters())
-        self._step_before = step
+        self._update = _Update(
+            step,
+            before or checks.fingerprint(pl_module.named_parameters()),
+            trainable={n for n, _ in trainable},
+            zero_grad=checks.zero_gradients(trainable),
+            zero_lr={n for n, p in trainable if id(p) in resting},
+        )
         self._begin("optimizer_step", track=self._tracking)
 
     def _check_pending_update(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule
     ) -> dict[str, tuple[float, float]] | None:
         """Judge the pending optimizer step; returns the fingerprint taken after it, if any."""
-        if not (
-            self._measuring
-            and self._pending is not None
-            and self._pending.phase == "optimizer_step"
-        ):
+        update = self._update
+        pending = self._pending
+        if not (self._measuring and update and pending and pending.phase == "optimizer_step"):
             return None
         after = checks.fingerprint(pl_module.named_parameters())
         self._flush_pending(
             checks.check_update(
-                self._fingerprint,
+                update.before,
                 after,
-                trainable=self._trainable,
-                step_before=self._step_before,
+                trainable=update.trainable,
+                step_before=update.step,
                 step_after=trainer.global_step,
-                zero_grad=self._zero_grad,
-                zero_lr=self._zero_lr,
+                zero_grad=update.zero_grad,
+                zero_lr=update.zero_lr,
             )
         )
         return after
@@ -679,8 +691,10 @@ class PhaseMemoryMonitor(PilotCallback):
             self._hook_failed("optimizer_step_post_hook", err)
 
     def _measure_update(self) -> None:
-        if self._open is not None and self._open[0] == "optimizer_step":
-            self._pending = self._end("optimizer_step", self._step_before)
+        if self._open is not None and self._open.phase == "optimizer_step":
+            self._pending = self._end(
+                "optimizer_step", None if self._update is None else self._update.step
+            )
         if not self._placed:
             # Right after the first update every kind of state exists at once: weights,
             # gradients and the freshly allocated optimizer state.
@@ -716,10 +730,6 @@ class PhaseMemoryMonitor(PilotCallback):
         self._stop_tracker()
         self._restart_data_clock(trainer, step)
 
-    # ----------------------------------------------------------------------------------------
-    # validation, test, predict
-    # ----------------------------------------------------------------------------------------
-
     def _eval_start(self, trainer: pl.Trainer, phase: str) -> None:
         if trainer.sanity_checking:
             return
@@ -728,48 +738,39 @@ class PhaseMemoryMonitor(PilotCallback):
         first = not self.aggregator.has(phase)
         self.aggregator.count(phase, trainer.global_step)
         measured = first or (phase != "validation") or self._measuring
-        self._eval = {
-            "phase": phase,
-            "measured": measured,
-            "samples": 0,
-            "seq_len": None,
-            "batch_size": None,
-            "training": {},
-            "grad": False,
-        }
+        self._eval = _Eval(phase, measured)
         if measured:
             self._begin(phase, track=first)
 
     def _eval_batch(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any) -> None:
-        if trainer.sanity_checking or not self._eval.get("measured"):
+        state = self._eval
+        if trainer.sanity_checking or state is None or not state.measured:
             return
         view = self.adapter.view(batch, count_tokens=False)
-        state = self._eval
-        state["samples"] += view.batch_size or 0
-        for key in ("seq_len", "batch_size"):
-            value = getattr(view, key)
-            if value is not None and (state[key] is None or value > state[key]):
-                state[key] = value
-        training: dict[str, torch.nn.Module] = state["training"]
+        state.samples += view.batch_size or 0
+        if view.seq_len is not None:
+            state.seq_len = max(view.seq_len, state.seq_len or view.seq_len)
+        if view.batch_size is not None:
+            state.batch_size = max(view.batch_size, state.batch_size or view.batch_size)
         for name, module in pl_module.named_modules():
             if module.training:  # kept with its module: the check tells dropout from containers
-                training.setdefault(name or "<root>", module)
-        state["grad"] = state["grad"] or torch.is_grad_enabled()
+                state.training.setdefault(name or "<root>", module)
+        state.grad = state.grad or torch.is_grad_enabled()
 
     def _eval_end(self, trainer: pl.Trainer, phase: str, loaders: Any) -> None:
-        if trainer.sanity_checking or not self._eval.get("measured"):
+        state, self._eval = self._eval, None
+        if trainer.sanity_checking or state is None or not state.measured:
             return
-        state, self._eval = self._eval, {}
         occurrence = self._end(phase, trainer.global_step)
         if occurrence is not None:
-            occurrence.values.update(seq_len=state["seq_len"], batch_size=state["batch_size"])
+            occurrence.values.update(seq_len=state.seq_len, batch_size=state.batch_size)
         expected, why = _expected_samples(trainer, phase, loaders)
         results = (
-            checks.check_eval_mode(list(state["training"].items()), state["grad"], phase)
+            checks.check_eval_mode(list(state.training.items()), state.grad, phase)
             if phase != "predict"
             else []
         )
-        results.append(checks.check_sample_count(state["samples"], expected, why))
+        results.append(checks.check_sample_count(state.samples, expected, why))
         self._add(occurrence, results)
         self._publish()
         self._stop_tracker()
@@ -782,13 +783,7 @@ class PhaseMemoryMonitor(PilotCallback):
 
     @override
     def on_validation_batch_end(
-        self,
-        trainer: pl.Trainer,
-        pl_module: pl.LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-        dataloader_idx: int = 0,
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, *_: Any
     ) -> None:
         self._eval_batch(trainer, pl_module, batch)
 
@@ -802,13 +797,7 @@ class PhaseMemoryMonitor(PilotCallback):
 
     @override
     def on_test_batch_end(
-        self,
-        trainer: pl.Trainer,
-        pl_module: pl.LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-        dataloader_idx: int = 0,
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, *_: Any
     ) -> None:
         self._eval_batch(trainer, pl_module, batch)
 
@@ -822,13 +811,7 @@ class PhaseMemoryMonitor(PilotCallback):
 
     @override
     def on_predict_batch_end(
-        self,
-        trainer: pl.Trainer,
-        pl_module: pl.LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-        dataloader_idx: int = 0,
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, *_: Any
     ) -> None:
         self._eval_batch(trainer, pl_module, batch)
 
@@ -836,19 +819,13 @@ class PhaseMemoryMonitor(PilotCallback):
     def on_predict_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._eval_end(trainer, "predict", trainer.predict_dataloaders)
 
-    # ----------------------------------------------------------------------------------------
-    # checkpoints, export, fit end
-    # ----------------------------------------------------------------------------------------
-
     def _checkpoint_begin(self, phase: str) -> None:
-        if self._module is None:
-            return
         self._flush_pending()
-        self.aggregator.count(phase, None if self._run is None else self._last_step)
+        self.aggregator.count(phase, self._require_module().global_step)
         self._begin(phase, track=False)
 
     def _checkpoint_end(self, phase: str, path: Any) -> None:
-        occurrence = self._end(phase, self._last_step)
+        occurrence = self._end(phase, self._require_module().global_step)
         if occurrence is None:
             return
         size = occurrence.values["file_bytes"] = _size(path)
@@ -858,39 +835,37 @@ class PhaseMemoryMonitor(PilotCallback):
             else checks.CheckResult("checkpoint_file", "fail", f"no file with bytes at {path}")
         )
         self._add(occurrence, [written])
-        if self._run is not None and self._run.closed:
-            # trainer.save_checkpoint after the fit ended: the row still joins the fit's table.
-            self._publish(flush=True)
         if self._data_clock is not None and self._measuring:
             self._begin("data", track=False)  # the next fetch starts after the save
 
-    @property
-    def _last_step(self) -> int | None:
-        return None if self._module is None else self._module.global_step
+    @contextlib.contextmanager
+    def _measure_export(self) -> Iterator[None]:
+        """The ``export`` phase, for :attr:`PilotRun.measure_export` (the run calls the user's
+        function inside it, whichever callback asks first)."""
+        self._begin("export")
+        try:
+            yield
+        finally:
+            self._exported = self._end("export", self._require_module().global_step)
+            self._stop_tracker()
 
     @override
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._flush_pending()
         self._stop_tracker()
         if self.export is not None:
-            self._run_export(trainer, pl_module)
+            path, error = self.run.export(self.export, trainer, pl_module)
+            if self.run.measure_export == self._measure_export:
+                self.run.measure_export = None  # later exports (other functions) are not ours
+            occurrence, self._exported = self._exported, None
+            if occurrence is not None:
+                occurrence.values["file_bytes"] = None if path is None else _size(path)
+                self.aggregator.count("export", occurrence.step)
+                failed = [checks.CheckResult("export_written", "fail", error)] if error else []
+                self._add(occurrence, failed)
         self._record_placement("fit_end")
         self._publish()
         self._log_summary(trainer)
-
-    def _run_export(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self.export is None:
-            return
-        directory = self.run.run_dir / "export"
-        directory.mkdir(parents=True, exist_ok=True)
-        self.aggregator.count("export", trainer.global_step)
-        self._begin("export")
-        result = self.export(pl_module, directory)
-        occurrence = self._end("export", trainer.global_step)
-        self._stop_tracker()
-        if occurrence is not None:
-            occurrence.values["file_bytes"] = _size(result) if result is not None else None
-        self._add(occurrence)
 
     def _publish(self, flush: bool = False) -> None:
         if self._run is None:

@@ -1,8 +1,7 @@
 """Pure checks of the training loop's phases: plain tensors and names in, named results out.
 
-Each check returns :class:`CheckResult` objects (name, verdict, detail). A phase's verdict is
-the worst of its checks (:func:`~lightning_pilot.core.phases.worst_verdict`); the remedy of the
-seeds' table is added by the caller (:data:`~lightning_pilot.core.phases.REMEDIES`).
+Each check returns :class:`CheckResult` objects (name, verdict, detail). A phase's verdict and
+its remedy come from :func:`~lightning_pilot.core.phases.judge`.
 
 Example:
     >>> import torch
@@ -30,16 +29,23 @@ __all__ = [
     "check_sample_count",
     "check_update",
     "fingerprint",
+    "shown_names",
     "zero_gradients",
 ]
 
 _MAX_NAMES = 8
 
 
-def _names(names: Sequence[str]) -> str:
-    shown = ", ".join(names[:_MAX_NAMES])
+def shown_names(names: Sequence[Any]) -> str:
+    """The first eight names, then how many more."""
+    shown = ", ".join(str(name) for name in names[:_MAX_NAMES])
     more = len(names) - _MAX_NAMES
     return shown + (f" and {more} more" if more > 0 else "")
+
+
+def _unless(name: str, failed: object, verdict: str, detail: str, ok: str = "") -> CheckResult:
+    """``verdict`` with ``detail`` when ``failed`` is truthy, else ``pass`` with ``ok``."""
+    return CheckResult(name, verdict, detail) if failed else CheckResult(name, "pass", ok)
 
 
 def check_loss(loss: Any) -> list[CheckResult]:
@@ -74,27 +80,10 @@ def check_gradients(
         named_parameters: the module's ``named_parameters()``.
         optimized: ``id`` of every parameter in the optimizers' param groups (the ones meant to
             train).
-        intended: ``id`` of every parameter the module means to train, read outside any window
-            in which the training step switches parameters off for one backward (Lightning's
-            ``toggle_optimizer`` in manual optimisation sets ``requires_grad=False`` on the
-            other optimizers' parameters). A parameter of an optimizer that is intended to
-            train but has ``requires_grad=False`` now was switched off for this backward: it
-            cannot receive a gradient here and is skipped, not failed. ``None``: the current
-            ``requires_grad`` is the intent.
-
-    Example:
-        >>> import torch
-        >>> layer = torch.nn.Linear(2, 1)
-        >>> layer.weight.requires_grad_(False)  # switched off for this backward
-        Parameter containing:...
-        >>> layer(torch.ones(2)).sum().backward()
-        >>> optimized = {id(p) for p in layer.parameters()}
-        >>> check_gradients(layer.named_parameters(), optimized)[0].verdict
-        'fail'
-        >>> result = check_gradients(layer.named_parameters(), optimized, intended=optimized)[0]
-        >>> result.verdict, result.detail.split(": ")
-        ('pass', ['1 parameter(s) switched off for this backward (e.g. by toggle_optimizer) were
-                   skipped', 'weight'])
+        intended: ``id`` of every parameter the module means to train, read before the
+            training step could switch some off for one backward (``toggle_optimizer`` in
+            manual optimisation): such a parameter is skipped, not failed. ``None``: the
+            current ``requires_grad`` is the intent.
     """
     frozen, switched_off, missing, stray = [], [], [], []
     with_grad: list[tuple[str, torch.Tensor]] = []
@@ -116,55 +105,39 @@ def check_gradients(
         # One device synchronisation for all parameters, not one each.
         finite = torch.stack([torch.isfinite(g).all() for _, g in with_grad]).tolist()
         nonfinite = [name for (name, _), ok in zip(with_grad, finite, strict=True) if not ok]
-    results = []
-    if frozen:
-        results.append(
-            CheckResult(
-                "trainable_params_require_grad",
-                "fail",
-                f"{len(frozen)} parameter(s) in the optimizer have requires_grad=False and cannot"
-                f" learn: {_names(frozen)}",
-            )
-        )
-    elif switched_off:
-        results.append(
-            CheckResult(
-                "trainable_params_require_grad",
-                "pass",
-                f"{len(switched_off)} parameter(s) switched off for this backward (e.g. by"
-                f" toggle_optimizer) were skipped: {_names(switched_off)}",
-            )
-        )
-    else:
-        results.append(CheckResult("trainable_params_require_grad", "pass"))
-    if missing:
-        results.append(
-            CheckResult(
-                "grads_reach_params",
-                "fail",
-                f"{len(missing)} trainable parameter(s) received no gradient (not in the graph of"
-                f" the loss, or detached): {_names(missing)}",
-            )
-        )
-    else:
-        results.append(CheckResult("grads_reach_params", "pass"))
-    if nonfinite:
-        results.append(
-            CheckResult(
-                "grads_finite",
-                "fail",
-                f"non-finite gradients in {len(nonfinite)} parameter(s): {_names(nonfinite)}",
-            )
-        )
-    else:
-        results.append(CheckResult("grads_finite", "pass"))
+    results = [
+        _unless(
+            "trainable_params_require_grad",
+            frozen,
+            "fail",
+            f"{len(frozen)} parameter(s) in the optimizer have requires_grad=False and cannot"
+            f" learn: {shown_names(frozen)}",
+            f"{len(switched_off)} parameter(s) switched off for this backward (e.g. by"
+            f" toggle_optimizer) were skipped: {shown_names(switched_off)}"
+            if switched_off
+            else "",
+        ),
+        _unless(
+            "grads_reach_params",
+            missing,
+            "fail",
+            f"{len(missing)} trainable parameter(s) received no gradient (not in the graph of"
+            f" the loss, or detached): {shown_names(missing)}",
+        ),
+        _unless(
+            "grads_finite",
+            nonfinite,
+            "fail",
+            f"non-finite gradients in {len(nonfinite)} parameter(s): {shown_names(nonfinite)}",
+        ),
+    ]
     if stray:
         results.append(
             CheckResult(
                 "grads_without_optimizer",
                 "warn",
                 f"{len(stray)} parameter(s) receive gradients but no optimizer updates them:"
-                f" {_names(stray)}",
+                f" {shown_names(stray)}",
             )
         )
     return results
@@ -246,70 +219,47 @@ def check_update(
     up-projection's weight times the output gradient, and the up-projection starts at zero. It
     is named in the detail, never failed; a parameter with a nonzero (or no) gradient that did
     not change still fails.
-
-    Example:
-        >>> same = {"a": (1.0, 1.0), "b": (2.0, 2.0)}
-        >>> moved = {"a": (1.0, 1.0), "b": (2.5, 2.5)}
-        >>> check_update(same, moved, trainable={"a", "b"}, step_before=0, step_after=1,
-        ...              zero_grad={"a"})[0]  # doctest: +NORMALIZE_WHITESPACE
-        CheckResult(name='trainable_params_changed', verdict='pass',
-                    detail='1 parameter(s) had a zero gradient at this update (e.g. a LoRA
-                    down-projection while its zero-initialised up-projection is still zero) and
-                    were not expected to change: a')
-        >>> check_update(same, moved, trainable={"a", "b"}, step_before=0, step_after=1)[0].verdict
-        'fail'
     """
     unchanged = [n for n in before if n in trainable and before[n] == after.get(n)]
     resting = [n for n in unchanged if n in zero_lr]
     excused = [n for n in unchanged if n in zero_grad and n not in zero_lr]
     unchanged = [n for n in unchanged if n not in zero_grad and n not in zero_lr]
     moved = [n for n in before if n not in trainable and before[n] != after.get(n)]
-    results = []
     notes = []
     if resting:
         notes.append(
             f"{len(resting)} parameter(s) had a learning rate of 0 at this update (a warmup that"
-            f" starts at 0) and were not expected to change: {_names(resting)}"
+            f" starts at 0) and were not expected to change: {shown_names(resting)}"
         )
     if excused:
         notes.append(
             f"{len(excused)} parameter(s) had a zero gradient at this update (e.g. a LoRA"
             " down-projection while its zero-initialised up-projection is still zero) and were"
-            f" not expected to change: {_names(excused)}"
+            f" not expected to change: {shown_names(excused)}"
         )
     note = "; ".join(notes)
-    if unchanged:
-        results.append(
-            CheckResult(
-                "trainable_params_changed",
-                "fail",
-                f"{len(unchanged)} trainable parameter(s) with a nonzero or missing gradient did"
-                f" not change in the update: {_names(unchanged)}" + (f"; {note}" if note else ""),
-            )
-        )
-    else:
-        results.append(CheckResult("trainable_params_changed", "pass", note))
-    if moved:
-        results.append(
-            CheckResult(
-                "frozen_params_unchanged",
-                "fail",
-                f"{len(moved)} frozen parameter(s) changed: {_names(moved)}",
-            )
-        )
-    else:
-        results.append(CheckResult("frozen_params_unchanged", "pass"))
-    if step_after - step_before == 1:
-        results.append(CheckResult("step_counted", "pass"))
-    else:
-        results.append(
-            CheckResult(
-                "step_counted",
-                "fail",
-                f"global_step went from {step_before} to {step_after} in one update; expected +1",
-            )
-        )
-    return results
+    return [
+        _unless(
+            "trainable_params_changed",
+            unchanged,
+            "fail",
+            f"{len(unchanged)} trainable parameter(s) with a nonzero or missing gradient did"
+            f" not change in the update: {shown_names(unchanged)}" + (f"; {note}" if note else ""),
+            note,
+        ),
+        _unless(
+            "frozen_params_unchanged",
+            moved,
+            "fail",
+            f"{len(moved)} frozen parameter(s) changed: {shown_names(moved)}",
+        ),
+        _unless(
+            "step_counted",
+            step_after - step_before != 1,
+            "fail",
+            f"global_step went from {step_before} to {step_after} in one update; expected +1",
+        ),
+    ]
 
 
 def _train_mode_kind(module: torch.nn.Module | None) -> tuple[int, str]:
@@ -393,12 +343,12 @@ def check_eval_mode(
         if changing:
             parts.append(
                 f"{len(changing)} module(s) whose outputs change in train mode during {phase}:"
-                f" {_names(_labelled(changing))}"
+                f" {shown_names(_labelled(changing))}"
             )
         if unknown:
             parts.append(
                 f"{len(unknown)} {'more ' if changing else ''}leaf module(s) of types not known"
-                f" to be mode-independent: {_names(_labelled(unknown))}"
+                f" to be mode-independent: {shown_names(_labelled(unknown))}"
             )
         parts.append(f"{total} module(s) in train mode in all")
         results.append(CheckResult("eval_mode", "fail", "; ".join(parts)))
@@ -409,22 +359,14 @@ def check_eval_mode(
                 "warn",
                 f"{len(inert)} module(s) in train mode during {phase}, none of a type known to"
                 f" change the outputs (containers and mode-independent layers):"
-                f" {_names(_labelled(inert))}; code that branches on `self.training` still takes"
-                " its training path",
+                f" {shown_names(_labelled(inert))}; code that branches on `self.training` still"
+                " takes its training path",
             )
         )
     else:
         results.append(CheckResult("eval_mode", "pass"))
-    if grad_enabled:
-        results.append(
-            CheckResult(
-                "no_grad",
-                "fail",
-                f"autograd was enabled during {phase} (memory for activations is kept)",
-            )
-        )
-    else:
-        results.append(CheckResult("no_grad", "pass"))
+    no_grad = f"autograd was enabled during {phase} (memory for activations is kept)"
+    results.append(_unless("no_grad", grad_enabled, "fail", no_grad))
     return results
 
 

@@ -1,22 +1,16 @@
 """Memory probes: device counters, a CPU tensor tracker, the training-state breakdown, host RAM.
 
-Three ways to measure a phase, chosen by the device the model is on:
+Counters, chosen by the device the model is on (the phase table's ``counter`` column):
+``cuda_allocator`` (:class:`CudaCounter`) and ``accelerator_allocator``
+(:class:`AcceleratorCounter`) read the allocator: allocated bytes (live tensors) and reserved
+bytes (segments held) are reported apart, and since ``reset_peak_memory_stats`` sets the peak to
+the *current* level, the baseline at each phase start is reported too. ``cpu_tensor_tracker``
+(:class:`TrackerCounter`): no CPU allocator keeps counts, so :class:`TensorTracker`, a
+``TorchDispatchMode``, follows every storage operators touch until it is freed (live tensor
+bytes; no "reserved"). ``none`` (:class:`NoCounter`): every memory value is null.
 
-* ``cuda_allocator`` (:class:`CudaCounter`): PyTorch's CUDA caching-allocator counters. Allocated
-  bytes (live tensors) and reserved bytes (segments the allocator holds) are different
-  quantities and are reported apart, never added. ``reset_peak_memory_stats`` sets the peak to
-  the *current* level, so the baseline is recorded at each phase start and reported too.
-* ``accelerator_allocator`` (:class:`AcceleratorCounter`): the same counters through the
-  device-generic ``torch.accelerator`` API, for other accelerators.
-* ``cpu_tensor_tracker`` (:class:`TrackerCounter`): on CPU no allocator keeps counts, so
-  :class:`TensorTracker`, a ``TorchDispatchMode``, sees every tensor that operators produce or
-  consume and follows each storage until it is freed. Its numbers are live tensor bytes, the
-  CPU analogue of "allocated"; there is no "reserved" on CPU, so that column is null.
-* ``none`` (:class:`NoCounter`): nothing can be measured; every memory value is null.
-
-:func:`state_bytes` computes the exact parameter, gradient, optimizer-state and buffer bytes
-from the tensors themselves (shared storages counted once), per device, so offloaded state shows
-up under ``cpu``. :func:`host_memory` reads the process RSS and the host's swap in use.
+:func:`state_bytes` counts the parameter, gradient, optimizer-state and buffer bytes from the
+tensors themselves (shared storages once), per device; :func:`host_memory` reads RSS and swap.
 
 Example:
     >>> import torch
@@ -57,11 +51,6 @@ __all__ = [
     "host_memory",
     "state_bytes",
 ]
-
-
-# --------------------------------------------------------------------------------------------
-# The CPU tensor tracker
-# --------------------------------------------------------------------------------------------
 
 
 class TensorTracker(TorchDispatchMode):  # type: ignore[no-untyped-call]
@@ -165,11 +154,6 @@ class TensorTracker(TorchDispatchMode):  # type: ignore[no-untyped-call]
         return free
 
 
-# --------------------------------------------------------------------------------------------
-# Counters: one interface over CUDA, torch.accelerator, the tracker, and nothing
-# --------------------------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class MemoryReading:
     """Memory of one measured phase. ``None`` means not measured, never zero."""
@@ -216,50 +200,18 @@ class NoCounter:
         return MemoryReading()
 
 
-class CudaCounter:
-    """CUDA caching-allocator counters of one device (allocated and reserved kept apart)."""
-
-    name = "cuda_allocator"
-    note: str | None = None
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self._baseline = 0
-        self._retries = 0
-        self._capacity: int | None = None
-
-    def synchronize(self) -> None:
-        torch.cuda.synchronize(self.device)
-
-    def begin(self) -> None:
-        self._baseline = int(torch.cuda.memory_allocated(self.device))
-        self._retries = int(torch.cuda.memory_stats(self.device).get("num_alloc_retries", 0))
-        torch.cuda.reset_peak_memory_stats(self.device)
-
-    def end(self) -> MemoryReading:
-        stats = torch.cuda.memory_stats(self.device)
-        if self._capacity is None:
-            self._capacity = int(torch.cuda.mem_get_info(self.device)[1])
-        return MemoryReading(
-            baseline_allocated_bytes=self._baseline,
-            peak_allocated_bytes=int(torch.cuda.max_memory_allocated(self.device)),
-            end_allocated_bytes=int(torch.cuda.memory_allocated(self.device)),
-            peak_reserved_bytes=int(torch.cuda.max_memory_reserved(self.device)),
-            alloc_retries=int(stats.get("num_alloc_retries", 0)) - self._retries,
-            device_capacity_bytes=self._capacity,
-        )
-
-
 class AcceleratorCounter:
-    """The same counters through ``torch.accelerator`` (other accelerators than CUDA)."""
+    """Allocator counters through ``torch.accelerator`` (allocated and reserved kept apart)."""
 
     name = "accelerator_allocator"
     note: str | None = None
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, api: Any = None) -> None:
         self.device = device
+        self._api = api if api is not None else torch.accelerator
         self._baseline = 0
         self._retries = 0
+        self._capacity: int | None = None
 
     @staticmethod
     def available(device: torch.device) -> bool:
@@ -274,29 +226,43 @@ class AcceleratorCounter:
         return True
 
     def synchronize(self) -> None:
-        torch.accelerator.synchronize(self.device)
+        self._api.synchronize(self.device)
 
     def begin(self) -> None:
-        self._baseline = int(torch.accelerator.memory_allocated(self.device))
-        stats = torch.accelerator.memory_stats(self.device)
-        self._retries = int(stats.get("num_alloc_retries", 0))
-        torch.accelerator.reset_peak_memory_stats(self.device)
+        self._baseline = int(self._api.memory_allocated(self.device))
+        self._retries = int(self._api.memory_stats(self.device).get("num_alloc_retries", 0))
+        self._api.reset_peak_memory_stats(self.device)
+
+    def _total(self) -> int | None:
+        try:
+            return int(self._api.get_memory_info(self.device)[1])
+        except (RuntimeError, AttributeError, TypeError):
+            return None
 
     def end(self) -> MemoryReading:
-        stats = torch.accelerator.memory_stats(self.device)
-        capacity: int | None
-        try:
-            capacity = int(torch.accelerator.get_memory_info(self.device)[1])
-        except (RuntimeError, AttributeError, TypeError):
-            capacity = None
+        api, device = self._api, self.device
+        if self._capacity is None:
+            self._capacity = self._total()
         return MemoryReading(
             baseline_allocated_bytes=self._baseline,
-            peak_allocated_bytes=int(torch.accelerator.max_memory_allocated(self.device)),
-            end_allocated_bytes=int(torch.accelerator.memory_allocated(self.device)),
-            peak_reserved_bytes=int(torch.accelerator.max_memory_reserved(self.device)),
-            alloc_retries=int(stats.get("num_alloc_retries", 0)) - self._retries,
-            device_capacity_bytes=capacity,
+            peak_allocated_bytes=int(api.max_memory_allocated(device)),
+            end_allocated_bytes=int(api.memory_allocated(device)),
+            peak_reserved_bytes=int(api.max_memory_reserved(device)),
+            alloc_retries=int(api.memory_stats(device).get("num_alloc_retries", 0)) - self._retries,
+            device_capacity_bytes=self._capacity,
         )
+
+
+class CudaCounter(AcceleratorCounter):
+    """CUDA caching-allocator counters of one device, through ``torch.cuda``."""
+
+    name = "cuda_allocator"
+
+    def __init__(self, device: torch.device) -> None:
+        super().__init__(device, torch.cuda)
+
+    def _total(self) -> int | None:
+        return int(torch.cuda.mem_get_info(self.device)[1])
 
 
 class TrackerCounter:
@@ -330,11 +296,6 @@ class TrackerCounter:
         )
 
 
-# --------------------------------------------------------------------------------------------
-# The training state, from the tensors themselves
-# --------------------------------------------------------------------------------------------
-
-
 @dataclass
 class StateBytes:
     """Bytes of parameters, gradients, optimizer state and buffers, in total and per device."""
@@ -344,6 +305,15 @@ class StateBytes:
     optimizer_state_bytes: int = 0
     buffer_bytes: int = 0
     by_device: dict[tuple[str, str], int] = field(default_factory=dict)
+
+    def totals(self) -> dict[str, int]:
+        """The four totals by column name (the phase table's ``*_bytes`` columns)."""
+        return {
+            "param_bytes": self.param_bytes,
+            "grad_bytes": self.grad_bytes,
+            "optimizer_state_bytes": self.optimizer_state_bytes,
+            "buffer_bytes": self.buffer_bytes,
+        }
 
     def placement_rows(self) -> list[dict[str, Any]]:
         """One row per (device, kind): where the weights and the training state sit."""
@@ -422,11 +392,6 @@ def state_tensors(
             yield param.grad
     yield from module.buffers()
     yield from _optimizer_tensors(optimizers)
-
-
-# --------------------------------------------------------------------------------------------
-# Host memory
-# --------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)

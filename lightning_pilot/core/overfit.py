@@ -19,12 +19,12 @@ import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any
 
 import torch
 from torchmetrics.functional.classification import multiclass_accuracy
 
-from lightning_pilot.core.checks import CheckResult
+from lightning_pilot.core.checks import CheckResult, shown_names
 
 __all__ = [
     "Recovery",
@@ -38,14 +38,6 @@ __all__ = [
     "recovery",
     "select_indices",
 ]
-
-_MAX_SHOWN: Final = 8
-
-
-def _shown(values: Sequence[Any]) -> str:
-    text = ", ".join(str(v) for v in values[:_MAX_SHOWN])
-    more = len(values) - _MAX_SHOWN
-    return text + (f" and {more} more" if more > 0 else "")
 
 
 def select_indices(dataset_size: int, count: int, *, seed: int) -> list[int]:
@@ -286,5 +278,5 @@ def check_recovery(result: Recovery | None, *, required: float, step: int | None
     return CheckResult(
         name,
         "fail",
-        f"{detail}, required {required:.3f}; ids still wrong: {_shown(result.wrong_ids)}",
+        f"{detail}, required {required:.3f}; ids still wrong: {shown_names(result.wrong_ids)}",
     )

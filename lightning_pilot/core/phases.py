@@ -85,7 +85,7 @@ def worst_verdict(verdicts: Iterable[str]) -> str:
     return worst
 
 
-#: What to do when a phase's check fails: the "if the check fails" column of the seeds' table.
+#: What to do when a check of the phase fails (the end of a failing row's ``reason``).
 REMEDIES: Final[dict[str, str]] = {
     "data": "fix the dataset or the transform",
     "forward": "inspect the reduced batch and the values",
@@ -142,7 +142,7 @@ def judge(phase: str, checks: Iterable[tuple[str, str, str]]) -> tuple[str, str 
       names them (``not proven: ...``), so a pass never hides what it did not cover;
     * ``not_checked`` when nothing was checked at all.
 
-    The reason lists every failed or warned check, then the seeds' remedy for the phase, then
+    The reason lists every failed or warned check, then the remedy of the phase, then
     what was not proven; it is ``None`` when every check passed.
 
     Example:
@@ -204,7 +204,7 @@ class Occurrence:
     duration_s: float | None = None
     synchronized: bool | None = None
     values: dict[str, Any] = field(default_factory=dict)
-    checks: list[tuple[str, str, str]] = field(default_factory=list)
+    checks: list[CheckResult] = field(default_factory=list)
     #: False when the measurement itself slowed the occurrence down (the CPU tensor tracker).
     clean_timing: bool = True
 
@@ -219,7 +219,7 @@ class _Group:
     clean_durations: list[float] = field(default_factory=list)
     synchronized: bool | None = None
     values: dict[str, Any] = field(default_factory=dict)
-    checks: dict[str, tuple[str, str]] = field(default_factory=dict)
+    checks: dict[str, CheckResult] = field(default_factory=dict)
 
     def count(self, step: int | None, times: int = 1, step_first: int | None = None) -> None:
         self.occurrences += times
@@ -252,23 +252,23 @@ class _Group:
                 continue
             if value is not None and (column in _LAST or column not in self.values):
                 self.values[column] = value
-        for name, verdict, detail in occ.checks:
-            previous = self.checks.get(name)
-            if previous is None or worst_verdict([previous[0], verdict]) != previous[0]:
-                self.checks[name] = (verdict, detail)
+        for check in occ.checks:  # the worst result of each check is kept
+            previous = self.checks.get(check.name)
+            if (
+                previous is None
+                or worst_verdict([previous.verdict, check.verdict]) != previous.verdict
+            ):
+                self.checks[check.name] = check
 
     def row(self, phase: str, first: bool) -> dict[str, Any]:
         # Median and maximum from occurrences the measurement did not slow down, when any.
         durations = sorted(self.clean_durations or self.durations)
-        checks = [
-            {"name": name, "verdict": verdict, "detail": detail}
-            for name, (verdict, detail) in self.checks.items()
-        ]
-        verdict, reason = judge(phase, ((c["name"], c["verdict"], c["detail"]) for c in checks))
+        checks = list(self.checks.values())
+        verdict, reason = judge(phase, ((c.name, c.verdict, c.detail) for c in checks))
         if reason is None and self.measured == 0:
             reason = "not measured: outside the pilot window and the sampled updates"
         elif reason is None and verdict == "not_checked":
-            skipped = [c["detail"] for c in checks if c["detail"]]
+            skipped = [c.detail for c in checks if c.detail]
             reason = "; ".join(skipped) if skipped else "no check applies to this phase"
         row: dict[str, Any] = dict(self.values)
         row.update(
@@ -283,7 +283,7 @@ class _Group:
             duration_max_s=durations[-1] if durations else None,
             synchronized=self.synchronized,
             verdict=verdict,
-            checks=checks,
+            checks=[c.as_row() for c in checks],
             reason=reason,
         )
         return row

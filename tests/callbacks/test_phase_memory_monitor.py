@@ -348,7 +348,7 @@ def test_every_phase_round_trips_with_every_column(make_trainer: Any, tmp_path: 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         trainer.fit(model)
-        trainer.save_checkpoint(tmp_path / "manual.ckpt")  # outside ModelCheckpoint
+        trainer.save_checkpoint(tmp_path / "manual.ckpt")  # after the fit: not measured
         trainer.test(model)
         trainer.predict(model)
     frame = read_phase_table(monitor.run.run_dir)
@@ -359,7 +359,7 @@ def test_every_phase_round_trips_with_every_column(make_trainer: Any, tmp_path: 
         "checkpoint_save", "test", "predict", "export",
     } <= set(frame["phase"])  # fmt: skip
     saves = frame[frame["phase"] == "checkpoint_save"]
-    assert saves["occurrences"].sum() == 3  # steps 2 and 4 by ModelCheckpoint, one manual
+    assert saves["occurrences"].sum() == 2  # steps 2 and 4 by ModelCheckpoint
     assert (saves["file_bytes"] > 0).all()
     export_row = _row(frame, "export")
     assert export_row["file_bytes"] == exported[0].stat().st_size
@@ -746,3 +746,48 @@ def test_a_warmup_from_zero_is_not_a_failed_update(make_trainer: Any) -> None:
     # Later updates (lr > 0) move every trainable parameter: a plain pass.
     later = _check(_row(frame, "optimizer_step", first=False), "trainable_params_changed")
     assert later["verdict"] == "pass"
+
+
+class _ExportsFirst(pl.Callback):
+    """Another callback that asks the run for the same export before the monitor does."""
+
+    def __init__(self, export: Any) -> None:
+        self.export = export
+        self.answer: Any = None
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        from lightning_pilot.run import PilotRun
+
+        self.answer = PilotRun.of(trainer).export(self.export, trainer, pl_module)
+
+
+def test_a_shared_export_runs_once_and_is_measured_once(make_trainer: Any) -> None:
+    calls: list[Path] = []
+
+    def export(module: pl.LightningModule, directory: Path) -> Path:
+        calls.append(directory / "model.pt")
+        torch.save(module.state_dict(), calls[-1])
+        return calls[-1]
+
+    monitor = PhaseMemoryMonitor(export=export)
+    first = _ExportsFirst(export)
+    frame = _fit(make_trainer, TokenModel(), monitor=monitor, extra_callbacks=[first])
+    assert len(calls) == 1
+    assert calls[0].parent == monitor.run.run_dir / "export"
+    assert first.answer == (calls[0], None)
+    row = _row(frame, "export")
+    assert (row["occurrences"], row["file_bytes"]) == (1, calls[0].stat().st_size)
+    assert len(row["checks"]) == 0  # a clean export adds no check
+    assert monitor.run.measure_export is None  # nothing of the monitor's is left on the run
+
+
+def test_a_failing_export_fails_the_export_row(make_trainer: Any) -> None:
+    def export(module: pl.LightningModule, directory: Path) -> Path:
+        raise ValueError("disk says no")
+
+    frame = _fit(make_trainer, TokenModel(), monitor=PhaseMemoryMonitor(export=export))
+    row = _row(frame, "export")
+    assert row["verdict"] == "fail"
+    check = _check(row, "export_written")
+    assert check["detail"] == "export(pl_module, directory) raised ValueError: disk says no"
+    assert row["reason"].endswith("If the check fails: fix the export function before the campaign")

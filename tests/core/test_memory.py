@@ -99,6 +99,56 @@ def test_counters_without_a_device_report_nulls() -> None:
     assert AcceleratorCounter.available(torch.device("cpu")) is False
 
 
+class FakeAllocator:
+    """The allocator functions ``torch.cuda`` and ``torch.accelerator`` share, in plain numbers."""
+
+    def __init__(self) -> None:
+        self.allocated, self.peak, self.retries = 100, 0, 1
+
+    def synchronize(self, device: torch.device) -> None:
+        return None
+
+    def memory_allocated(self, device: torch.device) -> int:
+        return self.allocated
+
+    def memory_stats(self, device: torch.device) -> dict[str, int]:
+        return {"num_alloc_retries": self.retries}
+
+    def reset_peak_memory_stats(self, device: torch.device) -> None:
+        self.peak = self.allocated
+
+    def max_memory_allocated(self, device: torch.device) -> int:
+        return self.peak
+
+    def max_memory_reserved(self, device: torch.device) -> int:
+        return 4096
+
+    def get_memory_info(self, device: torch.device) -> tuple[int, int]:
+        return 0, 1 << 30
+
+
+def test_allocator_counter_reads_baseline_peak_end_retries_and_capacity() -> None:
+    fake = FakeAllocator()
+    counter = AcceleratorCounter(torch.device("cpu"), api=fake)
+    counter.begin()
+    fake.allocated, fake.peak, fake.retries = 300, 900, 3
+    reading = counter.end()
+    assert counter.name == "accelerator_allocator"
+    assert (reading.baseline_allocated_bytes, reading.peak_allocated_bytes) == (100, 900)
+    assert (reading.end_allocated_bytes, reading.peak_reserved_bytes) == (300, 4096)
+    assert (reading.alloc_retries, reading.device_capacity_bytes) == (2, 1 << 30)
+
+
+def test_state_bytes_totals_name_the_phase_table_columns() -> None:
+    totals = state_bytes(nn.Linear(10, 10)).totals()
+    assert totals == {
+        "param_bytes": 440,
+        "grad_bytes": 0,
+        "optimizer_state_bytes": 0,
+        "buffer_bytes": 0,
+    }
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_counter_reports_allocated_and_reserved_apart() -> None:
