@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -72,13 +73,31 @@ def _plain(value: Any) -> Any:
     return value
 
 
+_SHA256 = re.compile(r"\b[0-9a-f]{64}\b")
+_RUN_FOLDER = re.compile(r"\S*/runs/[0-9TZ]+-[0-9a-f]{16}")
+
+
+def _text(value: Any) -> Any:
+    """Texts quote a run's folder and file digests: the same in content, not in characters."""
+    if isinstance(value, str):
+        return _RUN_FOLDER.sub("<run>", _SHA256.sub("<sha256>", value))
+    if isinstance(value, list):
+        return [_text(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _text(item) for key, item in value.items()}
+    return value
+
+
 def _rows(frame: pd.DataFrame, sort: list[str]) -> list[dict[str, Any]]:
     keep = [column for column in frame.columns if column not in VOLATILE]
     frame = frame[keep]
     order = [column for column in sort if column in frame.columns]
     if order:
         frame = frame.sort_values(order, kind="stable")
-    rows = [{key: _plain(value) for key, value in row.items()} for row in frame.to_dict("records")]
+    rows = [
+        {key: _text(_plain(value)) for key, value in row.items()}
+        for row in frame.to_dict("records")
+    ]
     for row in rows:
         if isinstance(row.get("checks"), list):
             row["checks"] = [
@@ -99,7 +118,7 @@ def _tables(run: Path) -> dict[str, list[dict[str, Any]]]:
             frame = read_phase_table(run)
             tables[name] = _rows(frame, ["rank", "phase", "first"])
         else:
-            frame = read_snapshot_table(table)
+            frame = read_snapshot_table(table).to_pandas()
             tables[name] = _rows(frame, [c for c in frame.columns if c not in VOLATILE][:6])
     return tables
 
@@ -108,10 +127,9 @@ def _ledger(folder: Path) -> list[dict[str, Any]]:
     records = read_ledger_records(folder / "ledger").sort_values("written_at", kind="stable")
     out = []
     for _, group in records.groupby("run_id", sort=False):
-        curves = {
-            name: [point for points in group[name] for point in (_plain(points) or [])]
-            for name in CURVES
-        }
+        # The end record carries the whole curves (heartbeats only the points since the last).
+        final = group[group["event"] == "end"].tail(1)
+        curves = {name: [_plain(points) for points in final[name]] for name in CURVES}
         ends = group[group["event"].isin(["start", "end"])].drop(columns=list(CURVES))
         out.append({"records": _rows(ends, []), "curves": curves})
     return out

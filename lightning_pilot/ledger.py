@@ -2,16 +2,8 @@
 
 The ledger folder (``<out_dir>/ledger``) holds one immutable Parquet file per record, written
 by :class:`~lightning_pilot.callbacks.DivergenceLedger` (events ``start``, ``heartbeat``,
-``end``). :class:`Ledger` turns them into the tables a notebook needs:
-
-* :meth:`Ledger.runs`: one row per run. The latest record of a run gives its outcome
-  (``status``, ``stop_cause``, ``stop_step``, exception, artifacts); configuration and
-  environment columns take the latest non-null value, so an end record written in a hurry
-  never erases the configuration. A run without an ``end`` record whose latest record is
-  older than ``stale_after`` seconds reads as ``interrupted`` / ``heartbeat_lost`` (the
-  process was killed, or the machine died); a recent one reads as ``running``.
-* :meth:`Ledger.curves`: the curves in long format (one row per point).
-* :meth:`Ledger.compare`: variants across seeds (:func:`lightning_pilot.core.compare.compare_runs`).
+``end``). :class:`Ledger` turns them into one row per run (:func:`fold_records`), the curves in
+long format and comparisons across seeds; it imports neither torch nor Lightning.
 
 Example:
     >>> import tempfile
@@ -38,7 +30,6 @@ from __future__ import annotations
 import hashlib
 import os
 import warnings
-from collections.abc import Sequence
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Final, Literal
@@ -47,22 +38,12 @@ import numpy as np
 import pandas as pd
 
 from lightning_pilot import storage
+from lightning_pilot.core import validate
 from lightning_pilot.core.compare import Comparison, compare_runs
-from lightning_pilot.schemas import EVENTS_SCHEMA, PREDICTIONS_SCHEMA
+from lightning_pilot.schemas import PREDICTIONS_SCHEMA
 
-__all__ = [
-    "EVENTS_SCHEMA",
-    "PREDICTIONS_SCHEMA",
-    "Ledger",
-    "file_sha256",
-    "find_failed_runs",
-    "fold_records",
-    "prediction_rows",
-]
+__all__ = ["Ledger", "file_sha256", "find_failed_runs", "fold_records", "latest_with_curves"]
 
-#: ``runs/<run_id>/divergence.parquet``: one row per divergence event, every rank (after the
-#: run identity columns of :func:`lightning_pilot.storage.detail_schema`).
-#: ``runs/<run_id>/predictions.parquet``: one row per validation example and validation run.
 #: Columns that describe what happened last: taken from the latest record as they are.
 OUTCOME_COLUMNS: Final = (
     "event",
@@ -159,7 +140,8 @@ class Ledger:
     Raises:
         FileNotFoundError: ``path`` does not exist.
         ValueError: ``path`` is empty or blank (it would read the current folder), or
-            ``stale_after`` is not a non-negative number.
+            ``stale_after`` is negative or NaN.
+        TypeError: ``stale_after`` is not a number.
 
     Example:
         >>> import tempfile
@@ -171,16 +153,10 @@ class Ledger:
         root = storage.folder_argument(path, "ledger")
         if not root.exists():
             raise FileNotFoundError(f"path={str(root)!r} does not exist.")
-        if (
-            not isinstance(stale_after, int | float)
-            or isinstance(stale_after, bool)
-            or not stale_after >= 0
-        ):
-            raise ValueError(
-                f"stale_after={stale_after!r} is invalid: expected seconds (a number >= 0)."
-            )
+        self.stale_after = validate.number(
+            "Ledger", "stale_after", stale_after, minimum=0, finite=False, hint="seconds"
+        )
         self.path = root / "ledger" if (root / "ledger").is_dir() else root
-        self.stale_after = float(stale_after)
         self.skipped: list[str] = []
         nested = root / "pilot" / "ledger"
         if self.path == root and nested.is_dir() and not any(root.glob("*.parquet")):
@@ -247,7 +223,9 @@ class Ledger:
         uri = latest.at[run_id, "predictions_uri"]
         expected = str(latest.at[run_id, "predictions_sha256"])
         if not isinstance(uri, str):
-            raise ValueError(f"run {run_id} recorded no predictions (save_predictions=False?).")
+            raise ValueError(
+                f"run {run_id} recorded no predictions (no ValidationPredictionWriter in its fit?)."
+            )
         actual = file_sha256(uri)
         if actual != expected:
             raise ValueError(f"{uri} has sha256 {actual}, but the ledger recorded {expected}.")
@@ -278,16 +256,11 @@ class Ledger:
             metric: a validation metric name (from ``val_points``), ``"train_loss"``, or a
                 numeric column of :meth:`runs` (``updates_done``, ``examples_seen``, ...).
             by: the column of :meth:`runs` naming the groups.
-            control: the group the others are paired with, seed by seed.
-            mode: ``"min"`` if lower is better, ``"max"`` if higher is better.
             reduce: which point of a curve is the run's value: the ``last`` one, or the
                 ``min`` / ``max`` over the run.
-            failures: ``"worst"`` (diverged/oom/failed runs count as the worst value) or
-                ``"exclude"`` (left out of the statistics, still counted and ranked worst).
             experiment: only runs of this experiment.
-            min_runs_for_ci: runs needed before bootstrap intervals are computed.
-            n_boot: bootstrap resamples.
-            random_state: seed of the bootstrap.
+            control, mode, failures, min_runs_for_ci, n_boot, random_state: as for
+                :func:`~lightning_pilot.core.compare.compare_runs`.
 
         Returns:
             A :class:`~lightning_pilot.core.compare.Comparison` (``summary``, ``runs``,
@@ -352,55 +325,6 @@ def find_failed_runs(
     hit = (frame["variant_key"] == variant_key) & frame["status"].isin(statuses)
     found: pd.DataFrame = frame.loc[hit, columns].reset_index(drop=True)
     return found
-
-
-def prediction_rows(
-    predictions: Any,
-    *,
-    ids: Sequence[Any] | None,
-    targets: Any,
-    **context: Any,
-) -> list[dict[str, Any]]:
-    """Rows of :data:`PREDICTIONS_SCHEMA` for one batch (``context``: step, rank, ...).
-
-    Args:
-        predictions: a tensor (or array/list) whose first dimension is the batch.
-        ids: the example ids (stored as strings), or ``None``.
-        targets: the batch's targets when their first dimension is the batch, else ignored.
-        context: columns shared by every row (``step``, ``rank``, ``batch_idx``, ...).
-
-    Raises:
-        ValueError: ``predictions`` has no batch dimension.
-
-    Example:
-        >>> import torch
-        >>> rows = prediction_rows(torch.tensor([[1, 2], [3, 4]]), ids=[7, 8],
-        ...                        targets=torch.tensor([[1, 0], [3, 4]]), step=5)
-        >>> rows[1]["example_id"], rows[1]["prediction"], rows[1]["target"], rows[1]["step"]
-        ('8', [3.0, 4.0], [3.0, 4.0], 5)
-    """
-    import torch  # here, not at module level: reading a ledger never pays for importing torch
-
-    preds = torch.as_tensor(predictions).detach().cpu()
-    if preds.dim() == 0:
-        raise ValueError(f"predictions must have a batch dimension, got a scalar {preds.item()!r}.")
-    size = preds.shape[0]
-    flat = preds.double().reshape(size, -1).tolist()
-    target_rows = None
-    if isinstance(targets, torch.Tensor) and targets.dim() > 0 and targets.shape[0] == size:
-        target_rows = targets.detach().cpu().double().reshape(size, -1).tolist()
-    shape = list(preds.shape[1:])
-    return [
-        {
-            **context,
-            "row": row,
-            "example_id": str(ids[row]) if ids is not None and row < len(ids) else None,
-            "prediction": flat[row],
-            "prediction_shape": shape,
-            "target": target_rows[row] if target_rows is not None else None,
-        }
-        for row in range(size)
-    ]
 
 
 def file_sha256(path: str | os.PathLike[str]) -> str:
@@ -529,21 +453,17 @@ def _metric_values(
             raise ValueError(f"metric={metric!r} is a column of runs() but is not numeric.")
         return pd.to_numeric(column, errors="coerce").astype(float)
     latest = latest_with_curves(records).set_index("run_id")
-    if metric == "train_loss":
-        values = {
-            rid: _reduce_points(latest.at[rid, "train_loss"], None, reduce, mode)
-            for rid in runs["run_id"]
-        }
-        return runs["run_id"].map(values).astype(float)
-    names = {p["name"] for points in latest["val_points"].dropna() for p in points}
-    if metric not in names:
-        numeric = [c for c in runs.columns if pd.api.types.is_numeric_dtype(runs[c])]
-        raise ValueError(
-            f"metric={metric!r} is neither a validation metric of the ledger ({sorted(names)}),"
-            f" 'train_loss', nor a numeric column of runs() ({numeric})."
-        )
+    curve, name = "train_loss", None
+    if metric != "train_loss":
+        names = {p["name"] for points in latest["val_points"].dropna() for p in points}
+        if metric not in names:
+            numeric = [c for c in runs.columns if pd.api.types.is_numeric_dtype(runs[c])]
+            raise ValueError(
+                f"metric={metric!r} is neither a validation metric of the ledger ({sorted(names)}),"
+                f" 'train_loss', nor a numeric column of runs() ({numeric})."
+            )
+        curve, name = "val_points", metric
     values = {
-        rid: _reduce_points(latest.at[rid, "val_points"], metric, reduce, mode)
-        for rid in runs["run_id"]
+        rid: _reduce_points(latest.at[rid, curve], name, reduce, mode) for rid in runs["run_id"]
     }
     return runs["run_id"].map(values).astype(float)

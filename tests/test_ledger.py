@@ -144,7 +144,9 @@ def test_compare_bad_arguments(
 def test_bad_ledger_arguments(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="does not exist"):
         Ledger(tmp_path / "missing")
-    with pytest.raises(ValueError, match=r"stale_after=-1 is invalid: expected seconds"):
+    with pytest.raises(
+        ValueError, match=r"Ledger\(stale_after=-1\) is invalid: expected a number >= 0 \(seconds\)"
+    ):
         Ledger(tmp_path, stale_after=-1)
 
 

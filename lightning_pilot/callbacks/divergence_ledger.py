@@ -6,24 +6,18 @@ import math
 import os
 import time
 import warnings
-from collections.abc import Callable, Mapping, Sequence
-from datetime import datetime, timezone
-from typing import Any, Final, Literal
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final, Literal, NamedTuple
 
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Timer
 from typing_extensions import override
 
-from lightning_pilot import schemas, storage
+from lightning_pilot import storage
 from lightning_pilot.core import validate
-from lightning_pilot.core.batches import BatchAdapter
-from lightning_pilot.core.config import (
-    canonical_params_json,
-    config_hash,
-    environment,
-    variant_key,
-)
+from lightning_pilot.core.config import canonical_params_json, config_hash, environment, variant_key
 from lightning_pilot.core.divergence import (
     FATAL_CAUSES,
     Curves,
@@ -34,36 +28,92 @@ from lightning_pilot.core.divergence import (
 )
 from lightning_pilot.core.ids import validate_run_id
 from lightning_pilot.core.scalars import read_scalars
-from lightning_pilot.ledger import (
-    EVENTS_SCHEMA,
-    PREDICTIONS_SCHEMA,
-    file_sha256,
-    find_failed_runs,
-    prediction_rows,
-)
+from lightning_pilot.ledger import find_failed_runs
 from lightning_pilot.run import PilotCallback, PilotRefusalError
-from lightning_pilot.schemas import EVENTS_TABLE
+from lightning_pilot.schemas import EVENTS_SCHEMA, EVENTS_TABLE
 
-__all__ = ["DivergenceLedger", "RepeatedVariantError", "RepeatedVariantWarning"]
-
-PredictionsFn = Callable[[pl.LightningModule, Any, Any], Any]
+__all__ = ["DivergenceLedger", "Heartbeat", "RepeatedVariantError", "RepeatedVariantWarning"]
 
 # Columns the ledger callback owns; facts other callbacks hand over never replace them.
 _OWN_FIELDS: Final = frozenset(
     {"run_id", "attempt", "attempt_id", "experiment", "variant", "seed", "derived_from_run_id",
      "params_json", "config_hash", "variant_key", "event", "status", "stop_cause", "stop_step",
      "stop_detail", "exception_type", "exception_message", "curves_delta", "train_loss", "lr_curve",
-     "val_points", "predictions_uri", "predictions_sha256"}
+     "val_points"}
 )  # fmt: skip
 _MESSAGE_CHARS: Final = 2000
 
 
 class RepeatedVariantWarning(UserWarning):
-    """A run starts with the ``variant_key`` of a run that diverged or failed."""
+    """A run starts with the ``variant_key`` of a run that diverged or failed.
+
+    Example:
+        >>> import warnings
+        >>> with warnings.catch_warnings():
+        ...     warnings.simplefilter("error", RepeatedVariantWarning)  # make repeats fatal
+        ...     DivergenceLedger(experiment="e", variant="v").on_repeat
+        'warn'
+    """
 
 
 class RepeatedVariantError(PilotRefusalError):
-    """Raised instead of the warning with ``on_repeat="error"`` (before anything is written)."""
+    """Raised instead of the warning with ``on_repeat="error"`` (before anything is written).
+
+    Example:
+        >>> DivergenceLedger(experiment="e", variant="v", on_repeat="error").on_repeat
+        'error'
+    """
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    """How often :class:`DivergenceLedger` writes a ``heartbeat`` record (at rule evaluations).
+
+    Args:
+        seconds: seconds between heartbeats; keep it well below the ``stale_after`` of
+            :class:`~lightning_pilot.Ledger` (30 minutes).
+        updates: also a heartbeat every this many updates (``None``: by time only).
+
+    Raises:
+        TypeError, ValueError: an invalid argument (the message names it).
+
+    Example:
+        >>> Heartbeat(updates=50)
+        Heartbeat(seconds=60.0, updates=50)
+        >>> Heartbeat(seconds=-1)
+        Traceback (most recent call last):
+        ...
+        ValueError: Heartbeat(seconds=-1) is invalid: expected a finite number >= 0 (seconds).
+    """
+
+    seconds: float = 60.0
+    updates: int | None = None
+
+    def __post_init__(self) -> None:
+        seconds = validate.number("Heartbeat", "seconds", self.seconds, minimum=0, hint="seconds")
+        updates = validate.integer(
+            "Heartbeat", "updates", self.updates, minimum=1, optional=True, hint="updates"
+        )
+        object.__setattr__(self, "seconds", seconds)
+        object.__setattr__(self, "updates", updates)
+
+
+class _Update(NamedTuple):
+    """One optimizer update not evaluated yet (its tensors still on the device)."""
+
+    step: int
+    losses: list[torch.Tensor]  # the micro-batch losses, divided by the factor
+    factor: int  # K: Lightning divided each micro-batch loss by it
+    lr: float | None
+    norms: list[torch.Tensor]
+
+
+class _Stop(NamedTuple):
+    """The fatal rule that stops (or, with ``action="record"``, marks) the run."""
+
+    cause: str
+    step: int
+    detail: str
 
 
 def _run_id(value: object) -> str | None:
@@ -82,53 +132,32 @@ class DivergenceLedger(PilotCallback):
     """Stop a run that diverges and write every run's row to the append-only run ledger.
 
     Records (``<out_dir>/ledger/``, one immutable Parquet file each, global rank 0 only; columns
-    of :data:`lightning_pilot.storage.LEDGER_SCHEMA`, read them with
-    :class:`lightning_pilot.Ledger`):
+    of :data:`lightning_pilot.schemas.LEDGER_SCHEMA`, read with :class:`lightning_pilot.Ledger`;
+    ``docs/ledger.md`` lists every column, status and stop cause):
 
-    * ``start`` at ``on_train_start`` (after a resume restored the step): identity, canonical
-      ``params_json``, ``config_hash`` (with seed), ``variant_key`` (without), typed setup
-      (``lr``, ``micro_batch_size``, ``accumulate_grad_batches``, ``dp_replicas``,
-      ``effective_batch_size``, ``planned_updates``, ``precision``, ``strategy``, ``devices``)
-      and environment, merged with the facts other pilot callbacks put in
-      ``run.ledger_fields`` (theirs win for the setup and counters).
-    * ``heartbeat`` every ``heartbeat_seconds`` (and every ``heartbeat_every`` updates when
-      given), at a rule evaluation: ``status="running"`` and the curve points added since the
-      previous record (``curves_delta=True``: the ledger grows linearly with a long run;
-      :class:`~lightning_pilot.Ledger` joins them back into whole curves). ``start`` and
-      ``end`` carry the whole curves: ``train_loss`` (float, the loss of the update
-      un-divided by accumulation: the mean of its micro-batch losses, each multiplied back by
-      ``K``; rank 0's batches), ``lr_curve`` (float, the first param group's LR used by the
-      update) and ``val_points`` (``{step, name, value}`` of metrics named ``val*``, or
-      ``val_metrics``, at each validation end). Steps are ``trainer.global_step`` after the
-      update (1 = first).
-    * ``end`` on every exit: ``status`` / ``stop_cause`` (completed/max_steps|max_epochs,
-      stopped/early_stopping|time_limit|step_shortfall, diverged/<rule>,
-      oom/cuda_oom, failed/exception:<Type>, interrupted/keyboard_interrupt|sigterm),
-      ``stop_step``, ``stop_detail``, ``exception_type``, ``exception_message``. The user's
-      exception propagates unchanged; a failed write on that path is a warning.
-
-    Detail tables (``<out_dir>/runs/<run_id>/``): ``divergence.parquet`` (every rank; one row
-    per event: ``step`` int64, ``event`` str (``spike``, ``spike_end``, ``grad_overflow`` or a
-    fatal rule), ``loss``/``grad_norm``/``reference``/``threshold`` float64, ``detail``,
-    ``action``); with ``save_predictions=True``, ``predictions.parquet`` (one file per attempt,
-    rank 0's validation batches: ``step``, ``example_id`` str, ``prediction`` and ``target``
-    flattened float64 lists, ``prediction_shape``), referenced by ``predictions_uri`` and
-    ``predictions_sha256`` in the end record.
+    * ``start`` at ``on_train_start`` (after a resume restored the step): identity,
+      ``params_json``, ``config_hash`` (with the seed), ``variant_key`` (without), the typed
+      setup and the environment, merged with the facts other pilot callbacks put in
+      ``run.ledger_fields`` (theirs win for the setup, the counters and the artifacts).
+    * ``heartbeat`` as ``heartbeat`` says, at a rule evaluation: ``status="running"`` and the
+      curve points added since the previous record (``curves_delta=True``). ``start`` and
+      ``end`` carry the whole curves: ``train_loss`` (per update, un-divided by accumulation;
+      rank 0's batches), ``lr_curve`` and ``val_points`` (metrics named ``val*``, or
+      ``val_metrics``). Steps are ``trainer.global_step`` after the update (1 = the first).
+    * ``end`` on every exit, written when the run closes (after its tables were flushed and
+      every pilot callback handed over its facts, a
+      :class:`~lightning_pilot.ValidationPredictionWriter`'s file too): ``status``,
+      ``stop_cause``, ``stop_step``, ``stop_detail`` and the exception. The user's exception
+      propagates unchanged; a failed write on that path is a warning.
 
     Divergence: the rules of :class:`~lightning_pilot.core.divergence.DivergenceRules` see the
-    loss of every optimizer update (not per micro-batch). The losses stay on the device and
-    are read together every ``check_every`` updates (one host sync, and under several
-    processes one collective, per evaluation: no per-update synchronisation). The total
-    gradient norm (one norm over all gradients, in ``on_before_optimizer_step``) is taken at
-    the first update and then one in ``grad_norm_every`` (every update under float16 AMP); a
-    non-finite gradient at another update makes the weights, and so the next loss, non-finite:
-    caught as ``nonfinite_loss`` one update later. Every
-    rank applies the rules to its own values; the stop is decided with
-    ``trainer.strategy.reduce_boolean_decision`` so every rank stops after the same update, at
-    most ``check_every - 1`` updates after the rule fired (``stop_step`` is the update where it
-    fired, ``updates_done`` where training stopped). ``action="record"`` records the rule and
-    the run's status (``diverged``) without stopping. EarlyStopping's reason and message go to
-    ``stop_detail``.
+    loss of every optimizer update (and the total gradient norm, at the first update and then
+    one in ``grad_norm_every``). The values stay on the device and are read together every
+    ``check_every`` updates: one host sync, and under several processes one collective, per
+    evaluation. The ranks agree on the stop (``reduce_boolean_decision``), so every rank stops
+    after the same update, at most ``check_every - 1`` updates after the rule fired
+    (``stop_step``: where it fired; ``updates_done``: where training stopped). Each event goes
+    to ``runs/<run_id>/divergence.parquet`` (every rank).
 
     Args:
         experiment: the experiment's name (a record field, not a path).
@@ -142,21 +171,12 @@ class DivergenceLedger(PilotCallback):
         check_every: updates between rule evaluations (1: after every update, at the cost of
             a host sync per update on an accelerator).
         grad_norm_every: updates between gradient-norm reads for the ``nonfinite_grad`` rule
-            (one pass over all gradients each; the first update always; 1: every update).
-            Under float16 AMP every update, to record each step the scaler skips.
-        heartbeat_seconds: seconds between heartbeats (checked at rule evaluations); keep it
-            well below the ``stale_after`` of :class:`~lightning_pilot.Ledger` (30 minutes).
-        heartbeat_every: also write a heartbeat every this many updates (``None``: by time
-            only).
+            (the first update always; every update under float16 AMP, to record each step the
+            scaler skips).
+        heartbeat: when heartbeats are written (default :class:`Heartbeat`: every 60 s).
         on_repeat: what a ``variant_key`` already diverged or failed in this ledger does:
             ``"warn"`` (:class:`RepeatedVariantWarning`), ``"error"``
             (:class:`RepeatedVariantError` at train start, nothing written) or ``"ignore"``.
-        save_predictions: keep validation predictions (rank 0's batches under several
-            processes).
-        predictions_fn: ``fn(pl_module, batch, outputs) -> tensor [B, ...]``; default: the
-            ``predictions_key`` entry of the dict ``validation_step`` returns.
-        predictions_key: see ``predictions_fn``.
-        batch_adapter: reads example ids and targets of validation batches.
         val_metrics: names of the validation metrics to keep (default: those starting "val").
         out_dir: the output folder (see :class:`~lightning_pilot.PilotCallback`).
 
@@ -170,7 +190,8 @@ class DivergenceLedger(PilotCallback):
         >>> from lightning_pilot.ledger import Ledger
         >>> from lightning_pilot.callbacks import DivergenceLedger
         >>> folder = tempfile.mkdtemp()
-        >>> ledger = DivergenceLedger(experiment="demo", variant="ctl", seed=0, params={"lr": 0.1})
+        >>> ledger = DivergenceLedger(experiment="demo", variant="ctl", seed=0, params={"lr": 0.1},
+        ...                           heartbeat=Heartbeat(updates=2))
         >>> trainer = pl.Trainer(max_steps=3, callbacks=[ledger], logger=False,
         ...                      enable_checkpointing=False, enable_progress_bar=False,
         ...                      enable_model_summary=False, default_root_dir=folder)
@@ -194,13 +215,8 @@ class DivergenceLedger(PilotCallback):
         action: Literal["stop", "record"] = "stop",
         check_every: int = 10,
         grad_norm_every: int = 100,
-        heartbeat_seconds: float = 60.0,
-        heartbeat_every: int | None = None,
+        heartbeat: Heartbeat | None = None,
         on_repeat: Literal["warn", "error", "ignore"] = "warn",
-        save_predictions: bool = False,
-        predictions_fn: PredictionsFn | None = None,
-        predictions_key: str = "preds",
-        batch_adapter: BatchAdapter | None = None,
         val_metrics: Sequence[str] | None = None,
         out_dir: str | os.PathLike[str] | None = None,
     ) -> None:
@@ -227,22 +243,8 @@ class DivergenceLedger(PilotCallback):
         self.grad_norm_every = validate.integer(
             owner, "grad_norm_every", grad_norm_every, minimum=1, hint="updates"
         )
-        self.heartbeat_seconds = validate.number(
-            owner, "heartbeat_seconds", heartbeat_seconds, minimum=0, hint="seconds"
-        )
-        self.heartbeat_every = validate.integer(
-            owner, "heartbeat_every", heartbeat_every, minimum=1, optional=True, hint="updates"
-        )
-        self.save_predictions = validate.boolean(owner, "save_predictions", save_predictions)
-        self.predictions_fn = validate.callable_or_none(
-            owner,
-            "predictions_fn",
-            predictions_fn,
-            "a callable (pl_module, batch, outputs) -> tensor",
-        )
-        self.predictions_key = validate.text(owner, "predictions_key", predictions_key)
-        validate.instance(owner, "batch_adapter", batch_adapter, BatchAdapter)
-        self.batch_adapter = batch_adapter or BatchAdapter()
+        validate.instance(owner, "heartbeat", heartbeat, Heartbeat)
+        self.heartbeat = heartbeat or Heartbeat()
         self.val_metrics = validate.strings(
             owner, "val_metrics", val_metrics, hint="None: the metrics starting with 'val'"
         )
@@ -253,6 +255,8 @@ class DivergenceLedger(PilotCallback):
         self._active = False
         self._refused = False
         self._ended = False
+        self._closing = False  # the end record's closer is registered with the run
+        self._failure: dict[str, Any] | None = None  # the end record of an exception
         self._facts: dict[str, Any] | None = None
         self._last_step = 0
         self._last_heartbeat = 0
@@ -260,16 +264,13 @@ class DivergenceLedger(PilotCallback):
         self._last_norm = -(10**9)  # the first update's norm is always taken
         self._last_record_at = time.monotonic()
         self._mark: tuple[int, int, int] | None = None
-        # Updates not yet evaluated: (step, micro-batch losses, K factor, lr, gradient norms).
-        self._updates: list[tuple[int, list[torch.Tensor], int, float | None, list[Any]]] = []
+        self._updates: list[_Update] = []
         self._micro: list[torch.Tensor] = []
         self._factor = 1
         self._grad_norms: list[torch.Tensor] = []
         self._lr: float | None = None
         self._overflow = False
-        self._stop: tuple[str, int, str] | None = None
-        self._predictions: list[dict[str, Any]] = []
-        self._predictions_error: str | None = None
+        self._stop: _Stop | None = None
 
     @override
     def _state_key_fields(self) -> dict[str, Any]:
@@ -279,10 +280,6 @@ class DivergenceLedger(PilotCallback):
             "variant": self.variant,
         }
 
-    # ---------------------------------------------------------------------------------------
-    # Hooks
-    # ---------------------------------------------------------------------------------------
-
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         super().setup(trainer, pl_module, stage)
@@ -291,18 +288,6 @@ class DivergenceLedger(PilotCallback):
         self.curves = Curves()
         self._reset()
         self._active = stage == "fit"
-        if (
-            self._active
-            and self.save_predictions
-            and trainer.world_size > 1
-            and self.run.is_global_zero
-        ):
-            warnings.warn(
-                "DivergenceLedger(save_predictions=True) under several processes keeps rank 0's"
-                " validation batches only (its shard of the validation set).",
-                RuntimeWarning,
-                stacklevel=2,
-            )
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -315,11 +300,8 @@ class DivergenceLedger(PilotCallback):
         self._check_repeat(trainer)
         self.run.register_table(EVENTS_TABLE, EVENTS_SCHEMA)
         if self.run.is_global_zero:
-            self.run.reserve_space()  # held until the end record (a disk may fill meanwhile)
-            storage.write_ledger_record(
-                self.run.ledger_dir, self._record(trainer, "start", status="running")
-            )
-            self._mark, self._last_record_at = self.curves.mark(), time.monotonic()
+            self.run.reserve_space()  # held until the run closes (a disk may fill meanwhile)
+            self._write(trainer, "start", failing=False, status="running")
 
     @override
     def on_before_optimizer_step(
@@ -329,8 +311,7 @@ class DivergenceLedger(PilotCallback):
             return
         if self._lr is None and optimizer.param_groups:
             self._lr = float(optimizer.param_groups[0]["lr"])
-        # One update in grad_norm_every (the first one included); under a gradient scaler
-        # every update: each overflow is a skipped step worth recording.
+        # Under a gradient scaler every update: each overflow is a skipped step worth recording.
         step = trainer.global_step + 1
         if self.detector.rules.check_grad_norm and (
             self._overflow or step - self._last_norm >= self.grad_norm_every
@@ -360,48 +341,6 @@ class DivergenceLedger(PilotCallback):
             self._after_update(trainer)
 
     @override
-    def on_validation_batch_end(
-        self,
-        trainer: pl.Trainer,
-        pl_module: pl.LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-        dataloader_idx: int = 0,
-    ) -> None:
-        if (
-            self._active
-            and self.save_predictions
-            and self.run.is_global_zero
-            and self._predictions_error is None
-        ):
-            try:
-                self._collect_predictions(
-                    trainer, pl_module, outputs, batch, batch_idx, dataloader_idx
-                )
-            except Exception as err:  # the user's outputs or predictions_fn: a verdict
-                self._predictions_failed(err)
-
-    def _predictions_failed(self, err: Exception) -> None:
-        """Stop keeping predictions for this fit and say why on the validation row."""
-        detail = str(err) if isinstance(err, ValueError) else f"{type(err).__name__}: {err}"
-        self._predictions_error = detail
-        self.run.put_phase_row(
-            {
-                "phase": "validation",
-                "first": True,
-                "counter": "none",
-                "verdict": "not_checked",
-                "checks": [{"name": "predictions", "verdict": "not_checked", "detail": detail}],
-                "reason": f"predictions not kept: {detail}",
-            },
-            source="DivergenceLedger",
-        )
-        warnings.warn(
-            f"lightning-pilot: predictions not kept: {detail}", RuntimeWarning, stacklevel=3
-        )
-
-    @override
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not self._active or trainer.sanity_checking:
             return
@@ -416,38 +355,7 @@ class DivergenceLedger(PilotCallback):
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not self._active or self._ended:
             return
-
-        def write_end(error: OSError | None) -> None:
-            # After the run's tables were flushed: a run whose files could not be written is
-            # not recorded as a clean one. Registered before the last evaluation, so an error
-            # there cannot cost the end record.
-            if self._ended:  # the exception path recorded the end already
-                return
-            status, cause, detail = self._normal_outcome(trainer)
-            stop_step = self._stop[1] if self._stop is not None else trainer.global_step
-            if error is None:
-                self._write_end(
-                    trainer,
-                    status=status,
-                    stop_cause=cause,
-                    stop_step=stop_step,
-                    stop_detail=detail,
-                )
-                return
-            failed, failed_cause = exception_outcome(error)
-            self._write_end(
-                trainer,
-                failing=True,
-                status=failed,
-                stop_cause=failed_cause,
-                stop_step=trainer.global_step,
-                stop_detail=f"training ended ({status}: {cause}) after {trainer.global_step}"
-                f" update(s); then the run's tables could not be written: {error}",
-                exception_type=type(error).__name__,
-                exception_message=str(error)[:_MESSAGE_CHARS],
-            )
-
-        self.run.on_close(write_end)
+        self._end_at_close(trainer)  # before the last evaluation: its error cannot cost it
         self._evaluate()  # the updates since the last evaluation
         if trainer.world_size > 1:
             # Every rank ends here on a normal exit: a rule that fired on another rank after
@@ -459,20 +367,18 @@ class DivergenceLedger(PilotCallback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
     ) -> None:
         try:
-            if self._active and not self._refused and not self._ended:
+            if self._active and not self._refused and not self._ended and self._failure is None:
                 unread = self._evaluate_if_possible()  # no collective: other ranks may be gone
                 status, cause = exception_outcome(exception)
-                message = str(exception)[:_MESSAGE_CHARS] or None
-                self._write_end(
-                    trainer,
-                    failing=True,
-                    status=status,
-                    stop_cause=cause,
-                    stop_step=trainer.global_step,
-                    stop_detail=unread,
-                    exception_type=type(exception).__name__,
-                    exception_message=message,
-                )
+                self._failure = {
+                    "status": status,
+                    "stop_cause": cause,
+                    "stop_step": trainer.global_step,
+                    "stop_detail": unread,
+                    "exception_type": type(exception).__name__,
+                    "exception_message": str(exception)[:_MESSAGE_CHARS] or None,
+                }
+                self._end_at_close(trainer)
         except Exception as err:  # ours must never replace the user's exception
             warnings.warn(
                 f"lightning-pilot: DivergenceLedger could not record how the fit ended: {err!r}",
@@ -499,10 +405,6 @@ class DivergenceLedger(PilotCallback):
         self.detector.load_state_dict(state_dict.get("detector", {}))
         self.curves.load_state_dict(state_dict.get("curves", {}))
 
-    # ---------------------------------------------------------------------------------------
-    # Divergence
-    # ---------------------------------------------------------------------------------------
-
     def _add_micro_batch_loss(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any
     ) -> None:
@@ -523,7 +425,7 @@ class DivergenceLedger(PilotCallback):
 
     def _after_update(self, trainer: pl.Trainer) -> None:
         step = trainer.global_step
-        self._updates.append((step, self._micro, self._factor, self._lr, self._grad_norms))
+        self._updates.append(_Update(step, self._micro, self._factor, self._lr, self._grad_norms))
         self._micro, self._grad_norms, self._lr = [], [], None
         if not self._evaluates(step):
             return
@@ -536,9 +438,10 @@ class DivergenceLedger(PilotCallback):
             self._write(trainer, "heartbeat", failing=True, status="running")
 
     def _heartbeat_due(self, step: int) -> bool:
-        if self.heartbeat_every is not None and step - self._last_heartbeat >= self.heartbeat_every:
+        every = self.heartbeat.updates
+        if every is not None and step - self._last_heartbeat >= every:
             return True
-        return time.monotonic() - self._last_record_at >= self.heartbeat_seconds
+        return time.monotonic() - self._last_record_at >= self.heartbeat.seconds
 
     def _evaluate_if_possible(self) -> str | None:
         """Evaluate the pending updates; if the device cannot be read any more, say so."""
@@ -555,7 +458,7 @@ class DivergenceLedger(PilotCallback):
         updates, self._updates = self._updates, []
         if not updates:
             return
-        values = iter(read_scalars([t for u in updates for t in (*u[1], *u[4])]))
+        values = iter(read_scalars([t for u in updates for t in (*u.losses, *u.norms)]))
         overflow = self._overflow
         for step, micro, factor, lr, norms in updates:
             losses = [next(values) for _ in micro]
@@ -568,9 +471,10 @@ class DivergenceLedger(PilotCallback):
                 self.run.append_rows(
                     EVENTS_TABLE, [e.as_row() | {"action": self.action} for e in decision.events]
                 )
-            if decision.fatal and self._stop is None:
-                found = (e.detail for e in decision.events if e.event == decision.cause)
-                self._stop = (str(decision.cause), step, next(found, str(decision.cause)))
+            cause = decision.cause
+            if cause is not None and self._stop is None:
+                found = (e.detail for e in decision.events if e.event == cause)
+                self._stop = _Stop(cause, step, next(found, cause))
 
     def _agree(self, trainer: pl.Trainer, step: int) -> bool:
         """Whether a fatal rule fired on any rank (a collective: every rank calls it at once).
@@ -583,14 +487,14 @@ class DivergenceLedger(PilotCallback):
             return False
         if trainer.world_size > 1:
             device = trainer.strategy.root_device
-            code = len(FATAL_CAUSES) - FATAL_CAUSES.index(mine[0]) if mine else 0
+            code = len(FATAL_CAUSES) - FATAL_CAUSES.index(mine.cause) if mine else 0
             agreed = trainer.strategy.reduce(torch.tensor(code, device=device), reduce_op="max")
             fired = trainer.strategy.reduce(
-                torch.tensor(mine[1] if mine else step, device=device), reduce_op="min"
+                torch.tensor(mine.step if mine else step, device=device), reduce_op="min"
             )
             if mine is None:
                 other, at = FATAL_CAUSES[len(FATAL_CAUSES) - int(agreed)], int(fired)
-                self._stop = (other, at, f"{other} fired on another rank at step {at}")
+                self._stop = _Stop(other, at, f"{other} fired on another rank at step {at}")
         return True
 
     def _normal_outcome(self, trainer: pl.Trainer) -> tuple[str, str, str | None]:
@@ -606,7 +510,7 @@ class DivergenceLedger(PilotCallback):
         else:
             limit = None
         status, cause = normal_outcome(
-            divergence=self._stop[0] if self._stop else None,
+            divergence=self._stop.cause if self._stop else None,
             early_stopping=bool(stopped_early),
             time_limit=timed_out,
             limit_reached=limit,
@@ -615,7 +519,7 @@ class DivergenceLedger(PilotCallback):
         )
         detail = None
         if status == "diverged" and self._stop is not None:
-            detail = self._stop[2] + (
+            detail = self._stop.detail + (
                 " (action='record': training went on)" if self.action == "record" else ""
             )
         elif cause == "early_stopping":
@@ -626,10 +530,6 @@ class DivergenceLedger(PilotCallback):
         elif cause == "step_shortfall":
             detail = f"{trainer.global_step} of {facts.get('planned_updates')} planned updates done"
         return status, cause, detail
-
-    # ---------------------------------------------------------------------------------------
-    # Records
-    # ---------------------------------------------------------------------------------------
 
     def _check_repeat(self, trainer: pl.Trainer) -> None:
         if self.on_repeat == "ignore" or self._facts is None:
@@ -742,84 +642,51 @@ class DivergenceLedger(PilotCallback):
                 stacklevel=2,
             )
 
-    def _write_end(self, trainer: pl.Trainer, *, failing: bool = False, **outcome: Any) -> None:
+    def _end_at_close(self, trainer: pl.Trainer) -> None:
+        """Write the end record when the run closes: after every pilot callback handed over
+        its facts (the predictions file, the counters) and the run's tables were flushed."""
+        if self._closing:
+            return
+        self._closing = True
+        if self.run.closed:  # the fit failed after its run closed: nothing is left to wait for
+            self._end(trainer, None)
+        else:
+            self.run.on_close(lambda error: self._end(trainer, error))
+
+    def _end(self, trainer: pl.Trainer, error: OSError | None) -> None:
+        if self._ended:
+            return
         self._ended = True
         if not self.run.is_global_zero:
             return
-        self.run.release_space()  # room for the end record on a disk that filled up
         if self._facts is None:
             # The fit failed before training started: record what can be read safely.
             self._facts = self._read_facts(trainer, full=False)
-        if self.save_predictions:
-            outcome.update(self._publish_predictions(failing=failing))
-        self._write(trainer, "end", failing=failing, **outcome)
-
-    # ---------------------------------------------------------------------------------------
-    # Predictions
-    # ---------------------------------------------------------------------------------------
-
-    def _collect_predictions(
-        self, trainer: pl.Trainer, module: pl.LightningModule, outputs: Any, batch: Any, *idx: int
-    ) -> None:
-        if self.predictions_fn is not None:
-            preds = self.predictions_fn(module, batch, outputs)
-        elif isinstance(outputs, Mapping) and self.predictions_key in outputs:
-            preds = outputs[self.predictions_key]
-        else:
-            got = (
-                f"a dict without it (keys: {sorted(map(str, outputs))})"
-                if isinstance(outputs, Mapping)
-                else f"{type(outputs).__name__}"
-            )
-            raise ValueError(
-                "DivergenceLedger(save_predictions=True) found no predictions: validation_step"
-                f" must return a dict with the key {self.predictions_key!r}, it returned {got}."
-                f" Return {{{self.predictions_key!r}: tensor[B, ...]}}"
-                " from validation_step, or pass predictions_fn=(pl_module, batch, outputs)"
-                " -> tensor[B, ...]."
-            )
-        view = self.batch_adapter.view(batch)
-        rows = prediction_rows(
-            preds,
-            ids=view.ids_list(),
-            targets=view.targets,
-            step=trainer.global_step,
-            rank=self.run.rank,
-            batch_idx=idx[0],
-            dataloader_idx=idx[1],
+        if self._failure is not None:
+            self._write(trainer, "end", failing=True, **self._failure)
+            return
+        status, cause, detail = self._normal_outcome(trainer)
+        if error is None:
+            stop_step = self._stop.step if self._stop is not None else trainer.global_step
+            self._write(
+                trainer, "end", failing=False, status=status, stop_cause=cause,
+                stop_step=stop_step, stop_detail=detail,
+            )  # fmt: skip
+            return
+        # A run whose files could not be written is not recorded as a clean one.
+        failed, failed_cause = exception_outcome(error)
+        self._write(
+            trainer,
+            "end",
+            failing=True,
+            status=failed,
+            stop_cause=failed_cause,
+            stop_step=trainer.global_step,
+            stop_detail=f"training ended ({status}: {cause}) after {trainer.global_step}"
+            f" update(s); then the run's tables could not be written: {error}",
+            exception_type=type(error).__name__,
+            exception_message=str(error)[:_MESSAGE_CHARS],
         )
-        if not trainer.sanity_checking:  # checked during the sanity check, kept after it
-            self._predictions.extend(rows)
-
-    def _publish_predictions(self, *, failing: bool) -> dict[str, Any]:
-        if not self._predictions:
-            return {}
-        run = self.run
-        identity = {
-            "schema_version": schemas.schema_version(PREDICTIONS_SCHEMA),
-            "written_at": datetime.now(timezone.utc),
-            "run_id": run.run_id,
-            "attempt": run.attempt,
-            "attempt_id": run.attempt_id,
-            "world_size": run.world_size,
-        }
-        rows = [r | identity for r in self._predictions]
-        table = storage.rows_to_table(rows, PREDICTIONS_SCHEMA)
-        try:
-            try:
-                path = storage.publish_table(table, run.run_dir / "predictions.parquet")
-            except FileExistsError:  # an earlier attempt of this run published its own
-                path = storage.publish_table(
-                    table, run.run_dir / f"predictions-{run.attempt_id}.parquet"
-                )
-        except OSError as err:
-            if not failing:
-                raise
-            warnings.warn(
-                f"lightning-pilot: could not write predictions: {err}", RuntimeWarning, stacklevel=2
-            )
-            return {}
-        return {"predictions_uri": str(path), "predictions_sha256": file_sha256(path)}
 
 
 def _expired(remaining: float | None) -> bool:

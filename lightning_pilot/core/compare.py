@@ -92,15 +92,11 @@ def iqm(values: np.ndarray[Any, Any], axis: int = -1) -> Any:
     return np.mean(kept, axis=axis)
 
 
-def _median(values: np.ndarray[Any, Any], axis: int = -1) -> Any:
-    return np.median(values, axis=axis)
-
-
-def _mean(values: np.ndarray[Any, Any], axis: int = -1) -> Any:
-    return np.mean(values, axis=axis)
-
-
-_STATISTICS: Final[dict[str, Callable[..., Any]]] = {"median": _median, "mean": _mean, "iqm": iqm}
+_STATISTICS: Final[dict[str, Callable[..., Any]]] = {
+    "median": np.median,
+    "mean": np.mean,
+    "iqm": iqm,
+}
 
 
 def bootstrap_ci(
@@ -124,8 +120,32 @@ def bootstrap_ci(
 
 
 @dataclass(frozen=True)
+class _Intervals:
+    """How :func:`compare_runs` computes its bootstrap intervals (one generator for all)."""
+
+    min_runs: int
+    n_boot: int
+    confidence: float
+    rng: np.random.Generator
+
+    def interval(
+        self, values: np.ndarray[Any, Any], statistic: Callable[..., Any]
+    ) -> tuple[float, float]:
+        return bootstrap_ci(
+            values, statistic, n_boot=self.n_boot, confidence=self.confidence, rng=self.rng
+        )
+
+
+@dataclass(frozen=True)
 class Comparison:
-    """The result of :func:`compare_runs`: ``summary``, ``runs`` and ``paired`` tables."""
+    """The result of :func:`compare_runs`: ``summary``, ``runs`` and ``paired`` tables.
+
+    Example:
+        >>> runs = pd.DataFrame({"variant": ["a", "b"], "seed": [0, 0],
+        ...                      "status": ["completed", "failed"], "value": [1.0, None]})
+        >>> compare_runs(runs, control="a")
+        Comparison(metric='value', mode='min', control='a', groups=2, runs=2)
+    """
 
     summary: pd.DataFrame
     runs: pd.DataFrame
@@ -219,7 +239,7 @@ def compare_runs(
         raise ValueError(f"n_boot={n_boot!r} is invalid: expected an int >= 100.")
     if not isinstance(confidence, float) or not 0.5 <= confidence < 1.0:
         raise ValueError(f"confidence={confidence!r} is invalid: expected a float in [0.5, 1).")
-    rng = np.random.default_rng(random_state)
+    boot = _Intervals(min_runs_for_ci, n_boot, confidence, np.random.default_rng(random_state))
     table = runs.reset_index(drop=True).copy()
     table["score"] = _scores(table, value, mode)
     in_stats = table["score"].notna()
@@ -228,10 +248,7 @@ def compare_runs(
     table["in_statistics"] = in_stats
     table["rank"] = table["score"].rank(ascending=mode == "min", method="min").astype("Int64")
     pairs = _pairs(table, by, control, groups)
-    rows = [
-        _summarise(table, pairs, by, group, control, mode, min_runs_for_ci, n_boot, confidence, rng)
-        for group in groups
-    ]
+    rows = [_summarise(table, pairs, by, group, control, mode, boot) for group in groups]
     summary = pd.DataFrame(rows)
     for column in ("n_runs", "n_in_statistics", *(f"n_{s}" for s in STATUS_ORDER)):
         summary[column] = summary[column].astype("int64")
@@ -270,10 +287,7 @@ def _summarise(
     group: Any,
     control: str | None,
     mode: Mode,
-    min_runs: int,
-    n_boot: int,
-    confidence: float,
-    rng: np.random.Generator,
+    boot: _Intervals,
 ) -> dict[str, Any]:
     rows = table[table[by] == group]
     counts = rows["status"].astype(object).value_counts()
@@ -289,14 +303,11 @@ def _summarise(
     for name, statistic in _STATISTICS.items():
         row[name] = float(statistic(values)) if len(values) else np.nan
         row[f"{name}_ci_low"] = row[f"{name}_ci_high"] = np.nan
-        if len(values) >= min_runs:
-            low, high = bootstrap_ci(
-                values, statistic, n_boot=n_boot, confidence=confidence, rng=rng
-            )
-            row[f"{name}_ci_low"], row[f"{name}_ci_high"] = low, high
-    if 0 < len(values) < min_runs:
-        notes.append(f"intervals need >= {min_runs} runs, got {len(values)}")
-    row.update(_paired(pairs, by, group, control, mode, min_runs, n_boot, confidence, rng, notes))
+        if len(values) >= boot.min_runs:
+            row[f"{name}_ci_low"], row[f"{name}_ci_high"] = boot.interval(values, statistic)
+    if 0 < len(values) < boot.min_runs:
+        notes.append(f"intervals need >= {boot.min_runs} runs, got {len(values)}")
+    row.update(_paired(pairs, by, group, control, mode, boot, notes))
     row["notes"] = "; ".join(notes) or None
     return row
 
@@ -307,10 +318,7 @@ def _paired(
     group: Any,
     control: str | None,
     mode: Mode,
-    min_runs: int,
-    n_boot: int,
-    confidence: float,
-    rng: np.random.Generator,
+    boot: _Intervals,
     notes: list[str],
 ) -> dict[str, Any]:
     out: dict[str, Any] = {
@@ -335,11 +343,10 @@ def _paired(
     if len(diffs):
         out["paired_mean_diff"] = float(np.mean(diffs))
         out["paired_median_diff"] = float(np.median(diffs))
-    if len(diffs) >= min_runs:
-        low, high = bootstrap_ci(diffs, _mean, n_boot=n_boot, confidence=confidence, rng=rng)
-        out["paired_ci_low"], out["paired_ci_high"] = low, high
+    if len(diffs) >= boot.min_runs:
+        out["paired_ci_low"], out["paired_ci_high"] = boot.interval(diffs, np.mean)
     elif len(diffs):
-        notes.append(f"paired interval needs >= {min_runs} seeds, got {len(diffs)}")
+        notes.append(f"paired interval needs >= {boot.min_runs} seeds, got {len(diffs)}")
     else:
         notes.append(f"no seed shared with the control {control!r}")
     return out

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import platform
 import re
@@ -38,79 +37,46 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Final
 
-from lightning_pilot.core.validate import name_problem
+from lightning_pilot.core import validate
 
 __all__ = [
     "canonical_params_json",
     "config_hash",
     "environment",
     "git_revision",
-    "validate_name",
     "variant_key",
 ]
 
 _HASH_DIGITS: Final = 16
 
 
-def _plain(value: Any, where: str) -> Any:
-    """``value`` as plain JSON types, or a ValueError/TypeError naming where it is."""
-    if value is None or isinstance(value, bool | str):
-        return value
-    if isinstance(value, int):
-        return int(value)
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            raise ValueError(f"params{where}={value!r} is not finite; JSON cannot hold it.")
-        return float(value)
-    if isinstance(value, Mapping):
-        out = {}
-        for key, item in value.items():
-            if not isinstance(key, str):
-                raise TypeError(
-                    f"params{where} has the key {key!r} of type {type(key).__name__}; keys must"
-                    " be strings."
-                )
-            out[key] = _plain(item, f"{where}[{key!r}]")
-        return out
-    if isinstance(value, list | tuple):
-        return [_plain(item, f"{where}[{index}]") for index, item in enumerate(value)]
-    # Scalars of numpy / torch (0-d) have .item(); anything else is refused, not stringified,
-    # so two different objects can never hash alike by their repr.
-    item = getattr(value, "item", None)
-    if callable(item):
-        try:
-            return _plain(item(), where)
-        except (TypeError, ValueError, RuntimeError):
-            pass
-    raise TypeError(
-        f"params{where}={value!r} of type {type(value).__name__} is not a JSON value; use"
-        " str, int, float, bool, None, lists and dicts with string keys."
-    )
-
-
 def canonical_params_json(params: Mapping[str, Any] | None) -> str:
     """The canonical JSON text of a parameter dict: sorted keys, compact, finite numbers.
 
     Tuples become lists; numpy/torch scalars become Python numbers. ``1`` and ``1.0`` stay
-    different (``1`` and ``1.0``), as they are in JSON.
+    different, as they are in JSON.
 
     Raises:
         TypeError: ``params`` is not a mapping, a key is not a string, or a value is not a
-            JSON value.
+            JSON value (:func:`lightning_pilot.core.validate.mapping_of_scalars`).
         ValueError: a number is NaN or infinite.
     """
-    if params is None:
-        params = {}
-    if not isinstance(params, Mapping):
-        raise TypeError(
-            f"params must be a dict of JSON values, got {type(params).__name__} {params!r}."
-        )
-    return json.dumps(_plain(params, ""), sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return _json(validate.mapping_of_scalars("canonical_params_json", "params", params))
 
 
-def _digest(payload: Mapping[str, Any]) -> str:
-    text = json.dumps(payload, sort_keys=True, separators=(",", ":"), allow_nan=False)
-    return hashlib.sha256(text.encode()).hexdigest()[:_HASH_DIGITS]
+def _json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+
+def _digest(
+    experiment: str, params: Mapping[str, Any] | None, setup: Mapping[str, Any] | None, **seed: Any
+) -> str:
+    plain = {
+        "experiment": experiment,
+        "params": validate.mapping_of_scalars("canonical_params_json", "params", params),
+        "setup": validate.mapping_of_scalars("canonical_params_json", "setup", setup),
+    }
+    return hashlib.sha256(_json(plain | seed).encode()).hexdigest()[:_HASH_DIGITS]
 
 
 def variant_key(
@@ -128,13 +94,7 @@ def variant_key(
     Returns:
         16 hex digits.
     """
-    return _digest(
-        {
-            "experiment": experiment,
-            "params": json.loads(canonical_params_json(params)),
-            "setup": json.loads(canonical_params_json(setup)),
-        }
-    )
+    return _digest(experiment, params, setup)
 
 
 def config_hash(
@@ -144,43 +104,7 @@ def config_hash(
     setup: Mapping[str, Any] | None = None,
 ) -> str:
     """Identity of one configuration: :func:`variant_key`'s inputs plus the seed (16 hex)."""
-    return _digest(
-        {
-            "experiment": experiment,
-            "params": json.loads(canonical_params_json(params)),
-            "setup": json.loads(canonical_params_json(setup)),
-            "seed": seed,
-        }
-    )
-
-
-def validate_name(value: object, argument: str) -> str:
-    """Check an experiment or variant name: a non-empty single-line string of printable text.
-
-    Names are stored in ledger records, not used as paths (use
-    :func:`lightning_pilot.storage.sanitize_name` to put one in a file name). The rule is
-    :func:`lightning_pilot.core.validate.run_name`'s, which constructors use to name their
-    argument as ``Owner(name=...)``.
-
-    Raises:
-        TypeError: not a string.
-        ValueError: empty, too long, or holding control characters.
-
-    Example:
-        >>> validate_name("lr=1e-4 control", "variant")
-        'lr=1e-4 control'
-        >>> validate_name("a\\nb", "variant")
-        Traceback (most recent call last):
-        ...
-        ValueError: variant='a\\nb' is invalid: use 1 to 200 printable characters ...
-    """
-    problem = name_problem(value)
-    if problem is None:
-        assert isinstance(value, str)
-        return value
-    if not isinstance(value, str):
-        raise TypeError(f"{argument} must be a string, got {type(value).__name__} {value!r}.")
-    raise ValueError(f"{argument}={value!r} is invalid: {problem}.")
+    return _digest(experiment, params, setup, seed=seed)
 
 
 _SHA: Final = re.compile(r"[0-9a-f]{40}([0-9a-f]{24})?")

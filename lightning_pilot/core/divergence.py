@@ -43,10 +43,12 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from typing import Any, Final
 
 import torch
+
+from lightning_pilot.core import validate
 
 __all__ = [
     "FATAL_CAUSES",
@@ -63,23 +65,9 @@ __all__ = [
 FATAL_CAUSES: Final = ("nonfinite_loss", "nonfinite_grad", "loss_blowup", "loss_spike_persistent")
 
 
-def _check_int(name: str, value: object, minimum: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ValueError(
-            f"DivergenceRules({name}={value!r}) is invalid: expected an integer >= {minimum}."
-        )
-
-
-def _check_float(name: str, value: object, above: float) -> None:
-    if (
-        not isinstance(value, int | float)
-        or isinstance(value, bool)
-        or not math.isfinite(value)
-        or value <= above
-    ):
-        raise ValueError(
-            f"DivergenceRules({name}={value!r}) is invalid: expected a finite number > {above}."
-        )
+# The ranges of the thresholds: counts (at least) and factors (greater than).
+_AT_LEAST: Final = {"window": 1, "warmup": 0, "spike_patience": 1, "blowup_patience": 1}
+_ABOVE: Final = {"spike_factor": 1.0, "blowup_factor": 1.0, "blowup_cap": 0.0}
 
 
 @dataclass(frozen=True)
@@ -97,7 +85,8 @@ class DivergenceRules:
         check_grad_norm: apply the ``nonfinite_grad`` rule to the gradient norm.
 
     Raises:
-        ValueError: a threshold out of range (the message names it).
+        TypeError, ValueError: a threshold of the wrong type or out of range (the message
+            names it).
 
     Example:
         >>> DivergenceRules().spike_factor, DivergenceRules(window=5).window
@@ -105,7 +94,7 @@ class DivergenceRules:
         >>> DivergenceRules(spike_factor=1.0)
         Traceback (most recent call last):
         ...
-        ValueError: DivergenceRules(spike_factor=1.0) is invalid: expected a finite number > 1.0.
+        ValueError: DivergenceRules(spike_factor=1.0) is invalid: expected a finite number > 1.
     """
 
     window: int = 20
@@ -118,28 +107,26 @@ class DivergenceRules:
     check_grad_norm: bool = True
 
     def __post_init__(self) -> None:
-        _check_int("window", self.window, 1)
-        _check_int("warmup", self.warmup, 0)
-        _check_int("spike_patience", self.spike_patience, 1)
-        _check_int("blowup_patience", self.blowup_patience, 1)
-        _check_float("spike_factor", self.spike_factor, 1.0)
-        _check_float("blowup_factor", self.blowup_factor, 1.0)
-        if self.blowup_cap is not None:
-            _check_float("blowup_cap", self.blowup_cap, 0.0)
-        if not isinstance(self.check_grad_norm, bool):
-            raise ValueError(
-                f"DivergenceRules(check_grad_norm={self.check_grad_norm!r}) is invalid:"
-                " expected True or False."
-            )
-
-    def as_dict(self) -> dict[str, Any]:
-        """The thresholds as a plain dict (for records and checkpoints)."""
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        owner = "DivergenceRules"
+        for name, least in _AT_LEAST.items():
+            value = validate.integer(owner, name, getattr(self, name), minimum=least)
+            object.__setattr__(self, name, value)
+        for name, above in _ABOVE.items():
+            factor = getattr(self, name)
+            if factor is not None or name != "blowup_cap":  # no cap: None
+                factor = validate.number(owner, name, factor, minimum=above, allow_minimum=False)
+            object.__setattr__(self, name, factor)
+        validate.boolean(owner, "check_grad_norm", self.check_grad_norm)
 
 
 @dataclass(frozen=True)
 class DivergenceEvent:
-    """One thing worth recording: a fatal rule firing, a spike starting or ending."""
+    """One thing worth recording: a fatal rule firing, a spike starting or ending.
+
+    Example:
+        >>> DivergenceEvent(4, "nonfinite_loss", float("nan"), None, None, None, "nan").as_row()
+        {'step': 4, 'event': 'nonfinite_loss', 'loss': nan, 'grad_norm': None, 'reference': None, 'threshold': None, 'detail': 'nan'}
+    """  # noqa: E501
 
     step: int
     event: str
@@ -151,20 +138,17 @@ class DivergenceEvent:
 
     def as_row(self) -> dict[str, Any]:
         """The event as a table row (NaN/inf kept as they are: they are the finding)."""
-        return {
-            "step": self.step,
-            "event": self.event,
-            "loss": self.loss,
-            "grad_norm": self.grad_norm,
-            "reference": self.reference,
-            "threshold": self.threshold,
-            "detail": self.detail,
-        }
+        return asdict(self)
 
 
 @dataclass(frozen=True)
 class DivergenceDecision:
-    """The answer for one update: ``fatal`` if a fatal rule fired, ``cause`` the rule."""
+    """The answer for one update: ``fatal`` if a fatal rule fired, ``cause`` the rule.
+
+    Example:
+        >>> DivergenceDecision(step=3).fatal, DivergenceDecision(3, "loss_blowup").fatal
+        (False, True)
+    """
 
     step: int
     cause: str | None = None
@@ -204,11 +188,8 @@ class DivergenceDetector:
     MAX_EVENTS_PER_KIND: Final = 100
 
     def __init__(self, rules: DivergenceRules | None = None) -> None:
-        if rules is not None and not isinstance(rules, DivergenceRules):
-            raise TypeError(
-                f"rules must be a DivergenceRules or None, got {type(rules).__name__} {rules!r}."
-            )
-        self.rules = rules or DivergenceRules()
+        checked = validate.instance("DivergenceDetector", "rules", rules, DivergenceRules)
+        self.rules = checked or DivergenceRules()
         self._window: deque[float] = deque(maxlen=self.rules.window)
         self.initial_loss: float | None = None
         self.updates = 0
@@ -226,20 +207,14 @@ class DivergenceDetector:
         reference: float | None = None,
         threshold: float | None = None,
     ) -> None:
-        events.append(
-            DivergenceEvent(
-                step=base["step"],
-                event=event,
-                loss=base["loss"],
-                grad_norm=base["grad_norm"],
-                reference=reference,
-                threshold=threshold,
-                detail=detail,
-            )
-        )
         self.counts[event] = self.counts.get(event, 0) + 1
-        if self.counts[event] > self.MAX_EVENTS_PER_KIND:
-            events.pop()  # counted, not listed: a run left diverging must not flood the table
+        # Counted, not listed past the limit: a run left diverging must not flood the table.
+        if self.counts[event] <= self.MAX_EVENTS_PER_KIND:
+            events.append(
+                DivergenceEvent(
+                    **base, event=event, reference=reference, threshold=threshold, detail=detail
+                )
+            )
 
     def update(
         self,

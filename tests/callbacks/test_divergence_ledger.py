@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -18,9 +17,13 @@ import torch
 from lightning.pytorch.callbacks import Callback, EarlyStopping, ModelCheckpoint
 from lightning.pytorch.demos.boring_classes import BoringModel, RandomDataset
 
-from lightning_pilot import read_phase_table, storage
+from lightning_pilot import storage
 from lightning_pilot.callbacks import DivergenceLedger
-from lightning_pilot.callbacks.divergence_ledger import RepeatedVariantError, RepeatedVariantWarning
+from lightning_pilot.callbacks.divergence_ledger import (
+    Heartbeat,
+    RepeatedVariantError,
+    RepeatedVariantWarning,
+)
 from lightning_pilot.core.divergence import DivergenceRules
 from lightning_pilot.demo import InstructionDataModule, TinyCausalLM
 from lightning_pilot.ledger import Ledger
@@ -87,7 +90,11 @@ def test_lr_sweep_keeps_the_diverged_variant(make_trainer: Any, tmp_path: Path) 
         for name, lr in lrs.items():
             pl.seed_everything(seed, verbose=False)
             callback = ledger_cb(
-                variant=name, seed=seed, params={"lr": lr}, heartbeat_every=4, check_every=2
+                variant=name,
+                seed=seed,
+                params={"lr": lr},
+                heartbeat=Heartbeat(updates=4),
+                check_every=2,
             )
             trainer = make_trainer(
                 max_steps=10, val_check_interval=5, limit_val_batches=1, callbacks=[callback]
@@ -146,7 +153,9 @@ def test_lr_sweep_keeps_the_diverged_variant(make_trainer: Any, tmp_path: Path) 
 def test_records_carry_configuration_environment_and_undivided_loss(
     make_trainer: Any, tmp_path: Path
 ) -> None:
-    callback = ledger_cb(params={"lr": 0.01, "width": 32}, heartbeat_every=2, check_every=1)
+    callback = ledger_cb(
+        params={"lr": 0.01, "width": 32}, heartbeat=Heartbeat(updates=2), check_every=1
+    )
     trainer = make_trainer(max_steps=5, accumulate_grad_batches=3, callbacks=[callback])
     model = Scripted()
     trainer.fit(model)
@@ -219,8 +228,8 @@ def test_rules_read_every_loss_but_sync_every_check_every_updates(
 def test_heartbeats_by_time_carry_only_new_points_and_the_ledger_joins_them(
     make_trainer: Any, tmp_path: Path
 ) -> None:
-    # heartbeat_seconds=0: a heartbeat at every evaluation (every 3 updates here).
-    callback = ledger_cb(check_every=3, heartbeat_seconds=0)
+    # Heartbeat(seconds=0): a heartbeat at every evaluation (every 3 updates here).
+    callback = ledger_cb(check_every=3, heartbeat=Heartbeat(seconds=0))
     make_trainer(max_steps=10, callbacks=[callback]).fit(Scripted())
     ledger = Ledger(tmp_path / "pilot")
     records = ledger.records()
@@ -298,7 +307,7 @@ def test_persistent_spike_stops_and_isolated_spike_does_not(
 def test_exceptions_are_recorded_and_reach_the_caller(
     make_trainer: Any, tmp_path: Path, error: BaseException, status: str, cause: str
 ) -> None:
-    trainer = make_trainer(max_steps=10, callbacks=[ledger_cb(heartbeat_every=1)])
+    trainer = make_trainer(max_steps=10, callbacks=[ledger_cb(heartbeat=Heartbeat(updates=1))])
     with pytest.raises(type(error)) as caught:
         trainer.fit(Scripted(raise_at=3, error=error))
     assert caught.value is error  # the user's own exception object, untouched
@@ -405,12 +414,12 @@ def test_repeating_a_diverged_variant_warns_and_can_refuse(
 def test_resume_keeps_the_run_id_as_a_new_attempt(make_trainer: Any, tmp_path: Path) -> None:
     checkpoints = tmp_path / "ckpt"
     saver = ModelCheckpoint(dirpath=checkpoints, every_n_train_steps=4, save_top_k=-1)
-    first = ledger_cb(heartbeat_every=1)
+    first = ledger_cb(heartbeat=Heartbeat(updates=1))
     trainer = make_trainer(max_steps=10, enable_checkpointing=True, callbacks=[first, saver])
     with pytest.raises(ArithmeticError):
         trainer.fit(Scripted(raise_at=6, error=ArithmeticError("crash")))
     run_id = first.run.run_id
-    second = ledger_cb(heartbeat_every=1)
+    second = ledger_cb(heartbeat=Heartbeat(updates=1))
     trainer = make_trainer(max_steps=10, enable_checkpointing=True, callbacks=[second, saver])
     trainer.fit(Scripted(), ckpt_path=checkpoints / "epoch=0-step=4.ckpt")
     assert second.run.run_id == run_id
@@ -428,61 +437,6 @@ def test_resume_keeps_the_run_id_as_a_new_attempt(make_trainer: Any, tmp_path: P
     assert train["step"].tolist() == list(range(1, 11))
     both = ledger.curves(all_attempts=True).query("curve == 'train_loss'")
     assert both.groupby("attempt")["step"].max().to_dict() == {1: 5, 2: 10}
-
-
-# ---------------------------------------------------------------------------------------------
-# Predictions
-# ---------------------------------------------------------------------------------------------
-
-
-def test_validation_predictions_are_saved_with_a_checksum(
-    make_trainer: Any, tmp_path: Path
-) -> None:
-    callback = ledger_cb(
-        save_predictions=True,
-        predictions_fn=lambda m, b, o: m(b["input_ids"], b["attention_mask"]).argmax(-1),
-    )
-    trainer = make_trainer(
-        max_steps=4, val_check_interval=2, limit_val_batches=2, callbacks=[callback]
-    )
-    datamodule = InstructionDataModule(dataset_size=100, batch_size=4)  # 10 validation examples
-    trainer.fit(TinyCausalLM(d_model=16, n_heads=2, n_layers=1), datamodule)
-    ledger = Ledger(tmp_path / "pilot")
-    run = ledger.runs().iloc[0]
-    assert run["predictions_uri"] == str(callback.run.run_dir / "predictions.parquet")
-    predictions = ledger.predictions(run["run_id"])
-    # Two validations (steps 2 and 4) x 2 batches x 4 examples; ids are the validation split's.
-    assert len(predictions) == 16
-    assert sorted(set(predictions["step"])) == [2, 4]
-    val_ids = {str(datamodule.val_dataset[i]["ids"]) for i in range(8)}
-    assert set(predictions["example_id"]) == val_ids
-    first = predictions.iloc[0]
-    assert len(first["prediction"]) == len(first["target"]) == first["prediction_shape"][0]
-    Path(run["predictions_uri"]).chmod(0o644)
-    with open(run["predictions_uri"], "ab") as handle:
-        handle.write(b"tampered")
-    with pytest.raises(ValueError, match="but the ledger recorded"):
-        ledger.predictions(run["run_id"])
-
-
-def test_missing_predictions_say_the_contract_and_leave_the_fit_whole(
-    make_trainer: Any, tmp_path: Path
-) -> None:
-    callback = ledger_cb(save_predictions=True)
-    trainer = make_trainer(max_steps=2, callbacks=[callback])
-    with pytest.warns(RuntimeWarning, match=r"predictions not kept"):
-        trainer.fit(Scripted())
-    assert trainer.global_step == 2  # the fit went on
-    table = read_phase_table(callback.run.run_dir)
-    row = table[(table["phase"] == "validation") & table["first"]].iloc[0]
-    checks = {c["name"]: c for c in row["checks"]}
-    assert checks["predictions"]["verdict"] == "not_checked"
-    assert re.search(
-        r"the key 'preds', it returned a dict without it \(keys: \['x'\]\)",
-        checks["predictions"]["detail"],
-    )
-    runs = Ledger(callback.run.out_dir).runs()
-    assert runs["status"].tolist() == ["completed"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -521,25 +475,12 @@ def test_missing_predictions_say_the_contract_and_leave_the_fit_whole(
             r"action='halt'\) is invalid: expected one of 'stop', 'record'",
         ),
         ({"on_repeat": "raise"}, ValueError, r"on_repeat='raise'\) is invalid: expected one of"),
-        (
-            {"heartbeat_every": 0},
-            ValueError,
-            r"heartbeat_every=0\) is invalid: expected an integer >= 1 or None \(updates\)",
-        ),
         ({"check_every": 0}, ValueError, r"check_every=0\) is invalid: expected an integer >= 1"),
         ({"check_every": None}, TypeError, r"check_every=None\) is invalid"),
         (
-            {"heartbeat_seconds": -1},
-            ValueError,
-            r"heartbeat_seconds=-1\) is invalid: expected a finite number >= 0 \(seconds\)",
-        ),
-        ({"save_predictions": "yes"}, TypeError, r"save_predictions='yes'\) is invalid: expected"),
-        ({"predictions_fn": 3}, TypeError, r"predictions_fn=3\) is invalid: expected a callable"),
-        ({"predictions_key": ""}, ValueError, r"predictions_key=''\) is invalid: expected a non"),
-        (
-            {"batch_adapter": "ids"},
+            {"heartbeat": {"updates": 2}},
             TypeError,
-            r"batch_adapter='ids'\) is invalid: expected a Batch",
+            r"heartbeat=\{'updates': 2\}\) is invalid: expected a Heartbeat",
         ),
         (
             {"val_metrics": "val_loss"},
@@ -569,16 +510,30 @@ def test_params_that_are_not_a_dict_are_named() -> None:
     )
 
 
-@pytest.mark.parametrize("value", ["no", "", 1, 0, None])
-def test_save_predictions_takes_only_a_bool(value: object) -> None:
-    with pytest.raises(TypeError, match=r"DivergenceLedger\(save_predictions="):
-        ledger_cb(save_predictions=value)
-
-
-@pytest.mark.parametrize("value", [float("nan"), float("inf"), pytest.param(10**400, id="10**400")])
-def test_heartbeat_seconds_must_be_finite(value: float) -> None:
-    with pytest.raises(ValueError, match=r"DivergenceLedger\(heartbeat_seconds=.*finite"):
-        ledger_cb(heartbeat_seconds=value)
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        (
+            {"updates": 0},
+            ValueError,
+            r"Heartbeat\(updates=0\) is invalid: expected an integer >= 1 or None \(updates\)",
+        ),
+        (
+            {"seconds": -1},
+            ValueError,
+            r"Heartbeat\(seconds=-1\) is invalid: expected a finite number >= 0 \(seconds\)",
+        ),
+        ({"seconds": float("nan")}, ValueError, r"Heartbeat\(seconds=nan\) is invalid: .*finite"),
+        ({"seconds": float("inf")}, ValueError, r"Heartbeat\(seconds=inf\) is invalid: .*finite"),
+        ({"seconds": 10**400}, ValueError, r"Heartbeat\(seconds=.*\) is invalid: .*finite"),
+        ({"seconds": "60"}, TypeError, r"Heartbeat\(seconds='60'\) is invalid"),
+    ],
+)
+def test_bad_heartbeats_are_refused(
+    kwargs: dict[str, Any], error: type[Exception], match: str
+) -> None:
+    with pytest.raises(error, match=match):
+        Heartbeat(**kwargs)
 
 
 def test_state_keys_differ_per_variant() -> None:

@@ -10,12 +10,6 @@ import pandas as pd
 import pytest
 
 from lightning_pilot.core.compare import bootstrap_ci, compare_runs, iqm
-from lightning_pilot.core.config import (
-    canonical_params_json,
-    config_hash,
-    validate_name,
-    variant_key,
-)
 
 
 def frame(rows: list[tuple[str, int, str, float]]) -> pd.DataFrame:
@@ -170,50 +164,3 @@ def test_iqm_and_bootstrap() -> None:
 def test_bad_arguments(kwargs: dict[str, Any], error: type[Exception], match: str) -> None:
     with pytest.raises(error, match=match):
         compare_runs(SWEEP, **kwargs)
-
-
-def test_canonical_params_and_hashes() -> None:
-    one = canonical_params_json({"b": [1, 2.5], "a": {"y": None, "x": True}})
-    assert one == '{"a":{"x":true,"y":null},"b":[1,2.5]}'
-    assert canonical_params_json({"a": (1, 2)}) == canonical_params_json({"a": [1, 2]})
-    assert canonical_params_json({"n": np.int64(3)}) == '{"n":3}'
-    assert canonical_params_json(None) == "{}"
-    setup = {"micro_batch_size": 8, "accumulate_grad_batches": 2}
-    key = variant_key("exp", {"lr": 1e-4}, setup)
-    assert len(key) == 16
-    assert key == variant_key("exp", {"lr": 0.0001}, dict(reversed(setup.items())))
-    assert key != variant_key("exp", {"lr": 1e-4}, setup | {"micro_batch_size": 4})
-    assert key != variant_key("other", {"lr": 1e-4}, setup)
-    assert config_hash("exp", {"lr": 1e-4}, 0, setup) != config_hash("exp", {"lr": 1e-4}, 1, setup)
-
-
-@pytest.mark.parametrize(
-    ("params", "error", "match"),
-    [
-        ([1, 2], TypeError, r"params must be a dict of JSON values, got list"),
-        ({"lr": float("nan")}, ValueError, r"params\['lr'\]=nan is not finite"),
-        ({"a": {1: 2}}, TypeError, r"params\['a'\] has the key 1 of type int"),
-        (
-            {"f": print},
-            TypeError,
-            r"params\['f'\]=<built-in function print> .* is not a JSON value",
-        ),
-    ],
-)
-def test_bad_params(params: Any, error: type[Exception], match: str) -> None:
-    with pytest.raises(error, match=match):
-        canonical_params_json(params)
-
-
-@pytest.mark.parametrize(
-    ("value", "error", "match"),
-    [
-        (3, TypeError, r"variant must be a string, got int 3"),
-        ("  ", ValueError, r"variant='  ' is invalid: use 1 to 200 printable characters"),
-        ("a\tb", ValueError, r"variant='a\\tb' is invalid"),
-        ("x" * 201, ValueError, r"is invalid: use 1 to 200"),
-    ],
-)
-def test_bad_names(value: Any, error: type[Exception], match: str) -> None:
-    with pytest.raises(error, match=match):
-        validate_name(value, "variant")

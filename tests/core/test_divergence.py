@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -161,26 +162,55 @@ def test_state_dict_survives_a_weights_only_torch_load(tmp_path: Any) -> None:
 
 
 @pytest.mark.parametrize(
-    ("kwargs", "match"),
+    ("kwargs", "error", "match"),
     [
-        ({"window": 0}, r"DivergenceRules\(window=0\) is invalid: expected an integer >= 1"),
-        ({"warmup": -1}, r"warmup=-1\) is invalid"),
-        ({"spike_factor": 1.0}, r"spike_factor=1.0\) is invalid: expected a finite number > 1.0"),
-        ({"spike_factor": NAN}, r"spike_factor=nan\) is invalid"),
-        ({"spike_patience": 2.5}, r"spike_patience=2.5\) is invalid"),
-        ({"blowup_factor": "10"}, r"blowup_factor='10'\) is invalid"),
-        ({"blowup_cap": -1.0}, r"blowup_cap=-1.0\) is invalid"),
-        ({"blowup_patience": True}, r"blowup_patience=True\) is invalid"),
-        ({"check_grad_norm": 1}, r"check_grad_norm=1\) is invalid: expected True or False"),
+        (
+            {"window": 0},
+            ValueError,
+            r"DivergenceRules\(window=0\) is invalid: expected an integer >= 1",
+        ),
+        ({"warmup": -1}, ValueError, r"warmup=-1\) is invalid"),
+        (
+            {"spike_factor": 1.0},
+            ValueError,
+            r"spike_factor=1.0\) is invalid: expected a finite number > 1",
+        ),
+        ({"spike_factor": NAN}, ValueError, r"spike_factor=nan\) is invalid"),
+        ({"spike_patience": 2.5}, TypeError, r"spike_patience=2.5\) is invalid"),
+        ({"blowup_factor": "10"}, TypeError, r"blowup_factor='10'\) is invalid"),
+        ({"blowup_factor": None}, TypeError, r"blowup_factor=None\) is invalid"),
+        (
+            {"blowup_cap": -1.0},
+            ValueError,
+            r"blowup_cap=-1.0\) is invalid: expected a finite number > 0",
+        ),
+        ({"blowup_patience": True}, TypeError, r"blowup_patience=True\) is invalid"),
+        (
+            {"check_grad_norm": 1},
+            TypeError,
+            r"check_grad_norm=1\) is invalid: expected True or False",
+        ),
     ],
 )
-def test_bad_rules_are_refused(kwargs: dict[str, Any], match: str) -> None:
-    with pytest.raises(ValueError, match=match):
+def test_bad_rules_are_refused(kwargs: dict[str, Any], error: type[Exception], match: str) -> None:
+    with pytest.raises(error, match=match):
         DivergenceRules(**kwargs)
 
 
+def test_rules_hold_plain_python_numbers() -> None:
+    rules = DivergenceRules(window=np.int64(4), spike_factor=2, blowup_cap=np.float32(8.0))
+    assert (type(rules.window), type(rules.spike_factor), type(rules.blowup_cap)) == (
+        int,
+        float,
+        float,
+    )
+    assert DivergenceRules().blowup_cap is None
+
+
 def test_detector_refuses_a_non_rules_object() -> None:
-    with pytest.raises(TypeError, match=r"rules must be a DivergenceRules or None, got dict"):
+    with pytest.raises(
+        TypeError, match=r"DivergenceDetector\(rules=\{'window': 3\}\) is invalid: expected a"
+    ):
         DivergenceDetector({"window": 3})  # type: ignore[arg-type]
 
 
