@@ -22,19 +22,11 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from lightning_pilot import callbacks as _callbacks
 from lightning_pilot._version import __version__
 
 if TYPE_CHECKING:
-    from lightning_pilot.callbacks.batch_inspector import BatchInspector
-    from lightning_pilot.callbacks.divergence_ledger import (
-        DivergenceLedger,
-        RepeatedVariantError,
-        RepeatedVariantWarning,
-    )
-    from lightning_pilot.callbacks.effective_batch_accountant import EffectiveBatchAccountant
-    from lightning_pilot.callbacks.overfit_tiny_subset import OverfitTinySubset
-    from lightning_pilot.callbacks.phase_memory_monitor import PhaseCheckError, PhaseMemoryMonitor
-    from lightning_pilot.callbacks.resume_verifier import ResumeVerifier
+    from lightning_pilot.callbacks import *  # noqa: F403 (the registry's names)
     from lightning_pilot.core.accounting import UpdatePlan, plan_updates
     from lightning_pilot.core.batches import BatchAdapter
     from lightning_pilot.core.compare import Comparison, compare_runs
@@ -47,21 +39,13 @@ if TYPE_CHECKING:
     from lightning_pilot.storage import read_ledger_records, read_phase_table
 
 _LAZY = {
+    **_callbacks.LAZY,
     "BatchAdapter": "lightning_pilot.core.batches",
-    "BatchInspector": "lightning_pilot.callbacks.batch_inspector",
     "Comparison": "lightning_pilot.core.compare",
-    "DivergenceLedger": "lightning_pilot.callbacks.divergence_ledger",
     "DivergenceRules": "lightning_pilot.core.divergence",
-    "EffectiveBatchAccountant": "lightning_pilot.callbacks.effective_batch_accountant",
     "Ledger": "lightning_pilot.ledger",
-    "OverfitTinySubset": "lightning_pilot.callbacks.overfit_tiny_subset",
-    "PhaseCheckError": "lightning_pilot.callbacks.phase_memory_monitor",
-    "PhaseMemoryMonitor": "lightning_pilot.callbacks.phase_memory_monitor",
     "PilotCallback": "lightning_pilot.run",
     "PilotRun": "lightning_pilot.run",
-    "RepeatedVariantError": "lightning_pilot.callbacks.divergence_ledger",
-    "RepeatedVariantWarning": "lightning_pilot.callbacks.divergence_ledger",
-    "ResumeVerifier": "lightning_pilot.callbacks.resume_verifier",
     "UpdatePlan": "lightning_pilot.core.accounting",
     "choice_sheet": "lightning_pilot.report",
     "compare_runs": "lightning_pilot.core.compare",
@@ -76,20 +60,11 @@ _LAZY = {
 
 __all__ = [
     "BatchAdapter",
-    "BatchInspector",
     "Comparison",
-    "DivergenceLedger",
     "DivergenceRules",
-    "EffectiveBatchAccountant",
     "Ledger",
-    "OverfitTinySubset",
-    "PhaseCheckError",
-    "PhaseMemoryMonitor",
     "PilotCallback",
     "PilotRun",
-    "RepeatedVariantError",
-    "RepeatedVariantWarning",
-    "ResumeVerifier",
     "UpdatePlan",
     "__version__",
     "choice_sheet",
@@ -102,6 +77,8 @@ __all__ = [
     "read_phase_table",
     "write_choice_sheet",
 ]
+
+__all__ += _callbacks.__all__
 
 
 def __getattr__(name: str) -> Any:

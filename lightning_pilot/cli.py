@@ -9,32 +9,14 @@ Subcommands:
   --max-steps S]``: the updates and examples a configuration will make.
 * ``sheet RUN_DIR [--gpu-memory 80GiB]``: the choice sheet, written to ``RUN_DIR/sheet.md``.
 
-Exit codes (``show``, ``compare`` and ``sheet`` are a CI gate):
-
-* 0: no check failed and no run in scope diverged or failed.
-* 1: a phase verdict ``fail``, or a ledger run in scope with status ``diverged``, ``oom`` or
-  ``failed`` (:data:`lightning_pilot.report.GATE_STATUSES`) or a status the ledger does not
-  define. The last lines printed, ``Result: ...``, name each such run: run id, variant, and its
-  failed checks or its status and stop cause.
-* 2: everything else that went wrong, as one line on stderr (never a traceback): bad usage, a
-  path that is missing or not what the command expects, nothing readable in scope, a file in
-  scope skipped as unreadable while nothing failed in what was read (the ``Result:`` lines say
-  ``N file(s) skipped (unreadable)``: a clean result is never claimed on what was not read), a
-  disk that refuses a write (the path and the system's reason, ``Read-only file system
-  [EROFS]``).
-
-Whatever a file holds is printed through :func:`lightning_pilot.report.terminal_safe`: an
-escape sequence or a newline in a variant name is shown, never obeyed.
-
-The runs in scope are those the command reports on: for ``show``, the runs of the phase tables
-and of the ledger summary it prints (a run folder: that run only; an output or ledger folder:
-every run); for ``compare``, the runs compared (``--experiment`` narrows them), with their
-phase tables beside the ledger; for ``sheet``, the sheet's own run (the other variants of its
-experiment, priced in the campaign package, are context: a diverged one is never packaged;
-gate on them with ``compare``). ``plan`` exits 0 unless its input is unusable. ``demo`` is a
-demonstration: its learning-rate comparison diverges one run on purpose and still exits 0
-(``show`` or ``compare`` on the demo's folder exit 1 because of that run); it exits 1 only when
-its own pilot run fails, which would be a bug.
+Exit codes (``show``, ``compare`` and ``sheet`` are a CI gate; ``docs/cli.md`` has the details
+and which runs each command has in scope): 0, everything in scope was read and passed; 1, a
+phase verdict ``fail`` or a run in scope that diverged, ran out of memory, failed or has a
+status the ledger does not define, each named in the ``Result:`` lines; 2, anything else (bad
+usage, a missing or unreadable path, a file in scope skipped as unreadable, a refused write), as
+one line on stderr, never a traceback. Whatever a file holds is printed through
+:func:`lightning_pilot.report.terminal_safe`: shown, never obeyed by the terminal. ``demo``
+exits 0 although its comparison diverges one run on purpose (it gates its pilot run only).
 
 Example:
     >>> from lightning_pilot.cli import main
@@ -56,8 +38,7 @@ import errno
 import importlib
 import sys
 import uuid
-import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -65,6 +46,8 @@ from lightning_pilot._version import __version__
 
 if TYPE_CHECKING:
     import pandas as pd
+
+    from lightning_pilot.report.load import Reads
 
 EXIT_OK = 0
 EXIT_CHECK_FAILED = 1
@@ -85,15 +68,11 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{message} (see '{self.prog} --help')")
 
 
-def _safe(text: object, *, keep_newlines: bool = False) -> str:
-    from lightning_pilot.report import terminal_safe
-
-    return terminal_safe(text, limit=None, keep_newlines=keep_newlines)
-
-
 def _out(text: str) -> None:
     # The one place output leaves for the terminal: nothing a file held can drive it.
-    text = _safe(text, keep_newlines=True)
+    from lightning_pilot.report import terminal_safe
+
+    text = terminal_safe(text, limit=None, keep_newlines=True)
     sys.stdout.write(text if text.endswith("\n") else text + "\n")
 
 
@@ -113,85 +92,6 @@ def _os_error(err: OSError) -> str:
     return f"{err.strerror}{f' [{name}]' if name else ''}{where}"
 
 
-class _Reads:
-    """What one command could not read: the readers' warnings, and misplaced entries.
-
-    The readers skip a file they cannot read with a ``RuntimeWarning`` whose message starts
-    ``lightning-pilot: skipped`` (``skipped unreadable file <path>: ...``) and read the rest;
-    an entry that is not a plain file (a folder named like a record, a phase table replaced by
-    a file) they may pass over in silence, so it is looked for here. Both are collected, so a
-    command never reports a clean result on what it did not read. A damaged ledger index is
-    not counted: it costs speed only, its records are read one by one.
-    """
-
-    def __init__(self) -> None:
-        self._caught: list[list[warnings.WarningMessage]] = []
-        self._strays: dict[str, str] = {}  # path -> why
-
-    @contextlib.contextmanager
-    def capture(self) -> Iterator[None]:
-        """Record the warnings raised inside (the list fills as they happen)."""
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            self._caught.append(caught)
-            yield
-
-    def _messages(self) -> list[tuple[bool, str]]:
-        """``(skipped_a_file, message)`` per distinct warning, in order."""
-        seen: dict[str, bool] = {}
-        for caught in self._caught:
-            for warning in caught:
-                if not issubclass(warning.category, (RuntimeWarning, UserWarning)):
-                    continue
-                message = str(warning.message).removeprefix("lightning-pilot: ")
-                # A damaged ledger index costs speed only: its records are read one by one.
-                lost = (
-                    issubclass(warning.category, RuntimeWarning)
-                    and message.startswith("skipped ")
-                    and "ledger index" not in message.split(":", 1)[0]
-                )
-                seen.setdefault(message, lost)
-        return [(lost, message) for message, lost in seen.items()]
-
-    def skipped(self) -> list[str]:
-        """One description per file in scope that could not be read (``unreadable file
-        <path>: <why>``, ``<path>: <why>``), each file once."""
-        lost = [
-            message.removeprefix("skipped ") for is_lost, message in self._messages() if is_lost
-        ]
-        # A stray a reader also reported is named once, as the reader said it.
-        strays = [
-            f"{path}: {why}"
-            for path, why in self._strays.items()
-            if not any(path in message for message in lost)
-        ]
-        return strays + lost
-
-    def notes(self) -> list[str]:
-        """The other warnings (a hint where the ledger is, say)."""
-        return [message for lost, message in self._messages() if not lost]
-
-    def _stray(self, path: Path, why: str) -> None:
-        self._strays.setdefault(str(path), why)
-
-    def scan_folder(self, folder: Path) -> None:
-        """Entries of a table folder named like Parquet files that are not files."""
-        if not folder.is_dir():
-            return
-        for entry in sorted(folder.iterdir()):
-            visible = not entry.name.startswith((".", "_"))
-            if visible and entry.suffix == ".parquet" and not entry.is_file():
-                self._stray(entry, "not a file (a Parquet file is expected here)")
-
-    def scan_run(self, run: Path) -> None:
-        """A run folder's phase table: a folder of Parquet files, never a plain file."""
-        table = run / "phases.parquet"
-        if table.is_dir():
-            self.scan_folder(table)
-        elif table.exists() or table.is_symlink():
-            self._stray(table, "not a folder (a phase table is a folder of Parquet files)")
-
-
 def _folder(path: Path, what: str) -> None:
     if not path.exists():
         raise UsageError(f"{path} does not exist.")
@@ -199,74 +99,7 @@ def _folder(path: Path, what: str) -> None:
         raise UsageError(f"{path} is not a folder: expected {what}.")
 
 
-def _run_folders(path: Path) -> list[Path]:
-    runs = path / "runs"
-    if not runs.is_dir():
-        return []
-    return sorted(p for p in runs.iterdir() if p.is_dir() and not p.name.startswith("."))
-
-
-def _cmd_show(args: argparse.Namespace, reads: _Reads) -> int:
-    from lightning_pilot.ledger import Ledger
-    from lightning_pilot.report import ledger_text, phase_table_text
-    from lightning_pilot.storage import read_phase_table
-
-    path = Path(args.path)
-    _folder(path, "an output folder, a run folder (<out_dir>/runs/<run_id>) or a ledger folder")
-    # A run folder holds phases.parquet (a folder; a plain file there is a damaged run).
-    run_only = (path / "phases.parquet").exists()
-    ledger_dir: Path | None = None
-    if (path / "ledger").is_dir():
-        ledger_dir = path / "ledger"
-    elif run_only and (path.parent.parent / "ledger").is_dir():
-        ledger_dir = path.parent.parent / "ledger"
-    elif not run_only and not (path / "runs").is_dir() and any(path.glob("*.parquet")):
-        ledger_dir = path  # the ledger folder itself
-    run_dirs = [path] if run_only else _run_folders(path)
-    tables = [run / "phases.parquet" for run in run_dirs if (run / "phases.parquet").exists()]
-    if not tables and ledger_dir is None:
-        raise UsageError(
-            f"{path} holds neither a phase table (<out_dir>/runs/<run_id>/phases.parquet)"
-            " nor a ledger (<out_dir>/ledger)."
-        )
-    for run in run_dirs:
-        reads.scan_run(run)
-    if ledger_dir is not None:
-        reads.scan_folder(ledger_dir)
-    phases = None
-    if any(table.is_dir() for table in tables):
-        with contextlib.suppress(ValueError):
-            phases = read_phase_table(path)
-        if phases is not None and phases.empty:
-            phases = None  # every file was skipped: said below, never shown as a table
-    runs = None
-    if ledger_dir is not None:
-        runs = Ledger(ledger_dir).runs()
-        if run_only:
-            runs = runs[runs["run_id"] == path.name]
-    if phases is None and (runs is None or runs.empty):
-        # Pointed at data, nothing of it read: no table to show, no result to claim.
-        missing = []
-        if tables:
-            missing.append("the phase table has no readable rows")
-        if ledger_dir is not None:
-            mine = " of this run" if run_only else ""
-            where = "" if ledger_dir == path else f" {ledger_dir}"
-            missing.append(f"the ledger{where} has no readable record{mine}")
-        raise UsageError(f"{path}: nothing to check: {'; '.join(missing)}.")
-    if phases is not None:
-        _out(f"Phase table ({len(phases)} rows) from {path}\n")
-        _out(phase_table_text(phases))
-    if ledger_dir is not None and runs is not None:
-        if phases is not None:
-            _out("")
-        _out(f"Ledger ({len(runs)} run(s)) from {ledger_dir}\n")
-        _out(ledger_text(runs))
-    # In scope: the runs shown, in the phase tables and the ledger summary.
-    return _gate(phases, runs, reads)
-
-
-def _gate(phases: pd.DataFrame | None, runs: pd.DataFrame | None, reads: _Reads) -> int:
+def _gate(phases: pd.DataFrame | None, runs: pd.DataFrame | None, reads: Reads) -> int:
     """Print the ``Result:`` summary; exit 1 for a failed check or a diverged/failed run.
 
     A file in scope that could not be read makes a result that is not failed exit 2: what it
@@ -284,78 +117,58 @@ def _gate(phases: pd.DataFrame | None, runs: pd.DataFrame | None, reads: _Reads)
     return EXIT_OK
 
 
-def _cmd_compare(args: argparse.Namespace, reads: _Reads) -> int:
+def _cmd_show(args: argparse.Namespace, reads: Reads) -> int:
+    from lightning_pilot.report import ledger_text, phase_table_text
+    from lightning_pilot.report.load import load_scope
+
+    path = Path(args.path)
+    _folder(path, "an output folder, a run folder (<out_dir>/runs/<run_id>) or a ledger folder")
+    try:
+        phases, runs, ledger_dir = load_scope(path, reads)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    if phases is not None:
+        _out(f"Phase table ({len(phases)} rows) from {path}\n")
+        _out(phase_table_text(phases))
+    if runs is not None:
+        gap = "" if phases is None else "\n"
+        _out(f"{gap}Ledger ({len(runs)} run(s)) from {ledger_dir}\n")
+        _out(ledger_text(runs))
+    return _gate(phases, runs, reads)
+
+
+def _cmd_compare(args: argparse.Namespace, reads: Reads) -> int:
     from lightning_pilot.ledger import Ledger
     from lightning_pilot.report import comparison_text, variant_costs, variant_costs_text
+    from lightning_pilot.report.load import compared_runs, phases_of
 
     path = Path(args.ledger)
     _folder(path, "a ledger folder or an output folder holding ledger/")
     ledger = Ledger(path)
     reads.scan_folder(ledger.path)
-    if ledger.runs().empty:
+    runs = ledger.runs()
+    if runs.empty:
         raise UsageError(f"{ledger.path} holds no readable ledger records.")
+    options = ("by", "control", "mode", "reduce", "failures", "experiment")
     try:
-        comparison = ledger.compare(
-            args.metric,
-            by=args.by,
-            control=args.control,
-            mode=args.mode,
-            reduce=args.reduce,
-            failures=args.failures,
-            experiment=args.experiment,
-        )
+        comparison = ledger.compare(args.metric, **{name: getattr(args, name) for name in options})
     except ValueError as err:
         raise UsageError(str(err)) from None
     _out(f"Comparison from {ledger.path}\n")
     _out(comparison_text(comparison, by=args.by))
-    # What each variant costs, from the phase tables beside the ledger (MISSION section 4).
-    runs = ledger.runs()
+    # What each variant costs, from the phase tables beside the ledger.
     if args.experiment is not None:
         runs = runs[runs["experiment"] == args.experiment]
-    out_dir = ledger.path.parent
-    run_dirs = _compared_runs(out_dir, runs["run_id"])
+    run_dirs = compared_runs(ledger.path.parent, runs["run_id"])
     for run in run_dirs:
         reads.scan_run(run)
-    costs = variant_costs(out_dir, runs, by=args.by, control=args.control)
+    costs = variant_costs(ledger.path.parent, runs, by=args.by, control=args.control)
     _out("\nCost per variant (peak memory, time per update, data shape):\n")
     _out(variant_costs_text(costs, by=args.by))
-    # In scope: the runs compared, and their phase tables beside the ledger.
-    return _gate(_phases_of(run_dirs), runs, reads)
+    return _gate(phases_of(run_dirs), runs, reads)
 
 
-def _compared_runs(out_dir: Path, run_ids: pd.Series) -> list[Path]:
-    """The run folders under ``out_dir/runs`` of these ledger runs (ids that are run ids)."""
-    from lightning_pilot.core.ids import validate_run_id
-
-    found = []
-    for run_id in dict.fromkeys(run_ids.astype(str)):
-        try:
-            validate_run_id(run_id, "run_id")  # a forged id never becomes a path
-        except (TypeError, ValueError):
-            continue
-        run = out_dir / "runs" / run_id
-        if run.is_dir():
-            found.append(run)
-    return found
-
-
-def _phases_of(run_dirs: Sequence[Path]) -> pd.DataFrame | None:
-    """The phase rows of these run folders (``None`` when there are none)."""
-    import pandas as pd
-
-    from lightning_pilot.storage import read_phase_table
-
-    frames = []
-    for run in run_dirs:
-        if not (run / "phases.parquet").is_dir():
-            continue
-        with contextlib.suppress(ValueError):
-            frames.append(read_phase_table(run))
-    frames = [frame for frame in frames if len(frame)]
-    return pd.concat(frames, ignore_index=True) if frames else None
-
-
-def _cmd_plan(args: argparse.Namespace, reads: _Reads) -> int:
+def _cmd_plan(args: argparse.Namespace, reads: Reads) -> int:
     from lightning_pilot.core.accounting import plan_updates
     from lightning_pilot.report import plan_text
 
@@ -380,39 +193,33 @@ def _cmd_plan(args: argparse.Namespace, reads: _Reads) -> int:
 def _gpu_memory(text: str | None) -> int | None:
     from lightning_pilot.report import parse_size
 
-    if text is None:
-        return None
     try:
-        return parse_size(text, "--gpu-memory")
+        return None if text is None else parse_size(text, "--gpu-memory")
     except (ValueError, OverflowError) as err:
         raise UsageError(str(err)) from None
 
 
 def _write_sheet(
     run_dir: Path,
+    reads: Reads,
     gpu_memory: int | None,
-    reads: _Reads,
     reserve: float = 0.25,
     experiment: str | None = None,
     metric: str = "val_loss",
     control: str | None = None,
 ) -> int:
-    from lightning_pilot.ledger import Ledger
-    from lightning_pilot.report import choice_sheet, publish_choice_sheet
-    from lightning_pilot.storage import read_phase_table
+    """Write and print the choice sheet; gate on the run's phase verdicts and ledger status."""
+    from lightning_pilot.report import publish_choice_sheet
+    from lightning_pilot.report.load import load_run
+    from lightning_pilot.report.sheet import check_options, render_choice_sheet
 
-    ledger_dir = run_dir.parent.parent / "ledger"
     reads.scan_run(run_dir)
-    if ledger_dir.is_dir():
-        reads.scan_folder(ledger_dir)
+    reads.scan_folder(run_dir.parent.parent / "ledger")
     try:
-        text = choice_sheet(
-            run_dir,
-            gpu_memory_bytes=gpu_memory,
-            reserve=reserve,
-            experiment=experiment,
-            metric=metric,
-            control=control,
+        check_options(gpu_memory, reserve)
+        run = load_run(run_dir, metric=metric, experiment=experiment)
+        text = render_choice_sheet(
+            run, gpu_memory_bytes=gpu_memory, reserve=reserve, control=control
         )
     except ValueError as err:
         raise UsageError(str(err)) from None
@@ -422,23 +229,18 @@ def _write_sheet(
         raise UsageError(
             f"could not write the choice sheet to {run_dir}: {_os_error(err)}"
         ) from None
-    _out(written.read_text(encoding="utf-8"))
+    _out(text)
     _out(f"Choice sheet written to {written}")
-    # In scope: the sheet's own run, its phase verdicts and its ledger status.
-    phases: pd.DataFrame = read_phase_table(run_dir)
-    runs = None
-    if ledger_dir.is_dir():
-        runs = Ledger(ledger_dir).runs()
-        runs = runs[runs["run_id"] == run_dir.name]
-    return _gate(phases, runs, reads)
+    runs = None if run.runs is None else run.runs[run.runs["run_id"] == run_dir.name]
+    return _gate(run.phases, runs, reads)
 
 
-def _cmd_sheet(args: argparse.Namespace, reads: _Reads) -> int:
+def _cmd_sheet(args: argparse.Namespace, reads: Reads) -> int:
     gpu_memory = _gpu_memory(args.gpu_memory)
     run_dir = Path(args.run_dir)
     _folder(run_dir, "a run folder, <out_dir>/runs/<run_id>")
     return _write_sheet(
-        run_dir, gpu_memory, reads, args.reserve, args.experiment, args.metric, args.control
+        run_dir, reads, gpu_memory, args.reserve, args.experiment, args.metric, args.control
     )
 
 
@@ -456,7 +258,7 @@ def _writable_folder(folder: Path) -> None:
         raise UsageError(f"cannot write to --out {folder}: {_os_error(err)}") from None
 
 
-def _cmd_demo(args: argparse.Namespace, reads: _Reads) -> int:
+def _cmd_demo(args: argparse.Namespace, reads: Reads) -> int:
     gpu_memory = _gpu_memory(args.gpu_memory)
     out = Path(args.out)
     # A read-only mount or a full disk is said now, not after minutes of training.
@@ -465,14 +267,13 @@ def _cmd_demo(args: argparse.Namespace, reads: _Reads) -> int:
     demo = importlib.import_module("lightning_pilot.demo.pilot")
     result: dict[str, Any] = demo.run_demo(out, quick=args.quick)
     _out(f"Demo outputs in {result['out_dir']}")
-    # The package of the learning-rate comparison the demo just ran, priced at the pilot's speed.
     # The gate covers the pilot run only: the comparison's lr=5 run diverges on purpose (it is
     # what the demo shows), so the demo exits 0; `show` on its folder exits 1 for that run.
     with reads.capture():
         return _write_sheet(
             Path(result["pilot_run_dir"]),
-            gpu_memory,
             reads,
+            gpu_memory,
             experiment=result.get("experiment"),
             control=result.get("control"),
         )
@@ -599,11 +400,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.version:
         sys.stdout.write(f"lightning-pilot {__version__}\n")
         return EXIT_OK
-    handler: Callable[[argparse.Namespace, _Reads], int] | None = getattr(args, "handler", None)
+    handler: Callable[[argparse.Namespace, Reads], int] | None = getattr(args, "handler", None)
     if handler is None:
         parser.print_help()
         return EXIT_OK
-    reads = _Reads()
+    from lightning_pilot.report.load import Reads  # pandas, for every command but --version
+
+    reads = Reads()
     error = None
     code = EXIT_USAGE
     # Readers' warnings (a skipped unreadable file) are collected; the demo trains, and

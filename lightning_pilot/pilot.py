@@ -7,31 +7,21 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from lightning_pilot.callbacks.batch_inspector import BatchInspector
-from lightning_pilot.callbacks.divergence_ledger import DivergenceLedger
-from lightning_pilot.callbacks.effective_batch_accountant import EffectiveBatchAccountant
-from lightning_pilot.callbacks.phase_memory_monitor import PhaseMemoryMonitor
-from lightning_pilot.callbacks.resume_verifier import ResumeVerifier
+from lightning_pilot.callbacks import REGISTRY, Registered
 from lightning_pilot.core import validate
 from lightning_pilot.core.batches import BatchAdapter
 from lightning_pilot.run import PilotCallback
 
 __all__ = ["PILOT_OPTION_KEYS", "pilot_callbacks"]
 
-#: Option key -> (callback class, name of its batch-adapter argument).
-_CALLBACKS: dict[str, tuple[type[PilotCallback], str]] = {
-    "phase_memory": (PhaseMemoryMonitor, "adapter"),
-    "batch_inspector": (BatchInspector, "adapter"),
-    "effective_batch": (EffectiveBatchAccountant, "adapter"),
-    "resume": (ResumeVerifier, "adapter"),
-    "ledger": (DivergenceLedger, "batch_adapter"),
-}
+#: Option key -> registry entry, in the order the callbacks are returned.
+_CALLBACKS: dict[str, Registered] = {entry.option: entry for entry in REGISTRY if entry.option}
 
 #: The keys ``pilot_callbacks(**options)`` accepts, in the order the callbacks are returned.
 PILOT_OPTION_KEYS: tuple[str, ...] = tuple(_CALLBACKS)
 
 # Arguments pilot_callbacks sets itself, so every callback shares them.
-_SHARED = {"out_dir", "adapter", "batch_adapter", "experiment", "variant", "seed"}
+_SHARED = {"out_dir", "adapter", "experiment", "variant", "seed"}
 
 # OverfitTinySubset replaces every batch of its fit: it cannot share the pilot's.
 _OVERFIT_APART = (
@@ -42,21 +32,20 @@ _OVERFIT_APART = (
 )
 
 
-def _accepted(cls: type[PilotCallback]) -> list[str]:
-    parameters = inspect.signature(cls.__init__).parameters
-    return sorted(name for name in parameters if name != "self" and name not in _SHARED)
+def _parameters(cls: type[PilotCallback]) -> list[str]:
+    return [name for name in inspect.signature(cls.__init__).parameters if name != "self"]
 
 
 def _options_for(key: str, value: object) -> dict[str, Any] | None:
     """The keyword arguments for one callback, or ``None`` when it is left out."""
-    cls, _ = _CALLBACKS[key]
+    entry = _CALLBACKS[key]
     if value is None:
-        return {}
+        return {} if entry.default else None
     if isinstance(value, bool):
         return {} if value else None
     if not isinstance(value, Mapping):
         raise TypeError(
-            f"pilot_callbacks({key}={value!r}) is invalid: expected a dict of {cls.__name__}"
+            f"pilot_callbacks({key}={value!r}) is invalid: expected a dict of {entry.name}"
             " options, True (defaults) or False (leave it out)."
         )
     shared = sorted(str(name) for name in value if name in _SHARED)
@@ -66,11 +55,11 @@ def _options_for(key: str, value: object) -> dict[str, Any] | None:
             " for every callback at once; pass them to pilot_callbacks itself (out_dir=,"
             " adapter=, experiment=, variant=, seed=)."
         )
-    accepted = _accepted(cls)
+    accepted = sorted(set(_parameters(entry.load())) - _SHARED)
     unknown = sorted(str(name) for name in value if name not in accepted)
     if unknown:
         raise ValueError(
-            f"pilot_callbacks({key}={dict(value)!r}) is invalid: {cls.__name__} has no option"
+            f"pilot_callbacks({key}={dict(value)!r}) is invalid: {entry.name} has no option"
             f" {', '.join(repr(name) for name in unknown)}; valid: {', '.join(accepted)}."
         )
     return {str(name): option for name, option in value.items()}
@@ -89,7 +78,8 @@ def pilot_callbacks(
 
     Returns, in this order: :class:`~lightning_pilot.PhaseMemoryMonitor`,
     :class:`~lightning_pilot.BatchInspector`, :class:`~lightning_pilot.EffectiveBatchAccountant`,
-    :class:`~lightning_pilot.ResumeVerifier` and :class:`~lightning_pilot.DivergenceLedger`.
+    :class:`~lightning_pilot.ResumeVerifier`, :class:`~lightning_pilot.ValidationPredictionWriter`
+    (only when ``predictions=`` is given) and :class:`~lightning_pilot.DivergenceLedger`.
     They land in one Trainer as one run (one ``run_id``, one folder under ``out_dir``), and
     ``Trainer(fast_dev_run=N, callbacks=pilot_callbacks())`` still saves and reloads a
     checkpoint: the verifier saves at update ``at_step`` even where ``fast_dev_run`` disables
@@ -104,7 +94,7 @@ def pilot_callbacks(
 
     Options per callback go under one key each; a dict configures the callback, ``True`` adds it
     with its defaults, ``False`` leaves it out, and ``None`` (not given) means included with its
-    defaults:
+    defaults (``predictions``: left out unless given):
 
     ============================  ==========================================
     key                           callback
@@ -113,6 +103,7 @@ def pilot_callbacks(
     ``batch_inspector={...}``     :class:`~lightning_pilot.BatchInspector`
     ``effective_batch={...}``     :class:`~lightning_pilot.EffectiveBatchAccountant`
     ``resume={...}``              :class:`~lightning_pilot.ResumeVerifier`
+    ``predictions={...}``         :class:`~lightning_pilot.ValidationPredictionWriter`
     ``ledger={...}``              :class:`~lightning_pilot.DivergenceLedger`
     ============================  ==========================================
 
@@ -171,11 +162,10 @@ def pilot_callbacks(
     for key, kwargs in configured.items():
         if kwargs is None:
             continue
-        cls, adapter_name = _CALLBACKS[key]
-        kwargs = dict(kwargs, out_dir=out_dir)
-        if adapter is not None:
-            kwargs[adapter_name] = adapter
-        if cls is DivergenceLedger:
-            kwargs.update(experiment=experiment, variant=variant, seed=seed)
-        callbacks.append(cls(**kwargs))
+        cls = _CALLBACKS[key].load()
+        shared = {"experiment": experiment, "variant": variant, "seed": seed, "adapter": adapter}
+        for name in _parameters(cls):
+            if name in shared and (name != "adapter" or adapter is not None):
+                kwargs = dict(kwargs, **{name: shared[name]})
+        callbacks.append(cls(**kwargs, out_dir=out_dir))
     return callbacks

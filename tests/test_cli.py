@@ -612,16 +612,20 @@ def test_terminal_safe_escapes_and_caps() -> None:
     assert terminal_safe("\udcff") == "\\udcff"  # an undecodable byte from a file name
 
 
-def test_reading_a_pilot_folder_never_imports_torch(tmp_path: Path) -> None:
-    """`lightning-pilot show` and the readers stay light: no torch, no Lightning."""
+def test_reading_a_pilot_folder_never_imports_torch(pilot: dict[str, Any]) -> None:  # noqa: F811
+    """`show`, `compare` and the report (plots included) stay light: no torch, no Lightning."""
+    out = str(pilot["out"])
     code = (
         "import sys\n"
         "from lightning_pilot import cli, report, ledger, storage\n"
-        f"cli.main(['show', {str(tmp_path)!r}])\n"
-        "heavy = sorted(m for m in ('torch', 'lightning') if m in sys.modules)\n"
-        "print('heavy:', heavy)\n"
+        "import lightning_pilot.report.plots\n"
+        f"codes = [cli.main(['show', {out!r}]), cli.main(['compare', {out!r}, '--metric',"
+        " 'val_loss'])]\n"
+        "heavy = [m for m in ('torch', 'lightning', 'torchmetrics', 'matplotlib') if m in"
+        " sys.modules]\n"
+        "print('codes:', codes, 'heavy:', heavy)\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=120
     )
-    assert "heavy: []" in done.stdout, done.stdout + done.stderr
+    assert "codes: [1, 1] heavy: []" in done.stdout, done.stdout[-2000:] + done.stderr

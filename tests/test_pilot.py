@@ -24,6 +24,8 @@ from lightning_pilot.pilot import PILOT_OPTION_KEYS, pilot_callbacks
 
 
 def test_fast_dev_run_still_saves_and_loads_a_checkpoint(make_trainer: Any, tmp_path: Path) -> None:
+    # Also every callback of the set composing in one fast_dev_run fit (test_composition.py
+    # fits them with accumulation and validation).
     out = tmp_path / "out"
     callbacks = pilot_callbacks(out, experiment="fdr", variant="control", seed=3)
     trainer = make_trainer(callbacks=callbacks, fast_dev_run=4)
@@ -32,16 +34,25 @@ def test_fast_dev_run_still_saves_and_loads_a_checkpoint(make_trainer: Any, tmp_
         warnings.simplefilter("ignore")
         trainer.fit(TinyCausalLM(max_length=20, d_model=32, n_heads=2, n_layers=1), datamodule=data)
 
-    assert len({callback.run.run_id for callback in callbacks}) == 1
+    run_ids = {callback.run.run_id for callback in callbacks}
+    assert len(run_ids) == 1
     table = read_phase_table(out)
+    assert set(table["run_id"]) == run_ids
     phases = set(table["phase"])
     assert {"checkpoint_save", "checkpoint_load", "resume", "forward", "backward"} <= phases
+    assert {"data", "optimizer_step"} <= phases
     resume = table[table["phase"] == "resume"].iloc[0]
     assert resume["verdict"] == "pass", resume["reason"]
     assert "fail" not in set(table["verdict"]), table[table["verdict"] == "fail"]["reason"]
+    data_row = table[(table["phase"] == "data") & table["first"]].iloc[0]
+    assert set(data_row["source"].split(",")) == {"PhaseMemoryMonitor", "BatchInspector"}
     runs = Ledger(out).runs()
+    assert runs["run_id"].tolist() == sorted(run_ids)
     assert runs[["experiment", "variant", "seed"]].values.tolist() == [["fdr", "control", 3]]
-    assert runs["updates_done"].tolist() == [4]
+    assert runs["status"].tolist() == ["completed"]
+    assert runs["updates_done"].tolist() == [4] == [trainer.global_step]
+    # The accountant's counts reached the ledger through the shared run.
+    assert runs[["micro_batch_size", "effective_batch_size"]].values.tolist() == [[4, 4]]
 
 
 def test_default_set_order_and_shared_settings(tmp_path: Path) -> None:
@@ -90,6 +101,7 @@ def test_callbacks_can_be_left_out() -> None:
         "batch_inspector",
         "effective_batch",
         "resume",
+        "predictions",
         "ledger",
     }
 
@@ -108,7 +120,7 @@ def test_overfit_is_refused_it_needs_a_fit_of_its_own(value: object) -> None:
 
 def test_overfit_false_is_accepted() -> None:
     # Nothing to leave out: the pilot set never holds OverfitTinySubset.
-    assert len(pilot_callbacks(overfit=False)) == len(PILOT_OPTION_KEYS)
+    assert len(pilot_callbacks(overfit=False)) == len(PILOT_OPTION_KEYS) - 1  # predictions
 
 
 @pytest.mark.parametrize(

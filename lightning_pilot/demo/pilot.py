@@ -36,7 +36,7 @@ from typing import Any, TextIO
 import lightning.pytorch as pl
 import pandas as pd
 
-from lightning_pilot.callbacks.divergence_ledger import DivergenceLedger
+from lightning_pilot.callbacks.divergence_ledger import DivergenceLedger, Heartbeat
 from lightning_pilot.callbacks.overfit_tiny_subset import OverfitTinySubset
 from lightning_pilot.demo.lm import PAD_ID, VOCAB_SIZE, InstructionDataModule, TinyCausalLM, decode
 from lightning_pilot.ledger import Ledger
@@ -228,7 +228,7 @@ def _comparison_fit(out_dir: Path, variant: LrVariant, size: DemoSize) -> tuple[
         variant=variant.name,
         seed=0,
         params={"lr": variant.lr, "seed_lr": variant.seed_lr, "model": "TinyCausalLM-32x1"},
-        heartbeat_every=50,
+        heartbeat=Heartbeat(updates=50),
         out_dir=out_dir,
     )
     trainer = _trainer(
@@ -271,7 +271,7 @@ def write_plots(
         write: where the "plots skipped" line goes when matplotlib is missing.
     """
     try:
-        from lightning_pilot.demo import plots
+        from lightning_pilot.report import plots
 
         plots.require_matplotlib()
     except ModuleNotFoundError as error:

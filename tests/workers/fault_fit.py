@@ -56,6 +56,7 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback
 
+from lightning_pilot.callbacks.divergence_ledger import Heartbeat
 from lightning_pilot.demo import (
     ClassificationDataModule,
     InstructionDataModule,
@@ -183,7 +184,7 @@ def install_disk_full(fault: Fault) -> None:
 
 def ledger_options() -> dict[str, Any]:
     """A heartbeat after every update and rules after every update: deterministic, not timed."""
-    return {"heartbeat_every": 1, "heartbeat_seconds": 3600.0, "check_every": 1}
+    return {"heartbeat": Heartbeat(seconds=3600.0, updates=1), "check_every": 1}
 
 
 def model_and_data(task: str, seed: int) -> tuple[pl.LightningModule, pl.LightningDataModule]:

@@ -27,6 +27,7 @@ import torch
 from lightning.pytorch.demos.boring_classes import BoringModel, RandomDataset
 
 from lightning_pilot.callbacks import DivergenceLedger
+from lightning_pilot.callbacks.divergence_ledger import Heartbeat
 from lightning_pilot.core.divergence import DivergenceRules
 
 
@@ -73,7 +74,7 @@ def main() -> None:
         variant=args.variant,
         seed=0,
         params={"mode": args.mode},
-        heartbeat_every=2,
+        heartbeat=Heartbeat(updates=2),
         check_every=1,  # the tests assert the exact update each run stops at
         rules=DivergenceRules(blowup_patience=2),
         out_dir=args.out,

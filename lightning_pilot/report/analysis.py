@@ -1,0 +1,451 @@
+"""Pure analysis for the tables and the sheet: DataFrames in, DataFrames or small dataclasses
+out. Nothing here reads a file, formats a unit or prints; what was not measured stays null.
+
+Example:
+    >>> import pandas as pd
+    >>> phases = pd.DataFrame({"phase": ["forward", "forward"], "first": [True, False],
+    ...                        "duration_median_s": [0.5, 0.1]})
+    >>> steady_medians(phases).to_dict()
+    {'forward': 0.1}
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+import pandas as pd
+
+from lightning_pilot.core.compare import FAILED_STATUSES, Comparison
+from lightning_pilot.core.phases import PHASES
+from lightning_pilot.report.units import is_null
+from lightning_pilot.schemas import STATUSES
+
+#: Ledger statuses that fail the command line's exit code (the CI gate): the run did not train
+#: to its end (``diverged``, ``oom``, ``failed``).
+GATE_STATUSES: Final = FAILED_STATUSES
+#: Phases in campaign order (an unknown phase sorts last) and verdicts worst first.
+PHASE_ORDER: Final = {phase: index for index, phase in enumerate(PHASES)}
+VERDICT_RANK: Final = {"fail": 0, "warn": 1, "not_checked": 2, "pass": 3}
+_MEDIANS: Final = ("step_s", "truncated_fraction", "loss_positions")
+_MEASURED: Final = ("peak_allocated_bytes", "peak_phase", "peak_reserved_bytes", *_MEDIANS)
+_SUMMARY: Final = ("runs_measured", *_MEASURED, "same_experiment", "why")
+
+
+def _no_checks(value: Any) -> bool:
+    return is_null(value) or len(value) == 0
+
+
+def _max(series: pd.Series) -> Any:
+    values = series.dropna()
+    return None if values.empty else values.max()
+
+
+def _median(series: pd.Series) -> Any:
+    return series.dropna().median() if series.notna().any() else None
+
+
+def sampled_out(frame: pd.DataFrame) -> pd.Series:
+    """Phase rows of later occurrences that happened but were, by design, not measured.
+
+    PhaseMemoryMonitor measures the pilot window and one update in ``sample_every``; a later
+    validation is measured only when the update before it was. Such a row keeps its count, its
+    null measurements and ``verdict="not_checked"``; it is not a problem to act on, so the
+    tables list it apart, never under "Not passed".
+
+    Returns:
+        A boolean Series aligned with ``frame``: ``first`` is false, ``occurrences > 0``,
+        ``measured_occurrences == 0``, no check recorded and verdict ``not_checked``.
+    """
+    if frame.empty:
+        return pd.Series(False, index=frame.index, dtype=bool)
+    later = ~frame["first"].fillna(True).astype(bool)
+    happened = frame["occurrences"].fillna(0).astype("int64") > 0
+    unmeasured = frame["measured_occurrences"].fillna(-1).astype("int64") == 0
+    unchecked = (frame["verdict"] == "not_checked") & frame["checks"].map(_no_checks)
+    mask: pd.Series = (later & happened & unmeasured & unchecked).astype(bool)
+    return mask
+
+
+@dataclass(frozen=True)
+class Gate:
+    """What fails the command line's gate: ``failed_rows``, the phase rows with verdict
+    ``fail`` (``run_id``, ``phase``, ``first``, the names of the ``failed_checks``), and
+    ``failed_runs``, the ledger runs with a status in :data:`GATE_STATUSES` or one the ledger
+    does not define (``judged`` false: it cannot be judged, so it never passes).
+
+    Example:
+        >>> runs = pd.DataFrame({"run_id": ["r1", "r2"], "status": ["completed", "oom"]})
+        >>> verdict = gate(None, runs)
+        >>> verdict.failed, verdict.failed_runs["run_id"].tolist()
+        (True, ['r2'])
+    """
+
+    failed_rows: pd.DataFrame
+    failed_runs: pd.DataFrame
+
+    @property
+    def failed(self) -> bool:
+        """A phase row failed or a run did not end well."""
+        return not (self.failed_rows.empty and self.failed_runs.empty)
+
+
+def gate(phases: pd.DataFrame | None, runs: pd.DataFrame | None) -> Gate:
+    """The :class:`Gate` of these phase rows and ledger runs (``None``: not read)."""
+    rows = []
+    if phases is not None and not phases.empty:
+        for data in phases[phases["verdict"] == "fail"].to_dict("records"):
+            checks: Any = [] if _no_checks(data["checks"]) else data["checks"]
+            failed = [check["name"] for check in checks if check["verdict"] == "fail"]
+            rows.append((data["run_id"], data["phase"], data["first"], failed))
+    failed_runs = pd.DataFrame(columns=["run_id", "status", "judged"])
+    if runs is not None and not runs.empty:
+        status = runs["status"].astype(object)
+        judged = status.isin(GATE_STATUSES)
+        bad = judged | (status.notna() & ~status.isin(STATUSES))
+        failed_runs = runs[bad].assign(judged=judged[bad])
+    columns = ["run_id", "phase", "first", "failed_checks"]
+    return Gate(pd.DataFrame(rows, columns=columns), failed_runs)
+
+
+def steady_medians(phases: pd.DataFrame) -> pd.Series:
+    """Each phase's steady-state median duration, indexed by phase: the largest median of its
+    later occurrences (over runs, attempts and ranks), else of its first."""
+    first = phases["first"].fillna(False).astype(bool)
+    medians = phases["duration_median_s"]
+    later = medians.where(~first).groupby(phases["phase"], sort=False).max()
+    return later.fillna(medians.groupby(phases["phase"], sort=False).max())
+
+
+def _phase_verdict(rows: pd.DataFrame) -> str | None:
+    """The worst verdict of a phase's rows, leaving out the sampled-out ones when others exist."""
+    measured = rows[~sampled_out(rows)]
+    known = [str(v) for v in (measured if len(measured) else rows)["verdict"].dropna()]
+    return min(known, key=lambda v: VERDICT_RANK.get(v, 9)) if known else None
+
+
+def phase_summary(phases: pd.DataFrame) -> pd.DataFrame:
+    """One row per phase in campaign order, over every run, attempt and rank: the largest
+    ``peak_allocated_bytes`` and ``peak_reserved_bytes``, the first occurrence's time
+    ``first_s``, the steady ``median_s`` and the worst ``verdict`` (``None``: none recorded)."""
+    groups = phases.assign(
+        first_s=phases["duration_s"].where(phases["first"].fillna(True).astype(bool))
+    ).groupby("phase", sort=False)
+    summary = groups[["peak_allocated_bytes", "peak_reserved_bytes", "first_s"]].max()
+    summary["median_s"] = steady_medians(phases)
+    verdicts = [_phase_verdict(rows) for _, rows in groups]
+    summary["verdict"] = pd.Series(verdicts, index=summary.index, dtype=object)
+    summary = summary.reset_index()
+    order = sorted(range(len(summary)), key=lambda i: PHASE_ORDER.get(summary["phase"][i], 99))
+    return summary.iloc[order].reset_index(drop=True)
+
+
+@dataclass(frozen=True)
+class Peak:
+    """The largest memory peak of a phase table: its ``kind`` (``"reserved"`` or
+    ``"allocated"``), its ``bytes`` and the ``phase`` that set it.
+
+    Example:
+        >>> summary = pd.DataFrame({"phase": ["forward", "backward"],
+        ...     "peak_allocated_bytes": [10, 30], "peak_reserved_bytes": [None, None]})
+        >>> memory_peak(summary)
+        Peak(kind='allocated', bytes=30, phase='backward')
+    """
+
+    kind: str
+    bytes: int
+    phase: str
+
+
+def memory_peak(
+    summary: pd.DataFrame, kinds: tuple[str, ...] = ("reserved", "allocated")
+) -> Peak | None:
+    """The largest peak in :func:`phase_summary` of the first of ``kinds`` any phase measured
+    (reserved first: it is what a caching allocator holds); ``None`` when none did."""
+    for kind in kinds:
+        column = f"peak_{kind}_bytes"
+        measured = summary.dropna(subset=[column])
+        if len(measured):
+            top = measured.iloc[int(measured[column].astype("float64").to_numpy().argmax())]
+            return Peak(kind, int(top[column]), str(top["phase"]))
+    return None
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """Seconds per optimizer update: ``accumulate`` micro-batches of data, forward and
+    backward, then one optimizer step, from each phase's steady median (``parts``, ``None``
+    where a phase has no duration).
+
+    Example:
+        >>> frame = pd.DataFrame({"phase": ["data", "forward", "backward", "optimizer_step"],
+        ...                       "first": [False] * 4, "duration_median_s": [1.0, 2.0, 3.0, 4.0]})
+        >>> step_time(frame, 2).seconds
+        16.0
+    """
+
+    accumulate: int
+    parts: Mapping[str, float | None]
+
+    @property
+    def missing(self) -> list[str]:
+        """The phases without a duration."""
+        return [phase for phase, value in self.parts.items() if value is None]
+
+    @property
+    def seconds(self) -> float | None:
+        """One update's time; ``None`` when a phase has no duration."""
+        if self.missing:
+            return None
+        micro = sum(v for p, v in self.parts.items() if p != "optimizer_step" and v is not None)
+        return self.accumulate * micro + (self.parts["optimizer_step"] or 0.0)
+
+
+def _median_of(medians: pd.Series, phase: str) -> float | None:
+    value = medians.get(phase)
+    return None if value is None or is_null(value) else float(value)
+
+
+def step_time(phases: pd.DataFrame, accumulate: int) -> StepTime:
+    """The :class:`StepTime` of a phase table with ``accumulate`` micro-batches per update."""
+    medians = steady_medians(phases)
+    parts = ("data", "forward", "backward", "optimizer_step")
+    return StepTime(accumulate, {phase: _median_of(medians, phase) for phase in parts})
+
+
+def accumulation(record: Mapping[str, Any] | None, updates: pd.DataFrame | None) -> int:
+    """Micro-batches per update: the ledger record's, else the largest counted, else 1."""
+    if record is not None and not is_null(record.get("accumulate_grad_batches")):
+        return int(record["accumulate_grad_batches"])
+    if updates is not None and updates["accumulate_grad_batches"].notna().any():
+        return int(updates["accumulate_grad_batches"].dropna().max())
+    return 1
+
+
+@dataclass(frozen=True)
+class UpdateCount:
+    """The updates of ``updates.parquet`` (rank 0), an update run again by a later attempt
+    counted once: the values of K and of the replicas, the ``examples`` over all replicas
+    (``None`` when one is null), the updates ``replayed`` and the examples with them.
+
+    Example:
+        >>> updates = pd.DataFrame({"rank": [0, 0, 0], "attempt": [1, 1, 2], "update": [1, 2, 2],
+        ...     "accumulate_grad_batches": [2] * 3, "dp_replicas": [1] * 3,
+        ...     "examples_all_ranks": [8, 8, 8]})
+        >>> count_updates(updates)
+        UpdateCount(updates=2, ks=[2], replicas=[1], examples=16, replayed=1, with_replays=24)
+    """
+
+    updates: int
+    ks: list[int]
+    replicas: list[int]
+    examples: int | None
+    replayed: int
+    with_replays: int | None
+
+
+def count_updates(updates: pd.DataFrame) -> UpdateCount:
+    """The :class:`UpdateCount` of an updates table: a replayed update counts as the latest
+    attempt ran it, the trajectory the final model followed."""
+    rank0 = updates[updates["rank"] == updates["rank"].min()]
+    order = [c for c in ("attempt", "update") if c in rank0.columns]
+    latest = rank0.sort_values(order).drop_duplicates("update", keep="last")
+
+    def total(examples: pd.Series) -> int | None:
+        return None if examples.isna().any() else int(examples.sum())
+
+    return UpdateCount(
+        updates=len(latest),
+        ks=sorted({int(k) for k in updates["accumulate_grad_batches"].dropna()}),
+        replicas=sorted({int(r) for r in updates["dp_replicas"].dropna()}),
+        examples=total(latest["examples_all_ranks"]),
+        replayed=len(rank0) - len(latest),
+        with_replays=total(rank0["examples_all_ranks"]),
+    )
+
+
+def campaign_variants(runs: pd.DataFrame | None, experiment: Any) -> pd.DataFrame:
+    """The variants of ``experiment`` with planned updates in ledger runs (``None``: no
+    ledger), each once in ledger order: ``variant`` (a run without one: its id),
+    ``planned_updates`` and ``status``."""
+    found: dict[str, tuple[int, Any]] = {}
+    mine = [] if runs is None else runs[runs["experiment"] == experiment].to_dict("records")
+    for row in mine:
+        planned, variant, status = row.get("planned_updates"), row.get("variant"), row["status"]
+        name = str(row["run_id"] if is_null(variant) or variant == "" else variant)
+        if not is_null(planned) and name not in found:
+            found[name] = (int(planned), None if is_null(status) else status)
+    rows = [(name, planned, status) for name, (planned, status) in found.items()]
+    return pd.DataFrame(rows, columns=["variant", "planned_updates", "status"])
+
+
+@dataclass(frozen=True)
+class Campaign:
+    """Every variant priced at one run's speed, and the variants each package holds.
+
+    ``per_update_s`` is the step (``step_s``) with validation and checkpoints at the run's rate
+    (each ``(occurrences per update, seconds)``); ``variants`` holds, in priority order,
+    ``variant``, ``status``, ``planned_updates``, ``hours``, ``device_hours``, ``packaged`` and
+    ``cumulative_hours``; ``packages`` maps 3, 7 and 30 days to the variants that fit.
+
+    Example:
+        >>> phases = pd.DataFrame({"phase": ["optimizer_step"], "first": [False],
+        ...                        "occurrences": [10], "duration_median_s": [1.0]})
+        >>> variants = pd.DataFrame({"variant": ["a", "b"], "planned_updates": [3600, 36000],
+        ...                          "status": ["completed", "diverged"]})
+        >>> plan = campaign(phases, variants, 2.0, reserve=0.5)
+        >>> plan.variants["hours"].tolist(), plan.packages
+        ([2.0, 20.0], {3: ['a'], 7: ['a'], 30: ['a']})
+    """
+
+    step_s: float
+    per_update_s: float
+    validation: tuple[float, float]
+    checkpoint: tuple[float, float]
+    export_s: float
+    variants: pd.DataFrame
+    packages: dict[int, list[str]]
+
+
+def _rate(
+    phases: pd.DataFrame, medians: pd.Series, phase: str, updates: int
+) -> tuple[float, float]:
+    """How often ``phase`` happened per update in this run, and its median duration."""
+    median = _median_of(medians, phase)
+    occurrences = phases.loc[phases["phase"] == phase, "occurrences"]
+    if occurrences.empty or median is None or updates <= 0:
+        return 0.0, 0.0
+    return float(occurrences.fillna(0).sum()) / updates, median
+
+
+def campaign(
+    phases: pd.DataFrame, variants: pd.DataFrame, step_s: float, *, reserve: float, devices: int = 1
+) -> Campaign:
+    """Price the variants (:func:`campaign_variants`) at this run's speed on ``devices`` each,
+    and fill the 3, 7 and 30 day packages in priority order, ``reserve`` of each kept back.
+
+    A variant that diverged or failed in the pilot is priced but never packaged as is; nor is
+    one whose status the ledger does not define (it cannot be judged).
+    """
+    medians = steady_medians(phases)
+    updates = _max(phases.loc[phases["phase"] == "optimizer_step", "occurrences"])
+    done = int(updates) if updates is not None else 0
+    validation = _rate(phases, medians, "validation", done)
+    checkpoint = _rate(phases, medians, "checkpoint_save", done)
+    per_update = step_s + validation[0] * validation[1] + checkpoint[0] * checkpoint[1]
+    export = _median_of(medians, "export") or 0.0
+    packages: dict[int, list[str]] = {3: [], 7: [], 30: []}
+    rows, cumulative = [], 0.0
+    for name, planned, status in variants.itertuples(index=False):
+        hours = (int(planned) * per_update + export) / 3600.0
+        packaged = status not in GATE_STATUSES and (status in STATUSES or is_null(status))
+        if packaged:
+            cumulative += hours
+            for days, members in packages.items():
+                if cumulative <= days * 24.0 * (1.0 - reserve):
+                    members.append(name)
+        rows.append((name, status, int(planned), hours, hours * devices, packaged, cumulative))
+    columns = ["variant", "status", "planned_updates", "hours", "device_hours", "packaged",
+               "cumulative_hours"]  # fmt: skip
+    table = pd.DataFrame(rows, columns=columns)
+    return Campaign(step_s, per_update, validation, checkpoint, export, table, packages)
+
+
+def standing(comparison: Comparison) -> pd.DataFrame:
+    """Where the variants stand: the comparison's summary, best median first (none: last)."""
+    return comparison.summary.sort_values("median", kind="stable", na_position="last")
+
+
+def run_costs(
+    phases: pd.DataFrame, examples: pd.DataFrame | None, accumulate: int
+) -> dict[str, Any]:
+    """One run's costs (only what was measured): ``peak_allocated_bytes`` and its
+    ``peak_phase``, ``peak_reserved_bytes``, ``step_s``, and from BatchInspector's
+    ``examples`` the ``truncated_fraction`` of training sequences and the mean
+    ``loss_positions`` per example."""
+    costs: dict[str, Any] = {}
+    if phases.empty:
+        return costs
+    alloc = phases.dropna(subset=["peak_allocated_bytes"])
+    if len(alloc):
+        top = alloc.iloc[int(alloc["peak_allocated_bytes"].astype("float64").to_numpy().argmax())]
+        costs["peak_allocated_bytes"] = int(top["peak_allocated_bytes"])
+        costs["peak_phase"] = str(top["phase"])
+    reserved = _max(phases["peak_reserved_bytes"])
+    costs["peak_reserved_bytes"] = None if reserved is None else int(reserved)
+    costs["step_s"] = step_time(phases, accumulate).seconds
+    if examples is not None:
+        train = examples[examples["split"] == "train"] if "split" in examples else examples
+        if len(train) and train["truncated"].notna().any():
+            costs["truncated_fraction"] = float(train["truncated"].dropna().astype(bool).mean())
+        if len(train) and train["loss_tokens"].notna().any():
+            costs["loss_positions"] = float(train["loss_tokens"].dropna().mean())
+    return costs
+
+
+def _differences(row: Mapping[Any, Any], control: Mapping[Any, Any]) -> list[str]:
+    """How a variant's data shape differs from the control's (5 points, or 5 %)."""
+    reasons = []
+    mine, theirs = row["truncated_fraction"], control["truncated_fraction"]
+    if not (is_null(mine) or is_null(theirs)) and abs(mine - theirs) > 0.05:
+        reasons.append(f"truncated {mine:.0%} vs {theirs:.0%} in the control")
+    mine, theirs = row["loss_positions"], control["loss_positions"]
+    if not (is_null(mine) or is_null(theirs)) and abs(mine - theirs) > 0.05 * max(
+        abs(theirs), 1e-9
+    ):
+        reasons.append(f"loss positions {mine:.3g} vs {theirs:.3g} per example in the control")
+    return reasons
+
+
+def summarize_costs(
+    per_run: pd.DataFrame, *, by: str = "variant", control: str | None = None
+) -> pd.DataFrame:
+    """Per variant, over its runs' :func:`run_costs` (one row per run, with a ``by`` column):
+    ``runs_measured``, the largest ``peak_allocated_bytes`` and ``peak_reserved_bytes``, the
+    most frequent ``peak_phase``, the median ``step_s``, ``truncated_fraction`` and
+    ``loss_positions``, and ``same_experiment`` with ``why``.
+
+    A variant whose truncation or loss positions differ from the control's (by more than 5
+    points or 5 %) is not the same experiment (``False``): a memory saving bought by cutting
+    the task does not answer the same question. ``None``: unknown.
+    """
+    columns = [by, *_SUMMARY]
+    if per_run.empty:
+        return pd.DataFrame(columns=columns)
+    frame = per_run.assign(**{c: None for c in _MEASURED if c not in per_run})
+    grouped = []
+    for name, group in frame.groupby(by, sort=False):
+        phase = group["peak_phase"].dropna()
+        grouped.append(
+            {
+                by: name,
+                "runs_measured": len(group),
+                "peak_allocated_bytes": _max(group["peak_allocated_bytes"]),
+                "peak_phase": phase.mode().iloc[0] if len(phase) else None,
+                "peak_reserved_bytes": _max(group["peak_reserved_bytes"]),
+                **{
+                    c: _median(group[c]) for c in ("step_s", "truncated_fraction", "loss_positions")
+                },
+            }
+        )
+    result = pd.DataFrame(grouped)
+    reference = (
+        result[result[by] == control].iloc[0].to_dict() if control in set(result[by]) else None
+    )
+    same: list[bool | None] = []
+    why: list[str] = []
+    for row in result.to_dict("records"):
+        known = not (is_null(row["truncated_fraction"]) and is_null(row["loss_positions"]))
+        reasons = [] if reference is None else _differences(row, reference)
+        if reference is None:
+            same.append(None)
+            why.append("no control to compare with")
+        elif row[by] == control:
+            same.append(True)
+            why.append("the control")
+        else:  # plain bools, never numpy ones
+            same.append(not reasons if known else None)
+            why.append("; ".join(reasons) or ("same data shape" if known else
+                       "not measured (no BatchInspector examples)"))  # fmt: skip
+    return result.assign(same_experiment=pd.Series(same, dtype=object), why=why)[columns]

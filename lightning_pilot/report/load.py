@@ -1,0 +1,294 @@
+"""What run folders and ledgers hold, read through :mod:`lightning_pilot.storage` and
+:class:`lightning_pilot.Ledger` (the report reads no file itself), for the command line and the
+choice sheet; :class:`Reads` collects what the readers skipped as unreadable.
+
+Example:
+    >>> import tempfile
+    >>> load_run(tempfile.mkdtemp())
+    Traceback (most recent call last):
+    ...
+    ValueError: run_dir=... is not a run folder: expected <out_dir>/runs/<run_id> holding ...
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import warnings
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from lightning_pilot import storage
+from lightning_pilot.core.compare import Comparison
+from lightning_pilot.core.ids import validate_run_id
+from lightning_pilot.ledger import Ledger
+from lightning_pilot.report.analysis import run_costs, summarize_costs
+from lightning_pilot.report.units import is_null, terminal_safe
+
+
+class Reads:
+    """What one command could not read: the readers' warnings, and misplaced entries.
+
+    A reader skips a file it cannot read with a ``RuntimeWarning`` starting ``lightning-pilot:
+    skipped`` and reads the rest; an entry that is not a plain file (a folder named like a
+    record, a phase table replaced by a file) it may pass over in silence, so the scans look
+    for those. A damaged ledger index is not counted: it costs speed only.
+
+    Example:
+        >>> reads = Reads()
+        >>> with reads.capture():
+        ...     warnings.warn("lightning-pilot: skipped unreadable file x: bad", RuntimeWarning)
+        >>> reads.skipped(), reads.notes()
+        (['unreadable file x: bad'], [])
+    """
+
+    def __init__(self) -> None:
+        self._caught: list[list[warnings.WarningMessage]] = []
+        self._strays: dict[str, str] = {}  # path -> why
+
+    @contextlib.contextmanager
+    def capture(self) -> Iterator[None]:
+        """Record the warnings raised inside."""
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            self._caught.append(caught)
+            yield
+
+    def _messages(self) -> dict[str, bool]:
+        """Each distinct warning's message, and whether it skipped a file, in order."""
+        seen: dict[str, bool] = {}
+        for warning in (warning for caught in self._caught for warning in caught):
+            if issubclass(warning.category, (RuntimeWarning, UserWarning)):
+                message = str(warning.message).removeprefix("lightning-pilot: ")
+                seen.setdefault(
+                    message,
+                    issubclass(warning.category, RuntimeWarning)
+                    and message.startswith("skipped ")
+                    and "ledger index" not in message.split(":", 1)[0],
+                )
+        return seen
+
+    def skipped(self) -> list[str]:
+        """One description per file in scope that could not be read, each file once."""
+        lost = [m.removeprefix("skipped ") for m, skipped in self._messages().items() if skipped]
+        # A stray a reader also reported is named once, as the reader said it.
+        strays = [
+            f"{path}: {why}"
+            for path, why in self._strays.items()
+            if not any(path in message for message in lost)
+        ]
+        return strays + lost
+
+    def notes(self) -> list[str]:
+        """The other warnings (a hint where the ledger is, say)."""
+        return [message for message, skipped in self._messages().items() if not skipped]
+
+    def scan_folder(self, folder: Path) -> None:
+        """Entries of a table folder named like Parquet files that are not files."""
+        for entry in sorted(folder.iterdir()) if folder.is_dir() else []:
+            visible = not entry.name.startswith((".", "_")) and entry.suffix == ".parquet"
+            if visible and not entry.is_file():
+                self._strays.setdefault(str(entry), "not a file (a Parquet file is expected here)")
+
+    def scan_run(self, run: Path) -> None:
+        """A run folder's phase table: a folder of Parquet files, never a plain file."""
+        table = run / "phases.parquet"
+        if table.is_dir():
+            self.scan_folder(table)
+        elif table.exists() or table.is_symlink():
+            why = "not a folder (a phase table is a folder of Parquet files)"
+            self._strays.setdefault(str(table), why)
+
+
+def run_folders(path: Path) -> list[Path]:
+    """The run folders under ``path/runs`` (hidden ones left out)."""
+    runs = path / "runs"
+    if not runs.is_dir():
+        return []
+    return sorted(p for p in runs.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
+def compared_runs(out_dir: Path, run_ids: Iterable[Any]) -> list[Path]:
+    """The run folders under ``out_dir/runs`` of these ledger runs (ids that are run ids)."""
+    found = []
+    for run_id in dict.fromkeys(str(r) for r in run_ids):
+        with contextlib.suppress(TypeError, ValueError):
+            validate_run_id(run_id, "run_id")  # a forged id never becomes a path
+            if (out_dir / "runs" / run_id).is_dir():
+                found.append(out_dir / "runs" / run_id)
+    return found
+
+
+def phases_of(run_dirs: Sequence[Path]) -> pd.DataFrame | None:
+    """The phase rows of these run folders (``None`` when there are none)."""
+    frames = []
+    for run in run_dirs:
+        if (run / "phases.parquet").is_dir():
+            with contextlib.suppress(ValueError):
+                frames.append(storage.read_phase_table(run))
+    frames = [frame for frame in frames if len(frame)]
+    return pd.concat(frames, ignore_index=True) if frames else None
+
+
+def _ledger_of(path: Path, run_only: bool) -> Path | None:
+    if (path / "ledger").is_dir():
+        return path / "ledger"
+    if run_only and (path.parent.parent / "ledger").is_dir():
+        return path.parent.parent / "ledger"
+    if not run_only and not (path / "runs").is_dir() and any(path.glob("*.parquet")):
+        return path  # the ledger folder itself
+    return None
+
+
+def load_scope(
+    path: Path, reads: Reads
+) -> tuple[pd.DataFrame | None, pd.DataFrame | None, Path | None]:
+    """What ``show PATH`` reads from an output folder (every run and the ledger), a run folder
+    (that run only) or a ledger folder: the phase rows (``None``: none readable), the ledger
+    runs (``None``: no ledger) and the ledger folder.
+
+    Raises:
+        ValueError: ``path`` holds neither a phase table nor a ledger, or none of it is read.
+    """
+    run_only = (path / "phases.parquet").exists()  # a plain file there: a damaged run
+    ledger_dir = _ledger_of(path, run_only)
+    run_dirs = [path] if run_only else run_folders(path)
+    tables = [run / "phases.parquet" for run in run_dirs if (run / "phases.parquet").exists()]
+    if not tables and ledger_dir is None:
+        raise ValueError(
+            f"{path} holds neither a phase table (<out_dir>/runs/<run_id>/phases.parquet)"
+            " nor a ledger (<out_dir>/ledger)."
+        )
+    for run in run_dirs:
+        reads.scan_run(run)
+    if ledger_dir is not None:
+        reads.scan_folder(ledger_dir)
+    phases = None
+    if any(table.is_dir() for table in tables):
+        with contextlib.suppress(ValueError):
+            phases = storage.read_phase_table(path)
+        if phases is not None and phases.empty:
+            phases = None  # every file was skipped: never shown as a table
+    runs = None if ledger_dir is None else Ledger(ledger_dir).runs()
+    if runs is not None and run_only:
+        runs = runs[runs["run_id"] == path.name]
+    if phases is None and (runs is None or runs.empty):
+        missing = ["the phase table has no readable rows"] if tables else []
+        if ledger_dir is not None:
+            mine = " of this run" if run_only else ""
+            where = "" if ledger_dir == path else f" {ledger_dir}"
+            missing.append(f"the ledger{where} has no readable record{mine}")
+        raise ValueError(f"{path}: nothing to check: {'; '.join(missing)}.")
+    return phases, runs, ledger_dir
+
+
+@dataclass(frozen=True)
+class RunFolder:
+    """What a run folder and the ledger beside it hold: the ``phases`` (never empty), its
+    ``updates`` and ``model`` tables (``None``: absent or empty), its folded ledger ``record``
+    and the ``last`` point of each curve (``{name: (step, value)}``), every ledger run
+    (``runs``, ``None``: no ledger), the ``experiment`` priced and compared, and its
+    ``comparison`` (or why there is none).
+
+    Example:
+        >>> RunFolder.__dataclass_fields__.keys()  # doctest: +NORMALIZE_WHITESPACE
+        dict_keys(['path', 'phases', 'updates', 'model', 'record', 'last', 'runs',
+                   'experiment', 'comparison'])
+    """
+
+    path: Path
+    phases: pd.DataFrame
+    updates: pd.DataFrame | None
+    model: pd.DataFrame | None
+    record: dict[str, Any] | None
+    last: dict[str, tuple[Any, Any]]
+    runs: pd.DataFrame | None
+    experiment: Any
+    comparison: Comparison | str
+
+
+def _detail(run: Path, name: str) -> pd.DataFrame | None:
+    """A run's ``<name>.parquet`` snapshot table; ``None`` when absent or empty."""
+    if not (run / f"{name}.parquet").is_dir():
+        return None
+    frame: pd.DataFrame = storage.read_snapshot_table(run / f"{name}.parquet").to_pandas()
+    return frame if len(frame) else None
+
+
+def load_run(
+    run_dir: str | os.PathLike[str], *, metric: str = "val_loss", experiment: str | None = None
+) -> RunFolder:
+    """Read a run folder and ``<out_dir>/ledger`` into a :class:`RunFolder`, comparing the
+    variants of ``experiment`` (default: the run's) on ``metric``.
+
+    Raises:
+        FileNotFoundError: ``run_dir`` does not exist.
+        ValueError: ``run_dir`` is not a run folder, or its phase table has no readable rows.
+    """
+    run = Path(run_dir)
+    if not run.exists():
+        raise FileNotFoundError(f"run_dir={str(run)!r} does not exist.")
+    if not (run / "phases.parquet").is_dir():
+        runs = run / "runs"
+        found = sorted(p.name for p in runs.iterdir() if p.is_dir()) if runs.is_dir() else []
+        hint = f"; runs here: {', '.join(found)}" if found else ""
+        raise ValueError(
+            f"run_dir={str(run)!r} is not a run folder: expected <out_dir>/runs/<run_id> holding"
+            f" phases.parquet{hint}."
+        )
+    phases = storage.read_phase_table(run)
+    if phases.empty:
+        raise ValueError(f"{run / 'phases.parquet'} holds no readable phase rows.")
+    folder = run.parent.parent / "ledger"
+    ledger = Ledger(folder) if folder.is_dir() else None
+    ledger_runs = None if ledger is None else ledger.runs()
+    record: dict[str, Any] | None = None
+    last: dict[str, tuple[Any, Any]] = {}
+    if ledger is not None and ledger_runs is not None and run.name in set(ledger_runs["run_id"]):
+        mine = ledger_runs[ledger_runs["run_id"] == run.name].iloc[-1]
+        record = {str(key): value for key, value in mine.to_dict().items()}
+        curves = ledger.curves()
+        for name, points in curves[curves["run_id"] == run.name].groupby("name", sort=True):
+            point = points.sort_values("step", kind="stable").iloc[-1]
+            last[str(name)] = (point["step"], point["value"])
+    updates, model = _detail(run, "updates"), _detail(run, "model")
+    wanted = experiment if experiment is not None else (record or {}).get("experiment")
+    comparison: Comparison | str = "no ledger for this run's experiment."
+    if ledger is not None and wanted is not None:
+        try:
+            comparison = ledger.compare(metric, experiment=str(wanted))
+        except ValueError as err:
+            comparison = terminal_safe(err)
+    return RunFolder(run, phases, updates, model, record, last, ledger_runs, wanted, comparison)
+
+
+def variant_costs(
+    out_dir: str | os.PathLike[str],
+    runs: pd.DataFrame,
+    *,
+    by: str = "variant",
+    control: str | None = None,
+) -> pd.DataFrame:
+    """Each variant's memory, step time and data shape next to its quality, from the phase
+    tables and BatchInspector's examples of ``runs`` (``Ledger.runs()``) under
+    ``<out_dir>/runs``, one row per variant
+    (:func:`~lightning_pilot.report.analysis.summarize_costs`).
+    """
+    rows = []
+    for run in runs.to_dict("records"):
+        folder = Path(out_dir) / "runs" / str(run["run_id"])
+        try:
+            validate_run_id(str(run["run_id"]), "run_id")  # a forged id never becomes a path
+            phases = storage.read_phase_table(folder)
+        except (TypeError, FileNotFoundError, ValueError):
+            continue
+        k = run.get("accumulate_grad_batches")
+        if len(phases):
+            k = 1 if k is None or is_null(k) else int(k)
+            costs = run_costs(phases, _detail(folder, "examples"), k)
+            rows.append({by: run[by]} | costs)
+    return summarize_costs(pd.DataFrame(rows), by=by, control=control)

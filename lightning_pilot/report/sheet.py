@@ -1,0 +1,471 @@
+"""The choice sheet of one run in Markdown (``runs/<run_id>/sheet.md``): verdicts (blocking
+failures first), model, memory per GPU and headroom on a target GPU, sizes and precision, batch
+and parallelism, step time, the expected result, where the variants stand, and the 3/7/30-day
+campaign package. One function per section, over a
+:class:`~lightning_pilot.report.load.RunFolder`; a value no file holds is written as "not
+measured (null)", never 0."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Final
+
+import pandas as pd
+
+from lightning_pilot import storage
+from lightning_pilot._version import __version__
+from lightning_pilot.core.accounting import effective_batch_text
+from lightning_pilot.report import analysis
+from lightning_pilot.report.analysis import Peak, StepTime, memory_peak, sampled_out
+from lightning_pilot.report.load import RunFolder, load_run
+from lightning_pilot.report.tables import sampled_line, status_counts
+from lightning_pilot.report.units import (
+    CELL_LIMIT,
+    NOT_MEASURED,
+    as_number,
+    as_text,
+    format_bytes,
+    format_duration,
+    is_null,
+    joined,
+    occurrence,
+    shown,
+    terminal_safe,
+)
+
+#: The choice sheet's file name in the run folder (``sheet-2.md``, ... when it exists).
+SHEET_NAME: Final = "sheet.md"
+_MEMORY_HEADERS: Final = "phase|peak allocated|peak reserved|first time|median time|verdict"
+_CAMPAIGN_HEADERS: Final = (
+    "variant (priority order)|pilot status|planned updates|hours|device-hours|cumulative hours"
+)
+_BATCH_FIELDS: Final = (
+    ("Micro-batch size", "micro_batch_size"),
+    ("Accumulation (K)", "accumulate_grad_batches"),
+    ("Data-parallel replicas", "dp_replicas"),
+    ("Effective batch size", "effective_batch_size"),
+    ("Planned updates", "planned_updates"),
+    ("Updates done", "updates_done"),
+    ("Examples seen", "examples_seen"),
+    ("Tokens seen", "tokens_seen"),
+    ("Sharding strategy", "strategy"),
+    ("Devices", "devices"),
+)
+_RESULT_FIELDS: Final = (
+    ("Experiment", "experiment"),
+    ("Variant", "variant"),
+    ("Seed", "seed"),
+    ("Learning rate", "lr"),
+    ("Status", "status"),
+    ("Stop cause", "stop_cause"),
+    ("Stop step", "stop_step"),
+    ("Stop detail", "stop_detail"),
+)
+
+
+def _markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    def cells(values: Sequence[str]) -> str:
+        safe = (terminal_safe(v, limit=CELL_LIMIT).replace("|", "\\|") for v in values)
+        return "| " + " | ".join(safe) + " |"
+
+    return "\n".join([cells(headers), "|" + "---|" * len(headers), *(cells(r) for r in rows)])
+
+
+def _value(record: dict[str, Any] | None, key: str) -> str:
+    if record is None:
+        return "not measured (no ledger record for this run)"
+    value = record.get(key)
+    return "not measured (null)" if is_null(value) else as_text(value)
+
+
+def _section(title: str, lines: Sequence[str]) -> list[str]:
+    return ["", title, "", *lines]
+
+
+def _verdicts(phases: pd.DataFrame, summary: pd.DataFrame) -> list[str]:
+    """Blocking failures first, then warnings and unchecked rows, then every phase's verdict."""
+    skipped = sampled_out(phases)
+    not_passed = phases[(phases["verdict"] != "pass") & ~skipped]
+    rank = not_passed["verdict"].map(analysis.VERDICT_RANK).fillna(9)
+    failures = int((phases["verdict"] == "fail").sum())
+    lines = [
+        f"**{failures} blocking failure(s)**: fix these before renting GPUs."
+        if failures
+        else "No blocking failure.",
+        "",
+    ]
+    for row in not_passed.assign(_rank=rank).sort_values("_rank", kind="stable").itertuples():
+        lines.append(
+            f"- **{as_text(row.verdict)}** {as_text(row.phase)} ({occurrence(row.first)}, attempt"
+            f" {as_text(row.attempt)}, rank {as_text(row.rank)}): {as_text(row.reason)}"
+        )
+    if skipped.any():
+        lines.append(f"- {sampled_line(phases[skipped])}.")
+    verdicts = ", ".join(f"{as_text(r.phase)}: {as_text(r.verdict)}" for r in summary.itertuples())
+    worst = "Per phase (worst over measured occurrences, attempts and ranks): "
+    return [*lines, "", worst + verdicts]
+
+
+def _model(model: pd.DataFrame | None) -> list[str]:
+    if model is None:
+        return ["- Not measured: no model.parquet (PhaseMemoryMonitor writes it)."]
+    first = model.iloc[0]
+    return [
+        f"- Module: `{as_text(first['model_class'])}`",
+        f"- Parameters: {as_number(first['parameters'])}"
+        f" ({as_number(first['trainable_parameters'])} trainable),"
+        f" {format_bytes(first['param_bytes'])} of weights",
+        f"- Optimizer: {as_text(first['optimizers'])}",
+    ]
+
+
+def _bytes(count: int) -> str:
+    return f"{format_bytes(count)} ({count:,} bytes)"
+
+
+def _memory(phases: pd.DataFrame, summary: pd.DataFrame) -> list[str]:
+    rows = [
+        [
+            str(r.phase),
+            format_bytes(r.peak_allocated_bytes),
+            format_bytes(r.peak_reserved_bytes),
+            format_duration(r.first_s),
+            format_duration(r.median_s),
+            NOT_MEASURED if is_null(r.verdict) else str(r.verdict),
+        ]
+        for r in summary.itertuples()
+    ]
+    lines = [
+        f"Counter: {joined(phases['counter'])}.",
+        "",
+        _markdown_table(_MEMORY_HEADERS.split("|"), rows),
+        "",
+    ]
+    allocated = memory_peak(summary, ("allocated",))
+    if allocated is None:
+        lines.append("- Peak allocated: not measured (null) in any phase.")
+    else:
+        lines.append(
+            f"- Largest phase: **{as_text(allocated.phase)}**, peak allocated"
+            f" {_bytes(allocated.bytes)}."
+        )
+    reserved = memory_peak(summary, ("reserved",))
+    if reserved is None:
+        return [*lines, "- Peak reserved: not measured (null) in any phase."]
+    return [
+        *lines,
+        f"- Largest peak reserved: **{as_text(reserved.phase)}**, {_bytes(reserved.bytes)}.",
+    ]
+
+
+def _headroom(phases: pd.DataFrame, peak: Peak | None, gpu_memory_bytes: int | None) -> list[str]:
+    capacity = phases["device_capacity_bytes"].max()
+    if is_null(capacity):
+        lines = ["- Measured device capacity: not measured (null)."]
+    else:
+        lines = [
+            f"- Measured device capacity: {format_bytes(capacity)} ({int(capacity):,} bytes,"
+            f" device {joined(phases['device'])})."
+        ]
+    if gpu_memory_bytes is None:
+        return [
+            *lines,
+            "- Target GPU: not given (pass `--gpu-memory 80GiB` or `gpu_memory_bytes=`);"
+            " headroom not computed.",
+        ]
+    target = _bytes(gpu_memory_bytes)
+    if peak is None:
+        return [
+            *lines,
+            f"- Headroom on a {target} GPU: not computed: no phase measured device memory"
+            " (allocated and reserved are null).",
+        ]
+    left = gpu_memory_bytes - peak.bytes
+    basis = f"peak {peak.kind} {_bytes(peak.bytes)} in {as_text(peak.phase)}"
+    if peak.kind == "allocated":
+        basis += (
+            "; peak reserved was not measured (null), so this compares peak allocated, which"
+            " understates what a caching allocator holds"
+        )
+    verdict = "fits" if left >= 0 else "does NOT fit"
+    return [
+        *lines,
+        f"- Headroom on a {target} GPU: {format_bytes(left)} ({left:,} bytes,"
+        f" {100.0 * left / gpu_memory_bytes:.1f}% of the target): {verdict}; {basis}.",
+    ]
+
+
+def _sizes(phases: pd.DataFrame) -> list[str]:
+    precisions = sorted({as_text(p) for p in phases["precision"].dropna()})
+    batch, seq = phases["batch_size"].max(), phases["seq_len"].max()
+    return [
+        f"- Largest batch size seen: {'not measured' if is_null(batch) else as_number(batch)}",
+        f"- Longest sequence length seen: {'not measured' if is_null(seq) else as_number(seq)}",
+        f"- Precision: {', '.join(precisions) if precisions else 'not measured (null)'}",
+    ]
+
+
+def _counted(updates: pd.DataFrame | None) -> str:
+    if updates is None:
+        return "- updates.parquet: not present (no EffectiveBatchAccountant in the run)"
+    count = analysis.count_updates(updates)
+    examples = "not measured (null)" if count.examples is None else f"{count.examples:,}"
+    again = ""
+    if count.replayed:
+        total = count.with_replays
+        extra = "" if total is None else f", {total:,} with them"
+        again = (
+            f" ({count.replayed:,} update(s) run again by a later attempt resumed from an earlier"
+            f" checkpoint counted once{extra})"
+        )
+    return (
+        f"- Counted in updates.parquet: {count.updates:,} update(s), K"
+        f" {', '.join(map(str, count.ks)) or 'n/m'}, replicas"
+        f" {', '.join(map(str, count.replicas))}, {examples} examples over all replicas{again}"
+    )
+
+
+def _batch(run: RunFolder) -> list[str]:
+    record, lines = run.record, []
+    if record is not None:
+        sizes = [
+            None if is_null(record.get(key)) else int(record[key])
+            for key in ("micro_batch_size", "accumulate_grad_batches", "dp_replicas")
+        ]
+        lines.append(
+            f"- Effective batch: {effective_batch_text(*sizes)} (micro-batch x accumulation x"
+            " data-parallel replicas, from the ledger)"
+        )
+    lines += [f"- {label}: {_value(record, key)}" for label, key in _BATCH_FIELDS]
+    world = sorted({int(w) for w in run.phases["world_size"].dropna()})
+    lines.append(f"- Processes (world size, phase table): {', '.join(map(str, world)) or 'n/m'}")
+    return [*lines, _counted(run.updates)]
+
+
+def _step(step: StepTime) -> list[str]:
+    parts = {phase: format_duration(value) for phase, value in step.parts.items()}
+    if step.seconds is None:
+        return [f"- One update: not measured: no duration for {', '.join(step.missing)}"]
+    return [
+        f"- One update: {format_duration(step.seconds)} ({step.accumulate} x (data"
+        f" {parts['data']} + forward {parts['forward']} + backward {parts['backward']}) +"
+        f" optimizer step {parts['optimizer_step']}, steady-state medians)"
+    ]
+
+
+def _expected(run: RunFolder) -> list[str]:
+    if run.record is None:
+        return ["Not measured: no ledger record for this run (no DivergenceLedger in the run)."]
+    lines = [
+        f"- {label}: {_value(run.record, key)}"
+        if key != "stop_detail" or not is_null(run.record.get(key))
+        else f"- {label}: none recorded"
+        for label, key in _RESULT_FIELDS
+    ]
+    lines += [
+        f"- Last {as_text(name)}: {as_number(value)} at update {as_text(step)}"
+        for name, (step, value) in run.last.items()
+    ]
+    return (
+        lines if run.last else [*lines, "- Metrics: not measured (no curve points in the ledger)"]
+    )
+
+
+def _standing(run: RunFolder, control: str | None) -> list[str]:
+    """Where each variant of the experiment stands on the agreed metric, the control marked."""
+    comparison = run.comparison
+    if isinstance(comparison, str):
+        return [f"- Not measured: {comparison}"]
+    better = "lower" if comparison.mode == "min" else "higher"
+    lines = [
+        f"- Agreed metric: {as_text(comparison.metric)} ({better} is better), experiment"
+        f" {as_text(run.experiment)}; the median over each variant's runs:"
+    ]
+    for row in analysis.standing(comparison).to_dict("records"):
+        mark = " [the control]" if control is not None and row["variant"] == control else ""
+        counts = status_counts(row)
+        lines.append(f"  - {as_text(row['variant'])}{mark}: {as_number(row['median'])} ({counts})")
+    if control is not None and control not in set(comparison.summary["variant"]):
+        lines.append(f"- Control {shown(control)}: not in the ledger of this experiment.")
+    return lines
+
+
+def _campaign(run: RunFolder, step: StepTime, reserve: float) -> list[str]:
+    """The campaign package: device-hours per variant, and what fits in 3, 7 and 30 days."""
+    if step.seconds is None:
+        return ["- Not computed: the step time was not measured."]
+    record = run.record
+    devices = 1
+    if record is not None and not is_null(record.get("devices")):
+        devices = max(1, int(record["devices"]))
+    variants = analysis.campaign_variants(run.runs, run.experiment)
+    plan = analysis.campaign(run.phases, variants, step.seconds, reserve=reserve, devices=devices)
+    (val_rate, val_time), (ckpt_rate, ckpt_time) = plan.validation, plan.checkpoint
+    lines = [
+        f"- Time per update, validation and checkpoints included at this run's rate:"
+        f" {format_duration(plan.per_update_s)} ({format_duration(step.seconds)} step, validation"
+        f" {val_rate:.3g}/update x {format_duration(val_time)}, checkpoint {ckpt_rate:.3g}/update x"
+        f" {format_duration(ckpt_time)}); export once: {format_duration(plan.export_s)}.",
+        f"- Devices per run: {devices}. Reserve kept for evaluation and export: {reserve:.0%}.",
+        "- Assumes every variant runs this model and batch at this run's speed: a variant that"
+        " changes them needs its own pilot.",
+        "",
+    ]
+    if variants.empty:
+        return [
+            *lines,
+            "- No variant with planned updates in the ledger: planned updates are recorded by"
+            " EffectiveBatchAccountant (or the Trainer's max_steps) through DivergenceLedger.",
+        ]
+    rows = [
+        [
+            as_text(r.variant),
+            as_text(r.status),
+            f"{r.planned_updates:,}",
+            f"{r.hours:.3g}",
+            f"{r.device_hours:.3g}",
+            f"{r.cumulative_hours:.3g}" if r.packaged else "not packaged",
+        ]
+        for r in plan.variants.itertuples()
+    ]
+    lines += [_markdown_table(_CAMPAIGN_HEADERS.split("|"), rows), ""]
+    for days, members in plan.packages.items():
+        fits = ", ".join(as_text(m) for m in members) if members else "none"
+        lines.append(
+            f"- {days}-day package ({days * 24 * (1 - reserve):.0f} h after the reserve): {fits}"
+        )
+    return lines
+
+
+def render_choice_sheet(
+    run: RunFolder,
+    *,
+    gpu_memory_bytes: int | None = None,
+    reserve: float = 0.25,
+    control: str | None = None,
+) -> str:
+    """The choice sheet of a loaded run (:func:`~lightning_pilot.report.load.load_run`), as
+    :func:`choice_sheet`."""
+    check_options(gpu_memory_bytes, reserve)
+    summary = analysis.phase_summary(run.phases)
+    step = analysis.step_time(run.phases, analysis.accumulation(run.record, run.updates))
+    now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    lines = [
+        f"# Choice sheet: run {as_text(run.path.name)}",
+        "",
+        f"Written {now} by lightning-pilot {__version__} from `{terminal_safe(run.path)}`."
+        " `n/m` and 'not measured (null)' mean no measurement, never zero.",
+        *_section("## Verdicts", _verdicts(run.phases, summary)),
+        *_section("## Model", _model(run.model)),
+        *_section("## Memory per GPU", _memory(run.phases, summary)),
+        *_section("## Headroom", _headroom(run.phases, memory_peak(summary), gpu_memory_bytes)),
+        *_section("## Sizes and precision", _sizes(run.phases)),
+        *_section("## Batch and parallelism", _batch(run)),
+        *_section("## Step time", _step(step)),
+        *_section("## Expected result", _expected(run)),
+        *_section("### Where the variants stand", _standing(run, control)),
+        *_section("## Campaign package", _campaign(run, step, reserve)),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def check_options(gpu_memory_bytes: Any, reserve: Any) -> None:
+    """Raise :class:`ValueError` for a target GPU that is not a positive int of bytes, or a
+    reserve that is not a fraction in [0, 1)."""
+    if gpu_memory_bytes is not None and (
+        not isinstance(gpu_memory_bytes, int)
+        or isinstance(gpu_memory_bytes, bool)
+        or gpu_memory_bytes <= 0
+    ):
+        raise ValueError(
+            f"gpu_memory_bytes={gpu_memory_bytes!r} is invalid: expected an int > 0 (bytes) or"
+            " None."
+        )
+    if not isinstance(reserve, int | float) or isinstance(reserve, bool) or not 0 <= reserve < 1:
+        raise ValueError(f"reserve={reserve!r} is invalid: expected a fraction in [0, 1).")
+
+
+def choice_sheet(
+    run_dir: str | os.PathLike[str],
+    *,
+    gpu_memory_bytes: int | None = None,
+    reserve: float = 0.25,
+    experiment: str | None = None,
+    metric: str = "val_loss",
+    control: str | None = None,
+) -> str:
+    """The choice sheet of one run as Markdown (see the module docstring).
+
+    Reads ``<run_dir>/phases.parquet``, ``<run_dir>/updates.parquet`` and ``model.parquet``
+    when present, and the run's records in ``<out_dir>/ledger`` when present.
+
+    Args:
+        run_dir: the run folder, ``<out_dir>/runs/<run_id>``.
+        gpu_memory_bytes: the target GPU's memory in bytes (see
+            :func:`~lightning_pilot.report.parse_size`), for the headroom line; ``None``
+            leaves headroom out.
+        reserve: the fraction of each 3, 7 or 30 day package kept for evaluation and export.
+        experiment: the ledger experiment whose variants fill the campaign package (default:
+            this run's experiment).
+        metric: the agreed quality metric for "where the variants stand".
+        control: the control variant, marked in that list.
+
+    Raises:
+        FileNotFoundError: ``run_dir`` does not exist.
+        ValueError: ``run_dir`` is not a run folder, its phase table has no readable rows, or
+            ``gpu_memory_bytes`` is not a positive int.
+    """
+    check_options(gpu_memory_bytes, reserve)
+    run = load_run(run_dir, metric=metric, experiment=experiment)
+    return render_choice_sheet(
+        run, gpu_memory_bytes=gpu_memory_bytes, reserve=reserve, control=control
+    )
+
+
+def write_choice_sheet(
+    run_dir: str | os.PathLike[str],
+    *,
+    gpu_memory_bytes: int | None = None,
+    reserve: float = 0.25,
+    experiment: str | None = None,
+    metric: str = "val_loss",
+    control: str | None = None,
+) -> Path:
+    """Write :func:`choice_sheet` to ``<run_dir>/sheet.md`` atomically; never overwrites.
+
+    When ``sheet.md`` exists (an earlier sheet, perhaps for another target GPU), the new sheet
+    is ``sheet-2.md``, then ``sheet-3.md``, ...: every sheet written stays as it was.
+
+    Returns:
+        The path written.
+
+    Raises:
+        FileNotFoundError, ValueError: as :func:`choice_sheet`.
+    """
+    check_options(gpu_memory_bytes, reserve)
+    run = load_run(run_dir, metric=metric, experiment=experiment)
+    text = render_choice_sheet(
+        run, gpu_memory_bytes=gpu_memory_bytes, reserve=reserve, control=control
+    )
+    return publish_choice_sheet(run_dir, text)
+
+
+def publish_choice_sheet(run_dir: str | os.PathLike[str], text: str) -> Path:
+    """Publish a sheet's text as ``<run_dir>/sheet.md`` (``sheet-2.md``, ... when taken).
+
+    Returns:
+        The path written.
+
+    Raises:
+        OSError: the write failed (a read-only mount, a full disk); nothing is left behind.
+    """
+    data, number = text.encode("utf-8"), 1
+    while True:
+        final = Path(run_dir) / (SHEET_NAME if number == 1 else f"sheet-{number}.md")
+        try:
+            return storage.publish_bytes(data, final)
+        except FileExistsError:
+            number += 1  # an earlier sheet keeps its name and content
