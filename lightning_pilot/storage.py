@@ -1,42 +1,10 @@
-"""Arrow schemas, atomic Parquet publishing and tolerant readers.
+"""Every file lightning-pilot writes and reads: atomic publish, snapshots, tolerant readers.
 
-Everything lightning-pilot writes goes through this module, so that every file stays readable
-whatever happens to the process that writes it:
-
-* **Explicit, versioned schemas.** :data:`PHASE_SCHEMA` (the phase table) and
-  :data:`LEDGER_SCHEMA` (one run-ledger record) name every column and its type. Readers apply
-  the schema to each file, so a file written by an older version reads with nulls in the
-  columns it did not have, instead of the first file's schema silently winning.
-* **Atomic, never-overwriting publish.** :func:`publish_table` writes a hidden temporary file
-  in the target folder, fsyncs it, publishes it under its final name with a hard link (which
-  refuses an existing name, unlike ``os.replace``) and fsyncs the folder. Readers and
-  ``pandas.read_parquet`` skip names starting with ``.``, so a half-written file is never seen.
-* **Snapshots instead of rewrites.** A table that grows during a run (the phase table, the
-  per-callback details) is a folder ``<name>.parquet/`` of snapshot files, one writer (attempt
-  and rank) each; a newer snapshot of a writer supersedes its older ones, which the writer then
-  removes. Readers keep the newest snapshot of each writer, so a crash between publish and
-  clean-up never duplicates rows.
-* **One file at a time.** Readers open files one by one and skip an unreadable or truncated
-  file with a :class:`SkippedFileWarning` that names it, instead of failing the whole folder,
-  and list what they skipped (``attrs["skipped"]``).
-* **Limits before decoding.** Each file's footer is checked against :class:`ReadLimits`
-  (:data:`PHASE_FILE_LIMITS`, :data:`LEDGER_RECORD_LIMITS`, ...) before anything is decoded: a
-  few KB of Parquet can declare millions of rows.
-* **Safe names, real folders.** :func:`safe_path_component` and :func:`safe_join` keep every
-  user-given name (experiment, variant, run id) inside the output folder, and no folder the
-  pilot writes into may be a symbolic link inside it (:class:`UnsafePathError`).
-
-Example:
-    >>> import tempfile, pyarrow as pa
-    >>> from lightning_pilot.storage import publish_table, read_parquet_files
-    >>> folder = tempfile.mkdtemp()
-    >>> path = publish_table(pa.table({"x": [1, 2]}), f"{folder}/a.parquet")
-    >>> publish_table(pa.table({"x": [3]}), path)
-    Traceback (most recent call last):
-    ...
-    FileExistsError: refusing to overwrite ...a.parquet: published files are immutable
-    >>> read_parquet_files([path]).num_rows
-    2
+Files are published atomically and never overwritten; growing tables are folders of snapshot
+files; readers check each file's footer against :class:`ReadLimits` before decoding and skip a
+bad file with a :class:`SkippedFileWarning`; names that become paths stay inside the output
+folder. See docs/architecture.md ("Output folder", "Storage rules") and docs/ledger.md ("What
+the readers refuse").
 """
 
 from __future__ import annotations
@@ -51,7 +19,7 @@ import sys
 import uuid
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, BinaryIO, Final
@@ -63,19 +31,13 @@ import pyarrow.parquet as pq
 
 from lightning_pilot.core.ids import new_run_id, validate_run_id
 from lightning_pilot.core.phases import COUNTERS, PHASES, VERDICTS
-from lightning_pilot.schemas import (  # noqa: F401  (re-exported: storage has always offered them)
-    _TIMESTAMP,
+from lightning_pilot.schemas import (
     LEDGER_EVENTS,
     LEDGER_SCHEMA,
     LEDGER_SCHEMA_VERSION,
     PHASE_SCHEMA,
     PHASE_SCHEMA_VERSION,
-    RUN_IDENTITY_FIELDS,
-    SCHEMA_METADATA_KEY,
     STATUSES,
-    _schema,
-    detail_schema,
-    schema_version,
 )
 
 __all__ = [
@@ -92,7 +54,6 @@ __all__ = [
     "SkippedFileWarning",
     "UnsafePathError",
     "conform",
-    "detail_schema",
     "folder_argument",
     "index_ledger",
     "list_snapshot_files",
@@ -126,6 +87,7 @@ SNAPSHOT_METADATA_KEY: Final = b"lightning_pilot.snapshot"
 
 _UNSAFE_CHARS = re.compile(r"[^A-Za-z0-9._+=@-]")
 _MAX_COMPONENT = 128
+_SAFE_COMPONENT = re.compile(rf"(?!\.)[A-Za-z0-9._+=@-]{{1,{_MAX_COMPONENT}}}")
 
 
 def safe_path_component(value: object, argument: str) -> str:
@@ -133,18 +95,7 @@ def safe_path_component(value: object, argument: str) -> str:
 
     Accepts letters, digits and ``. _ + = @ -``; refuses anything that could leave the folder
     it is joined to (separators, ``..``, absolute paths, NUL, a leading dot that would hide
-    the file from readers).
-
-    Args:
-        value: the name given by the user or read from a file.
-        argument: the argument's name, used in the error message.
-
-    Returns:
-        The name, unchanged.
-
-    Raises:
-        TypeError: ``value`` is not a string.
-        ValueError: ``value`` is not a safe path component.
+    the file from readers). Returns the name unchanged; ``argument`` names it in the error.
 
     Example:
         >>> safe_path_component("lr-1e-4", "variant")
@@ -156,12 +107,7 @@ def safe_path_component(value: object, argument: str) -> str:
     """
     if not isinstance(value, str):
         raise TypeError(f"{argument} must be a string, got {type(value).__name__} {value!r}.")
-    if (
-        not value
-        or len(value) > _MAX_COMPONENT
-        or value.startswith(".")
-        or _UNSAFE_CHARS.search(value)
-    ):
+    if not _SAFE_COMPONENT.fullmatch(value):
         raise ValueError(
             f"{argument}={value!r} is not a safe name: use 1 to {_MAX_COMPONENT} letters, digits"
             " or ._+=@- not starting with '.' (no separators, '..' or NUL)."
@@ -192,11 +138,8 @@ def sanitize_name(value: str, *, fallback: str = "unnamed") -> str:
 class UnsafePathError(OSError):
     """A folder lightning-pilot would write into is a symbolic link inside the output folder.
 
-    The output folder itself may be a link (shared storage mounted through one); every folder
-    the pilot creates or writes inside it (``ledger/``,
-    ``runs/``, ``runs/<run_id>/``, a table folder, ``ledger/_index/``) must be a real folder.
-    An ``OSError``: the pilot cannot write where it was told to, like a read-only folder, so it
-    travels the same paths as a full disk (a warning while a fit is failing, else raised).
+    The output folder itself may be a link; every folder inside it must be a real one. An
+    ``OSError``, so it travels the paths of a full disk (a warning while a fit fails, else raised).
     """
 
 
@@ -213,13 +156,8 @@ def _refuse_link(folder: Path, root: Path | None = None) -> None:
 def safe_join(root: PathLike, *components: str) -> Path:
     """Join validated components to ``root`` for writing; no component may be a symbolic link.
 
-    ``root`` itself may be a link; a link *inside* it is refused, wherever it points, so every
-    file the pilot writes lands in the output folder.
-
-    Raises:
-        ValueError: a component is not a safe name.
-        UnsafePathError: a component that exists is a symbolic link, or the joined path
-            resolves outside ``root`` (an ``OSError``).
+    ``root`` itself may be a link; a link *inside* it, or a path resolving outside it, raises
+    :class:`UnsafePathError`; a component that is not a safe name raises ``ValueError``.
 
     Example:
         >>> safe_join("/tmp/pilot", "runs", "abc")
@@ -247,10 +185,6 @@ def safe_join(root: PathLike, *components: str) -> Path:
 def folder_argument(path: object, what: str) -> Path:
     """``path`` as a Path; an empty or blank one is refused (``Path("")`` is the current folder).
 
-    Raises:
-        TypeError: ``path`` is not a str or ``os.PathLike``.
-        ValueError: ``path`` is empty, blank or holds NUL; the message names the argument.
-
     Example:
         >>> folder_argument("", "ledger")
         Traceback (most recent call last):
@@ -275,49 +209,40 @@ def folder_argument(path: object, what: str) -> Path:
 
 def _fsync_dir(folder: Path) -> None:
     # Directory fsync makes the new name durable; some platforms cannot open folders.
-    try:
+    with contextlib.suppress(OSError):
         fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _immutable(final: Path) -> FileExistsError:
+    return FileExistsError(f"refusing to overwrite {final}: published files are immutable")
 
 
 def _publish_no_overwrite(tmp: Path, final: Path) -> None:
     try:
         os.link(tmp, final)
     except FileExistsError:
-        raise FileExistsError(
-            f"refusing to overwrite {final}: published files are immutable"
-        ) from None
+        raise _immutable(final) from None
     except OSError as err:
         # File systems without hard links: fall back to a checked rename. The window between
         # the check and the rename is the only place an overwrite could still happen.
         if err.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV):
             raise
         if final.exists():
-            raise FileExistsError(
-                f"refusing to overwrite {final}: published files are immutable"
-            ) from None
+            raise _immutable(final) from None
         os.rename(tmp, final)
 
 
 def publish_file(path: PathLike, write: Callable[[BinaryIO], object]) -> Path:
     """Write a file atomically under ``path`` with ``write(handle)``, never overwriting.
 
-    The content is written to a hidden temporary file in the same folder, flushed and fsynced,
-    published under its final name (a hard link, which refuses an existing name) and the folder
-    is fsynced. If anything fails (a full disk, say) the temporary file is removed, the error
-    propagates and no file is visible under ``path``.
-
-    Raises:
-        FileExistsError: ``path`` already exists.
-        ValueError: ``path`` names a hidden file (readers would never see it).
-        OSError: the write failed (nothing is left behind).
+    The content goes to a hidden temporary file in the same folder, fsynced, then is published
+    under its final name with a hard link (which refuses an existing name) and the folder is
+    fsynced. On any error the temporary file is removed and the error propagates: nothing is
+    visible under ``path``. A hidden name (``.``/``_``: readers skip it) is a ``ValueError``.
     """
     final = Path(path)
     if final.name.startswith((".", "_")):
@@ -327,7 +252,7 @@ def publish_file(path: PathLike, write: Callable[[BinaryIO], object]) -> Path:
         )
     final.parent.mkdir(parents=True, exist_ok=True)
     if final.exists():
-        raise FileExistsError(f"refusing to overwrite {final}: published files are immutable")
+        raise _immutable(final)
     tmp = final.parent / f".{final.name}.{uuid.uuid4().hex}.tmp"
     try:
         with open(tmp, "wb") as handle:
@@ -372,9 +297,15 @@ def _remove_temporary(tmp: Path) -> OSError | None:
 def publish_table(table: pa.Table, path: PathLike) -> Path:
     """Write ``table`` as Parquet to ``path`` atomically, never overwriting (:func:`publish_file`).
 
-    Raises:
-        FileExistsError: ``path`` already exists.
-        OSError: the write failed (nothing is left behind).
+    Example:
+        >>> import tempfile, pyarrow as pa
+        >>> path = publish_table(pa.table({"x": [1, 2]}), f"{tempfile.mkdtemp()}/a.parquet")
+        >>> publish_table(pa.table({"x": [3]}), path)
+        Traceback (most recent call last):
+        ...
+        FileExistsError: refusing to overwrite ...a.parquet: published files are immutable
+        >>> read_parquet_files([path]).num_rows
+        2
     """
     return publish_file(path, lambda handle: pq.write_table(table, handle))
 
@@ -397,17 +328,15 @@ def publish_json(value: Any, path: PathLike) -> Path:
 
 
 def read_json(path: PathLike, *, max_bytes: int) -> Any:
-    """Read a JSON file written by :func:`publish_json`, refusing one larger than ``max_bytes``.
-
-    Raises:
-        OSError: the file cannot be read.
-        ValueError: it is larger than ``max_bytes`` or is not JSON.
-    """
+    """Read a JSON file written by :func:`publish_json`; ``ValueError`` if over ``max_bytes``."""
     with open(path, "rb") as handle:
         data = handle.read(max_bytes + 1)
     if len(data) > max_bytes:
         raise ValueError(f"{path} is larger than {max_bytes} bytes: not a file this pilot wrote")
-    return json.loads(data)
+    try:
+        return json.loads(data)
+    except RecursionError as err:  # nested deeper than the parser's stack
+        raise ValueError(f"{path} is nested too deeply: not a file this pilot wrote") from err
 
 
 def make_folder(root: PathLike, *components: str) -> Path:
@@ -432,9 +361,8 @@ def _check_columns(row: Mapping[str, Any], schema: pa.Schema, what: str) -> None
 def rows_to_table(rows: Sequence[Mapping[str, Any]], schema: pa.Schema) -> pa.Table:
     """Build a table of ``schema`` from row dicts; absent columns are null.
 
-    Raises:
-        ValueError: a row names a column the schema does not have, or a value does not fit
-            its column's type (the message names the column).
+    A column the schema lacks, or a value that does not fit its column's type, is a
+    ``ValueError`` naming the column.
     """
     for row in rows:
         _check_columns(row, schema, "a row")
@@ -450,27 +378,12 @@ def rows_to_table(rows: Sequence[Mapping[str, Any]], schema: pa.Schema) -> pa.Ta
     return pa.Table.from_arrays(arrays, schema=schema)
 
 
-def write_snapshot(
-    folder: PathLike,
-    table: pa.Table,
-    *,
-    writer: str,
-    seq: int,
-) -> Path:
+def write_snapshot(folder: PathLike, table: pa.Table, *, writer: str, seq: int) -> Path:
     """Publish one snapshot of a growing table and remove this writer's older snapshots.
 
-    Args:
-        folder: the table folder, e.g. ``runs/<run_id>/phases.parquet``.
-        table: every row this writer has so far (a snapshot replaces, it does not append).
-        writer: the writer's identity, a safe name (for example ``a0001-r00000-<attempt_id>``).
-            One writer must never run in two processes at once.
-        seq: this writer's snapshot number, strictly increasing.
-
-    Returns:
-        The published snapshot file.
-
-    Raises:
-        UnsafePathError: ``folder`` is a symbolic link (see :func:`safe_join`).
+    ``table`` holds every row this writer has so far (a snapshot replaces, it does not append);
+    ``writer`` (a safe name, e.g. ``a0001-r00000-<attempt_id>``) never runs in two processes at
+    once, and its ``seq`` strictly increases. A ``folder`` that is a link: :class:`UnsafePathError`.
     """
     safe_path_component(writer, "writer")
     if not isinstance(seq, int) or seq < 0:
@@ -497,24 +410,12 @@ def write_snapshot(
 def write_ledger_record(ledger_dir: PathLike, record: Mapping[str, Any]) -> Path:
     """Publish one immutable run-ledger record as its own Parquet file.
 
-    ``schema_version``, ``record_id`` and ``written_at`` are filled in when absent. The file
-    name starts with the time, so a folder listing is in write order.
-
-    Args:
-        ledger_dir: the ledger folder (``<out_dir>/ledger``).
-        record: column -> value; ``run_id``, ``event`` are required.
-
-    Returns:
-        The published file.
-
-    Raises:
-        ValueError: an unknown column, a bad event or status, a value of the wrong type, or a
-            record larger than :data:`LEDGER_RECORD_LIMITS` (the readers would skip it).
-        UnsafePathError: ``ledger_dir`` is a symbolic link (link the output folder instead).
+    ``run_id`` and ``event`` are required; ``schema_version``, ``record_id`` and ``written_at``
+    are filled in when absent. The file name starts with the time, so a listing is in write
+    order. A record the readers would skip (over :data:`LEDGER_RECORD_LIMITS`) is refused.
 
     Example:
         >>> import tempfile
-        >>> from lightning_pilot.core.ids import new_run_id
         >>> folder = tempfile.mkdtemp()
         >>> path = write_ledger_record(folder, {"run_id": new_run_id(), "event": "start",
         ...                                      "status": "running"})
@@ -553,10 +454,8 @@ def write_ledger_record(ledger_dir: PathLike, record: Mapping[str, Any]) -> Path
 class SkippedFileWarning(RuntimeWarning):
     """A reader skipped a file: unreadable, over its limits, or not where the layout expects it.
 
-    The paths whose rows are missing are also listed in the result (``attrs["skipped"]`` of
-    the frames :func:`read_phase_table` and :func:`read_ledger_records` return, the
-    ``skipped=`` list of :func:`read_parquet_files`, ``Ledger.skipped``), so a caller can tell
-    a table that read cleanly from one that lost files.
+    The result lists those paths too (``attrs["skipped"]``, the ``skipped=`` list,
+    ``Ledger.skipped``), so a caller can tell a clean read from one that lost files.
     """
 
 
@@ -564,24 +463,16 @@ class SkippedFileWarning(RuntimeWarning):
 class ReadLimits:
     """What a reader agrees to decode from one Parquet file, checked on the footer first.
 
-    A Parquet footer declares the rows, columns, row groups and values a file holds and the
-    size of its pages; with compression and dictionary encoding a file of a few KB can declare
-    millions of rows, or one long string repeated thousands of times. Readers compare these
-    declarations with the limits before decoding anything (for a text column whose values come
-    from a dictionary, by reading only the dictionary and its indices) and skip a file over any
-    limit with a :class:`SkippedFileWarning` naming the file and the limit.
+    A few KB of compressed, dictionary-encoded Parquet can declare millions of rows, or one
+    long string repeated thousands of times; readers compare the footer's declarations with
+    these limits first and skip a file over any with a :class:`SkippedFileWarning` naming the
+    file and the limit. ``name`` is quoted in warnings; ``max_values`` counts one leaf column
+    (list elements and nulls included); ``max_uncompressed_bytes`` and ``max_decoded_bytes``
+    count the columns read, as pages and in Arrow memory (pandas takes a few times more).
 
-    Attributes:
-        name: the constant's name, quoted in warnings.
-        max_file_bytes: bytes on disk.
-        max_footer_bytes: bytes of the serialized footer (schema and metadata).
-        max_rows: rows, as the footer and as its row groups count them.
-        max_columns: leaf columns of the file.
-        max_row_groups: row groups.
-        max_values: values in one leaf column (list elements and nulls counted).
-        max_uncompressed_bytes: the pages of the columns read, decompressed.
-        max_decoded_bytes: the columns read, decoded into Arrow memory (pandas takes a few
-            times more for text and lists).
+    Example:
+        >>> PHASE_FILE_LIMITS.max_rows, LEDGER_RECORD_LIMITS.max_rows
+        (100000, 1000)
     """
 
     name: str
@@ -597,8 +488,7 @@ class ReadLimits:
 
 _MIB: Final = 1 << 20
 
-#: One phase-table snapshot (``runs/<run_id>/phases.parquet/part-*.parquet``): a writer's rows
-#: are a few dozen (phases x first/later), a long multi-stage run's a few hundred.
+#: One phase-table snapshot: a writer's rows are a few dozen, a long multi-stage run's hundreds.
 PHASE_FILE_LIMITS: Final = ReadLimits(
     name="PHASE_FILE_LIMITS",
     max_file_bytes=64 * _MIB,
@@ -610,30 +500,17 @@ PHASE_FILE_LIMITS: Final = ReadLimits(
     max_uncompressed_bytes=256 * _MIB,
     max_decoded_bytes=256 * _MIB,
 )
-#: One ledger record file (``ledger/*.parquet``): one row; an end record carries the whole
-#: curves, 2 values per point (a 200-update run: 200 points of ``train_loss`` and of
-#: ``lr_curve``). ``max_values`` admits curves of 2 million updates;
-#: :func:`write_ledger_record` refuses to write a record the readers would skip.
-LEDGER_RECORD_LIMITS: Final = ReadLimits(
-    name="LEDGER_RECORD_LIMITS",
-    max_file_bytes=64 * _MIB,
-    max_footer_bytes=4 * _MIB,
-    max_rows=1_000,
-    max_columns=256,
-    max_row_groups=16,
-    max_values=2_000_000,
-    max_uncompressed_bytes=256 * _MIB,
-    max_decoded_bytes=256 * _MIB,
+#: One ledger record file: one row; an end record carries whole curves (2 values per point),
+#: so ``max_values`` admits curves of 2 million updates.
+LEDGER_RECORD_LIMITS: Final = replace(
+    PHASE_FILE_LIMITS, name="LEDGER_RECORD_LIMITS", max_rows=1_000, max_row_groups=16
 )
-#: One ledger index segment (``ledger/_index/segment-*.parquet``): :func:`index_ledger` cuts
-#: segments at 10,000 records, 2 million values per column or 128 MiB, half these limits.
-LEDGER_SEGMENT_LIMITS: Final = ReadLimits(
+#: One ledger index segment: :func:`index_ledger` cuts them at half these limits.
+LEDGER_SEGMENT_LIMITS: Final = replace(
+    PHASE_FILE_LIMITS,
     name="LEDGER_SEGMENT_LIMITS",
     max_file_bytes=256 * _MIB,
-    max_footer_bytes=4 * _MIB,
     max_rows=50_000,
-    max_columns=256,
-    max_row_groups=64,
     max_values=4_000_000,
     max_uncompressed_bytes=512 * _MIB,
     max_decoded_bytes=512 * _MIB,
@@ -672,6 +549,11 @@ def _over(limits: ReadLimits, field: str, value: int, what: str) -> _OverLimitEr
     return _OverLimitError(f"{value:,} {what} > {limits.name}.{field}={getattr(limits, field):,}")
 
 
+def _within(limits: ReadLimits, field: str, value: int, what: str) -> None:
+    if value > getattr(limits, field):
+        raise _over(limits, field, value, what)
+
+
 def _footer_bytes(tail: bytes, size: int) -> int | None:
     """The footer length a Parquet file of ``size`` bytes ending with ``tail`` declares."""
     # The file ends with the footer, its length (4 bytes, little-endian) and b"PAR1".
@@ -702,19 +584,13 @@ def _check_footer(
 
     Nothing is decoded, except for text columns with a dictionary whose worst case (every
     value as long as the whole column chunk) is over the limit: their dictionaries and indices
-    are read (bounded by the page limits) to measure the decoded size exactly.
-
-    Raises:
-        _OverLimitError: a limit is exceeded.
-        ValueError: a column the schema knows has a type it cannot be cast from.
+    are read (bounded by the page limits) to measure the decoded size exactly. Raises
+    :class:`_OverLimitError`, or ``ValueError`` for a column the schema cannot cast.
     """
     meta = parquet.metadata
-    if meta.num_rows > limits.max_rows:
-        raise _over(limits, "max_rows", meta.num_rows, "rows")
-    if meta.num_columns > limits.max_columns:
-        raise _over(limits, "max_columns", meta.num_columns, "columns")
-    if meta.num_row_groups > limits.max_row_groups:
-        raise _over(limits, "max_row_groups", meta.num_row_groups, "row groups")
+    _within(limits, "max_rows", meta.num_rows, "rows")
+    _within(limits, "max_columns", meta.num_columns, "columns")
+    _within(limits, "max_row_groups", meta.num_row_groups, "row groups")
     arrow = parquet.schema_arrow
     columns: list[str] | None = None
     if schema is not None:
@@ -749,15 +625,10 @@ def _check_footer(
                     # long values: at worst each is as long as the whole chunk.
                     worst += count * size
                     texts.append((g, i, count, size))
-    if rows > limits.max_rows:
-        raise _over(limits, "max_rows", rows, "rows in its row groups")
-    most = max(values.values(), default=0)
-    if most > limits.max_values:
-        raise _over(limits, "max_values", most, "values in one column")
-    if uncompressed > limits.max_uncompressed_bytes:
-        raise _over(limits, "max_uncompressed_bytes", uncompressed, "bytes of pages")
-    if decoded > limits.max_decoded_bytes:
-        raise _over(limits, "max_decoded_bytes", decoded, "bytes once decoded")
+    _within(limits, "max_rows", rows, "rows in its row groups")
+    _within(limits, "max_values", max(values.values(), default=0), "values in one column")
+    _within(limits, "max_uncompressed_bytes", uncompressed, "bytes of pages")
+    _within(limits, "max_decoded_bytes", decoded, "bytes once decoded")
     if decoded + worst <= limits.max_decoded_bytes:
         return columns
     # Only now read the encodings (slow to fetch): which text chunks can repeat values?
@@ -772,16 +643,11 @@ def _check_footer(
     if decoded + worst <= limits.max_decoded_bytes:
         return columns
     if unmeasurable:
-        raise _over(
-            limits,
-            "max_decoded_bytes",
-            decoded + worst,
-            "bytes once decoded at worst (an encoding whose size cannot be measured first)",
-        )
+        what = "bytes once decoded at worst (an encoding whose size cannot be measured first)"
+        raise _over(limits, "max_decoded_bytes", decoded + worst, what)
     paths = [leaves.column(i).path for i in sorted(amplified)]
     total = decoded + _dictionary_bytes(data, paths)
-    if total > limits.max_decoded_bytes:
-        raise _over(limits, "max_decoded_bytes", total, "bytes once decoded")
+    _within(limits, "max_decoded_bytes", total, "bytes once decoded")
     return columns
 
 
@@ -852,18 +718,16 @@ def _most_values(table: pa.Table) -> int:
 
 def _check_writable(table: pa.Table, limits: ReadLimits, what: str) -> None:
     """Refuse to write what a reader would skip (``ValueError`` naming the limit)."""
-    problems = []
-    if table.num_rows > limits.max_rows:
-        problems.append(f"{table.num_rows:,} rows > {limits.name}.max_rows={limits.max_rows:,}")
-    most = _most_values(table)
-    if most > limits.max_values:
-        problems.append(
-            f"{most:,} values in one column > {limits.name}.max_values={limits.max_values:,}"
-        )
-    if table.nbytes > limits.max_decoded_bytes:
-        problems.append(
-            f"{table.nbytes:,} bytes > {limits.name}.max_decoded_bytes={limits.max_decoded_bytes:,}"
-        )
+    measures = (
+        ("max_rows", table.num_rows, "rows"),
+        ("max_values", _most_values(table), "values in one column"),
+        ("max_decoded_bytes", table.nbytes, "bytes"),
+    )
+    problems = [
+        str(_over(limits, field, value, what))
+        for field, value, what in measures
+        if value > getattr(limits, field)
+    ]
     if problems:
         raise ValueError(
             f"{what} of {'; '.join(problems)} would be skipped by every reader; it is not"
@@ -873,9 +737,7 @@ def _check_writable(table: pa.Table, limits: ReadLimits, what: str) -> None:
 
 def _read_limited(file: Path, limits: ReadLimits, schema: pa.Schema | None) -> pa.Table:
     """Read one Parquet file after checking its size and footer against ``limits``."""
-    size = file.stat().st_size
-    if size > limits.max_file_bytes:
-        raise _over(limits, "max_file_bytes", size, "bytes on disk")
+    _within(limits, "max_file_bytes", file.stat().st_size, "bytes on disk")
     # Reading the bytes first and decoding without threads is about twice as fast as
     # pq.read_table for the small one-record files of a ledger.
     with open(file, "rb") as handle:
@@ -910,10 +772,8 @@ def _visible_parquet_files(folder: Path) -> list[Path]:
 def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
     """Give ``table`` exactly the columns of ``schema``: cast what is there, null what is not.
 
-    Columns the schema does not know (written by a newer version) are dropped.
-
-    Raises:
-        ValueError: a column cannot be cast to its type in ``schema``.
+    Columns the schema does not know (a newer version's) are dropped; one that cannot be cast
+    is a ``ValueError``.
     """
     if table.schema.equals(schema, check_metadata=False):
         return table.replace_schema_metadata(schema.metadata)  # already conforming: no copy
@@ -949,24 +809,12 @@ def read_parquet_files(
     limits: ReadLimits = DETAIL_FILE_LIMITS,
     skipped: list[str] | None = None,
 ) -> pa.Table:
-    """Read Parquet files one by one and concatenate them.
+    """Read Parquet files one by one and concatenate them into one table.
 
-    Each file's size and footer are checked against ``limits`` before anything is decoded. A
-    file over a limit, or that cannot be read (truncated, corrupt, a column of an incompatible
-    type) is skipped with a :class:`SkippedFileWarning` naming it (and the limit); the others
-    are still read.
-
-    Args:
-        files: the files to read.
-        schema: when given, every file is conformed to it (older files read with nulls in
-            newer columns) and only its columns are decoded; when absent, the files must share
-            one schema (a file that does not is skipped).
-        limits: what one file may declare (:data:`DETAIL_FILE_LIMITS`,
-            :data:`PHASE_FILE_LIMITS`, :data:`LEDGER_RECORD_LIMITS`, ...).
-        skipped: a list the skipped files' paths are appended to.
-
-    Returns:
-        One table (empty, with ``schema``'s columns, when nothing could be read).
+    A file over ``limits`` (checked on its footer, before decoding) or unreadable is skipped
+    with a :class:`SkippedFileWarning` naming it, and its path appended to ``skipped``. With a
+    ``schema`` every file is conformed to it and only its columns are decoded (nothing read: an
+    empty table of it); without one the files must share a schema (one that does not is skipped).
     """
     tables: list[tuple[Path, pa.Table]] = []
     for file in files:
@@ -1000,7 +848,7 @@ def read_parquet_files(
     return together.combine_chunks()
 
 
-def _snapshot_identity(path: Path, *, default_seq: int) -> tuple[str, int]:
+def _snapshot_identity(path: Path) -> tuple[str, int]:
     """The (writer, seq) a snapshot file records, or its own name when it records none."""
     try:
         size = path.stat().st_size
@@ -1008,12 +856,12 @@ def _snapshot_identity(path: Path, *, default_seq: int) -> tuple[str, int]:
             handle.seek(max(size - 8, 0))
             footer = _footer_bytes(handle.read(8), size)
         if footer is None or footer > DETAIL_FILE_LIMITS.max_footer_bytes:
-            return path.name, default_seq  # the read that follows reports it
+            return path.name, 0  # the read that follows reports it
         meta = pq.read_schema(path).metadata or {}
         info = json.loads(meta[SNAPSHOT_METADATA_KEY])
         return str(info["writer"]), int(info["seq"])
     except (OSError, pa.ArrowException, KeyError, ValueError, TypeError):
-        return path.name, default_seq
+        return path.name, 0
 
 
 def list_snapshot_files(folder: PathLike) -> list[Path]:
@@ -1026,7 +874,7 @@ def list_snapshot_files(folder: PathLike) -> list[Path]:
         return []
     newest: dict[str, tuple[int, Path]] = {}
     for path in _visible_parquet_files(target):
-        writer, seq = _snapshot_identity(path, default_seq=0)
+        writer, seq = _snapshot_identity(path)
         if writer not in newest or seq > newest[writer][0]:
             newest[writer] = (seq, path)
     return sorted(path for _, path in newest.values())
@@ -1039,11 +887,7 @@ def read_snapshot_table(
     limits: ReadLimits = DETAIL_FILE_LIMITS,
     skipped: list[str] | None = None,
 ) -> pa.Table:
-    """Read a snapshot table folder: the newest snapshot of every writer, concatenated.
-
-    Files over ``limits`` or unreadable are skipped with a :class:`SkippedFileWarning` (and
-    appended to ``skipped``), see :func:`read_parquet_files`.
-    """
+    """Read the newest snapshot of every writer in a table folder (:func:`read_parquet_files`)."""
     return read_parquet_files(list_snapshot_files(folder), schema, limits=limits, skipped=skipped)
 
 
@@ -1066,21 +910,9 @@ def _what_is(path: Path) -> str:
 def read_phase_table(path: PathLike) -> pd.DataFrame:
     """Read the phase table of one run or of every run under an output folder.
 
-    Args:
-        path: a run folder (``<out_dir>/runs/<run_id>``), a phase-table folder
-            (``.../phases.parquet``), or an output folder (``<out_dir>``, all runs).
-
-    Returns:
-        One row per phase, per attempt, per rank, with the columns of :data:`PHASE_SCHEMA`.
-        Integer columns are pandas nullable integers, so an unmeasured value is ``<NA>``,
-        never 0. ``attrs["skipped"]`` lists what could not be read (a snapshot file that is
-        unreadable or over :data:`PHASE_FILE_LIMITS`, a ``phases.parquet`` that is not a
-        folder), each also reported by a :class:`SkippedFileWarning`: an empty list means
-        every table found was read.
-
-    Raises:
-        FileNotFoundError: ``path`` does not exist.
-        ValueError: ``path`` is empty, or holds no phase table.
+    ``path`` is a run folder, a ``phases.parquet`` folder or an ``<out_dir>`` (all runs). One
+    row per phase, attempt and rank, with nullable dtypes (an unmeasured value is ``<NA>``,
+    never 0); ``attrs["skipped"]`` lists what could not be read, each also warned about.
 
     Example:
         >>> import tempfile
@@ -1104,20 +936,17 @@ def read_phase_table(path: PathLike) -> pd.DataFrame:
             " <out_dir>/runs/<run_id>/phases.parquet."
         )
     skipped: list[str] = []
-    folders = []
-    for table in tables:
-        if table.is_dir():
-            folders.append(table)
-        else:
-            # Never read as an empty, clean table: the run's verdicts would vanish with it.
-            _skip(
-                f"skipped {table}: expected a folder of snapshot parts"
-                f" (phases.parquet/part-<writer>-<seq>.parquet), found {_what_is(table)};"
-                " this run's phase rows are not read",
-                table,
-                skipped,
-                stacklevel=2,
-            )
+    folders = [table for table in tables if table.is_dir()]
+    for table in (table for table in tables if table not in folders):
+        # Never read as an empty, clean table: the run's verdicts would vanish with it.
+        _skip(
+            f"skipped {table}: expected a folder of snapshot parts"
+            f" (phases.parquet/part-<writer>-<seq>.parquet), found {_what_is(table)};"
+            " this run's phase rows are not read",
+            table,
+            skipped,
+            stacklevel=2,
+        )
     files = [file for folder in folders for file in list_snapshot_files(folder)]
     frame = _to_pandas(
         read_parquet_files(files, PHASE_SCHEMA, limits=PHASE_FILE_LIMITS, skipped=skipped)
@@ -1200,21 +1029,12 @@ def _segment_batches(tables: Sequence[pa.Table]) -> list[list[pa.Table]]:
 def index_ledger(path: PathLike) -> Path | None:
     """Copy the ledger's not-yet-indexed records into new index segments.
 
-    Reading a ledger opens every record file (about 1 ms each); an index segment holds many
-    records in one file, so :func:`read_ledger_records` reads it at once and opens only the
-    files written since. The record files stay the source of truth: they are never changed or
-    removed, a segment is a derived, immutable copy published like any other file, and a
-    damaged or oversized segment is skipped with a warning (its files are then read one by
-    one). A large backlog is cut into several segments, each well inside
-    :data:`LEDGER_SEGMENT_LIMITS` (10,000 records, 2 million values per column, 128 MiB).
-    Several processes may index at once: their segments may then hold the same records, which
-    the readers read once (by ``record_id``).
-
-    Returns:
-        The last new segment, or ``None`` when every record was already indexed.
-
-    Raises:
-        UnsafePathError: the ledger folder or its ``_index`` folder is a symbolic link.
+    A segment holds many records in one file, so :func:`read_ledger_records` opens only the
+    files written since (each costs about 1 ms). The record files stay the source of truth,
+    never changed; a damaged segment is skipped with a warning (its files are read instead).
+    A backlog is cut into segments well inside :data:`LEDGER_SEGMENT_LIMITS`; segments of
+    processes indexing at once may overlap (read once, by ``record_id``). Returns the last new
+    segment, or ``None`` when nothing was new.
 
     Example:
         >>> import tempfile
@@ -1260,24 +1080,11 @@ def _unique_records(table: pa.Table) -> pa.Table:
 def read_ledger_records(path: PathLike, *, events: Sequence[str] | None = None) -> pd.DataFrame:
     """Read every record of a run ledger, oldest first, each record once.
 
-    Records already copied into an index segment (:func:`index_ledger`) are read from it; the
-    others file by file. A record found several times (segments written by processes indexing
-    at the same time, a file copied under another name) is kept once, by ``record_id``.
-
-    Args:
-        path: the ledger folder, or an output folder holding ``ledger/``.
-        events: read only these events (``start``, ``heartbeat``, ``end``); the other files
-            are not even opened, since their names say their event.
-
-    Returns:
-        One row per record with the columns of :data:`LEDGER_SCHEMA`. Files that are
-        unreadable or over :data:`LEDGER_RECORD_LIMITS` are skipped with a
-        :class:`SkippedFileWarning` naming them and listed in ``attrs["skipped"]`` (empty:
-        every record file was read).
-
-    Raises:
-        FileNotFoundError: ``path`` does not exist.
-        ValueError: ``path`` is empty, or ``events`` names an unknown event.
+    ``path`` is the ledger folder or an output folder holding ``ledger/``. Indexed records
+    (:func:`index_ledger`) are read from their segments, the others file by file; a record
+    found twice is kept once, by ``record_id``. ``events`` reads only those events (the other
+    files are not opened: their names say their event). Skipped files are warned about and
+    listed in ``attrs["skipped"]``.
     """
     if events is not None and not set(events) <= set(LEDGER_EVENTS):
         raise ValueError(f"events={events!r} is invalid; expected a subset of {LEDGER_EVENTS}.")
@@ -1317,12 +1124,7 @@ def _to_pandas(table: pa.Table) -> pd.DataFrame:
 
 
 def validate_phase_row(row: Mapping[str, Any]) -> None:
-    """Check a phase row's vocabulary columns and names before it is buffered.
-
-    Raises:
-        ValueError: an unknown column, or ``phase``/``verdict``/``counter`` outside its
-            vocabulary.
-    """
+    """Check a phase row's columns and its ``phase``/``verdict``/``counter`` vocabulary."""
     _check_columns(row, PHASE_SCHEMA, "phase row")
     for column, vocabulary in (("phase", PHASES), ("verdict", VERDICTS), ("counter", COUNTERS)):
         value = row.get(column)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -14,19 +15,9 @@ from typing import Any, Literal
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.utilities import rank_zero_info
-from lightning.pytorch.utilities.model_helpers import is_overridden
 from typing_extensions import override
 
-from lightning_pilot.callbacks._resume_process import (
-    ArtifactProbe,
-    final_artifact,
-    judge_artifact,
-    prepare_artifact,
-    replays_every_rank,
-    run_children_per_rank,
-    run_tasks,
-    unsaved_arguments,
-)
+from lightning_pilot import storage
 from lightning_pilot.core import validate
 from lightning_pilot.core.batches import BatchAdapter
 from lightning_pilot.core.checks import CheckResult
@@ -38,21 +29,27 @@ from lightning_pilot.core.resume import (
     content_keys,
     dataset_fingerprint,
     digest,
+    json_id,
     restore_rng,
     rng_of_this_rank,
     unsafe_values,
 )
-from lightning_pilot.resume_child import batch_position, json_id, state_digests, step_record
-from lightning_pilot.run import PilotCallback
+from lightning_pilot.resume.parent import (
+    Launcher,
+    class_path,
+    final_artifact,
+    judge_artifact,
+    prepare_artifact,
+    replays_every_rank,
+)
+from lightning_pilot.resume.protocol import ResumeTask, State, TaskResult
+from lightning_pilot.resume.replay import finished, started, state_of
+from lightning_pilot.run import ExportFn, PilotCallback
 from lightning_pilot.schemas import RESUME_SCHEMA
 
-__all__ = ["RESUME_SCHEMA", "ResumeVerifier"]
+__all__ = ["ResumeVerifier"]
 
 log = logging.getLogger(__name__)
-
-ExportFn = Callable[[pl.LightningModule, Path], str | os.PathLike[str]]
-
-#: ``runs/<run_id>/resume.parquet``: reference vs resumed, one row per state item or micro-batch.
 
 _STATE_REMEDIES = {
     "global_step": "the loop progress was not restored: resume with trainer.fit(ckpt_path=...)",
@@ -85,50 +82,23 @@ def _factory(value: object) -> str | None:
 class ResumeVerifier(PilotCallback):
     """Resume a checkpoint in a genuinely new process and compare it with the reference run.
 
-    At update ``at_step`` it saves a full checkpoint (``runs/<run_id>/resume/``, also under
-    ``fast_dev_run``), and another at the end of the first epoch when the fit runs long enough
-    (``epoch_boundary``), records the next ``compare_steps`` updates of this run (sample ids of
-    every micro-batch, loss, learning rate per param group). When the fit has ended (after
-    Lightning's teardown moved the module and optimizer state to the CPU and emptied the
-    accelerator's cache, so the fit's device memory is never needed twice and training never
-    waits), one new Python process rebuilds the module and datamodule, resumes from each
-    checkpoint with ``weights_only=True`` and records the same. Each item is reported on its
-    own: global step, epoch, learning rates, optimizer state, scheduler state, grad scaler,
-    weights, RNG states, data position (the next micro-batches' sample ids, or keys made from
-    the inputs' bytes when batches carry no ids: catches the replay of a plain ``DataLoader``
-    resumed mid-epoch and Lightning #20550), the loss and LR trajectories (exact by default),
-    and the number of updates done after the resume (catches a resume into zero steps).
+    At update ``at_step`` it saves a full checkpoint into ``runs/<run_id>/resume/`` (also
+    under ``fast_dev_run``), another at the end of the first epoch when the fit runs long
+    enough (``epoch_boundary``), and records the next ``compare_steps`` updates of this run:
+    the sample ids of every micro-batch (or keys made from the inputs' bytes), the loss and the
+    learning rates. When the fit has ended (after Lightning's teardown freed the device), one
+    new Python process rebuilds the module and data, resumes from each checkpoint with
+    ``weights_only=True`` and records the same; every item (progress counters, learning rates,
+    optimizer, scheduler and grad scaler states, weights, RNG states, data position, loss and
+    LR trajectories, updates after the resume) is reported on its own. The verifier keeps the
+    RNG states in its checkpoint state and restores them at train start in any fit resumed
+    with it. The same process reloads the final artifact (the last checkpoint, or the
+    ``state_dict`` file ``export`` writes) strictly into a fresh module and compares its
+    outputs on control batches with the live module's.
 
-    Rebuilding uses ``factory="package.module:function"`` (returning the module, or
-    ``(module, datamodule)``, or ``{"model": ..., "datamodule": ...}``) when given, else the
-    classes of the live module and datamodule with the hyperparameters saved by
-    ``save_hyperparameters()``. Classes defined in ``__main__`` or in a function cannot be
-    imported by a new process: the verdict says so, and ``fallback="in_process"`` runs the same
-    comparison in this process instead, labelled as such in the table.
-
-    RNG: the verifier saves the torch, CUDA, numpy and Python RNG states in its checkpoint
-    state (weights-only-safe types) and restores them at train start in any fit resumed with
-    it, so shuffling and dropout continue where they were.
-
-    At fit end, the final artifact (the last checkpoint, or the file ``export(pl_module, dir)``
-    returns: a ``state_dict`` saved with ``torch.save``) is reloaded strictly in a new process
-    into a fresh module and run on fixed control inputs (the first ``control_batches`` batches
-    of the validation loader, else the training loader) through the module's own
-    ``predict_step``, else ``module(batch)``, ``module(batch[0])`` or ``module(**batch)``,
-    whichever the live module accepts; the outputs must equal the live module's within
-    ``atol``/``rtol``. Its sha256 is recorded. User code that raises there (``predict_step``,
-    ``export``, the loaders) becomes a verdict with the remedy; the fit goes on.
-
-    The row ``resume`` reads ``pass`` only when every essential item was checked and passed
-    (:data:`lightning_pilot.core.phases.ESSENTIAL`).
-
-    Output: phase rows ``resume`` and ``checkpoint_load`` (the load's duration, file size and
-    host memory, measured in the new process) and ``runs/<run_id>/resume.parquet``
-    (:data:`RESUME_SCHEMA`). Ranks: every rank saves (a collective; the probe checkpoint keeps
-    every rank's RNG states). Under DDP every rank starts its own new process, together a DDP
-    group shaped like the fit's (same devices, nodes, backend), so each rank replays its own
-    shard and writes its own ``resume`` row. Under other multi-process strategies global
-    rank 0 runs one new process on one device and only the state checks apply.
+    Output: the phase rows ``resume`` (``pass`` only when every essential check passed) and
+    ``checkpoint_load``, and ``runs/<run_id>/resume.parquet``. Under DDP every rank starts its
+    own new process, together a DDP group shaped like the fit's, and writes its own row.
 
     Args:
         at_step: the update after which the checkpoint is taken (>= 1).
@@ -211,19 +181,15 @@ class ResumeVerifier(PilotCallback):
         self._head_left = 0
         self._boundary_reachable = True
         self._batch_step = 0
-        self._current: dict[str, Any] = {}
+        self._current: StepRecord | None = None
         self._step_at_start = 0
         self._epoch_at_start = 0
         self._results: list[CheckResult] = []
-        self._load_row: Mapping[str, Any] | None = None
+        self._load_row: TaskResult | None = None
 
     @override
     def _state_key_fields(self) -> dict[str, Any]:
         return {"at_step": self.at_step, "compare_steps": self.compare_steps}
-
-    # ----------------------------------------------------------------------------------------
-    # State: the run identity and the RNG states, all weights-only-safe
-    # ----------------------------------------------------------------------------------------
 
     @override
     def state_dict(self) -> dict[str, Any]:
@@ -270,10 +236,6 @@ class ResumeVerifier(PilotCallback):
         self._step_at_start = trainer.global_step
         self._epoch_at_start = trainer.current_epoch
 
-    # ----------------------------------------------------------------------------------------
-    # The reference run: probes (a mid-epoch and an epoch-boundary checkpoint)
-    # ----------------------------------------------------------------------------------------
-
     @override
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._epoch_ids = []
@@ -308,18 +270,13 @@ class ResumeVerifier(PilotCallback):
         keep_head = (
             self._head_left > 0 and self._boundary_reachable and "epoch_boundary" not in kinds
         )
-        if recording:
-            self._current = batch_position(trainer, self.adapter, batch, batch_idx)
-            ids = self._current["ids"]
-        else:
-            self._current = {}
-            keep = keep_all or keep_head
-            ids = None
-            if keep:
-                view = self.adapter.view(batch, count_tokens=False)
-                # No id field: the examples are told apart by their content (a device read,
-                # only until the probes have what they need).
-                ids = view.ids if view.ids is not None else content_keys(view.inputs)
+        self._current = started(trainer, self.adapter, batch, batch_idx) if recording else None
+        ids: Any = None if self._current is None else self._current.ids
+        if self._current is None and (keep_all or keep_head):
+            view = self.adapter.view(batch, count_tokens=False)
+            # No id field: the examples are told apart by their content (a device read, only
+            # until the probes have what they need).
+            ids = view.ids if view.ids is not None else content_keys(view.inputs)
         if ids is not None:
             chunk = ids.detach() if isinstance(ids, torch.Tensor) else ids
             if keep_all:
@@ -343,8 +300,8 @@ class ResumeVerifier(PilotCallback):
         batch_idx: int,
     ) -> None:
         stepped = trainer.global_step != self._batch_step
-        if self._current:
-            record = step_record(trainer, self._current, outputs)
+        if self._current is not None:
+            record = finished(self._current, trainer, outputs)
             for probe in self._probes:
                 if not probe.done:
                     probe.reference.append(record)
@@ -381,8 +338,8 @@ class ResumeVerifier(PilotCallback):
 
     def _save(self, kind: str, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._unmute("on_train_batch_start", "on_train_batch_end")  # the probe records what follows
-        path = self.run.run_dir / "resume" / f"{kind}-step-{trainer.global_step}.ckpt"
-        path.parent.mkdir(parents=True, exist_ok=True)
+        folder = storage.make_folder(self.run.run_dir, "resume")
+        path = folder / f"{kind}-step-{trainer.global_step}.ckpt"
         self._saving = True
         try:
             # Every rank: saving is a collective. A full checkpoint, said so (Lightning logs a
@@ -390,7 +347,7 @@ class ResumeVerifier(PilotCallback):
             trainer.save_checkpoint(path, weights_only=False)
         finally:
             self._saving = False
-        state = state_digests(trainer, pl_module) | {"rng": self._saved_rng_digest}
+        state = dataclasses.replace(state_of(trainer, pl_module), rng=self._saved_rng_digest)
         seen = self._epoch_ids if kind == "mid_epoch" else self._epoch_head
         probe = _Probe(kind, trainer.global_step, path, state, _id_set(seen))
         self._probes.append(probe)
@@ -450,10 +407,8 @@ class ResumeVerifier(PilotCallback):
                 )
             )
         per_rank = replays_every_rank(trainer)  # then every rank checks its own replay
-        checks_here = self.run.is_global_zero or per_rank
-        probes = [p for p in self._probes if checks_here]
         compared = []
-        for probe in probes:
+        for probe in self._probes if self.run.is_global_zero or per_rank else []:
             probe.done = True
             if probe.reference:
                 compared.append(probe)
@@ -468,64 +423,53 @@ class ResumeVerifier(PilotCallback):
                 )
         # The fit's first training examples, read once for every probe (the new process
         # compares its own with them, and rebuilds in the other order when they differ).
-        data = (
-            dataset_fingerprint(getattr(trainer.train_dataloader, "dataset", None))
-            if compared
-            else None
-        )
-        specs = [self._spec(p, trainer, pl_module, data) for p in compared]
+        dataset = getattr(trainer.train_dataloader, "dataset", None)
+        data = dataset_fingerprint(dataset) if compared else None
+        tasks = [self._task(p, trainer, pl_module, data) for p in compared]
         path: Path | None = None
         if self.check_artifact:
-            path, export_error = final_artifact(self, trainer, pl_module)  # a collective
-            if self.run.is_global_zero and export_error is not None:
-                self._results.append(CheckResult("artifact_roundtrip", "fail", export_error))
+            path, error = final_artifact(self.run, trainer, pl_module, self.export)  # collective
+            if self.run.is_global_zero and error is not None:
+                self._results.append(CheckResult("artifact_roundtrip", "fail", error))
                 path = None
+        launcher = Launcher(self.factory, self.fallback, self.timeout_s)
         # The collectives first (every rank reaches them), then rank 0's own work.
-        results = run_children_per_rank(self, specs, trainer) if per_rank and specs else []
-        artifact: ArtifactProbe | None = None
+        results = launcher.run_per_rank(tasks, trainer, pl_module) if per_rank and tasks else []
+        artifact = None
         if path is not None and self.run.is_global_zero:
-            artifact = prepare_artifact(self, trainer, pl_module, path)
+            artifact = prepare_artifact(
+                self.run,
+                trainer,
+                pl_module,
+                path,
+                factory=self.factory,
+                control_batches=self.control_batches,
+            )
             if artifact.early is not None:
                 self._results.append(artifact.early)
-        tasks = [artifact.spec] if artifact is not None and artifact.spec is not None else []
+        extra = [artifact.task] if artifact is not None and artifact.task is not None else []
         if per_rank:
-            results += run_tasks(self, tasks, trainer, pl_module) if tasks else []
-        elif specs or tasks:
-            results = run_tasks(self, specs + tasks, trainer, pl_module)
+            results += launcher.run(extra, trainer, pl_module) if extra else []
+        elif tasks or extra:
+            results = launcher.run([*tasks, *extra], trainer, pl_module)
         for probe, result in zip(compared, results, strict=False):
-            for check in self._judge(probe, result, trainer, data):
+            for check in self._judge(probe, result, trainer, data, per_rank):
                 self._results.append(
                     CheckResult(_prefixed(probe, check.name), check.verdict, check.detail)
                 )
-        if tasks and artifact is not None and len(results) == len(compared) + 1:
-            self._results.append(judge_artifact(self, artifact, results[-1]))
+        if artifact is not None and extra:
+            self._results.append(judge_artifact(artifact, results[-1], self.atol, self.rtol))
 
-    # ----------------------------------------------------------------------------------------
-    # The comparison
-    # ----------------------------------------------------------------------------------------
-
-    def _spec(
-        self,
-        probe: _Probe,
-        trainer: pl.Trainer,
-        pl_module: pl.LightningModule,
-        data: str | None,
-    ) -> dict[str, Any]:
+    def _task(
+        self, probe: _Probe, trainer: pl.Trainer, pl_module: pl.LightningModule, data: str | None
+    ) -> ResumeTask:
         datamodule = getattr(trainer, "datamodule", None)
-        return {
-            "mode": "resume",
-            "checkpoint": str(probe.checkpoint),
-            "state_key": self.state_key,
-            "factory": self.factory,
-            "module_class": _class_path(type(pl_module)),
-            "datamodule_class": None if datamodule is None else _class_path(type(datamodule)),
-            "module_has_data": is_overridden("train_dataloader", pl_module),
-            "dataset_fingerprint": data,
-            **unsaved_arguments(pl_module, datamodule),
-            "adapter": _portable_adapter(self.adapter),
-            "num_threads": torch.get_num_threads(),
-            "workdir": str(probe.checkpoint.parent / "child"),
-            "trainer": {
+        return ResumeTask(
+            checkpoint=str(probe.checkpoint),
+            state_key=self.state_key,
+            module_class=class_path(type(pl_module)),
+            workdir=str(probe.checkpoint.parent / "child"),
+            trainer={
                 "accelerator": trainer.strategy.root_device.type,
                 # As far as the reference went (the fit may have ended before compare_steps).
                 "max_steps": probe.end_step if probe.reference else probe.step + self.compare_steps,
@@ -537,54 +481,56 @@ class ResumeVerifier(PilotCallback):
                 "limit_train_batches": trainer.limit_train_batches,
                 "limit_val_batches": 0,
             },
-        }
+            factory=self.factory,
+            datamodule_class=None if datamodule is None else class_path(type(datamodule)),
+            dataset_fingerprint=data,
+            adapter=_portable_adapter(self.adapter),
+        )
 
     def _judge(
-        self, probe: _Probe, result: Mapping[str, Any], trainer: pl.Trainer, ours: str | None
+        self,
+        probe: _Probe,
+        result: TaskResult,
+        trainer: pl.Trainer,
+        ours: str | None,
+        per_rank: bool,
     ) -> list[CheckResult]:
-        results: list[CheckResult] = []
-        mode = result.get("mode_label", "a new process")
-        if "load_error" in result:
-            found = ", ".join(result.get("unsafe_globals") or []) or "unknown"
+        where = result.where
+        if result.load_error is not None:
+            found = ", ".join(result.unsafe_globals) or "unknown"
             origin = "; ".join(self._unsafe) or "not found in the saved dictionary"
             return [
                 CheckResult(
                     "weights_only_load",
                     "fail",
-                    f"torch.load(weights_only=True) refused the checkpoint: {result['load_error']}."
+                    f"torch.load(weights_only=True) refused the checkpoint: {result.load_error}."
                     f" Unsafe globals: {found}. They come from: {origin}. Store plain types"
                     " (str instead of pathlib.Path, int/float/list instead of numpy objects).",
                 )
             ]
-        if "blocked" in result:
-            return [CheckResult("rebuild", "not_checked", str(result["blocked"]))]
-        results.append(CheckResult("weights_only_load", "pass", f"loaded in {mode}"))
-        for key in ("build_error", "crash"):
-            if key in result:
-                results.append(CheckResult("rebuild", "fail", f"{result[key]} ({mode})"))
-                return results
+        if result.blocked is not None:
+            return [CheckResult("rebuild", "not_checked", result.blocked)]
+        results = [CheckResult("weights_only_load", "pass", f"loaded in {where}")]
+        failure = result.build_error or result.crash
+        if failure is not None:
+            return [*results, CheckResult("rebuild", "fail", f"{failure} ({where})")]
         if self._load_row is None:
             self._load_row = result
-        restored = result.get("restored") or {}
         rows = []
-        for key, expected in probe.state.items():
+        for key in (f.name for f in dataclasses.fields(State)):
+            expected = getattr(probe.state, key)
             if key == "epoch" and probe.reference:
                 # The epoch training continues in: at the last batch of an epoch the
                 # uninterrupted run moves on to the next one, and so does a correct resume.
                 expected = probe.reference[0].epoch
-            got = restored.get(key)
+            got = None if result.restored is None else getattr(result.restored, key)
             rows.append(_detail(probe, key, None, None, expected, got, expected == got))
             if expected is None and got is None:
                 # Nothing of this kind in the fit (no GradScaler, say): both sides agree.
                 results.append(CheckResult(key, "pass", "none saved, none restored"))
             elif expected == got:
                 results.append(CheckResult(key, "pass"))
-            elif (
-                key == "epoch"
-                and probe.kind == "epoch_boundary"
-                and isinstance(expected, int)
-                and got == expected - 1
-            ):
+            elif key == "epoch" and probe.kind == "epoch_boundary" and got == expected - 1:
                 results.append(
                     CheckResult(
                         key,
@@ -604,19 +550,15 @@ class ResumeVerifier(PilotCallback):
                         f"{expected!r} saved, {got!r} after resume; {_STATE_REMEDIES.get(key, '')}",
                     )
                 )
-        theirs = result.get("dataset_fingerprint")
+        theirs = result.dataset_fingerprint
         if ours is not None and theirs is not None:
+            order = (
+                f" (rebuilt with {result.build_order}, as the fit's data show)"
+                if result.build_order
+                else ""
+            )
             results.append(
-                CheckResult(
-                    "data_rebuilt",
-                    "pass",
-                    "the first training examples are equal"
-                    + (
-                        f" (rebuilt with {result['build_order']}, as the fit's data show)"
-                        if result.get("build_order")
-                        else ""
-                    ),
-                )
+                CheckResult("data_rebuilt", "pass", f"the first training examples are equal{order}")
                 if ours == theirs
                 else CheckResult(
                     "data_rebuilt",
@@ -629,17 +571,16 @@ class ResumeVerifier(PilotCallback):
                     " DataModule: the new process repeats that seed), or data built from files",
                 )
             )
-        resumed = [StepRecord.from_dict(s) for s in result.get("steps") or []]
-        trajectory, steps = compare_trajectories(
+        trajectory, pairs = compare_trajectories(
             probe.reference,
-            resumed,
+            result.steps,
             seen_before=probe.seen_before,
             loader_stateful=_loader_stateful(trainer),
             at_epoch_boundary=probe.kind == "epoch_boundary",
             atol=self.atol,
             rtol=self.rtol,
         )
-        if trainer.world_size > 1 and not result.get("per_rank"):
+        if trainer.world_size > 1 and not per_rank:
             # The verification process resumes on one device: each rank's shard of the data
             # and its losses cannot be reproduced there, so only the state checks apply.
             why = (
@@ -654,20 +595,14 @@ class ResumeVerifier(PilotCallback):
                 for c in trajectory
             ]
         results.extend(trajectory)
-        for step in steps:
-            reference = {k: step[f"reference_{k}"] for k in ("ids", "loss", "lrs")}
-            resumed_values = {k: step[f"resumed_{k}"] for k in ("ids", "loss", "lrs")}
-            equal = step["ids_equal"] is not False and step["loss_equal"] and step["lrs_equal"]
+        for index, ref, got, equal in pairs:
             rows.append(
-                _detail(
-                    probe, "micro_batch", step["micro_batch"], step["step"], reference,
-                    resumed_values, bool(equal),
-                )
-            )  # fmt: skip
+                _detail(probe, "micro_batch", index, ref.step, _shown(ref), _shown(got), equal)
+            )
         # The global steps the reference advanced (one per update, or one per optimizer
         # step under manual optimisation with several optimizers).
         expected_updates = probe.end_step - probe.step
-        done = int(result.get("global_step_end", 0)) - probe.step
+        done = result.global_step_end - probe.step
         results.append(
             CheckResult("updates_after_resume", "pass", f"{done} update(s)")
             if done == expected_updates
@@ -713,7 +648,7 @@ class ResumeVerifier(PilotCallback):
         # This attempt's own checkpoint_load row (a fit resumed with ckpt_path, measured by
         # PhaseMemoryMonitor) is another load in another process: never merge the two.
         loaded_here = any(row["phase"] == "checkpoint_load" for row in self.run.phase_rows())
-        if load is not None and load.get("load_seconds") is not None and not loaded_here:
+        if load is not None and load.load_seconds is not None and not loaded_here:
             self.run.put_phase_row(
                 {
                     "phase": "checkpoint_load",
@@ -721,9 +656,9 @@ class ResumeVerifier(PilotCallback):
                     "occurrences": 1,
                     "measured_occurrences": 1,
                     "counter": "none",
-                    "duration_s": load["load_seconds"],
-                    "file_bytes": load.get("file_bytes"),
-                    "host_rss_bytes": load.get("load_rss_bytes"),
+                    "duration_s": load.load_seconds,
+                    "file_bytes": load.file_bytes,
+                    "host_rss_bytes": load.load_rss_bytes,
                     "verdict": "pass",
                     "checks": [{"name": "weights_only_load", "verdict": "pass", "detail": ""}],
                     "notes": "torch.load(weights_only=True) timed in the verification process;"
@@ -740,7 +675,7 @@ class _Probe:
     kind: str
     step: int
     checkpoint: Path
-    state: dict[str, Any]
+    state: State
     seen_before: set[Any]
     reference: list[StepRecord] = field(default_factory=list)
     #: The global step after the last recorded micro-batch.
@@ -759,7 +694,7 @@ def _detail(
 ) -> dict[str, Any]:
     return {
         "checkpoint_step": probe.step,
-        "check": check if probe.kind == "mid_epoch" else f"{probe.kind}.{check}",
+        "check": _prefixed(probe, check),
         "micro_batch": micro,
         "step": step,
         "reference": json.dumps(ref, default=str),
@@ -768,18 +703,22 @@ def _detail(
     }
 
 
+def _shown(record: StepRecord | None) -> dict[str, Any]:
+    if record is None:
+        return {"ids": None, "loss": None, "lrs": None}
+    ids = None if record.ids is None else [str(i) for i in record.ids]
+    return {"ids": ids, "loss": record.loss, "lrs": list(record.lrs)}
+
+
 def _prefixed(probe: _Probe, name: str) -> str:
     return name if probe.kind == "mid_epoch" else f"{probe.kind}.{name}"
 
 
-def _class_path(cls: type) -> str:
-    return f"{cls.__module__}:{cls.__qualname__}"
-
-
-def _portable_adapter(adapter: BatchAdapter) -> dict[str, Any]:
-    specs = getattr(adapter, "_specs", {})
-    portable = {k: v for k, v in specs.items() if isinstance(v, str | int)}
-    return portable | {"ignore_index": adapter.ignore_index}
+def _portable_adapter(adapter: BatchAdapter) -> dict[str, str | int]:
+    specs: dict[str, Any] = getattr(adapter, "_specs", {})
+    return {k: v for k, v in specs.items() if isinstance(v, str | int)} | {
+        "ignore_index": adapter.ignore_index
+    }
 
 
 def _loader_stateful(trainer: pl.Trainer) -> bool:
@@ -788,7 +727,7 @@ def _loader_stateful(trainer: pl.Trainer) -> bool:
 
 
 def _id_set(chunks: list[Any]) -> set[Any]:
-    """The example ids of the batches' id chunks (tensors or lists) as one set."""
+    """The example ids of the batches' id chunks (tensors or sequences) as one set."""
     ids: set[Any] = set()
     for chunk in chunks:
         values = chunk.cpu().reshape(-1).tolist() if isinstance(chunk, torch.Tensor) else chunk

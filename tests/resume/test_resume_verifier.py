@@ -18,8 +18,8 @@ from torch.utils.data import DataLoader, Dataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from lightning_pilot import read_phase_table
-from lightning_pilot.callbacks.resume_verifier import ResumeVerifier
 from lightning_pilot.demo import InstructionDataModule, TinyCausalLM
+from lightning_pilot.resume import ResumeVerifier
 
 pytestmark = pytest.mark.timeout(300)
 

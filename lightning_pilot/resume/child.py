@@ -1,0 +1,210 @@
+"""The new process ResumeVerifier starts: ``python -m lightning_pilot.resume.child REQUEST``.
+
+It reads a :class:`~lightning_pilot.resume.protocol.Request`, runs its tasks one after the other
+(one interpreter start and one import of the user's code for every probe checkpoint and the
+artifact) and publishes a :class:`~lightning_pilot.resume.protocol.Result` where the request
+says. A resume task loads its checkpoint with ``weights_only=True``, rebuilds the module and
+data, resumes ``fit`` and records it (:func:`~lightning_pilot.resume.replay.replay`); an
+artifact task loads the final artifact strictly into a fresh module and saves its outputs on
+the control batches. Failures of the user's code are answers, written into the result.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import threading
+import time
+import traceback
+import warnings
+from collections.abc import Mapping
+from typing import Any, Final
+
+import torch
+
+from lightning_pilot import storage
+from lightning_pilot.core.resume import plain_values
+from lightning_pilot.resume.protocol import (
+    PARENT_PID,
+    ArtifactTask,
+    Request,
+    Result,
+    ResumeTask,
+    TaskResult,
+)
+from lightning_pilot.resume.replay import CONTROL_CALLS, load_checkpoint, replay
+
+#: The largest request a child reads: a few paths and options per task.
+MAX_REQUEST_BYTES: Final = 1 << 20
+
+
+def load_object(path: str) -> Any:
+    """Import ``"package.module:attribute"`` (also ``"package.module.attribute"``).
+
+    Example:
+        >>> load_object("os.path:join") is os.path.join
+        True
+    """
+    module_name, sep, attribute = path.partition(":")
+    if not sep:
+        module_name, _, attribute = path.rpartition(".")
+    target: Any = importlib.import_module(module_name)
+    for part in attribute.split("."):
+        target = getattr(target, part)
+    return target
+
+
+def _seed_like_the_script() -> None:
+    """Seed as the training script did before it built its objects.
+
+    ``seed_everything`` leaves its seed in ``PL_GLOBAL_SEED`` (and ``PL_SEED_WORKERS``), which
+    this process inherits: a module or DataModule that draws random data or weights in its
+    constructor is then rebuilt with the same values. The fit's RNG states are restored at
+    train start, separately.
+    """
+    seed = os.environ.get("PL_GLOBAL_SEED")
+    if seed is not None and seed.lstrip("-").isdigit():
+        from lightning.fabric.utilities.seed import seed_everything
+
+        seed_everything(int(seed), workers=os.environ.get("PL_SEED_WORKERS") == "1", verbose=False)
+
+
+def _build(
+    task: ResumeTask | ArtifactTask, checkpoint: Mapping[str, Any], datamodule_first: bool = False
+) -> tuple[Any, Any]:
+    _seed_like_the_script()
+    if task.factory:
+        built = load_object(task.factory)()
+        if isinstance(built, tuple):
+            return built[0], (built[1] if len(built) > 1 else None)
+        if isinstance(built, Mapping):
+            return built["model"], built.get("datamodule")
+        return built, None
+    module_cls = load_object(task.module_class)
+    path = task.datamodule_class if isinstance(task, ResumeTask) else None
+    dm_cls = load_object(path) if path else None
+
+    def build_datamodule() -> Any:
+        hyper = dict(checkpoint.get("datamodule_hyper_parameters") or {})
+        return None if dm_cls is None else dm_cls(**hyper)
+
+    # After the seed, the script built one of the two first: random data drawn in a
+    # constructor depends on which (the module's weight init draws from the same generator).
+    datamodule = build_datamodule() if datamodule_first else None
+    model = module_cls(**dict(checkpoint.get("hyper_parameters") or {}))
+    return model, (datamodule if datamodule_first else build_datamodule())
+
+
+def run_resume(task: ResumeTask, result: TaskResult) -> None:
+    """Rebuild the module and data as the script probably did (seed, module, data) and resume.
+
+    When the data come out other than the fit's and a seed was set, the script built the data
+    first: build that way and resume again (only then: one fit in the common case).
+    """
+    checkpoint = load_checkpoint(task.checkpoint, result)
+    if checkpoint is None:
+        return
+    for datamodule_first in (False, True):
+        try:
+            model, datamodule = _build(task, checkpoint, datamodule_first)
+        except Exception as err:  # reported to the parent as "cannot rebuild"
+            result.build_error = f"{type(err).__name__}: {err}"
+            return
+        replay(task, result, model, datamodule)
+        if (
+            datamodule_first
+            or task.dataset_fingerprint is None
+            or result.dataset_fingerprint in (None, task.dataset_fingerprint)
+            or datamodule is None
+            or task.factory
+            or os.environ.get("PL_GLOBAL_SEED") is None
+        ):
+            return
+        result.build_order = "the DataModule before the module"
+
+
+def run_artifact(task: ArtifactTask, result: TaskResult) -> None:
+    """Load the final artifact into a fresh module and save its outputs on the control inputs."""
+    checkpoint = load_checkpoint(task.checkpoint, result)
+    if checkpoint is None:
+        return
+    try:
+        model, _ = _build(task, checkpoint)
+    except Exception as err:
+        result.build_error = f"{type(err).__name__}: {err}"
+        return
+    weights = (
+        checkpoint["state_dict"]
+        if task.artifact == task.checkpoint
+        else torch.load(task.artifact, map_location="cpu", weights_only=True)
+    )
+    dtype = getattr(torch, task.dtype or "", None)
+    if isinstance(dtype, torch.dtype) and dtype.is_floating_point:
+        model = model.to(dtype)  # as the live module was (precision="bf16-true", "16-true")
+    try:
+        model.load_state_dict(weights, strict=True)
+    except RuntimeError as err:
+        lines = str(err).splitlines()
+        result.artifact_error = " ".join([lines[0], *(line.strip() for line in lines[1:3])])
+        return
+    model.eval()
+    control = torch.load(task.control, map_location="cpu", weights_only=True)
+    with torch.no_grad():
+        outputs = [
+            plain_values(CONTROL_CALLS[task.call](model, batch, index))
+            for index, batch in enumerate(control)
+        ]
+    storage.publish_file(task.outputs, lambda handle: torch.save(outputs, handle))
+    result.outputs = task.outputs
+
+
+def _exit_with_parent(poll_s: float = 0.5) -> None:
+    """End this process when the training process that started it is gone (killed).
+
+    The parent enforces the timeout; without this a verification process would live on and
+    keep its memory (on a GPU too).
+    """
+    expected = os.environ.get(PARENT_PID)
+    parent = int(expected) if expected and expected.isdigit() else os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        os._exit(3)
+
+    threading.Thread(target=watch, name="lightning-pilot-parent-watch", daemon=True).start()
+
+
+def run_task(task: ResumeTask | ArtifactTask) -> TaskResult:
+    """One task's result; an exception of the user's code becomes its ``crash``."""
+    result = TaskResult(kind=task.kind)
+    try:
+        if isinstance(task, ResumeTask):
+            run_resume(task, result)
+        else:
+            run_artifact(task, result)
+    except Exception as err:  # the user's code: reported whole
+        result.crash = f"{type(err).__name__}: {err}"
+        result.traceback = traceback.format_exc(limit=8)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the request named by the only argument and publish its result.
+
+    Raises:
+        ProtocolError: the request is unusable (the parent reads the exit and the error).
+    """
+    args = sys.argv[1:] if argv is None else argv
+    request = Request.from_dict(storage.read_json(args[0], max_bytes=MAX_REQUEST_BYTES))
+    warnings.simplefilter("ignore")
+    _exit_with_parent()
+    torch.set_num_threads(request.num_threads)
+    result = Result(tasks=tuple(run_task(task) for task in request.tasks))
+    storage.publish_json(result.to_dict(), request.result)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,490 @@
+"""The training process's side: start the new process (or one per DDP rank), read its answer,
+and prepare and judge the artifact round trip.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import inspect
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final, Literal
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.strategies import DDPStrategy
+from lightning.pytorch.utilities.model_helpers import is_overridden
+
+from lightning_pilot import storage
+from lightning_pilot.core.checks import CheckResult
+from lightning_pilot.core.resume import (
+    capture_rng,
+    count_tensors,
+    outputs_close,
+    plain_values,
+    restore_rng,
+)
+from lightning_pilot.ledger import file_sha256
+from lightning_pilot.resume.protocol import (
+    PARENT_PID,
+    ArtifactTask,
+    Request,
+    Result,
+    ResumeTask,
+    TaskResult,
+)
+from lightning_pilot.resume.replay import CONTROL_CALLS, control_calls, load_checkpoint, replay
+from lightning_pilot.run import ExportFn, PilotRun
+
+Task = ResumeTask | ArtifactTask
+
+#: The largest answer read back: the records of a few hundred micro-batches are far smaller.
+MAX_RESULT_BYTES: Final = 64 << 20
+
+
+def class_path(cls: type) -> str:
+    """``"package.module:QualName"``, what a new process imports.
+
+    Example:
+        >>> class_path(Path)
+        'pathlib:Path'
+    """
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def _takes_arguments(cls: type) -> bool:
+    try:
+        parameters = inspect.signature(cls).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in parameters)
+
+
+def rebuild_blocker(
+    factory: str | None, pl_module: Any, datamodule: Any, *, needs_data: bool
+) -> str | None:
+    """Why a new process cannot rebuild the module (and data), or ``None`` if it can."""
+    if factory:
+        return None
+    objects = [o for o in (pl_module, datamodule) if o is not None]
+    for path in (class_path(type(o)) for o in objects):
+        if path.startswith("__main__:") or "<locals>" in path:
+            return (
+                f"{path} cannot be imported by a new process (defined in __main__ or inside a"
+                " function)"
+            )
+    for obj in objects:
+        if _takes_arguments(type(obj)) and not getattr(obj, "hparams", None):
+            return (
+                f"{class_path(type(obj))} takes constructor arguments but did not call"
+                " save_hyperparameters(): a new process would build it with default arguments,"
+                " which may be another model or other data; call self.save_hyperparameters() in"
+                " its __init__"
+            )
+    if needs_data and datamodule is None and not is_overridden("train_dataloader", pl_module):
+        return (
+            "the training data was passed to fit() as loaders, which a new process cannot rebuild"
+        )
+    return None
+
+
+def launch(
+    tasks: Sequence[Task],
+    folder: Path,
+    timeout_s: float,
+    *,
+    tag: str = "",
+    env: dict[str, str] | None = None,
+) -> list[TaskResult]:
+    """Run ``tasks`` in one new process; one result per task, in order.
+
+    The request is ``folder/spec-tasks<tag>.json``, the answer ``folder/result-tasks<tag>.json``.
+    A process that times out, dies before it answers or answers something unusable gives every
+    task a ``crash`` result that says so.
+    """
+    request_path = folder / f"spec-tasks{tag}.json"
+    result_path = folder / f"result-tasks{tag}.json"
+    # An earlier attempt's answer must never be read as this one's (a process that dies before
+    # it answers leaves none).
+    outputs = [Path(t.outputs) for t in tasks if isinstance(t, ArtifactTask)]
+    for stale in (request_path, result_path, *outputs):
+        stale.unlink(missing_ok=True)
+    request = Request(
+        tasks=tuple(tasks), result=str(result_path), num_threads=torch.get_num_threads()
+    )
+    try:
+        storage.publish_json(request.to_dict(), request_path)
+    except OSError as err:  # a full disk: no process to start; the tables will say so too
+        return _crashed(tasks, f"the request {request_path.name} could not be written: {err}")
+    # The new process imports what this one can: same interpreter, same import path.
+    path = os.pathsep.join(p for p in sys.path if p)
+    env = os.environ | {"PYTHONPATH": path, PARENT_PID: str(os.getpid())} | (env or {})
+    command = [sys.executable, "-m", "lightning_pilot.resume.child", str(request_path)]
+    try:
+        done = subprocess.run(
+            command, capture_output=True, text=True, timeout=timeout_s, env=env, check=False
+        )
+    except subprocess.TimeoutExpired:
+        return _crashed(tasks, f"the new process did not finish within {timeout_s:.0f} s")
+    if not result_path.exists():
+        tail = (done.stderr or done.stdout or "").strip().splitlines()[-5:]
+        return _crashed(tasks, f"the new process exited with {done.returncode}: {' | '.join(tail)}")
+    return read_result(result_path, tasks)
+
+
+def read_result(path: Path, tasks: Sequence[Task]) -> list[TaskResult]:
+    """The new process's answer to ``tasks``; an unusable answer (not JSON, too large, of the
+    wrong shape, or for other tasks) gives every task a ``crash`` result that says why."""
+    try:
+        answers = Result.from_dict(storage.read_json(path, max_bytes=MAX_RESULT_BYTES))
+    except (OSError, ValueError, RecursionError) as err:  # hostile or broken: ProtocolError too
+        return _crashed(tasks, f"the new process's answer is unusable: {err}")
+    if [a.kind for a in answers.tasks] != [t.kind for t in tasks]:
+        return _crashed(tasks, "the new process answered other tasks than it was given")
+    return list(answers.tasks)
+
+
+def _crashed(tasks: Sequence[Task], why: str) -> list[TaskResult]:
+    return [TaskResult(kind=t.kind, crash=why) for t in tasks]
+
+
+@dataclass(frozen=True)
+class Launcher:
+    """How the training process gets its tasks run: the rebuild ``factory``, the ``fallback``
+    when no new process can rebuild the module, and the time each task may take.
+
+    Example:
+        >>> Launcher(factory=None, fallback="none", timeout_s=600.0).fallback
+        'none'
+    """
+
+    factory: str | None
+    fallback: Literal["none", "in_process"]
+    timeout_s: float
+
+    def run(self, tasks: Sequence[Task], trainer: pl.Trainer, pl_module: Any) -> list[TaskResult]:
+        """Run every task in one new process (in this one when asked to and a new one cannot).
+
+        One interpreter start and one import of the user's code serve every probe checkpoint
+        and the artifact.
+        """
+        datamodule = getattr(trainer, "datamodule", None)
+        results: list[TaskResult | None] = []
+        runnable: list[Task] = []
+        for task in tasks:
+            if isinstance(task, ArtifactTask):
+                blocker = rebuild_blocker(self.factory, pl_module, None, needs_data=False)
+                hint = "; or pass factory=..."
+            else:
+                blocker = rebuild_blocker(self.factory, pl_module, datamodule, needs_data=True)
+                hint = (
+                    ": pass ResumeVerifier(factory='package.module:function'), or"
+                    " fallback='in_process' to compare in this process (weaker: shared globals)"
+                )
+            if blocker is None:
+                runnable.append(task)
+                results.append(None)
+            elif isinstance(task, ResumeTask) and self.fallback == "in_process":
+                results.append(_in_process(task, trainer, pl_module))
+            else:
+                results.append(TaskResult(kind=task.kind, blocked=blocker + hint))
+        if runnable:
+            folder = Path(runnable[0].checkpoint).parent
+            answers = iter(launch(runnable, folder, self.timeout_s * len(runnable)))
+            results = [r if r is not None else next(answers) for r in results]
+        return [r for r in results if r is not None]
+
+    def run_per_rank(
+        self, tasks: Sequence[ResumeTask], trainer: pl.Trainer, pl_module: Any
+    ) -> list[TaskResult]:
+        """Resume in one new process per rank: together a DDP group shaped like the fit's.
+
+        Every rank calls this at the same point (it holds a collective: the port of the new
+        group, chosen by rank 0). Each new process gets its rank's environment, so Lightning
+        starts no processes of its own and each rank reads its own shard of the data again, on
+        its own device.
+        """
+        port = trainer.strategy.broadcast(_free_port() if trainer.is_global_zero else 0, src=0)
+        datamodule = getattr(trainer, "datamodule", None)
+        blocker = rebuild_blocker(self.factory, pl_module, datamodule, needs_data=True)
+        if blocker is not None:  # the same on every rank: no rank waits for another
+            why = (
+                f"{blocker}: pass ResumeVerifier(factory='package.module:function'); under"
+                " several processes the check needs one new process per rank"
+            )
+            return [TaskResult(kind="resume", blocked=why) for _ in tasks]
+        strategy = trainer.strategy
+        assert isinstance(strategy, DDPStrategy)
+        ddp = getattr(strategy, "model", None)
+        # The fit's devices (indices, not only how many) and its DDP options, as far as public.
+        devices = trainer.num_devices if strategy.root_device.type == "cpu" else trainer.device_ids
+        ddp_options = {
+            "process_group_backend": strategy.process_group_backend,
+            "find_unused_parameters": bool(getattr(ddp, "find_unused_parameters", False)),
+            "static_graph": bool(getattr(ddp, "static_graph", False)),
+        }
+        rank = trainer.global_rank
+        tasks = [
+            dataclasses.replace(
+                task,
+                workdir=f"{task.workdir}-rank{rank}",
+                trainer=task.trainer | {"devices": devices, "num_nodes": trainer.num_nodes},
+                ddp=ddp_options,
+            )
+            for task in tasks
+        ]
+        env = {
+            "MASTER_ADDR": os.environ.get("MASTER_ADDR", "127.0.0.1"),
+            "MASTER_PORT": str(port),
+            "WORLD_SIZE": str(trainer.world_size),
+            "RANK": str(rank),
+            "LOCAL_RANK": str(trainer.local_rank),
+            "NODE_RANK": str(trainer.node_rank),
+            "GROUP_RANK": str(trainer.node_rank),
+            "LOCAL_WORLD_SIZE": str(trainer.num_devices),
+            # torchrun's default: the group's store would be expected from an agent on this port.
+            "TORCHELASTIC_USE_AGENT_STORE": "False",
+        }
+        folder = Path(tasks[0].checkpoint).parent
+        results = launch(tasks, folder, self.timeout_s * len(tasks), tag=f"-rank{rank}", env=env)
+        for result in results:
+            result.where = f"{trainer.world_size} new processes (one per rank, DDP)"
+        return results
+
+
+def _in_process(task: ResumeTask, trainer: pl.Trainer, pl_module: Any) -> TaskResult:
+    """The in-process fallback: copies of the live objects, this process's RNG put back after."""
+    result = TaskResult(kind="resume", where="the in-process fallback")
+    live = getattr(trainer, "datamodule", None)
+    datamodule = copy.copy(live) if live is not None else None
+    loaders = None
+    if datamodule is None and not is_overridden("train_dataloader", pl_module):
+        try:
+            loaders = copy.deepcopy(trainer.train_dataloader)
+        except (TypeError, NotImplementedError, RuntimeError) as err:
+            result.crash = (
+                f"cannot copy the training loader for the in-process fallback ({err}): pass"
+                " ResumeVerifier(factory='package.module:function')"
+            )
+            return result
+    model = copy.deepcopy(pl_module)
+    saved = capture_rng()
+    try:
+        if load_checkpoint(task.checkpoint, result) is not None:
+            replay(task, result, model, datamodule, loaders)
+    except Exception as err:  # the user's code, in this process: an answer, not a crash
+        result.crash = f"{type(err).__name__}: {err}"
+    finally:
+        restore_rng(saved)
+    return result
+
+
+def replays_every_rank(trainer: pl.Trainer) -> bool:
+    """Whether the resume is checked as the fit runs: one new process per rank, a DDP group."""
+    return trainer.world_size > 1 and isinstance(trainer.strategy, DDPStrategy)
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def final_artifact(
+    run: PilotRun, trainer: pl.Trainer, pl_module: Any, export: ExportFn | None
+) -> tuple[Path | None, str | None]:
+    """Write the final artifact; return its path, or why the user's export failed.
+
+    Every rank saves the final checkpoint (saving is a collective): one per attempt, so a
+    resumed fit never re-reads an earlier attempt's. With ``export``, the artifact is the file
+    it returns (:meth:`PilotRun.export`: once per run, on global rank 0, measured by the memory
+    monitor when there is one).
+    """
+    checkpoint = storage.make_folder(run.run_dir, "resume") / f"final-attempt-{run.attempt}.ckpt"
+    if not checkpoint.exists():
+        trainer.save_checkpoint(checkpoint, weights_only=False)  # full, and said so
+    if export is None:
+        return checkpoint, None
+    path, error = run.export(export, trainer, pl_module)
+    if path is not None and not path.is_file():
+        error = f"export(pl_module, directory) returned {str(path)!r}, which is not a file"
+    return path, error
+
+
+_PROBE_REMEDY: Final = (
+    "define predict_step(self, batch, batch_idx) returning the model's outputs on a batch,"
+    " or pass ResumeVerifier(check_artifact=False)"
+)
+
+
+@dataclass
+class ArtifactProbe:
+    """The artifact round trip prepared in the training process: the task for the new process
+    and the live outputs to compare with, or the verdict that ends it early.
+
+    Example:
+        >>> ArtifactProbe(Path("final.ckpt"), "0" * 64).task is None
+        True
+    """
+
+    artifact: Path
+    checksum: str
+    task: ArtifactTask | None = None
+    live: list[Any] = field(default_factory=list)
+    early: CheckResult | None = None
+
+    def _stop(self, why: str) -> ArtifactProbe:
+        self.early = CheckResult("artifact_roundtrip", "not_checked", why)
+        return self
+
+
+def _control_batches(trainer: pl.Trainer, count: int) -> list[Any]:
+    loaders = trainer.val_dataloaders
+    if isinstance(loaders, list | tuple):
+        loaders = loaders[0] if loaders else None
+    if not loaders:
+        loaders = trainer.train_dataloader
+    batches: list[Any] = []
+    for batch in loaders if loaders is not None else ():
+        batches.append(_to_cpu(batch))
+        if len(batches) >= count:
+            break
+    return batches
+
+
+def _to_cpu(value: Any) -> Any:
+    """Tensors on the CPU, containers as plain dicts and lists, anything else as it is."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if isinstance(value, Mapping):
+        return {k: _to_cpu(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_to_cpu(v) for v in value]
+    return value
+
+
+def _live_outputs(pl_module: Any, batches: list[Any]) -> tuple[str, list[Any]]:
+    """Run the live module (on the CPU, where Lightning's teardown put it) on the control
+    batches each way worth trying; the first that works for every batch is the answer.
+
+    Raises:
+        RuntimeError: no way worked; the message names each attempt's error.
+    """
+    errors = []
+    was_training = pl_module.training
+    pl_module.eval()
+    try:
+        for call in control_calls(pl_module, batches[0]):
+            try:
+                with torch.no_grad():
+                    outputs = [
+                        plain_values(CONTROL_CALLS[call](pl_module, batch, index))
+                        for index, batch in enumerate(batches)
+                    ]
+            except Exception as err:  # the user's code: each failure is part of the answer
+                errors.append(f"{call} raised {type(err).__name__}: {str(err)[:200]}")
+                continue
+            return call, outputs
+    finally:
+        pl_module.train(was_training)
+    raise RuntimeError("; ".join(errors))
+
+
+def prepare_artifact(
+    run: PilotRun,
+    trainer: pl.Trainer,
+    pl_module: Any,
+    artifact: Path,
+    *,
+    factory: str | None,
+    control_batches: int,
+) -> ArtifactProbe:
+    """Record the live outputs on the control inputs and the task for the new process."""
+    checksum = file_sha256(artifact)
+    run.set_ledger_fields(checkpoint_uri=str(artifact), checkpoint_sha256=checksum)
+    probe = ArtifactProbe(artifact, checksum)
+    try:
+        batches = _control_batches(trainer, control_batches)
+    except Exception as err:  # the user's loader
+        return probe._stop(
+            f"reading the control batches from the validation (else training) loader raised"
+            f" {type(err).__name__}: {err}"
+        )
+    if not batches:
+        return probe._stop("no loader gave a control batch")
+    try:
+        call, probe.live = _live_outputs(pl_module, batches)
+    except RuntimeError as err:
+        return probe._stop(
+            f"the live module could not be run on a control batch ({err}): {_PROBE_REMEDY}"
+        )
+    if count_tensors(probe.live) == 0:
+        return probe._stop(f"{call} returned no tensor to compare: {_PROBE_REMEDY}")
+    folder = storage.make_folder(run.run_dir, "resume")
+    control = folder / "control.pt"
+    control.unlink(missing_ok=True)
+    storage.publish_file(control, lambda handle: torch.save(batches, handle))
+    try:  # the new process loads them with weights_only=True: so must they load here
+        torch.load(control, map_location="cpu", weights_only=True)
+    except Exception as err:  # a batch of custom objects (a dataclass): not comparable
+        return probe._stop(
+            f"the control batches hold objects torch.load(weights_only=True) refuses"
+            f" ({type(err).__name__}: {str(err).splitlines()[0][:200]}); batches of tensors,"
+            " numbers, strings, lists and dicts can be carried to a new process safely"
+        )
+    floats = [p.dtype for p in pl_module.parameters() if p.is_floating_point()]
+    probe.task = ArtifactTask(
+        checkpoint=str(folder / f"final-attempt-{run.attempt}.ckpt"),
+        artifact=str(artifact),
+        control=str(control),
+        call=call,
+        outputs=str(folder / "control-outputs.pt"),
+        module_class=class_path(type(pl_module)),
+        factory=factory,
+        # The live module's floating dtype (bf16-true, 16-true): the rebuilt one is cast to it.
+        dtype=str(floats[0]).removeprefix("torch.") if floats else None,
+    )
+    return probe
+
+
+def judge_artifact(
+    probe: ArtifactProbe, result: TaskResult, atol: float, rtol: float
+) -> CheckResult:
+    """The artifact round trip's verdict from the new process's answer."""
+    name, checksum = probe.artifact.name, probe.checksum
+    if result.blocked is not None:
+        return CheckResult("artifact_roundtrip", "not_checked", result.blocked)
+    failure = result.load_error or result.build_error or result.artifact_error or result.crash
+    if result.load_error is not None:
+        failure = f"{failure} (unsafe globals: {', '.join(result.unsafe_globals)})"
+    if failure is None and (result.outputs is None or probe.task is None):
+        failure = "the new process saved no outputs"
+    if failure is not None:
+        return CheckResult(
+            "artifact_roundtrip",
+            "fail",
+            f"{name} (sha256 {checksum[:16]}) did not reload into a fresh module: {failure}",
+        )
+    assert probe.task is not None
+    reloaded = torch.load(probe.task.outputs, map_location="cpu", weights_only=True)
+    call = probe.task.call
+    if outputs_close(probe.live, reloaded, atol, rtol):
+        return CheckResult(
+            "artifact_roundtrip",
+            "pass",
+            f"{name} sha256 {checksum} reproduces the live outputs ({call}) on"
+            f" {len(probe.live)} control batch(es)",
+        )
+    return CheckResult(
+        "artifact_roundtrip",
+        "fail",
+        f"{name} (sha256 {checksum[:16]}) reloaded, but its outputs ({call}) on the control"
+        " inputs differ from the live model's: the artifact misses state the model uses",
+    )
