@@ -1,22 +1,11 @@
-"""The ``lightning-pilot`` command (also ``python -m lightning_pilot``).
+"""The ``lightning-pilot`` command (also ``python -m lightning_pilot``): ``demo``, ``show``,
+``compare``, ``plan`` and ``sheet``; docs/cli.md describes each, its scope and its exit codes.
 
-Subcommands:
-
-* ``demo [--out DIR] [--quick]``: run the bundled pilot and write its choice sheet.
-* ``show PATH``: the phase table with verdicts and the ledger summary.
-* ``compare LEDGER --metric M [--by variant] [--control NAME]``: variants across seeds.
-* ``plan --dataset-size N --micro-batch B --accumulate K [--replicas R] [--epochs E |
-  --max-steps S]``: the updates and examples a configuration will make.
-* ``sheet RUN_DIR [--gpu-memory 80GiB]``: the choice sheet, written to ``RUN_DIR/sheet.md``.
-
-Exit codes (``show``, ``compare`` and ``sheet`` are a CI gate; ``docs/cli.md`` has the details
-and which runs each command has in scope): 0, everything in scope was read and passed; 1, a
-phase verdict ``fail`` or a run in scope that diverged, ran out of memory, failed or has a
-status the ledger does not define, each named in the ``Result:`` lines; 2, anything else (bad
-usage, a missing or unreadable path, a file in scope skipped as unreadable, a refused write), as
-one line on stderr, never a traceback. Whatever a file holds is printed through
-:func:`lightning_pilot.report.terminal_safe`: shown, never obeyed by the terminal. ``demo``
-exits 0 although its comparison diverges one run on purpose (it gates its pilot run only).
+``show``, ``compare`` and ``sheet`` are a CI gate: 0, everything in scope was read and passed;
+1, a phase verdict ``fail`` or a run in scope that diverged, ran out of memory, failed or has
+an unknown status, named in the ``Result:`` lines; 2, anything else (bad usage, a missing or
+unreadable path or file, a refused write), one line on stderr, never a traceback. Whatever a
+file holds is printed through :func:`~lightning_pilot.report.terminal_safe`.
 
 Example:
     >>> from lightning_pilot.cli import main
@@ -77,7 +66,7 @@ def _out(text: str) -> None:
 
 
 def _err(text: str) -> None:
-    from lightning_pilot.report import TEXT_LIMIT, terminal_safe
+    from lightning_pilot.report.units import TEXT_LIMIT, terminal_safe
 
     # One line, always: a newline in a path or a message is shown as \n.
     sys.stderr.write(f"lightning-pilot: {terminal_safe(text, limit=2 * TEXT_LIMIT)}\n")
@@ -209,22 +198,21 @@ def _write_sheet(
     control: str | None = None,
 ) -> int:
     """Write and print the choice sheet; gate on the run's phase verdicts and ledger status."""
-    from lightning_pilot.report import publish_choice_sheet
+    from lightning_pilot.report import sheet
     from lightning_pilot.report.load import load_run
-    from lightning_pilot.report.sheet import check_options, render_choice_sheet
 
     reads.scan_run(run_dir)
     reads.scan_folder(run_dir.parent.parent / "ledger")
     try:
-        check_options(gpu_memory, reserve)
+        sheet.check_options(gpu_memory, reserve)
         run = load_run(run_dir, metric=metric, experiment=experiment)
-        text = render_choice_sheet(
+        text = sheet.render_choice_sheet(
             run, gpu_memory_bytes=gpu_memory, reserve=reserve, control=control
         )
     except ValueError as err:
         raise UsageError(str(err)) from None
     try:
-        written = publish_choice_sheet(run_dir, text)
+        written = sheet.publish_choice_sheet(run_dir, text)
     except OSError as err:
         raise UsageError(
             f"could not write the choice sheet to {run_dir}: {_os_error(err)}"
@@ -384,11 +372,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the exit code.
-
-    Whatever fails that is not a check result (bad usage, a missing, misplaced or unreadable
-    path, a disk that refuses a write) is exit 2 with one line on stderr, never a traceback.
-    """
+    """Run the command line and return the exit code (the module docstring says which)."""
     parser = build_parser()
     try:
         args = parser.parse_args(argv)

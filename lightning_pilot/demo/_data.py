@@ -1,8 +1,7 @@
-"""Shared helpers of the demo tasks: argument checks, the shuffling sampler, the DataLoader factory.
+"""Shared helpers of the demo tasks: argument checks, the shuffling sampler, the split DataModule.
 
-The checks build one message format for every demo class, so a bad argument always reads like
-``InstructionDataModule(batch_size=0) is invalid: batch_size must be a positive integer.``: it
-names the class, the argument and the value, and says what would be accepted.
+Every check raises with one message format that names the class, the argument and the value:
+``InstructionDataModule(batch_size=0) is invalid: batch_size must be a positive integer.``
 """
 
 from __future__ import annotations
@@ -15,43 +14,17 @@ import torch
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, Sampler, SequentialSampler, Subset
 
-STATEFUL_INSTALL_HINT = "pip install 'lightning-pilot[stateful]'"
-"""The command that installs the optional dependency behind ``stateful=True``."""
-
 _T = TypeVar("_T")
 
 
 def invalid_message(owner: str, name: str, value: object, requirement: str) -> str:
-    """Return the message of a rejected constructor argument.
-
-    Args:
-        owner: The class (or function) that received the argument.
-        name: The argument's name.
-        value: The rejected value; echoed with ``repr``.
-        requirement: What a valid value is, phrased to follow "``name`` must be".
-
-    Returns:
-        The full message, e.g. ``"Foo(size=0) is invalid: size must be a positive integer."``.
-    """
+    """The message of a rejected argument; ``requirement`` follows "``name`` must be"."""
     return f"{owner}({name}={value!r}) is invalid: {name} must be {requirement}."
 
 
 def check_int(owner: str, name: str, value: object, *, minimum: int) -> int:
-    """Check that ``value`` is an ``int`` (not a ``bool``) of at least ``minimum``.
-
-    Args:
-        owner: The class that received the argument, for the message.
-        name: The argument's name, for the message.
-        value: The value to check.
-        minimum: The smallest accepted value.
-
-    Returns:
-        ``value``, typed as ``int``.
-
-    Raises:
-        TypeError: ``value`` is not an integer.
-        ValueError: ``value`` is below ``minimum``.
-    """
+    """``value`` if it is an ``int`` (never a ``bool``) of at least ``minimum``; else
+    ``TypeError`` for the type, ``ValueError`` for the value."""
     if minimum == 1:
         requirement = "a positive integer"
     elif minimum == 0:
@@ -76,24 +49,8 @@ def check_float(
     low_inclusive: bool = True,
     high_inclusive: bool = False,
 ) -> float:
-    """Check that ``value`` is a finite real number inside an interval.
-
-    Args:
-        owner: The class that received the argument, for the message.
-        name: The argument's name, for the message.
-        value: The value to check; ``int`` is accepted, ``bool`` is not.
-        low: The lower end of the interval.
-        high: The upper end of the interval (``math.inf`` for none).
-        low_inclusive: Whether ``low`` itself is accepted.
-        high_inclusive: Whether ``high`` itself is accepted.
-
-    Returns:
-        ``value`` as a ``float``.
-
-    Raises:
-        TypeError: ``value`` is not a real number.
-        ValueError: ``value`` is not finite or is outside the interval.
-    """
+    """``value`` as a ``float`` if it is a finite real number (not a ``bool``) in the interval
+    from ``low`` to ``high``; else ``TypeError`` for the type, ``ValueError`` for the value."""
     if high == math.inf:
         requirement = f"a finite number {'>=' if low_inclusive else '>'} {low:g}"
     else:
@@ -111,40 +68,14 @@ def check_float(
 
 
 def check_bool(owner: str, name: str, value: object) -> bool:
-    """Check that ``value`` is a ``bool``.
-
-    Args:
-        owner: The class that received the argument, for the message.
-        name: The argument's name, for the message.
-        value: The value to check.
-
-    Returns:
-        ``value``, typed as ``bool``.
-
-    Raises:
-        TypeError: ``value`` is not ``True`` or ``False``.
-    """
-    # 0/1 or strings like "false" are rejected: "false" would be truthy.
+    """``value`` if it is a ``bool``, else ``TypeError`` (``"false"`` would be truthy)."""
     if not isinstance(value, bool):
         raise TypeError(invalid_message(owner, name, value, "True or False"))
     return value
 
 
 def check_choice(owner: str, name: str, value: object, choices: Collection[_T]) -> _T:
-    """Check that ``value`` is one of ``choices``.
-
-    Args:
-        owner: The class that received the argument, for the message.
-        name: The argument's name, for the message.
-        value: The value to check.
-        choices: The accepted values.
-
-    Returns:
-        ``value``, typed like the choices.
-
-    Raises:
-        ValueError: ``value`` is not among ``choices``.
-    """
+    """The one of ``choices`` that ``value`` is (same type and value), else ``ValueError``."""
     for choice in choices:
         if type(value) is type(choice) and value == choice:
             return choice
@@ -153,20 +84,7 @@ def check_choice(owner: str, name: str, value: object, choices: Collection[_T]) 
 
 
 def check_split_fractions(owner: str, val_size: object, test_size: object) -> tuple[float, float]:
-    """Check the validation and test fractions of a data module.
-
-    Args:
-        owner: The class that received the arguments, for the message.
-        val_size: The fraction of the data held out for validation.
-        test_size: The fraction of the data held out for testing.
-
-    Returns:
-        ``(val_size, test_size)`` as floats.
-
-    Raises:
-        TypeError: A fraction is not a real number.
-        ValueError: A fraction is outside ``(0, 1)`` or both leave nothing to train on.
-    """
+    """``(val_size, test_size)`` as floats, each in ``(0, 1)`` and leaving data to train on."""
     val = check_float(owner, "val_size", val_size, low=0.0, high=1.0, low_inclusive=False)
     test = check_float(owner, "test_size", test_size, low=0.0, high=1.0, low_inclusive=False)
     if val + test >= 1.0:
@@ -177,46 +95,28 @@ def check_split_fractions(owner: str, val_size: object, test_size: object) -> tu
     return val, test
 
 
-def split_counts(total: int, val_size: float, test_size: float) -> tuple[int, int, int] | None:
-    """Divide ``total`` units (examples or groups) into train, validation and test counts.
-
-    Each held-out split gets at least one unit, so small pilot datasets still validate.
-
-    Args:
-        total: How many units there are.
-        val_size: The fraction for validation, in ``(0, 1)``.
-        test_size: The fraction for testing, in ``(0, 1)``.
-
-    Returns:
-        ``(train, val, test)`` counts that add up to ``total``, or ``None`` when ``total`` is too
-        small to leave at least one unit for training.
-    """
-    val = max(1, round(val_size * total))
-    test = max(1, round(test_size * total))
-    train = total - val - test
-    if train < 1:
-        return None
-    return train, val, test
+def split_counts(
+    owner: str, dataset_size: object, units: int, fractions: tuple[float, float], requirement: str
+) -> tuple[int, int, int]:
+    """Divide ``units`` (examples or groups) into train, validation and test counts, each
+    held-out split at least one unit (so small pilot datasets still validate); ``ValueError``
+    naming ``dataset_size`` when no unit is left for training."""
+    val = max(1, round(fractions[0] * units))
+    test = max(1, round(fractions[1] * units))
+    if units - val - test < 1:
+        raise ValueError(invalid_message(owner, "dataset_size", dataset_size, requirement))
+    return units - val - test, val, test
 
 
 def stateful_dataloader_class(owner: str) -> type[DataLoader[Any]]:
-    """Return torchdata's ``StatefulDataLoader``, which can save and restore its position.
-
-    Args:
-        owner: The class that asked for it, for the message.
-
-    Returns:
-        The ``StatefulDataLoader`` class (a subclass of ``torch.utils.data.DataLoader``).
-
-    Raises:
-        ImportError: torchdata is not installed; the message gives the command that installs it.
-    """
+    """torchdata's ``StatefulDataLoader``, which saves and restores its position in an epoch;
+    ``ImportError`` saying how to install it when torchdata is missing."""
     try:
         from torchdata.stateful_dataloader import StatefulDataLoader
     except ImportError as error:
         raise ImportError(
             f"{owner}(stateful=True) needs torchdata's StatefulDataLoader, which is not "
-            f"installed. Install the optional extra with: {STATEFUL_INSTALL_HINT}"
+            "installed. Install the optional extra with: pip install 'lightning-pilot[stateful]'"
         ) from error
     loader_class: type[DataLoader[Any]] = StatefulDataLoader
     return loader_class
@@ -229,14 +129,8 @@ class SeededShuffleSampler(Sampler[int]):
     (the convention of PyTorch's ``DistributedSampler``). Lightning calls :meth:`set_epoch` at
     the start of every training epoch, so a run resumed from a checkpoint replays the same
     orders as the uninterrupted run, with a plain or a stateful DataLoader. Without Lightning,
-    the epoch advances by itself after each complete pass.
-
-    ``state_dict`` / ``load_state_dict`` make it ``Stateful`` for torchdata's
-    ``StatefulDataLoader``: the state is the epoch and how many indices were drawn from it.
-
-    Args:
-        size: Number of examples.
-        seed: Base seed of the orders.
+    the epoch advances by itself after each complete pass. ``state_dict`` / ``load_state_dict``
+    (the epoch and how many of its indices were drawn) make it ``Stateful`` for torchdata.
 
     Example:
         >>> sampler = SeededShuffleSampler(size=5, seed=0)
@@ -291,60 +185,11 @@ class SeededShuffleSampler(Sampler[int]):
         self._resume_at = int(state_dict["yielded"])
 
 
-def build_dataloader(
-    dataset: Subset[Any],
-    *,
-    owner: str,
-    batch_size: int,
-    shuffle: bool,
-    seed: int,
-    num_workers: int,
-    stateful: bool,
-    collate_fn: Callable[[list[Any]], Any] | None = None,
-) -> DataLoader[Any]:
-    """Build the DataLoader of one split, plain or stateful.
-
-    Shuffling uses a fresh :class:`SeededShuffleSampler` on every call, so two loaders built
-    with the same arguments (plain or stateful alike) yield the same batches in the same order,
-    without touching the global random state.
-
-    Args:
-        dataset: The split.
-        owner: The class that builds the loader, for error messages.
-        batch_size: Examples per batch; the last batch may be smaller.
-        shuffle: Whether to visit the examples in a seeded random order (else in index order).
-        seed: The seed of the shuffling order.
-        num_workers: Worker processes; 0 loads in the main process.
-        stateful: Whether to return a torchdata ``StatefulDataLoader``.
-        collate_fn: How to merge examples into a batch; ``None`` uses PyTorch's default.
-
-    Returns:
-        The loader.
-    """
-    loader_class: type[DataLoader[Any]] = (
-        stateful_dataloader_class(owner) if stateful else DataLoader
-    )
-    sampler: Sampler[int] = (
-        SeededShuffleSampler(len(dataset), seed) if shuffle else SequentialSampler(dataset)
-    )
-    return loader_class(
-        dataset,
-        batch_size=batch_size,
-        sampler=sampler,
-        num_workers=num_workers,
-        collate_fn=collate_fn,
-        # Not persistent: an idle persistent pool is only shut down when the garbage collector
-        # reaches its iterator, which stalled about 5 s per worker in tests (torchdata 0.11).
-        # Re-forking the workers at every epoch costs a fraction of a second instead.
-        persistent_workers=False,
-    )
-
-
 class SplitDataModule(LightningDataModule):
     """What both demo DataModules share: three splits and their loaders.
 
-    Subclasses fill ``self._splits`` in ``setup`` and set ``batch_size``, ``seed``,
-    ``num_workers``, ``stateful`` and ``shuffle``; :meth:`_collate` gives their collate function.
+    Subclasses set ``batch_size``, ``seed``, ``num_workers``, ``stateful`` and ``shuffle``,
+    return the splits from :meth:`_make_splits` and their collate function from :meth:`_collate`.
     """
 
     batch_size: int
@@ -356,6 +201,14 @@ class SplitDataModule(LightningDataModule):
     def __init__(self) -> None:
         super().__init__()
         self._splits: dict[str, Subset[dict[str, Any]]] = {}
+
+    def setup(self, stage: str | None = None) -> None:
+        """Generate the examples and split them, for every stage (once; later calls reuse them)."""
+        if not self._splits:
+            self._splits = self._make_splits()
+
+    def _make_splits(self) -> dict[str, Subset[dict[str, Any]]]:
+        raise NotImplementedError
 
     def _split(self, name: str) -> Subset[dict[str, Any]]:
         if not self._splits:
@@ -384,15 +237,24 @@ class SplitDataModule(LightningDataModule):
         return None  # PyTorch's default collate
 
     def _loader(self, dataset: Subset[dict[str, Any]], *, shuffle: bool) -> DataLoader[Any]:
-        return build_dataloader(
+        """A fresh loader: a fresh seeded sampler each time, so two loaders built alike (plain
+        or stateful) yield the same batches without touching the global random state."""
+        loader_class: type[DataLoader[Any]] = DataLoader
+        if self.stateful:
+            loader_class = stateful_dataloader_class(type(self).__name__)
+        sampler: Sampler[int] = (
+            SeededShuffleSampler(len(dataset), self.seed) if shuffle else SequentialSampler(dataset)
+        )
+        return loader_class(
             dataset,
-            owner=type(self).__name__,
             batch_size=self.batch_size,
-            shuffle=shuffle,
-            seed=self.seed,
+            sampler=sampler,
             num_workers=self.num_workers,
-            stateful=self.stateful,
             collate_fn=self._collate(),
+            # Not persistent: an idle persistent pool is only shut down when the garbage
+            # collector reaches its iterator, which stalled about 5 s per worker in tests
+            # (torchdata 0.11). Re-forking the workers at every epoch costs far less.
+            persistent_workers=False,
         )
 
     def train_dataloader(self) -> DataLoader[Any]:

@@ -1,24 +1,15 @@
 """A tiny MLP classifier on synthetic, grouped Gaussian data.
 
-Every example belongs to a *group*, standing in for the source document several training
-examples are cut from. A group has one class, and its examples share a random offset on top of
-their class mean::
+Every example belongs to a *group* (standing in for the source document several examples are
+cut from) with one class and one random offset: ``inputs = class_mean[label] +
+group_offset[group] + noise``, so a model can partly memorise groups. Splitting by group keeps
+each group in one split (the honest evaluation); splitting by example lets groups leak across
+splits, which is what leakage checks should catch.
 
-    inputs = class_mean[label] + group_offset[group] + noise
-
-so a model can partly memorise groups. Splitting by group keeps each group in one split (the
-honest evaluation); splitting by example lets groups leak across splits, which is what leakage
-checks should catch.
-
-Batch format (what :class:`ClassificationDataModule` loaders yield):
-
-* ``ids``: ``LongTensor[B]``, the stable id of each example (its index in the generated data).
-* ``inputs``: ``FloatTensor[B, num_features]``.
-* ``labels``: ``LongTensor[B]``, classes in ``[0, num_classes)``.
-* ``group``: ``LongTensor[B]``, the group of each example.
-
-Dataset items (``dataset[i]``) are the same dict unbatched: ``ids``, ``labels`` and ``group`` are
-Python ``int`` (hashable, so ``example["group"]`` works as a key), ``inputs`` a 1-d tensor.
+Batches hold ``ids`` (``LongTensor[B]``, the index in the generated data), ``inputs``
+(``FloatTensor[B, num_features]``), ``labels`` (``LongTensor[B]``) and ``group``
+(``LongTensor[B]``). Dataset items are the same dict unbatched, ``ids``, ``labels`` and
+``group`` as Python ``int`` (hashable, so ``example["group"]`` works as a key).
 """
 
 from __future__ import annotations
@@ -41,33 +32,17 @@ from lightning_pilot.demo._data import (
     check_float,
     check_int,
     check_split_fractions,
-    invalid_message,
     split_counts,
     stateful_dataloader_class,
 )
 
-__all__ = [
-    "ClassificationDataModule",
-    "GroupedClassificationDataset",
-    "TinyClassifier",
-    "example_group",
-]
-
-# Scales of the generated data. Class means are far apart relative to the noise, so the task is
-# learnable in a few hundred steps; the group offsets are large enough to be worth memorising.
-_CLASS_MEAN_SCALE = 1.0
+# Class means and noise have scale 1, so the task is learnable in a few hundred steps; group
+# offsets of scale 0.5 are large enough to be worth memorising.
 _GROUP_OFFSET_SCALE = 0.5
-_NOISE_SCALE = 1.0
 
 
 def example_group(example: Mapping[str, Any]) -> int:
-    """Return the group of one dataset item: a ready-made ``group_fn`` for leakage checks.
-
-    Args:
-        example: An item of :class:`GroupedClassificationDataset` (or of a split of it).
-
-    Returns:
-        ``example["group"]`` as an ``int``.
+    """The group of one dataset item as an ``int``: a ready-made ``group_fn`` for leakage checks.
 
     Example:
         >>> example_group(GroupedClassificationDataset(size=8, seed=0, examples_per_group=4)[5])
@@ -80,15 +55,8 @@ class GroupedClassificationDataset(Dataset[dict[str, Any]]):
     """Seeded synthetic classification examples in groups of ``examples_per_group``.
 
     Example ``i`` has id ``i`` and belongs to group ``i // examples_per_group`` (the last group
-    may be smaller). Each group draws one class uniformly and one offset; see the module
-    docstring for the data model.
-
-    Args:
-        size: Number of examples.
-        seed: Seed of the generator; the same seed gives the same examples.
-        num_features: Length of each input vector.
-        num_classes: Number of classes.
-        examples_per_group: Examples sharing a group (class and offset).
+    may be smaller). Each group draws one class uniformly and one offset; the same seed gives
+    the same examples.
 
     Example:
         >>> dataset = GroupedClassificationDataset(size=10, seed=0, num_features=3)
@@ -118,14 +86,12 @@ class GroupedClassificationDataset(Dataset[dict[str, Any]]):
         self.examples_per_group = examples_per_group
         self.num_groups = -(-size // examples_per_group)  # ceiling division
         generator = torch.Generator().manual_seed(seed)
-        class_means = _CLASS_MEAN_SCALE * torch.randn(
-            num_classes, num_features, generator=generator
-        )
+        class_means = torch.randn(num_classes, num_features, generator=generator)
         group_labels = torch.randint(num_classes, (self.num_groups,), generator=generator)
         group_offsets = _GROUP_OFFSET_SCALE * torch.randn(
             self.num_groups, num_features, generator=generator
         )
-        noise = _NOISE_SCALE * torch.randn(size, num_features, generator=generator)
+        noise = torch.randn(size, num_features, generator=generator)
         self.groups = torch.arange(size) // examples_per_group
         self.labels = group_labels[self.groups]
         self.inputs = class_means[self.labels] + group_offsets[self.groups] + noise
@@ -152,26 +118,10 @@ class ClassificationDataModule(SplitDataModule):
     almost surely span splits. Each split lists its examples in id order; ids are unique
     across splits. The predict loader serves the test split.
 
-    Args:
-        dataset_size: Examples in all three splits together.
-        seed: Seed of the data, of the split and of the shuffling order.
-        batch_size: Examples per batch.
-        num_features: Length of each input vector.
-        num_classes: Number of classes (at least 2).
-        examples_per_group: Examples per group ("source document").
-        split_by: ``"group"`` or ``"example"``: the unit assigned to a split.
-        val_size: Fraction of the units held out for validation (at least one unit).
-        test_size: Fraction of the units held out for testing (at least one unit).
-        stateful: Return torchdata ``StatefulDataLoader`` instances, whose ``state_dict``
-            records the position inside an epoch (needs ``lightning-pilot[stateful]``).
-        shuffle: Shuffle the training split; the order of epoch ``e`` depends only on
-            ``(seed, e)``, so a resumed run replays it. Evaluation splits are never shuffled.
-        num_workers: DataLoader worker processes.
-
-    Raises:
-        TypeError: An argument has the wrong type.
-        ValueError: An argument is out of range.
-        ImportError: ``stateful=True`` without torchdata installed.
+    ``val_size`` and ``test_size`` are fractions of the units (at least one unit each);
+    ``stateful=True`` serves torchdata ``StatefulDataLoader`` instances (extra
+    ``lightning-pilot[stateful]``); the training order of epoch ``e`` depends only on
+    ``(seed, e)``, so a resumed run replays it. Evaluation splits are never shuffled.
 
     Example:
         >>> datamodule = ClassificationDataModule(dataset_size=64, seed=0, batch_size=8)
@@ -217,32 +167,21 @@ class ClassificationDataModule(SplitDataModule):
         self.num_workers = check_int(owner, "num_workers", num_workers, minimum=0)
         num_groups = -(-self.dataset_size // self.examples_per_group)
         units = num_groups if self.split_by == "group" else self.dataset_size
-        counts = split_counts(units, self.val_size, self.test_size)
-        if counts is None:
-            raise ValueError(
-                invalid_message(
-                    owner,
-                    "dataset_size",
-                    dataset_size,
-                    f"large enough for {units} {self.split_by}(s) to leave training data after "
-                    f"val_size={val_size!r} and test_size={test_size!r} take at least one "
-                    f"{self.split_by} each",
-                )
-            )
-        self._split_counts = counts
+        self._split_counts = split_counts(
+            owner,
+            dataset_size,
+            units,
+            (self.val_size, self.test_size),
+            f"large enough for {units} {self.split_by}(s) to leave training data after "
+            f"val_size={val_size!r} and test_size={test_size!r} take at least one "
+            f"{self.split_by} each",
+        )
         if self.stateful:
             # Fail at construction, not minutes later when the first loader is built.
             stateful_dataloader_class(owner)
         self.save_hyperparameters()
 
-    def setup(self, stage: str | None = None) -> None:
-        """Generate the examples and split them (once; later calls reuse them).
-
-        Args:
-            stage: Lightning's stage name; every stage gets all splits.
-        """
-        if self._splits:
-            return
+    def _make_splits(self) -> dict[str, Subset[dict[str, Any]]]:
         dataset = GroupedClassificationDataset(
             self.dataset_size,
             self.seed,
@@ -265,7 +204,7 @@ class ClassificationDataModule(SplitDataModule):
         split_of_unit[order[n_train : n_train + n_val]] = 1
         split_of_unit[order[n_train + n_val :]] = 2
         split_of_example = split_of_unit[unit_of_example]
-        self._splits = {
+        return {
             name: Subset(dataset, torch.nonzero(split_of_example == code).flatten().tolist())
             for code, name in enumerate(("train", "val", "test"))
         }
@@ -275,21 +214,11 @@ class TinyClassifier(LightningModule):
     """A one-hidden-layer MLP trained on :class:`ClassificationDataModule` batches.
 
     Logged metrics: ``train_loss`` (every step), ``val_loss`` and ``val_acc``, ``test_loss``
-    and ``test_acc`` (cross-entropy and accuracy, averaged over examples).
+    and ``test_acc`` (cross-entropy and accuracy, averaged over examples). AdamW at a constant
+    ``lr``.
 
     Keep ``num_features`` and ``num_classes`` equal to the data module's: Lightning merges both
     modules' hyper-parameters for the loggers and refuses shared names with different values.
-
-    Args:
-        num_features: Length of each input vector.
-        num_classes: Number of classes.
-        hidden: Width of the hidden layer.
-        lr: Learning rate of AdamW.
-        weight_decay: AdamW weight decay.
-
-    Raises:
-        TypeError: An argument has the wrong type.
-        ValueError: An argument is out of range.
 
     Example:
         >>> model = TinyClassifier(num_features=3, num_classes=2)
@@ -320,14 +249,7 @@ class TinyClassifier(LightningModule):
         )
 
     def forward(self, inputs: Tensor) -> Tensor:
-        """Return class logits.
-
-        Args:
-            inputs: ``FloatTensor[B, num_features]``.
-
-        Returns:
-            ``FloatTensor[B, num_classes]``.
-        """
+        """Class logits ``FloatTensor[B, num_classes]`` of ``FloatTensor[B, num_features]``."""
         logits: Tensor = self.net(inputs)
         return logits
 
@@ -359,20 +281,10 @@ class TinyClassifier(LightningModule):
     def predict_step(
         self, batch: Mapping[str, Tensor], batch_idx: int, dataloader_idx: int = 0
     ) -> dict[str, Tensor]:
-        """Predict the class of every example of a batch.
-
-        Returns:
-            ``ids``, ``predictions`` (``LongTensor[B]``, the argmax class) and, when the batch
-            has them, ``labels`` and ``group``.
-        """
-        output = {
-            "ids": batch["ids"],
-            "predictions": self.forward(batch["inputs"]).argmax(dim=-1),
-        }
-        for key in ("labels", "group"):
-            if key in batch:
-                output[key] = batch[key]
-        return output
+        """``ids``, ``predictions`` (the argmax class) and, when the batch has them, ``labels``
+        and ``group``."""
+        output = {"ids": batch["ids"], "predictions": self.forward(batch["inputs"]).argmax(dim=-1)}
+        return output | {key: batch[key] for key in ("labels", "group") if key in batch}
 
     def configure_optimizers(self) -> OptimizerLRScheduler:
         """AdamW at a constant learning rate."""

@@ -6,19 +6,15 @@ Every example is one short token sequence::
     '--------- instruction ---------' '--- response ---'
 
 where ``COMMAND`` is ``copy``, ``reverse`` or ``sort`` and the response is the symbols
-``s1 ... sn`` transformed by that command. The data is generated from a seed, so it needs no
-download and two runs with the same seed see exactly the same examples.
+``s1 ... sn`` transformed by that command, generated from a seed (nothing is downloaded).
 
-Batch format (what :class:`InstructionDataModule` loaders yield, see :class:`InstructionCollator`):
-
-* ``ids``: ``LongTensor[B]``, the stable id of each example (its index in the generated data).
-* ``input_ids``: ``LongTensor[B, T]``, the tokens, right-padded with :data:`PAD_ID`; ``T`` is the
-  longest example of the batch, capped at ``max_length`` (longer examples are truncated).
-* ``attention_mask``: ``LongTensor[B, T]``, 1 on real tokens and 0 on padding.
-* ``labels``: ``LongTensor[B, T]``, aligned with ``input_ids`` (the Hugging Face convention: the
-  model shifts internally, so the logits at position ``t`` are scored against ``labels[t + 1]``).
-  Response tokens (including ``<eos>``) keep their token id; instruction tokens (including
-  ``<sep>``) and padding are :data:`IGNORE_INDEX`, so only the response counts in the loss.
+Batches (:class:`InstructionCollator`) hold ``ids`` (``LongTensor[B]``, the index in the
+generated data) and three ``LongTensor[B, T]``, ``T`` the longest example capped at
+``max_length``: ``input_ids`` (right-padded with :data:`PAD_ID`), ``attention_mask`` (1 on real
+tokens) and ``labels``, aligned with ``input_ids`` (the Hugging Face convention: the model
+shifts internally, so the logits at ``t`` are scored against ``labels[t + 1]``). Response
+tokens (``<eos>`` included) keep their id; instruction tokens (``<sep>`` included) and padding
+are :data:`IGNORE_INDEX`, so only the response counts in the loss.
 """
 
 from __future__ import annotations
@@ -48,51 +44,22 @@ from lightning_pilot.demo._data import (
     stateful_dataloader_class,
 )
 
-__all__ = [
-    "BOS_ID",
-    "COMMANDS",
-    "EOS_ID",
-    "ID_TO_TOKEN",
-    "IGNORE_INDEX",
-    "PAD_ID",
-    "SEP_ID",
-    "SPECIAL_TOKENS",
-    "SYMBOLS",
-    "TOKEN_TO_ID",
-    "VOCAB",
-    "VOCAB_SIZE",
-    "InstructionCollator",
-    "InstructionDataModule",
-    "InstructionDataset",
-    "TinyCausalLM",
-    "decode",
-    "encode",
-]
-
+#: Label of the positions the loss skips (instruction and padding); PyTorch's default.
 IGNORE_INDEX = -100
-"""Label of the positions the loss skips (instruction and padding); PyTorch's default."""
-
+#: Structural tokens, in id order: padding, begin of sequence, instruction end, response end.
 SPECIAL_TOKENS: tuple[str, ...] = ("<pad>", "<bos>", "<sep>", "<eos>")
-"""Structural tokens, in id order: padding, begin of sequence, instruction end, response end."""
-
+#: The instructions the model learns to follow.
 COMMANDS: tuple[str, ...] = ("copy", "reverse", "sort")
-"""The instructions the model learns to follow."""
-
+#: The tokens the commands operate on; ``sort`` orders them alphabetically (= by id).
 SYMBOLS: tuple[str, ...] = tuple("abcdefghijklmnop")
-"""The tokens the commands operate on; ``sort`` orders them alphabetically (= by id)."""
-
+#: Every token string, indexed by token id.
 VOCAB: tuple[str, ...] = SPECIAL_TOKENS + COMMANDS + SYMBOLS
-"""Every token string, indexed by token id."""
-
+#: Number of token ids (23).
 VOCAB_SIZE = len(VOCAB)
-"""Number of token ids (23)."""
-
+#: Token id -> token string (the same tuple as :data:`VOCAB`).
 ID_TO_TOKEN: tuple[str, ...] = VOCAB
-"""Token id -> token string (the same tuple as :data:`VOCAB`)."""
-
+#: Token string -> token id (read-only).
 TOKEN_TO_ID: Mapping[str, int] = MappingProxyType({token: i for i, token in enumerate(VOCAB)})
-"""Token string -> token id (read-only)."""
-
 PAD_ID = TOKEN_TO_ID["<pad>"]
 BOS_ID = TOKEN_TO_ID["<bos>"]
 SEP_ID = TOKEN_TO_ID["<sep>"]
@@ -103,44 +70,25 @@ _FIRST_SYMBOL_ID = TOKEN_TO_ID[SYMBOLS[0]]
 
 
 def encode(text: str) -> list[int]:
-    """Turn whitespace-separated token strings into token ids.
-
-    Args:
-        text: Tokens separated by whitespace, e.g. ``"<bos> sort c a b <sep>"``.
-
-    Returns:
-        The token ids.
-
-    Raises:
-        ValueError: A token is not in :data:`VOCAB`.
+    """The token ids of whitespace-separated tokens; ``ValueError`` for one not in :data:`VOCAB`.
 
     Example:
         >>> encode("<bos> copy a b <sep>")
         [1, 4, 7, 8, 2]
     """
-    ids = []
     for token in text.split():
         if token not in TOKEN_TO_ID:
             raise ValueError(
                 f"encode() got the unknown token {token!r}: tokens must be one of {VOCAB}."
             )
-        ids.append(TOKEN_TO_ID[token])
-    return ids
+    return [TOKEN_TO_ID[token] for token in text.split()]
 
 
 def decode(ids: Iterable[int] | Tensor, *, skip_padding: bool = True) -> str:
-    """Turn token ids into space-separated token strings.
-
-    Args:
-        ids: Token ids: a list, or a 1-d tensor such as a row of ``input_ids`` or ``labels``.
-        skip_padding: Drop :data:`PAD_ID` and :data:`IGNORE_INDEX` entries, so that a padded row
-            reads as its example and a ``labels`` row reads as its response.
-
-    Returns:
-        The tokens joined by single spaces.
-
-    Raises:
-        ValueError: An id is not a token id (and is not skipped), or ``ids`` is not 1-d.
+    """Token ids (a list or a 1-d tensor) as space-separated tokens; ``ValueError`` for an id
+    that is not a token id, or a tensor that is not 1-d. ``skip_padding`` drops :data:`PAD_ID`
+    and :data:`IGNORE_INDEX`, so a padded row reads as its example and a ``labels`` row as its
+    response.
 
     Example:
         >>> decode([1, 5, 7, 8, 2, 8, 7, 3, 0, 0])
@@ -176,19 +124,21 @@ def _respond(command: int, symbols: list[int]) -> list[int]:
     return sorted(symbols)
 
 
+def _check_symbols(owner: str, min_symbols: object, max_symbols: object) -> tuple[int, int]:
+    low = check_int(owner, "min_symbols", min_symbols, minimum=1)
+    high = check_int(owner, "max_symbols", max_symbols, minimum=1)
+    if high < low:
+        raise ValueError(invalid_message(owner, "max_symbols", high, f">= min_symbols ({low})"))
+    return low, high
+
+
 class InstructionDataset(Dataset[dict[str, Any]]):
     """Seeded synthetic instruction -> response examples.
 
     Example ``i`` has id ``i``. Items are unbatched dicts: ``ids`` (``int``), ``input_ids``,
     ``attention_mask`` and ``labels`` (1-d ``LongTensor`` of the example's full length, without
-    padding or truncation; :class:`InstructionCollator` does both).
-
-    Args:
-        size: Number of examples.
-        seed: Seed of the generator; the same seed gives the same examples.
-        min_symbols: Fewest symbols an instruction operates on.
-        max_symbols: Most symbols an instruction operates on. An example is
-            ``2 * n + 4`` tokens long for ``n`` symbols.
+    padding or truncation; :class:`InstructionCollator` does both). An instruction operates on
+    ``min_symbols`` to ``max_symbols`` symbols; ``n`` symbols make ``2 * n + 4`` tokens.
 
     Example:
         >>> dataset = InstructionDataset(size=4, seed=0)
@@ -204,14 +154,7 @@ class InstructionDataset(Dataset[dict[str, Any]]):
         owner = type(self).__name__
         check_int(owner, "size", size, minimum=1)
         check_int(owner, "seed", seed, minimum=0)
-        check_int(owner, "min_symbols", min_symbols, minimum=1)
-        check_int(owner, "max_symbols", max_symbols, minimum=1)
-        if max_symbols < min_symbols:
-            raise ValueError(
-                invalid_message(
-                    owner, "max_symbols", max_symbols, f">= min_symbols ({min_symbols})"
-                )
-            )
+        _check_symbols(owner, min_symbols, max_symbols)
         generator = torch.Generator().manual_seed(seed)
         # Draw everything in three vectorised calls, then assemble the short lists in Python:
         # fast for tens of thousands of examples and fully determined by the seed.
@@ -262,9 +205,6 @@ class InstructionCollator:
 
     A class rather than a closure so that DataLoader worker processes can pickle it.
 
-    Args:
-        max_length: Most tokens per example.
-
     Example:
         >>> collate = InstructionCollator(max_length=6)
         >>> batch = collate([InstructionDataset(size=2, seed=0)[i] for i in range(2)])
@@ -300,29 +240,10 @@ class InstructionDataModule(SplitDataModule):
     """Train/validation/test loaders of the synthetic instruction task.
 
     The ``dataset_size`` examples are generated from ``seed`` and split in id order: the first
-    ones train, then validation, then test. Ids are therefore unique across splits. The
-    predict loader serves the test split. See the module docstring for the batch format.
-
-    Args:
-        dataset_size: Examples in all three splits together.
-        seed: Seed of the data and of the shuffling order.
-        batch_size: Examples per batch.
-        max_length: Most tokens per example; longer examples are truncated. The default fits
-            every example of the default ``max_symbols`` (``2 * 8 + 4 = 20`` tokens).
-        val_size: Fraction of the examples held out for validation (at least one example).
-        test_size: Fraction of the examples held out for testing (at least one example).
-        stateful: Return torchdata ``StatefulDataLoader`` instances, whose ``state_dict``
-            records the position inside an epoch (needs ``lightning-pilot[stateful]``).
-        shuffle: Shuffle the training split; the order of epoch ``e`` depends only on
-            ``(seed, e)``, so a resumed run replays it. Evaluation splits are never shuffled.
-        num_workers: DataLoader worker processes.
-        min_symbols: Fewest symbols per instruction.
-        max_symbols: Most symbols per instruction.
-
-    Raises:
-        TypeError: An argument has the wrong type.
-        ValueError: An argument is out of range.
-        ImportError: ``stateful=True`` without torchdata installed.
+    ones train, then validation, then test, so ids are unique across splits. The predict loader
+    serves the test split. Longer examples than ``max_length`` are truncated (the default fits
+    every example of the default ``max_symbols``: ``2 * 8 + 4 = 20`` tokens). The other
+    arguments are as in :class:`~lightning_pilot.demo.ClassificationDataModule`.
 
     Example:
         >>> datamodule = InstructionDataModule(dataset_size=64, seed=0, batch_size=4)
@@ -360,26 +281,15 @@ class InstructionDataModule(SplitDataModule):
         self.stateful = check_bool(owner, "stateful", stateful)
         self.shuffle = check_bool(owner, "shuffle", shuffle)
         self.num_workers = check_int(owner, "num_workers", num_workers, minimum=0)
-        self.min_symbols = check_int(owner, "min_symbols", min_symbols, minimum=1)
-        self.max_symbols = check_int(owner, "max_symbols", max_symbols, minimum=1)
-        if max_symbols < min_symbols:
-            raise ValueError(
-                invalid_message(
-                    owner, "max_symbols", max_symbols, f">= min_symbols ({min_symbols})"
-                )
-            )
-        counts = split_counts(self.dataset_size, self.val_size, self.test_size)
-        if counts is None:
-            raise ValueError(
-                invalid_message(
-                    owner,
-                    "dataset_size",
-                    dataset_size,
-                    f"large enough to leave training examples after val_size={val_size!r} "
-                    f"and test_size={test_size!r} take at least one example each",
-                )
-            )
-        self._split_counts = counts
+        self.min_symbols, self.max_symbols = _check_symbols(owner, min_symbols, max_symbols)
+        self._split_counts = split_counts(
+            owner,
+            dataset_size,
+            self.dataset_size,
+            (self.val_size, self.test_size),
+            f"large enough to leave training examples after val_size={val_size!r} "
+            f"and test_size={test_size!r} take at least one example each",
+        )
         if self.stateful:
             # Fail at construction, not minutes later when the first loader is built.
             stateful_dataloader_class(owner)
@@ -393,14 +303,7 @@ class InstructionDataModule(SplitDataModule):
         """Number of token ids, the ``vocab_size`` a model of this data needs."""
         return VOCAB_SIZE
 
-    def setup(self, stage: str | None = None) -> None:
-        """Generate the examples and split them (once; later calls reuse them).
-
-        Args:
-            stage: Lightning's stage name; every stage gets all splits.
-        """
-        if self._splits:
-            return
+    def _make_splits(self) -> dict[str, Subset[dict[str, Any]]]:
         dataset = InstructionDataset(
             self.dataset_size,
             self.seed,
@@ -408,7 +311,7 @@ class InstructionDataModule(SplitDataModule):
             max_symbols=self.max_symbols,
         )
         n_train, n_val, _ = self._split_counts
-        self._splits = {
+        return {
             "train": Subset(dataset, range(n_train)),
             "val": Subset(dataset, range(n_train, n_train + n_val)),
             "test": Subset(dataset, range(n_train + n_val, self.dataset_size)),
@@ -430,12 +333,9 @@ class _CausalSelfAttention(nn.Module):
         # [B, T, 3 * C] -> three [B, heads, T, C / heads] tensors.
         qkv = self.qkv(x).view(batch, length, 3, self.n_heads, width // self.n_heads)
         query, key, value = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+        dropout = self.dropout if self.training else 0.0
         attended = scaled_dot_product_attention(
-            query,
-            key,
-            value,
-            attn_mask=allowed,
-            dropout_p=self.dropout if self.training else 0.0,
+            query, key, value, attn_mask=allowed, dropout_p=dropout
         )
         merged: Tensor = self.out(attended.transpose(1, 2).reshape(batch, length, width))
         return merged
@@ -475,22 +375,9 @@ class TinyCausalLM(LightningModule):
     Keep ``max_length`` equal to the data module's: Lightning merges both modules' hyper-parameters
     for the loggers and refuses shared names with different values.
 
-    Args:
-        vocab_size: Number of token ids.
-        d_model: Width of the embeddings and blocks.
-        n_heads: Attention heads; must divide ``d_model``.
-        n_layers: Transformer blocks.
-        max_length: Most positions the model accepts (size of the position embedding).
-        dropout: Dropout probability in attention and MLPs.
-        lr: Peak learning rate of AdamW.
-        weight_decay: AdamW weight decay, applied to weight matrices and embeddings only.
-        lr_schedule: ``"constant"`` keeps ``lr`` after warm-up; ``"cosine"`` decays it to
-            ``lr / 10`` over the run's ``Trainer.estimated_stepping_batches``.
-        warmup_steps: Optimizer steps of linear warm-up from ``lr / warmup_steps``.
-
-    Raises:
-        TypeError: An argument has the wrong type.
-        ValueError: An argument is out of range.
+    AdamW at peak ``lr``, ``weight_decay`` on weight matrices and embeddings only;
+    ``warmup_steps`` of linear warm-up from ``lr / warmup_steps``; ``lr_schedule="cosine"``
+    decays to ``lr / 10`` over ``Trainer.estimated_stepping_batches``.
 
     Example:
         >>> model = TinyCausalLM(d_model=32, n_heads=2, n_layers=1)
@@ -544,18 +431,9 @@ class TinyCausalLM(LightningModule):
         nn.init.normal_(self.position_embedding.weight, std=0.02)
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
-        """Return next-token logits.
-
-        Args:
-            input_ids: ``LongTensor[B, T]`` with ``T <= max_length``.
-            attention_mask: ``[B, T]``, nonzero on real tokens; ``None`` means no padding.
-
-        Returns:
-            ``FloatTensor[B, T, vocab_size]``; position ``t`` predicts token ``t + 1``.
-
-        Raises:
-            ValueError: The sequences are longer than ``max_length``.
-        """
+        """Next-token logits ``FloatTensor[B, T, vocab_size]`` (position ``t`` predicts token
+        ``t + 1``) of ``input_ids`` with ``T <= max_length``; ``attention_mask`` is nonzero on
+        real tokens (``None``: no padding)."""
         length = input_ids.shape[1]
         if length > self.max_length:
             raise ValueError(
@@ -626,14 +504,10 @@ class TinyCausalLM(LightningModule):
     def predict_step(
         self, batch: Mapping[str, Tensor], batch_idx: int, dataloader_idx: int = 0
     ) -> dict[str, Tensor]:
-        """Predict every next token of a batch (teacher-forced, greedy).
-
-        Returns:
-            ``ids``; ``predictions``, a ``LongTensor[B, T]`` aligned with ``labels`` (entry
-            ``t`` is the argmax of the logits at ``t - 1``; entry 0 has no prediction and holds
-            :data:`PAD_ID`); and ``labels`` when the batch has them. Compare both where
-            ``labels != IGNORE_INDEX`` to score the responses.
-        """
+        """Every next token of a batch, teacher-forced and greedy: ``ids``, ``predictions``
+        aligned with ``labels`` (entry ``t`` is the argmax of the logits at ``t - 1``; entry 0
+        holds :data:`PAD_ID`) and ``labels`` when the batch has them; compare both where
+        ``labels != IGNORE_INDEX`` to score the responses."""
         logits = self.forward(batch["input_ids"], batch["attention_mask"])
         predictions = torch.full_like(batch["input_ids"], PAD_ID)
         predictions[:, 1:] = logits[:, :-1].argmax(dim=-1)
@@ -646,15 +520,8 @@ class TinyCausalLM(LightningModule):
     def generate(
         self, prompt: Sequence[int] | Tensor, max_new_tokens: int | None = None
     ) -> list[int]:
-        """Greedily continue one prompt until ``<eos>``, ``max_new_tokens`` or ``max_length``.
-
-        Args:
-            prompt: Token ids of the instruction, e.g. ``encode("<bos> sort c a b <sep>")``.
-            max_new_tokens: Most tokens to add; ``None`` stops only at ``<eos>`` or
-                ``max_length``.
-
-        Returns:
-            The generated tokens (``<eos>`` included when reached), e.g. for :func:`decode`.
+        """Greedily continue one prompt until ``<eos>``, ``max_new_tokens`` or ``max_length``;
+        returns the generated tokens (``<eos>`` included when reached).
 
         Example:
             >>> model = TinyCausalLM(d_model=16, n_heads=2, n_layers=1)
@@ -683,25 +550,18 @@ class TinyCausalLM(LightningModule):
 
     def configure_optimizers(self) -> OptimizerLRScheduler:
         """AdamW, with an optional warm-up / cosine schedule stepped every optimizer step."""
-        decayed = [p for p in self.parameters() if p.dim() >= 2]
         # Biases and LayerNorm gains are not decayed: shrinking them only hurts.
-        not_decayed = [p for p in self.parameters() if p.dim() < 2]
-        optimizer = torch.optim.AdamW(
-            [
-                {"params": decayed, "weight_decay": self.weight_decay},
-                {"params": not_decayed, "weight_decay": 0.0},
-            ],
-            lr=self.lr,
-        )
+        decayed = [p for p in self.parameters() if p.dim() >= 2]
+        groups = [
+            {"params": decayed, "weight_decay": self.weight_decay},
+            {"params": [p for p in self.parameters() if p.dim() < 2], "weight_decay": 0.0},
+        ]
+        optimizer = torch.optim.AdamW(groups, lr=self.lr)
         if self.lr_schedule == "constant" and self.warmup_steps == 0:
             return optimizer
-        total_steps = (
-            max(int(self.trainer.estimated_stepping_batches), 1)
-            if self.lr_schedule == "cosine"
-            else 0
-        )
-        warmup_steps = self.warmup_steps
         cosine = self.lr_schedule == "cosine"
+        total_steps = max(int(self.trainer.estimated_stepping_batches), 1) if cosine else 0
+        warmup_steps = self.warmup_steps
 
         def factor(step: int) -> float:
             if step < warmup_steps:

@@ -1,20 +1,9 @@
-"""The whole pilot on the bundled tiny LM, then a learning-rate comparison.
+"""The whole pilot on the bundled tiny LM, then a learning-rate comparison, on CPU.
 
-:func:`run_demo` runs, on CPU:
-
-1. the pilot: one fit of :class:`~lightning_pilot.demo.TinyCausalLM` on
-   :class:`~lightning_pilot.demo.InstructionDataModule` (``stateful=True``) with every callback
-   of :func:`~lightning_pilot.pilot.pilot_callbacks`: examples and masks inspected, every phase
-   measured, resume proven in a new process, examples per update counted, the ledger row;
-2. a tiny-subset overfit fit with :class:`~lightning_pilot.OverfitTinySubset`;
-3. the learning-rate comparison of the seeds, scaled to the tiny model: a control and variants
-   at half and double it, same effective batch (micro-batch 2 x accumulation 8), the same
-   number of updates each, plus one deliberately unstable learning rate, every fit with a
-   :class:`~lightning_pilot.DivergenceLedger` in one ledger;
-4. plots (when matplotlib is installed).
-
-It writes one line per fit while it runs, then the phase table, the ledger comparison and where
-the files are.
+:func:`run_demo` runs a pilot fit with every callback of :func:`~lightning_pilot.pilot_callbacks`,
+a tiny-subset overfit, the learning-rate comparison (a control, half, double and one unstable
+learning rate, same effective batch and updates, one ledger) and the plots; it prints one line
+per fit, then the phase table, the comparison and where the files are. See docs/demo.md.
 
 Example:
     >>> [variant.name for variant in lr_variants()]
@@ -64,13 +53,8 @@ _QUIET_LOGGERS = ("lightning.pytorch", "lightning.fabric", "lightning_pilot")
 
 @dataclass(frozen=True)
 class LrVariant:
-    """One learning rate of the comparison.
-
-    Args:
-        name: the ledger's variant name.
-        lr: the learning rate used on the tiny model.
-        seed_lr: the fine-tuning learning rate it stands for (``None`` for the unstable one).
-    """
+    """One learning rate of the comparison: the ledger's variant ``name``, the ``lr`` used on
+    the tiny model and the fine-tuning ``seed_lr`` it stands for (``None``: the unstable one)."""
 
     name: str
     lr: float
@@ -80,11 +64,9 @@ class LrVariant:
 def lr_variants() -> list[LrVariant]:
     """The comparison: control, half, double, and one absurd learning rate that must diverge.
 
-    The usual fine-tuning values (1e-4, 5e-5, 2e-4) are for a large pretrained model; the tiny model
-    trained from scratch learns slowly at 1e-4 (val_loss 2.56 after 200 updates against 1.66
-    at 3e-3, from 3.14 at the start), so the values are scaled by 30
-    (3e-3, 1.5e-3, 6e-3), which keeps the ratios half/control/double that the comparison is
-    about.
+    The fine-tuning values (1e-4, 5e-5, 2e-4) are scaled by 30: the tiny model trained from
+    scratch learns slowly at 1e-4 (val_loss 2.56 after 200 updates against 1.66 at 3e-3, from
+    3.14), and the ratios half/control/double are what the comparison is about.
     """
     return [
         LrVariant("lr=3e-3 (control)", 3e-3, 1e-4),
@@ -96,16 +78,9 @@ def lr_variants() -> list[LrVariant]:
 
 @dataclass(frozen=True)
 class DemoSize:
-    """How much the demo trains (``full`` or ``quick``).
-
-    Args:
-        updates: optimizer updates per comparison fit.
-        val_every: updates between validations of a comparison fit.
-        val_batches: validation batches (of 2 examples) per validation.
-        pilot_updates: updates of the pilot fit.
-        overfit_steps: the overfit fit's update limit.
-        dataset_size: examples generated (train, validation and test together).
-    """
+    """How much the demo trains: ``updates`` per comparison fit, validating every ``val_every``
+    updates on ``val_batches`` batches; ``pilot_updates``; the overfit fit's ``overfit_steps``;
+    the examples generated, ``dataset_size``."""
 
     updates: int
     val_every: int
@@ -142,30 +117,31 @@ MAX_LENGTH = 20
 _MODEL: dict[str, Any] = {"d_model": 32, "n_heads": 2, "n_layers": 1, "max_length": MAX_LENGTH}
 
 
-def _data(size: DemoSize) -> InstructionDataModule:
-    return InstructionDataModule(
+def _fit(out_dir: Path, callbacks: list[Any], lr: float, size: DemoSize, **options: Any) -> float:
+    """Fit the tiny LM at ``lr`` from seed 0 on CPU; returns the seconds it took."""
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        default_root_dir=out_dir,
+        callbacks=callbacks,
+        **options,
+    )
+    pl.seed_everything(0, verbose=False)
+    start = time.perf_counter()
+    data = InstructionDataModule(
         dataset_size=size.dataset_size,
         seed=0,
         batch_size=MICRO_BATCH,
         max_length=MAX_LENGTH,
         stateful=True,
     )
-
-
-def _trainer(out_dir: Path, callbacks: list[Any], **options: Any) -> pl.Trainer:
-    settings: dict[str, Any] = {
-        "accelerator": "cpu",
-        "devices": 1,
-        "logger": False,
-        "enable_checkpointing": False,
-        "enable_progress_bar": False,
-        "enable_model_summary": False,
-        "num_sanity_val_steps": 0,
-        "default_root_dir": out_dir,
-        "callbacks": callbacks,
-    }
-    settings.update(options)
-    return pl.Trainer(**settings)
+    trainer.fit(TinyCausalLM(lr=lr, **_MODEL), datamodule=data)
+    return time.perf_counter() - start
 
 
 @contextmanager
@@ -199,27 +175,22 @@ def _pilot_fit(out_dir: Path, size: DemoSize) -> tuple[PilotRun, float]:
         resume={"at_step": 2, "compare_steps": 2},
         ledger={"params": {"lr": 3e-3}},
     )
-    trainer = _trainer(
+    took = _fit(
         out_dir,
         callbacks,
+        3e-3,
+        size,
         max_steps=size.pilot_updates,
         accumulate_grad_batches=ACCUMULATE,
         val_check_interval=ACCUMULATE * 4,
         limit_val_batches=size.val_batches,
     )
-    pl.seed_everything(0, verbose=False)
-    start = time.perf_counter()
-    trainer.fit(TinyCausalLM(lr=3e-3, **_MODEL), datamodule=_data(size))
-    return callbacks[0].run, time.perf_counter() - start
+    return callbacks[0].run, took
 
 
 def _overfit_fit(out_dir: Path, size: DemoSize) -> tuple[OverfitTinySubset, float]:
     overfit = OverfitTinySubset(max_steps=size.overfit_steps, out_dir=out_dir)
-    trainer = _trainer(out_dir, [overfit], max_steps=-1, max_epochs=1000)
-    pl.seed_everything(0, verbose=False)
-    start = time.perf_counter()
-    trainer.fit(TinyCausalLM(lr=3e-3, **_MODEL), datamodule=_data(size))
-    return overfit, time.perf_counter() - start
+    return overfit, _fit(out_dir, [overfit], 3e-3, size, max_steps=-1, max_epochs=1000)
 
 
 def _comparison_fit(out_dir: Path, variant: LrVariant, size: DemoSize) -> tuple[str, float]:
@@ -231,18 +202,17 @@ def _comparison_fit(out_dir: Path, variant: LrVariant, size: DemoSize) -> tuple[
         heartbeat=Heartbeat(updates=50),
         out_dir=out_dir,
     )
-    trainer = _trainer(
+    took = _fit(
         out_dir,
         [ledger],
+        variant.lr,
+        size,
         max_steps=size.updates,
         accumulate_grad_batches=ACCUMULATE,
         val_check_interval=ACCUMULATE * size.val_every,
         limit_val_batches=size.val_batches,
     )
-    pl.seed_everything(0, verbose=False)
-    start = time.perf_counter()
-    trainer.fit(TinyCausalLM(lr=variant.lr, **_MODEL), datamodule=_data(size))
-    return ledger.run.run_id, time.perf_counter() - start
+    return ledger.run.run_id, took
 
 
 def _table(frame: pd.DataFrame) -> str:
@@ -261,15 +231,9 @@ def write_plots(
     table: pd.DataFrame,
     write: Callable[[str], object],
 ) -> list[Path]:
-    """Write the demo's two PNG plots into ``folder``, or say why not and return ``[]``.
-
-    Args:
-        folder: where ``loss_curves.png`` and ``phase_memory.png`` go.
-        curves: the ledger's curves (:meth:`Ledger.curves`).
-        runs: the comparison's runs (:meth:`Ledger.runs` rows).
-        table: the pilot run's phase table.
-        write: where the "plots skipped" line goes when matplotlib is missing.
-    """
+    """Write ``loss_curves.png`` (the ledger's ``curves`` of the comparison's ``runs``) and
+    ``phase_memory.png`` (the pilot's phase ``table``) into ``folder``; without matplotlib,
+    ``write`` the "plots skipped" line and return ``[]``."""
     try:
         from lightning_pilot.report import plots
 
@@ -289,13 +253,9 @@ def write_plots(
 
 
 def run_demo(out_dir: Path, *, quick: bool = False, stream: TextIO | None = None) -> dict[str, Any]:
-    """Run the demo pilot and the learning-rate comparison into ``out_dir``; print as it goes.
-
-    Args:
-        out_dir: the output folder (created; an existing ledger there is added to, never
-            overwritten, so use a fresh folder for a clean comparison).
-        quick: a much smaller version (a few updates per fit) for tests.
-        stream: where progress and results are written (default ``sys.stdout``).
+    """Run the demo pilot and the learning-rate comparison into ``out_dir`` (an existing ledger
+    there is added to, never overwritten); print to ``stream`` (default ``sys.stdout``) as it
+    goes. ``quick``: a few updates per fit.
 
     Returns:
         ``out_dir``; ``pilot_run_dir`` (the measured pilot run's folder, for the choice sheet);

@@ -47,16 +47,10 @@ def _median(series: pd.Series) -> Any:
 
 
 def sampled_out(frame: pd.DataFrame) -> pd.Series:
-    """Phase rows of later occurrences that happened but were, by design, not measured.
-
-    PhaseMemoryMonitor measures the pilot window and one update in ``sample_every``; a later
-    validation is measured only when the update before it was. Such a row keeps its count, its
-    null measurements and ``verdict="not_checked"``; it is not a problem to act on, so the
-    tables list it apart, never under "Not passed".
-
-    Returns:
-        A boolean Series aligned with ``frame``: ``first`` is false, ``occurrences > 0``,
-        ``measured_occurrences == 0``, no check recorded and verdict ``not_checked``.
+    """A boolean Series aligned with ``frame``: the phase rows of later occurrences that
+    happened but were, by design, not measured (``first`` false, ``occurrences > 0``,
+    ``measured_occurrences == 0``, no check, verdict ``not_checked``; docs/phase-table.md).
+    They are not a problem to act on, so the tables list them apart, never under "Not passed".
     """
     if frame.empty:
         return pd.Series(False, index=frame.index, dtype=bool)
@@ -143,8 +137,7 @@ def phase_summary(phases: pd.DataFrame) -> pd.DataFrame:
 
 @dataclass(frozen=True)
 class Peak:
-    """The largest memory peak of a phase table: its ``kind`` (``"reserved"`` or
-    ``"allocated"``), its ``bytes`` and the ``phase`` that set it.
+    """The largest memory peak of a phase table, its ``kind`` and the ``phase`` that set it.
 
     Example:
         >>> summary = pd.DataFrame({"phase": ["forward", "backward"],
@@ -161,8 +154,8 @@ class Peak:
 def memory_peak(
     summary: pd.DataFrame, kinds: tuple[str, ...] = ("reserved", "allocated")
 ) -> Peak | None:
-    """The largest peak in :func:`phase_summary` of the first of ``kinds`` any phase measured
-    (reserved first: it is what a caching allocator holds); ``None`` when none did."""
+    """The largest peak in a phase table or :func:`phase_summary` of the first of ``kinds`` any
+    phase measured (reserved first: what a caching allocator holds); ``None``: none did."""
     for kind in kinds:
         column = f"peak_{kind}_bytes"
         measured = summary.dropna(subset=[column])
@@ -367,11 +360,9 @@ def run_costs(
     costs: dict[str, Any] = {}
     if phases.empty:
         return costs
-    alloc = phases.dropna(subset=["peak_allocated_bytes"])
-    if len(alloc):
-        top = alloc.iloc[int(alloc["peak_allocated_bytes"].astype("float64").to_numpy().argmax())]
-        costs["peak_allocated_bytes"] = int(top["peak_allocated_bytes"])
-        costs["peak_phase"] = str(top["phase"])
+    top = memory_peak(phases, ("allocated",))
+    if top is not None:
+        costs["peak_allocated_bytes"], costs["peak_phase"] = top.bytes, top.phase
     reserved = _max(phases["peak_reserved_bytes"])
     costs["peak_reserved_bytes"] = None if reserved is None else int(reserved)
     costs["step_s"] = step_time(phases, accumulate).seconds
@@ -396,6 +387,20 @@ def _differences(row: Mapping[Any, Any], control: Mapping[Any, Any]) -> list[str
     ):
         reasons.append(f"loss positions {mine:.3g} vs {theirs:.3g} per example in the control")
     return reasons
+
+
+def _same_experiment(
+    row: Mapping[Any, Any], reference: Mapping[Any, Any] | None, by: str, control: str | None
+) -> tuple[bool | None, str]:
+    """Whether a variant answers the control's question, and why (plain bools, never numpy's)."""
+    if reference is None:
+        return None, "no control to compare with"
+    if row[by] == control:
+        return True, "the control"
+    if is_null(row["truncated_fraction"]) and is_null(row["loss_positions"]):
+        return None, "not measured (no BatchInspector examples)"
+    reasons = _differences(row, reference)
+    return not reasons, "; ".join(reasons) or "same data shape"
 
 
 def summarize_costs(
@@ -424,28 +429,13 @@ def summarize_costs(
                 "peak_allocated_bytes": _max(group["peak_allocated_bytes"]),
                 "peak_phase": phase.mode().iloc[0] if len(phase) else None,
                 "peak_reserved_bytes": _max(group["peak_reserved_bytes"]),
-                **{
-                    c: _median(group[c]) for c in ("step_s", "truncated_fraction", "loss_positions")
-                },
+                **{column: _median(group[column]) for column in _MEDIANS},
             }
         )
     result = pd.DataFrame(grouped)
     reference = (
         result[result[by] == control].iloc[0].to_dict() if control in set(result[by]) else None
     )
-    same: list[bool | None] = []
-    why: list[str] = []
-    for row in result.to_dict("records"):
-        known = not (is_null(row["truncated_fraction"]) and is_null(row["loss_positions"]))
-        reasons = [] if reference is None else _differences(row, reference)
-        if reference is None:
-            same.append(None)
-            why.append("no control to compare with")
-        elif row[by] == control:
-            same.append(True)
-            why.append("the control")
-        else:  # plain bools, never numpy ones
-            same.append(not reasons if known else None)
-            why.append("; ".join(reasons) or ("same data shape" if known else
-                       "not measured (no BatchInspector examples)"))  # fmt: skip
-    return result.assign(same_experiment=pd.Series(same, dtype=object), why=why)[columns]
+    verdicts = [_same_experiment(row, reference, by, control) for row in result.to_dict("records")]
+    same = pd.Series([verdict[0] for verdict in verdicts], dtype=object)
+    return result.assign(same_experiment=same, why=[verdict[1] for verdict in verdicts])[columns]

@@ -112,15 +112,20 @@ def run_folders(path: Path) -> list[Path]:
     return sorted(p for p in runs.iterdir() if p.is_dir() and not p.name.startswith("."))
 
 
+def _run_folder(out_dir: Path, run_id: Any) -> Path | None:
+    """``out_dir/runs/<run_id>``; ``None`` when ``run_id`` is not a run id (a forged id never
+    becomes a path)."""
+    try:
+        validate_run_id(str(run_id), "run_id")
+    except (TypeError, ValueError):
+        return None
+    return out_dir / "runs" / str(run_id)
+
+
 def compared_runs(out_dir: Path, run_ids: Iterable[Any]) -> list[Path]:
     """The run folders under ``out_dir/runs`` of these ledger runs (ids that are run ids)."""
-    found = []
-    for run_id in dict.fromkeys(str(r) for r in run_ids):
-        with contextlib.suppress(TypeError, ValueError):
-            validate_run_id(run_id, "run_id")  # a forged id never becomes a path
-            if (out_dir / "runs" / run_id).is_dir():
-                found.append(out_dir / "runs" / run_id)
-    return found
+    folders = [_run_folder(out_dir, run_id) for run_id in dict.fromkeys(str(r) for r in run_ids)]
+    return [folder for folder in folders if folder is not None and folder.is_dir()]
 
 
 def phases_of(run_dirs: Sequence[Path]) -> pd.DataFrame | None:
@@ -280,15 +285,15 @@ def variant_costs(
     """
     rows = []
     for run in runs.to_dict("records"):
-        folder = Path(out_dir) / "runs" / str(run["run_id"])
+        folder = _run_folder(Path(out_dir), run["run_id"])
+        if folder is None:
+            continue
         try:
-            validate_run_id(str(run["run_id"]), "run_id")  # a forged id never becomes a path
             phases = storage.read_phase_table(folder)
         except (TypeError, FileNotFoundError, ValueError):
             continue
-        k = run.get("accumulate_grad_batches")
         if len(phases):
+            k = run.get("accumulate_grad_batches")
             k = 1 if k is None or is_null(k) else int(k)
-            costs = run_costs(phases, _detail(folder, "examples"), k)
-            rows.append({by: run[by]} | costs)
+            rows.append({by: run[by]} | run_costs(phases, _detail(folder, "examples"), k))
     return summarize_costs(pd.DataFrame(rows), by=by, control=control)

@@ -1,9 +1,7 @@
-"""PNG plots of a pilot: loss curves per variant and peak memory per phase.
+"""PNG plots of a pilot: loss curves per variant and peak memory per phase (docs/demo.md).
 
-matplotlib is optional (extra ``lightning-pilot[plots]``): it is imported only when a plot is
-drawn, through the Agg canvas directly, so no global backend is switched and no window opens.
-Without it, drawing raises :class:`ModuleNotFoundError` saying how to install it
-(:data:`MATPLOTLIB_MISSING`); :func:`require_matplotlib` checks first.
+matplotlib is optional (extra ``lightning-pilot[plots]``), imported only to draw, through the
+Agg canvas directly: no global backend is switched and no window opens.
 
 Example:
     >>> import pandas as pd
@@ -30,7 +28,7 @@ from lightning_pilot.core.compare import FAILED_STATUSES
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-#: What the demo prints when matplotlib is not installed.
+#: The :class:`ModuleNotFoundError` of drawing without matplotlib (what the demo prints).
 MATPLOTLIB_MISSING = "plots skipped: matplotlib not installed (pip install matplotlib)"
 
 
@@ -68,14 +66,10 @@ def plot_loss_curves(
     title: str = "training loss per variant",
     val_metric: str = "val_loss",
 ) -> Path:
-    """Draw each run's training loss and ``val_metric`` points into the PNG file ``path``, and
-    mark where failed runs stopped; returns ``path``.
-
-    ``curves`` and ``runs`` are :meth:`lightning_pilot.Ledger.curves` and
-    :meth:`~lightning_pilot.Ledger.runs` rows of the runs to draw. The y axis is logarithmic,
-    so a blown-up run stays readable next to the others; non-finite losses cannot be drawn and
-    the stop marker stands for them.
-    """
+    """Draw the training loss and ``val_metric`` points of the ``runs`` (``Ledger.runs()``
+    rows, their ``Ledger.curves()``) into the PNG file ``path`` and return it. The y axis is
+    logarithmic, so a blown-up run stays readable; non-finite losses cannot be drawn, so a
+    marker shows where each failed run stopped."""
     figure = _figure(8.0, 4.8)
     axes = figure.add_subplot()
     for i, run in enumerate(runs.itertuples(index=False)):

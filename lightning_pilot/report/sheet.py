@@ -1,9 +1,6 @@
-"""The choice sheet of one run in Markdown (``runs/<run_id>/sheet.md``): verdicts (blocking
-failures first), model, memory per GPU and headroom on a target GPU, sizes and precision, batch
-and parallelism, step time, the expected result, where the variants stand, and the 3/7/30-day
-campaign package. One function per section, over a
-:class:`~lightning_pilot.report.load.RunFolder`; a value no file holds is written as "not
-measured (null)", never 0."""
+"""The choice sheet of one run in Markdown (``runs/<run_id>/sheet.md``), one function per
+section over a :class:`~lightning_pilot.report.load.RunFolder`; a value no file holds is
+written as "not measured (null)", never 0. See docs/cli.md for the sections."""
 
 from __future__ import annotations
 
@@ -397,26 +394,19 @@ def choice_sheet(
     metric: str = "val_loss",
     control: str | None = None,
 ) -> str:
-    """The choice sheet of one run as Markdown (see the module docstring).
+    """The choice sheet of the run folder ``<out_dir>/runs/<run_id>`` as Markdown, from its
+    phase, updates and model tables and ``<out_dir>/ledger`` when present.
 
-    Reads ``<run_dir>/phases.parquet``, ``<run_dir>/updates.parquet`` and ``model.parquet``
-    when present, and the run's records in ``<out_dir>/ledger`` when present.
-
-    Args:
-        run_dir: the run folder, ``<out_dir>/runs/<run_id>``.
-        gpu_memory_bytes: the target GPU's memory in bytes (see
-            :func:`~lightning_pilot.report.parse_size`), for the headroom line; ``None``
-            leaves headroom out.
-        reserve: the fraction of each 3, 7 or 30 day package kept for evaluation and export.
-        experiment: the ledger experiment whose variants fill the campaign package (default:
-            this run's experiment).
-        metric: the agreed quality metric for "where the variants stand".
-        control: the control variant, marked in that list.
+    ``gpu_memory_bytes`` (see :func:`~lightning_pilot.report.parse_size`; ``None`` leaves the
+    headroom out) is the target GPU's memory; ``reserve`` the fraction of each 3, 7 or 30 day
+    package kept for evaluation and export; ``experiment`` the ledger experiment whose
+    variants fill the package (default: the run's); ``metric`` the agreed quality metric and
+    ``control`` the variant marked where the variants stand.
 
     Raises:
         FileNotFoundError: ``run_dir`` does not exist.
         ValueError: ``run_dir`` is not a run folder, its phase table has no readable rows, or
-            ``gpu_memory_bytes`` is not a positive int.
+            an option is invalid.
     """
     check_options(gpu_memory_bytes, reserve)
     run = load_run(run_dir, metric=metric, experiment=experiment)
@@ -434,34 +424,23 @@ def write_choice_sheet(
     metric: str = "val_loss",
     control: str | None = None,
 ) -> Path:
-    """Write :func:`choice_sheet` to ``<run_dir>/sheet.md`` atomically; never overwrites.
-
-    When ``sheet.md`` exists (an earlier sheet, perhaps for another target GPU), the new sheet
-    is ``sheet-2.md``, then ``sheet-3.md``, ...: every sheet written stays as it was.
-
-    Returns:
-        The path written.
-
-    Raises:
-        FileNotFoundError, ValueError: as :func:`choice_sheet`.
-    """
-    check_options(gpu_memory_bytes, reserve)
-    run = load_run(run_dir, metric=metric, experiment=experiment)
-    text = render_choice_sheet(
-        run, gpu_memory_bytes=gpu_memory_bytes, reserve=reserve, control=control
+    """Write :func:`choice_sheet` to ``<run_dir>/sheet.md`` atomically and return its path;
+    never overwrites (:func:`publish_choice_sheet`). Raises as :func:`choice_sheet`."""
+    text = choice_sheet(
+        run_dir,
+        gpu_memory_bytes=gpu_memory_bytes,
+        reserve=reserve,
+        experiment=experiment,
+        metric=metric,
+        control=control,
     )
     return publish_choice_sheet(run_dir, text)
 
 
 def publish_choice_sheet(run_dir: str | os.PathLike[str], text: str) -> Path:
-    """Publish a sheet's text as ``<run_dir>/sheet.md`` (``sheet-2.md``, ... when taken).
-
-    Returns:
-        The path written.
-
-    Raises:
-        OSError: the write failed (a read-only mount, a full disk); nothing is left behind.
-    """
+    """Publish a sheet's text as ``<run_dir>/sheet.md`` and return its path; when that exists
+    (an earlier sheet, perhaps for another GPU), ``sheet-2.md``, ``sheet-3.md``, ...: every
+    sheet written stays as it was. ``OSError`` when the write fails; nothing is left behind."""
     data, number = text.encode("utf-8"), 1
     while True:
         final = Path(run_dir) / (SHEET_NAME if number == 1 else f"sheet-{number}.md")

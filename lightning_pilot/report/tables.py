@@ -84,24 +84,19 @@ def _skipped_lines(skipped: Sequence[str], most: int = 20) -> list[str]:
 def _clean_result(
     phases: pd.DataFrame | None, runs: pd.DataFrame | None, skipped: Sequence[str]
 ) -> str:
-    counted = [
+    counted = (
         f"{len(runs)} ledger run(s) checked"
         if runs is not None
         else "no ledger read: run statuses not checked"
-    ]
-    if phases is None:
-        counted.append("no phase table read")
+    ) + ("; no phase table read" if phases is None else "")
     if not skipped:
-        return "Result: no failed check, no diverged or failed run (" + "; ".join(counted) + ")."
-    return "\n".join(
-        [
-            f"Result: {len(skipped)} file(s) skipped (unreadable), so not everything in scope was"
-            " checked: no failed check and no diverged or failed run in what was read ("
-            + "; ".join(counted)
-            + ") (exit 2):",
-            *_skipped_lines(skipped),
-        ]
+        return f"Result: no failed check, no diverged or failed run ({counted})."
+    head = (
+        f"Result: {len(skipped)} file(s) skipped (unreadable), so not everything in scope was"
+        f" checked: no failed check and no diverged or failed run in what was read ({counted})"
+        " (exit 2):"
     )
+    return "\n".join([head, *_skipped_lines(skipped)])
 
 
 def gate_result(

@@ -20,12 +20,8 @@ from typing import Any, Final
 
 import pandas as pd
 
-from lightning_pilot.core.validate import INT64_MAX
-
 #: How a null (not measured) value prints.
 NOT_MEASURED: Final = "n/m"
-#: The largest size :func:`parse_size` accepts: what a signed 64-bit byte count holds (8 EiB).
-MAX_SIZE: Final = INT64_MAX
 #: The longest a value from a file prints (:func:`terminal_safe`), in a line and in a table cell.
 TEXT_LIMIT: Final = 2000
 CELL_LIMIT: Final = 200
@@ -47,18 +43,14 @@ def _escape(match: re.Match[str]) -> str:
 def terminal_safe(
     text: object, *, limit: int | None = TEXT_LIMIT, keep_newlines: bool = False
 ) -> str:
-    r"""Text from a file, made safe to print on a terminal.
+    r"""``str(text)`` from a file, made safe to print on a terminal.
 
     Every C0 and C1 control character (an escape sequence's ESC, a carriage return, a bell, a
     newline inside a value), DEL, the Unicode line separators, the bidirectional overrides and
     lone surrogates become visible escapes (``\x1b``, ``\u202e``), so a file can neither drive
-    the terminal nor break a table's row in two. Text longer than ``limit`` is cut, saying how
-    much was left out. Applying it twice changes nothing.
-
-    Args:
-        text: the value (``str()`` of it).
-        limit: the most characters returned; ``None``: no limit.
-        keep_newlines: keep ``\n`` (for whole blocks of output whose lines are ours).
+    the terminal nor break a table's row in two; ``keep_newlines`` keeps ``\n`` (for whole
+    blocks of output whose lines are ours). Text longer than ``limit`` (``None``: no limit) is
+    cut, saying how much was left out. Applying it twice changes nothing.
 
     Example:
         >>> print(terminal_safe("ctl\x1b[2J\r\nFAKE"))

@@ -1,7 +1,9 @@
-"""run_demo(quick=True): the pilot, the overfit, the learning-rate comparison and the plots."""
+"""``python -m lightning_pilot.demo --quick`` (run_demo): the pilot, the overfit, the
+learning-rate comparison and the plots, run once for the module."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import math
 import sys
@@ -11,19 +13,52 @@ from typing import Any
 import pandas as pd
 import pytest
 
+import lightning_pilot.demo.__main__ as demo_main_module
 from lightning_pilot import Ledger, read_phase_table
 from lightning_pilot.demo.pilot import EXPERIMENT, DemoSize, lr_variants, run_demo, write_plots
-from lightning_pilot.demo.plots import MATPLOTLIB_MISSING, phase_peaks, require_matplotlib
+from lightning_pilot.report.plots import MATPLOTLIB_MISSING, phase_peaks, require_matplotlib
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.fixture(scope="module")
-def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], str]:
+def demo_main(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, dict[str, Any], str]:
+    """``python -m lightning_pilot.demo --out OUT --quick``, once for every test of the demo:
+    its exit code, what its run_demo returned and what it printed."""
     out = tmp_path_factory.mktemp("demo")
     stream = io.StringIO()
-    result = run_demo(out, quick=True, stream=stream)
-    return result, stream.getvalue()
+    returned: list[dict[str, Any]] = []
+
+    def kept(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        returned.append(run_demo(*args, **kwargs))
+        return returned[-1]
+
+    with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(stream):
+        patch.setattr(demo_main_module, "run_demo", kept)
+        code = demo_main_module.main(["--out", str(out), "--quick"])
+    (result,) = returned
+    return code, result, stream.getvalue()
+
+
+@pytest.fixture
+def demo(demo_main: tuple[int, dict[str, Any], str]) -> tuple[dict[str, Any], str]:
+    _, result, text = demo_main
+    return result, text
+
+
+def test_quick_demo_passes_and_writes_its_files(
+    demo_main: tuple[int, dict[str, Any], str],
+) -> None:
+    code, result, out = demo_main
+    assert code == 0
+    table = read_phase_table(result["out_dir"])
+    assert {"setup", "forward", "optimizer_step", "validation", "checkpoint_save"} <= set(
+        table["phase"]
+    )
+    assert "fail" not in set(table["verdict"])
+    assert len(Ledger(result["out_dir"]).runs()) == 5  # the pilot and four comparison fits
+    assert "Phase table of the pilot run" in out
+    assert f"ledger:      {result['out_dir'] / 'ledger'}" in out
 
 
 def test_result_points_to_the_files(demo: tuple[dict[str, Any], str]) -> None:
