@@ -55,42 +55,12 @@ class _Installed(NamedTuple):
 class OverfitTinySubset(PilotCallback):
     """CHANGES TRAINING: the fit trains and evaluates on a fixed tiny subset, then judges it.
 
-    Added to a Trainer, it turns that fit into an overfit run: ``num_examples`` examples (8)
-    chosen deterministically from the training dataset (a seeded sample of indices; their ids
-    recorded), collated once with the training loader's ``collate_fn`` in dataset order
-    (shuffling off, random transforms frozen at selection), are what every training step and
-    every validation batch of the fit sees. Its first log line says so. It checks the
-    mechanics, not generalisation: a loop that cannot learn eight examples will not be fixed by
-    a long rental. Lightning's ``overfit_batches`` checks nothing and validates on other batches
-    than it trains on.
-
-    How (public Lightning API only, ``docs/data-and-overfit.md``): no public API lets a callback
-    replace the loaders given to ``fit(...)``, so the batches are replaced instead. For the fit
-    only, from ``setup`` to ``teardown`` (or ``on_exception``), the callback wraps the
-    ``on_before_batch_transfer`` hook on the instance Lightning calls it on (the DataModule when
-    it overrides the hook, else the LightningModule): each training or validation batch is
-    swapped for the next subset batch, then the user's own hook runs. The loaders are still
-    iterated, so an epoch keeps its length; ``trainer.limit_val_batches`` is set to the
-    subset's batch count (unless validation is off). The sanity check sees the validation
-    loader's own batches. Both are put back exactly as they were when the fit ends or fails.
-
-    Per update it records the loss (``outputs["loss"]`` times ``K``, averaged over the
-    update's micro-batches); every ``check_every`` updates and at the end it predicts the
-    subset in eval mode (``predict_fn``, else ``pl_module(inputs[, attention_mask])`` logits,
-    argmax, shifted by one for causal-LM labels when ``shift_labels``). Training stops once the
-    loss is at or below the target and the recovery at or above ``required_recovery`` (a
-    collective decision), on a non-finite loss, or after ``max_steps`` updates.
-
-    Verdict (phase ``overfit``, :mod:`lightning_pilot.core.overfit`): ``loss_finite``,
-    ``initial_loss`` near ``-log(1/C)``, ``loss_target`` within the budget and
-    ``targets_recovered`` at ``required_recovery``, listing the ids still wrong.
-
-    Table ``<out_dir>/runs/<run_id>/overfit.parquet`` (:data:`OVERFIT_SCHEMA`): one row per
-    update (the loss, the target, the score when evaluated, the ids still wrong), written by
-    every rank into its own snapshot files.
-
-    Ranks: every rank trains the same subset and writes its own rows; stop decisions are
-    reduced over ranks (``reduce_boolean_decision``).
+    ``num_examples`` examples chosen by a seeded sample of the training dataset are what every
+    training step and validation batch of the fit sees; the run stops at the loss target with
+    the targets recovered, on a non-finite loss, or after ``max_steps`` updates, and writes the
+    ``overfit`` phase row and ``overfit.parquet`` (:data:`OVERFIT_SCHEMA`). How it replaces the
+    batches (the ``on_before_batch_transfer`` hook, wrapped for the fit only), the predictions
+    and the verdict: docs/data-and-overfit.md.
 
     Args:
         num_examples: size of the subset.
@@ -108,10 +78,6 @@ class OverfitTinySubset(PilotCallback):
         predict_fn: ``fn(pl_module, batch) -> logits or predictions`` on a device batch.
         adapter: how to read batches (default :class:`BatchAdapter`).
         out_dir: the output folder; default ``<trainer.default_root_dir>/pilot``.
-
-    Raises:
-        ValueError: an option out of range.
-        TypeError: ``predict_fn`` not callable, ``adapter`` not a BatchAdapter.
 
     Example:
         >>> import tempfile
@@ -218,11 +184,9 @@ class OverfitTinySubset(PilotCallback):
             f" {self.max_steps} updates; its results say whether the loop can learn, nothing"
             " about generalisation."
         )
-        # trainer.datamodule is set at run time (mypy cannot see it).
+        # trainer.datamodule is set at run time (mypy cannot see it); None is not overriding.
         datamodule = getattr(trainer, "datamodule", None)
-        owner: Any = pl_module
-        if datamodule is not None and is_overridden(_HOOK, datamodule):
-            owner = datamodule
+        owner: Any = datamodule if is_overridden(_HOOK, datamodule) else pl_module
         original = getattr(owner, _HOOK)
 
         def on_before_batch_transfer(batch: Any, dataloader_idx: int) -> Any:
@@ -234,9 +198,7 @@ class OverfitTinySubset(PilotCallback):
         held = vars(owner).get(_HOOK, _ABSENT)
         setattr(owner, _HOOK, on_before_batch_transfer)
         limit = trainer.limit_val_batches
-        self._installed = _Installed(
-            owner, original, held, on_before_batch_transfer, limit if limit else None
-        )
+        self._installed = _Installed(owner, original, held, on_before_batch_transfer, limit or None)
         if limit:
             trainer.limit_val_batches = math.ceil(
                 self.num_examples / (self.batch_size or self.num_examples)
@@ -269,9 +231,8 @@ class OverfitTinySubset(PilotCallback):
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        loaders = trainer.train_dataloader
-        loader = loaders if isinstance(loaders, DataLoader) else None
-        if loader is None:
+        loader = trainer.train_dataloader
+        if not isinstance(loader, DataLoader):
             self._notes.append("no single training DataLoader: the subset could not be built")
             return
         dataset = loader.dataset
@@ -300,12 +261,7 @@ class OverfitTinySubset(PilotCallback):
 
     @override
     def on_train_batch_end(
-        self,
-        trainer: pl.Trainer,
-        pl_module: pl.LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, *_: Any
     ) -> None:
         if not self._batches:
             return
@@ -434,17 +390,16 @@ class OverfitTinySubset(PilotCallback):
         if self._done or self._trainer is None:
             return
         self._done = True
-        budget = self.max_steps
         results = [
             check_loss_finite(self._curve),
             check_initial_loss(
                 self._initial, self._classes(pl_module), tolerance=self.init_tolerance
             ),
-            check_loss_target(self._curve, self._target(), budget=budget),
+            check_loss_target(self._curve, self._target(), budget=self.max_steps),
             check_recovery(self._last, required=self.required_recovery, step=self._last_step),
         ]
         steps_done = self._curve[-1][0] if self._curve else 0
-        if self._batches and budget and steps_done < budget:
+        if self._batches and steps_done < self.max_steps:
             # Cut short (the user's exception, the Trainer's own max_steps/max_epochs): a target
             # not reached yet says nothing about whether the loop can learn.
             cause = next(
@@ -456,7 +411,7 @@ class OverfitTinySubset(PilotCallback):
                 CheckResult(
                     c.name,
                     "not_checked",
-                    f"{cause}, before the overfit budget of {budget}: {c.detail}; let the"
+                    f"{cause}, before the overfit budget of {self.max_steps}: {c.detail}; let the"
                     " overfit run to its budget",
                 )
                 if c.name in ("loss_target", "targets_recovered") and c.verdict == "fail"
@@ -468,21 +423,19 @@ class OverfitTinySubset(PilotCallback):
         self.checks = {c.name: c for c in results}
         self.verdict, reason = judge("overfit", ((c.name, c.verdict, c.detail) for c in results))
         notes = [f"subset ids {self.subset_ids}", *self._notes]
-        self.run.put_phase_row(
-            {
-                "phase": "overfit",
-                "first": True,
-                "occurrences": len(self._curve),
-                "step_first": self._curve[0][0] if self._curve else None,
-                "step_last": self._curve[-1][0] if self._curve else None,
-                "batch_size": self.batch_size or len(self.subset_ids) or None,
-                "verdict": self.verdict,
-                "checks": [c.as_row() for c in results],
-                "reason": reason,
-                "notes": "; ".join(notes),
-            },
-            source=type(self).__name__,
-        )
+        row = {
+            "phase": "overfit",
+            "first": True,
+            "occurrences": len(self._curve),
+            "step_first": self._curve[0][0] if self._curve else None,
+            "step_last": self._curve[-1][0] if self._curve else None,
+            "batch_size": self.batch_size or len(self.subset_ids) or None,
+            "verdict": self.verdict,
+            "checks": [c.as_row() for c in results],
+            "reason": reason,
+            "notes": "; ".join(notes),
+        }
+        self.run.put_phase_row(row, source=type(self).__name__)
         line = f"OverfitTinySubset: overfit verdict {self.verdict}"
         if self.verdict in ("fail", "warn"):
             rank_zero_warn(f"{line}: {reason}")

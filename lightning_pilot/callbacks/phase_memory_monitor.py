@@ -7,7 +7,7 @@ import math
 import os
 import time
 import warnings
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sized
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
@@ -45,11 +45,7 @@ class PhaseCheckError(PilotRefusalError):
 
 
 class _MeasuredCheckpointIO(CheckpointIO):
-    """Delegates to the strategy's checkpoint IO and times the file write and read.
-
-    Installed on the strategy from ``setup`` to ``teardown`` (or ``on_exception``), which put
-    back the IO that was there.
-    """
+    """Delegates to the strategy's checkpoint IO and times the file write and read."""
 
     def __init__(self, inner: CheckpointIO, monitor: PhaseMemoryMonitor) -> None:
         self.inner = inner
@@ -73,14 +69,7 @@ class _MeasuredCheckpointIO(CheckpointIO):
         return loaded
 
     def _measure(self, method: str, *args: Any) -> None:
-        # The measurement is the pilot's, the save or load the user's: a failure of ours is
-        # recorded (row "pilot") and never stops the user's checkpoint.
-        try:
-            getattr(self.monitor, method)(*args)
-        except OSError:
-            raise
-        except Exception as err:
-            self.monitor._hook_failed(f"checkpoint_io.{method}", err)
+        self.monitor._quietly(f"checkpoint_io.{method}", getattr(self.monitor, method), *args)
 
     def remove_checkpoint(self, path: Any) -> None:
         self.inner.remove_checkpoint(path)
@@ -112,9 +101,9 @@ class _Eval:
 
 @dataclass
 class _Update:
-    """The optimizer step being measured: what is judged once it has run."""
+    """The optimizer step being measured: the arguments of ``check_update`` known before it."""
 
-    step: int
+    step_before: int
     before: dict[str, tuple[float, float]]
     trainable: set[str]
     zero_grad: set[str]
@@ -139,8 +128,6 @@ class _QuietCounts:
 
     def fold_into(self, aggregator: PhaseAggregator) -> None:
         """Add the counts to the aggregator and start again from zero."""
-        if not (self.micro_batches or self.backward or self.optimizer_steps):
-            return
         counts = {
             "data": self.micro_batches,
             "forward": self.micro_batches,
@@ -156,40 +143,18 @@ class _QuietCounts:
 class PhaseMemoryMonitor(PilotCallback):
     """Measure every phase of the campaign: inputs, memory, duration and a verdict per phase.
 
-    Writes ``<out_dir>/runs/<run_id>/phases.parquet`` (columns, checks and verdicts:
-    ``docs/phase-table.md``): one row per phase, the first occurrence on its own row
-    (``first=True``: the first optimizer step allocates the optimizer state), later ones folded
-    with their count, median and maximum duration and largest peak. A value that could not be
-    measured is null, never 0. Also ``placement.parquet`` (where the weights and the training
-    state sit, per device and kind) and ``model.parquet`` (:data:`MODEL_SCHEMA`).
-
-    Memory (:mod:`lightning_pilot.core.memory`): the CUDA (or ``torch.accelerator``) allocator
-    counters, peak reset at each measured phase start; on CPU a tensor tracker.
-
-    Cost: the first ``pilot_updates`` updates (at least 2, so the optimizer state exists) are
-    measured fully, with device synchronisation at phase edges; afterwards one update in
-    ``sample_every`` is (0: none), so a long run pays no synchronisation or tracking outside
-    sampled steps. The first validation is measured, later ones when the update before them was.
-
-    Checks (:mod:`lightning_pilot.core.checks`): the loss, the gradients, the update, eval mode
-    and sample counts. A failed check is ``fail`` with the reason and remedy; training continues
-    unless ``on_fail="raise"``. Every rank measures its own device and writes its own rows.
-
-    Checkpoint saves and loads are timed by a delegating ``CheckpointIO`` set on the strategy
-    from ``setup`` to ``teardown`` (or ``on_exception``), which put the original back: a
-    ``trainer.save_checkpoint`` after the fit is not measured.
+    Writes ``<out_dir>/runs/<run_id>/phases.parquet`` (one row per phase, the first occurrence
+    on its own row), ``placement.parquet`` and ``model.parquet`` (:data:`MODEL_SCHEMA`). The
+    rows, columns, checks, cost and what the monitor installs for a fit and puts back are in
+    docs/phase-table.md. Every rank measures its own device and writes its own rows.
 
     Args:
         pilot_updates: updates measured fully at the start of each fit (>= 2).
         sample_every: after the pilot window, measure one update in this many (0 = stop).
         memory_updates: on CPU, updates measured with the tensor tracker (1 to
-            ``pilot_updates``; default 2: the first update allocates the optimizer state, the
-            second shows the later peak). Its per-operator cost inflates their durations, so
-            ``duration_median_s`` and ``duration_max_s`` come from the other measured updates.
+            ``pilot_updates``); the other measured updates give the clean durations.
         export: ``fn(pl_module, directory) -> path`` run once per fit at fit end through
-            :meth:`PilotRun.export` (shared with :class:`ResumeVerifier` when it is given the
-            same function) and measured as the ``export`` phase, with the size of the returned
-            file or folder; an error or a path naming nothing fails the row.
+            :meth:`PilotRun.export` and measured as the ``export`` phase.
         on_fail: ``"record"`` (default) or ``"raise"`` a :class:`PhaseCheckError`.
         track_cpu: use the tensor tracker on CPU (``False``: CPU memory columns null).
         adapter: how to read batches (default :class:`BatchAdapter`).
@@ -280,7 +245,6 @@ class PhaseMemoryMonitor(PilotCallback):
         # end then only notes the step (-1: look at every batch end).
         self._quiet_until: float = -1
         self._tracking = False
-        self._data_clock: float | None = None
         self._start_step = 0
         self._setup_started: float | None = None
         self._update: _Update | None = None
@@ -359,6 +323,7 @@ class PhaseMemoryMonitor(PilotCallback):
         if self._counter is not None:
             return self._counter
         device = self._root_device
+        self._device = str(device)
         counter: MemoryCounter
         if device.type == "cuda":
             counter = CudaCounter(device)
@@ -369,11 +334,9 @@ class PhaseMemoryMonitor(PilotCallback):
             self._device = "cpu"
         elif device.type != "cpu" and AcceleratorCounter.available(device):
             counter = AcceleratorCounter(device)
-            self._device = str(device)
         else:
             reason = "track_cpu=False" if device.type == "cpu" else f"no counter for {device}"
             counter = NoCounter(f"memory not measured: {reason}")
-            self._device = str(device)
         self._counter = counter
         # CPU work is synchronous; a device without counters was not synchronised either.
         self._synchronized = device.type == "cpu" or not isinstance(counter, NoCounter)
@@ -382,11 +345,10 @@ class PhaseMemoryMonitor(PilotCallback):
     def _begin(self, phase: str, *, track: bool = True) -> None:
         """Start measuring ``phase``.
 
-        The CPU tensor tracker is a dispatch mode: it must be entered and left inside the same
-        grad/inference-mode context (``torch.inference_mode`` restores the dispatch keys it saw
-        on entry). So it runs only within one hook span the loop keeps in one context: a
-        training batch (start to end), an evaluation loop, an export. ``track=False`` phases
-        (data fetch, checkpoint IO) get durations and state bytes but no tracker numbers.
+        The CPU tensor tracker is a dispatch mode, which must be left in the grad/inference-mode
+        context it was entered in (``torch.inference_mode`` restores the dispatch keys it saw):
+        it runs only within one hook span the loop keeps in one context (a training batch, an
+        evaluation loop, an export). ``track=False`` phases get no tracker numbers.
         """
         counter = self._ensure_counter()
         self._open = None  # a phase interrupted by another (e.g. a save mid-step) is dropped
@@ -424,15 +386,8 @@ class PhaseMemoryMonitor(PilotCallback):
             values.update(
                 batch_size=view.batch_size, seq_len=view.seq_len, input_shapes=_shapes(view)
             )
-        return Occurrence(
-            phase,
-            step,
-            duration_s=duration,
-            synchronized=self._synchronized,
-            values=values,
-            # Durations are clean unless the CPU tracker ran during the occurrence.
-            clean_timing=not (tracked and isinstance(counter, TrackerCounter)),
-        )
+        clean = not (tracked and isinstance(counter, TrackerCounter))  # the tracker slows it
+        return Occurrence(phase, step, duration, self._synchronized, values, clean_timing=clean)
 
     def _state_values(self) -> dict[str, Any]:
         state = state_bytes(self._require_module(), self._optimizers)
@@ -478,21 +433,17 @@ class PhaseMemoryMonitor(PilotCallback):
             type(o).__name__
             for o in self._optimizers
         ]  # fmt: skip
+        row = {
+            "model_class": f"{type(pl_module).__module__}.{type(pl_module).__qualname__}",
+            "parameters": sum(p.numel() for p in params),
+            "trainable_parameters": sum(p.numel() for p in params if p.requires_grad),
+            "param_bytes": state_bytes(pl_module).param_bytes,
+            "optimizers": ", ".join(optimizers) or None,
+            "precision": self._precision,
+            "device": self._device,
+        }
         self.run.register_table("model", MODEL_SCHEMA)
-        self.run.append_rows(
-            "model",
-            [
-                {
-                    "model_class": f"{type(pl_module).__module__}.{type(pl_module).__qualname__}",
-                    "parameters": sum(p.numel() for p in params),
-                    "trainable_parameters": sum(p.numel() for p in params if p.requires_grad),
-                    "param_bytes": state_bytes(pl_module).param_bytes,
-                    "optimizers": ", ".join(optimizers) or None,
-                    "precision": self._precision,
-                    "device": self._device,
-                }
-            ],
-        )
+        self.run.append_rows("model", [row])
 
     def _record_setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._setup_started is None:
@@ -512,11 +463,8 @@ class PhaseMemoryMonitor(PilotCallback):
         misplaced = [n for n, p in pl_module.named_parameters() if p.device != pl_module.device]
         result = checks.CheckResult("params_on_device", "pass", str(pl_module.device))
         if misplaced:
-            result = checks.CheckResult(
-                "params_on_device",
-                "warn",
-                f"{len(misplaced)} parameter(s) not on {pl_module.device}: {misplaced[:8]}",
-            )
+            detail = f"{len(misplaced)} parameter(s) not on {pl_module.device}: {misplaced[:8]}"
+            result = checks.CheckResult("params_on_device", "warn", detail)
         self.aggregator.count("setup", trainer.global_step)
         occurrence = Occurrence("setup", trainer.global_step, duration, self._synchronized, values)
         self._add(occurrence, [result])
@@ -542,9 +490,6 @@ class PhaseMemoryMonitor(PilotCallback):
                 stacklevel=2,
             )
 
-    def _is_measured(self, step: int) -> bool:
-        return self._next_measured(step) == step
-
     def _next_measured(self, step: int) -> float:
         """The first step at or after ``step`` whose update is measured (inf: none)."""
         done = step - self._start_step
@@ -557,22 +502,22 @@ class PhaseMemoryMonitor(PilotCallback):
     def _restart_data_clock(self, trainer: pl.Trainer, step: int | None = None) -> None:
         step = trainer.global_step if step is None else step
         self._step_now = step  # global_step does not move until the next update ends
-        self._measuring = trainer.state.fn == TrainerFn.FITTING and self._is_measured(step)
+        # The CPU tracker's per-operator cost inflates durations: it runs in the first
+        # ``memory_updates`` updates only; later measured updates are timed without it.
+        self._tracking = step - self._start_step < self.memory_updates
+        self._measuring = (
+            trainer.state.fn == TrainerFn.FITTING and self._next_measured(step) == step
+        )
         if self._measuring:
             self._quiet.fold_into(self.aggregator)  # keep the counts in occurrence order
             self._unmute("on_after_backward")
             self._quiet_until = -1
+            self._begin("data", track=False)
         else:
             # Nothing to do after an unmeasured backward: Lightning skips the hook. Batch
             # ends before the next measured update take the short path.
             self._mute("on_after_backward")
             self._quiet_until = self._next_measured(step) if self._window_done else -1
-        # The CPU tracker's per-operator cost inflates durations: it runs in the first
-        # ``memory_updates`` updates only; later measured updates are timed without it.
-        self._tracking = step - self._start_step < self.memory_updates
-        self._data_clock = time.perf_counter()
-        if self._measuring:
-            self._begin("data", track=False)
 
     @override
     def on_train_batch_start(
@@ -584,8 +529,7 @@ class PhaseMemoryMonitor(PilotCallback):
             self._quiet.micro_batch(self._step_now)  # counted in bulk: no per-hook work
             return
         step = trainer.global_step
-        # What the module means to train, read before the training step can switch parameters
-        # off for one backward (see _intended_trainable).
+        # Read before the training step can switch parameters off (see _intended_trainable).
         self._intended = _intended_trainable(pl_module)
         self.aggregator.count("data", step)
         self.aggregator.count("forward", step)
@@ -613,10 +557,8 @@ class PhaseMemoryMonitor(PilotCallback):
         occurrence = self._end("backward", trainer.global_step, self._view)
         optimized = {id(p) for o in self._optimizers for g in o.param_groups for p in g["params"]}
         intended = self._intended | _intended_trainable(pl_module)
-        self._add(
-            occurrence,
-            checks.check_gradients(pl_module.named_parameters(), optimized, intended),
-        )
+        results = checks.check_gradients(pl_module.named_parameters(), optimized, intended)
+        self._add(occurrence, results)
 
     def _flush_pending(self, results: Iterable[checks.CheckResult] = ()) -> None:
         pending, self._pending = self._pending, None
@@ -635,15 +577,9 @@ class PhaseMemoryMonitor(PilotCallback):
         before = self._check_pending_update(trainer, pl_module)
         self.aggregator.count("optimizer_step", step)
         optimized = {id(p) for group in optimizer.param_groups for p in group["params"]}
-        # The parameters this optimizer is meant to move: in it and intended to train. Not the
-        # current requires_grad alone: the step may run while toggle_optimizer has switched
-        # some off.
-        intended = self._intended | _intended_trainable(pl_module)
-        trainable = [
-            (n, p)
-            for n, p in pl_module.named_parameters()
-            if id(p) in optimized and id(p) in intended
-        ]
+        # Meant to move: in this optimizer and intended to train (see _intended_trainable).
+        moving = optimized & (self._intended | _intended_trainable(pl_module))
+        trainable = [(n, p) for n, p in pl_module.named_parameters() if id(p) in moving]
         resting = {
             id(p)
             for group in optimizer.param_groups
@@ -668,36 +604,30 @@ class PhaseMemoryMonitor(PilotCallback):
         if not (self._measuring and update and pending and pending.phase == "optimizer_step"):
             return None
         after = checks.fingerprint(pl_module.named_parameters())
-        self._flush_pending(
-            checks.check_update(
-                update.before,
-                after,
-                trainable=update.trainable,
-                step_before=update.step,
-                step_after=trainer.global_step,
-                zero_grad=update.zero_grad,
-                zero_lr=update.zero_lr,
-            )
-        )
+        step_after = trainer.global_step
+        self._flush_pending(checks.check_update(after=after, step_after=step_after, **vars(update)))
         return after
 
-    def _after_update(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        # An optimizer post-hook runs inside the user's optimizer.step(): never raise from it.
+    def _quietly(self, hook: str, measure: Callable[..., None], *args: Any) -> None:
+        """Run ``measure`` inside the user's own work (an optimizer step, a checkpoint save or
+        load): a failure of ours is recorded (row "pilot") and never stops that work."""
         try:
-            self._measure_update()
+            measure(*args)
         except OSError:
             raise
         except Exception as err:
-            self._hook_failed("optimizer_step_post_hook", err)
+            self._hook_failed(hook, err)
+
+    def _after_update(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self._quietly("optimizer_step_post_hook", self._measure_update)
 
     def _measure_update(self) -> None:
         if self._open is not None and self._open.phase == "optimizer_step":
             self._pending = self._end(
-                "optimizer_step", None if self._update is None else self._update.step
+                "optimizer_step", None if self._update is None else self._update.step_before
             )
         if not self._placed:
-            # Right after the first update every kind of state exists at once: weights,
-            # gradients and the freshly allocated optimizer state.
+            # Right after the first update, weights, gradients and optimizer state all exist.
             self._placed = True
             self._record_placement("after_first_update")
 
@@ -712,12 +642,7 @@ class PhaseMemoryMonitor(PilotCallback):
 
     @override
     def on_train_batch_end(
-        self,
-        trainer: pl.Trainer,
-        pl_module: pl.LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, *_: Any
     ) -> None:
         step = trainer.global_step
         if step < self._quiet_until:  # an unmeasured update follows: nothing to start
@@ -829,13 +754,11 @@ class PhaseMemoryMonitor(PilotCallback):
         if occurrence is None:
             return
         size = occurrence.values["file_bytes"] = _size(path)
-        written = (
-            checks.CheckResult("checkpoint_file", "pass", f"{size} bytes")
-            if size
-            else checks.CheckResult("checkpoint_file", "fail", f"no file with bytes at {path}")
+        verdict, detail = (
+            ("pass", f"{size} bytes") if size else ("fail", f"no file with bytes at {path}")
         )
-        self._add(occurrence, [written])
-        if self._data_clock is not None and self._measuring:
+        self._add(occurrence, [checks.CheckResult("checkpoint_file", verdict, detail)])
+        if self._measuring:
             self._begin("data", track=False)  # the next fetch starts after the save
 
     @contextlib.contextmanager
@@ -898,17 +821,10 @@ class PhaseMemoryMonitor(PilotCallback):
 
 
 def _intended_trainable(pl_module: pl.LightningModule) -> set[int]:
-    """``id`` of the parameters the module means to train.
-
-    In manual optimisation Lightning's ``toggle_optimizer`` sets ``requires_grad=False`` on
-    every parameter of the other optimizers until ``untoggle_optimizer``, so ``requires_grad``
-    read inside the training step says "not in this backward", not "frozen". Two readings
-    are robust to that, and the callers take their union: ``requires_grad`` at
-    ``on_train_batch_start`` (before the training step toggles anything; it also covers
-    steps that switch ``requires_grad`` by hand), and, while a toggle is open, the
-    ``requires_grad`` Lightning saved before it toggled (``_param_requires_grad_state``, a
-    private attribute: read defensively, and if absent the first reading still holds). A layer
-    frozen by mistake reads ``False`` in both and still fails.
+    """``id`` of the parameters the module means to train: ``requires_grad``, or, while a
+    ``toggle_optimizer`` is open, the value Lightning saved before it toggled
+    (``_param_requires_grad_state``, private: read defensively). The callers add the reading
+    taken at ``on_train_batch_start``, before the step toggles anything (docs/phase-table.md).
     """
     state = getattr(pl_module, "_param_requires_grad_state", None)
     saved: Mapping[Any, Any] = state if isinstance(state, Mapping) else {}
@@ -931,13 +847,8 @@ def _batch_checks(view: BatchView) -> list[checks.CheckResult]:
         if isinstance(value := getattr(view, name), torch.Tensor) and value.ndim >= 1
     }
     if not sizes:
-        return [
-            checks.CheckResult(
-                "batch_sizes_agree",
-                "not_checked",
-                f"no tensors found in the batch ({', '.join(view.missing)} missing)",
-            )
-        ]
+        detail = f"no tensors found in the batch ({', '.join(view.missing)} missing)"
+        return [checks.CheckResult("batch_sizes_agree", "not_checked", detail)]
     if len(set(sizes.values())) == 1:
         return [checks.CheckResult("batch_sizes_agree", "pass", "")]
     return [checks.CheckResult("batch_sizes_agree", "fail", f"leading dimensions differ: {sizes}")]
@@ -966,18 +877,12 @@ def _loaders(value: Any) -> list[Any]:
 
 
 def _expected_samples(trainer: pl.Trainer, phase: str, loaders: Any) -> tuple[int | None, str]:
-    limit = {
-        "validation": trainer.limit_val_batches,
-        "test": trainer.limit_test_batches,
-        "predict": trainer.limit_predict_batches,
-    }[phase]
     name = "limit_val_batches" if phase == "validation" else f"limit_{phase}_batches"
+    limit = getattr(trainer, name)
     total = 0
     for loader in _loaders(loaders):
         sampler = getattr(getattr(loader, "batch_sampler", None), "sampler", None)
-        if not (
-            isinstance(loader, DataLoader) and sampler is not None and hasattr(sampler, "__len__")
-        ):
+        if not (isinstance(loader, DataLoader) and isinstance(sampler, Sized)):
             return None, f"the {phase} loader has no sized sampler"
         # Lightning reads an int limit as a number of batches and a float as a fraction:
         # ``1`` is one batch, ``1.0`` is everything.

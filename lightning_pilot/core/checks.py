@@ -1,7 +1,7 @@
-"""Pure checks of the training loop's phases: plain tensors and names in, named results out.
+"""Pure checks of the training loop's phases: tensors and names in, :class:`CheckResult` out.
 
-Each check returns :class:`CheckResult` objects (name, verdict, detail). A phase's verdict and
-its remedy come from :func:`~lightning_pilot.core.phases.judge`.
+A phase's verdict and remedy come from :func:`~lightning_pilot.core.phases.judge`; the checks
+are listed in docs/phase-table.md.
 
 Example:
     >>> import torch
@@ -14,24 +14,12 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
 
-from lightning_pilot.core.phases import CheckResult
-
-__all__ = [
-    "CheckResult",
-    "check_eval_mode",
-    "check_gradients",
-    "check_loss",
-    "check_sample_count",
-    "check_update",
-    "fingerprint",
-    "shown_names",
-    "zero_gradients",
-]
+from lightning_pilot.core.phases import CheckResult as CheckResult  # re-exported
 
 _MAX_NAMES = 8
 
@@ -41,6 +29,20 @@ def shown_names(names: Sequence[Any]) -> str:
     shown = ", ".join(str(name) for name in names[:_MAX_NAMES])
     more = len(names) - _MAX_NAMES
     return shown + (f" and {more} more" if more > 0 else "")
+
+
+def _per_parameter(
+    named_tensors: Iterable[tuple[str, torch.Tensor]], reduce: Callable[[torch.Tensor], Any]
+) -> list[tuple[str, Any]]:
+    """``(name, reduce(tensor))`` for each tensor, read with one device synchronisation for all
+    (one reduction at a time, so the temporaries stay small)."""
+    names, values = [], []
+    for name, tensor in named_tensors:
+        names.append(name)
+        values.append(reduce(tensor))
+    if not values:
+        return []
+    return list(zip(names, torch.stack(values).cpu().tolist(), strict=True))
 
 
 def _unless(name: str, failed: object, verdict: str, detail: str, ok: str = "") -> CheckResult:
@@ -55,13 +57,12 @@ def check_loss(loss: Any) -> list[CheckResult]:
             CheckResult("loss_scalar", "not_checked", f"loss is a {type(loss).__name__}"),
             CheckResult("loss_finite", "not_checked", "no loss tensor to check"),
         ]
-    shape = CheckResult("loss_scalar", "pass", "")
-    if loss.numel() != 1:
-        shape = CheckResult(
-            "loss_scalar",
-            "fail",
-            f"loss has shape {tuple(loss.shape)}; expected one value (reduce it before backward)",
-        )
+    shape = _unless(
+        "loss_scalar",
+        loss.numel() != 1,
+        "fail",
+        f"loss has shape {tuple(loss.shape)}; expected one value (reduce it before backward)",
+    )
     value = loss.detach().float()
     if bool(torch.isfinite(value).all()):
         return [shape, CheckResult("loss_finite", "pass", "")]
@@ -76,14 +77,10 @@ def check_gradients(
 ) -> list[CheckResult]:
     """Every parameter an optimizer updates is trainable, received a gradient, and it is finite.
 
-    Args:
-        named_parameters: the module's ``named_parameters()``.
-        optimized: ``id`` of every parameter in the optimizers' param groups (the ones meant to
-            train).
-        intended: ``id`` of every parameter the module means to train, read before the
-            training step could switch some off for one backward (``toggle_optimizer`` in
-            manual optimisation): such a parameter is skipped, not failed. ``None``: the
-            current ``requires_grad`` is the intent.
+    ``optimized`` holds the ``id`` of every parameter in the optimizers' param groups;
+    ``intended`` the ``id`` of those the module means to train, read before the step could
+    switch some off (``toggle_optimizer``): such a parameter is skipped, not failed (``None``:
+    the current ``requires_grad`` is the intent).
     """
     frozen, switched_off, missing, stray = [], [], [], []
     with_grad: list[tuple[str, torch.Tensor]] = []
@@ -100,11 +97,8 @@ def check_gradients(
             with_grad.append((name, param.grad))
             if not in_optimizer:
                 stray.append(name)
-    nonfinite: list[str] = []
-    if with_grad:
-        # One device synchronisation for all parameters, not one each.
-        finite = torch.stack([torch.isfinite(g).all() for _, g in with_grad]).tolist()
-        nonfinite = [name for (name, _), ok in zip(with_grad, finite, strict=True) if not ok]
+    finite = _per_parameter(with_grad, lambda grad: torch.isfinite(grad).all())
+    nonfinite = [name for name, ok in finite if not ok]
     results = [
         _unless(
             "trainable_params_require_grad",
@@ -148,33 +142,21 @@ def fingerprint(
 ) -> dict[str, tuple[float, float]]:
     """A cheap per-parameter fingerprint (sum and L2 norm, accumulated in float64).
 
-    Any change of a float32 element changes its value by at least one ulp, so an exact equality
-    of both sums means "unchanged" except for a contrived cancellation. Computed one parameter
-    at a time so the temporaries stay small, with one device synchronisation at the end.
+    Any change of a float32 element changes both by at least one ulp, so equal fingerprints mean
+    "unchanged" except for a contrived cancellation. The reductions accumulate in float64
+    without a float64 copy of the parameter.
     """
-    names, sums = [], []
-    for name, param in named_parameters:
+
+    def sums(param: torch.Tensor) -> torch.Tensor:
         value = param.detach()
-        names.append(name)
-        # Reductions accumulate in float64 without a float64 copy of the parameter.
-        sums.append(
-            torch.stack(
-                [
-                    value.sum(dtype=torch.float64),
-                    torch.linalg.vector_norm(value, dtype=torch.float64),
-                ]
-            )
-        )
-    if not sums:
-        return {}
-    table = torch.stack(sums).cpu().tolist()
-    return {name: (row[0], row[1]) for name, row in zip(names, table, strict=True)}
+        norm = torch.linalg.vector_norm(value, dtype=torch.float64)
+        return torch.stack([value.sum(dtype=torch.float64), norm])
+
+    return {name: (row[0], row[1]) for name, row in _per_parameter(named_parameters, sums)}
 
 
 def zero_gradients(named_parameters: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
     """Names of the parameters whose gradient exists and is exactly zero in every element.
-
-    One reduction per parameter and one device synchronisation for all of them.
 
     Example:
         >>> import torch
@@ -183,18 +165,11 @@ def zero_gradients(named_parameters: Iterable[tuple[str, torch.Tensor]]) -> set[
         >>> sorted(zero_gradients([("a", a), ("b", b), ("c", torch.ones(1))]))
         ['b']
     """
-    names, nonzero = [], []
-    for name, param in named_parameters:
-        grad = param.grad
-        if grad is None:
-            continue
-        values = grad.coalesce().values() if grad.is_sparse else grad
-        names.append(name)
-        nonzero.append(values.detach().any())
-    if not names:
-        return set()
-    flags = torch.stack(nonzero).cpu().tolist()
-    return {name for name, flag in zip(names, flags, strict=True) if not flag}
+    grads = [(name, param.grad) for name, param in named_parameters if param.grad is not None]
+    nonzero = _per_parameter(
+        grads, lambda grad: (grad.coalesce().values() if grad.is_sparse else grad).detach().any()
+    )
+    return {name for name, flag in nonzero if not flag}
 
 
 def check_update(
@@ -209,16 +184,9 @@ def check_update(
 ) -> list[CheckResult]:
     """Trainable parameters changed, the others did not, and the step advanced by one.
 
-    A trainable parameter in a param group whose learning rate was 0 at this update
-    (``zero_lr``: a linear warmup that starts at 0, as Hugging Face's
-    ``get_linear_schedule_with_warmup`` does) is not expected to change either; it is named.
-
-    A trainable parameter whose gradient was exactly zero at this update (``zero_grad``, see
-    :func:`zero_gradients`) is not expected to change: plain SGD and Adam without weight decay
-    leave it as it is. LoRA's down-projection on the first update is one: its gradient is the
-    up-projection's weight times the output gradient, and the up-projection starts at zero. It
-    is named in the detail, never failed; a parameter with a nonzero (or no) gradient that did
-    not change still fails.
+    A trainable parameter with a learning rate of 0 (``zero_lr``: a warmup from 0) or an exactly
+    zero gradient (``zero_grad``: a LoRA down-projection on the first update) at this update is
+    not expected to change: it is named, never failed (docs/phase-table.md).
     """
     unchanged = [n for n in before if n in trainable and before[n] == after.get(n)]
     resting = [n for n in unchanged if n in zero_lr]
@@ -263,14 +231,9 @@ def check_update(
 
 
 def _train_mode_kind(module: torch.nn.Module | None) -> tuple[int, str]:
-    """How a module in train mode changes the outputs: ``(tier, label)``.
-
-    Tier 0: its outputs differ between train and eval mode (dropout with ``p > 0``, any
-    ``_BatchNorm``, instance norm with running statistics, ``RReLU``, or a positive
-    dropout rate kept as a float attribute, as attention layers do). Tier 1: a leaf (no child
-    modules) of a type outside ``torch.nn``, not known to be mode-independent. Tier 2: a
-    container, or a ``torch.nn`` layer whose outputs do not depend on the mode.
-    """
+    """How a module in train mode changes the outputs: ``(tier, label)``; tier 0 changes them,
+    tier 1 is a leaf of a type not known to be mode-independent, tier 2 does not (the three
+    kinds of docs/phase-table.md, ``eval_mode``)."""
     if module is None:  # a bare name: nothing known about it
         return 1, ""
     kind = type(module).__name__
@@ -308,18 +271,9 @@ def check_eval_mode(
 ) -> list[CheckResult]:
     """During evaluation every module is in eval mode and autograd is off.
 
-    Args:
-        training_modules: ``(name, module)`` of every module found in train mode during the
-            evaluation (a bare name is accepted and treated as a module of unknown type).
-        grad_enabled: whether autograd was enabled.
-        phase: the phase named in the details (``validation`` or ``test``).
-
-    ``eval_mode`` names first the modules whose outputs change in train mode (dropout,
-    batch-norm statistics, ...), then leaves of types not known to be mode-independent, each
-    with its type; containers and mode-independent ``torch.nn`` layers are only counted. It
-    fails when a module of the first two kinds is in train mode, and warns when only
-    containers or mode-independent layers are (code that branches on ``module.training``
-    still takes its training path).
+    ``training_modules`` holds ``(name, module)`` of every module found in train mode (a bare
+    name is a module of unknown type). ``eval_mode`` fails when one of them changes the outputs
+    or is a leaf of unknown type, and warns when only containers or mode-independent layers are.
 
     Example:
         >>> import torch
@@ -330,14 +284,14 @@ def check_eval_mode(
                   '3 module(s) in train mode in all'])
     """
     tiers: list[list[tuple[str, str]]] = [[], [], []]
-    total = 0
     for entry in training_modules:
         name, module = (entry, None) if isinstance(entry, str) else entry
         tier, label = _train_mode_kind(module)
         tiers[tier].append((name, label))
-        total += 1
     changing, unknown, inert = tiers
-    results = []
+    total = len(changing) + len(unknown) + len(inert)
+    no_grad = f"autograd was enabled during {phase} (memory for activations is kept)"
+    no_grad_result = _unless("no_grad", grad_enabled, "fail", no_grad)
     if changing or unknown:
         parts = []
         if changing:
@@ -351,23 +305,13 @@ def check_eval_mode(
                 f" to be mode-independent: {shown_names(_labelled(unknown))}"
             )
         parts.append(f"{total} module(s) in train mode in all")
-        results.append(CheckResult("eval_mode", "fail", "; ".join(parts)))
-    elif inert:
-        results.append(
-            CheckResult(
-                "eval_mode",
-                "warn",
-                f"{len(inert)} module(s) in train mode during {phase}, none of a type known to"
-                f" change the outputs (containers and mode-independent layers):"
-                f" {shown_names(_labelled(inert))}; code that branches on `self.training` still"
-                " takes its training path",
-            )
-        )
-    else:
-        results.append(CheckResult("eval_mode", "pass"))
-    no_grad = f"autograd was enabled during {phase} (memory for activations is kept)"
-    results.append(_unless("no_grad", grad_enabled, "fail", no_grad))
-    return results
+        return [CheckResult("eval_mode", "fail", "; ".join(parts)), no_grad_result]
+    inert_detail = (
+        f"{len(inert)} module(s) in train mode during {phase}, none of a type known to change the"
+        f" outputs (containers and mode-independent layers): {shown_names(_labelled(inert))};"
+        " code that branches on `self.training` still takes its training path"
+    )
+    return [_unless("eval_mode", inert, "warn", inert_detail), no_grad_result]
 
 
 def check_sample_count(seen: int, expected: int | None, why_unknown: str = "") -> CheckResult:

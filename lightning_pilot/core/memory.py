@@ -1,16 +1,9 @@
 """Memory probes: device counters, a CPU tensor tracker, the training-state breakdown, host RAM.
 
-Counters, chosen by the device the model is on (the phase table's ``counter`` column):
-``cuda_allocator`` (:class:`CudaCounter`) and ``accelerator_allocator``
-(:class:`AcceleratorCounter`) read the allocator: allocated bytes (live tensors) and reserved
-bytes (segments held) are reported apart, and since ``reset_peak_memory_stats`` sets the peak to
-the *current* level, the baseline at each phase start is reported too. ``cpu_tensor_tracker``
-(:class:`TrackerCounter`): no CPU allocator keeps counts, so :class:`TensorTracker`, a
-``TorchDispatchMode``, follows every storage operators touch until it is freed (live tensor
-bytes; no "reserved"). ``none`` (:class:`NoCounter`): every memory value is null.
-
-:func:`state_bytes` counts the parameter, gradient, optimizer-state and buffer bytes from the
-tensors themselves (shared storages once), per device; :func:`host_memory` reads RSS and swap.
+One counter per value of the phase table's ``counter`` column: :class:`CudaCounter`,
+:class:`AcceleratorCounter`, :class:`TrackerCounter` (a :class:`TensorTracker` on CPU) and
+:class:`NoCounter`. Allocated versus reserved, and why each phase records its baseline: see
+docs/phase-table.md.
 
 Example:
     >>> import torch
@@ -29,41 +22,24 @@ Example:
 from __future__ import annotations
 
 import contextlib
-import os
 import weakref
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-__all__ = [
-    "AcceleratorCounter",
-    "CudaCounter",
-    "MemoryCounter",
-    "MemoryReading",
-    "NoCounter",
-    "StateBytes",
-    "TensorTracker",
-    "TrackerCounter",
-    "host_memory",
-    "state_bytes",
-]
-
 
 class TensorTracker(TorchDispatchMode):  # type: ignore[no-untyped-call]
     """Count live tensor bytes on any device by following every storage operators touch.
 
-    Every tensor an operator takes or returns is recorded by its storage (views share one) with
-    a weak-reference callback that subtracts its bytes when the storage is freed. Tensors that
-    exist before tracking starts are counted once an operator touches them, or at once through
-    :meth:`adopt` (the training state: parameters, gradients, optimizer state).
-
-    Use it as a context manager, or :meth:`start` / :meth:`stop` across hooks (the mode must be
-    the innermost active dispatch mode when it stops). The cost is one Python call per operator
-    while active, so callers keep it active only during measured steps.
+    Each storage an operator takes or returns is counted once (views share one), with a
+    weak-reference callback that subtracts its bytes when it is freed; older tensors count once
+    touched, or at once through :meth:`adopt`. Use it as a context manager, or :meth:`start` /
+    :meth:`stop` across hooks (it must be the innermost dispatch mode when it stops). It costs
+    one Python call per operator while active.
     """
 
     def __init__(self) -> None:
@@ -74,7 +50,6 @@ class TensorTracker(TorchDispatchMode):  # type: ignore[no-untyped-call]
         self.peak_bytes = 0
         self.active = False
 
-    # The mode is entered and left across Lightning hooks, so it offers explicit calls too.
     def start(self) -> None:
         """Begin tracking (idempotent)."""
         if not self.active:
@@ -166,11 +141,11 @@ class MemoryReading:
     device_capacity_bytes: int | None = None
 
 
-class MemoryCounter(Protocol):
-    """What the monitor needs from a memory counter."""
+class MemoryCounter:
+    """What the monitor needs from a memory counter; this base measures nothing."""
 
     name: str
-    note: str | None
+    note: str | None = None
 
     def synchronize(self) -> None:
         """Wait for queued device work (durations need it; allocator counters do not)."""
@@ -180,31 +155,22 @@ class MemoryCounter(Protocol):
 
     def end(self) -> MemoryReading:
         """Read the peak and the end level, at a phase end."""
+        return MemoryReading()
 
 
-class NoCounter:
+class NoCounter(MemoryCounter):
     """No counter exists for this device: every memory value is null."""
 
     name = "none"
 
     def __init__(self, note: str) -> None:
-        self.note: str | None = note
-
-    def synchronize(self) -> None:
-        return None
-
-    def begin(self) -> None:
-        return None
-
-    def end(self) -> MemoryReading:
-        return MemoryReading()
+        self.note = note
 
 
-class AcceleratorCounter:
+class AcceleratorCounter(MemoryCounter):
     """Allocator counters through ``torch.accelerator`` (allocated and reserved kept apart)."""
 
     name = "accelerator_allocator"
-    note: str | None = None
 
     def __init__(self, device: torch.device, api: Any = None) -> None:
         self.device = device
@@ -265,11 +231,11 @@ class CudaCounter(AcceleratorCounter):
         return int(torch.cuda.mem_get_info(self.device)[1])
 
 
-class TrackerCounter:
+class TrackerCounter(MemoryCounter):
     """CPU memory from a :class:`TensorTracker` (live tensor bytes; no reserved on CPU)."""
 
     name = "cpu_tensor_tracker"
-    note: str | None = (
+    note = (
         "peak_reserved_bytes is null: a CPU has no caching allocator; allocated bytes are the"
         " live tensor bytes seen by the tensor tracker; device_capacity_bytes is host RAM"
     )
@@ -277,9 +243,6 @@ class TrackerCounter:
     def __init__(self, tracker: TensorTracker) -> None:
         self.tracker = tracker
         self._baseline = 0
-
-    def synchronize(self) -> None:
-        return None
 
     def begin(self) -> None:
         self._baseline = self.tracker.current_bytes
@@ -290,8 +253,6 @@ class TrackerCounter:
             baseline_allocated_bytes=self._baseline,
             peak_allocated_bytes=self.tracker.peak_bytes,
             end_allocated_bytes=self.tracker.current_bytes,
-            peak_reserved_bytes=None,
-            alloc_retries=None,
             device_capacity_bytes=host_memory().total_bytes,
         )
 
@@ -308,12 +269,7 @@ class StateBytes:
 
     def totals(self) -> dict[str, int]:
         """The four totals by column name (the phase table's ``*_bytes`` columns)."""
-        return {
-            "param_bytes": self.param_bytes,
-            "grad_bytes": self.grad_bytes,
-            "optimizer_state_bytes": self.optimizer_state_bytes,
-            "buffer_bytes": self.buffer_bytes,
-        }
+        return {name: value for name, value in vars(self).items() if name != "by_device"}
 
     def placement_rows(self) -> list[dict[str, Any]]:
         """One row per (device, kind): where the weights and the training state sit."""
@@ -332,24 +288,23 @@ def _storage_of(tensor: torch.Tensor) -> tuple[tuple[str, int] | None, int]:
     return (tensor.device.type + str(tensor.device.index), storage.data_ptr()), storage.nbytes()
 
 
-def _optimizer_tensors(optimizers: Iterable[Any]) -> Iterator[torch.Tensor]:
+def _state(module: torch.nn.Module, optimizers: Iterable[Any]) -> Iterator[tuple[str, Any]]:
+    """``(kind, tensor)`` of every tensor of the training state."""
+    yield from (("param", param) for param in module.parameters())
+    yield from (("grad", p.grad) for p in module.parameters() if p.grad is not None)
+    yield from (("buffer", buffer) for buffer in module.buffers())
     for optimizer in optimizers:
         state = getattr(optimizer, "state", None)
-        if not isinstance(state, Mapping):
-            continue
-        for per_param in state.values():
+        for per_param in state.values() if isinstance(state, Mapping) else ():
             if isinstance(per_param, Mapping):
                 for value in per_param.values():
                     if isinstance(value, torch.Tensor):
-                        yield value
+                        yield "optimizer_state", value
 
 
 def state_bytes(module: torch.nn.Module, optimizers: Iterable[Any] = ()) -> StateBytes:
-    """Exact bytes of the training state, each storage counted once.
-
-    Optimizer-state scalars such as Adam's ``step`` count too (they are tensors that live
-    somewhere). With AdamW in fp32 the optimizer state after the first step is twice the
-    trainable parameter bytes plus one small ``step`` tensor per parameter.
+    """Exact bytes of the training state, each storage counted once (optimizer-state scalars
+    such as Adam's ``step`` too).
 
     Example:
         >>> import torch
@@ -359,26 +314,15 @@ def state_bytes(module: torch.nn.Module, optimizers: Iterable[Any] = ()) -> Stat
     """
     seen: set[tuple[str, int]] = set()
     result = StateBytes()
-
-    def add(tensor: torch.Tensor, kind: str) -> int:
+    for kind, tensor in _state(module, optimizers):
         key, nbytes = _storage_of(tensor)
+        if key in seen:
+            continue
         if key is not None:
-            if key in seen:
-                return 0
             seen.add(key)
+        setattr(result, f"{kind}_bytes", getattr(result, f"{kind}_bytes") + nbytes)
         slot = (str(tensor.device), kind)
         result.by_device[slot] = result.by_device.get(slot, 0) + nbytes
-        return nbytes
-
-    for param in module.parameters():
-        result.param_bytes += add(param, "param")
-    for param in module.parameters():
-        if param.grad is not None:
-            result.grad_bytes += add(param.grad, "grad")
-    for buffer in module.buffers():
-        result.buffer_bytes += add(buffer, "buffer")
-    for value in _optimizer_tensors(optimizers):
-        result.optimizer_state_bytes += add(value, "optimizer_state")
     return result
 
 
@@ -386,12 +330,7 @@ def state_tensors(
     module: torch.nn.Module, optimizers: Iterable[Any] = ()
 ) -> Iterator[torch.Tensor]:
     """Every tensor of the training state (for :meth:`TensorTracker.adopt`)."""
-    for param in module.parameters():
-        yield param
-        if param.grad is not None:
-            yield param.grad
-    yield from module.buffers()
-    yield from _optimizer_tensors(optimizers)
+    return (tensor for _, tensor in _state(module, optimizers))
 
 
 @dataclass(frozen=True)
@@ -401,7 +340,6 @@ class HostMemory:
     rss_bytes: int | None
     total_bytes: int | None
     swap_used_bytes: int | None
-    note: str | None = None
 
 
 def _read_kib(path: str, keys: tuple[str, ...]) -> dict[str, int]:
@@ -415,17 +353,11 @@ def _read_kib(path: str, keys: tuple[str, ...]) -> dict[str, int]:
 
 
 def host_memory() -> HostMemory:
-    """Resident memory of this process, host RAM and swap in use (Linux ``/proc``).
-
-    Elsewhere the values are ``None`` with a note, never zero.
-    """
-    if not os.path.exists("/proc/self/status"):
-        return HostMemory(None, None, None, note="host memory needs Linux /proc")
+    """Resident memory of this process, host RAM and swap in use (Linux ``/proc``); ``None``
+    elsewhere, never zero."""
     status = _read_kib("/proc/self/status", ("VmRSS",))
     info = _read_kib("/proc/meminfo", ("MemTotal", "SwapTotal", "SwapFree"))
-    swap = None
-    if "SwapTotal" in info and "SwapFree" in info:
-        swap = info["SwapTotal"] - info["SwapFree"]
-    return HostMemory(
-        rss_bytes=status.get("VmRSS"), total_bytes=info.get("MemTotal"), swap_used_bytes=swap
+    swap = (
+        info["SwapTotal"] - info["SwapFree"] if {"SwapTotal", "SwapFree"} <= info.keys() else None
     )
+    return HostMemory(status.get("VmRSS"), info.get("MemTotal"), swap)

@@ -1,9 +1,7 @@
 """Pure arithmetic of an overfit run on a tiny subset: which examples, what loss, what verdict.
 
-An overfit run checks the mechanics, not generalisation: a loop that cannot learn eight
-examples will not be fixed by a longer rental. The callback
 :class:`~lightning_pilot.callbacks.overfit_tiny_subset.OverfitTinySubset` feeds these functions;
-they never see a Trainer.
+they never see a Trainer. The checks and their messages: docs/data-and-overfit.md.
 
 Example:
     >>> from lightning_pilot.core.overfit import expected_initial_loss, select_indices
@@ -26,30 +24,12 @@ from torchmetrics.functional.classification import multiclass_accuracy
 
 from lightning_pilot.core.checks import CheckResult, shown_names
 
-__all__ = [
-    "Recovery",
-    "check_initial_loss",
-    "check_loss_finite",
-    "check_loss_target",
-    "check_recovery",
-    "expected_initial_loss",
-    "loss_target",
-    "predictions_from_logits",
-    "recovery",
-    "select_indices",
-]
-
 
 def select_indices(dataset_size: int, count: int, *, seed: int) -> list[int]:
-    """Choose ``count`` distinct example indices of a dataset, the same for the same seed.
+    """Choose ``count`` distinct example indices of a dataset, sorted, the same for the same seed.
 
-    The choice spreads over the whole dataset (a seeded sample, not the first rows, which are
-    often sorted by class or source) and is stable across processes and platforms (Python's
-    own ``random.Random``, not the global torch generator, which stays untouched). The indices
-    come back sorted, so the subset keeps the dataset's order.
-
-    Raises:
-        ValueError: ``dataset_size`` or ``count`` is not positive.
+    A seeded sample over the whole dataset (the first rows are often sorted by class), stable
+    across processes and platforms (``random.Random``; the torch generator stays untouched).
     """
     if dataset_size < 1:
         raise ValueError(f"dataset_size={dataset_size!r} is invalid: the dataset is empty.")
@@ -68,17 +48,9 @@ def expected_initial_loss(num_classes: int) -> float:
 def check_initial_loss(
     initial: float | None, num_classes: int | None, *, tolerance: float
 ) -> CheckResult:
-    """The first loss, before any update, is near ``log(C)``.
+    """The first loss, before any update, is within a factor ``tolerance`` of ``log(C)``.
 
-    A loss far above it means the logits start far from uniform (large initialisation, a
-    scaled loss, a sum instead of a mean); far below it means the targets are predictable
-    before training (labels leaking into the inputs, or a loss on the wrong targets). The
-    verdict is a warning: a pretrained model legitimately starts lower.
-
-    Args:
-        initial: loss of the first micro-batch (``None``: not seen).
-        num_classes: classes (vocabulary size for an LM); ``None``: unknown.
-        tolerance: accepted factor, ``log(C) / tolerance <= initial <= log(C) * tolerance``.
+    Only a warning: a pretrained model legitimately starts lower.
     """
     name = "initial_loss"
     if initial is None or not math.isfinite(initial):
@@ -168,16 +140,10 @@ def check_loss_target(
 
 
 def predictions_from_logits(logits: torch.Tensor, targets: torch.Tensor, *, shift: bool) -> Any:
-    """Predicted classes aligned with ``targets`` (``argmax`` of the last dimension).
+    """Predicted classes (``argmax`` of the last dimension) shaped like ``targets``, or ``None``.
 
-    Classification (``targets`` ``[B]``, logits ``[B, C]``): ``argmax``. Token targets
-    (``[B, T]``, logits ``[B, T, V]``): with ``shift=True`` (causal LMs, Hugging Face
-    convention: labels aligned with the inputs, the model shifts) position ``t`` is predicted
-    by the logits at ``t - 1`` and position 0 gets ``-1`` (no prediction); with ``shift=False``
-    (token classification) position ``t`` by the logits at ``t``.
-
-    Returns:
-        A ``LongTensor`` shaped like ``targets``, or ``None`` when the shapes do not fit.
+    For token targets with ``shift=True`` (causal LMs) position ``t`` is predicted by the logits
+    at ``t - 1`` and position 0 gets ``-1`` (no prediction).
 
     Example:
         >>> logits = torch.tensor([[[0.0, 1.0], [1.0, 0.0], [0.0, 1.0]]])
@@ -196,11 +162,8 @@ def predictions_from_logits(logits: torch.Tensor, targets: torch.Tensor, *, shif
 
 @dataclass(frozen=True)
 class Recovery:
-    """How many examples of the subset the model gets right.
-
-    ``score`` is accuracy (classification, via torchmetrics) or the fraction of examples whose
-    every label position is predicted exactly (token targets); ``wrong_ids`` lists the others.
-    """
+    """How many examples of the subset the model gets right: ``score`` is accuracy
+    (classification) or exact match (token targets); ``wrong_ids`` lists the others."""
 
     metric: str
     score: float
@@ -216,14 +179,8 @@ def recovery(
     ignore_index: int,
     num_classes: int | None = None,
 ) -> Recovery:
-    """Score predictions against targets, example by example.
-
-    Args:
-        predictions: ``[B]`` classes or ``[B, T]`` tokens, aligned with ``targets``.
-        targets: the labels; ``ignore_index`` positions do not count.
-        ids: one id per example (for the list of examples still wrong).
-        ignore_index: the label value the loss skips.
-        num_classes: classes for torchmetrics (``None``: inferred from the values).
+    """Score ``[B]`` class or ``[B, T]`` token predictions against targets, example by example
+    (positions at ``ignore_index`` do not count; ``num_classes=None``: read from the values).
 
     Example:
         >>> rec = recovery(torch.tensor([0, 2, 1]), torch.tensor([0, 2, 2]), ["a", "b", "c"],
@@ -232,8 +189,9 @@ def recovery(
         ('accuracy', 0.667, ['c'])
     """
     predictions, targets = predictions.detach().cpu(), targets.detach().cpu()
+    counted = targets != ignore_index
+    right = (predictions == targets) | ~counted
     if targets.ndim == 1:
-        counted = targets != ignore_index
         kept_p, kept_t = predictions[counted], targets[counted]
         # torchmetrics wants every value inside [0, C): size C to hold them all.
         size = max(
@@ -251,11 +209,9 @@ def recovery(
             if kept_t.numel() and bool(valid.any())
             else (0.0 if kept_t.numel() else math.nan)
         )
-        right = (predictions == targets) | ~counted
         wrong = [str(ids[i]) for i in torch.nonzero(~right).flatten().tolist()]
         return Recovery("accuracy", score, int(counted.sum()), wrong)
-    counted = targets != ignore_index
-    per_example = ((predictions == targets) | ~counted).all(dim=1)
+    per_example = right.all(dim=1)
     has_positions = counted.any(dim=1)
     scored = int(has_positions.sum())
     exact = int((per_example & has_positions).sum())

@@ -1,7 +1,6 @@
-"""The phase and verdict vocabularies of the phase table.
-
-These are the words a phase row may use. They live here, free of Lightning, so that the
-storage layer, the callbacks and the readers agree on them.
+"""The words of the phase table (phases, verdicts, counters), the rule of a verdict and the
+aggregator that folds occurrences into rows, free of Lightning so that storage, callbacks and
+readers agree. See docs/phase-table.md.
 
 Example:
     >>> from lightning_pilot.core.phases import PHASES, worst_verdict
@@ -45,8 +44,7 @@ COUNTERS: Final[tuple[str, ...]] = get_args(Counter)
 class CheckResult:
     """One named check: ``pass``, ``warn``, ``fail`` or ``not_checked``, and why.
 
-    It lives here, beside the verdict vocabulary and free of torch, so that readers (the
-    command line, reports) never import torch; :mod:`lightning_pilot.core.checks` re-exports it.
+    Free of torch, so readers never import it; :mod:`lightning_pilot.core.checks` re-exports it.
     """
 
     name: str
@@ -64,18 +62,8 @@ _SEVERITY: Final[dict[str, int]] = {"not_checked": 0, "pass": 1, "warn": 2, "fai
 
 
 def worst_verdict(verdicts: Iterable[str]) -> str:
-    """Combine verdicts of several checks into the verdict of their phase.
-
-    Args:
-        verdicts: verdicts from :data:`VERDICTS`.
-
-    Returns:
-        ``fail`` if any failed, else ``warn`` if any warned, else ``pass`` if any passed,
-        else ``not_checked`` (also for an empty input).
-
-    Raises:
-        ValueError: a verdict outside the vocabulary.
-    """
+    """The worst of several verdicts: ``fail``, else ``warn``, else ``pass``, else
+    ``not_checked`` (also for none); a verdict outside :data:`VERDICTS` raises ``ValueError``."""
     worst = "not_checked"
     for verdict in verdicts:
         if verdict not in _SEVERITY:
@@ -104,11 +92,8 @@ REMEDIES: Final[dict[str, str]] = {
 }
 
 
-#: The checks a phase's ``pass`` rests on. A row whose essential check was not checked cannot
-#: read ``pass`` (it reads ``not_checked``, naming what was not proven): an overfit run capped
-#: before the loss target proves nothing about learning; a resume whose data position could
-#: not be compared proves nothing about the data order. Names match the last dotted part, so
-#: ``epoch_boundary.data_position`` counts as ``data_position``.
+#: The checks a phase's ``pass`` rests on (docs/phase-table.md, "Verdicts and checks"). Names
+#: match the last dotted part: ``epoch_boundary.data_position`` counts as ``data_position``.
 ESSENTIAL: Final[dict[str, frozenset[str]]] = {
     "overfit": frozenset({"loss_target", "targets_recovered"}),
     "resume": frozenset(
@@ -132,18 +117,9 @@ ESSENTIAL: Final[dict[str, frozenset[str]]] = {
 def judge(phase: str, checks: Iterable[tuple[str, str, str]]) -> tuple[str, str | None]:
     """The verdict of a phase from its ``(name, verdict, detail)`` checks, and the reason.
 
-    The rule, for every row of the phase table:
-
-    * ``fail`` if any check failed, else ``warn`` if any warned;
-    * ``pass`` only when every check the phase's claim rests on (:data:`ESSENTIAL`) was
-      checked and passed: an essential check that was ``not_checked`` makes the row
-      ``not_checked``, and the reason says what was not proven and why;
-    * other ``not_checked`` checks beside passing ones leave the row ``pass``, and the reason
-      names them (``not proven: ...``), so a pass never hides what it did not cover;
-    * ``not_checked`` when nothing was checked at all.
-
-    The reason lists every failed or warned check, then the remedy of the phase, then
-    what was not proven; it is ``None`` when every check passed.
+    The rule is in docs/phase-table.md ("Verdicts and checks"). The reason lists every failed
+    or warned check, then the remedy of the phase, then what was not proven; it is ``None``
+    when every check passed.
 
     Example:
         >>> verdict, reason = judge("forward", [("loss_finite", "fail", "loss is nan")])
@@ -242,22 +218,17 @@ class _Group:
         if peak is not None and (best is None or peak >= best):
             # The baseline that goes with the largest peak, so the two read together.
             self.values["baseline_allocated_bytes"] = occ.values.get("baseline_allocated_bytes")
-        for column in _MAXIMA:
-            value = occ.values.get(column)
-            if value is not None:
-                current = self.values.get(column)
-                self.values[column] = value if current is None else max(current, value)
         for column, value in occ.values.items():
-            if column in _MAXIMA or column == "baseline_allocated_bytes":
+            current = self.values.get(column)
+            if value is None or column == "baseline_allocated_bytes":
                 continue
-            if value is not None and (column in _LAST or column not in self.values):
+            if column in _MAXIMA:
+                self.values[column] = value if current is None else max(current, value)
+            elif column in _LAST or column not in self.values:
                 self.values[column] = value
         for check in occ.checks:  # the worst result of each check is kept
-            previous = self.checks.get(check.name)
-            if (
-                previous is None
-                or worst_verdict([previous.verdict, check.verdict]) != previous.verdict
-            ):
+            previous = self.checks.setdefault(check.name, check)
+            if worst_verdict([previous.verdict, check.verdict]) != previous.verdict:
                 self.checks[check.name] = check
 
     def row(self, phase: str, first: bool) -> dict[str, Any]:
@@ -290,12 +261,9 @@ class _Group:
 
 
 class PhaseAggregator:
-    """Folds occurrences of phases into phase rows: the first occurrence on its own row.
-
-    The first occurrence of a phase often differs from the others (the first optimizer step
-    allocates the optimizer state; the first forward has no gradients yet), so it keeps its own
-    row (``first=True``); later occurrences fold into a second row with counts, the median and
-    maximum duration, and the largest peak.
+    """Folds occurrences of phases into phase rows: the first occurrence on its own row
+    (``first=True``: the first optimizer step allocates the optimizer state), later ones into a
+    second row with counts, the median and maximum duration, and the largest peak.
 
     Example:
         >>> agg = PhaseAggregator()
@@ -314,26 +282,18 @@ class PhaseAggregator:
     def count(
         self, phase: str, step: int | None, *, times: int = 1, step_first: int | None = None
     ) -> None:
-        """Count occurrences, measured or not (cheap: no device work).
-
-        Args:
-            phase: the phase.
-            step: the step of the (last) occurrence.
-            times: how many occurrences (unmeasured ones can be counted in bulk); the first
-                occurrence of a phase is always counted on its own.
-            step_first: the step of the first of ``times`` occurrences (default ``step``).
-        """
+        """Count ``times`` occurrences (measured or not; no device work) up to ``step``, the
+        first of them at ``step_first`` (default ``step``); a phase's first is counted alone."""
         if phase not in PHASES:
             raise ValueError(f"phase={phase!r} is invalid; expected one of {PHASES}.")
         if times < 1:
             return
         if (phase, True) not in self._groups:
-            self._groups[(phase, True)] = _Group()
-            self._groups[(phase, True)].count(step if times == 1 else step_first)
+            self._groups[(phase, True)] = first = _Group()
+            first.count(step if times == 1 else step_first)
             times -= 1
-            if times == 0:
-                return
-        self._groups.setdefault((phase, False), _Group()).count(step, times, step_first)
+        if times:
+            self._groups.setdefault((phase, False), _Group()).count(step, times, step_first)
 
     def add(self, occurrence: Occurrence) -> None:
         """Add the measurements of the occurrence counted last for its phase."""
