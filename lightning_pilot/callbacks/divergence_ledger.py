@@ -69,14 +69,6 @@ class RepeatedVariantError(PilotRefusalError):
 class Heartbeat:
     """How often :class:`DivergenceLedger` writes a ``heartbeat`` record (at rule evaluations).
 
-    Args:
-        seconds: seconds between heartbeats; keep it well below the ``stale_after`` of
-            :class:`~lightning_pilot.Ledger` (30 minutes).
-        updates: also a heartbeat every this many updates (``None``: by time only).
-
-    Raises:
-        TypeError, ValueError: an invalid argument (the message names it).
-
     Example:
         >>> Heartbeat(updates=50)
         Heartbeat(seconds=60.0, updates=50)
@@ -86,8 +78,9 @@ class Heartbeat:
         ValueError: Heartbeat(seconds=-1) is invalid: expected a finite number >= 0 (seconds).
     """
 
-    seconds: float = 60.0
-    updates: int | None = None
+    # Keep seconds well below the ``stale_after`` of :class:`~lightning_pilot.Ledger` (30 min).
+    seconds: float = 60.0  # seconds between heartbeats
+    updates: int | None = None  # also a heartbeat every this many updates (None: by time only)
 
     def __post_init__(self) -> None:
         seconds = validate.number("Heartbeat", "seconds", self.seconds, minimum=0, hint="seconds")
@@ -131,57 +124,29 @@ def _run_id(value: object) -> str | None:
 class DivergenceLedger(PilotCallback):
     """Stop a run that diverges and write every run's row to the append-only run ledger.
 
-    Records (``<out_dir>/ledger/``, one immutable Parquet file each, global rank 0 only; columns
-    of :data:`lightning_pilot.schemas.LEDGER_SCHEMA`, read with :class:`lightning_pilot.Ledger`;
-    ``docs/ledger.md`` lists every column, status and stop cause):
-
-    * ``start`` at ``on_train_start`` (after a resume restored the step): identity,
-      ``params_json``, ``config_hash`` (with the seed), ``variant_key`` (without), the typed
-      setup and the environment, merged with the facts other pilot callbacks put in
-      ``run.ledger_fields`` (theirs win for the setup, the counters and the artifacts).
-    * ``heartbeat`` as ``heartbeat`` says, at a rule evaluation: ``status="running"`` and the
-      curve points added since the previous record (``curves_delta=True``). ``start`` and
-      ``end`` carry the whole curves: ``train_loss`` (per update, un-divided by accumulation;
-      rank 0's batches), ``lr_curve`` and ``val_points`` (metrics named ``val*``, or
-      ``val_metrics``). Steps are ``trainer.global_step`` after the update (1 = the first).
-    * ``end`` on every exit, written when the run closes (after its tables were flushed and
-      every pilot callback handed over its facts, a
-      :class:`~lightning_pilot.ValidationPredictionWriter`'s file too): ``status``,
-      ``stop_cause``, ``stop_step``, ``stop_detail`` and the exception. The user's exception
-      propagates unchanged; a failed write on that path is a warning.
-
-    Divergence: the rules of :class:`~lightning_pilot.core.divergence.DivergenceRules` see the
-    loss of every optimizer update (and the total gradient norm, at the first update and then
-    one in ``grad_norm_every``). The values stay on the device and are read together every
-    ``check_every`` updates: one host sync, and under several processes one collective, per
-    evaluation. The ranks agree on the stop (``reduce_boolean_decision``), so every rank stops
-    after the same update, at most ``check_every - 1`` updates after the rule fired
-    (``stop_step``: where it fired; ``updates_done``: where training stopped). Each event goes
-    to ``runs/<run_id>/divergence.parquet`` (every rank).
+    Global rank 0 writes a ``start``, ``heartbeat`` and ``end`` record to ``<out_dir>/ledger/``
+    (read with :class:`lightning_pilot.Ledger`); the ``end`` record is written on every exit,
+    when the run closes, and the user's exception propagates unchanged. The rules see every
+    update's loss, read together every ``check_every`` updates, and every rank stops after the
+    same update; events go to ``runs/<run_id>/divergence.parquet``. See docs/ledger.md.
 
     Args:
-        experiment: the experiment's name (a record field, not a path).
-        variant: the variant's name.
+        experiment, variant: the names of the experiment and the variant (not paths).
         seed: the run's seed (part of ``config_hash``, not of ``variant_key``).
         params: the variant's parameters, JSON values (``lr`` here is the typed ``lr``).
         derived_from: the run id this run relaunches with a change (``derived_from_run_id``);
             a match of that run is acknowledged and does not warn.
         rules: divergence thresholds (defaults of :class:`DivergenceRules`).
         action: ``"stop"`` the fit on a fatal rule, or only ``"record"`` it.
-        check_every: updates between rule evaluations (1: after every update, at the cost of
-            a host sync per update on an accelerator).
-        grad_norm_every: updates between gradient-norm reads for the ``nonfinite_grad`` rule
-            (the first update always; every update under float16 AMP, to record each step the
-            scaler skips).
+        check_every: updates between rule evaluations (1: a host sync per update).
+        grad_norm_every: updates between gradient-norm reads (every update under float16 AMP,
+            to record each step the scaler skips).
         heartbeat: when heartbeats are written (default :class:`Heartbeat`: every 60 s).
         on_repeat: what a ``variant_key`` already diverged or failed in this ledger does:
             ``"warn"`` (:class:`RepeatedVariantWarning`), ``"error"``
             (:class:`RepeatedVariantError` at train start, nothing written) or ``"ignore"``.
         val_metrics: names of the validation metrics to keep (default: those starting "val").
         out_dir: the output folder (see :class:`~lightning_pilot.PilotCallback`).
-
-    Raises:
-        TypeError, ValueError: an invalid argument (the message names it).
 
     Example:
         >>> import tempfile
@@ -248,10 +213,12 @@ class DivergenceLedger(PilotCallback):
         self.val_metrics = validate.strings(
             owner, "val_metrics", val_metrics, hint="None: the metrics starting with 'val'"
         )
-        self.curves = Curves()
         self._reset()
 
     def _reset(self) -> None:
+        # A fresh fit starts fresh; a resume restores both in load_state_dict, after setup.
+        self.detector = DivergenceDetector(self.detector.rules)
+        self.curves = Curves()
         self._active = False
         self._refused = False
         self._ended = False
@@ -283,9 +250,6 @@ class DivergenceLedger(PilotCallback):
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         super().setup(trainer, pl_module, stage)
-        # A fresh fit starts fresh; a resume restores both in load_state_dict, after setup.
-        self.detector = DivergenceDetector(self.detector.rules)
-        self.curves = Curves()
         self._reset()
         self._active = stage == "fit"
 
@@ -317,9 +281,8 @@ class DivergenceLedger(PilotCallback):
             self._overflow or step - self._last_norm >= self.grad_norm_every
         ):
             self._last_norm = step
-            grads = [
-                p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None
-            ]
+            params = (p for group in optimizer.param_groups for p in group["params"])
+            grads = [p.grad for p in params if p.grad is not None]
             if grads:
                 self._grad_norms.append(torch.nn.utils.get_total_norm(grads).detach())
 
@@ -334,7 +297,15 @@ class DivergenceLedger(PilotCallback):
     ) -> None:
         if not self._active:
             return
-        self._add_micro_batch_loss(trainer, pl_module, outputs)
+        # type() first: Lightning hands a plain dict, and an ABC isinstance check is slower.
+        is_map = type(outputs) is dict or isinstance(outputs, Mapping)
+        loss = outputs.get("loss") if is_map else outputs
+        if isinstance(loss, torch.Tensor) and loss.numel() == 1:
+            # Lightning divides the loss by K (automatic optimisation) before outputs reach us;
+            # the multiplication back waits for the evaluation, like the read.
+            automatic = pl_module.automatic_optimization
+            self._factor = trainer.accumulate_grad_batches if automatic else 1
+            self._micro.append(loss.detach() if loss.requires_grad else loss)
         step = trainer.global_step
         if step != self._last_step:
             self._last_step = step
@@ -344,10 +315,9 @@ class DivergenceLedger(PilotCallback):
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not self._active or trainer.sanity_checking:
             return
+        names = self.val_metrics
         for name, value in sorted(trainer.callback_metrics.items()):
-            wanted = (
-                name in self.val_metrics if self.val_metrics is not None else name.startswith("val")
-            )
+            wanted = name in names if names is not None else name.startswith("val")
             if wanted and isinstance(value, torch.Tensor) and value.numel() == 1:
                 self.curves.add_val(trainer.global_step, name, float(value))
 
@@ -367,18 +337,23 @@ class DivergenceLedger(PilotCallback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
     ) -> None:
         try:
-            if self._active and not self._refused and not self._ended and self._failure is None:
-                unread = self._evaluate_if_possible()  # no collective: other ranks may be gone
-                status, cause = exception_outcome(exception)
-                self._failure = {
-                    "status": status,
-                    "stop_cause": cause,
-                    "stop_step": trainer.global_step,
-                    "stop_detail": unread,
-                    "exception_type": type(exception).__name__,
-                    "exception_message": str(exception)[:_MESSAGE_CHARS] or None,
-                }
-                self._end_at_close(trainer)
+            if not self._active or self._refused or self._ended or self._failure is not None:
+                return
+            pending, unread = len(self._updates), None
+            try:
+                self._evaluate()  # no collective: other ranks may be gone
+            except Exception as err:  # e.g. a device-side assert: its tensors are unreadable
+                unread = f"the losses of the last {pending} update(s) could not be read: {err}"
+            status, cause = exception_outcome(exception)
+            self._failure = {
+                "status": status,
+                "stop_cause": cause,
+                "stop_step": trainer.global_step,
+                "stop_detail": unread,
+                "exception_type": type(exception).__name__,
+                "exception_message": str(exception)[:_MESSAGE_CHARS] or None,
+            }
+            self._end_at_close(trainer)
         except Exception as err:  # ours must never replace the user's exception
             warnings.warn(
                 f"lightning-pilot: DivergenceLedger could not record how the fit ended: {err!r}",
@@ -405,29 +380,13 @@ class DivergenceLedger(PilotCallback):
         self.detector.load_state_dict(state_dict.get("detector", {}))
         self.curves.load_state_dict(state_dict.get("curves", {}))
 
-    def _add_micro_batch_loss(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any
-    ) -> None:
-        # type() first: Lightning hands a plain dict, and an ABC isinstance check is slower.
-        is_map = type(outputs) is dict or isinstance(outputs, Mapping)
-        loss = outputs.get("loss") if is_map else outputs
-        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
-            return
-        # Lightning divides the loss by K (automatic optimisation) before outputs reach us;
-        # the multiplication back waits for the evaluation, like the read.
-        self._factor = trainer.accumulate_grad_batches if pl_module.automatic_optimization else 1
-        self._micro.append(loss.detach() if loss.requires_grad else loss)
-
-    def _evaluates(self, step: int) -> bool:
-        # By distance, not step % check_every: several optimizers step global_step by more
-        # than one per batch. Every rank sees the same steps, so they agree.
-        return step - self._last_eval >= self.check_every
-
     def _after_update(self, trainer: pl.Trainer) -> None:
         step = trainer.global_step
         self._updates.append(_Update(step, self._micro, self._factor, self._lr, self._grad_norms))
         self._micro, self._grad_norms, self._lr = [], [], None
-        if not self._evaluates(step):
+        # By distance, not step % check_every: several optimizers step global_step by more
+        # than one per batch. Every rank sees the same steps, so they agree.
+        if step - self._last_eval < self.check_every:
             return
         self._last_eval = step
         self._evaluate()
@@ -442,16 +401,6 @@ class DivergenceLedger(PilotCallback):
         if every is not None and step - self._last_heartbeat >= every:
             return True
         return time.monotonic() - self._last_record_at >= self.heartbeat.seconds
-
-    def _evaluate_if_possible(self) -> str | None:
-        """Evaluate the pending updates; if the device cannot be read any more, say so."""
-        pending = len(self._updates)
-        try:
-            self._evaluate()
-        except Exception as err:  # e.g. a device-side assert: its tensors are unreadable
-            self._updates = []
-            return f"the losses of the last {pending} update(s) could not be read: {err}"
-        return None
 
     def _evaluate(self) -> None:
         """Read the pending updates' losses and norms (one host sync) and apply the rules."""
@@ -501,14 +450,14 @@ class DivergenceLedger(PilotCallback):
         early = trainer.early_stopping_callbacks
         stopped_early = [c for c in early if c.stopping_reason.name != "NOT_STOPPED"]
         timers = [c for c in getattr(trainer, "callbacks", []) if isinstance(c, Timer)]
-        timed_out = any(_expired(c.time_remaining()) for c in timers)
+        remaining = [c.time_remaining() for c in timers]
+        timed_out = any(r is not None and r <= 0 for r in remaining)
         facts = self._facts or {}
+        limit: str | None = None
         if trainer.max_steps != -1 and trainer.global_step >= trainer.max_steps:
-            limit: str | None = "max_steps"
+            limit = "max_steps"
         elif trainer.max_epochs not in (None, -1) and trainer.current_epoch >= trainer.max_epochs:
             limit = "max_epochs"
-        else:
-            limit = None
         status, cause = normal_outcome(
             divergence=self._stop.cause if self._stop else None,
             early_stopping=bool(stopped_early),
@@ -537,11 +486,11 @@ class DivergenceLedger(PilotCallback):
         matches: list[str] = []
         if self.run.is_global_zero:
             found = find_failed_runs(self.run.ledger_dir, self._facts["variant_key"])
-            for row in found.itertuples(index=False):
-                if row.run_id not in (self.run.run_id, self.derived_from):
-                    matches.append(
-                        f"{row.run_id} ({row.status}: {row.stop_cause} at step {row.stop_step})"
-                    )
+            matches = [
+                f"{row.run_id} ({row.status}: {row.stop_cause} at step {row.stop_step})"
+                for row in found.itertuples(index=False)
+                if row.run_id not in (self.run.run_id, self.derived_from)
+            ]
         if trainer.world_size > 1:
             matches = trainer.strategy.broadcast(matches, src=0)
         if not matches:
@@ -568,10 +517,8 @@ class DivergenceLedger(PilotCallback):
         # Model-parallel ranks do not multiply the batch; every other strategy is data parallel.
         dp = fields.get("dp_replicas", None if "ModelParallel" in strategy else trainer.world_size)
         effective = micro * accumulate * dp if micro and dp else None
-        planned = None
-        if full:
-            estimate = trainer.estimated_stepping_batches
-            planned = int(estimate) if math.isfinite(estimate) and estimate >= 0 else None
+        estimate = trainer.estimated_stepping_batches if full else math.nan
+        planned = int(estimate) if math.isfinite(estimate) and estimate >= 0 else None
         setup = {
             "micro_batch_size": micro,
             "accumulate_grad_batches": accumulate,
@@ -583,9 +530,7 @@ class DivergenceLedger(PilotCallback):
             groups = trainer.optimizers[0].param_groups if trainer.optimizers else []
             lr = float(groups[0].get("initial_lr", groups[0]["lr"])) if groups else None
         device = trainer.strategy.root_device
-        name = str(device)
-        if device.type == "cuda":
-            name += f" {torch.cuda.get_device_name(device)}"
+        model = f" {torch.cuda.get_device_name(device)}" if device.type == "cuda" else ""
         return {
             **setup,
             **environment(),
@@ -596,48 +541,43 @@ class DivergenceLedger(PilotCallback):
             "planned_updates": fields.get("planned_updates", planned),
             "strategy": strategy,
             "devices": trainer.world_size,
-            "device_name": name,
+            "device_name": f"{device}{model}",
         }
-
-    def _record(self, trainer: pl.Trainer, event: str, **outcome: Any) -> dict[str, Any]:
-        run = self.run
-        record: dict[str, Any] = dict(self._facts or {})
-        record.update(
-            {k: v for k, v in run.ledger_fields.items() if k not in _OWN_FIELDS and v is not None}
-        )
-        phases = run.run_dir / "phases.parquet"
-        record.update(
-            run_id=run.run_id,
-            attempt=run.attempt,
-            attempt_id=run.attempt_id,
-            experiment=self.experiment,
-            variant=self.variant,
-            seed=self.seed,
-            derived_from_run_id=self.derived_from,
-            params_json=self.params_json,
-            event=event,
-            updates_done=trainer.global_step,
-            phase_table_uri=str(phases) if phases.exists() else None,
-            # Heartbeats carry the points since the attempt's previous record; start and end
-            # the whole curves.
-            curves_delta=event == "heartbeat" and self._mark is not None,
-            **self.curves.as_record(since=self._mark if event == "heartbeat" else None),
-        )
-        record.update(outcome)
-        return record
 
     def _write(self, trainer: pl.Trainer, event: str, *, failing: bool, **outcome: Any) -> None:
         self._last_record_at = time.monotonic()
+        run = self.run
         try:
-            record = self._record(trainer, event, **outcome)
-            storage.write_ledger_record(self.run.ledger_dir, record)
+            fields = run.ledger_fields.items()
+            record: dict[str, Any] = dict(self._facts or {})
+            record.update((k, v) for k, v in fields if k not in _OWN_FIELDS and v is not None)
+            phases = run.run_dir / "phases.parquet"
+            record.update(
+                run_id=run.run_id,
+                attempt=run.attempt,
+                attempt_id=run.attempt_id,
+                experiment=self.experiment,
+                variant=self.variant,
+                seed=self.seed,
+                derived_from_run_id=self.derived_from,
+                params_json=self.params_json,
+                event=event,
+                updates_done=trainer.global_step,
+                phase_table_uri=str(phases) if phases.exists() else None,
+                # Heartbeats carry the points since the attempt's previous record; start and end
+                # the whole curves.
+                curves_delta=event == "heartbeat" and self._mark is not None,
+                **self.curves.as_record(since=self._mark if event == "heartbeat" else None),
+            )
+            record.update(outcome)
+            storage.write_ledger_record(run.ledger_dir, record)
             self._mark = self.curves.mark()
         except (OSError, ValueError) as err:
             if not failing:
                 raise
             warnings.warn(
-                f"lightning-pilot: could not write the {event} record of run {self.run.run_id}"
-                f" to {self.run.ledger_dir}: {err}",
+                f"lightning-pilot: could not write the {event} record of run {run.run_id}"
+                f" to {run.ledger_dir}: {err}",
                 RuntimeWarning,
                 stacklevel=2,
             )
@@ -687,7 +627,3 @@ class DivergenceLedger(PilotCallback):
             exception_type=type(error).__name__,
             exception_message=str(error)[:_MESSAGE_CHARS],
         )
-
-
-def _expired(remaining: float | None) -> bool:
-    return remaining is not None and remaining <= 0

@@ -28,30 +28,18 @@ PredictionsFn = Callable[[pl.LightningModule, Any, Any], Any]
 class ValidationPredictionWriter(PilotCallback):
     """Keep the validation predictions of a fit in ``runs/<run_id>/predictions.parquet``.
 
-    Every validation batch of the fit (not the sanity check; global rank 0's batches under
-    several processes) gives one row per example (columns of
-    :data:`~lightning_pilot.schemas.PREDICTIONS_SCHEMA`: ``step``, ``dataloader_idx``,
-    ``batch_idx``, ``row``, ``example_id`` (str), ``prediction`` and ``target`` flattened to
-    float64 lists, ``prediction_shape``). The file is published once per attempt when the run
-    closes (an earlier attempt's file is never replaced: a resumed attempt writes
-    ``predictions-<attempt_id>.parquet``), and its path and sha256 go to the ledger's end record
-    (``predictions_uri``, ``predictions_sha256``) when a
-    :class:`~lightning_pilot.DivergenceLedger` is in the same fit;
-    :meth:`lightning_pilot.Ledger.predictions` reads it back and checks the sha256.
-
-    Predictions the writer cannot read (``validation_step`` returned no ``predictions_key``,
-    ``predictions_fn`` raised) never stop the fit: the writer stops keeping them, warns, and
-    puts a ``not_checked`` check ``predictions`` with the reason on the ``validation`` row.
+    One row per example of every validation batch (not the sanity check; global rank 0's batches
+    under several processes), columns of :data:`~lightning_pilot.schemas.PREDICTIONS_SCHEMA`. The
+    file is published once per attempt when the run closes (never replacing an earlier
+    attempt's); a :class:`~lightning_pilot.DivergenceLedger` in the same fit puts its path and
+    sha256 in the end record. Predictions that cannot be read never stop the fit: the writer
+    stops keeping them, warns, and marks the ``validation`` row. See docs/ledger.md.
 
     Args:
-        predictions_fn: ``fn(pl_module, batch, outputs) -> tensor [B, ...]``; default: the
-            ``predictions_key`` entry of the dict ``validation_step`` returns.
-        predictions_key: see ``predictions_fn``.
+        predictions_fn, predictions_key: ``fn(pl_module, batch, outputs) -> tensor [B, ...]``;
+            default: the ``predictions_key`` entry of the dict ``validation_step`` returns.
         adapter: reads example ids and targets of validation batches.
         out_dir: the output folder (see :class:`~lightning_pilot.PilotCallback`).
-
-    Raises:
-        TypeError, ValueError: an invalid argument (the message names it).
 
     Example:
         >>> import tempfile
@@ -146,11 +134,9 @@ class ValidationPredictionWriter(PilotCallback):
         key = self.predictions_key
         if isinstance(outputs, Mapping) and key in outputs:
             return outputs[key]
-        got = (
-            f"a dict without it (keys: {sorted(map(str, outputs))})"
-            if isinstance(outputs, Mapping)
-            else type(outputs).__name__
-        )
+        got = type(outputs).__name__
+        if isinstance(outputs, Mapping):
+            got = f"a dict without it (keys: {sorted(map(str, outputs))})"
         raise ValueError(
             "ValidationPredictionWriter found no predictions: validation_step must return a dict"
             f" with the key {key!r}, it returned {got}. Return {{{key!r}: tensor[B, ...]}} from"
@@ -210,20 +196,9 @@ def prediction_rows(
 ) -> list[dict[str, Any]]:
     """Rows of :data:`~lightning_pilot.schemas.PREDICTIONS_SCHEMA` for one batch.
 
-    Args:
-        predictions: a tensor (or array/list) whose first dimension is the batch.
-        ids: the example ids (stored as strings), or ``None``.
-        targets: the batch's targets when their first dimension is the batch, else ignored.
-        context: columns shared by every row (``step``, ``batch_idx``, ...).
-
-    Raises:
-        ValueError: ``predictions`` has no batch dimension.
-
-    Example:
-        >>> rows = prediction_rows(torch.tensor([[1, 2], [3, 4]]), ids=[7, 8],
-        ...                        targets=torch.tensor([[1, 0], [3, 4]]), step=5)
-        >>> rows[1]["example_id"], rows[1]["prediction"], rows[1]["target"], rows[1]["step"]
-        ('8', [3.0, 4.0], [3.0, 4.0], 5)
+    ``predictions`` (a tensor, array or list) must have a batch dimension (else ``ValueError``);
+    ``ids`` are stored as strings; ``targets`` are kept when their first dimension is the batch;
+    ``context`` holds the columns shared by every row (``step``, ``batch_idx``, ...).
     """
     preds = torch.as_tensor(predictions).detach().cpu()
     if preds.dim() == 0:

@@ -1,51 +1,14 @@
-"""Compare variants across seeds without keeping only the best run.
+"""Compare variants across seeds without keeping only the best run: every run is counted,
+failures are ranked worst, statistics carry bootstrap intervals and paired per-seed differences.
 
-:func:`compare_runs` takes one row per run (its group, e.g. the variant; its seed; its ledger
-status; the value of the metric compared) and returns a :class:`Comparison`:
-
-* ``summary``: one row per group. Every run is counted, by status. The metric's median, mean
-  and interquartile mean (IQM: the mean of the middle 50 %, trimming ``floor(n / 4)`` runs at
-  each end, as ``scipy.stats.trim_mean(x, 0.25)``) with percentile-bootstrap confidence
-  intervals once a group has ``min_runs_for_ci`` runs in its statistics (fewer: the interval
-  is null and ``notes`` says why). With a ``control``, the paired per-seed differences
-  (group - control) for the seeds both ran: their mean, median, bootstrap interval of the mean,
-  and how many seeds each side won.
-* ``runs``: every run with its value, the score it is ranked by and its rank (1 = best).
-* ``paired``: the per-seed pairs behind the differences.
-
-How statuses count:
-
-* ``completed`` and ``stopped`` runs contribute their value (a non-finite value counts as the
-  worst possible value).
-* ``diverged``, ``oom`` and ``failed`` runs are ranked worst and never dropped. With
-  ``failures="worst"`` (the default) they enter the statistics as the worst possible value
-  (``+inf`` when lower is better): a median of ``inf`` says that at least half of the seeds
-  failed, which is the honest summary. With ``failures="exclude"`` the statistics use the
-  successful runs only, and the counts still show the failures.
-* ``running`` and ``interrupted`` runs did not finish: counted, unranked, not in statistics.
-
-Example:
-    >>> import pandas as pd
-    >>> from lightning_pilot.core.compare import compare_runs
-    >>> runs = pd.DataFrame({
-    ...     "variant": ["ctl", "ctl", "ctl", "hot", "hot", "hot"],
-    ...     "seed": [0, 1, 2, 0, 1, 2],
-    ...     "status": ["completed"] * 4 + ["diverged", "completed"],
-    ...     "value": [2.0, 2.2, 2.1, 1.9, float("nan"), 2.0],
-    ... })
-    >>> result = compare_runs(runs, by="variant", control="ctl")
-    >>> result.summary[["variant", "n_runs", "n_diverged", "median", "paired_wins"]]
-      variant  n_runs  n_diverged  median  paired_wins
-    0     ctl       3           0     2.1         <NA>
-    1     hot       3           1     2.0            2
-    >>> result.runs.sort_values("rank")["status"].tolist()[-1]
-    'diverged'
+See docs/ledger.md ("Comparing across seeds") for the tables and how each status counts.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Final, Literal
 
 import numpy as np
@@ -55,25 +18,15 @@ __all__ = [
     "FAILED_STATUSES",
     "MEASURED_STATUSES",
     "STATUS_ORDER",
-    "UNFINISHED_STATUSES",
     "Comparison",
     "bootstrap_ci",
     "compare_runs",
     "iqm",
 ]
 
-STATUS_ORDER: Final = (
-    "completed",
-    "stopped",
-    "diverged",
-    "oom",
-    "failed",
-    "interrupted",
-    "running",
-)
 MEASURED_STATUSES: Final = ("completed", "stopped")
 FAILED_STATUSES: Final = ("diverged", "oom", "failed")
-UNFINISHED_STATUSES: Final = ("interrupted", "running")
+STATUS_ORDER: Final = (*MEASURED_STATUSES, *FAILED_STATUSES, "interrupted", "running")
 
 Mode = Literal["min", "max"]
 
@@ -120,20 +73,14 @@ def bootstrap_ci(
 
 
 @dataclass(frozen=True)
-class _Intervals:
-    """How :func:`compare_runs` computes its bootstrap intervals (one generator for all)."""
+class _Settings:
+    """What every group's summary shares (``interval``: :func:`bootstrap_ci`, one generator)."""
 
+    by: str
+    control: str | None
+    mode: Mode
     min_runs: int
-    n_boot: int
-    confidence: float
-    rng: np.random.Generator
-
-    def interval(
-        self, values: np.ndarray[Any, Any], statistic: Callable[..., Any]
-    ) -> tuple[float, float]:
-        return bootstrap_ci(
-            values, statistic, n_boot=self.n_boot, confidence=self.confidence, rng=self.rng
-        )
+    interval: Callable[[np.ndarray[Any, Any], Callable[..., Any]], tuple[float, float]]
 
 
 @dataclass(frozen=True)
@@ -163,33 +110,17 @@ class Comparison:
 
 def _scores(frame: pd.DataFrame, value: str, mode: Mode) -> pd.Series:
     worst = np.inf if mode == "min" else -np.inf
-    raw = pd.to_numeric(frame[value], errors="coerce").astype(float)
+    raw = pd.to_numeric(frame[value], errors="coerce").astype(float).to_numpy()
     status = frame["status"].astype(object)
-    measured = status.isin(MEASURED_STATUSES).to_numpy()
-    failed = status.isin(FAILED_STATUSES).to_numpy()
-    finite = np.isfinite(raw.to_numpy())
     # A measured run without a value at all (metric never logged) cannot be ranked: NaN.
-    present = raw.notna().to_numpy()
-    score = np.where(measured & finite, raw.to_numpy(), np.nan)
-    score = np.where(measured & present & ~finite, worst, score)
-    score = np.where(failed, worst, score)
+    score = np.where(status.isin(MEASURED_STATUSES), np.where(np.isinf(raw), worst, raw), np.nan)
+    score = np.where(status.isin(FAILED_STATUSES), worst, score)
     return pd.Series(score, index=frame.index, dtype=float)
 
 
-def _validate(
-    frame: pd.DataFrame, by: str, mode: str, failures: str, control: str | None
-) -> list[Any]:
-    for column in (by, "seed", "status"):
-        if column not in frame.columns:
-            raise ValueError(f"runs has no column {column!r}; columns are {list(frame.columns)}.")
-    if mode not in ("min", "max"):
-        raise ValueError(f"mode={mode!r} is invalid; expected 'min' or 'max'.")
-    if failures not in ("worst", "exclude"):
-        raise ValueError(f"failures={failures!r} is invalid; expected 'worst' or 'exclude'.")
-    groups = list(pd.unique(frame[by].astype(object)))
-    if control is not None and control not in groups:
-        raise ValueError(f"control={control!r} is not a {by}; the {by}s are {groups}.")
-    return groups
+def _require_column(frame: pd.DataFrame, column: str) -> None:
+    if column not in frame.columns:
+        raise ValueError(f"runs has no column {column!r}; columns are {list(frame.columns)}.")
 
 
 def compare_runs(
@@ -206,40 +137,42 @@ def compare_runs(
     random_state: int = 0,
     metric: str | None = None,
 ) -> Comparison:
-    """Compare groups of runs (variants) across seeds; see the module docstring.
+    """Compare groups of runs (variants) across seeds; see docs/ledger.md.
 
     Args:
         runs: one row per run with columns ``by``, ``seed``, ``status``, ``value`` (and
             ``run_id`` if available). Rows are in start order: when a group ran one seed
             twice, the later run is the one paired with the control.
-        value: the column holding the metric.
-        by: the column that names the groups.
-        control: the group the others are paired against.
+        control: the group the others are paired against, seed by seed.
         mode: ``"min"`` when lower is better, ``"max"`` when higher is better.
         failures: ``"worst"`` counts failed runs as the worst value in the statistics;
             ``"exclude"`` leaves them out of the statistics (they stay counted and ranked).
         min_runs_for_ci: runs (or pairs) needed before intervals are computed.
-        n_boot: bootstrap resamples.
-        confidence: interval coverage.
         random_state: seed of the bootstrap (the same input gives the same intervals).
-        metric: the metric's name, kept in the result.
-
-    Returns:
-        A :class:`Comparison`.
+        metric: the metric's name, kept in the result (default: ``value``).
 
     Raises:
         ValueError: an unknown column, mode, failure policy or control, or a bad number.
     """
-    groups = _validate(runs, by, mode, failures, control)
-    if value not in runs.columns:
-        raise ValueError(f"runs has no column {value!r}; columns are {list(runs.columns)}.")
+    for column in (by, "seed", "status"):
+        _require_column(runs, column)
+    if mode not in ("min", "max"):
+        raise ValueError(f"mode={mode!r} is invalid; expected 'min' or 'max'.")
+    if failures not in ("worst", "exclude"):
+        raise ValueError(f"failures={failures!r} is invalid; expected 'worst' or 'exclude'.")
+    groups = list(pd.unique(runs[by].astype(object)))
+    if control is not None and control not in groups:
+        raise ValueError(f"control={control!r} is not a {by}; the {by}s are {groups}.")
+    _require_column(runs, value)
     if not isinstance(min_runs_for_ci, int) or min_runs_for_ci < 2:
         raise ValueError(f"min_runs_for_ci={min_runs_for_ci!r} is invalid: expected an int >= 2.")
     if not isinstance(n_boot, int) or n_boot < 100:
         raise ValueError(f"n_boot={n_boot!r} is invalid: expected an int >= 100.")
     if not isinstance(confidence, float) or not 0.5 <= confidence < 1.0:
         raise ValueError(f"confidence={confidence!r} is invalid: expected a float in [0.5, 1).")
-    boot = _Intervals(min_runs_for_ci, n_boot, confidence, np.random.default_rng(random_state))
+    rng = np.random.default_rng(random_state)
+    interval = partial(bootstrap_ci, n_boot=n_boot, confidence=confidence, rng=rng)
+    settings = _Settings(by, control, mode, min_runs_for_ci, interval)
     table = runs.reset_index(drop=True).copy()
     table["score"] = _scores(table, value, mode)
     in_stats = table["score"].notna()
@@ -247,24 +180,16 @@ def compare_runs(
         in_stats &= ~table["status"].astype(object).isin(FAILED_STATUSES)
     table["in_statistics"] = in_stats
     table["rank"] = table["score"].rank(ascending=mode == "min", method="min").astype("Int64")
-    pairs = _pairs(table, by, control, groups)
-    rows = [_summarise(table, pairs, by, group, control, mode, boot) for group in groups]
-    summary = pd.DataFrame(rows)
+    pairs = _pairs(table, by, control)
+    summary = pd.DataFrame([_summarise(table, pairs, group, settings) for group in groups])
     for column in ("n_runs", "n_in_statistics", *(f"n_{s}" for s in STATUS_ORDER)):
         summary[column] = summary[column].astype("int64")
     for column in ("paired_n", "paired_wins", "paired_losses"):
         summary[column] = summary[column].astype("Int64")
-    return Comparison(
-        summary=summary,
-        runs=table,
-        paired=pairs,
-        metric=metric or value,
-        mode=mode,
-        control=control,
-    )
+    return Comparison(summary, table, pairs, metric=metric or value, mode=mode, control=control)
 
 
-def _pairs(table: pd.DataFrame, by: str, control: str | None, groups: list[Any]) -> pd.DataFrame:
+def _pairs(table: pd.DataFrame, by: str, control: str | None) -> pd.DataFrame:
     columns = [by, "seed", "control_score", "score", "difference"]
     if control is None:
         return pd.DataFrame(columns=columns)
@@ -281,17 +206,11 @@ def _pairs(table: pd.DataFrame, by: str, control: str | None, groups: list[Any])
 
 
 def _summarise(
-    table: pd.DataFrame,
-    pairs: pd.DataFrame,
-    by: str,
-    group: Any,
-    control: str | None,
-    mode: Mode,
-    boot: _Intervals,
+    table: pd.DataFrame, pairs: pd.DataFrame, group: Any, settings: _Settings
 ) -> dict[str, Any]:
-    rows = table[table[by] == group]
+    rows = table[table[settings.by] == group]
     counts = rows["status"].astype(object).value_counts()
-    row: dict[str, Any] = {by: group, "n_runs": len(rows)}
+    row: dict[str, Any] = {settings.by: group, "n_runs": len(rows)}
     for status in STATUS_ORDER:
         row[f"n_{status}"] = int(counts.get(status, 0))
     values = rows.loc[rows["in_statistics"], "score"].to_numpy(dtype=float)
@@ -300,26 +219,21 @@ def _summarise(
     other = len(rows) - row["n_in_statistics"]
     if other:
         notes.append(f"{other} run(s) not in the statistics (unfinished, excluded or no value)")
+    min_runs = settings.min_runs
     for name, statistic in _STATISTICS.items():
         row[name] = float(statistic(values)) if len(values) else np.nan
         row[f"{name}_ci_low"] = row[f"{name}_ci_high"] = np.nan
-        if len(values) >= boot.min_runs:
-            row[f"{name}_ci_low"], row[f"{name}_ci_high"] = boot.interval(values, statistic)
-    if 0 < len(values) < boot.min_runs:
-        notes.append(f"intervals need >= {boot.min_runs} runs, got {len(values)}")
-    row.update(_paired(pairs, by, group, control, mode, boot, notes))
+        if len(values) >= min_runs:
+            row[f"{name}_ci_low"], row[f"{name}_ci_high"] = settings.interval(values, statistic)
+    if 0 < len(values) < min_runs:
+        notes.append(f"intervals need >= {min_runs} runs, got {len(values)}")
+    row.update(_paired(pairs, group, settings, notes))
     row["notes"] = "; ".join(notes) or None
     return row
 
 
 def _paired(
-    pairs: pd.DataFrame,
-    by: str,
-    group: Any,
-    control: str | None,
-    mode: Mode,
-    boot: _Intervals,
-    notes: list[str],
+    pairs: pd.DataFrame, group: Any, settings: _Settings, notes: list[str]
 ) -> dict[str, Any]:
     out: dict[str, Any] = {
         "paired_n": pd.NA,
@@ -330,23 +244,24 @@ def _paired(
         "paired_wins": pd.NA,
         "paired_losses": pd.NA,
     }
+    control = settings.control
     if control is None or group == control:
         return out
-    mine = pairs[pairs[by] == group]
+    mine = pairs[pairs[settings.by] == group]
     both_failed = int(mine["difference"].isna().sum())
     diffs = mine["difference"].dropna().to_numpy(dtype=float)
-    better = diffs < 0 if mode == "min" else diffs > 0
-    worse = diffs > 0 if mode == "min" else diffs < 0
+    better = diffs < 0 if settings.mode == "min" else diffs > 0
+    worse = diffs > 0 if settings.mode == "min" else diffs < 0
     out.update(paired_n=len(diffs), paired_wins=int(better.sum()), paired_losses=int(worse.sum()))
     if both_failed:
         notes.append(f"{both_failed} seed(s) failed in both {group!r} and the control")
     if len(diffs):
         out["paired_mean_diff"] = float(np.mean(diffs))
         out["paired_median_diff"] = float(np.median(diffs))
-    if len(diffs) >= boot.min_runs:
-        out["paired_ci_low"], out["paired_ci_high"] = boot.interval(diffs, np.mean)
+    if len(diffs) >= settings.min_runs:
+        out["paired_ci_low"], out["paired_ci_high"] = settings.interval(diffs, np.mean)
     elif len(diffs):
-        notes.append(f"paired interval needs >= {boot.min_runs} seeds, got {len(diffs)}")
+        notes.append(f"paired interval needs >= {settings.min_runs} seeds, got {len(diffs)}")
     else:
         notes.append(f"no seed shared with the control {control!r}")
     return out

@@ -1,27 +1,7 @@
-"""Run configuration identity: canonical parameters, ``config_hash`` and ``variant_key``.
+"""Run configuration identity: canonical parameters, ``config_hash``, ``variant_key``, environment.
 
-A ledger compares runs by what they were asked to do. Two runs with the same experiment, the
-same parameters and the same batch/precision settings are the same *variant*; adding the seed
-makes them the same *configuration*. Both identities are hashes of a canonical JSON text, so
-they do not depend on the order of dict keys or on the process that computed them.
-
-* :func:`canonical_params_json`: JSON with sorted keys, no spaces, finite numbers only.
-* :func:`config_hash`: sha256 (first 16 hex digits) of the experiment, parameters, setup and
-  seed: equal for two runs that should give the same result.
-* :func:`variant_key`: the same without the seed: equal for the seeds of one variant, and the
-  key a relaunch is checked against (a variant that diverged before warns when started again).
-
-Example:
-    >>> from lightning_pilot.core.config import canonical_params_json, config_hash, variant_key
-    >>> canonical_params_json({"lr": 1e-4, "layers": [2, 2], "name": "ctl"})
-    '{"layers":[2,2],"lr":0.0001,"name":"ctl"}'
-    >>> one = config_hash("lr-sweep", {"lr": 1e-4}, seed=1)
-    >>> one == config_hash("lr-sweep", {"lr": 1e-4}, seed=1)
-    True
-    >>> one == config_hash("lr-sweep", {"lr": 1e-4}, seed=2)
-    False
-    >>> variant_key("lr-sweep", {"lr": 1e-4}) == variant_key("lr-sweep", {"lr": 2e-4})
-    False
+Both identities hash a canonical JSON text, so they depend neither on the order of dict keys nor
+on the process that computed them. See docs/ledger.md ("Identity, repeats and relaunches").
 """
 
 from __future__ import annotations
@@ -39,27 +19,22 @@ from typing import Any, Final
 
 from lightning_pilot.core import validate
 
-__all__ = [
-    "canonical_params_json",
-    "config_hash",
-    "environment",
-    "git_revision",
-    "variant_key",
-]
+__all__ = ["canonical_params_json", "config_hash", "environment", "git_revision", "variant_key"]
 
 _HASH_DIGITS: Final = 16
+_SHA: Final = re.compile(r"[0-9a-f]{40}([0-9a-f]{24})?")
 
 
 def canonical_params_json(params: Mapping[str, Any] | None) -> str:
     """The canonical JSON text of a parameter dict: sorted keys, compact, finite numbers.
 
-    Tuples become lists; numpy/torch scalars become Python numbers. ``1`` and ``1.0`` stay
-    different, as they are in JSON.
+    Tuples become lists; numpy/torch scalars become Python numbers; ``1`` and ``1.0`` stay
+    different, as in JSON. Invalid params raise as
+    :func:`lightning_pilot.core.validate.mapping_of_scalars` says (``ValueError`` for NaN/inf).
 
-    Raises:
-        TypeError: ``params`` is not a mapping, a key is not a string, or a value is not a
-            JSON value (:func:`lightning_pilot.core.validate.mapping_of_scalars`).
-        ValueError: a number is NaN or infinite.
+    Example:
+        >>> canonical_params_json({"lr": 1e-4, "layers": [2, 2], "name": "ctl"})
+        '{"layers":[2,2],"lr":0.0001,"name":"ctl"}'
     """
     return _json(validate.mapping_of_scalars("canonical_params_json", "params", params))
 
@@ -82,17 +57,11 @@ def _digest(
 def variant_key(
     experiment: str, params: Mapping[str, Any] | None, setup: Mapping[str, Any] | None = None
 ) -> str:
-    """Identity of a variant: experiment, parameters and setup, without the seed.
+    """Identity of a variant (16 hex digits): experiment, parameters and setup, not the seed.
 
-    Args:
-        experiment: the experiment name.
-        params: the user's parameters (see :func:`canonical_params_json`).
-        setup: facts of the training setup that change the experiment (micro-batch size,
-            accumulation, data-parallel replicas, precision); ``None`` values are kept, so a
-            fact that could not be read never matches a known one.
-
-    Returns:
-        16 hex digits.
+    ``setup`` holds the facts of the training setup that change the experiment (micro-batch
+    size, accumulation, data-parallel replicas, precision); its ``None`` values are kept, so a
+    fact that could not be read never matches a known one.
     """
     return _digest(experiment, params, setup)
 
@@ -105,9 +74,6 @@ def config_hash(
 ) -> str:
     """Identity of one configuration: :func:`variant_key`'s inputs plus the seed (16 hex)."""
     return _digest(experiment, params, setup, seed=seed)
-
-
-_SHA: Final = re.compile(r"[0-9a-f]{40}([0-9a-f]{24})?")
 
 
 def _git_dir(start: Path) -> Path | None:
@@ -128,25 +94,17 @@ def git_revision(start: str | os.PathLike[str] | None = None) -> str | None:
 
     Reads ``.git/HEAD`` and the ref it names (loose or packed) directly: no ``git`` process is
     started. Returns ``None`` outside a repository or when the files cannot be read.
-
-    Example:
-        >>> import tempfile
-        >>> git_revision(tempfile.mkdtemp()) is None
-        True
     """
     try:
         git = _git_dir(Path(start or os.getcwd()).resolve())
         if git is None:
             return None
         head = (git / "HEAD").read_text(encoding="utf-8").strip()
-        if _SHA.fullmatch(head):
-            return head
-        if not head.startswith("ref:"):
-            return None
+        if not head.startswith("ref:"):  # a detached HEAD holds the sha itself
+            return head if _SHA.fullmatch(head) else None
         ref = head[len("ref:") :].strip()
-        # A worktree keeps its refs in the common folder.
-        common = git / "commondir"
         roots = [git]
+        common = git / "commondir"  # a worktree keeps its refs in the common folder
         if common.is_file():
             roots.append((git / common.read_text(encoding="utf-8").strip()).resolve())
         for root in roots:
@@ -173,12 +131,7 @@ def _version(package: str) -> str | None:
 
 
 def environment() -> dict[str, str | None]:
-    """The software environment a ledger record carries (versions, host, git revision).
-
-    Example:
-        >>> sorted(environment())
-        ['git_revision', 'hostname', 'lightning_version', 'python_version', 'torch_version']
-    """
+    """The software environment a ledger record carries (versions, host, git revision)."""
     return {
         "torch_version": _version("torch"),
         "lightning_version": _version("lightning"),

@@ -1,41 +1,9 @@
 """Divergence rules and run outcomes, free of Lightning.
 
-:class:`DivergenceDetector` is fed one training loss (and optionally one gradient norm) per
-optimizer update and answers with a :class:`DivergenceDecision`. The rules, with the defaults
-of :class:`DivergenceRules`:
-
-========================  =====================================================================
-``nonfinite_loss``        the loss is NaN or infinite: fatal at once.
-``nonfinite_grad``        the total gradient norm is NaN or infinite: fatal at once (under a
-                          gradient scaler, float16 AMP, a non-finite norm means the scaler skips
-                          the step and lowers its scale: recorded as ``grad_overflow`` instead).
-``loss_spike_persistent`` after ``warmup`` (20) updates, the loss is at least ``spike_factor``
-                          (3.0) times the mean of the last ``window`` (20) normal losses for
-                          ``spike_patience`` (5) consecutive updates. Spike losses do not enter
-                          the reference window, so a loss stuck at a higher level stays a spike.
-``loss_blowup``           the loss exceeds ``max(blowup_cap, blowup_factor x initial loss)``
-                          (cap unset, factor 10) for ``blowup_patience`` (3) consecutive updates.
-``spike`` / ``spike_end`` an isolated spike (shorter than ``spike_patience``): recorded, not
-                          fatal.
-========================  =====================================================================
-
-The loss rules assume a non-negative loss (cross-entropy, squared error): the spike rule only
-applies while its reference mean is positive and the blow-up rule only when the initial loss
-(or the cap) is positive.
-
-:func:`exception_outcome` and :func:`normal_outcome` turn how a fit ended into the ledger's
-``status`` and ``stop_cause``; :class:`Curves` keeps the curves a ledger record carries.
-
-Example:
-    >>> from lightning_pilot.core.divergence import DivergenceDetector, DivergenceRules
-    >>> detector = DivergenceDetector(DivergenceRules(blowup_patience=2))
-    >>> [detector.update(step, loss).cause for step, loss in enumerate([3.0, 2.5, 40.0], 1)]
-    [None, None, None]
-    >>> decision = detector.update(4, 50.0)
-    >>> decision.fatal, decision.cause
-    (True, 'loss_blowup')
-    >>> detector.update(5, float("nan")).cause
-    'nonfinite_loss'
+:class:`DivergenceDetector` applies :class:`DivergenceRules` to one loss (and optionally one
+gradient norm) per optimizer update; :func:`exception_outcome` and :func:`normal_outcome` give a
+fit's ledger ``status`` and ``stop_cause``; :class:`Curves` keeps the curves a ledger record
+carries. See docs/ledger.md ("Divergence rules and their defaults", "Statuses and stop causes").
 """
 
 from __future__ import annotations
@@ -43,7 +11,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any, Final
 
 import torch
@@ -64,7 +32,6 @@ __all__ = [
 #: Rules that make a run ``diverged``, in priority order when several fire on one update.
 FATAL_CAUSES: Final = ("nonfinite_loss", "nonfinite_grad", "loss_blowup", "loss_spike_persistent")
 
-
 # The ranges of the thresholds: counts (at least) and factors (greater than).
 _AT_LEAST: Final = {"window": 1, "warmup": 0, "spike_patience": 1, "blowup_patience": 1}
 _ABOVE: Final = {"spike_factor": 1.0, "blowup_factor": 1.0, "blowup_cap": 0.0}
@@ -72,21 +39,7 @@ _ABOVE: Final = {"spike_factor": 1.0, "blowup_factor": 1.0, "blowup_cap": 0.0}
 
 @dataclass(frozen=True)
 class DivergenceRules:
-    """Thresholds of the divergence rules (see the module docstring for what each does).
-
-    Args:
-        window: normal losses averaged into the spike reference.
-        warmup: updates before the spike rule applies (early losses fall fast).
-        spike_factor: a loss at least this many times the reference is a spike.
-        spike_patience: consecutive spike updates that make a spike persistent (fatal).
-        blowup_factor: a loss above this many times the initial loss counts as blown up.
-        blowup_cap: absolute floor of the blow-up threshold (``None``: no floor).
-        blowup_patience: consecutive blown-up updates that are fatal.
-        check_grad_norm: apply the ``nonfinite_grad`` rule to the gradient norm.
-
-    Raises:
-        TypeError, ValueError: a threshold of the wrong type or out of range (the message
-            names it).
+    """Thresholds of the divergence rules (docs/ledger.md says what each rule does).
 
     Example:
         >>> DivergenceRules().spike_factor, DivergenceRules(window=5).window
@@ -97,14 +50,14 @@ class DivergenceRules:
         ValueError: DivergenceRules(spike_factor=1.0) is invalid: expected a finite number > 1.
     """
 
-    window: int = 20
-    warmup: int = 20
-    spike_factor: float = 3.0
-    spike_patience: int = 5
-    blowup_factor: float = 10.0
-    blowup_cap: float | None = None
-    blowup_patience: int = 3
-    check_grad_norm: bool = True
+    window: int = 20  # normal losses averaged into the spike reference
+    warmup: int = 20  # updates before the spike rule applies (early losses fall fast)
+    spike_factor: float = 3.0  # a loss at least this many times the reference is a spike
+    spike_patience: int = 5  # consecutive spike updates that make a spike persistent (fatal)
+    blowup_factor: float = 10.0  # a loss above this many times the initial loss is blown up
+    blowup_cap: float | None = None  # absolute floor of the blow-up threshold (None: no floor)
+    blowup_patience: int = 3  # consecutive blown-up updates that are fatal
+    check_grad_norm: bool = True  # apply the nonfinite_grad rule to the gradient norm
 
     def __post_init__(self) -> None:
         owner = "DivergenceRules"
@@ -152,7 +105,7 @@ class DivergenceDecision:
 
     step: int
     cause: str | None = None
-    events: tuple[DivergenceEvent, ...] = field(default_factory=tuple)
+    events: tuple[DivergenceEvent, ...] = ()
 
     @property
     def fatal(self) -> bool:
@@ -160,15 +113,8 @@ class DivergenceDecision:
         return self.cause is not None
 
 
-def _finite(value: float | None) -> bool:
-    return value is not None and math.isfinite(value)
-
-
 class DivergenceDetector:
-    """Apply :class:`DivergenceRules` to one loss / gradient norm per update.
-
-    Args:
-        rules: the thresholds (defaults when ``None``).
+    """Apply :class:`DivergenceRules` (defaults when ``None``) to one loss / norm per update.
 
     Attributes:
         first_fatal: ``(cause, step)`` of the first fatal rule that fired, else ``None``.
@@ -224,17 +170,12 @@ class DivergenceDetector:
         *,
         grad_may_overflow: bool = False,
     ) -> DivergenceDecision:
-        """Apply the rules to the update that finished at ``step``.
+        """Apply the rules to the update that finished at ``step``; ``cause`` is the
+        highest-priority fatal rule that fired.
 
-        Args:
-            step: the update's step (recorded in events).
-            loss: its training loss (``None``: not measured, the loss rules are skipped).
-            grad_norm: its total gradient norm (``None``: not measured).
-            grad_may_overflow: a gradient scaler is active (float16 AMP): a non-finite norm is
-                a skipped step, recorded as ``grad_overflow``, not fatal.
-
-        Returns:
-            The decision; ``cause`` is the highest-priority fatal rule that fired.
+        A ``None`` loss or norm was not measured: its rules are skipped. ``grad_may_overflow``:
+        a gradient scaler is active (float16 AMP), so a non-finite norm is a skipped step,
+        recorded as ``grad_overflow``, not fatal.
         """
         self.updates += 1
         events: list[DivergenceEvent] = []
@@ -282,7 +223,7 @@ class DivergenceDetector:
                     " consecutive updates"
                 )
                 self._event(events, "loss_spike_persistent", base, detail, reference, spike_at)
-            return fired
+            return fired  # a spike never enters the window: a loss stuck higher stays a spike
         if self._spike_run:
             detail = f"isolated spike of {self._spike_run} update(s)"
             self._event(events, "spike_end", base, detail, reference, spike_at)
@@ -292,7 +233,10 @@ class DivergenceDetector:
 
     @property
     def reference(self) -> float | None:
-        """The spike reference (mean of recent normal losses), ``None`` while not applicable."""
+        """The spike reference (mean of recent normal losses), ``None`` while not applicable.
+
+        The loss rules assume a non-negative loss: a reference or threshold must be positive.
+        """
         if self.updates <= self.rules.warmup or not self._window:
             return None
         mean = sum(self._window) / len(self._window)
@@ -332,23 +276,12 @@ class DivergenceDetector:
         self.counts = {str(k): int(v) for k, v in dict(state.get("counts", {})).items()}
 
 
-# --------------------------------------------------------------------------------------------
-# How a run ended
-# --------------------------------------------------------------------------------------------
-
-
 def exception_outcome(exception: BaseException) -> tuple[str, str]:
     """``(status, stop_cause)`` of a fit that ended with ``exception``.
 
     ``KeyboardInterrupt`` -> ``interrupted``/``keyboard_interrupt``; Lightning's
     ``SIGTERMException`` -> ``interrupted``/``sigterm``; ``torch.OutOfMemoryError`` ->
     ``oom``/``cuda_oom``; anything else -> ``failed``/``exception:<Type>``.
-
-    Example:
-        >>> exception_outcome(ZeroDivisionError("x"))
-        ('failed', 'exception:ZeroDivisionError')
-        >>> exception_outcome(KeyboardInterrupt())
-        ('interrupted', 'keyboard_interrupt')
     """
     if isinstance(exception, KeyboardInterrupt):
         return "interrupted", "keyboard_interrupt"
@@ -371,25 +304,10 @@ def normal_outcome(
 ) -> tuple[str, str]:
     """``(status, stop_cause)`` of a fit that returned normally.
 
-    Args:
-        divergence: the fatal divergence rule that fired (even with ``action="record"``).
-        early_stopping: an EarlyStopping callback stopped the fit.
-        time_limit: a Timer stopped the fit.
-        limit_reached: ``"max_steps"`` or ``"max_epochs"`` when the loop reached it, else None.
-        updates_done: optimizer updates done (all attempts).
-        planned_updates: the updates the fit planned (``None``: unknown).
-
-    Returns:
-        ``diverged`` with the rule; ``stopped`` with ``early_stopping``, ``time_limit`` or
-        ``step_shortfall`` (fewer updates than planned); else ``completed`` with the limit.
-
-    Example:
-        >>> normal_outcome(divergence=None, early_stopping=False, time_limit=False,
-        ...                limit_reached="max_steps", updates_done=200, planned_updates=200)
-        ('completed', 'max_steps')
-        >>> normal_outcome(divergence=None, early_stopping=False, time_limit=False,
-        ...                limit_reached="max_epochs", updates_done=150, planned_updates=200)
-        ('stopped', 'step_shortfall')
+    ``diverged`` with the fatal rule that fired (even with ``action="record"``); ``stopped``
+    with ``early_stopping``, ``time_limit`` (a Timer) or ``step_shortfall`` (fewer
+    ``updates_done``, all attempts, than ``planned_updates``, or no ``limit_reached``); else
+    ``completed`` with the limit the loop reached (``"max_steps"`` or ``"max_epochs"``).
     """
     if divergence is not None:
         return "diverged", divergence
@@ -397,27 +315,16 @@ def normal_outcome(
         return "stopped", "early_stopping"
     if time_limit:
         return "stopped", "time_limit"
-    if planned_updates is not None and updates_done < planned_updates:
-        return "stopped", "step_shortfall"
-    if limit_reached is None:
+    if limit_reached is None or (planned_updates is not None and updates_done < planned_updates):
         return "stopped", "step_shortfall"
     return "completed", limit_reached
-
-
-# --------------------------------------------------------------------------------------------
-# Curves carried by ledger records
-# --------------------------------------------------------------------------------------------
 
 
 class Curves:
     """The curves of one run: training loss and learning rate per update, validation points.
 
-    Steps are optimizer updates. A resumed run restores them from the checkpoint and drops
-    points past the restored step (they were trained again).
-
-    A heartbeat record carries only the points added since the previous record
-    (:meth:`as_record` with ``since=``, the :meth:`mark` taken then), so a long run's ledger
-    grows linearly; :class:`~lightning_pilot.Ledger` joins them back into the whole curve.
+    Steps are optimizer updates. A heartbeat record carries only the points since the
+    :meth:`mark` taken at the previous record (:meth:`as_record` with ``since=``).
 
     Example:
         >>> curves = Curves()
@@ -456,11 +363,7 @@ class Curves:
     def as_record(
         self, since: tuple[int, int, int] | None = None
     ) -> dict[str, list[dict[str, Any]]]:
-        """The ledger columns ``train_loss``, ``lr_curve`` and ``val_points``.
-
-        Args:
-            since: a :meth:`mark`: only the points added after it (default: every point).
-        """
+        """The ledger columns ``train_loss``, ``lr_curve`` and ``val_points`` (since a mark)."""
         train_at, lr_at, val_at = since or (0, 0, 0)
         return {
             "train_loss": [{"step": s, "value": x} for s, x in self.train_loss[train_at:]],
