@@ -1,28 +1,8 @@
 """Ledger: read, fold and compare the run ledger, without a Trainer.
 
-The ledger folder (``<out_dir>/ledger``) holds one immutable Parquet file per record, written
-by :class:`~lightning_pilot.callbacks.DivergenceLedger` (events ``start``, ``heartbeat``,
-``end``). :class:`Ledger` turns them into one row per run (:func:`fold_records`), the curves in
-long format and comparisons across seeds; it imports neither torch nor Lightning.
-
-Example:
-    >>> import tempfile
-    >>> from lightning_pilot.core.ids import new_run_id
-    >>> from lightning_pilot.ledger import Ledger
-    >>> from lightning_pilot.storage import write_ledger_record
-    >>> folder = tempfile.mkdtemp()
-    >>> run_id = new_run_id()
-    >>> _ = write_ledger_record(folder, {"run_id": run_id, "event": "start", "status": "running",
-    ...                                  "experiment": "demo", "variant": "ctl", "seed": 0})
-    >>> _ = write_ledger_record(folder, {"run_id": run_id, "event": "end", "status": "completed",
-    ...                                  "stop_cause": "max_steps", "stop_step": 4,
-    ...                                  "train_loss": [{"step": 4, "value": 1.5}]})
-    >>> Ledger(folder).runs()[["variant", "status", "stop_cause", "records"]]
-      variant     status stop_cause  records
-    0     ctl  completed  max_steps        2
-    >>> Ledger(folder).curves()[["curve", "step", "value"]]
-            curve  step  value
-    0  train_loss     4    1.5
+The ledger folder (``<out_dir>/ledger``) holds one immutable Parquet file per record (events
+``start``, ``heartbeat``, ``end``); this module imports neither torch nor Lightning. See
+docs/ledger.md ("Reading with Ledger", "Comparing across seeds").
 """
 
 from __future__ import annotations
@@ -81,24 +61,15 @@ _RUN_COLUMNS_FIRST: Final = (
 def fold_records(
     records: pd.DataFrame, *, now: datetime | None = None, stale_after: float = 1800.0
 ) -> pd.DataFrame:
-    """Fold ledger records (oldest first) into one row per run; see :class:`Ledger`.
+    """Fold ledger records (oldest first) into one row per run, in start order; see :class:`Ledger`.
 
-    Vectorised: a ledger of 10,000 runs (30,000 records) folds in well under a second; reading
-    the files is what takes time.
-
-    Args:
-        records: rows of :data:`lightning_pilot.storage.LEDGER_SCHEMA`, oldest first.
-        now: the time staleness is judged at (default: now, UTC).
-        stale_after: seconds without a record after which a run with no ``end`` is lost.
-
-    Returns:
-        One row per run, in start order, with the ledger columns (curves excluded) plus
-        ``started_at``, ``last_event``, ``records`` and ``attempts``.
+    Columns: the ledger's (curves excluded) plus ``started_at``, ``last_event``, ``records`` and
+    ``attempts``; a run with no ``end`` record and none for ``stale_after`` seconds before ``now``
+    is ``interrupted``.
     """
     scalar = [c for c in records.columns if c not in CURVE_COLUMNS]
     if records.empty:
-        extra = ["started_at", "last_event", "records", "attempts"]
-        return pd.DataFrame(columns=[*scalar, *extra])
+        return pd.DataFrame(columns=[*scalar, "started_at", "last_event", "records", "attempts"])
     frame = records[scalar]
     groups = frame.groupby("run_id", sort=False)
     config = groups.last()  # latest non-null value of every column
@@ -124,39 +95,33 @@ def fold_records(
 class Ledger:
     """Read a run ledger: one row per run, the curves, and comparisons across seeds.
 
-    Args:
-        path: the ledger folder, or the output folder holding ``ledger/``.
-        stale_after: seconds without any record after which a run with no ``end`` record
-            reads as ``interrupted`` / ``heartbeat_lost``. Default 30 minutes; choose a few
-            times the interval between heartbeats of your slowest run.
-
-    Attributes:
-        skipped: the record files the latest read skipped (unreadable, or over
-            :data:`~lightning_pilot.storage.LEDGER_RECORD_LIMITS`), each also reported by a
-            :class:`~lightning_pilot.storage.SkippedFileWarning`; the frames :meth:`records`,
-            :meth:`runs` and :meth:`curves` return carry the same list in ``attrs["skipped"]``.
-            Empty: every record file was read.
-
-    Raises:
-        FileNotFoundError: ``path`` does not exist.
-        ValueError: ``path`` is empty or blank (it would read the current folder), or
-            ``stale_after`` is negative or NaN.
-        TypeError: ``stale_after`` is not a number.
+    ``path`` is the ledger folder or the output folder holding ``ledger/``. A run with no
+    ``end`` record reads as ``interrupted`` / ``heartbeat_lost`` after ``stale_after`` seconds
+    without any record (choose a few heartbeat intervals of your slowest run). ``skipped``
+    lists the record files the latest read skipped (also in the frames' ``attrs["skipped"]``).
 
     Example:
         >>> import tempfile
-        >>> Ledger(tempfile.mkdtemp()).runs().empty
-        True
+        >>> from lightning_pilot.core.ids import new_run_id
+        >>> from lightning_pilot.storage import write_ledger_record
+        >>> folder, run = tempfile.mkdtemp(), {"run_id": new_run_id(), "variant": "ctl"}
+        >>> _ = write_ledger_record(folder, {**run, "event": "start", "status": "running"})
+        >>> _ = write_ledger_record(folder, {**run, "event": "end", "status": "completed",
+        ...                                  "train_loss": [{"step": 4, "value": 1.5}]})
+        >>> Ledger(folder).runs()[["variant", "status", "records"]]
+          variant     status  records
+        0     ctl  completed        2
+        >>> Ledger(folder).curves()[["curve", "step", "value"]]
+                curve  step  value
+        0  train_loss     4    1.5
     """
 
     def __init__(self, path: str | os.PathLike[str], *, stale_after: float = 1800.0) -> None:
         root = storage.folder_argument(path, "ledger")
-        if not root.exists():
-            raise FileNotFoundError(f"path={str(root)!r} does not exist.")
+        self.path = storage._ledger_folder(root)  # FileNotFoundError when it does not exist
         self.stale_after = validate.number(
             "Ledger", "stale_after", stale_after, minimum=0, finite=False, hint="seconds"
         )
-        self.path = root / "ledger" if (root / "ledger").is_dir() else root
         self.skipped: list[str] = []
         nested = root / "pilot" / "ledger"
         if self.path == root and nested.is_dir() and not any(root.glob("*.parquet")):
@@ -172,51 +137,32 @@ class Ledger:
         return f"Ledger({str(self.path)!r})"
 
     def records(self) -> pd.DataFrame:
-        """Every record once, oldest first (unreadable or oversized files are skipped with a
-        warning and listed in :attr:`skipped` and ``attrs["skipped"]``)."""
+        """Every record once, oldest first (files skipped: listed in :attr:`skipped`)."""
         records = storage.read_ledger_records(self.path)
         self.skipped = list(records.attrs.get("skipped", []))
         return records
 
     def index(self) -> Path | None:
-        """Copy records not yet indexed into index segments, so later reads are fast.
-
-        The record files are never changed or removed (see :func:`storage.index_ledger`); a
-        large backlog is cut into several segments, and segments written by processes indexing
-        at the same time may overlap (the readers read each record once). Returns the last new
-        segment, or ``None`` when nothing was new.
-        """
+        """Copy records not yet indexed into index segments, so later reads are fast
+        (:func:`~lightning_pilot.storage.index_ledger`); return the last new one, or ``None``."""
         return storage.index_ledger(self.path)
 
     def runs(self, *, now: datetime | None = None) -> pd.DataFrame:
-        """One row per run (see the module docstring); ``now`` is for tests and replays."""
+        """One row per run (:func:`fold_records`); ``now`` is for tests and replays."""
         runs = fold_records(self.records(), now=now, stale_after=self.stale_after)
         runs.attrs["skipped"] = list(self.skipped)
         return runs
 
     def curves(self, *, all_attempts: bool = False) -> pd.DataFrame:
-        """The curves in long format.
-
-        Columns: ``run_id``, ``attempt``, ``experiment``, ``variant``, ``seed``, ``curve``
-        (``train_loss``, ``lr`` or ``val``), ``name`` (the metric name for ``val``, else the
-        curve), ``step`` (optimizer updates) and ``value``.
-
-        Args:
-            all_attempts: keep the curves of every attempt of a resumed run (default: the
-                latest record of each run, whose curves cover the run up to that record).
-        """
+        """The curves in long format, one row per point (``curve`` is ``train_loss``, ``lr`` or
+        ``val``; ``name`` the metric name for ``val``); ``all_attempts`` keeps every attempt's."""
         curves = _curves(self.records(), all_attempts=all_attempts)
         curves.attrs["skipped"] = list(self.skipped)
         return curves
 
     def predictions(self, run_id: str) -> pd.DataFrame:
-        """The validation predictions a run's latest record references, checked by sha256.
-
-        Raises:
-            KeyError: the run is not in the ledger.
-            ValueError: the run saved no predictions, the file's sha256 differs from the
-                one recorded (the file was changed or replaced), or it could not be read.
-        """
+        """The validation predictions a run's latest record references, checked by sha256
+        (``KeyError``: unknown run; ``ValueError``: none saved, changed since, or unreadable)."""
         latest = self.records().drop_duplicates("run_id", keep="last").set_index("run_id")
         if run_id not in latest.index:
             raise KeyError(f"run_id={run_id!r} is not in {self}.")
@@ -250,24 +196,11 @@ class Ledger:
         n_boot: int = 2000,
         random_state: int = 0,
     ) -> Comparison:
-        """Compare groups of runs (by default variants) on ``metric`` across seeds.
+        """Compare groups of runs (the column ``by`` of :meth:`runs`) on ``metric`` across seeds.
 
-        Args:
-            metric: a validation metric name (from ``val_points``), ``"train_loss"``, or a
-                numeric column of :meth:`runs` (``updates_done``, ``examples_seen``, ...).
-            by: the column of :meth:`runs` naming the groups.
-            reduce: which point of a curve is the run's value: the ``last`` one, or the
-                ``min`` / ``max`` over the run.
-            experiment: only runs of this experiment.
-            control, mode, failures, min_runs_for_ci, n_boot, random_state: as for
-                :func:`~lightning_pilot.core.compare.compare_runs`.
-
-        Returns:
-            A :class:`~lightning_pilot.core.compare.Comparison` (``summary``, ``runs``,
-            ``paired``).
-
-        Raises:
-            ValueError: an unknown metric, group column, control, mode or reduction.
+        ``metric`` is a validation metric name, ``"train_loss"`` or a numeric column of
+        :meth:`runs`; ``reduce`` picks a curve's ``last`` point or its ``min`` / ``max``; the
+        other options are those of :func:`~lightning_pilot.core.compare.compare_runs`.
         """
         if reduce not in ("last", "min", "max"):
             raise ValueError(f"reduce={reduce!r} is invalid; expected 'last', 'min' or 'max'.")
@@ -304,24 +237,15 @@ def find_failed_runs(
 ) -> pd.DataFrame:
     """Runs of ``variant_key`` whose latest ``end`` record has one of ``statuses``.
 
-    Reads only the ``end`` records (their file names say so) and four columns of the
-    result, which keeps the check a new run makes at start cheap on a large ledger.
-
-    Args:
-        path: the ledger folder (it may not exist yet).
-        variant_key: the key to look for.
-        statuses: the statuses that count.
-
-    Returns:
-        ``run_id``, ``status``, ``stop_cause``, ``stop_step`` of each matching run.
+    Reads only the ``end`` records (their file names say so), which keeps the check a new run
+    makes at start cheap on a large ledger; ``path`` may not exist yet.
     """
     folder = Path(path)
     columns = ["run_id", "status", "stop_cause", "stop_step"]
     if not folder.is_dir():
         return pd.DataFrame(columns=columns)
     records = storage.read_ledger_records(folder, events=("end",))  # sorted, index-aware
-    frame = records[[*columns, "variant_key", "written_at", "record_id"]]
-    frame = frame.drop_duplicates("run_id", keep="last")
+    frame = records[[*columns, "variant_key"]].drop_duplicates("run_id", keep="last")
     hit = (frame["variant_key"] == variant_key) & frame["status"].isin(statuses)
     found: pd.DataFrame = frame.loc[hit, columns].reset_index(drop=True)
     return found
@@ -339,14 +263,9 @@ def file_sha256(path: str | os.PathLike[str]) -> str:
 def latest_with_curves(records: pd.DataFrame, *, all_attempts: bool = False) -> pd.DataFrame:
     """The latest record of each run (or attempt), its curve columns holding the whole curve.
 
-    A heartbeat carries only the points since the attempt's previous record
-    (``curves_delta``); its curves are joined here to those of the records before it, back to
-    the last record that carried the whole curve (a ``start``, an ``end``, or a heartbeat of a
-    ledger written before schema version 2).
-
-    Args:
-        records: ledger records, oldest first (:meth:`Ledger.records`).
-        all_attempts: one row per attempt instead of per run.
+    A heartbeat carries only the points since the attempt's previous record (``curves_delta``):
+    they are joined to those of the records before it, back to the last record that carried the
+    whole curve. ``all_attempts``: one row per attempt.
 
     Example:
         >>> import pandas as pd
@@ -365,9 +284,8 @@ def latest_with_curves(records: pd.DataFrame, *, all_attempts: bool = False) -> 
     if not partial.any():
         return latest
     latest = latest.copy()
-    wanted = latest[partial]
     attempt = "attempt_id" if "attempt_id" in records.columns else "attempt"
-    pairs = set(zip(wanted["run_id"], wanted[attempt], strict=True))
+    pairs = set(zip(latest["run_id"][partial], latest[attempt][partial], strict=True))
     chosen = records[
         [(r, a) in pairs for r, a in zip(records["run_id"], records[attempt], strict=True)]
     ]
@@ -392,21 +310,11 @@ def latest_with_curves(records: pd.DataFrame, *, all_attempts: bool = False) -> 
 
 
 def _curves(records: pd.DataFrame, *, all_attempts: bool) -> pd.DataFrame:
-    columns = [
-        "run_id",
-        "attempt",
-        "experiment",
-        "variant",
-        "seed",
-        "curve",
-        "name",
-        "step",
-        "value",
-    ]
+    identity = ["run_id", "attempt", "experiment", "variant", "seed"]
+    columns = [*identity, "curve", "name", "step", "value"]
     if records.empty:
         return pd.DataFrame(columns=columns)
     rows = latest_with_curves(records, all_attempts=all_attempts)
-    identity = ["run_id", "attempt", "experiment", "variant", "seed"]
     parts = []
     for column, curve in (("train_loss", "train_loss"), ("lr_curve", "lr"), ("val_points", "val")):
         exploded = rows[[*identity, column]].explode(column, ignore_index=True)
@@ -439,9 +347,7 @@ def _reduce_points(points: Any, name: str | None, reduce: str, mode: str) -> flo
     # A non-finite point is the finding (the metric blew up): the run's value is the worst.
     if not all(np.isfinite(values)):
         return np.inf if mode == "min" else -np.inf
-    if reduce == "last":
-        return values[-1]
-    return min(values) if reduce == "min" else max(values)
+    return {"last": values[-1], "min": min(values), "max": max(values)}[reduce]
 
 
 def _metric_values(

@@ -23,7 +23,6 @@ PILOT_OPTION_KEYS: tuple[str, ...] = tuple(_CALLBACKS)
 # Arguments pilot_callbacks sets itself, so every callback shares them.
 _SHARED = {"out_dir", "adapter", "experiment", "variant", "seed"}
 
-# OverfitTinySubset replaces every batch of its fit: it cannot share the pilot's.
 _OVERFIT_APART = (
     "OverfitTinySubset changes training (every batch of its fit is the same few examples), so"
     " the other callbacks would measure, resume and record that instead of your training; it"
@@ -39,10 +38,9 @@ def _parameters(cls: type[PilotCallback]) -> list[str]:
 def _options_for(key: str, value: object) -> dict[str, Any] | None:
     """The keyword arguments for one callback, or ``None`` when it is left out."""
     entry = _CALLBACKS[key]
-    if value is None:
-        return {} if entry.default else None
-    if isinstance(value, bool):
-        return {} if value else None
+    if value is None or isinstance(value, bool):
+        included = entry.default if value is None else value
+        return {} if included else None
     if not isinstance(value, Mapping):
         raise TypeError(
             f"pilot_callbacks({key}={value!r}) is invalid: expected a dict of {entry.name}"
@@ -76,56 +74,19 @@ def pilot_callbacks(
 ) -> list[PilotCallback]:
     """Every pilot callback, configured to share one output folder, run and batch format.
 
-    Returns, in this order: :class:`~lightning_pilot.PhaseMemoryMonitor`,
-    :class:`~lightning_pilot.BatchInspector`, :class:`~lightning_pilot.EffectiveBatchAccountant`,
-    :class:`~lightning_pilot.ResumeVerifier`, :class:`~lightning_pilot.ValidationPredictionWriter`
-    (only when ``predictions=`` is given) and :class:`~lightning_pilot.DivergenceLedger`.
-    They land in one Trainer as one run (one ``run_id``, one folder under ``out_dir``), and
-    ``Trainer(fast_dev_run=N, callbacks=pilot_callbacks())`` still saves and reloads a
-    checkpoint: the verifier saves at update ``at_step`` even where ``fast_dev_run`` disables
-    checkpointing (give ``N >= at_step + compare_steps``, 4 with the defaults, for the
-    comparison to run; with fewer updates its checks read ``not_checked`` with the reason).
+    They form one run; under ``Trainer(fast_dev_run=N)`` a checkpoint is still saved and
+    reloaded (``N >= at_step + compare_steps``, 4 by default). ``seed`` is recorded in the
+    ledger (the Trainer's seeding stays yours). The keys, in order: ``phase_memory``
+    (``PhaseMemoryMonitor``), ``batch_inspector`` (``BatchInspector``), ``effective_batch``
+    (``EffectiveBatchAccountant``), ``resume`` (``ResumeVerifier``), ``predictions``
+    (``ValidationPredictionWriter``) and ``ledger`` (``DivergenceLedger``). Each takes a dict of
+    options, ``True`` (defaults) or ``False`` (left out); a key not given means included, except
+    ``predictions``.
 
-    :class:`~lightning_pilot.OverfitTinySubset` is never part of the set: it changes training
-    on purpose (every batch of its fit is the same few examples), so it needs a fit of its own,
-    with a separate Trainer: ``Trainer(callbacks=[OverfitTinySubset(...)]).fit(model, ...)``.
-    ``overfit=True`` or ``overfit={...}`` is refused with that explanation (``overfit=False``
-    is accepted: there is nothing to leave out).
-
-    Options per callback go under one key each; a dict configures the callback, ``True`` adds it
-    with its defaults, ``False`` leaves it out, and ``None`` (not given) means included with its
-    defaults (``predictions``: left out unless given):
-
-    ============================  ==========================================
-    key                           callback
-    ============================  ==========================================
-    ``phase_memory={...}``        :class:`~lightning_pilot.PhaseMemoryMonitor`
-    ``batch_inspector={...}``     :class:`~lightning_pilot.BatchInspector`
-    ``effective_batch={...}``     :class:`~lightning_pilot.EffectiveBatchAccountant`
-    ``resume={...}``              :class:`~lightning_pilot.ResumeVerifier`
-    ``predictions={...}``         :class:`~lightning_pilot.ValidationPredictionWriter`
-    ``ledger={...}``              :class:`~lightning_pilot.DivergenceLedger`
-    ============================  ==========================================
-
-    Args:
-        out_dir: the output folder of every callback (default ``<default_root_dir>/pilot``).
-        experiment: the ledger's experiment name.
-        variant: the ledger's variant name.
-        seed: the seed recorded in the ledger (the Trainer's seeding stays yours).
-        adapter: how every callback reads batches (default :class:`BatchAdapter`).
-        **options: per-callback options, keyed as in the table.
-
-    Returns:
-        The callbacks, ready for ``Trainer(callbacks=...)`` (add your own to the list).
-
-    Raises:
-        ValueError: an unknown key (the message lists the valid ones), an unknown option of a
-            callback, an option set for every callback at once (``out_dir``, ``adapter``,
-            ``experiment``, ``variant``, ``seed``) given to one of them, ``overfit=True`` or
-            ``overfit={...}`` (see above), or a shared argument out of range; the callbacks' own
-            validation errors pass through.
-        TypeError: an option value that is not a dict or a bool, or a shared argument of the
-            wrong type.
+    :class:`~lightning_pilot.OverfitTinySubset` changes training, so it needs a fit of its own:
+    ``overfit=True`` or ``overfit={...}`` is refused, as are unknown keys and options and a
+    shared argument (``out_dir``, ``adapter``, ``experiment``, ``variant``, ``seed``) given to
+    one callback.
 
     Example:
         >>> callbacks = pilot_callbacks(experiment="lr-sweep", variant="lr=1e-4", seed=0,
@@ -158,14 +119,13 @@ def pilot_callbacks(
     validate.integer(owner, "seed", seed, minimum=0, optional=True)
     validate.instance(owner, "adapter", adapter, BatchAdapter)
     configured = {key: _options_for(key, options.get(key)) for key in PILOT_OPTION_KEYS}
+    shared = {"experiment": experiment, "variant": variant, "seed": seed, "adapter": adapter}
+    if adapter is None:
+        del shared["adapter"]  # each callback keeps its own default
     callbacks: list[PilotCallback] = []
     for key, kwargs in configured.items():
-        if kwargs is None:
-            continue
-        cls = _CALLBACKS[key].load()
-        shared = {"experiment": experiment, "variant": variant, "seed": seed, "adapter": adapter}
-        for name in _parameters(cls):
-            if name in shared and (name != "adapter" or adapter is not None):
-                kwargs = dict(kwargs, **{name: shared[name]})
-        callbacks.append(cls(**kwargs, out_dir=out_dir))
+        if kwargs is not None:
+            cls = _CALLBACKS[key].load()
+            accepted = {name: shared[name] for name in _parameters(cls) if name in shared}
+            callbacks.append(cls(**kwargs, **accepted, out_dir=out_dir))
     return callbacks

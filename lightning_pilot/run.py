@@ -1,27 +1,8 @@
-"""PilotRun: the one context every pilot callback of a fit shares.
+"""PilotRun, the one context every pilot callback of a fit shares, and PilotCallback, their base.
 
-A user adds pilot callbacks to the Trainer they already have. Each callback works alone; put
-together they share one :class:`PilotRun` per fit: one run id, one output folder, one phase
-table. :meth:`PilotRun.of` finds or creates it (a weak map keyed by the Trainer: nothing is
-planted on the Trainer, and the run dies with it).
-
-Identity:
-    ``run_id`` is time-sortable and unique across processes (:func:`new_run_id`). A fit resumed
-    from a checkpoint written by pilot callbacks continues the same run: it adopts the saved
-    ``run_id`` and becomes the next ``attempt``. ``attempt_id`` is unique to every attempt, so
-    two resumes from one checkpoint never collide. Under several processes, global rank 0's
-    ids are broadcast at ``setup`` so every rank writes into the same run.
-
-Buffering and flushing:
-    Rows are buffered in memory and published as snapshot files
-    (``<out_dir>/runs/<run_id>/<table>.parquet/part-<writer>-<seq>.parquet``) when the last
-    pilot callback of the fit closes (``teardown`` after fit end, or ``on_exception``), and
-    whenever :meth:`PilotRun.flush` is called. A crash loses at most the rows since the last
-    flush; a kill during a flush leaves the previous snapshot readable.
-
-Ranks:
-    Every rank buffers and writes its own rows (the file name carries the rank); shared files
-    such as the ledger are written by global rank 0 only (``is_global_zero``).
+One run per fit: one run id, one output folder, one phase table, its rows buffered in memory
+and published as snapshot files at every flush and when the last pilot callback closes. See
+docs/architecture.md ("PilotRun: the shared context", "What a pilot callback costs per update").
 """
 
 from __future__ import annotations
@@ -47,25 +28,20 @@ from lightning_pilot.core import validate
 from lightning_pilot.core.ids import new_run_id, validate_run_id
 from lightning_pilot.core.phases import judge, worst_verdict
 
-__all__ = [
-    "GUARDED_HOOKS",
-    "PilotCallback",
-    "PilotRefusalError",
-    "PilotRun",
-    "new_run_id",
-    "validate_run_id",
-]
+__all__ = ["GUARDED_HOOKS", "PilotCallback", "PilotRefusalError", "PilotRun"]
 
 PHASE_TABLE: Final = "phases"
-
-#: Disk space a run holds from its first write to its close (:meth:`PilotRun.reserve_space`).
-RESERVE_BYTES: Final = 1 << 20
 
 #: ``fn(pl_module, directory) -> path``: the user's export, writing the final artifact.
 ExportFn = Callable[[pl.LightningModule, Path], "str | os.PathLike[str] | None"]
 
 _RUNS: weakref.WeakKeyDictionary[pl.Trainer, PilotRun] = weakref.WeakKeyDictionary()
 _RUNS_LOCK = threading.Lock()
+
+
+def _warn(message: str, stacklevel: int = 2) -> None:
+    """A ``RuntimeWarning`` attributed ``stacklevel`` frames above the caller."""
+    warnings.warn(f"lightning-pilot: {message}", RuntimeWarning, stacklevel=stacklevel + 1)
 
 
 def _normalise_out_dir(value: object, argument: str = "out_dir") -> Path | None:
@@ -88,13 +64,8 @@ class PilotRun:
     """The shared context of one fit: identity, output folder and buffered rows.
 
     Get it with :meth:`PilotRun.of` (callbacks do this in ``setup``); construct it directly only
-    in tests or tools that write a run without a Trainer.
-
-    Args:
-        default_out_dir: where the run writes when no callback names an ``out_dir``.
-        rank: global rank of this process.
-        world_size: number of processes of the fit.
-        stage: the Trainer stage that opened the run (``fit``, ``validate``, ...).
+    in tests or tools that write a run without a Trainer. ``default_out_dir`` is used when no
+    callback names an ``out_dir``; ``stage`` is the Trainer stage that opened the run.
 
     Example:
         >>> import tempfile
@@ -133,7 +104,6 @@ class PilotRun:
         self.resumed = False
         self.closed = False
         self.exception: BaseException | None = None
-        self.created_at = datetime.now(timezone.utc)
         self._explicit_out_dir: tuple[str, Path] | None = None
         self._attached: dict[int, str] = {}
         self._synchronized = False
@@ -156,37 +126,24 @@ class PilotRun:
         self.measure_export: Callable[[], contextlib.AbstractContextManager[Any]] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        # A copied or pickled callback carries its run (its identity and folder); the lock is
-        # not copyable and is made anew.
-        state = dict(self.__dict__)
+        # A copied or pickled callback carries its run's identity and folder; the lock is made anew.
+        state = self.__dict__ | {"_closers": [], "_exports": {}, "measure_export": None}
         del state["_lock"]
-        state["_closers"] = []
-        state["_exports"] = {}
-        state["measure_export"] = None
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._lock = threading.RLock()
 
-    # ----------------------------------------------------------------------------------------
-    # Finding the run of a Trainer
-    # ----------------------------------------------------------------------------------------
-
     @classmethod
     def of(cls, trainer: pl.Trainer) -> PilotRun:
-        """The open run of ``trainer``'s current fit, created on first use.
-
-        A run closes when the last pilot callback attached to it closes; the next ``fit`` then
-        starts a new run. ``validate``, ``test`` or ``predict`` after a fit that ended cleanly
-        reopen that fit's run, so their phase rows join its table.
-        """
+        """The open run of ``trainer``'s current fit, created on first use; the next ``fit``
+        starts a new run, while ``validate``, ``test`` or ``predict`` after a fit that ended
+        cleanly reopen that fit's run, so their phase rows join its table."""
         with _RUNS_LOCK:
             run = _RUNS.get(trainer)
             stage = trainer.state.fn.value if trainer.state.fn is not None else None
             if run is not None and run.closed and run.exception is None and stage != "fit":
-                # validate/test/predict after a fit of the same Trainer belong to that run: their
-                # rows join its phase table instead of starting a run of their own.
                 run.closed = False
                 run.stage = stage
             if run is None or run.closed:
@@ -205,10 +162,6 @@ class PilotRun:
         with _RUNS_LOCK:
             return _RUNS.get(trainer)
 
-    # ----------------------------------------------------------------------------------------
-    # Where it writes
-    # ----------------------------------------------------------------------------------------
-
     @property
     def out_dir(self) -> Path:
         """The output folder: the ``out_dir`` a callback named, else the default."""
@@ -221,8 +174,7 @@ class PilotRun:
 
     @property
     def ledger_dir(self) -> Path:
-        """``<out_dir>/ledger``: the append-only run ledger (a symbolic link there is refused,
-        as for ``runs/``: :func:`lightning_pilot.storage.safe_join`)."""
+        """``<out_dir>/ledger``: the append-only run ledger (a link there is refused)."""
         return storage.safe_join(self.out_dir, "ledger")
 
     @property
@@ -235,16 +187,9 @@ class PilotRun:
         """This process's snapshot writer name: attempt, rank and the unique attempt id."""
         return f"a{self.attempt:04d}-r{self.rank:05d}-{self.attempt_id}"
 
-    # ----------------------------------------------------------------------------------------
-    # Callbacks joining and leaving
-    # ----------------------------------------------------------------------------------------
-
     def attach(self, callback: object, out_dir: str | os.PathLike[str] | None = None) -> None:
-        """Register a callback with this run; it names ``out_dir`` or leaves it to the default.
-
-        Raises:
-            ValueError: ``out_dir`` differs from the one another callback of this fit named.
-        """
+        """Register a callback with this run; it names ``out_dir`` (the same as every other
+        callback that names one: else ``ValueError``) or leaves it to the default."""
         name = type(callback).__name__
         wanted = _normalise_out_dir(out_dir)
         with self._lock:
@@ -267,33 +212,24 @@ class PilotRun:
             self._attached[id(callback)] = name
 
     def synchronize(self, trainer: pl.Trainer) -> None:
-        """Make every rank use global rank 0's ids (a collective: call it on every rank).
-
-        Pilot callbacks call it from ``setup``, where every rank runs the same hooks in the same
-        order. With one process it does nothing.
-        """
+        """Make every rank use global rank 0's ids: a collective, called from ``setup`` (every
+        rank runs the same hooks there, in the same order); with one process it does nothing."""
         with self._lock:
-            if self._synchronized or self.world_size == 1:
-                self._synchronized = True
-                return
+            already = self._synchronized
             self._synchronized = True
-        shared = trainer.strategy.broadcast((self.attempt_id, self.created_at), src=0)
-        attempt_id = validate_run_id(shared[0], "broadcast attempt_id")
+        if already or self.world_size == 1:
+            return
+        shared = trainer.strategy.broadcast(self.attempt_id, src=0)
+        attempt_id = validate_run_id(shared, "broadcast attempt_id")
         with self._lock:
             if not self.resumed:
                 self.run_id = attempt_id
             self.attempt_id = attempt_id
-            self.created_at = shared[1]
 
     def close(self, callback: object, *, failing: bool = False) -> None:
-        """Detach a callback; the last one to leave flushes and closes the run.
-
-        The last one releases the disk space the run reserved (:meth:`reserve_space`), flushes
-        every table, then calls the closers (:meth:`on_close`: the ledger's end record) with
-        the flush's error, so a run whose files could not be written is not recorded as a clean
-        one. Closing twice is harmless. With ``failing=True`` (the exception path) a failed
-        flush is reported as a warning, so the user's own exception is never replaced by ours.
-        """
+        """Detach a callback; the last one to leave flushes the run, then calls the closers with
+        the flush's error, and closes it. With ``failing=True`` (the exception path) a failed
+        write is only a warning: the user's exception is never replaced by ours."""
         with self._lock:
             if self._attached.pop(id(callback), None) is None or self._attached:
                 return
@@ -312,88 +248,58 @@ class PilotRun:
                     except OSError as err:
                         error = error or err
                     except Exception as err:  # one closer must not cost the others
-                        warnings.warn(
-                            f"lightning-pilot: closing run {self.run_id} failed: {err!r}",
-                            RuntimeWarning,
-                            stacklevel=2,
-                        )
+                        _warn(f"closing run {self.run_id} failed: {err!r}")
             finally:
                 self.closed = True
             if error is None:
                 return
             if not failing:
                 raise error
-            warnings.warn(
-                f"lightning-pilot: could not write run {self.run_id} to {self.out_dir}"
-                f" while the fit was failing: {error}",
-                RuntimeWarning,
-                stacklevel=2,
+            _warn(
+                f"could not write run {self.run_id} to {self.out_dir} while the fit was failing:"
+                f" {error}"
             )
 
     def on_close(self, closer: Callable[[OSError | None], None]) -> None:
-        """Call ``closer(error)`` when the run closes, after its tables were flushed; ``error``
-        is the flush's ``OSError`` or ``None``. An ``OSError`` the closer raises is raised by
-        the close (or warned about on the exception path)."""
+        """Call ``closer(error)`` (the final flush's ``OSError`` or ``None``) when the run closes;
+        an ``OSError`` it raises is raised by the close (a warning on the exception path)."""
         with self._lock:
             self._closers.append(closer)
 
-    def reserve_space(self, size: int = RESERVE_BYTES) -> None:
-        """Hold ``size`` bytes of disk in ``out_dir`` until the run closes (once per run).
-
-        A disk that fills during the fit then still has room, at the end, for the tables and the
-        ledger's end record: released just before they are written, so the stored status says
-        what happened instead of a finished run reading ``running`` or ``interrupted``. The
-        file is hidden (``.reserve-<attempt_id>-r<rank>``) and ignored by every reader; a run
-        killed before its end leaves it behind (``size`` bytes). Best effort: where the space
-        cannot be held (the disk is already full, or the file system cannot allocate), nothing
-        is reserved.
-        """
+    def reserve_space(self, size: int = 1 << 20) -> None:
+        """Hold ``size`` bytes of disk in ``out_dir`` (a hidden file) until the run closes, so a
+        disk that fills during the fit still has room for the tables and the ledger's end record."""
         with self._lock:
             if self._reserve is not None or self.closed or self._closing:
                 return
             path = self.out_dir / f".reserve-{self.attempt_id}-r{self.rank:05d}"
             self._reserve = path
-            try:
+            # No room, or no fallocate (not Linux): nothing is reserved.
+            with contextlib.suppress(OSError, AttributeError):
                 path.parent.mkdir(parents=True, exist_ok=True)
                 fd = os.open(path, os.O_CREAT | os.O_WRONLY | os.O_EXCL, 0o600)
-            except OSError:
-                return
-            try:
-                os.posix_fallocate(fd, 0, size)
-            except (OSError, AttributeError):  # no room, or no fallocate (not Linux)
-                pass
-            finally:
-                os.close(fd)
+                try:
+                    os.posix_fallocate(fd, 0, size)
+                finally:
+                    os.close(fd)
 
     def release_space(self) -> None:
         """Give back the space :meth:`reserve_space` held (harmless when none was)."""
         with self._lock:
-            path = self._reserve
-            if path is None:
-                return
             try:
-                path.unlink()
-            except FileNotFoundError:
-                pass
+                if self._reserve is not None:
+                    self._reserve.unlink(missing_ok=True)
             except OSError as err:
-                warnings.warn(
-                    f"lightning-pilot: could not release the reserved space {path}: {err}",
-                    RuntimeWarning,
-                    stacklevel=2,
-                )
+                _warn(f"could not release the reserved space {self._reserve}: {err}")
 
     def export(
         self, fn: ExportFn, trainer: pl.Trainer, pl_module: pl.LightningModule
     ) -> tuple[Path | None, str | None]:
         """Run the user's ``fn(pl_module, directory)`` once for this run; return (path, error).
 
-        Every callback that needs the exported artifact calls this: the first call runs ``fn``
-        into ``<run_dir>/export`` on global rank 0 (every rank writing one file at once would
-        leave rank 0 hashing a half-written file) while :attr:`measure_export` measures it, then
-        every rank waits at a barrier; later calls with the same ``fn`` return the same answer.
-        An exception from ``fn`` (an ``OSError`` too: it is the user's code) is returned as
-        text, never raised; so is a path that names no file or folder.
-        """
+        The first call runs ``fn`` into ``<run_dir>/export`` on global rank 0 (the others wait
+        at a barrier), measured by :attr:`measure_export`; an exception from ``fn`` (``OSError``
+        too) or a path that names nothing is returned, never raised."""
         with self._lock:
             done = self._exports.get(id(fn))
             if done is not None and done[0] is fn:
@@ -427,10 +333,6 @@ class PilotRun:
             if self.exception is None:
                 self.exception = exception
 
-    # ----------------------------------------------------------------------------------------
-    # Identity in checkpoints
-    # ----------------------------------------------------------------------------------------
-
     def identity(self) -> dict[str, Any]:
         """The identity saved in checkpoints (weights-only-safe types only)."""
         return {"run_id": self.run_id, "attempt": self.attempt}
@@ -438,11 +340,8 @@ class PilotRun:
     def adopt(self, identity: Mapping[str, Any]) -> None:
         """Continue the run a checkpoint came from: same ``run_id``, the next attempt.
 
-        Called from the pilot callbacks' ``load_state_dict`` when a fit resumes with
-        ``ckpt_path``; several callbacks carrying the same identity adopt it once.
-
-        Raises:
-            ValueError: the saved identity is not a valid run id or attempt.
+        Called from ``load_state_dict`` when a fit resumes with ``ckpt_path``; several callbacks
+        carrying the same identity adopt it once. An invalid saved identity is a ``ValueError``.
         """
         run_id = validate_run_id(identity.get("run_id"), "checkpoint pilot run_id")
         attempt = identity.get("attempt", 1)
@@ -453,38 +352,23 @@ class PilotRun:
         with self._lock:
             if self.resumed:
                 if run_id != self.run_id:
-                    warnings.warn(
-                        f"lightning-pilot: the checkpoint carries two run ids ({self.run_id} and"
-                        f" {run_id}); keeping {self.run_id}.",
-                        RuntimeWarning,
-                        stacklevel=2,
+                    _warn(
+                        f"the checkpoint carries two run ids ({self.run_id} and {run_id});"
+                        f" keeping {self.run_id}."
                     )
                 return
             if self._published:
-                warnings.warn(
-                    f"lightning-pilot: rows were already written under run {self.run_id} before"
-                    f" the checkpoint of run {run_id} was loaded; they stay there.",
-                    RuntimeWarning,
-                    stacklevel=2,
+                _warn(
+                    f"rows were already written under run {self.run_id} before the checkpoint"
+                    f" of run {run_id} was loaded; they stay there."
                 )
             self.run_id = run_id
             self.attempt = attempt + 1
             self.resumed = True
 
-    # ----------------------------------------------------------------------------------------
-    # Facts for the ledger
-    # ----------------------------------------------------------------------------------------
-
     def set_ledger_fields(self, **fields: Any) -> None:
-        """Hand facts of this run to whoever writes the ledger (later values replace earlier).
-
-        Callbacks that learn part of the configuration or outcome (the effective batch, the
-        planned updates, the phase-table location) put it here; the ledger callback reads
-        :attr:`ledger_fields` when it writes a record.
-
-        Raises:
-            ValueError: a name that is not a ledger column.
-        """
+        """Hand facts of this run (ledger columns; later values replace earlier ones) to the
+        ledger callback, which reads :attr:`ledger_fields`."""
         unknown = sorted(set(fields) - set(storage.LEDGER_SCHEMA.names))
         if unknown:
             raise ValueError(
@@ -500,20 +384,9 @@ class PilotRun:
         with self._lock:
             return dict(self._ledger_fields)
 
-    # ----------------------------------------------------------------------------------------
-    # Rows
-    # ----------------------------------------------------------------------------------------
-
     def put_phase_row(self, row: Mapping[str, Any], *, source: str) -> None:
-        """Add or update the phase row of ``(row["phase"], row["first"])``.
-
-        Several callbacks may contribute to one phase (memory from one, verdict from another):
-        values given here replace earlier ones, except that the verdict is the worst of both,
-        checks are merged by name and reasons are kept side by side.
-
-        Raises:
-            ValueError: an unknown column or a value outside the phase vocabularies.
-        """
+        """Add or update the phase row of ``(row["phase"], row["first"])``, merged as
+        docs/architecture.md says ("The phase table")."""
         storage.validate_phase_row(row)
         key = (str(row["phase"]), bool(row.get("first") or False))
         with self._lock:
@@ -552,20 +425,9 @@ class PilotRun:
             self._tables[name].extend(dict(row) for row in rows)
             self._dirty.add(name)
 
-    # ----------------------------------------------------------------------------------------
-    # Flushing
-    # ----------------------------------------------------------------------------------------
-
     def flush(self) -> list[Path]:
-        """Publish a snapshot of every table that changed since the last flush.
-
-        Returns:
-            The files written (empty when nothing changed).
-
-        Raises:
-            OSError: a write failed; the tables stay buffered and the previous snapshots
-                stay readable.
-        """
+        """Publish a snapshot of every table changed since the last flush; return the files (on
+        an ``OSError`` the tables stay buffered, the previous snapshots readable)."""
         self.reserve_space()
         with self._lock:
             written = []
@@ -582,13 +444,8 @@ class PilotRun:
             return written
 
     def _stamp(self, row: Mapping[str, Any], now: datetime) -> dict[str, Any]:
-        stamped = dict(row)
-        stamped.update(
-            run_id=self.run_id,
-            attempt=self.attempt,
-            attempt_id=self.attempt_id,
-            rank=self.rank,
-        )
+        identity = {"run_id": self.run_id, "attempt": self.attempt, "attempt_id": self.attempt_id}
+        stamped = {**row, **identity, "rank": self.rank}
         stamped.setdefault("world_size", self.world_size)
         stamped.setdefault("written_at", now)
         return stamped
@@ -596,10 +453,8 @@ class PilotRun:
     def _build_table(self, name: str) -> pa.Table:
         now = datetime.now(timezone.utc)
         if name == PHASE_TABLE:
-            rows = [
-                self._stamp(row, now) | {"schema_version": storage.PHASE_SCHEMA_VERSION}
-                for row in self._phase_rows.values()
-            ]
+            current = {"schema_version": storage.PHASE_SCHEMA_VERSION}
+            rows = [self._stamp(row, now) | current for row in self._phase_rows.values()]
             return storage.rows_to_table(rows, storage.PHASE_SCHEMA)
         rows = [self._stamp(row, now) for row in self._tables[name]]
         schema = self._schemas.get(name)
@@ -643,14 +498,9 @@ class PilotRefusalError(RuntimeError):
     asked for, such as ``DivergenceLedger(on_repeat="error")``); never turned into a verdict."""
 
 
-#: The Lightning hooks a pilot callback may override that are guarded: an exception inside one
-#: becomes a ``not_checked`` check of the phase-table row ``pilot`` and a warning, and the fit
-#: goes on (with one process; under several, the rank raises after recording it, since a rank
-#: that went on would skip a collective the others wait in). ``setup`` is not guarded (a
-#: configuration error there is raised before any training), nor ``state_dict`` /
-#: ``load_state_dict`` (a checkpoint must not be half-written or half-read silently).
-#: ``OSError`` (the pilot's own writes failing: a full disk, a read-only folder) and
-#: :class:`PilotRefusalError` pass through.
+#: The hooks whose exceptions become a ``not_checked`` check of the phase row ``pilot`` (see
+#: :func:`_guard`). Not ``setup`` (a configuration error is raised before training), nor the
+#: checkpoint state (never half-written or half-read silently).
 GUARDED_HOOKS: Final = frozenset(
     name
     for name in dir(Callback)
@@ -662,7 +512,8 @@ _CLOSING: Final = frozenset({"teardown", "on_exception"})
 
 
 def _guard(name: str, hook: Any) -> Any:
-    """Wrap a callback hook so that an exception in the pilot's work never breaks the fit."""
+    """Wrap a hook so that an exception in it never breaks the fit (but ``OSError``, the
+    pilot's own writes failing, and :class:`PilotRefusalError` pass through)."""
     if getattr(hook, "_pilot_guarded", False):
         return hook
 
@@ -673,14 +524,12 @@ def _guard(name: str, hook: Any) -> Any:
         except (OSError, PilotRefusalError):
             raise
         except Exception as err:
+            self._hook_failed(name, err)
             run = self._run
             if run is not None and run.world_size > 1 and name not in _CLOSING:
                 # Under several processes a rank that swallowed its error would skip the
-                # collective the other ranks wait in (a deadlock): it raises, as the fit's
-                # own error would. The phase row still says which hook it was.
-                self._hook_failed(name, err)
+                # collective the other ranks wait in (a deadlock): it raises, as the fit's would.
                 raise
-            self._hook_failed(name, err)
             if name in _CLOSING:
                 self._unmute()
                 if self._run is not None:
@@ -694,14 +543,10 @@ def _guard(name: str, hook: Any) -> Any:
 class PilotCallback(Callback):
     """Base of every pilot callback: joins the fit's :class:`PilotRun` and leaves it cleanly.
 
-    It attaches to the run in ``setup`` (checking that every pilot callback of the Trainer
-    names the same ``out_dir``), closes it in ``teardown`` and ``on_exception`` (so rows are
-    flushed on every exit path, and the user's exception is never replaced), and carries the
-    run identity in checkpoints so a resumed fit continues the same run as its next attempt.
-    Subclasses that override these hooks call ``super()``.
-
-    Args:
-        out_dir: the output folder; default ``<trainer.default_root_dir>/pilot``.
+    It attaches in ``setup``, closes the run in ``teardown`` and ``on_exception`` (rows are
+    flushed on every exit path; the user's exception is never replaced) and carries the run
+    identity in checkpoints, so a resumed fit continues the run as its next attempt. Subclasses
+    that override these hooks call ``super()``. ``out_dir``: ``<default_root_dir>/pilot``.
 
     Example:
         >>> import tempfile
@@ -738,9 +583,8 @@ class PilotCallback(Callback):
                 setattr(cls, name, _guard(name, hook))
 
     def _hook_failed(self, hook: str, err: Exception) -> None:
-        """Record an exception raised inside this callback's ``hook``: a warning, and a
-        ``not_checked`` check on the ``pilot`` row of the phase table (once per hook, with a
-        count). The fit goes on; only the checks this hook would have made are missing."""
+        """Record an exception raised inside ``hook``: a warning (once per hook) and a
+        ``not_checked`` check, with a count, on the phase table's ``pilot`` row."""
         counts = self.__dict__.setdefault("_hook_errors", {})
         counts[hook] = counts.get(hook, 0) + 1
         name = f"{type(self).__name__}.{hook}"
@@ -749,11 +593,7 @@ class PilotCallback(Callback):
             " went on without what this hook would have checked or written"
         )
         if counts[hook] == 1:
-            warnings.warn(
-                f"lightning-pilot: {name} {detail} (phase table row 'pilot')",
-                RuntimeWarning,
-                stacklevel=3,
-            )
+            _warn(f"{name} {detail} (phase table row 'pilot')", stacklevel=3)
         run = self._run
         if run is None:
             return
@@ -772,11 +612,7 @@ class PilotCallback(Callback):
             if run.closed:
                 run.flush()
         except (OSError, ValueError) as inner:  # recording must not break the fit either
-            warnings.warn(
-                f"lightning-pilot: could not record {name}'s error: {inner}",
-                RuntimeWarning,
-                stacklevel=3,
-            )
+            _warn(f"could not record {name}'s error: {inner}", stacklevel=3)
 
     def __init__(self, *, out_dir: str | os.PathLike[str] | None = None) -> None:
         self._out_dir = _normalise_out_dir(out_dir)
@@ -786,40 +622,27 @@ class PilotCallback(Callback):
     def _mute(self, *hooks: str) -> None:
         """Have Lightning skip these per-update hooks of this instance until :meth:`_unmute`.
 
-        Lightning's dispatcher calls a callback's hook only when the attribute is callable
-        (``_call_callback_hooks`` in ``lightning/pytorch/trainer/call.py``, 2.6.6), and
-        ``is_overridden`` reads ``None`` as "not overridden". An instance attribute set to
-        ``None`` therefore costs no call, no profiler frame and no early return: on a 9 ms
-        CPU step, each of those is a measurable share (benchmarks/overhead.py).
-        ``tests/test_run.py`` asserts that the dispatcher still behaves so.
-
-        Only a running fit mutes: ``teardown`` and ``on_exception`` give every hook back, so
-        outside a fit the instance has its plain methods. A hook the instance itself holds (a
-        wrapper or mock set on it) is kept aside while muted and given back; one set to
-        ``None`` by someone else is left alone.
+        Lightning's dispatcher calls a hook only when the attribute is callable
+        (``_call_callback_hooks``, Lightning 2.6.6; asserted in ``tests/test_run.py``), so an
+        instance attribute set to ``None`` costs no call and no profiler frame. A hook the
+        instance holds (a wrapper, a mock) is kept aside; one set to ``None`` by others is left.
         """
         muted = self.__dict__.setdefault("_muted_hooks", {})
         for hook in hooks:
-            if hook in muted:
-                continue
             held = self.__dict__.get(hook, _ABSENT)
-            if held is None:
+            if hook in muted or held is None:
                 continue
             muted[hook] = held
             self.__dict__[hook] = None
 
     def _unmute(self, *hooks: str) -> None:
-        """Give back the hooks this instance muted (all of them when none are named).
-
-        A hook replaced since it was muted keeps its replacement.
-        """
+        """Give back the hooks this instance muted (all when none are named); a hook replaced
+        since it was muted keeps its replacement."""
         muted = self.__dict__.setdefault("_muted_hooks", {})
         for hook in hooks or tuple(muted):
-            if hook not in muted:
-                continue
-            held = muted.pop(hook)
-            if self.__dict__.get(hook, _ABSENT) is not None:
-                continue  # someone set the hook since: theirs stays
+            held = muted.pop(hook, None)  # never None when muted
+            if held is None or self.__dict__.get(hook, _ABSENT) is not None:
+                continue  # not muted, or someone set the hook since: theirs stays
             if held is _ABSENT:
                 del self.__dict__[hook]
             else:
@@ -827,14 +650,12 @@ class PilotCallback(Callback):
 
     def _mute_unused(self) -> None:
         """Mute the per-update hooks the class does not override (Lightning's no-ops)."""
-        base = type(self)
-        self._mute(
-            *(
-                hook
-                for hook in self.PER_UPDATE_HOOKS
-                if getattr(base, hook) is getattr(Callback, hook) and hook not in self.__dict__
-            )
-        )
+        unused = [
+            hook
+            for hook in self.PER_UPDATE_HOOKS
+            if getattr(type(self), hook) is getattr(Callback, hook) and hook not in self.__dict__
+        ]
+        self._mute(*unused)
 
     @property
     def out_dir(self) -> Path | None:
@@ -843,11 +664,7 @@ class PilotCallback(Callback):
 
     @property
     def run(self) -> PilotRun:
-        """The run this callback writes into (the last one, after the fit ended).
-
-        Raises:
-            RuntimeError: the callback has not been set up by a Trainer yet.
-        """
+        """The run this callback writes into (the last one, after the fit ended)."""
         if self._run is None:
             raise RuntimeError(
                 f"{type(self).__name__} has no run yet: the run starts when a Trainer calls"
@@ -857,9 +674,8 @@ class PilotCallback(Callback):
 
     @functools.cached_property
     def state_key(self) -> str:
-        # Lightning reads ``state_key`` for every hook of every callback (its profiler label),
-        # so it is built once and then read from the instance like a plain attribute: the
-        # fields it names are fixed at construction.
+        # Lightning reads ``state_key`` for every hook of every callback (its profiler label):
+        # built once, since the fields it names are fixed at construction.
         return self._generate_state_key(**self._state_key_fields())
 
     def _state_key_fields(self) -> dict[str, Any]:

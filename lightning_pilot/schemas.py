@@ -1,14 +1,7 @@
-"""Every Arrow schema lightning-pilot writes, in one place (pyarrow only: no torch, no Lightning).
+"""Every Arrow schema lightning-pilot writes, with its version (pyarrow only, no torch).
 
-The phase table (:data:`PHASE_SCHEMA`), the run-ledger record (:data:`LEDGER_SCHEMA`) and each
-callback's detail table (``runs/<run_id>/<name>.parquet``) are declared here with their version,
-which every file also records in its metadata. Readers conform each file to the current schema,
-so a file of an older version reads with nulls in the newer columns.
-
-Example:
-    >>> from lightning_pilot.schemas import PHASE_SCHEMA, UPDATES_SCHEMA, schema_version
-    >>> schema_version(PHASE_SCHEMA), UPDATES_SCHEMA.names[:3]
-    (1, ['schema_version', 'written_at', 'run_id'])
+Each file records its schema's name and version in its metadata; readers conform every file to
+the current schema. The columns are documented in docs/phase-table.md and docs/ledger.md.
 """
 
 from __future__ import annotations
@@ -46,10 +39,8 @@ RUN_IDENTITY_FIELDS: Final = (
 
 
 def detail_schema(name: str, version: int, fields: Sequence[tuple[str, pa.DataType]]) -> pa.Schema:
-    """The schema of a per-callback detail table: the run identity columns, then ``fields``.
-
-    The name and version are stored in the schema metadata; :class:`~lightning_pilot.PilotRun`
-    fills the identity columns and ``schema_version`` when it writes the rows.
+    """The schema of a per-callback detail table: the run identity columns, then ``fields``;
+    :class:`~lightning_pilot.PilotRun` fills the identity columns when it writes the rows.
 
     Example:
         >>> schema = detail_schema("updates", 1, [("update", pa.int64())])
@@ -69,21 +60,13 @@ def schema_version(schema: pa.Schema) -> int | None:
 
 
 PHASE_SCHEMA_VERSION: Final = 1
-#: The phase table: one row per phase, per attempt, per rank. Memory columns are bytes,
-#: durations seconds; a value that was not measured is null (with ``counter="none"`` or a
-#: reason in ``notes``), never 0. Allocated and reserved bytes are separate and never added.
+#: The phase table: one row per phase, attempt and rank. Bytes and seconds; a value that was not
+#: measured is null, never 0. Allocated and reserved bytes are separate and never added.
 PHASE_SCHEMA: Final = _schema(
     "phases",
     PHASE_SCHEMA_VERSION,
     [
-        ("schema_version", pa.int32()),
-        ("written_at", _TIMESTAMP),
-        # identity
-        ("run_id", pa.string()),
-        ("attempt", pa.int32()),
-        ("attempt_id", pa.string()),
-        ("rank", pa.int32()),
-        ("world_size", pa.int32()),
+        *RUN_IDENTITY_FIELDS,
         ("device", pa.string()),
         ("source", pa.string()),
         # the phase
@@ -127,11 +110,8 @@ PHASE_SCHEMA: Final = _schema(
 )
 
 LEDGER_SCHEMA_VERSION: Final = 2
-#: One run-ledger record (events ``start``, ``heartbeat``, ``end``). Curves are lists of
-#: ``{step, value}``; validation points lists of ``{step, name, value}``. The learning-rate
-#: curve is ``lr_curve`` because ``lr`` is the typed learning rate of the configuration.
-#: ``curves_delta`` (version 2): true when the record's curves hold only the points added
-#: since the attempt's previous record (heartbeats); null or false: the whole curve so far.
+#: One run-ledger record. ``curves_delta`` (version 2): true when the record's curves hold only
+#: the points added since the attempt's previous record (heartbeats); else the whole curve.
 LEDGER_SCHEMA: Final = _schema(
     "ledger",
     LEDGER_SCHEMA_VERSION,
@@ -196,15 +176,10 @@ LEDGER_SCHEMA: Final = _schema(
 LEDGER_EVENTS: Final = ("start", "heartbeat", "end")
 STATUSES: Final = ("running", "completed", "stopped", "diverged", "oom", "failed", "interrupted")
 
-
-# --------------------------------------------------------------------------------------------
-# Detail tables (runs/<run_id>/<name>.parquet), one per callback
-# --------------------------------------------------------------------------------------------
+# Detail tables (runs/<run_id>/<name>.parquet), one per callback.
 
 EXAMPLES_TABLE: Final = "examples"
-
 EXAMPLES_SCHEMA_VERSION: Final = 2
-
 EXAMPLES_SCHEMA: Final = detail_schema(
     EXAMPLES_TABLE,
     EXAMPLES_SCHEMA_VERSION,
@@ -229,9 +204,7 @@ EXAMPLES_SCHEMA: Final = detail_schema(
 )
 
 OVERFIT_TABLE: Final = "overfit"
-
 OVERFIT_SCHEMA_VERSION: Final = 1
-
 OVERFIT_SCHEMA: Final = detail_schema(
     OVERFIT_TABLE,
     OVERFIT_SCHEMA_VERSION,
@@ -249,9 +222,7 @@ OVERFIT_SCHEMA: Final = detail_schema(
 )
 
 UPDATES_TABLE: Final = "updates"
-
 UPDATES_SCHEMA_VERSION: Final = 1
-
 UPDATES_SCHEMA: Final = detail_schema(
     UPDATES_TABLE,
     UPDATES_SCHEMA_VERSION,
@@ -307,9 +278,8 @@ RESUME_SCHEMA = detail_schema(
 )
 
 EVENTS_TABLE: Final = "divergence"
-
 EVENTS_SCHEMA: Final = detail_schema(
-    "divergence",
+    EVENTS_TABLE,
     1,
     [
         ("step", pa.int64()),

@@ -81,10 +81,6 @@ PathLike = str | os.PathLike[str]
 #: Metadata key under which a snapshot file records its writer and sequence number.
 SNAPSHOT_METADATA_KEY: Final = b"lightning_pilot.snapshot"
 
-# --------------------------------------------------------------------------------------------
-# Names that become paths
-# --------------------------------------------------------------------------------------------
-
 _UNSAFE_CHARS = re.compile(r"[^A-Za-z0-9._+=@-]")
 _MAX_COMPONENT = 128
 _SAFE_COMPONENT = re.compile(rf"(?!\.)[A-Za-z0-9._+=@-]{{1,{_MAX_COMPONENT}}}")
@@ -118,8 +114,7 @@ def safe_path_component(value: object, argument: str) -> str:
 def sanitize_name(value: str, *, fallback: str = "unnamed") -> str:
     """Turn free text into a safe path component by replacing every other character by ``_``.
 
-    Use it where a readable name is wanted in a file name; the original text should be kept in
-    the data as well, since the mapping is not reversible.
+    The mapping is not reversible: keep the original text in the data as well.
 
     Example:
         >>> sanitize_name("lr=1e-4 / warm up")
@@ -136,11 +131,8 @@ def sanitize_name(value: str, *, fallback: str = "unnamed") -> str:
 
 
 class UnsafePathError(OSError):
-    """A folder lightning-pilot would write into is a symbolic link inside the output folder.
-
-    The output folder itself may be a link; every folder inside it must be a real one. An
-    ``OSError``, so it travels the paths of a full disk (a warning while a fit fails, else raised).
-    """
+    """A folder lightning-pilot would write into is a symbolic link inside the output folder
+    (which may itself be one); an ``OSError``, so it travels the paths of a full disk."""
 
 
 def _refuse_link(folder: Path, root: Path | None = None) -> None:
@@ -158,14 +150,6 @@ def safe_join(root: PathLike, *components: str) -> Path:
 
     ``root`` itself may be a link; a link *inside* it, or a path resolving outside it, raises
     :class:`UnsafePathError`; a component that is not a safe name raises ``ValueError``.
-
-    Example:
-        >>> safe_join("/tmp/pilot", "runs", "abc")
-        PosixPath('/tmp/pilot/runs/abc')
-        >>> safe_join("/tmp/pilot", "/etc")
-        Traceback (most recent call last):
-        ...
-        ValueError: path component='/etc' is not a safe name: ...
     """
     base = Path(root)
     for component in components:
@@ -183,14 +167,7 @@ def safe_join(root: PathLike, *components: str) -> Path:
 
 
 def folder_argument(path: object, what: str) -> Path:
-    """``path`` as a Path; an empty or blank one is refused (``Path("")`` is the current folder).
-
-    Example:
-        >>> folder_argument("", "ledger")
-        Traceback (most recent call last):
-        ...
-        ValueError: path='' is invalid: give the ledger folder (an empty path would read ...
-    """
+    """``path`` as a Path; an empty or blank one is refused (``Path("")`` is the current folder)."""
     if not isinstance(path, str | os.PathLike):
         raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__} {path!r}.")
     text = os.fspath(path)
@@ -200,11 +177,6 @@ def folder_argument(path: object, what: str) -> Path:
             " current folder)."
         )
     return Path(text)
-
-
-# --------------------------------------------------------------------------------------------
-# Writing
-# --------------------------------------------------------------------------------------------
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -239,10 +211,9 @@ def _publish_no_overwrite(tmp: Path, final: Path) -> None:
 def publish_file(path: PathLike, write: Callable[[BinaryIO], object]) -> Path:
     """Write a file atomically under ``path`` with ``write(handle)``, never overwriting.
 
-    The content goes to a hidden temporary file in the same folder, fsynced, then is published
-    under its final name with a hard link (which refuses an existing name) and the folder is
-    fsynced. On any error the temporary file is removed and the error propagates: nothing is
-    visible under ``path``. A hidden name (``.``/``_``: readers skip it) is a ``ValueError``.
+    A hidden temporary file in the same folder is fsynced, then published with a hard link
+    (which refuses an existing name); on any error it is removed and the error propagates. A
+    hidden name (``.``/``_``: readers skip it) is a ``ValueError``.
     """
     final = Path(path)
     if final.name.startswith((".", "_")):
@@ -286,27 +257,14 @@ def publish_file(path: PathLike, write: Callable[[BinaryIO], object]) -> Path:
 
 def _remove_temporary(tmp: Path) -> OSError | None:
     try:
-        os.unlink(tmp)
-    except FileNotFoundError:
-        return None
+        tmp.unlink(missing_ok=True)
     except OSError as err:
         return err
     return None
 
 
 def publish_table(table: pa.Table, path: PathLike) -> Path:
-    """Write ``table`` as Parquet to ``path`` atomically, never overwriting (:func:`publish_file`).
-
-    Example:
-        >>> import tempfile, pyarrow as pa
-        >>> path = publish_table(pa.table({"x": [1, 2]}), f"{tempfile.mkdtemp()}/a.parquet")
-        >>> publish_table(pa.table({"x": [3]}), path)
-        Traceback (most recent call last):
-        ...
-        FileExistsError: refusing to overwrite ...a.parquet: published files are immutable
-        >>> read_parquet_files([path]).num_rows
-        2
-    """
+    """Write ``table`` as Parquet to ``path`` atomically, never overwriting (see publish_file)."""
     return publish_file(path, lambda handle: pq.write_table(table, handle))
 
 
@@ -446,29 +404,19 @@ def write_ledger_record(ledger_dir: PathLike, record: Mapping[str, Any]) -> Path
     return publish_table(table, folder / name)
 
 
-# --------------------------------------------------------------------------------------------
-# Limits: what a reader agrees to decode
-# --------------------------------------------------------------------------------------------
-
-
 class SkippedFileWarning(RuntimeWarning):
-    """A reader skipped a file: unreadable, over its limits, or not where the layout expects it.
-
-    The result lists those paths too (``attrs["skipped"]``, the ``skipped=`` list,
-    ``Ledger.skipped``), so a caller can tell a clean read from one that lost files.
-    """
+    """A reader skipped a file: unreadable, over its limits, or not where the layout expects it
+    (the result lists those paths too: ``attrs["skipped"]``, ``skipped=``, ``Ledger.skipped``)."""
 
 
 @dataclass(frozen=True)
 class ReadLimits:
     """What a reader agrees to decode from one Parquet file, checked on the footer first.
 
-    A few KB of compressed, dictionary-encoded Parquet can declare millions of rows, or one
-    long string repeated thousands of times; readers compare the footer's declarations with
-    these limits first and skip a file over any with a :class:`SkippedFileWarning` naming the
-    file and the limit. ``name`` is quoted in warnings; ``max_values`` counts one leaf column
-    (list elements and nulls included); ``max_uncompressed_bytes`` and ``max_decoded_bytes``
-    count the columns read, as pages and in Arrow memory (pandas takes a few times more).
+    A few KB of Parquet can declare millions of rows or one long string repeated thousands of
+    times, so a file over any limit is skipped with a :class:`SkippedFileWarning` quoting
+    ``name``. ``max_values`` counts one leaf column (list elements and nulls included); the
+    byte limits count the columns read, as pages and in Arrow memory.
 
     Example:
         >>> PHASE_FILE_LIMITS.max_rows, LEDGER_RECORD_LIMITS.max_rows
@@ -529,10 +477,8 @@ DETAIL_FILE_LIMITS: Final = ReadLimits(
     max_decoded_bytes=2048 * _MIB,
 )
 
-#: Index segments are cut well inside :data:`LEDGER_SEGMENT_LIMITS`.
-_SEGMENT_ROWS: Final = 10_000
-_SEGMENT_VALUES: Final = 2_000_000
-_SEGMENT_BYTES: Final = 128 * _MIB
+#: Index segments are cut well inside :data:`LEDGER_SEGMENT_LIMITS`: rows, values, bytes.
+_SEGMENT_CUT: Final = (10_000, 2_000_000, 128 * _MIB)
 
 _FIXED_WIDTH: Final = {"BOOLEAN": 1, "INT32": 4, "INT64": 8, "INT96": 12, "FLOAT": 4, "DOUBLE": 8}
 #: Text encodings whose decoded bytes are at most the page bytes.
@@ -563,18 +509,22 @@ def _footer_bytes(tail: bytes, size: int) -> int | None:
     return length if length <= size - 12 else None  # longer than the file: corrupt, not big
 
 
+def _cast(array: Any, name: str, want: pa.DataType) -> Any:
+    """``array`` cast to ``want``; a ``ValueError`` naming the column when it cannot be."""
+    try:
+        return array.cast(want)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as err:
+        raise ValueError(f"column {name!r} of type {array.type} cannot be read as {want}") from err
+
+
 def _check_types(arrow: pa.Schema, schema: pa.Schema, names: Sequence[str]) -> None:
     for name in names:
         index = arrow.get_field_index(name)
         if index < 0:
             raise ValueError(f"column {name!r} appears more than once")
         have, want = arrow.field(index).type, schema.field(name).type
-        if have == want:
-            continue
-        try:
-            pa.array([], type=have).cast(want)
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as err:
-            raise ValueError(f"column {name!r} of type {have} cannot be read as {want}") from err
+        if have != want:
+            _cast(pa.array([], type=have), name, want)
 
 
 def _check_footer(
@@ -582,10 +532,8 @@ def _check_footer(
 ) -> list[str] | None:
     """Compare a file's footer with ``limits``; return the columns to read (None: all).
 
-    Nothing is decoded, except for text columns with a dictionary whose worst case (every
-    value as long as the whole column chunk) is over the limit: their dictionaries and indices
-    are read (bounded by the page limits) to measure the decoded size exactly. Raises
-    :class:`_OverLimitError`, or ``ValueError`` for a column the schema cannot cast.
+    Nothing is decoded, except the dictionaries and indices of text columns whose worst case
+    (every value as long as the whole chunk) is over the limit, to measure them exactly.
     """
     meta = parquet.metadata
     _within(limits, "max_rows", meta.num_rows, "rows")
@@ -736,7 +684,8 @@ def _check_writable(table: pa.Table, limits: ReadLimits, what: str) -> None:
 
 
 def _read_limited(file: Path, limits: ReadLimits, schema: pa.Schema | None) -> pa.Table:
-    """Read one Parquet file after checking its size and footer against ``limits``."""
+    """Read one Parquet file, checking its size and footer against ``limits`` first, then
+    conform it to ``schema`` (or, without one, decode its dictionary columns)."""
     _within(limits, "max_file_bytes", file.stat().st_size, "bytes on disk")
     # Reading the bytes first and decoding without threads is about twice as fast as
     # pq.read_table for the small one-record files of a ledger.
@@ -746,19 +695,14 @@ def _read_limited(file: Path, limits: ReadLimits, schema: pa.Schema | None) -> p
     if footer is not None and footer > limits.max_footer_bytes:
         raise _over(limits, "max_footer_bytes", footer, "bytes of footer")
     parquet = pq.ParquetFile(pa.BufferReader(data))
-    columns = _check_footer(parquet, data, limits, schema)
-    return parquet.read(columns=columns, use_threads=False)
+    table = parquet.read(columns=_check_footer(parquet, data, limits, schema), use_threads=False)
+    return conform(table, schema) if schema is not None else _decode_dictionaries(table)
 
 
 def _skip(message: str, path: Path, skipped: list[str] | None, *, stacklevel: int = 3) -> None:
     warnings.warn(f"lightning-pilot: {message}", SkippedFileWarning, stacklevel=stacklevel)
     if skipped is not None:
         skipped.append(str(path))
-
-
-# --------------------------------------------------------------------------------------------
-# Reading
-# --------------------------------------------------------------------------------------------
 
 
 def _visible_parquet_files(folder: Path) -> list[Path]:
@@ -780,13 +724,7 @@ def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
     arrays = []
     for field in schema:
         if field.name in table.column_names:
-            column = table.column(field.name)
-            try:
-                arrays.append(column.cast(field.type))
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as err:
-                raise ValueError(
-                    f"column {field.name!r} of type {column.type} cannot be read as {field.type}"
-                ) from err
+            arrays.append(_cast(table.column(field.name), field.name, field.type))
         else:
             arrays.append(pa.nulls(table.num_rows, type=field.type))
     return pa.Table.from_arrays(arrays, schema=schema)
@@ -811,25 +749,22 @@ def read_parquet_files(
 ) -> pa.Table:
     """Read Parquet files one by one and concatenate them into one table.
 
-    A file over ``limits`` (checked on its footer, before decoding) or unreadable is skipped
-    with a :class:`SkippedFileWarning` naming it, and its path appended to ``skipped``. With a
-    ``schema`` every file is conformed to it and only its columns are decoded (nothing read: an
-    empty table of it); without one the files must share a schema (one that does not is skipped).
+    A file over ``limits`` or unreadable is skipped with a :class:`SkippedFileWarning` and its
+    path appended to ``skipped``. With a ``schema`` every file is conformed to it; without one
+    the files must share a schema.
     """
     tables: list[tuple[Path, pa.Table]] = []
     for file in files:
         path = Path(file)
         try:
             table = _read_limited(path, limits, schema)
-            table = conform(table, schema) if schema is not None else _decode_dictionaries(table)
         except _OverLimitError as err:
             _skip(f"skipped oversized file {path}: {err} (not decoded)", path, skipped)
-            continue
         except (OSError, pa.ArrowException, ValueError) as err:
             message = f"skipped unreadable file {path}: {type(err).__name__}: {err}"
             _skip(message, path, skipped)
-            continue
-        tables.append((path, table))
+        else:
+            tables.append((path, table))
     if not tables:
         return schema.empty_table() if schema is not None else pa.table({})
     # One chunk per column: pandas operations on a column of thousands of one-row chunks (one
@@ -865,10 +800,8 @@ def _snapshot_identity(path: Path) -> tuple[str, int]:
 
 
 def list_snapshot_files(folder: PathLike) -> list[Path]:
-    """The newest snapshot file of each writer in a table folder (sorted by name).
-
-    Files that record no snapshot identity (copied in by hand, say) are all kept.
-    """
+    """The newest snapshot file of each writer in a table folder (sorted by name); files that
+    record no snapshot identity (copied in by hand, say) are all kept."""
     target = Path(folder)
     if not target.is_dir():
         return []
@@ -913,14 +846,6 @@ def read_phase_table(path: PathLike) -> pd.DataFrame:
     ``path`` is a run folder, a ``phases.parquet`` folder or an ``<out_dir>`` (all runs). One
     row per phase, attempt and rank, with nullable dtypes (an unmeasured value is ``<NA>``,
     never 0); ``attrs["skipped"]`` lists what could not be read, each also warned about.
-
-    Example:
-        >>> import tempfile
-        >>> from lightning_pilot.storage import read_phase_table
-        >>> read_phase_table(tempfile.mkdtemp())
-        Traceback (most recent call last):
-        ...
-        ValueError: ... holds no phase table: expected <out_dir>/runs/<run_id>/phases.parquet.
     """
     root = folder_argument(path, "run, phase-table or output")
     if not root.exists():
@@ -980,11 +905,8 @@ def _ledger_folder(path: PathLike) -> Path:
 
 
 def _read_index(folder: Path, *, sources_only: bool = False) -> tuple[list[pa.Table], set[str]]:
-    """The index segments of a ledger and the record files they already hold.
-
-    A segment over :data:`LEDGER_SEGMENT_LIMITS` or unreadable is skipped with a warning; it
-    costs speed, never records: its files are read one by one.
-    """
+    """The index segments of a ledger and the record files they hold; a bad segment is
+    skipped with a warning (it costs speed, never records: its files are read one by one)."""
     index = folder / LEDGER_INDEX_DIR
     if not index.is_dir():
         return [], set()
@@ -993,59 +915,36 @@ def _read_index(folder: Path, *, sources_only: bool = False) -> tuple[list[pa.Ta
     for segment in _visible_parquet_files(index):
         try:
             table = _read_limited(segment, LEDGER_SEGMENT_LIMITS, schema or _SEGMENT_SCHEMA)
-            table = conform(table, schema or _SEGMENT_SCHEMA)
         except _OverLimitError as err:
             _skip(f"skipped oversized ledger index {segment}: {err} (not decoded)", segment, None)
-            continue
         except (OSError, pa.ArrowException, ValueError) as err:
             _skip(f"skipped unreadable ledger index {segment}: {err}", segment, None)
-            continue
-        covered.update(table.column(_SOURCE_COLUMN).to_pylist())
-        segments.append(table.drop_columns([_SOURCE_COLUMN]))
+        else:
+            covered.update(table.column(_SOURCE_COLUMN).to_pylist())
+            segments.append(table.drop_columns([_SOURCE_COLUMN]))
     return segments, covered
 
 
 def _segment_batches(tables: Sequence[pa.Table]) -> list[list[pa.Table]]:
-    """Group record tables into segments cut well inside :data:`LEDGER_SEGMENT_LIMITS`."""
+    """Group record tables into segments, each within :data:`_SEGMENT_CUT`."""
     batches: list[list[pa.Table]] = []
-    batch: list[pa.Table] = []
-    rows = values = size = 0
+    totals = [0, 0, 0]
     for table in tables:
-        more = _most_values(table)
-        if batch and (
-            rows + table.num_rows > _SEGMENT_ROWS
-            or values + more > _SEGMENT_VALUES
-            or size + table.nbytes > _SEGMENT_BYTES
-        ):
-            batches.append(batch)
-            batch, rows, values, size = [], 0, 0, 0
-        batch.append(table)
-        rows, values, size = rows + table.num_rows, values + more, size + table.nbytes
-    if batch:
-        batches.append(batch)
+        sizes = (table.num_rows, _most_values(table), table.nbytes)
+        totals = [total + size for total, size in zip(totals, sizes, strict=True)]
+        if not batches or any(t > cut for t, cut in zip(totals, _SEGMENT_CUT, strict=True)):
+            batches.append([])
+            totals = list(sizes)
+        batches[-1].append(table)
     return batches
 
 
 def index_ledger(path: PathLike) -> Path | None:
     """Copy the ledger's not-yet-indexed records into new index segments.
 
-    A segment holds many records in one file, so :func:`read_ledger_records` opens only the
-    files written since (each costs about 1 ms). The record files stay the source of truth,
-    never changed; a damaged segment is skipped with a warning (its files are read instead).
-    A backlog is cut into segments well inside :data:`LEDGER_SEGMENT_LIMITS`; segments of
-    processes indexing at once may overlap (read once, by ``record_id``). Returns the last new
-    segment, or ``None`` when nothing was new.
-
-    Example:
-        >>> import tempfile
-        >>> folder = tempfile.mkdtemp()
-        >>> _ = write_ledger_record(folder, {"run_id": new_run_id(), "event": "start"})
-        >>> index_ledger(folder).parent.name
-        '_index'
-        >>> index_ledger(folder) is None
-        True
-        >>> len(read_ledger_records(folder))
-        1
+    Readers then open only the files written since (about 1 ms each). The record files stay the
+    source of truth; segments of processes indexing at once may overlap (records are read once,
+    by ``record_id``). Returns the last new segment, or ``None`` when nothing was new.
     """
     folder = _ledger_folder(path)
     _refuse_link(folder)
@@ -1055,7 +954,7 @@ def index_ledger(path: PathLike) -> Path | None:
     tables = []
     for file in pending:
         try:
-            table = conform(_read_limited(file, LEDGER_RECORD_LIMITS, LEDGER_SCHEMA), LEDGER_SCHEMA)
+            table = _read_limited(file, LEDGER_RECORD_LIMITS, LEDGER_SCHEMA)
         except (OSError, pa.ArrowException, ValueError):
             continue  # unreadable or oversized files stay out of the index; readers report them
         tables.append(table.append_column(_SOURCE_COLUMN, pa.array([file.name] * len(table))))
@@ -1080,11 +979,9 @@ def _unique_records(table: pa.Table) -> pa.Table:
 def read_ledger_records(path: PathLike, *, events: Sequence[str] | None = None) -> pd.DataFrame:
     """Read every record of a run ledger, oldest first, each record once.
 
-    ``path`` is the ledger folder or an output folder holding ``ledger/``. Indexed records
-    (:func:`index_ledger`) are read from their segments, the others file by file; a record
-    found twice is kept once, by ``record_id``. ``events`` reads only those events (the other
-    files are not opened: their names say their event). Skipped files are warned about and
-    listed in ``attrs["skipped"]``.
+    ``path`` is the ledger folder or an output folder holding ``ledger/``; indexed records are
+    read from their segments. ``events`` reads only those events (their file names say which).
+    Skipped files are warned about and listed in ``attrs["skipped"]``.
     """
     if events is not None and not set(events) <= set(LEDGER_EVENTS):
         raise ValueError(f"events={events!r} is invalid; expected a subset of {LEDGER_EVENTS}.")
@@ -1104,8 +1001,7 @@ def read_ledger_records(path: PathLike, *, events: Sequence[str] | None = None) 
     table = _unique_records(pa.concat_tables([*segments, files]).combine_chunks())
     frame = _to_pandas(table)
     if len(frame):
-        frame = frame.sort_values(["written_at", "record_id"], kind="stable")
-        frame = frame.reset_index(drop=True)
+        frame = frame.sort_values(["written_at", "record_id"], kind="stable").reset_index(drop=True)
     frame.attrs["skipped"] = skipped
     return frame
 

@@ -17,6 +17,7 @@ import pytest
 
 from lightning_pilot import storage
 from lightning_pilot.core.ids import new_run_id, validate_run_id
+from lightning_pilot.ledger import Ledger
 from lightning_pilot.storage import (
     LEDGER_SCHEMA,
     PHASE_SCHEMA,
@@ -98,14 +99,19 @@ def test_a_failed_clean_up_never_masks_the_write_error(tmp_path: Path, code: int
         leftover.rmdir()
 
 
-def test_eight_processes_publish_400_records_concurrently(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def eight_writers(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
+    """Eight processes publish 50 ledger records each into one folder, all at once, with run
+    ids made in the same millisecond, and each indexes the ledger after every 10 records and
+    at its end while the others write and index. Shared: the folder and the ids they printed."""
+    tmp_path = tmp_path_factory.mktemp("eight-writers")
     ledger = tmp_path / "ledger"
     same_ms = time.time_ns()
     go = tmp_path / "go"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     procs = [
         subprocess.Popen(
-            [sys.executable, str(WORKER), str(ledger), str(w), "50", str(go), str(same_ms)],
+            [sys.executable, str(WORKER), str(ledger), str(w), "50", str(go), str(same_ms), "10"],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -116,23 +122,45 @@ def test_eight_processes_publish_400_records_concurrently(tmp_path: Path) -> Non
     for proc in procs:  # every worker has imported everything and waits
         assert proc.stdout is not None
         assert proc.stdout.readline().strip() == "ready"
-    go.touch()  # all eight publish at once
+    go.touch()  # all eight publish (and index) at once
     run_ids: list[str] = []
     for proc in procs:
         out, err = proc.communicate(timeout=300)
         assert proc.returncode == 0, err
         run_ids.extend(out.split())
+    return ledger, run_ids
 
+
+def test_eight_processes_publish_400_records_concurrently(
+    eight_writers: tuple[Path, list[str]],
+) -> None:
+    ledger, run_ids = eight_writers
     # Ids made in the same millisecond by eight processes never collide.
     assert len(run_ids) == 400
     assert len(set(run_ids)) == 400
-    files = list(ledger.iterdir())
+    files = [p for p in ledger.iterdir() if p.name != "_index"]
     assert len(files) == 400
     assert _hidden(ledger) == []
-    records = read_ledger_records(tmp_path)
+    records = read_ledger_records(ledger.parent)
     assert len(records) == 400
     assert set(records["run_id"]) == set(run_ids)
     assert records.groupby("variant").size().to_dict() == {f"worker-{w}": 50 for w in range(8)}
+
+
+@pytest.mark.slow
+def test_eight_processes_writing_and_indexing_at_once_lose_and_duplicate_nothing(
+    eight_writers: tuple[Path, list[str]],
+) -> None:
+    ledger, run_ids = eight_writers
+    segments = list((ledger / "_index").glob("segment-*.parquet"))
+    assert len(segments) >= 8  # every worker indexed
+
+    records = read_ledger_records(ledger)
+    assert records["record_id"].is_unique
+    assert sorted(records["run_id"]) == sorted(run_ids)
+    runs = Ledger(ledger).runs()
+    assert len(runs) == 8 * 50
+    assert set(runs["records"]) == {1}
 
 
 # ------------------------------------------------------------------------------------------
@@ -437,7 +465,7 @@ def test_index_segments_are_cut_within_their_limits(
 ) -> None:
     # A backlog larger than one segment may hold is cut into several (3 records each here; 10,000
     # in real use, well inside LEDGER_SEGMENT_LIMITS), and every record still reads once.
-    monkeypatch.setattr(storage, "_SEGMENT_ROWS", 3)
+    monkeypatch.setattr(storage, "_SEGMENT_CUT", (3, *storage._SEGMENT_CUT[1:]))
     for seed in range(7):
         write_ledger_record(tmp_path, _record(seed=seed))
     last = storage.index_ledger(tmp_path)

@@ -1,15 +1,12 @@
 """Run identifiers: time-sortable, unique across processes, safe as path components.
 
 A run id reads ``YYYYMMDDTHHMMSSmmmZ-<16 hex digits>``: the UTC creation time to the
-millisecond, then 64 random bits from the operating system. Sorting ids as strings sorts runs
-by creation time; two processes starting in the same millisecond differ in the random part
-(a collision needs the same 64 random bits, about one chance in 10^19 per pair).
+millisecond, then 64 random bits, so string order is creation order and ids made in the same
+millisecond by two processes still differ.
 
 Example:
-    >>> from lightning_pilot.core.ids import new_run_id, validate_run_id
-    >>> run_id = new_run_id()
-    >>> validate_run_id(run_id, "run_id") == run_id
-    True
+    >>> validate_run_id(new_run_id(), "run_id")[8]
+    'T'
     >>> validate_run_id("../../etc", "run_id")
     Traceback (most recent call last):
     ...
@@ -28,22 +25,14 @@ _RUN_ID: Final = re.compile(r"\d{8}T\d{9}Z-[0-9a-f]{16}")
 
 def new_run_id(now_ns: int | None = None) -> str:
     """Make a new run id from the current time (or ``now_ns``, for tests) and 64 random bits."""
-    ns = time.time_ns() if now_ns is None else now_ns
-    seconds, rest = divmod(ns, 1_000_000_000)
+    seconds, rest = divmod(time.time_ns() if now_ns is None else now_ns, 1_000_000_000)
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(seconds))
     return f"{stamp}{rest // 1_000_000:03d}Z-{os.urandom(8).hex()}"
 
 
 def validate_run_id(value: object, argument: str) -> str:
-    """Return ``value`` if it is a run id made by :func:`new_run_id`, else raise.
-
-    Run ids read back from checkpoints and files pass through here before they become part of
-    a path, so a crafted id can never escape the output folder.
-
-    Raises:
-        TypeError: not a string.
-        ValueError: not a run id.
-    """
+    """Return ``value`` if it is a run id made by :func:`new_run_id`, else raise: ids read
+    back from files pass through here before they become part of a path."""
     if not isinstance(value, str):
         raise TypeError(f"{argument} must be a string run id, got {type(value).__name__}.")
     if not _RUN_ID.fullmatch(value):

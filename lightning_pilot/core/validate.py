@@ -1,29 +1,9 @@
 """Argument checks for the public constructors and functions, with one error format.
 
-Every check returns the value (converted to the plain Python type) or raises:
-
-* ``TypeError`` when the value has the wrong type (``"3"`` for an integer, ``"no"`` or ``1``
-  for a bool, ``True`` for a count: ``bool`` is an ``int`` subclass, but never a number here);
-* ``ValueError`` when the type is right and the value is not (out of range, NaN or infinite,
-  empty, an unknown choice);
-
-with the message ``Owner(name=value) is invalid: expected ...``, so the argument is always
-named where it was given. Integers must fit in 64 bits (they end up in int64 columns), and
-every float must be finite (a NaN timeout never times out, a NaN tolerance fails every
-comparison).
-
-Example:
-    >>> from lightning_pilot.core import validate
-    >>> validate.integer("Owner", "steps", 3, minimum=1)
-    3
-    >>> validate.number("Owner", "atol", float("nan"), minimum=0)
-    Traceback (most recent call last):
-    ...
-    ValueError: Owner(atol=nan) is invalid: expected a finite number >= 0.
-    >>> validate.boolean("Owner", "epoch_boundary", "no")
-    Traceback (most recent call last):
-    ...
-    TypeError: Owner(epoch_boundary='no') is invalid: expected True or False, got str.
+Every check returns the value (as the plain Python type) or raises ``TypeError`` for a wrong
+type (``bool`` is never a number here) or ``ValueError`` for a wrong value, with the message
+``Owner(name=value) is invalid: expected ...``. Integers must fit in 64 bits (int64 columns);
+floats must be finite unless said otherwise (a NaN tolerance fails every comparison).
 """
 
 from __future__ import annotations
@@ -49,7 +29,6 @@ __all__ = [
     "integer",
     "invalid",
     "mapping_of_scalars",
-    "name_problem",
     "number",
     "parse_size",
     "path",
@@ -60,7 +39,7 @@ __all__ = [
 
 INT64_MIN: Final = -(2**63)
 INT64_MAX: Final = 2**63 - 1
-#: Longest experiment or variant name (see :func:`name`).
+#: Longest experiment or variant name (see :func:`run_name`).
 MAX_NAME: Final = 200
 # A value's repr in a message is cut here: 10**400 would fill the screen.
 _MAX_REPR: Final = 80
@@ -103,13 +82,12 @@ def _is_integer(value: object) -> TypeGuard[numbers.Integral]:
 
 
 def _range_text(noun: str, minimum: float | None, maximum: float | None, above: bool) -> str:
-    low = ">" if above else ">="
     if minimum is not None and maximum is not None:
         if above:
             return f"{noun} in ({minimum:g}, {maximum:g}]"
         return f"{noun} from {minimum:g} to {maximum:g}"
     if minimum is not None:
-        return f"{noun} {low} {minimum:g}"
+        return f"{noun} {'>' if above else '>='} {minimum:g}"
     if maximum is not None:
         return f"{noun} <= {maximum:g}"
     return noun
@@ -147,14 +125,7 @@ def integer(
     optional: bool = False,
     hint: str | None = None,
 ) -> int | None:
-    """An integer (not a bool) from ``minimum`` to ``maximum``, within int64.
-
-    Example:
-        >>> integer("Owner", "count", 10**400, minimum=1)
-        Traceback (most recent call last):
-        ...
-        ValueError: Owner(count=1000000000000000000000000000000000000000000000000000000000000000000...0000000000) is invalid: expected an integer >= 1 (at most 9223372036854775807: 64 bits).
-    """  # noqa: E501
+    """An integer (not a bool) from ``minimum`` to ``maximum``, within int64."""
     if value is None and optional:
         return None
     expected = _with(_range_text("an integer", minimum, maximum, False), optional, hint)
@@ -207,19 +178,8 @@ def number(
     optional: bool = False,
     hint: str | None = None,
 ) -> float | None:
-    """A real number (int or float, not a bool), finite unless ``finite=False``.
-
-    ``allow_minimum=False`` excludes ``minimum`` itself (``minimum=0, allow_minimum=False``:
-    greater than 0). ``maximum`` is always included.
-
-    Example:
-        >>> number("Owner", "fraction", 1, minimum=0, maximum=1, allow_minimum=False)
-        1.0
-        >>> number("Owner", "fraction", 0, minimum=0, maximum=1, allow_minimum=False)
-        Traceback (most recent call last):
-        ...
-        ValueError: Owner(fraction=0) is invalid: expected a finite number in (0, 1].
-    """
+    """A real number (not a bool), finite unless ``finite=False``, from ``minimum`` (excluded
+    when ``allow_minimum=False``) to ``maximum`` (included)."""
     if value is None and optional:
         return None
     noun = "a finite number" if finite else "a number"
@@ -241,12 +201,7 @@ def number(
 
 
 def boolean(owner: str, name: str, value: object) -> bool:
-    """``True`` or ``False`` only: ``"no"``, ``1`` and ``None`` are not booleans here.
-
-    Example:
-        >>> boolean("Owner", "flag", False)
-        False
-    """
+    """``True`` or ``False`` only: ``"no"``, ``1`` and ``None`` are not booleans here."""
     if not isinstance(value, bool):
         raise _wrong_type(owner, name, value, "True or False")
     return value
@@ -255,14 +210,7 @@ def boolean(owner: str, name: str, value: object) -> bool:
 def choice(
     owner: str, name: str, value: object, options: Sequence[str], *, optional: bool = False
 ) -> Any:
-    """One of ``options`` (strings); ``TypeError`` for a value that is not a string.
-
-    Example:
-        >>> choice("Owner", "mode", "fast", ("slow", "careful"))
-        Traceback (most recent call last):
-        ...
-        ValueError: Owner(mode='fast') is invalid: expected one of 'slow', 'careful'.
-    """
+    """One of ``options`` (strings); ``TypeError`` for a value that is not a string."""
     if value is None and optional:
         return None
     expected = _with("one of " + ", ".join(repr(option) for option in options), optional, None)
@@ -283,14 +231,7 @@ def callable_or_none(owner: str, name: str, value: T | None, what: str = "a call
 def instance(
     owner: str, name: str, value: object, cls: type[T], *, optional: bool = True
 ) -> T | None:
-    """An instance of ``cls`` (or ``None`` when ``optional``).
-
-    Example:
-        >>> instance("Owner", "adapter", "ids", float)
-        Traceback (most recent call last):
-        ...
-        TypeError: Owner(adapter='ids') is invalid: expected a float or None, got str.
-    """
+    """An instance of ``cls`` (or ``None`` when ``optional``)."""
     if value is None and optional:
         return None
     if not isinstance(value, cls):
@@ -340,28 +281,12 @@ def text(
     return value
 
 
-def name_problem(value: object) -> str | None:
-    """Why ``value`` is not a valid experiment or variant name (``None``: it is)."""
-    if not isinstance(value, str):
-        return "not a string"
-    if not value.strip() or len(value) > MAX_NAME or not value.isprintable():
-        return f"use 1 to {MAX_NAME} printable characters on one line (not only spaces)"
-    return None
-
-
 def run_name(owner: str, name: str, value: object) -> str:
-    """An experiment or variant name: 1 to 200 printable characters on one line.
-
-    Example:
-        >>> run_name("DivergenceLedger", "variant", "a\\nb")
-        Traceback (most recent call last):
-        ...
-        ValueError: DivergenceLedger(variant='a\\nb') is invalid: expected 1 to 200 printable characters on one line (not only spaces).
-    """  # noqa: E501
+    """An experiment or variant name: 1 to 200 printable characters on one line."""
     expected = f"1 to {MAX_NAME} printable characters on one line (not only spaces)"
     if not isinstance(value, str):
         raise _wrong_type(owner, name, value, f"a string of {expected}")
-    if name_problem(value) is not None:
+    if not value.strip() or len(value) > MAX_NAME or not value.isprintable():
         raise ValueError(invalid(owner, name, value, expected))
     return value
 
@@ -400,6 +325,10 @@ _SCALARS: Final = (
 )
 
 
+def _not_json(owner: str, name: str, root: object, where: str, problem: str) -> str:
+    return invalid(owner, name, root, f"{_SCALARS}; {name}{where}{problem}")
+
+
 def _json_value(owner: str, name: str, root: object, where: str, value: object) -> Any:
     """``value`` as plain JSON types; errors name ``root`` and the path ``where`` inside it."""
     if value is None or isinstance(value, bool | str):
@@ -408,17 +337,13 @@ def _json_value(owner: str, name: str, root: object, where: str, value: object) 
         return int(value)
     if isinstance(value, numbers.Real):
         if not math.isfinite(float(value)):
-            raise ValueError(
-                invalid(owner, name, root, f"{_SCALARS}; {name}{where}={value!r} is not finite")
-            )
+            raise ValueError(_not_json(owner, name, root, where, f"={value!r} is not finite"))
         return float(value)
     if isinstance(value, Mapping):
         out = {}
         for key, item in value.items():
             if not isinstance(key, str):
-                raise TypeError(
-                    invalid(owner, name, root, f"{_SCALARS}; {name}{where} has the key {key!r}")
-                )
+                raise TypeError(_not_json(owner, name, root, where, f" has the key {key!r}"))
             out[key] = _json_value(owner, name, root, f"{where}[{key!r}]", item)
         return out
     if isinstance(value, list | tuple):
@@ -434,30 +359,15 @@ def _json_value(owner: str, name: str, root: object, where: str, value: object) 
             plain = value
         if plain is not value and not isinstance(plain, Mapping | list | tuple):
             return _json_value(owner, name, root, where, plain)
-    raise TypeError(
-        invalid(
-            owner,
-            name,
-            root,
-            f"{_SCALARS}; {name}{where} is a {type(value).__name__}, not a JSON value",
-        )
-    )
+    problem = f" is a {type(value).__name__}, not a JSON value"
+    raise TypeError(_not_json(owner, name, root, where, problem))
 
 
 def mapping_of_scalars(
     owner: str, name: str, value: object, *, optional: bool = True
 ) -> dict[str, Any]:
-    """A dict with string keys and JSON values (scalars, finite numbers, lists, dicts).
-
-    ``None`` (when ``optional``) is the empty dict. numpy and 0-d torch scalars become Python
-    numbers.
-
-    Example:
-        >>> mapping_of_scalars("DivergenceLedger", "params", [1, 2])
-        Traceback (most recent call last):
-        ...
-        TypeError: DivergenceLedger(params=[1, 2]) is invalid: expected a dict of str -> scalar (str, int, float, bool or None, or lists and dicts of them) or None, got list.
-    """  # noqa: E501
+    """A dict with string keys and JSON values (numpy and 0-d torch scalars become Python
+    numbers); ``None``, when ``optional``, is the empty dict."""
     if value is None and optional:
         return {}
     if not isinstance(value, Mapping):
@@ -467,25 +377,13 @@ def mapping_of_scalars(
     return plain
 
 
-# --------------------------------------------------------------------------------------------
-# Sizes
-# --------------------------------------------------------------------------------------------
-
-_UNITS: Final = {
+_POWERS: Final = {"k": 1, "m": 2, "g": 3, "t": 4}
+_UNITS: Final[dict[str, int]] = {
     "": 1,
     "b": 1,
-    "k": 1024,
-    "kib": 1024,
-    "kb": 1000,
-    "m": 1024**2,
-    "mib": 1024**2,
-    "mb": 1000**2,
-    "g": 1024**3,
-    "gib": 1024**3,
-    "gb": 1000**3,
-    "t": 1024**4,
-    "tib": 1024**4,
-    "tb": 1000**4,
+    **{letter: 1024**power for letter, power in _POWERS.items()},
+    **{f"{letter}ib": 1024**power for letter, power in _POWERS.items()},
+    **{f"{letter}b": 1000**power for letter, power in _POWERS.items()},
 }
 # ASCII only: "\d" would take "١٢" (Arabic-Indic digits) for 12, and "\s" a no-break space.
 _SIZE: Final = re.compile(r"[ \t]*([0-9]+)(?:\.([0-9]{1,30}))?[ \t]*([A-Za-z]{0,3})[ \t]*")
@@ -496,16 +394,9 @@ _SIZE_DIGITS: Final = 30
 def parse_size(value: object, name: str = "size") -> int:
     """A memory size in bytes, from ``"80GiB"``, ``"80GB"``, ``"141G"``, ``"24000MiB"``.
 
-    ``KiB``/``MiB``/``GiB``/``TiB`` and the bare letters ``K``/``M``/``G``/``T`` are powers of
-    1024, ``KB``/``MB``/``GB``/``TB`` powers of 1000, a plain number is bytes; case does not
-    matter. Only ASCII digits, one optional decimal point (at most 30 decimals), spaces or tabs
-    around; the size is computed exactly (no float rounding), rounded to whole bytes, and must
-    be at least 1 byte and at most :data:`INT64_MAX` (8 EiB).
-
-    Raises:
-        TypeError: not a string.
-        ValueError: not a size (``inf``, ``nan``, ``"١٢G"``, ``"0.4"``: under a byte), or more
-            than 8 EiB; the message names ``name``.
+    ``KiB``/``K`` (and ``M``, ``G``, ``T`` alike) are powers of 1024, ``KB`` powers of 1000, a
+    plain number is bytes, in any case. ASCII digits only, at most 30 decimals, computed
+    exactly and rounded to whole bytes: from 1 byte to :data:`INT64_MAX` (8 EiB).
 
     Example:
         >>> parse_size("1.5 GiB")
