@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Callable, Hashable, Mapping, Sequence
-from typing import Any, Final
+from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
@@ -30,50 +30,32 @@ from lightning_pilot.schemas import EXAMPLES_SCHEMA, EXAMPLES_SCHEMA_VERSION, EX
 
 __all__ = ["EXAMPLES_SCHEMA", "EXAMPLES_SCHEMA_VERSION", "EXAMPLES_TABLE", "BatchInspector"]
 
-GroupFn = Callable[[Any], Hashable]
-
 
 class BatchInspector(PilotCallback):
     """Check the examples and what the loss is fed: ids, targets, labels, lengths, masks, splits.
 
-    Reads the first ``batches`` training and validation batches the fit itself fetches (in
-    ``on_train_batch_start`` / ``on_validation_batch_start``, sanity check included: the batches
-    after the transfer hooks, as ``training_step`` receives them) through the
-    :class:`BatchAdapter`, and at ``on_train_start`` scans the datasets of the train,
-    validation and test loaders (at most ``max_examples`` each, in index order, with the
-    torch and Python random states restored afterwards). Every check (ids, targets, label
-    ranges against the model's output size, masks, padding, truncation, instruction masking,
-    labels shifted for a causal LM that shifts them, class histograms, split leakage,
-    duplicates) is named ``<split>/<check>`` in the ``data`` row's ``checks`` and described in
-    ``docs/data-and-overfit.md``; the logic is :mod:`lightning_pilot.core.data_checks`. A split
-    whose loader cannot be read during ``fit`` is left out with ``<split>/split_leakage``
-    ``not_checked`` and why.
+    Reads the first ``batches`` training and validation batches the fit itself fetches, as
+    ``training_step`` receives them, through the :class:`BatchAdapter`, and at ``on_train_start``
+    scans at most ``max_examples`` items of each split's dataset (random states restored). Every
+    check is named ``<split>/<check>`` in the ``data`` row's ``checks`` (described in
+    docs/data-and-overfit.md; the logic is :mod:`lightning_pilot.core.data_checks`). User code
+    that raises (loaders, datasets, ``group_fn``, ``decode``, the adapter's field functions) never
+    stops the fit: the check it served is ``not_checked`` with the error and what to fix.
 
-    User code that raises (the DataModule's loaders, the datasets, ``group_fn``, ``decode``,
-    the adapter's field functions) never stops the fit: the check it served is ``not_checked``
-    with the error and what to fix.
-
-    The verdict goes to the phase table's ``data`` row (``first=True``, shared with
-    ``PhaseMemoryMonitor``'s timing of the data fetch), once: when the training and validation
-    batches are inspected, else at train end or on an exception. Nothing here stops training.
-    The table ``<out_dir>/runs/<run_id>/examples.parquet`` (:data:`EXAMPLES_SCHEMA`: ids,
-    tokens or values, decoded text, targets, loss positions, lengths, the label relation)
-    keeps ``examples`` rows per split, written with the verdict. Every rank inspects its own
-    batches and writes its own row and examples (``rank``).
+    The verdict goes to the phase table's ``data`` row (``first=True``) once: when the training
+    and validation batches are inspected, else at train end or on an exception. Nothing here
+    stops training. ``examples.parquet`` (:data:`EXAMPLES_SCHEMA`) keeps ``examples`` rows per
+    split, written with the verdict; every rank writes its own row and examples.
 
     Args:
-        batches: batches inspected per split.
-        examples: examples per split written to the table.
         decode: ``fn(token_ids) -> str`` for the table (e.g. a tokenizer's ``decode``).
         group_fn: ``fn(dataset_item) -> key`` of the unit that must not span splits
             (conversation, patient, document, period); ``None``: leakage ``not_checked``.
-        max_examples: examples scanned per split for leakage, duplicates and histograms.
-        num_classes: the model's number of outputs (overrides the module heuristic).
-        vocab_size: the same for a language model (give one of the two).
+        num_classes, vocab_size: the model's number of outputs (give one at most; default: read
+            from the module).
         max_length: the maximum sequence length, for truncation.
         pad_token_id: the padding token, to check that masked positions hold it.
         padding_warn: warn above this fraction of padding positions.
-        adapter: how to read batches and items (default :class:`BatchAdapter`).
         out_dir: the output folder; default ``<trainer.default_root_dir>/pilot``.
 
     Raises:
@@ -105,7 +87,7 @@ class BatchInspector(PilotCallback):
         batches: int = 2,
         examples: int = 4,
         decode: Callable[[Any], str] | None = None,
-        group_fn: GroupFn | None = None,
+        group_fn: Callable[[Any], Hashable] | None = None,
         max_examples: int = 5000,
         num_classes: int | None = None,
         vocab_size: int | None = None,
@@ -272,22 +254,18 @@ class BatchInspector(PilotCallback):
         self._maybe_finish()
 
     def _scan(self, trainer: pl.Trainer, inspection: DataInspection) -> list[CheckResult]:
-        """Leakage, duplicates and histograms over the splits' datasets (bounded).
-
-        A split whose loader cannot be read is left out with ``<split>/split_leakage``
-        ``not_checked`` and the reason, and the fit goes on.
-        """
+        """Leakage, duplicates and histograms over the splits' datasets (bounded); a split whose
+        loader cannot be read is left out (``<split>/split_leakage`` ``not_checked``)."""
         problems: list[CheckResult] = []
         sources = {"train": _loaders(trainer.train_dataloader)}
         sources["val"] = _loaders(trainer.val_dataloaders)
         datamodule = _datamodule(trainer)
         for split in ("val", "test"):
-            if sources.get(split) or datamodule is None:
+            if datamodule is None or sources.get(split):
                 continue
-            if not is_overridden(f"{split}_dataloader", datamodule):
-                continue
-            sources[split], problem = _split_loaders(datamodule, split)
-            problems += [problem] if problem is not None else []
+            if is_overridden(f"{split}_dataloader", datamodule):
+                sources[split], problem = _split_loaders(datamodule, split)
+                problems += [problem] if problem is not None else []
         scan = DatasetScan(self.adapter, max_examples=self.max_examples, group_fn=self.group_fn)
         datasets = {split: [loader.dataset for loader in ls] for split, ls in sources.items()}
         results = scan.run(datasets, problems)
@@ -348,18 +326,13 @@ def _datamodule(trainer: pl.Trainer) -> pl.LightningDataModule | None:
     return datamodule if isinstance(datamodule, pl.LightningDataModule) else None
 
 
-#: The stage whose ``setup`` builds a split that ``fit`` does not.
-_STAGES: Final = {"val": "validate", "test": "test"}
-
-
 def _split_loaders(
     datamodule: pl.LightningDataModule, split: str
 ) -> tuple[list[DataLoader[Any]], CheckResult | None]:
     """The loaders of another split during ``fit``, or the reason they cannot be read.
 
     A DataModule may build a split only in the ``setup`` of its own stage (Lightning's
-    ``BoringDataModule`` builds its test split in ``setup("test")``), so during ``fit`` its
-    ``<split>_dataloader()`` may raise: the split is then left out, never the fit.
+    ``BoringDataModule`` builds its test split in ``setup("test")``): the split is then left out.
     """
     method = f"{split}_dataloader"
     left_out = (
@@ -371,20 +344,14 @@ def _split_loaders(
     except Exception as err:  # the user's DataModule: report it, keep training
         built = ""
         if isinstance(err, AttributeError):  # the attribute its setup(stage) would have set
-            built = f"the {split} split is built in setup('{_STAGES[split]}'), not for fit; "
-        return [], CheckResult(
-            f"{split}/split_leakage",
-            "not_checked",
-            f"{built}{method}() raised {type(err).__name__} during fit: {err}; {left_out}",
-        )
-    loaders = _loaders(value)
-    if loaders:
-        return loaders, None
-    return [], CheckResult(
-        f"{split}/split_leakage",
-        "not_checked",
-        f"{method}() returned {type(value).__name__} during fit, not a DataLoader; {left_out}",
-    )
+            stage = {"val": "validate", "test": "test"}[split]
+            built = f"the {split} split is built in setup('{stage}'), not for fit; "
+        problem = f"{built}{method}() raised {type(err).__name__} during fit: {err}"
+    else:
+        if loaders := _loaders(value):
+            return loaders, None
+        problem = f"{method}() returned {type(value).__name__} during fit, not a DataLoader"
+    return [], CheckResult(f"{split}/split_leakage", "not_checked", f"{problem}; {left_out}")
 
 
 def _max_length(trainer: pl.Trainer, pl_module: pl.LightningModule) -> int | None:

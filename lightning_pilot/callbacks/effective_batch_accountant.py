@@ -42,8 +42,7 @@ from lightning_pilot.schemas import UPDATES_SCHEMA, UPDATES_SCHEMA_VERSION, UPDA
 
 __all__ = ["UPDATES_SCHEMA", "UPDATES_SCHEMA_VERSION", "UPDATES_TABLE", "EffectiveBatchAccountant"]
 
-#: Updates between reads of the buffered counts (one host sync and, under several processes,
-#: one collective each): token counts stay on the device until then.
+#: Updates between flush points (``_flush``): token counts stay on the device until then.
 FLUSH_EVERY: Final = 50
 
 
@@ -56,33 +55,19 @@ def _finite(value: float | int | None) -> int | None:
 class EffectiveBatchAccountant(PilotCallback):
     """Plan and count the examples, tokens and updates of a fit, per update and over all ranks.
 
-    At ``on_train_start`` it reads the real configuration: the micro-batch size (the loader's
-    ``batch_size``, else the first batch through the :class:`BatchAdapter`), ``K`` (with a
-    ``GradientAccumulationScheduler``'s schedule), the data-parallel replicas (the strategy's
-    ``distributed_sampler_kwargs["num_replicas"]``: tensor and pipeline ranks sharing a batch
-    are never replicas) and the dataset. It logs the plan
-    (:func:`~lightning_pilot.core.accounting.plan_updates`) once and checks it against
-    ``trainer.estimated_stepping_batches``. During training it counts micro-batches, examples
-    and non-padding tokens into updates (:class:`~lightning_pilot.core.accounting.UpdateCounter`).
-    At the end it compares plan and count (:func:`~lightning_pilot.core.accounting.summarize`),
-    warns about every finding, logs the summary line, and hands the counts to the run's ledger
-    fields. The phase table's ``optimizer_step`` row gets the check
-    ``partial_accumulation_windows`` when ``K > 1``
-    (:func:`~lightning_pilot.core.accounting.check_accumulation_windows`).
-
-    Table ``<out_dir>/runs/<run_id>/updates.parquet`` (:data:`UPDATES_SCHEMA`, described in
-    ``docs/effective-batch.md``): one row per update per rank, written by every rank. Rows are
-    counted at flush points (every ``FLUSH_EVERY`` = 50 updates, epoch ends, checkpoint saves,
-    the end of training), where the ``*_all_ranks`` columns are summed over the data replicas
-    (one ``max`` and one ``sum`` all-reduce of a small integer tensor, never per micro-batch and
-    never in ``on_exception``: rows not summed when a fit fails keep null sums and a note).
-    Token counts stay on the device until a flush reads them all with one host sync.
+    At ``on_train_start`` it reads the real configuration and logs the plan
+    (:func:`~lightning_pilot.core.accounting.plan_updates`) once, checked against
+    ``trainer.estimated_stepping_batches``. During training it counts micro-batches, examples and
+    non-padding tokens into updates, one row per update per rank in ``updates.parquet``
+    (:data:`UPDATES_SCHEMA`); at the end it compares plan and count, warns about every finding,
+    logs the summary line and hands the counts to the run's ledger fields. The phase table's
+    ``optimizer_step`` row gets the check ``partial_accumulation_windows`` when ``K > 1``. Counts
+    are summed over the ranks at flush points (:meth:`_flush`), never in ``on_exception``: rows
+    not summed when a fit fails keep null sums and a note. See docs/effective-batch.md.
 
     Args:
         keep: what a comparison of runs holds constant (``"updates"``, ``"examples"`` or
-            ``"epochs"``); it is checked against the plan, and the other quantities are
-            recorded.
-        adapter: how to read batches (default :class:`BatchAdapter`).
+            ``"epochs"``); it is checked against the plan, the other quantities are recorded.
         token_spread_ratio: warn when the most tokens in a full update exceed the fewest by
             more than this factor.
         out_dir: the output folder; default ``<trainer.default_root_dir>/pilot``.
@@ -127,12 +112,9 @@ class EffectiveBatchAccountant(PilotCallback):
         self.keep: Keep = validate.choice(owner, "keep", keep, KEEP_CHOICES)
         validate.instance(owner, "adapter", adapter, BatchAdapter)
         self.adapter = adapter or BatchAdapter()
+        hint = "max/min tokens per update"
         self.token_spread_ratio = validate.number(
-            owner,
-            "token_spread_ratio",
-            token_spread_ratio,
-            minimum=1,
-            hint="max/min tokens per update",
+            owner, "token_spread_ratio", token_spread_ratio, minimum=1, hint=hint
         )
         self._counter = UpdateCounter()
         self._loaded_counts: Mapping[str, Any] | None = None
@@ -169,8 +151,6 @@ class EffectiveBatchAccountant(PilotCallback):
     def summary(self) -> dict[str, Any]:
         """Plan against count (:class:`~lightning_pilot.core.accounting.Summary`) as a dict."""
         return (self._summary or self._summarize(self._epochs_done)).as_dict()
-
-    # -- lifecycle -------------------------------------------------------------------------------
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -324,19 +304,16 @@ class EffectiveBatchAccountant(PilotCallback):
         if isinstance(counts, Mapping):
             self._loaded_counts = counts
 
-    # -- configuration and plan ------------------------------------------------------------------
-
     def _read_configuration(self, trainer: pl.Trainer) -> None:
         self._world = trainer.world_size
         sampler_kwargs = getattr(trainer.strategy, "distributed_sampler_kwargs", None)
         self._dp = int((sampler_kwargs or {}).get("num_replicas", 1) or 1)
-        schedulers = [
-            c
-            for c in getattr(trainer, "callbacks", [])
-            if isinstance(c, GradientAccumulationScheduler)
-        ]
+        callbacks = getattr(trainer, "callbacks", [])
+        scheduler = next(
+            (c for c in callbacks if isinstance(c, GradientAccumulationScheduler)), None
+        )
         accumulate: int | dict[int, int] = (
-            dict(schedulers[0].scheduling) if schedulers else trainer.accumulate_grad_batches
+            dict(scheduler.scheduling) if scheduler is not None else trainer.accumulate_grad_batches
         )
         schedule = normalise_schedule(accumulate, owner="EffectiveBatchAccountant")
         try:
@@ -364,6 +341,7 @@ class EffectiveBatchAccountant(PilotCallback):
         b = self._loader_batch_size = loader.batch_size if isinstance(loader, DataLoader) else None
         self._config = BatchConfig(b, schedule[0][1], self._dp)
         epochs, steps = trainer.max_epochs, trainer.max_steps
+        split = "drop" if self._sampler is not None and self._sampler.drop_last else "pad"
         self._planner = functools.partial(
             plan_for_fit,
             size,
@@ -372,9 +350,7 @@ class EffectiveBatchAccountant(PilotCallback):
             epochs=epochs if epochs is not None and epochs >= 0 else None,
             max_steps=steps if steps >= 0 else None,
             drop_last=bool(getattr(loader, "drop_last", False)),
-            replica_split="drop"
-            if self._sampler is not None and self._sampler.drop_last
-            else "pad",
+            replica_split=split,
             limit_micro_batches=_finite(trainer.num_training_batches),
         )
         if self._world % self._dp:
@@ -416,8 +392,6 @@ class EffectiveBatchAccountant(PilotCallback):
             handle.remove()
         self._hooks = []
 
-    # -- counting ----------------------------------------------------------------------------------
-
     def _duplicates(self, batch_idx: int) -> int | None:
         sampler, b = self._sampler, self._loader_batch_size
         if sampler is None:
@@ -436,7 +410,10 @@ class EffectiveBatchAccountant(PilotCallback):
     def _flush(
         self, trainer: pl.Trainer | None = None, pl_module: pl.LightningModule | None = None
     ) -> None:
-        """Count the pending rows and sum them over ranks (a collective under several)."""
+        """Count the pending rows and sum them over ranks: under several processes one ``max``
+        and one ``sum`` all-reduce of a small integer tensor, at a flush point every rank reaches
+        at the same update (every ``FLUSH_EVERY`` updates, epoch ends, checkpoint saves, the end
+        of training); the token counts left on the device are read with one host sync."""
         self._last_flush = self._last_step
         rows = self._counter.take_pending(read_scalars)
         if self._world == 1:
@@ -460,8 +437,6 @@ class EffectiveBatchAccountant(PilotCallback):
         meta = {"schema_version": UPDATES_SCHEMA_VERSION, "dp_replicas": self._dp}
         self.run.append_rows(UPDATES_TABLE, [meta | row for row in rows])
 
-    # -- summary ---------------------------------------------------------------------------------
-
     def _summarize(self, epochs_done: int, unsummed: int = 0) -> Summary:
         return summarize(
             counter=self._counter,
@@ -476,12 +451,9 @@ class EffectiveBatchAccountant(PilotCallback):
         )
 
     def _put_verdict(self) -> None:
-        """The ``optimizer_step`` verdict on the accumulation windows, in the phase table.
-
-        A partial window is rarely the first update, so the row is the later occurrences'
-        (``first=False``), shared with ``PhaseMemoryMonitor``'s timing of the step; a fit of
-        one update writes the first occurrence's row.
-        """
+        """The ``optimizer_step`` verdict on the accumulation windows, in the phase table: the
+        later occurrences' row (a partial window is rarely the first update), unless the fit
+        made one update."""
         check = check_accumulation_windows(self._counter, self._plan)
         if check is None:
             return

@@ -1,26 +1,12 @@
-"""Effective-batch arithmetic and per-update counting, free of Lightning.
+"""Effective-batch arithmetic and per-update counting, free of Lightning (see
+docs/effective-batch.md).
 
-A micro-batch is what one forward/backward pass processes; accumulation adds ``K`` micro-batches
-before one optimizer update; data-parallel replicas each process their own micro-batches for the
-same update. So one update sees ``micro_batch_size x K x replicas`` examples, and a budget of
-updates or of epochs fixes the rest. This module holds that arithmetic, with Lightning's real
-behaviour built in:
-
-* the last accumulation window of an epoch is stepped even when it is incomplete, and its loss
-  is still divided by ``K``, so that update is down-weighted (weight = micro-batches / K);
-* ``DistributedSampler`` (``drop_last=False``) pads every replica to the same length with
-  duplicated samples, which are trained on like any other;
-* ``max_steps`` can stop a run in the middle of an epoch.
-
-:func:`plan_updates` predicts; :class:`UpdateCounter` counts what really happened, one row per
-update; :func:`summarize` compares both and names what needs attention. Nothing here imports
-torch (the reports read :class:`UpdatePlan` without it).
-
-Example:
-    >>> from lightning_pilot.core.accounting import plan_updates
-    >>> plan = plan_updates(5, 1, accumulate_grad_batches=2, epochs=1)
-    >>> plan.total_updates, plan.last_window_micro_batches, plan.last_window_weight
-    (3, 1, 0.5)
+:func:`plan_updates` predicts the updates and examples of a run the way Lightning trains it (an
+incomplete last accumulation window of an epoch is stepped with its loss still divided by ``K``;
+``DistributedSampler`` pads replicas with duplicated samples; ``max_steps`` can stop mid-epoch);
+:class:`UpdateCounter` counts what really happened, one row per update; :func:`summarize`
+compares both and names what needs attention. Nothing here imports torch (the reports read
+:class:`UpdatePlan` without it).
 """
 
 from __future__ import annotations
@@ -71,22 +57,15 @@ _REPLICA_SPLITS: Final[tuple[str, ...]] = get_args(ReplicaSplit)
 MAX_LISTED: Final = 20
 
 
-# --------------------------------------------------------------------------------------------
-# Argument checks (lightning_pilot.core.validate: a bool is never a count)
-# --------------------------------------------------------------------------------------------
-
-
 def normalise_schedule(
     accumulate_grad_batches: int | Mapping[int, int], *, owner: str = "plan_updates"
 ) -> tuple[tuple[int, int], ...]:
     """Turn ``K`` or an ``{epoch: K}`` schedule into sorted ``(first_epoch, K)`` pairs.
 
     A schedule works like Lightning's ``GradientAccumulationScheduler``: ``K`` applies from its
-    epoch (0-based) on, and epochs before the first key accumulate 1 micro-batch.
-
-    Raises:
-        TypeError: not an int or a mapping of ints.
-        ValueError: ``K < 1``, a negative epoch or an empty schedule.
+    epoch (0-based) on, and epochs before the first key accumulate 1 micro-batch. Raises
+    ``TypeError`` for what is not an int or a mapping of ints, ``ValueError`` for ``K < 1``, a
+    negative epoch or an empty schedule.
 
     Example:
         >>> normalise_schedule(8)
@@ -97,14 +76,8 @@ def normalise_schedule(
     name = "accumulate_grad_batches"
     if isinstance(accumulate_grad_batches, Mapping):
         if not accumulate_grad_batches:
-            raise ValueError(
-                validate.invalid(
-                    owner,
-                    name,
-                    accumulate_grad_batches,
-                    "an integer >= 1 or a non-empty {epoch: K}",
-                )
-            )
+            expected = "an integer >= 1 or a non-empty {epoch: K}"
+            raise ValueError(validate.invalid(owner, name, accumulate_grad_batches, expected))
         pairs: dict[int, int] = {}
         for epoch, k in accumulate_grad_batches.items():
             first = validate.integer(owner, f"{name} epoch", epoch, minimum=0)
@@ -118,52 +91,22 @@ def normalise_schedule(
 
 
 def _k_at(schedule: Sequence[tuple[int, int]], epoch: int) -> int:
-    k = 1
-    for first, value in schedule:
-        if epoch >= first:
-            k = value
-    return k
-
-
-# --------------------------------------------------------------------------------------------
-# The planner
-# --------------------------------------------------------------------------------------------
+    return next((k for first, k in reversed(schedule) if epoch >= first), 1)
 
 
 @dataclass(frozen=True)
 class UpdatePlan:
     """What a configuration will do, computed the way Lightning trains it.
 
-    Per-epoch figures describe one epoch with the first epoch's ``K`` (see ``k_schedule`` when
-    ``K`` changes); totals follow the whole schedule and the ``epochs``/``max_steps`` budget.
-    Counts of examples include the duplicates a ``DistributedSampler`` adds.
-
-    Attributes:
-        dataset_size: examples in the training set.
-        micro_batch_size: examples per micro-batch on one replica.
-        accumulate_grad_batches: ``K`` of the first epoch.
-        dp_replicas: data-parallel replicas (processes that each see different data).
-        epochs: the epoch budget (``None``: only ``max_steps`` limits the run).
-        max_steps: the update budget (``None``: only ``epochs`` limits the run).
-        drop_last: the loader drops each replica's incomplete last micro-batch.
-        k_schedule: ``(first_epoch, K)`` pairs.
-        examples_per_update: ``micro_batch_size x K x dp_replicas`` (a full window).
-        samples_per_replica: examples one replica draws per epoch (padding included).
-        duplicates_per_epoch: samples the distributed sampler repeats to even out replicas.
-        micro_batches_per_epoch: micro-batches per replica per epoch (after ``drop_last`` and
-            ``limit_micro_batches``).
-        examples_per_epoch: examples processed per epoch over all replicas.
-        updates_per_epoch: ``ceil(micro_batches_per_epoch / K)``.
-        last_window_micro_batches: micro-batches in the last window of an epoch.
-        last_window_partial: that window holds fewer than ``K`` micro-batches.
-        last_window_weight: ``last_window_micro_batches / K``, the factor Lightning's division
-            by ``K`` gives that update relative to a full one.
-        total_updates: updates of the whole budget.
-        examples_seen: examples processed over the whole budget (all replicas).
-        epochs_completed: whole epochs within the budget.
-        ends_mid_epoch: ``max_steps`` stops the run inside an epoch.
-        partial_windows: partial last windows the run will step.
-        padding_duplicates: duplicated samples processed over the whole budget.
+    The first fields are the arguments of :func:`plan_updates` (``accumulate_grad_batches`` is
+    the first epoch's ``K``; ``k_schedule`` its ``(first_epoch, K)`` pairs). Per-epoch figures
+    (``*_per_epoch``, ``samples_per_replica``, ``last_window_*``) describe one epoch with that
+    ``K`` and count micro-batches per replica after ``drop_last`` and ``limit_micro_batches``;
+    totals (``total_updates``, ``examples_seen``, ``epochs_completed``, ``partial_windows``,
+    ``padding_duplicates``) follow the whole schedule and budget. Examples are over all
+    replicas and include the duplicates a ``DistributedSampler`` adds. ``last_window_weight``
+    is ``last_window_micro_batches / K``, the factor Lightning's division by ``K`` gives that
+    update relative to a full one.
 
     Example:
         >>> plan = plan_updates(3200, 2, accumulate_grad_batches=8, epochs=1)
@@ -225,11 +168,11 @@ TOKENS_NOT_COUNTED: Final = (
 def effective_batch_text(micro_batch_size: int | None, k: int | None, replicas: int | None) -> str:
     """``"16 examples per update (2 x 8 x 1 replica)"``; unknown factors read ``?``."""
     factors = [micro_batch_size, k, replicas]
-    total = None if None in factors else math.prod(f for f in factors if f is not None)
+    known = [f for f in factors if f is not None]
+    total = f"{math.prod(known):,}" if len(known) == len(factors) else "?"
+    shown = " x ".join("?" if f is None else str(f) for f in factors)
     noun = "replica" if replicas == 1 else "replicas"
-    shown = ["?" if f is None else str(f) for f in factors]
-    head = "? examples per update" if total is None else f"{total:,} examples per update"
-    return f"{head} ({shown[0]} x {shown[1]} x {shown[2]} {noun})"
+    return f"{total} examples per update ({shown} {noun})"
 
 
 def last_window_text(micro_batches: int, k: int) -> str:
@@ -257,32 +200,21 @@ def plan_updates(
     """Plan the updates and examples of a training configuration, as Lightning runs it.
 
     Args:
-        dataset_size: examples in the training set.
         micro_batch_size: examples per micro-batch on one replica (the loader's ``batch_size``).
-        accumulate_grad_batches: ``K``, or an ``{epoch: K}`` schedule (Lightning's
-            ``GradientAccumulationScheduler``).
-        dp_replicas: data-parallel replicas. Tensor- or pipeline-parallel ranks that share one
+        accumulate_grad_batches: ``K``, or an ``{epoch: K}`` schedule (:func:`normalise_schedule`).
+        dp_replicas: data-parallel replicas; tensor- or pipeline-parallel ranks that share one
             batch are not replicas.
-        epochs: epochs to train (Lightning's ``max_epochs``); ``None`` when only ``max_steps``
-            limits the run.
-        max_steps: most updates (Lightning's ``max_steps``); ``None`` for no limit.
+        epochs, max_steps: Lightning's ``max_epochs`` and ``max_steps``; ``None``: no limit.
         drop_last: the loader drops each replica's incomplete last micro-batch.
         replica_split: how a ``DistributedSampler`` evens the replicas out: ``"pad"`` repeats
             samples (its default, ``drop_last=False``), ``"drop"`` leaves the tail out.
         limit_micro_batches: most micro-batches per replica per epoch (``limit_train_batches``,
             ``fast_dev_run``, ``overfit_batches``).
 
-    Returns:
-        The :class:`UpdatePlan`.
-
-    Raises:
-        TypeError: an argument of the wrong type.
-        ValueError: an argument out of range, or neither ``epochs`` nor ``max_steps``.
+    Raises ``ValueError`` for an argument out of range or neither ``epochs`` nor ``max_steps``,
+    ``TypeError`` for one of the wrong type.
 
     Example:
-        The seeds' example: 2 examples per micro-batch, 8 accumulation steps, one GPU, 3,200
-        examples seen once:
-
         >>> plan = plan_updates(3200, 2, accumulate_grad_batches=8, dp_replicas=1, epochs=1)
         >>> plan.examples_per_update, plan.updates_per_epoch, plan.total_updates
         (16, 200, 200)
@@ -398,10 +330,8 @@ def replica_duplicates(
 ) -> int:
     """Duplicated samples a padding ``DistributedSampler`` put in one micro-batch of a rank.
 
-    The sampler appends the padding at the end of its index list and deals the list out
-    round-robin, so a padded rank's duplicate is its last sample of the epoch: position
-    ``(samples_per_replica - 1) * num_replicas + rank`` of the padded list, a duplicate when
-    that position is past the dataset's end.
+    The sampler appends the padding to its index list and deals it out round-robin, so a padded
+    rank's duplicate is its last sample of the epoch, when that position is past the dataset.
 
     Example:
         >>> # 21 examples on 2 replicas: 11 each; rank 1's 11th sample repeats example 0.
@@ -419,10 +349,8 @@ def replica_duplicates(
 def plan_for_fit(
     dataset_size: int | None, micro_batch_size: int | None, **budget: Any
 ) -> tuple[UpdatePlan | None, str | None]:
-    """:func:`plan_updates` for what a fit could read, or no plan and, when it matters, why.
-
-    ``budget`` holds the other arguments of :func:`plan_updates`. Without a dataset size or a
-    micro-batch size there is no plan and no note (the caller knows why it has none).
+    """:func:`plan_updates` (``budget``: its other arguments) for what a fit could read, or no
+    plan and, when it matters, why (without a dataset or micro-batch size: no plan, no note).
 
     Example:
         >>> plan_for_fit(64, 2, epochs=None, max_steps=None)
@@ -440,19 +368,14 @@ def plan_for_fit(
         return None, f"no plan: {err}"
 
 
-# --------------------------------------------------------------------------------------------
-# Counting
-# --------------------------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class BatchConfig:
-    """The configuration a fit really runs with.
+    """The configuration a fit really runs with (``accumulate_grad_batches``: ``K`` when
+    training starts; ``micro_batch_size``: ``None`` until known).
 
-    Attributes:
-        micro_batch_size: examples per micro-batch on one replica (``None``: unknown yet).
-        accumulate_grad_batches: ``K`` when training starts.
-        dp_replicas: data-parallel replicas.
+    Example:
+        >>> BatchConfig(2, 8, 1).effective_batch_size
+        16
     """
 
     micro_batch_size: int | None
@@ -461,12 +384,7 @@ class BatchConfig:
 
     @property
     def effective_batch_size(self) -> int | None:
-        """Examples per full update over all replicas (``None`` while the micro-batch is unknown).
-
-        Example:
-            >>> BatchConfig(2, 8, 1).effective_batch_size
-            16
-        """
+        """Examples per full update over all replicas; ``None`` while the micro-batch is unknown."""
         if self.micro_batch_size is None:
             return None
         return self.micro_batch_size * self.accumulate_grad_batches * self.dp_replicas
@@ -529,10 +447,8 @@ SUMMED_COLUMNS: Final = ("micro_batches", "examples", "tokens", "padding_duplica
 class UpdateCounter:
     """Counts micro-batches into updates, one row per update, and keeps the totals.
 
-    Feed it every training micro-batch (:meth:`add_micro_batch`) and tell it when an update
-    closed (:meth:`close_update`). Rows wait in :attr:`pending` until :meth:`take_pending`
-    hands them over, reading every token count still on the device at once; the caller fills
-    their ``*_all_ranks`` columns (summed over the data-parallel replicas, or
+    Rows of closed updates wait in :attr:`pending` until :meth:`take_pending` hands them over;
+    the caller fills their ``*_all_ranks`` columns (:func:`unpack_sums`, or
     :meth:`local_as_all_ranks` on one process) and hands them to :meth:`absorb`, which updates
     the totals (the dataclass fields, saved by :meth:`state_dict` as plain types).
 
@@ -585,11 +501,8 @@ class UpdateCounter:
         tokens_source: str | None = None,
         duplicates: int | None = 0,
     ) -> None:
-        """Count one micro-batch of this process (``None``: the value could not be read).
-
-        ``tokens`` may be a count still on the device (a 0-d tensor): it is read with the
-        others in :meth:`take_pending`.
-        """
+        """Count one micro-batch of this process (``None``: the value could not be read);
+        ``tokens`` may be a 0-d tensor still on the device, read in :meth:`take_pending`."""
         window = self._window
         if window is None:
             window = self._window = _Window(
@@ -607,14 +520,9 @@ class UpdateCounter:
     def close_update(
         self, *, update: int, accumulate_grad_batches: int, stepped: bool | None = None
     ) -> None:
-        """Close the open window as update number ``update``; its row waits in :attr:`pending`.
-
-        Args:
-            update: the update's number (Lightning's ``global_step`` after it).
-            accumulate_grad_batches: ``K`` in effect for the window.
-            stepped: whether the optimizer really stepped (``False``: a GradScaler skipped
-                it; ``None``: not observed).
-        """
+        """Close the open window as update ``update`` (``global_step`` after it), its row
+        waiting in :attr:`pending`; ``stepped`` is ``False`` when a GradScaler skipped the step,
+        ``None`` when not observed."""
         window = self._window or _Window(epoch=-1, batch_first=-1, batch_last=-1)
         self._window = None
         k = accumulate_grad_batches
@@ -639,13 +547,9 @@ class UpdateCounter:
     def take_pending(
         self, read: Callable[[list[Any]], Sequence[float]] | None = None
     ) -> list[dict[str, Any]]:
-        """Hand over (and forget) the rows not absorbed yet, their token counts read.
-
-        Args:
-            read: reads the counts that are not ints yet, all at once (such as
-                :func:`~lightning_pilot.core.scalars.read_scalars`: one host sync); default
-                ``int`` of each.
-        """
+        """Hand over (and forget) the rows not absorbed yet, their token counts read: ``read``
+        reads all the counts that are not ints yet at once (``read_scalars``: one host sync);
+        default ``int`` of each."""
         rows, self.pending = self.pending, []
         lazy = [t for row in rows for t in row["tokens"] or () if not isinstance(t, int)]
         values = iter(read(lazy) if read is not None else [int(t) for t in lazy])
@@ -706,10 +610,7 @@ class UpdateCounter:
 
     def resume_at(self, global_step: int) -> str | None:
         """Line the counts up with a fit resumed at ``global_step``; a note when they differ.
-
-        Counts that start after uncounted updates (a checkpoint without them) leave the
-        examples, tokens and duplicates before the resume unknown: their totals become ``None``.
-        """
+        Counts after uncounted updates (a checkpoint without them) make the totals ``None``."""
         counted = self.counted_from + self.updates
         if global_step == counted:
             return None
@@ -750,11 +651,9 @@ class UpdateCounter:
 
 
 def pack_counts(rows: Sequence[Mapping[str, Any]], length: int) -> list[list[int]]:
-    """Encode this rank's rows as integers to sum over ranks (one all-reduce).
-
-    Each row becomes ``[1, value, known, value, known, ...]`` over :data:`SUMMED_COLUMNS`
-    (``known`` is 0 where the value is null); rows are padded with zeros to ``length``, the
-    longest list of any rank, so every rank reduces a tensor of the same shape.
+    """Encode this rank's rows as integers to sum over ranks (one all-reduce): each row becomes
+    ``[1, value, known, value, known, ...]`` over :data:`SUMMED_COLUMNS` (``known``: 0 where the
+    value is null), and zero rows pad the list to ``length``, the longest of any rank.
 
     Example:
         >>> pack_counts([{"micro_batches": 2, "examples": 4, "tokens": None,
@@ -777,10 +676,9 @@ def unpack_sums(
 ) -> list[dict[str, Any]]:
     """Fill the ``*_all_ranks`` columns of this rank's rows from the summed :func:`pack_counts`.
 
-    Ranks of one tensor- or pipeline-parallel group (``world_size / dp_replicas`` of them)
-    process the same batch, so the sum over all processes counts it that many times: it is
-    divided back. A count becomes null, with a note, when some rank could not read it, when
-    some rank had no such update, or when ``world_size`` is not a multiple of ``dp_replicas``.
+    Ranks of one tensor- or pipeline-parallel group (``world_size / dp_replicas``) count the
+    same batch, so the sum is divided back. A count becomes null, with a note, when some rank
+    could not read it or had no such update, or ``world_size`` is not a multiple of ``dp_replicas``.
 
     Example:
         >>> row = {"micro_batches": 2, "examples": 4, "tokens": None, "padding_duplicates": 0}
@@ -808,18 +706,11 @@ def unpack_sums(
     return out
 
 
-# --------------------------------------------------------------------------------------------
-# Partial accumulation windows: the verdict and the remedy that fits the cause
-# --------------------------------------------------------------------------------------------
-
-
 def _divisors_near(n: int, k: int) -> list[int]:
     """The divisors of ``n`` closest to ``k`` from below and above (1 only when nothing else)."""
     divisors = [d for d in range(2, n + 1) if n % d == 0]
-    below = [d for d in divisors if d < k]
-    above = [d for d in divisors if d > k]
-    near = ([below[-1]] if below else []) + ([above[0]] if above else [])
-    return near or [1]
+    below, above = [d for d in divisors if d < k][-1:], [d for d in divisors if d > k][:1]
+    return below + above or [1]
 
 
 def _epoch_length_remedy(micro_batches: int, k: int) -> str:
@@ -836,15 +727,9 @@ def _epoch_length_remedy(micro_batches: int, k: int) -> str:
 def partial_window_remedy(
     plan: UpdatePlan | None, k: int, batch_idx_last: int | None = None
 ) -> str:
-    """What to do about a partial accumulation window of ``K = k``, for the cause the plan shows.
-
-    * The loader's own last micro-batch is partial and dropping it leaves a multiple of ``K``
-      micro-batches: ``drop_last=True``.
-    * The micro-batches per epoch are not a multiple of ``K``: choose a ``K`` that divides them,
-      limit the batches to a multiple of ``K``, or accept the down-weighted update.
-    * They are (or no plan says otherwise and the window, which ended at ``batch_idx_last``,
-      did not end an epoch's count): the window was cut short by something else, such as a
-      resume inside a window.
+    """What to do about a partial accumulation window of ``K = k``, for the cause the plan shows
+    (without a plan, the epoch length is read from ``batch_idx_last``, where the window ended);
+    the causes and remedies are tabled in docs/effective-batch.md.
 
     Example:
         >>> print(partial_window_remedy(plan_updates(64, 1, 5, epochs=1), k=5))
@@ -907,23 +792,6 @@ def check_accumulation_windows(
     weight and the remedy for the cause (:func:`partial_window_remedy`); ``pass`` when every
     update stepped a full window of ``K > 1``; ``None`` when there is nothing to check (no
     update counted, or ``K = 1`` throughout: every window is one micro-batch).
-
-    Example:
-        >>> counter = UpdateCounter()
-        >>> for i in range(5):
-        ...     counter.add_micro_batch(epoch=0, batch_idx=i, examples=1, tokens=None)
-        ...     if i in (1, 3, 4):
-        ...         counter.close_update(update=i // 2 + 1, accumulate_grad_batches=2)
-        >>> counter.absorb(UpdateCounter.local_as_all_ranks(counter.take_pending()))
-        >>> result = check_accumulation_windows(counter, plan_updates(5, 1, 2, epochs=1))
-        >>> result.verdict
-        'warn'
-        >>> print(result.detail)
-        1 of 3 update(s) stepped an incomplete accumulation window (first: update 3, 1 of 2
-        micro-batches); Lightning still divides the loss by K, so their examples got weight
-        0.50 of a full update; micro-batches per epoch (5) are not a multiple of
-        accumulate_grad_batches (2): choose K dividing 5 (e.g. 5), or limit_train_batches to a
-        multiple of K, or accept that each epoch's last update sees 1/2 of the examples
     """
     name = "partial_accumulation_windows"
     if counter.partial_window_count:
@@ -932,16 +800,10 @@ def check_accumulation_windows(
     if counter.updates == 0 or max(ks) <= 1:
         return None
     k = "/".join(str(v) for v in dict.fromkeys(sorted(ks)))
-    return CheckResult(
-        name,
-        "pass",
-        f"all {counter.updates:,} update(s) counted stepped full windows of K={k} micro-batches",
+    detail = (
+        f"all {counter.updates:,} update(s) counted stepped full windows of K={k} micro-batches"
     )
-
-
-# --------------------------------------------------------------------------------------------
-# Plan against actual
-# --------------------------------------------------------------------------------------------
+    return CheckResult(name, "pass", detail)
 
 
 @dataclass(frozen=True)
@@ -1021,26 +883,10 @@ def summarize(
     notes: Sequence[str] = (),
     unsummed: int = 0,
 ) -> Summary:
-    """Compare the plan with what was counted and name every finding.
+    """Compare the plan with what was counted and name every finding (docs/effective-batch.md).
 
-    Args:
-        unsummed: updates counted on this rank whose rows were never summed over the ranks
-            (a failed fit): they count as done, and make the examples and tokens unknown.
-
-    Example:
-        >>> counter = UpdateCounter()
-        >>> for i in range(5):  # 5 micro-batches of 1 example, K=2: Lightning steps 3 times
-        ...     counter.add_micro_batch(epoch=0, batch_idx=i, examples=1, tokens=None)
-        ...     if i in (1, 3, 4):
-        ...         counter.close_update(update=i // 2 + 1, accumulate_grad_batches=2)
-        >>> counter.absorb(UpdateCounter.local_as_all_ranks(counter.take_pending()))
-        >>> result = summarize(counter=counter, config=BatchConfig(1, 2, 1),
-        ...                    plan=plan_updates(5, 1, 2, epochs=1), keep="updates", epochs_done=1)
-        >>> result.line
-        '2 examples per update (1 x 2 x 1 replica); 3 updates; 5 examples; last window partial
-         (1 of 2 micro-batches, weight 0.50)'
-        >>> [flag.flag for flag in result.flags]
-        ['last_window_partial']
+    ``unsummed``: updates counted on this rank whose rows were never summed over the ranks (a
+    failed fit): they count as done, and make the examples and tokens unknown.
     """
     flags: list[Flag] = []
     updates_done = counter.counted_from + counter.updates
@@ -1081,11 +927,8 @@ def summarize(
             " needs it."
         )
         flags.append(Flag("tokens_spread", detail))
-    if counter.open_micro_batches:
-        detail = (
-            f"{counter.open_micro_batches} micro-batch(es) after the last update were never"
-            " stepped."
-        )
+    if unstepped := counter.open_micro_batches:
+        detail = f"{unstepped} micro-batch(es) after the last update were never stepped."
         flags.append(Flag("unstepped_micro_batches", detail))
     if plan is not None and estimated_updates not in (None, plan.total_updates):
         detail = (
@@ -1129,9 +972,7 @@ def summarize(
     if missed:
         parts.append(f"keeps {keep}: {kept_done:,} of {kept_planned:,}")
     return Summary(
-        micro_batch_size=config.micro_batch_size,
-        accumulate_grad_batches=config.accumulate_grad_batches,
-        dp_replicas=config.dp_replicas,
+        **asdict(config),
         effective_batch_size=config.effective_batch_size,
         planned_updates=planned_updates,
         planned_examples=planned_examples,

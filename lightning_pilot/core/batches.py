@@ -1,35 +1,11 @@
-"""BatchAdapter: one object that knows how to read any batch.
+"""BatchAdapter: reads any batch for the pilot callbacks.
 
-Pilot callbacks need the same facts from every batch: example ids, inputs, targets, the
-attention mask, which target positions count in the loss, the batch size, the sequence length
-and the number of real (non-padding) tokens. :class:`BatchAdapter` answers them for the common
-layouts and lets users describe their own.
-
-Defaults:
-    * dicts with conventional keys: ids from ``ids``/``id``/``idx``/``index``; inputs from
-      ``input_ids``/``inputs``/``x``/``input``/``features``/``pixel_values``; targets from
-      ``labels``/``label``/``targets``/``target``/``y``; mask from ``attention_mask``;
-    * tuples and lists ``(x, y)`` and ``(x, y, ids)``;
-    * a bare tensor: inputs only.
-
-Each field can be overridden with a dict key, a tuple index or a callable ``batch -> value``.
-A field that cannot be found is ``None`` and named in :attr:`BatchView.missing`, so a callback
-records ``not_checked`` with the reason instead of crashing the user's training.
-
-Example:
-    >>> import torch
-    >>> from lightning_pilot.core.batches import BatchAdapter
-    >>> batch = {
-    ...     "ids": torch.tensor([7, 8]),
-    ...     "input_ids": torch.tensor([[5, 6, 7], [5, 6, 0]]),
-    ...     "attention_mask": torch.tensor([[1, 1, 1], [1, 1, 0]]),
-    ...     "labels": torch.tensor([[-100, 6, 7], [-100, 6, -100]]),
-    ... }
-    >>> view = BatchAdapter().view(batch)
-    >>> view.batch_size, view.seq_len, view.tokens, view.loss_tokens
-    (2, 3, 5, 3)
-    >>> BatchAdapter().view((torch.zeros(4, 3), torch.tensor([0, 1, 1, 0]))).batch_size
-    4
+Example ids, inputs, targets and the attention mask, and from them the batch size, the sequence
+length, the real (non-padding) tokens and the target positions counted in the loss. Defaults: dicts
+with the keys of ``_DEFAULT_KEYS``, tuples and lists ``(x, y)`` and ``(x, y, ids)``, a bare tensor
+(inputs only); a dict key, a tuple index or a callable ``batch -> value`` overrides any field. A
+field not found is ``None``, named in :attr:`BatchView.missing`, so a callback records
+``not_checked`` with the reason instead of crashing the user's training.
 """
 
 from __future__ import annotations
@@ -54,19 +30,14 @@ _DEFAULT_KEYS: Final[dict[str, tuple[str, ...]]] = {
     "targets": ("labels", "label", "targets", "target", "y"),
     "attention_mask": ("attention_mask",),
 }
-# Positions in a tuple/list batch: (x, y) or (x, y, ids).
 _DEFAULT_POSITIONS: Final[dict[str, int]] = {"inputs": 0, "targets": 1, "ids": 2}
 _SPEC: Final = "a dict key (str), a tuple index (int), a callable batch -> value, or None"
-_MISSING: Final = object()
 
 
 def is_int_tensor(value: Any) -> bool:
     """An integer tensor (not float, complex or bool): token ids, class labels."""
-    return (
-        isinstance(value, torch.Tensor)
-        and not value.is_floating_point()
-        and not value.is_complex()
-        and value.dtype != torch.bool
+    return isinstance(value, torch.Tensor) and not (
+        value.is_floating_point() or value.is_complex() or value.dtype == torch.bool
     )
 
 
@@ -87,34 +58,25 @@ class BatchView:
     def ids_list(self) -> list[Any] | None:
         """The example ids as plain Python values (``None`` when the batch has none)."""
         if isinstance(self.ids, torch.Tensor):
-            values: list[Any] = self.ids.detach().cpu().reshape(-1).tolist()
-            return values
+            return list(self.ids.detach().cpu().reshape(-1).tolist())
         return None if self.ids is None else list(self.ids)
 
 
 def _check_spec(name: str, spec: object) -> None:
     """A field spec: a non-empty key, an int64 index (not a bool) or a callable."""
-    if spec is None or callable(spec):
-        return
-    if isinstance(spec, str):
-        if not spec:
-            raise ValueError(validate.invalid("BatchAdapter", name, spec, f"{_SPEC} (not '')"))
-    elif isinstance(spec, int) and not isinstance(spec, bool):
+    if isinstance(spec, str) and not spec:
+        raise ValueError(validate.invalid("BatchAdapter", name, spec, f"{_SPEC} (not '')"))
+    if isinstance(spec, int) and not isinstance(spec, bool):
         validate.integer("BatchAdapter", name, spec, hint=_SPEC)
-    else:
+    elif not (spec is None or callable(spec) or isinstance(spec, str)):
         expected = f"{_SPEC} for the defaults, got {type(spec).__name__}"
         raise TypeError(validate.invalid("BatchAdapter", name, spec, expected))
 
 
 class BatchAdapter:
-    """Read ids, inputs, targets, masks and sizes from a batch of any layout.
-
-    Args:
-        ids: where the example ids are (key, index or callable); ``None`` = defaults.
-        inputs: where the model inputs are.
-        targets: where the targets/labels are.
-        attention_mask: where the attention mask is (1 = real token, 0 = padding).
-        ignore_index: target value that does not count in the loss.
+    """Read ids, inputs, targets, masks and sizes from a batch of any layout: ``ids``,
+    ``inputs``, ``targets`` and ``attention_mask`` (1 = real token, 0 = padding) say where each
+    field is (``None``: the defaults); ``ignore_index`` is the target value the loss skips.
 
     Raises:
         TypeError: a field spec that is not a str, int, callable or None (a bool is not an
@@ -122,11 +84,15 @@ class BatchAdapter:
         ValueError: an empty key, or an index or ``ignore_index`` beyond 64 bits.
 
     Example:
-        >>> import torch
+        >>> batch = {"input_ids": torch.tensor([[5, 6, 7], [5, 6, 0]]),
+        ...          "attention_mask": torch.tensor([[1, 1, 1], [1, 1, 0]]),
+        ...          "labels": torch.tensor([[-100, 6, 7], [-100, 6, -100]])}
+        >>> view = BatchAdapter().view(batch)
+        >>> view.batch_size, view.seq_len, view.tokens, view.loss_tokens, view.missing
+        (2, 3, 5, 3, ('ids',))
         >>> adapter = BatchAdapter(inputs="pixels", targets=lambda b: b["meta"]["cls"])
-        >>> view = adapter.view({"pixels": torch.zeros(3, 8), "meta": {"cls": torch.ones(3)}})
-        >>> view.batch_size, view.missing
-        (3, ('ids', 'attention_mask'))
+        >>> adapter.view({"pixels": torch.zeros(3, 8), "meta": {"cls": torch.ones(3)}}).missing
+        ('ids', 'attention_mask')
     """
 
     def __init__(
@@ -145,8 +111,7 @@ class BatchAdapter:
         self.ignore_index = validate.integer(
             "BatchAdapter", "ignore_index", ignore_index, hint="such as -100"
         )
-        # Dict batches: the default key found for each field, per set of keys (a loader yields
-        # the same keys every time, so the defaults are searched once per layout).
+        # Dict batches: the default key of each field, searched once per layout (set of keys).
         self._keys: dict[tuple[Any, ...], tuple[Any, ...]] = {}
 
     def __repr__(self) -> str:
@@ -154,48 +119,30 @@ class BatchAdapter:
         return f"BatchAdapter({given})"
 
     def view(self, batch: Any, *, count_tokens: bool = True) -> BatchView:
-        """Read every field and size of ``batch``; fields not found are ``None``.
-
-        Args:
-            batch: the batch, as the loader yields it.
-            count_tokens: also count real tokens and loss positions. Counting reads tensor
-                values, which waits for the device; shapes alone never do.
-        """
-        ids, inputs, targets, mask = values = self._values(batch)
+        """Read every field and size of ``batch`` (``None``: not found); ``count_tokens`` also
+        counts real tokens and loss positions, which waits for the device (shapes never do)."""
+        _, inputs, targets, mask = values = self._values(batch)
         tokens = loss_tokens = None
         if count_tokens:
             count, _ = _token_count(inputs, mask)
             tokens = None if count is None else int(count)
             if isinstance(targets, torch.Tensor) and not targets.is_floating_point():
                 loss_tokens = int((targets != self.ignore_index).sum().item())
-        return BatchView(
-            ids=ids,
-            inputs=inputs,
-            targets=targets,
-            attention_mask=mask,
-            batch_size=_batch_size(values),
-            seq_len=_seq_len(inputs, mask),
-            tokens=tokens,
-            loss_tokens=loss_tokens,
-            missing=tuple(name for name, v in zip(_FIELDS, values, strict=True) if v is None),
-        )
+        sizes = (_batch_size(values), _seq_len(inputs, mask), tokens, loss_tokens)
+        missing = tuple(name for name, v in zip(_FIELDS, values, strict=True) if v is None)
+        return BatchView(*values, *sizes, missing)
 
     def size_and_tokens(
         self, batch: Any
     ) -> tuple[int | None, torch.Tensor | int | None, str | None]:
-        """The batch size, the real tokens and where they were counted, without a view.
+        """The batch size, the real tokens and where they were counted: no view, no device wait.
 
-        The tokens are the attention mask's sum left on the device (``"attention_mask"``),
-        else every position of integer ``[B, T]`` inputs (``"input_ids"``), else ``None``: the
-        per-micro-batch path of counters that need nothing else, and never a device wait.
+        The tokens are the attention mask's sum left on the device (``"attention_mask"``), else
+        every position of integer ``[B, T]`` inputs (``"input_ids"``), else ``None``.
 
         Example:
-            >>> adapter = BatchAdapter()
-            >>> size, tokens, source = adapter.size_and_tokens(
-            ...     {"input_ids": torch.ones(2, 5, dtype=torch.long),
-            ...      "attention_mask": torch.tensor([[1] * 5, [1, 1, 0, 0, 0]])})
-            >>> size, int(tokens), source
-            (2, 7, 'attention_mask')
+            >>> BatchAdapter().size_and_tokens({"attention_mask": torch.tensor([[1, 1], [1, 0]])})
+            (2, tensor(3), 'attention_mask')
         """
         values = self._values(batch)
         return (_batch_size(values), *_token_count(values[1], values[3]))
@@ -206,12 +153,11 @@ class BatchAdapter:
             keys = self._keys.get(layout := tuple(batch))
             if keys is None:
                 keys = tuple(
-                    next((k for k in _DEFAULT_KEYS[name] if k in batch), _MISSING)
-                    for name in _FIELDS
+                    next((k for k in _DEFAULT_KEYS[name] if k in batch), None) for name in _FIELDS
                 )
                 if len(self._keys) < 64:  # a bounded cache: layouts are few
                     self._keys[layout] = keys
-            found = [None if k is _MISSING else batch[k] for k in keys]
+            found = [None if k is None else batch[k] for k in keys]
         elif isinstance(batch, Sequence) and not isinstance(batch, str):
             positions = [_DEFAULT_POSITIONS.get(name, len(batch)) for name in _FIELDS]
             found = [batch[p] if p < len(batch) else None for p in positions]

@@ -1,24 +1,10 @@
 """Pure checks of what the loss is fed: ids, targets, label ranges, masks, lengths and splits.
 
-Every function takes plain values or tensors (what a :class:`~lightning_pilot.core.batches.
-BatchAdapter` read) and returns :class:`~lightning_pilot.core.checks.CheckResult` objects or plain
-summaries; nothing here knows about a Trainer. :class:`~lightning_pilot.callbacks.
-batch_inspector.BatchInspector` is the glue that feeds them real batches and datasets.
-
-Conventions:
-    * ``ignore_index`` positions (``-100`` by default) are kept apart: they are neither a class
-      nor out of range, they simply do not count in the loss.
-    * A check that cannot run (a field missing, a size unknown) is ``not_checked`` with the
-      reason, never ``pass``.
-
-Example:
-    >>> import torch
-    >>> from lightning_pilot.core.data_checks import check_label_range
-    >>> check_label_range(torch.tensor([0, 3, -100]), output_size=4, ignore_index=-100).verdict
-    'pass'
-    >>> print(check_label_range(torch.tensor([1, 4]), output_size=4, ignore_index=-100).detail)
-    1 of 2 label value(s) outside [0, 3] (the model has 4 outputs, from the caller): values 4;
-    labels look shifted by one class (1-based?)
+Functions over plain values and tensors (what a ``BatchAdapter`` read) that return
+``CheckResult`` objects; nothing here knows about a Trainer (``BatchInspector`` is the glue). The
+checks are described in docs/data-and-overfit.md. ``ignore_index`` positions are neither a class
+nor out of range: they do not count in the loss. A check that cannot run is ``not_checked`` with
+the reason, never ``pass``.
 """
 
 from __future__ import annotations
@@ -94,27 +80,17 @@ def _shown(values: Sequence[Any]) -> str:
     return text + (f" and {more} more" if more > 0 else "")
 
 
-# ------------------------------------------------------------------------------------------------
-# The model's output size
-# ------------------------------------------------------------------------------------------------
+def _judged(name: str, problem: str | None, verdict: str = "fail", passed: str = "") -> CheckResult:
+    """``verdict`` with the problem when there is one, else ``pass`` (with ``passed``)."""
+    return CheckResult(name, verdict, problem) if problem else CheckResult(name, "pass", passed)
 
 
 def infer_output_size(module: nn.Module) -> tuple[int | None, str]:
-    """Guess how many outputs the targets index into (classes, or the vocabulary of an LM).
+    """Guess how many outputs the targets index into, as ``(size or None, where it came from)``.
 
-    The heuristic, in order:
-
-    1. ``module.get_output_embeddings()`` (Hugging Face models) when it returns an
-       ``nn.Linear`` (its ``out_features``) or an ``nn.Embedding`` (its ``num_embeddings``);
-    2. a direct child named one of :data:`HEAD_NAMES` (``lm_head``, ``head``, ``classifier``,
-       ...) that is an ``nn.Linear``;
-    3. the last ``nn.Linear`` registered in the module (``named_modules()`` order).
-
-    Models whose head is not found this way (a head registered before other layers, a
-    functional output) need the size given explicitly (``num_classes=`` / ``vocab_size=``).
-
-    Returns:
-        ``(size, source)``: the size (``None`` when nothing was found) and where it came from.
+    In order: ``module.get_output_embeddings()`` (Hugging Face: a ``Linear`` or an
+    ``Embedding``), a direct child named one of :data:`HEAD_NAMES` that is an ``nn.Linear``, the
+    last ``nn.Linear`` registered (docs/data-and-overfit.md).
 
     Example:
         >>> infer_output_size(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3)))
@@ -135,12 +111,9 @@ def infer_output_size(module: nn.Module) -> tuple[int | None, str]:
         child = children.get(name)
         if isinstance(child, nn.Linear):
             return child.out_features, f"out_features of the head '{name}'"
-    last: tuple[str, nn.Linear] | None = None
-    for name, sub in module.named_modules():
-        if isinstance(sub, nn.Linear):
-            last = (name, sub)
-    if last is not None:
-        return last[1].out_features, f"out_features of the last nn.Linear '{last[0]}'"
+    linear = [(name, sub) for name, sub in module.named_modules() if isinstance(sub, nn.Linear)]
+    if linear:
+        return linear[-1][1].out_features, f"out_features of the last nn.Linear '{linear[-1][0]}'"
     return None, "no nn.Linear head found in the module"
 
 
@@ -149,20 +122,12 @@ _NOT_SHIFTING: Final = frozenset({"XLNetLMHeadModel"})
 
 
 def find_causal_lm(module: nn.Module) -> tuple[str, nn.Module] | None:
-    """The first submodule that is a Hugging Face causal LM, which shifts the labels it is given.
+    """The first Hugging Face causal LM in ``module`` as ``(path, model)`` (``""``: the module
+    itself), or ``None``.
 
-    A causal LM here is an instance of a ``transformers`` ``PreTrainedModel`` subclass whose
-    class name ends with ``ForCausalLM`` or ``LMHeadModel`` (``LlamaForCausalLM``,
-    ``GPT2LMHeadModel``): given ``labels=``, their loss scores the logits at ``t`` against
-    ``labels[t + 1]``. Classes are matched by name, so ``transformers`` is never imported here.
-
-    Returns:
-        ``(path, model)``: the submodule's name in ``module`` (``""`` for the module itself) and
-        the model; ``None`` when there is none.
-
-    Example:
-        >>> find_causal_lm(nn.Sequential(nn.Linear(2, 2))) is None
-        True
+    A causal LM is a ``transformers`` ``PreTrainedModel`` whose class name ends with
+    ``ForCausalLM`` or ``LMHeadModel``: given ``labels=``, its loss scores the logits at ``t``
+    against ``labels[t + 1]``. Classes are matched by name: ``transformers`` is never imported.
     """
     for name, sub in module.named_modules():
         cls = type(sub)
@@ -196,11 +161,6 @@ def find_encoder_decoder(module: nn.Module) -> str | None:
     return None
 
 
-# ------------------------------------------------------------------------------------------------
-# One batch
-# ------------------------------------------------------------------------------------------------
-
-
 def target_kind(inputs: Any, targets: Any) -> TargetKind:
     """What the targets are: one class per example, one token per position, or real values.
 
@@ -225,48 +185,35 @@ def target_kind(inputs: Any, targets: Any) -> TargetKind:
 
 def check_ids(ids: Sequence[Any] | None, batch_size: int | None) -> CheckResult:
     """Every example of the batch carries an id, and no id repeats within the batch."""
+    name = "ids_present_unique"
     if ids is None:
-        return CheckResult(
-            "ids_present_unique",
-            "not_checked",
+        detail = (
             "field 'ids' not found in the batch: give BatchAdapter(ids=...) or add an id to each"
-            " example",
+            " example"
         )
+        return CheckResult(name, "not_checked", detail)
+    problem = None
     if batch_size is not None and len(ids) != batch_size:
-        return CheckResult(
-            "ids_present_unique",
-            "fail",
-            f"{len(ids)} id(s) for {batch_size} example(s): ids must have one entry per example",
+        problem = (
+            f"{len(ids)} id(s) for {batch_size} example(s): ids must have one entry per example"
         )
-    missing = [i for i, value in enumerate(ids) if value is None or value == ""]
-    if missing:
-        return CheckResult(
-            "ids_present_unique",
-            "fail",
-            f"{len(missing)} example(s) without an id at batch position(s) {_shown(missing)}",
-        )
-    repeated = sorted((str(v) for v, n in Counter(str(i) for i in ids).items() if n > 1), key=str)
-    if repeated:
-        return CheckResult(
-            "ids_present_unique",
-            "fail",
-            f"{len(repeated)} id(s) repeated within one batch: {_shown(repeated)}",
-        )
-    return CheckResult("ids_present_unique", "pass", f"{len(ids)} unique id(s)")
+    elif missing := [i for i, value in enumerate(ids) if value is None or value == ""]:
+        problem = f"{len(missing)} example(s) without an id at batch position(s) {_shown(missing)}"
+    elif repeated := sorted(v for v, n in Counter(map(str, ids)).items() if n > 1):
+        problem = f"{len(repeated)} id(s) repeated within one batch: {_shown(repeated)}"
+    return _judged(name, problem, passed=f"{len(ids)} unique id(s)")
 
 
 def check_targets_present(targets: Any) -> CheckResult:
     """The batch has targets the loss can use."""
     if targets is None:
-        return CheckResult(
-            "targets_present",
-            "not_checked",
+        detail = (
             "field 'targets' not found in the batch (looked for labels/label/targets/target/y):"
-            " give BatchAdapter(targets=...) if they are elsewhere",
+            " give BatchAdapter(targets=...) if they are elsewhere"
         )
-    if isinstance(targets, torch.Tensor) and targets.numel() == 0:
-        return CheckResult("targets_present", "fail", "the targets tensor is empty")
-    return CheckResult("targets_present", "pass", "")
+        return CheckResult("targets_present", "not_checked", detail)
+    empty = isinstance(targets, torch.Tensor) and targets.numel() == 0
+    return _judged("targets_present", "the targets tensor is empty" if empty else None)
 
 
 def check_label_range(
@@ -280,13 +227,14 @@ def check_label_range(
 
     ``ignore_index`` positions are kept apart (they do not count). Any other negative value, or a
     value at or above the output size, fails: with cross-entropy it either crashes (CPU) or
-    trains a class the model cannot represent.
+    trains a class the model cannot represent. ``source`` says where ``output_size`` came from.
 
-    Args:
-        targets: integer targets of a batch (any shape).
-        output_size: the model's number of outputs (``None``: unknown).
-        ignore_index: the target value the loss skips.
-        source: where ``output_size`` came from, for the message.
+    Example:
+        >>> check_label_range(torch.tensor([0, 3, -100]), output_size=4, ignore_index=-100).verdict
+        'pass'
+        >>> print(check_label_range(torch.tensor([1, 4]), output_size=4, ignore_index=-100).detail)
+        1 of 2 label value(s) outside [0, 3] (the model has 4 outputs, from the caller): values 4;
+        labels look shifted by one class (1-based?)
     """
     name = "label_range"
     if not isinstance(targets, torch.Tensor):
@@ -300,12 +248,11 @@ def check_label_range(
         return CheckResult(name, "not_checked", f"every target is the ignore index {ignore_index}")
     low, high = int(counted.min()), int(counted.max())
     if output_size is None:
-        return CheckResult(
-            name,
-            "not_checked",
+        detail = (
             f"labels span [{low}, {high}] but the model's output size is unknown ({source}):"
-            " give num_classes= or vocab_size=",
+            " give num_classes= or vocab_size="
         )
+        return CheckResult(name, "not_checked", detail)
     bad = counted[(counted < 0) | (counted >= output_size)]
     if bad.numel() == 0:
         return CheckResult(
@@ -317,12 +264,11 @@ def check_label_range(
         hint = "; labels look shifted by one class (1-based?)"
     elif any(v < 0 for v in values):
         hint = f"; negative labels other than the ignore index {ignore_index}"
-    return CheckResult(
-        name,
-        "fail",
+    detail = (
         f"{bad.numel()} of {counted.numel()} label value(s) outside [0, {output_size - 1}] (the"
-        f" model has {output_size} outputs, from {source}): values {_shown(values)}{hint}",
+        f" model has {output_size} outputs, from {source}): values {_shown(values)}{hint}"
     )
+    return CheckResult(name, "fail", detail)
 
 
 def row_lengths(inputs: Any, mask: Any) -> list[int] | None:
@@ -343,24 +289,18 @@ def check_truncation(lengths: Sequence[int] | None, max_length: int | None) -> C
     if not lengths:
         return CheckResult(name, "not_checked", "no sequences inspected")
     if max_length is None:
-        return CheckResult(
-            name,
-            "not_checked",
+        detail = (
             f"longest sequence {max(lengths)} tokens; the maximum length is unknown: give"
-            " max_length= to count truncated sequences",
+            " max_length= to count truncated sequences"
         )
+        return CheckResult(name, "not_checked", detail)
     at_max = sum(1 for n in lengths if n >= max_length)
     fraction = at_max / len(lengths)
     detail = (
         f"{at_max} of {len(lengths)} sequence(s) ({fraction:.0%}) reach max_length={max_length}"
     )
-    if at_max:
-        return CheckResult(
-            name,
-            "warn",
-            detail + ": they were probably truncated, which can cut the part the loss needs",
-        )
-    return CheckResult(name, "pass", detail)
+    problem = detail + ": they were probably truncated, which can cut the part the loss needs"
+    return _judged(name, problem if at_max else None, "warn", detail)
 
 
 def check_padding(padding: int, total: int, *, warn_above: float = 0.5) -> CheckResult:
@@ -375,18 +315,8 @@ def check_padding(padding: int, total: int, *, warn_above: float = 0.5) -> Check
         return CheckResult(name, "not_checked", "field 'attention_mask' not found")
     fraction = padding / total
     detail = f"{fraction:.1%} of {total} positions are padding"
-    if fraction > warn_above:
-        return CheckResult(
-            name,
-            "warn",
-            detail + f" (above {warn_above:.0%}): sort or bucket by length to waste less compute",
-        )
-    return CheckResult(name, "pass", detail)
-
-
-def _judged(name: str, problem: str | None, verdict: str = "fail", passed: str = "") -> CheckResult:
-    """``verdict`` with the problem when there is one, else ``pass`` (with ``passed``)."""
-    return CheckResult(name, verdict, problem) if problem else CheckResult(name, "pass", passed)
+    advice = f" (above {warn_above:.0%}): sort or bucket by length to waste less compute"
+    return _judged(name, detail + advice if fraction > warn_above else None, "warn", detail)
 
 
 def check_attention_mask(
@@ -403,11 +333,6 @@ def check_attention_mask(
     ``labels_unaligned`` (why the targets are not aligned with the inputs, e.g. the decoder
     targets of an encoder-decoder model) makes ``padding_not_in_loss`` ``not_checked``: the
     mask describes the inputs, not those targets.
-
-    Checks: ``attention_mask_shape`` (same shape as token inputs), ``attention_mask_values``
-    (only 0 and 1), ``attention_mask_contiguous`` (each row is real tokens then padding, or
-    padding then real tokens), ``padding_token_masked`` (with ``pad_token_id``: masked positions
-    hold the padding token) and ``padding_not_in_loss`` (no masked position counts in the loss).
     """
     if not isinstance(mask, torch.Tensor):
         return [CheckResult("attention_mask", "not_checked", "field 'attention_mask' not found")]
@@ -480,18 +405,12 @@ def _masking(total: int, equal: int, ignored: int, ignore_index: int) -> CheckRe
     name = "instruction_masked"
     if total == 0:
         return CheckResult(name, "not_checked", "no real token in the batch")
-    if equal == total:
-        return CheckResult(
-            name,
-            "warn",
-            f"labels equal input_ids on all {total} real tokens: the instruction (prompt) is a"
-            f" target too; set its labels to {ignore_index} if only the response should count",
-        )
-    return CheckResult(
-        name,
-        "pass",
-        f"{ignored} of {total} real tokens ({ignored / total:.0%}) are masked out of the loss",
+    masked = f"{ignored} of {total} real tokens ({ignored / total:.0%}) are masked out of the loss"
+    problem = (
+        f"labels equal input_ids on all {total} real tokens: the instruction (prompt) is a"
+        f" target too; set its labels to {ignore_index} if only the response should count"
     )
+    return _judged(name, problem if equal == total else None, "warn", masked)
 
 
 def check_loss_positions(targets: Any, *, ignore_index: int) -> CheckResult:
@@ -501,29 +420,19 @@ def check_loss_positions(targets: Any, *, ignore_index: int) -> CheckResult:
         return CheckResult(name, "not_checked", "targets are not token sequences")
     per_row = (targets.detach().cpu() != ignore_index).sum(dim=1)
     empty = [int(i) for i in torch.nonzero(per_row == 0).flatten().tolist()]
-    if empty:
-        return CheckResult(
-            name,
-            "warn",
-            f"{len(empty)} of {targets.shape[0]} sequence(s) have no position counted in the loss"
-            f" (rows {_shown(empty)}): truncated before the response, or fully masked",
-        )
-    return CheckResult(name, "pass", f"{int(per_row.sum())} positions counted in the loss")
+    problem = (
+        f"{len(empty)} of {targets.shape[0]} sequence(s) have no position counted in the loss"
+        f" (rows {_shown(empty)}): truncated before the response, or fully masked"
+    )
+    counted = f"{int(per_row.sum())} positions counted in the loss"
+    return _judged(name, problem if empty else None, "warn", counted)
 
 
 def label_relations(inputs: Any, targets: Any, *, ignore_index: int) -> list[str | None] | None:
-    """How each row's token labels relate to its ``input_ids``, on the positions counted.
-
-    ``identical``: ``labels[t] == input_ids[t]`` (the Hugging Face convention: the model or the
-    loss shifts); ``shifted by 1``: ``labels[t] == input_ids[t + 1]`` (already shifted left, for
-    a loss that does not shift); ``shifted by -1``: ``labels[t] == input_ids[t - 1]``;
-    ``other``: none of these (token classification, sequence-to-sequence targets). A relation
-    holds when every counted position it can compare agrees; ``None`` for a row with no counted
-    position.
-
-    Returns:
-        One relation per row, or ``None`` when the targets are not token sequences aligned with
-        the inputs.
+    """How each row's token labels relate to its ``input_ids`` on the positions counted: one of
+    :data:`LABEL_RELATIONS` (``shifted by 1``: ``labels[t] == input_ids[t + 1]``), the first
+    whose every comparable counted position agrees; ``None`` for a row with no counted position,
+    and for the whole list when the targets are not token sequences aligned with the inputs.
 
     Example:
         >>> ids = torch.tensor([[5, 6, 7, 0], [5, 6, 7, 8]])
@@ -537,30 +446,21 @@ def label_relations(inputs: Any, targets: Any, *, ignore_index: int) -> list[str
     counted = labels != ignore_index
 
     def holds(lab: torch.Tensor, tok: torch.Tensor, cnt: torch.Tensor) -> list[bool]:
-        agree = ((lab == tok) | ~cnt).all(dim=1) & cnt.any(dim=1)
-        flags: list[bool] = agree.tolist()
-        return flags
+        return list((((lab == tok) | ~cnt).all(dim=1) & cnt.any(dim=1)).tolist())
 
-    rows = int(labels.shape[0])
     same = holds(labels, tokens, counted)
-    left = right = [False] * rows
+    left = right = [False] * int(labels.shape[0])
     if labels.shape[1] > 1:
         left = holds(labels[:, :-1], tokens[:, 1:], counted[:, :-1])
         right = holds(labels[:, 1:], tokens[:, :-1], counted[:, 1:])
-    any_counted: list[bool] = counted.any(dim=1).tolist()
-    relations: list[str | None] = []
-    for i in range(rows):
-        if not any_counted[i]:
-            relations.append(None)
-        elif same[i]:
-            relations.append("identical")
-        elif left[i]:
-            relations.append("shifted by 1")
-        elif right[i]:
-            relations.append("shifted by -1")
-        else:
-            relations.append("other")
-    return relations
+    rows = zip(counted.any(dim=1).tolist(), same, left, right, strict=True)
+    # Each row's first relation that holds, in LABEL_RELATIONS order ("other" when none does).
+    return [
+        next((r for r, agree in zip(LABEL_RELATIONS, flags, strict=False) if agree), "other")
+        if seen
+        else None
+        for seen, *flags in rows
+    ]
 
 
 def _tally(counts: Mapping[str, int]) -> tuple[str | None, int, str]:
@@ -580,12 +480,7 @@ def check_label_shift(counts: Mapping[str, int], *, causal_lm: str | None = None
     does not shift, and train a model that shifts internally (Hugging Face ``*ForCausalLM``
     given ``labels=``) to predict two tokens ahead. The checker cannot see which loss is used,
     so this is a warning (:func:`check_causal_lm_labels` watches what such a model receives).
-
-    Args:
-        counts: rows per relation of :data:`LABEL_RELATIONS` (rows with no counted position
-            left out).
-        causal_lm: a Hugging Face causal LM found in the module (``"GPT2LMHeadModel at
-            'model'"``), named in the detail.
+    ``counts``: rows per relation; ``causal_lm``: such a model found in the module, named.
 
     Example:
         >>> check_label_shift({"identical": 8}).verdict
@@ -617,13 +512,11 @@ def check_label_shift(counts: Mapping[str, int], *, causal_lm: str | None = None
             "labels equal input_ids where counted (the Hugging Face convention: the model or"
             f" the loss shifts them; {rows}{held})",
         ),
-    }.get(
-        relation or "",
-        (
+        "other": (
             "not_checked",
             f"labels are not input_ids, shifted or not ({rows}): not next-token targets",
         ),
-    )
+    }[relation or "other"]
     return CheckResult("label_shift", verdict, detail)
 
 
@@ -633,11 +526,7 @@ def check_causal_lm_labels(causal_lm: str, counts: Mapping[str, int], calls: int
     Such a model shifts the labels it is given, so labels already shifted left by one train
     it to predict two tokens ahead: ``fail``. ``not_checked`` when it was not called, or
     called without ``labels=`` (the loss is then computed outside it: see ``label_shift``).
-
-    Args:
-        causal_lm: the model, as ``"GPT2LMHeadModel at 'model'"``.
-        counts: rows per relation of its ``labels`` to its ``input_ids``.
-        calls: forward calls seen (with or without labels).
+    ``counts``: rows per relation of its ``labels`` to its ``input_ids`` in ``calls`` calls.
 
     Example:
         >>> check_causal_lm_labels("GPT2LMHeadModel at 'model'", {"shifted by 1": 4}, 1).verdict
@@ -673,20 +562,13 @@ def check_causal_lm_labels(causal_lm: str, counts: Mapping[str, int], calls: int
             f"{causal_lm} was given labels = input_ids where counted and shifts them"
             f" internally: next-token targets (rows: {text}; {seen})",
         ),
-    }.get(
-        relation or "",
-        (
+        "other": (
             "not_checked",
             f"the labels given to {causal_lm} are not its input_ids, shifted or not (rows:"
             f" {text}; {seen})",
         ),
-    )
+    }[relation or "other"]
     return CheckResult("causal_lm_labels", verdict, detail)
-
-
-# ------------------------------------------------------------------------------------------------
-# Splits
-# ------------------------------------------------------------------------------------------------
 
 
 def class_histogram(labels: Iterable[Any], *, ignore_index: int = -100) -> dict[int, int]:
@@ -726,39 +608,22 @@ def check_class_histograms(histograms: Mapping[str, Mapping[int, int]]) -> list[
             CheckResult("val_classes_in_train", "not_checked", "no training labels were read")
         )
         return results
-    unseen = {
-        split: sorted(set(h) - set(train)) for split, h in present.items() if split != "train"
-    }
-    unseen = {split: classes for split, classes in unseen.items() if classes}
-    if unseen:
-        text = "; ".join(f"{split} class(es) {_shown(c)}" for split, c in unseen.items())
-        results.append(
-            CheckResult(
-                "val_classes_in_train",
-                "warn",
-                f"{text} never occur in training: the model cannot learn them",
-            )
-        )
-    else:
-        results.append(CheckResult("val_classes_in_train", "pass", ""))
+    others = {split: h for split, h in present.items() if split != "train"}
+    unseen = {split: sorted(set(h) - set(train)) for split, h in others.items()}
+    text = "; ".join(f"{split} class(es) {_shown(c)}" for split, c in unseen.items() if c)
+    problem = f"{text} never occur in training: the model cannot learn them"
+    results.append(_judged("val_classes_in_train", problem if text else None, "warn"))
     low, high = min(train), max(train)
-    outside = {
-        split: (min(h), max(h))
-        for split, h in present.items()
-        if split != "train" and (min(h) < low or max(h) > high)
-    }
-    if outside:
-        text = ", ".join(f"{split} [{lo}, {hi}]" for split, (lo, hi) in outside.items())
-        results.append(
-            CheckResult(
-                "label_ranges_agree",
-                "warn",
-                f"label ranges differ between splits: train [{low}, {high}], {text} (labels"
-                " shifted or numbered differently in one split?)",
-            )
-        )
-    else:
-        results.append(CheckResult("label_ranges_agree", "pass", ""))
+    text = ", ".join(
+        f"{split} [{min(h)}, {max(h)}]"
+        for split, h in others.items()
+        if min(h) < low or max(h) > high
+    )
+    problem = (
+        f"label ranges differ between splits: train [{low}, {high}], {text} (labels"
+        " shifted or numbered differently in one split?)"
+    )
+    results.append(_judged("label_ranges_agree", problem if text else None, "warn"))
     return results
 
 
@@ -781,18 +646,13 @@ def check_leakage(
 ) -> CheckResult:
     """Fail when a group (conversation, patient, document, period) is in more than one split.
 
-    Args:
-        keys_by_split: the group key of every scanned example, per split; ``None`` when no
-            ``group_fn`` was given.
-        scanned: examples scanned per split (the scan is bounded, so leaks beyond it are unseen).
+    ``keys_by_split`` holds the group key of every scanned example (``None``: no ``group_fn``);
+    ``scanned`` the examples scanned per split (bounded: leaks beyond them are unseen).
     """
     name = "split_leakage"
     if keys_by_split is None:
-        return CheckResult(
-            name,
-            "not_checked",
-            "no group_fn given: pass group_fn=lambda example: <conversation/patient/document>",
-        )
+        detail = "no group_fn given: pass group_fn=lambda example: <conversation/patient/document>"
+        return CheckResult(name, "not_checked", detail)
     if len(keys_by_split) < 2:
         return CheckResult(
             name, "not_checked", f"only {len(keys_by_split)} split(s) readable: nothing to compare"
@@ -805,21 +665,15 @@ def check_leakage(
             name, "pass", f"{groups} group(s), none in two splits (examples scanned: {scope})"
         )
     listed = [f"{key!r} ({'+'.join(splits)})" for key, splits in shared.items()]
-    return CheckResult(
-        name,
-        "fail",
+    detail = (
         f"{len(shared)} group(s) found in more than one split: {_shown(listed)} (examples"
-        f" scanned: {scope}); split by group, not by example",
+        f" scanned: {scope}); split by group, not by example"
     )
+    return CheckResult(name, "fail", detail)
 
 
 def input_fingerprint(value: Any) -> str | None:
-    """A stable digest of one example's input (tensor bytes with dtype and shape, or its repr).
-
-    Example:
-        >>> input_fingerprint(torch.tensor([1, 2])) == input_fingerprint(torch.tensor([1, 2]))
-        True
-    """
+    """A stable digest of one example's input (tensor bytes with dtype and shape, or its repr)."""
     if value is None:
         return None
     digest = hashlib.blake2b(digest_size=16)
@@ -847,42 +701,24 @@ def check_duplicates(
         return CheckResult(name, "pass", f"no input in two splits (examples scanned: {scope})")
     pairs = Counter("+".join(splits) for splits in shared.values())
     text = ", ".join(f"{n} in {pair}" for pair, n in pairs.items())
-    return CheckResult(
-        name,
-        "warn",
+    detail = (
         f"{len(shared)} exact duplicate input(s) across splits: {text} (examples scanned:"
-        f" {scope}); an evaluation on them measures memory, not generalisation",
+        f" {scope}); an evaluation on them measures memory, not generalisation"
     )
-
-
-# ------------------------------------------------------------------------------------------------
-# Several batches of one split
-# ------------------------------------------------------------------------------------------------
+    return CheckResult(name, "warn", detail)
 
 
 class SplitInspection:
     """Run the batch checks over the first batches of one split and fold them per check.
 
     Each check keeps its worst verdict over the batches (with that batch's detail); lengths
-    and padding are pooled over the batches before they are judged.
-
-    Args:
-        split: the split's name (``train``, ``val``), prefixed to every check name.
-        ignore_index: the target value the loss skips.
-        output_size: the model's number of outputs (``None``: unknown) and ``size_source``, where
-            it came from.
-        max_length: the maximum sequence length (``None``: unknown).
-        pad_token_id: the padding token (``None``: not checked).
-        padding_warn: warn when more than this fraction of positions is padding.
-        causal_lm: a Hugging Face causal LM found in the module, named by ``label_shift``.
-        encoder_decoder: a seq2seq model found in the module (:func:`find_encoder_decoder`):
-            its labels are decoder targets, so the checks that compare labels with the inputs
-            or their mask (``padding_not_in_loss``, ``instruction_masked``, ``label_shift``)
-            read ``not_checked`` with that reason.
+    and padding are pooled over the batches before they are judged. Check names are prefixed
+    with ``split``; ``size_source`` says where ``output_size`` came from; ``None`` leaves
+    ``output_size`` and ``max_length`` unknown and ``pad_token_id`` unchecked. With an
+    ``encoder_decoder`` (:func:`find_encoder_decoder`) the labels are decoder targets, so the
+    checks that compare them with the inputs or their mask read ``not_checked`` with that reason.
 
     Example:
-        >>> import torch
-        >>> from lightning_pilot.core.batches import BatchAdapter
         >>> inspection = SplitInspection("train", ignore_index=-100, output_size=3)
         >>> inspection.add(BatchAdapter().view({"ids": torch.tensor([1, 1]),
         ...                                     "x": torch.zeros(2, 4),
@@ -1003,18 +839,10 @@ def example_rows(
 ) -> list[dict[str, Any]]:
     """Rows of the examples table for the first ``limit`` examples of one batch.
 
-    Columns: ``split``, ``batch_index``, ``position`` (in the batch), ``example_id``,
-    ``input_text`` (``decode(tokens)``; null without ``decode``), ``input_tokens`` (integer
-    inputs), ``input_values`` (float inputs, flattened, at most ``max_values``), ``target``
-    (text: the class, or the decoded counted target tokens), ``target_tokens`` (token targets as
-    given, ignore index included), ``loss_positions`` (positions counted in the loss),
-    ``loss_tokens``, ``length`` (real tokens), ``seq_len`` (padded width), ``truncated``
-    (``length >= max_length``; null when unknown), ``label_relation`` (of the token labels to
-    the inputs: :func:`label_relations`; null when not token sequences or nothing is counted)
-    and ``notes``.
-
-    ``decode`` is the user's function: when it raises, the text stays null, the row's note
-    names the error, and the message is appended to ``errors`` (when given); nothing is raised.
+    The columns are those of ``examples.parquet`` (docs/data-and-overfit.md); ``input_values``
+    keeps at most ``max_values`` values. ``decode`` is the user's function: when it raises, the
+    text stays null, the row's note names the error, and the message is appended to ``errors``
+    (when given); nothing is raised.
     """
     ids = view.ids_list()
     rows = []
@@ -1089,11 +917,6 @@ def _decoded(
         if errors is not None:
             errors.append(message)
         return None
-
-
-# ------------------------------------------------------------------------------------------------
-# The data phase of a fit: its first batches, a causal LM's labels, the splits' datasets
-# ------------------------------------------------------------------------------------------------
 
 
 class CausalLMWatch:
@@ -1181,17 +1004,10 @@ class DatasetScan:
     Reading the items runs user code (the datasets, the adapter's field functions,
     ``group_fn``): a split whose items cannot be read is left out with
     ``<split>/split_leakage`` ``not_checked``, a ``group_fn`` that raises makes
-    ``split_leakage`` ``not_checked``; both are listed in :attr:`raised`.
-
-    Args:
-        adapter: reads each item's inputs and target.
-        max_examples: items read per split.
-        group_fn: ``fn(item) -> key`` of the unit that must not span splits (``None``: leakage
-            ``not_checked``).
+    ``split_leakage`` ``not_checked``; both are listed in :attr:`raised`. ``max_examples`` items
+    are read per split; ``group_fn(item)`` is the key of the unit that must not span splits.
 
     Example:
-        >>> import torch
-        >>> from lightning_pilot.core.batches import BatchAdapter
         >>> scan = DatasetScan(BatchAdapter(), max_examples=10, group_fn=lambda item: item[2])
         >>> train = [(torch.tensor([i]), torch.tensor(i % 2), i // 2) for i in range(4)]
         >>> val = [(torch.tensor([9]), torch.tensor(0), 1)]
@@ -1233,15 +1049,13 @@ class DatasetScan:
                         items = [i for d in sets for i in first_items(d, self.max_examples)]
                         views = [self.adapter.view(item, count_tokens=False) for item in items]
                     except Exception as err:  # the user's dataset or adapter: report it
+                        detail = (
+                            f"reading the {split} dataset raised {type(err).__name__}: {err};"
+                            f" split leakage, duplicates and class histograms leave {split} out:"
+                            " check the dataset's items (dataset[i]) and the adapter's field specs"
+                        )
                         left_out.append(
-                            CheckResult(
-                                f"{split}/split_leakage",
-                                "not_checked",
-                                f"reading the {split} dataset raised {type(err).__name__}:"
-                                f" {err}; split leakage, duplicates and class histograms leave"
-                                f" {split} out: check the dataset's items (dataset[i]) and the"
-                                " adapter's field specs",
-                            )
+                            CheckResult(f"{split}/split_leakage", "not_checked", detail)
                         )
                         continue
                     if not items:
@@ -1255,13 +1069,12 @@ class DatasetScan:
                         try:
                             keys[split] = [self.group_fn(item) for item in items]
                         except Exception as err:  # the user's function: report it
-                            group_error = CheckResult(
-                                "split_leakage",
-                                "not_checked",
+                            detail = (
                                 f"group_fn raised {type(err).__name__}: {err} on a {split} item:"
                                 " fix group_fn (it receives one dataset item, as dataset[i]"
-                                " returns it)",
+                                " returns it)"
                             )
+                            group_error = CheckResult("split_leakage", "not_checked", detail)
         finally:
             random.setstate(python_state)
         self.raised += [*left_out, *([group_error] if group_error else [])]
@@ -1276,15 +1089,11 @@ class DatasetScan:
 class DataInspection:
     """The ``data`` phase of a fit: the first batches of each split, examples and every check.
 
-    Args:
-        splits: the :class:`SplitInspection` of every split read, by name, in table order.
-        batches: batches inspected per split.
-        examples: examples per split kept for the table (:func:`example_rows`).
-        decode: the user's ``fn(token_ids) -> str`` for the table.
+    ``splits`` holds the :class:`SplitInspection` of every split read, in table order;
+    ``batches`` per split are inspected and ``examples`` per split kept for the table, with
+    the text of the user's ``decode(token_ids)``.
 
     Example:
-        >>> import torch
-        >>> from lightning_pilot.core.batches import BatchAdapter
         >>> inspection = DataInspection(
         ...     {"train": SplitInspection("train", ignore_index=-100, output_size=2)},
         ...     batches=1, examples=1)
@@ -1304,12 +1113,8 @@ class DataInspection:
         examples: int,
         decode: Callable[[torch.Tensor], Any] | None = None,
     ) -> None:
-        self.splits, self.batches, self.examples, self.decode = (
-            dict(splits),
-            batches,
-            examples,
-            decode,
-        )
+        self.splits, self.batches = dict(splits), batches
+        self.examples, self.decode = examples, decode
         self.rows: list[dict[str, Any]] = []
         #: Per split: the batch the adapter could not read (the split's checks stop there).
         self.errors: dict[str, CheckResult] = {}
@@ -1343,14 +1148,12 @@ class DataInspection:
             inspection.add(view)
             self.rows += rows
         except Exception as err:  # a field function of the adapter, an odd batch: not the fit
-            self.errors[split] = error = CheckResult(
-                f"{split}/batch_read",
-                "not_checked",
+            detail = (
                 f"reading a {split} batch raised {type(err).__name__}: {err}; the {split} batch"
-                " checks stop there: give adapter=BatchAdapter(...) field specs that fit the"
-                " batch",
+                " checks stop there: give adapter=BatchAdapter(...) field specs that fit the batch"
             )
-            self.raised.append(error)
+            self.errors[split] = CheckResult(f"{split}/batch_read", "not_checked", detail)
+            self.raised.append(self.errors[split])
 
     def results(
         self,
@@ -1364,28 +1167,20 @@ class DataInspection:
         results = [c for s in self.splits.values() for c in s.checks()]
         results += self.errors.values()
         if self._decode_errors:
-            self.raised.append(
-                CheckResult(
-                    "decode",
-                    "not_checked",
-                    f"{self._decode_errors[0]} ({len(self._decode_errors)} call(s)): input_text"
-                    " and target stay null in examples.parquet; fix decode= (it receives a 1-d"
-                    " LongTensor of token ids, e.g. a tokenizer's decode)",
-                )
+            detail = (
+                f"{self._decode_errors[0]} ({len(self._decode_errors)} call(s)): input_text"
+                " and target stay null in examples.parquet; fix decode= (it receives a 1-d"
+                " LongTensor of token ids, e.g. a tokenizer's decode)"
             )
+            self.raised.append(CheckResult("decode", "not_checked", detail))
             results.append(self.raised[-1])
         if watch is not None:
             results.append(watch.check())
             if watch.error is not None:
                 self.raised.append(results[-1])
         if dataset_checks is None:
-            results.append(
-                CheckResult(
-                    "datasets_scanned",
-                    "not_checked",
-                    f"the fit ended ({type(failed).__name__}) before training started",
-                )
-            )
+            detail = f"the fit ended ({type(failed).__name__}) before training started"
+            results.append(CheckResult("datasets_scanned", "not_checked", detail))
         return results + list(dataset_checks or [])
 
     def table_rows(self) -> list[dict[str, Any]]:

@@ -1,8 +1,6 @@
-"""Reading many 0-d tensors back to the host at once, free of Lightning.
-
-Callbacks queue per-update values on the device (losses, gradient norms, token counts) and read
-them together at their flush points, so a long run waits for the device once per flush instead
-of once per update.
+"""Reading many 0-d tensors back to the host at once, free of Lightning: callbacks queue
+per-update values on the device (losses, gradient norms, token counts) and read them together at
+their flush points, one device wait per flush instead of one per update.
 
 Example:
     >>> import torch
@@ -20,15 +18,10 @@ __all__ = ["read_scalars"]
 
 
 def read_scalars(tensors: Sequence[torch.Tensor]) -> list[float]:
-    """The values of 0-d (or one-element) tensors as floats, in order.
-
-    Tensors on one device are read with a single host sync; tensors spread over several
-    devices (model parallel) are read one by one.
-    """
-    if not tensors:
-        return []
+    """The values of 0-d (or one-element) tensors as floats, in order: one host sync for
+    tensors on one device, one read each when they are spread over several (model parallel)."""
     try:
         stacked = torch.stack([t.detach().reshape(()).double() for t in tensors])
-    except RuntimeError:  # on several devices: one read each
+    except RuntimeError:  # on several devices (or none given): one read each
         return [float(t) for t in tensors]
     return [float(v) for v in stacked.tolist()]
