@@ -208,7 +208,9 @@ def _seq_len(inputs: Any, mask: Any) -> int | None:
 def _token_count(inputs: Any, mask: Any) -> tuple[torch.Tensor | int | None, str | None]:
     if isinstance(mask, torch.Tensor):
         # Summed now: a loader may refill the same buffer for the next batch.
-        return mask.detach().sum(dtype=torch.int64), "attention_mask"
+        # An integer or bool mask sums to int64 already (asking again costs ~5 us per batch).
+        exact = mask.is_floating_point() or mask.is_complex()
+        return (mask.detach().sum(dtype=torch.int64) if exact else mask.sum()), "attention_mask"
     if _is_token_tensor(inputs):
         return int(inputs.numel()), "input_ids"
     return None, None

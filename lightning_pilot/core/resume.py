@@ -1,21 +1,10 @@
-"""Pure pieces of resume verification: RNG states, digests, plain values, trajectory comparison.
-
-Everything here works on plain values (numbers, strings, tensors, dicts), so the comparison of a
-reference run with its resumed copy is testable without a Trainer or a new process.
-
-Example:
-    >>> import random
-    >>> state = capture_rng()
-    >>> first = random.random()
-    >>> restore_rng(state)
-    >>> random.random() == first
-    True
-    >>> digest({"a": [1, 2.5, "x"]}) == digest({"a": [1, 2.5, "x"]})
-    True
+"""Pure pieces of resume verification (RNG states, digests, plain values, trajectory
+comparison) on plain values, testable without a Trainer or a new process. See docs/resume.md.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import random
@@ -92,15 +81,9 @@ def restore_rng(state: Mapping[str, Any]) -> None:
 
 
 def rng_of_this_rank(state: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    """The RNG states a resumed process restores from a saved ``{"rng", "rng_by_rank"}``.
-
-    Under several processes the state can hold every rank's own states (``rng_by_rank``,
-    gathered when the checkpoint was taken): each rank takes its own, so per-rank random
-    streams (dropout masks, augmentation) continue where they were. Otherwise ``rng``.
-
-    Example:
-        >>> rng_of_this_rank({"rng": {"python": 1}})
-        {'python': 1}
+    """The RNG states a resumed process restores from a saved ``{"rng", "rng_by_rank"}``: this
+    rank's own from ``rng_by_rank`` under several processes (so per-rank random streams
+    continue), else ``rng``.
     """
     by_rank = state.get("rng_by_rank")
     if isinstance(by_rank, list) and torch.distributed.is_initialized():
@@ -141,26 +124,13 @@ def digest(value: Any) -> str:
 
 
 def json_id(value: Any) -> ExampleId:
-    """An example id as a JSON value: numbers, strings and booleans as they are, else ``str``.
-
-    Example:
-        >>> json_id(3), json_id(("a", 1))
-        (3, "('a', 1)")
-    """
+    """An example id as a JSON value: numbers, strings and booleans as they are, else ``str``."""
     return value if isinstance(value, int | float | str | bool) or value is None else str(value)
 
 
 def content_keys(inputs: Any) -> list[str] | None:
-    """One key per example from the bytes of its inputs, for batches that carry no ids.
-
-    Two examples with the same key hold the same input values, so the order of the data can be
-    compared across a resume without an id field. ``None`` when the inputs are not a tensor
-    with a batch dimension.
-
-    Example:
-        >>> keys = content_keys(torch.tensor([[1, 2], [3, 4], [1, 2]]))
-        >>> keys[0] == keys[2] != keys[1], keys[0].startswith(CONTENT_KEY_PREFIX)
-        (True, True)
+    """One key per example from the bytes of its inputs, for batches that carry no ids (``None``
+    when the inputs are not a tensor with a batch dimension).
     """
     if not isinstance(inputs, torch.Tensor) or inputs.dim() < 1 or inputs.shape[0] == 0:
         return None
@@ -169,19 +139,9 @@ def content_keys(inputs: Any) -> list[str] | None:
 
 
 def dataset_fingerprint(dataset: Any, count: int = 4) -> str | None:
-    """A digest of the first ``count`` items of a map-style dataset (``None`` when it has no
-    length and indexing, or reading an item raises).
-
-    The training process and the verification process compute it on the dataset each of them
-    built: different digests mean the new process trains on other data (random data drawn
-    without a seed, a file that changed), whatever the loader does.
-
-    Example:
-        >>> data = [torch.tensor([1.0, 2.0]), torch.tensor([3.0, 4.0])]
-        >>> dataset_fingerprint(data) == dataset_fingerprint([t.clone() for t in data])
-        True
-        >>> dataset_fingerprint(data) == dataset_fingerprint([torch.zeros(2), data[1]])
-        False
+    """A digest of the first ``count`` items of a map-style dataset, to tell whether the new
+    process built the fit's data (``None`` when it has no length and indexing, or reading an
+    item raises).
     """
     if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
         return None
@@ -208,16 +168,9 @@ _DROPPED: Final = object()
 
 def plain_values(value: Any, *, others: Literal["drop", "raise"] = "drop") -> Any:
     """``value`` as what compares across processes and ``torch.load(weights_only=True)`` reads:
-    tensors (on the CPU; numpy arrays become tensors), numbers, strings, bytes and containers of
-    them (tuples become lists, keys strings).
-
-    Other objects (a Hugging Face cache, an image, a custom class: their ``repr`` may hold a
-    memory address) are left out (``others="drop"``) or refused with ``TypeError``
-    (``others="raise"``).
-
-    Example:
-        >>> plain_values({"loss": torch.tensor(1.0), "cache": object(), "n": (1, 2)})
-        {'loss': tensor(1.), 'n': [1, 2]}
+    CPU tensors (numpy arrays too), numbers, strings, bytes and lists and dicts of them. Other
+    objects (their ``repr`` may hold a memory address) are left out (``others="drop"``) or
+    refused with ``TypeError`` (``others="raise"``).
     """
     if isinstance(value, torch.Tensor):
         return value.detach().cpu()
@@ -236,12 +189,7 @@ def plain_values(value: Any, *, others: Literal["drop", "raise"] = "drop") -> An
 
 
 def count_tensors(value: Any) -> int:
-    """How many tensors a :func:`plain_values` value holds.
-
-    Example:
-        >>> count_tensors({"a": torch.zeros(1), "b": [torch.ones(2), 3]})
-        2
-    """
+    """How many tensors a :func:`plain_values` value holds."""
     if isinstance(value, torch.Tensor):
         return 1
     if isinstance(value, Mapping):
@@ -254,12 +202,6 @@ def count_tensors(value: Any) -> int:
 def outputs_close(a: Any, b: Any, atol: float = 0.0, rtol: float = 0.0) -> bool:
     """Whether two :func:`plain_values` values are equal: floating tensors within ``atol`` and
     ``rtol`` (NaN equals NaN), every other tensor exactly, same shapes, dtypes and keys.
-
-    Example:
-        >>> outputs_close([torch.tensor([1.0])], [torch.tensor([1.0 + 1e-9])], atol=1e-6)
-        True
-        >>> outputs_close({"y": torch.ones(2)}, {"y": torch.ones(3)})
-        False
     """
     if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
         if a.shape != b.shape or a.dtype != b.dtype:
@@ -280,13 +222,7 @@ _SAFE_SCALARS = (str, bytes, int, float, bool, complex, type(None))
 
 
 def unsafe_values(value: Any, path: str = "") -> list[str]:
-    """Key paths of values a weights-only load would refuse, with their type.
-
-    Example:
-        >>> from pathlib import PurePosixPath
-        >>> unsafe_values({"hyper_parameters": {"root": PurePosixPath("/data"), "lr": 0.1}})
-        ['hyper_parameters.root (pathlib.PurePosixPath)']
-    """
+    """Key paths of values a weights-only load would refuse, with their type."""
     # Exact types: numpy scalars subclass float and int but need numpy globals to unpickle.
     if type(value) in _SAFE_SCALARS or isinstance(
         value, torch.Tensor | torch.Size | torch.dtype | torch.device
@@ -348,55 +284,38 @@ def compare_trajectories(
     atol: float = 0.0,
     rtol: float = 0.0,
 ) -> tuple[list[CheckResult], list[StepPair]]:
-    """Compare the micro-batches after a resume with the reference run's.
+    """The checks ``data_position``, ``loss_trajectory`` and ``lr_trajectory`` of the
+    micro-batches after a resume, and one :data:`StepPair` per reference micro-batch.
 
-    Args:
-        reference: the reference run's micro-batches after the checkpoint.
-        resumed: the resumed run's micro-batches.
-        seen_before: for a mid-epoch checkpoint, the sample ids the reference trained on in
-            the checkpoint's epoch before it (to recognise a replay); at an epoch boundary,
-            the ids of the finished epoch's first micro-batches (to recognise the same order
-            starting again).
-        loader_stateful: whether the training loader can save its position
-            (``state_dict``/``load_state_dict``), to choose the diagnosis.
-        at_epoch_boundary: the checkpoint was taken at the end of an epoch.
-        atol, rtol: tolerance on losses and learning rates (0, 0 = exact).
-
-    Returns:
-        The checks ``data_position``, ``loss_trajectory`` and ``lr_trajectory``, and one
-        :data:`StepPair` per reference micro-batch.
-
-    Example:
-        >>> ref = [StepRecord(2, 2, 0, (4, 5), 0.9), StepRecord(3, 3, 0, (6, 7), 0.8)]
-        >>> replay = [StepRecord(2, 2, 0, (0, 1), 1.1), StepRecord(3, 3, 0, (2, 3), 1.0)]
-        >>> checks, pairs = compare_trajectories(ref, replay, seen_before={0, 1, 2, 3},
-        ...                                      loader_stateful=False)
-        >>> checks[0].verdict, "cannot resume mid-epoch" in checks[0].detail, pairs[0][3]
-        ('fail', True, False)
+    ``seen_before`` holds, for a mid-epoch checkpoint, the ids the reference trained on in the
+    checkpoint's epoch before it (a replay); at an epoch boundary, the ids of the finished
+    epoch's first micro-batches (the same order starting again). ``loader_stateful`` (the loader
+    has ``state_dict``/``load_state_dict``) chooses the diagnosis; ``atol``/``rtol`` (0 = exact)
+    apply to losses and learning rates.
     """
     pairs: list[StepPair] = []
-    first_ids = first_loss = first_lr = None
+    first: dict[str, tuple[int, StepRecord, StepRecord]] = {}  # the first difference of each
     for index, ref in enumerate(reference):
         got = resumed[index] if index < len(resumed) else None
         if got is None:
             pairs.append((index, ref, None, False))
             continue
-        ids_equal = ref.ids is None or ref.ids == got.ids
-        loss_equal = _close(got.loss, ref.loss, atol, rtol)
-        lr_equal = len(ref.lrs) == len(got.lrs) and all(
-            _close(a, b, atol, rtol) for a, b in zip(got.lrs, ref.lrs, strict=False)
-        )
-        if not ids_equal and first_ids is None:
-            first_ids = (index, ref, got)
-        if not loss_equal and first_loss is None:
-            first_loss = (index, ref, got)
-        if not lr_equal and first_lr is None:
-            first_lr = (index, ref, got)
-        pairs.append((index, ref, got, ids_equal and loss_equal and lr_equal))
+        equal = {
+            "ids": ref.ids is None or ref.ids == got.ids,
+            "loss": _close(got.loss, ref.loss, atol, rtol),
+            "lrs": len(ref.lrs) == len(got.lrs)
+            and all(_close(a, b, atol, rtol) for a, b in zip(got.lrs, ref.lrs, strict=False)),
+        }
+        for key in (key for key, same in equal.items() if not same):
+            first.setdefault(key, (index, ref, got))
+        pairs.append((index, ref, got, all(equal.values())))
+    counts = len(reference), len(resumed)
     return [
-        _data_check(reference, resumed, first_ids, seen_before, loader_stateful, at_epoch_boundary),
-        _value_check("loss_trajectory", "loss", first_loss, len(reference), len(resumed)),
-        _value_check("lr_trajectory", "learning rates", first_lr, len(reference), len(resumed)),
+        _data_check(
+            reference, resumed, first.get("ids"), seen_before, loader_stateful, at_epoch_boundary
+        ),
+        _value_check("loss_trajectory", "loss", first.get("loss"), *counts),
+        _value_check("lr_trajectory", "learning rates", first.get("lrs"), *counts),
     ], pairs
 
 
@@ -408,36 +327,29 @@ def _data_check(
     loader_stateful: bool,
     at_epoch_boundary: bool,
 ) -> CheckResult:
+    check = functools.partial(CheckResult, "data_position")
     if not reference or all(r.ids is None for r in reference):
-        hint = (
-            ""
-            if loader_stateful
-            else "; note that the training loader is not stateful, so a"
-            " mid-epoch resume restarts its permutation (use torchdata's StatefulDataLoader)"
-        )
-        return CheckResult(
-            "data_position",
+        hint = ""
+        if not loader_stateful:
+            hint = (
+                "; note that the training loader is not stateful, so a mid-epoch resume"
+                " restarts its permutation (use torchdata's StatefulDataLoader)"
+            )
+        return check(
             "not_checked",
             f"batches carry no example ids: add an id field or give BatchAdapter(ids=...){hint}",
         )
     if first is None:
         if len(resumed) < len(reference):
-            return CheckResult(
-                "data_position",
+            return check(
                 "fail",
                 f"only {len(resumed)} of {len(reference)} micro-batches ran after the resume",
             )
         by_content = any(
             isinstance(i, str) and i.startswith(CONTENT_KEY_PREFIX) for i in reference[0].ids or ()
         )
-        how = (
-            " (examples told apart by the bytes of their inputs: the batches carry no id field)"
-            if by_content
-            else ""
-        )
-        return CheckResult(
-            "data_position", "pass", f"{len(reference)} micro-batches identical{how}"
-        )
+        how = " (examples told apart by the bytes of their inputs: the batches carry no id field)"
+        return check("pass", f"{len(reference)} micro-batches identical{how if by_content else ''}")
     index, ref, got = first
     resumed_ids = {i for record in resumed for i in (record.ids or ())}
     replayed = resumed_ids & seen_before
@@ -472,7 +384,7 @@ def _data_check(
             " trainer.estimated_stepping_batches, which drops the loader state): compute the"
             " number of steps yourself, or restore the loader state explicitly"
         )
-    return CheckResult("data_position", "fail", f"{where}; {remedy}")
+    return check("fail", f"{where}; {remedy}")
 
 
 def _value_check(

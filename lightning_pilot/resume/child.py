@@ -1,12 +1,8 @@
 """The new process ResumeVerifier starts: ``python -m lightning_pilot.resume.child REQUEST``.
 
-It reads a :class:`~lightning_pilot.resume.protocol.Request`, runs its tasks one after the other
-(one interpreter start and one import of the user's code for every probe checkpoint and the
-artifact) and publishes a :class:`~lightning_pilot.resume.protocol.Result` where the request
-says. A resume task loads its checkpoint with ``weights_only=True``, rebuilds the module and
-data, resumes ``fit`` and records it (:func:`~lightning_pilot.resume.replay.replay`); an
-artifact task loads the final artifact strictly into a fresh module and saves its outputs on
-the control batches. Failures of the user's code are answers, written into the result.
+It runs the :class:`~lightning_pilot.resume.protocol.Request`'s tasks in order and publishes a
+:class:`~lightning_pilot.resume.protocol.Result` where the request says; failures of the user's
+code are answers, written into the result. See docs/resume.md.
 """
 
 from __future__ import annotations
@@ -24,7 +20,6 @@ from typing import Any, Final
 import torch
 
 from lightning_pilot import storage
-from lightning_pilot.core.resume import plain_values
 from lightning_pilot.resume.protocol import (
     PARENT_PID,
     ArtifactTask,
@@ -33,19 +28,14 @@ from lightning_pilot.resume.protocol import (
     ResumeTask,
     TaskResult,
 )
-from lightning_pilot.resume.replay import CONTROL_CALLS, load_checkpoint, replay
+from lightning_pilot.resume.replay import control_outputs, load_checkpoint, replay
 
 #: The largest request a child reads: a few paths and options per task.
 MAX_REQUEST_BYTES: Final = 1 << 20
 
 
 def load_object(path: str) -> Any:
-    """Import ``"package.module:attribute"`` (also ``"package.module.attribute"``).
-
-    Example:
-        >>> load_object("os.path:join") is os.path.join
-        True
-    """
+    """Import ``"package.module:attribute"`` (also ``"package.module.attribute"``)."""
     module_name, sep, attribute = path.partition(":")
     if not sep:
         module_name, _, attribute = path.rpartition(".")
@@ -56,12 +46,9 @@ def load_object(path: str) -> Any:
 
 
 def _seed_like_the_script() -> None:
-    """Seed as the training script did before it built its objects.
-
-    ``seed_everything`` leaves its seed in ``PL_GLOBAL_SEED`` (and ``PL_SEED_WORKERS``), which
-    this process inherits: a module or DataModule that draws random data or weights in its
-    constructor is then rebuilt with the same values. The fit's RNG states are restored at
-    train start, separately.
+    """Seed as the training script did before it built its objects (``seed_everything`` leaves
+    its seed in ``PL_GLOBAL_SEED``, which this process inherits), so random data or weights drawn
+    in a constructor come out the same; the fit's RNG states are restored at train start.
     """
     seed = os.environ.get("PL_GLOBAL_SEED")
     if seed is not None and seed.lstrip("-").isdigit():
@@ -97,10 +84,8 @@ def _build(
 
 
 def run_resume(task: ResumeTask, result: TaskResult) -> None:
-    """Rebuild the module and data as the script probably did (seed, module, data) and resume.
-
-    When the data come out other than the fit's and a seed was set, the script built the data
-    first: build that way and resume again (only then: one fit in the common case).
+    """Rebuild the module and data as the script probably did (seed, module, data) and resume;
+    when the data differ from the fit's after a seed, build the data first and resume again.
     """
     checkpoint = load_checkpoint(task.checkpoint, result)
     if checkpoint is None:
@@ -150,20 +135,14 @@ def run_artifact(task: ArtifactTask, result: TaskResult) -> None:
         return
     model.eval()
     control = torch.load(task.control, map_location="cpu", weights_only=True)
-    with torch.no_grad():
-        outputs = [
-            plain_values(CONTROL_CALLS[task.call](model, batch, index))
-            for index, batch in enumerate(control)
-        ]
+    outputs = control_outputs(model, task.call, control)
     storage.publish_file(task.outputs, lambda handle: torch.save(outputs, handle))
     result.outputs = task.outputs
 
 
 def _exit_with_parent(poll_s: float = 0.5) -> None:
-    """End this process when the training process that started it is gone (killed).
-
-    The parent enforces the timeout; without this a verification process would live on and
-    keep its memory (on a GPU too).
+    """End this process when the training process that started it is gone (killed), which
+    would otherwise leave it running and holding its memory (on a GPU too).
     """
     expected = os.environ.get(PARENT_PID)
     parent = int(expected) if expected and expected.isdigit() else os.getppid()

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import inspect
+import itertools
 import os
 import socket
 import subprocess
@@ -23,13 +25,7 @@ from lightning.pytorch.utilities.model_helpers import is_overridden
 
 from lightning_pilot import storage
 from lightning_pilot.core.checks import CheckResult
-from lightning_pilot.core.resume import (
-    capture_rng,
-    count_tensors,
-    outputs_close,
-    plain_values,
-    restore_rng,
-)
+from lightning_pilot.core.resume import capture_rng, count_tensors, outputs_close, restore_rng
 from lightning_pilot.ledger import file_sha256
 from lightning_pilot.resume.protocol import (
     PARENT_PID,
@@ -39,7 +35,7 @@ from lightning_pilot.resume.protocol import (
     ResumeTask,
     TaskResult,
 )
-from lightning_pilot.resume.replay import CONTROL_CALLS, control_calls, load_checkpoint, replay
+from lightning_pilot.resume.replay import control_calls, control_outputs, load_checkpoint, replay
 from lightning_pilot.run import ExportFn, PilotRun
 
 Task = ResumeTask | ArtifactTask
@@ -49,12 +45,7 @@ MAX_RESULT_BYTES: Final = 64 << 20
 
 
 def class_path(cls: type) -> str:
-    """``"package.module:QualName"``, what a new process imports.
-
-    Example:
-        >>> class_path(Path)
-        'pathlib:Path'
-    """
+    """``"package.module:QualName"``, what a new process imports."""
     return f"{cls.__module__}:{cls.__qualname__}"
 
 
@@ -102,16 +93,13 @@ def launch(
     tag: str = "",
     env: dict[str, str] | None = None,
 ) -> list[TaskResult]:
-    """Run ``tasks`` in one new process; one result per task, in order.
-
-    The request is ``folder/spec-tasks<tag>.json``, the answer ``folder/result-tasks<tag>.json``.
-    A process that times out, dies before it answers or answers something unusable gives every
-    task a ``crash`` result that says so.
+    """Run ``tasks`` in one new process (request ``folder/spec-tasks<tag>.json``, answer
+    ``folder/result-tasks<tag>.json``); one result per task, in order, a ``crash`` for each when
+    the process times out, dies before it answers or answers something unusable.
     """
     request_path = folder / f"spec-tasks{tag}.json"
     result_path = folder / f"result-tasks{tag}.json"
-    # An earlier attempt's answer must never be read as this one's (a process that dies before
-    # it answers leaves none).
+    # An earlier attempt's answer must never be read as this one's.
     outputs = [Path(t.outputs) for t in tasks if isinstance(t, ArtifactTask)]
     for stale in (request_path, result_path, *outputs):
         stale.unlink(missing_ok=True)
@@ -156,8 +144,7 @@ def _crashed(tasks: Sequence[Task], why: str) -> list[TaskResult]:
 
 @dataclass(frozen=True)
 class Launcher:
-    """How the training process gets its tasks run: the rebuild ``factory``, the ``fallback``
-    when no new process can rebuild the module, and the time each task may take.
+    """How the training process gets its tasks run (the ResumeVerifier options of those names).
 
     Example:
         >>> Launcher(factory=None, fallback="none", timeout_s=600.0).fallback
@@ -169,11 +156,7 @@ class Launcher:
     timeout_s: float
 
     def run(self, tasks: Sequence[Task], trainer: pl.Trainer, pl_module: Any) -> list[TaskResult]:
-        """Run every task in one new process (in this one when asked to and a new one cannot).
-
-        One interpreter start and one import of the user's code serve every probe checkpoint
-        and the artifact.
-        """
+        """Run every task in one new process (in this one when asked to and a new one cannot)."""
         datamodule = getattr(trainer, "datamodule", None)
         results: list[TaskResult | None] = []
         runnable: list[Task] = []
@@ -203,12 +186,8 @@ class Launcher:
     def run_per_rank(
         self, tasks: Sequence[ResumeTask], trainer: pl.Trainer, pl_module: Any
     ) -> list[TaskResult]:
-        """Resume in one new process per rank: together a DDP group shaped like the fit's.
-
-        Every rank calls this at the same point (it holds a collective: the port of the new
-        group, chosen by rank 0). Each new process gets its rank's environment, so Lightning
-        starts no processes of its own and each rank reads its own shard of the data again, on
-        its own device.
+        """Resume in one new process per rank, with its rank's environment: together a DDP group
+        shaped like the fit's. Every rank calls it at once (rank 0 broadcasts the group's port).
         """
         port = trainer.strategy.broadcast(_free_port() if trainer.is_global_zero else 0, src=0)
         datamodule = getattr(trainer, "datamodule", None)
@@ -300,12 +279,8 @@ def _free_port() -> int:
 def final_artifact(
     run: PilotRun, trainer: pl.Trainer, pl_module: Any, export: ExportFn | None
 ) -> tuple[Path | None, str | None]:
-    """Write the final artifact; return its path, or why the user's export failed.
-
-    Every rank saves the final checkpoint (saving is a collective): one per attempt, so a
-    resumed fit never re-reads an earlier attempt's. With ``export``, the artifact is the file
-    it returns (:meth:`PilotRun.export`: once per run, on global rank 0, measured by the memory
-    monitor when there is one).
+    """Write the final artifact (the attempt's final checkpoint, saved by every rank: a
+    collective; or the file :meth:`PilotRun.export` returns); its path, or why export failed.
     """
     checkpoint = storage.make_folder(run.run_dir, "resume") / f"final-attempt-{run.attempt}.ckpt"
     if not checkpoint.exists():
@@ -326,8 +301,8 @@ _PROBE_REMEDY: Final = (
 
 @dataclass
 class ArtifactProbe:
-    """The artifact round trip prepared in the training process: the task for the new process
-    and the live outputs to compare with, or the verdict that ends it early.
+    """The artifact round trip's task for the new process and the live outputs to compare
+    with, or the verdict that ends it early.
 
     Example:
         >>> ArtifactProbe(Path("final.ckpt"), "0" * 64).task is None
@@ -349,14 +324,9 @@ def _control_batches(trainer: pl.Trainer, count: int) -> list[Any]:
     loaders = trainer.val_dataloaders
     if isinstance(loaders, list | tuple):
         loaders = loaders[0] if loaders else None
-    if not loaders:
-        loaders = trainer.train_dataloader
-    batches: list[Any] = []
-    for batch in loaders if loaders is not None else ():
-        batches.append(_to_cpu(batch))
-        if len(batches) >= count:
-            break
-    return batches
+    loaders = loaders or trainer.train_dataloader
+    batches = itertools.islice(loaders if loaders is not None else (), count)
+    return [_to_cpu(batch) for batch in batches]
 
 
 def _to_cpu(value: Any) -> Any:
@@ -371,11 +341,8 @@ def _to_cpu(value: Any) -> Any:
 
 
 def _live_outputs(pl_module: Any, batches: list[Any]) -> tuple[str, list[Any]]:
-    """Run the live module (on the CPU, where Lightning's teardown put it) on the control
-    batches each way worth trying; the first that works for every batch is the answer.
-
-    Raises:
-        RuntimeError: no way worked; the message names each attempt's error.
+    """The first way to call the live module (on the CPU after teardown) that works on every
+    control batch, and its outputs; ``RuntimeError`` naming each attempt's error if none does.
     """
     errors = []
     was_training = pl_module.training
@@ -383,11 +350,7 @@ def _live_outputs(pl_module: Any, batches: list[Any]) -> tuple[str, list[Any]]:
     try:
         for call in control_calls(pl_module, batches[0]):
             try:
-                with torch.no_grad():
-                    outputs = [
-                        plain_values(CONTROL_CALLS[call](pl_module, batch, index))
-                        for index, batch in enumerate(batches)
-                    ]
+                outputs = control_outputs(pl_module, call, batches)
             except Exception as err:  # the user's code: each failure is part of the answer
                 errors.append(f"{call} raised {type(err).__name__}: {str(err)[:200]}")
                 continue
@@ -402,7 +365,6 @@ def prepare_artifact(
     trainer: pl.Trainer,
     pl_module: Any,
     artifact: Path,
-    *,
     factory: str | None,
     control_batches: int,
 ) -> ArtifactProbe:
@@ -459,31 +421,28 @@ def judge_artifact(
 ) -> CheckResult:
     """The artifact round trip's verdict from the new process's answer."""
     name, checksum = probe.artifact.name, probe.checksum
+    check = functools.partial(CheckResult, "artifact_roundtrip")
     if result.blocked is not None:
-        return CheckResult("artifact_roundtrip", "not_checked", result.blocked)
+        return check("not_checked", result.blocked)
     failure = result.load_error or result.build_error or result.artifact_error or result.crash
     if result.load_error is not None:
         failure = f"{failure} (unsafe globals: {', '.join(result.unsafe_globals)})"
     if failure is None and (result.outputs is None or probe.task is None):
         failure = "the new process saved no outputs"
     if failure is not None:
-        return CheckResult(
-            "artifact_roundtrip",
-            "fail",
-            f"{name} (sha256 {checksum[:16]}) did not reload into a fresh module: {failure}",
+        return check(
+            "fail", f"{name} (sha256 {checksum[:16]}) did not reload into a fresh module: {failure}"
         )
     assert probe.task is not None
     reloaded = torch.load(probe.task.outputs, map_location="cpu", weights_only=True)
     call = probe.task.call
     if outputs_close(probe.live, reloaded, atol, rtol):
-        return CheckResult(
-            "artifact_roundtrip",
+        return check(
             "pass",
             f"{name} sha256 {checksum} reproduces the live outputs ({call}) on"
             f" {len(probe.live)} control batch(es)",
         )
-    return CheckResult(
-        "artifact_roundtrip",
+    return check(
         "fail",
         f"{name} (sha256 {checksum[:16]}) reloaded, but its outputs ({call}) on the control"
         " inputs differ from the live model's: the artifact misses state the model uses",

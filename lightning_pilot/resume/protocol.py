@@ -1,22 +1,9 @@
-"""What crosses the process boundary: the request the training process writes for the new
-process, and the result the new process writes back.
-
-Every message is a dataclass with ``to_dict`` (JSON-ready: non-finite floats become ``"nan"``,
-``"inf"``, ``"-inf"``, which JSON cannot hold) and ``from_dict``, which validates: a result file
-is untrusted input (the new process runs the user's code; a stale or edited file may lie in the
-folder), so a wrong type, an unknown key or a missing one raises :class:`ProtocolError` naming
-the key path.
-
-Example:
-    >>> task = ArtifactTask(checkpoint="final.ckpt", artifact="final.ckpt", control="c.pt",
-    ...                     call="predict_step", outputs="o.pt", module_class="pkg.mod:Net")
-    >>> request = Request(tasks=(task,), result="result-tasks.json", num_threads=2)
-    >>> Request.from_dict(request.to_dict()) == request
-    True
-    >>> Result.from_dict({"tasks": [{"kind": "artifact", "crash": 3}]})
-    Traceback (most recent call last):
-    ...
-    lightning_pilot.resume.protocol.ProtocolError: Result.tasks[0].crash is 3, expected str
+"""What crosses the process boundary: the training process's :class:`Request` and the new
+process's :class:`Result`, dataclasses that round-trip through JSON (non-finite floats as
+``"nan"``, ``"inf"``, ``"-inf"``). ``from_dict`` validates: a result file is untrusted (the new
+process ran the user's code; a stale or edited file may lie in the folder), so a wrong type, an
+unknown key or a missing one raises :class:`ProtocolError` naming the key path. See
+docs/resume.md.
 """
 
 from __future__ import annotations
@@ -54,29 +41,21 @@ class ProtocolError(ValueError):
 class _Message:
     def to_dict(self) -> dict[str, Any]:
         """The message as JSON values."""
-        encoded: dict[str, Any] = _encode(self)
-        return encoded
+        return dict(_encode(self))
 
     @classmethod
     def from_dict(cls: type[M], data: object) -> M:
-        """Read a message from JSON values.
-
-        Raises:
-            ProtocolError: a value of the wrong type, an unknown key or a missing one.
-        """
+        """Read a message from JSON values; :class:`ProtocolError` when they do not match it."""
         message: M = _decode(cls, data, cls.__name__)
         return message
 
 
 @dataclass(frozen=True)
 class ResumeTask(_Message):
-    """Resume ``fit`` from ``checkpoint`` in a rebuilt module and record what follows.
-
-    The module (and datamodule) are rebuilt by ``factory`` (``"package.module:function"``)
-    when given, else from their classes (``"package.module:QualName"``) with the checkpoint's
-    hyperparameters. ``trainer`` holds the Trainer's keyword arguments, ``adapter`` the
-    :class:`~lightning_pilot.core.batches.BatchAdapter`'s key and index fields, ``ddp`` the
-    ``DDPStrategy`` options when the new process is one rank of a DDP group like the fit's.
+    """Resume ``fit`` from ``checkpoint`` in a module (and datamodule) rebuilt by ``factory`` or
+    from their classes, and record what follows. ``trainer`` holds the Trainer's keyword
+    arguments, ``adapter`` the BatchAdapter's key and index fields, ``ddp`` the ``DDPStrategy``
+    options when the new process is one rank of a DDP group like the fit's.
 
     Example:
         >>> task = ResumeTask(checkpoint="a.ckpt", state_key="k", module_class="m:Net",
@@ -158,10 +137,9 @@ class State(_Message):
 
 @dataclass
 class TaskResult(_Message):
-    """What one task found. Failures that are the answer (an unsafe checkpoint, a module that
-    cannot be rebuilt, a crash of the user's code) are fields, never exceptions: the training
-    process turns them into verdicts. ``blocked`` and ``where`` are the training process's own
-    notes: no process could run the task (and why), and which process answered.
+    """What one task found; failures that are the answer (an unsafe checkpoint, a failed
+    rebuild, a crash of the user's code) are fields, never exceptions. ``blocked`` (why no
+    process could run the task) and ``where`` (which answered) are the training process's notes.
 
     Example:
         >>> TaskResult(kind="resume", crash="the new process exited with 1").where

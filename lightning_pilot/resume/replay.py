@@ -1,8 +1,5 @@
-"""What both sides of the comparison record, and the resumed fit itself.
-
-The training process records its reference micro-batches and state with the same functions the
-resumed fit uses (in the new process, or in the training process for the in-process fallback),
-so the two records compare value for value.
+"""What both sides of the comparison record, with the same functions so the records compare
+value for value, and the resumed fit itself.
 """
 
 from __future__ import annotations
@@ -27,6 +24,7 @@ from lightning_pilot.core.resume import (
     dataset_fingerprint,
     digest,
     json_id,
+    plain_values,
     restore_rng,
     rng_of_this_rank,
 )
@@ -63,6 +61,7 @@ def finished(record: StepRecord, trainer: pl.Trainer, outputs: Any) -> StepRecor
 def state_of(trainer: pl.Trainer, pl_module: pl.LightningModule) -> State:
     """What a resume must restore, as comparable values (the RNG digest is added by the caller)."""
     scaler = getattr(trainer.precision_plugin, "scaler", None)
+    schedulers = [c.scheduler.state_dict() for c in trainer.lr_scheduler_configs]
     return State(
         global_step=trainer.global_step,
         epoch=trainer.current_epoch,
@@ -71,12 +70,8 @@ def state_of(trainer: pl.Trainer, pl_module: pl.LightningModule) -> State:
         # Schedulers may hold functions (LambdaLR), whose identity differs across processes.
         scheduler_state=digest(
             [
-                {
-                    k: v
-                    for k, v in c.scheduler.state_dict().items()
-                    if not callable(v) and k != "lr_lambdas"
-                }
-                for c in trainer.lr_scheduler_configs
+                {k: v for k, v in s.items() if not callable(v) and k != "lr_lambdas"}
+                for s in schedulers
             ]
         ),
         grad_scaler=None if scaler is None else digest(scaler.state_dict()),
@@ -85,10 +80,8 @@ def state_of(trainer: pl.Trainer, pl_module: pl.LightningModule) -> State:
 
 
 class ResumeRecorder(pl.Callback):
-    """Records the restored state and the micro-batches after a resume.
-
-    Its ``state_key`` is the verifier's, so Lightning hands it the verifier's saved state (the
-    RNG states), which it restores at train start.
+    """Records the restored state and the micro-batches after a resume. Its ``state_key`` is the
+    verifier's, so Lightning hands it the saved RNG states, which it restores at train start.
 
     Example:
         >>> ResumeRecorder("ResumeVerifier{'at_step': 2}", BatchAdapter()).state_key
@@ -160,10 +153,8 @@ def load_checkpoint(path: str, result: TaskResult) -> dict[str, Any] | None:
 def replay(
     task: ResumeTask, result: TaskResult, model: Any, datamodule: Any, loaders: Any = None
 ) -> None:
-    """Resume ``fit`` from the task's checkpoint for the compared updates; record into ``result``.
-
-    One device, or (with the rank's environment and ``task.ddp``) one rank of a DDP group like
-    the fit's.
+    """Resume ``fit`` from the task's checkpoint for the compared updates (on one device, or as
+    one rank of a DDP group with ``task.ddp``); record into ``result``.
     """
     adapter: dict[str, Any] = task.adapter  # checked by BatchAdapter
     recorder = ResumeRecorder(task.state_key, BatchAdapter(**adapter))
@@ -214,3 +205,12 @@ def control_calls(model: Any, batch: Any) -> list[str]:
     if isinstance(batch, Mapping) and all(isinstance(k, str) for k in batch):
         calls.append("forward(**batch)")
     return calls
+
+
+def control_outputs(model: Any, call: str, batches: list[Any]) -> list[Any]:
+    """``model``'s outputs on ``batches`` (reached as ``call`` names) as :func:`plain_values`."""
+    with torch.no_grad():
+        return [
+            plain_values(CONTROL_CALLS[call](model, batch, index))
+            for index, batch in enumerate(batches)
+        ]

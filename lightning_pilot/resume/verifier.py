@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import math
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -82,41 +81,18 @@ def _factory(value: object) -> str | None:
 class ResumeVerifier(PilotCallback):
     """Resume a checkpoint in a genuinely new process and compare it with the reference run.
 
-    At update ``at_step`` it saves a full checkpoint into ``runs/<run_id>/resume/`` (also
-    under ``fast_dev_run``), another at the end of the first epoch when the fit runs long
-    enough (``epoch_boundary``), and records the next ``compare_steps`` updates of this run:
-    the sample ids of every micro-batch (or keys made from the inputs' bytes), the loss and the
-    learning rates. When the fit has ended (after Lightning's teardown freed the device), one
-    new Python process rebuilds the module and data, resumes from each checkpoint with
-    ``weights_only=True`` and records the same; every item (progress counters, learning rates,
-    optimizer, scheduler and grad scaler states, weights, RNG states, data position, loss and
-    LR trajectories, updates after the resume) is reported on its own. The verifier keeps the
-    RNG states in its checkpoint state and restores them at train start in any fit resumed
-    with it. The same process reloads the final artifact (the last checkpoint, or the
-    ``state_dict`` file ``export`` writes) strictly into a fresh module and compares its
-    outputs on control batches with the live module's.
-
-    Output: the phase rows ``resume`` (``pass`` only when every essential check passed) and
-    ``checkpoint_load``, and ``runs/<run_id>/resume.parquet``. Under DDP every rank starts its
-    own new process, together a DDP group shaped like the fit's, and writes its own row.
-
-    Args:
-        at_step: the update after which the checkpoint is taken (>= 1).
-        compare_steps: updates compared after the resume (>= 1).
-        factory: ``"package.module:function"`` that builds the module (and datamodule).
-        fallback: ``"none"`` or ``"in_process"`` when no new process can rebuild the module.
-        atol, rtol: tolerances for losses, learning rates and artifact outputs (0 = exact).
-        epoch_boundary: also check a checkpoint taken at the end of the fit's first epoch,
-            when the fit runs ``compare_steps`` updates past it (checks prefixed
-            ``epoch_boundary.``).
-        check_artifact: run the artifact round trip at fit end.
-        export: ``fn(pl_module, directory) -> path`` writing the artifact as a ``state_dict``.
-        control_batches: batches of control inputs for the artifact round trip.
-        timeout_s: limit for each verification task, in seconds (the one process that runs
-            them gets this times their number).
-        adapter: how to read example ids (default :class:`BatchAdapter`; only key or index
-            fields travel to the new process).
-        out_dir: the output folder.
+    At update ``at_step`` (and at the end of the first epoch, ``epoch_boundary``) it saves a
+    full checkpoint into ``runs/<run_id>/resume/`` and records the next ``compare_steps``
+    updates; at fit end one new process resumes from each checkpoint with ``weights_only=True``
+    and records the same, and reloads the final artifact (the last checkpoint, or the file
+    ``export`` writes) to compare its outputs on ``control_batches`` batches with the live
+    module's. It writes the phase rows ``resume`` and ``checkpoint_load`` and
+    ``runs/<run_id>/resume.parquet``; under DDP every rank resumes in its own new process. It
+    keeps the RNG states in its checkpoint state and restores them at train start. ``factory``
+    (``"package.module:function"``) builds the module (and datamodule) there; ``fallback``
+    (``"none"``, ``"in_process"``) applies when no new process can; ``atol``/``rtol`` (0 =
+    exact) bound losses, learning rates and artifact outputs; ``timeout_s`` bounds each task;
+    only the key and index fields of ``adapter`` travel. See docs/resume.md.
 
     Example:
         >>> ResumeVerifier(at_step=2, compare_steps=3).state_key
@@ -172,11 +148,9 @@ class ResumeVerifier(PilotCallback):
         self._saving = False
         self._unsafe: list[str] = []
         self._probes: list[_Probe] = []
-        # Example ids of this epoch's batches so far, as the batches held them (converted to
-        # a set only when a checkpoint is taken: no per-batch device read).
+        # This epoch's example ids as the batches held them (made a set only at a checkpoint:
+        # no per-batch device read), and those of its first micro-batches.
         self._epoch_ids: list[Any] = []
-        # The first micro-batches of the epoch: an epoch-boundary resume that starts the same
-        # way again repeats the previous epoch's order.
         self._epoch_head: list[Any] = []
         self._head_left = 0
         self._boundary_reachable = True
@@ -193,18 +167,16 @@ class ResumeVerifier(PilotCallback):
 
     @override
     def state_dict(self) -> dict[str, Any]:
-        state = super().state_dict()
-        rng = capture_rng()
+        state = super().state_dict() | {"rng": capture_rng()}
         if not self._saving:
-            return state | {"rng": rng}
-        self._saved_rng_digest = digest(rng)
+            return state
+        self._saved_rng_digest = digest(state["rng"])
         if self.run.world_size > 1 and torch.distributed.is_initialized():
-            # A probe checkpoint is taken by every rank at once: keep every rank's own states
-            # so each resumed rank continues its own random streams.
+            # Every rank saves a probe at once: keep each rank's states for its resumed copy.
             by_rank: list[Any] = [None] * torch.distributed.get_world_size()
-            torch.distributed.all_gather_object(by_rank, rng)
-            return state | {"rng": rng, "rng_by_rank": by_rank}
-        return state | {"rng": rng}
+            torch.distributed.all_gather_object(by_rank, state["rng"])
+            state["rng_by_rank"] = by_rank
+        return state
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -242,12 +214,15 @@ class ResumeVerifier(PilotCallback):
         self._epoch_head = []
         self._head_left = self.compare_steps * trainer.accumulate_grad_batches
         self._unmute("on_train_batch_start", "on_train_batch_end")
-        # Whether this epoch can end with an epoch-boundary probe: else its ids are not needed.
         batches = trainer.num_training_batches
-        updates = (
-            math.ceil(batches / trainer.accumulate_grad_batches) if math.isfinite(batches) else None
+        updates = math.ceil(batches / trainer.accumulate_grad_batches)
+        self._boundary_reachable = self._boundary_ahead(
+            trainer, updates if math.isfinite(batches) else None
         )
-        self._boundary_reachable = (
+
+    def _boundary_ahead(self, trainer: pl.Trainer, updates: int | None) -> bool:
+        # Whether the epoch-boundary probe can come, ``updates`` (None: unknown) before the end.
+        return (
             self.epoch_boundary
             and trainer.current_epoch == self._epoch_at_start
             and (
@@ -284,9 +259,7 @@ class ResumeVerifier(PilotCallback):
             if keep_head:
                 self._epoch_head.append(chunk)
         self._head_left -= 1
-        # Nothing left to record or keep (the mid-epoch probe is taken, since keep_all is
-        # off; the epoch head is kept): Lightning skips both batch hooks until an epoch
-        # starts or on_train_epoch_end saves the epoch-boundary probe.
+        # Nothing left to record or keep: both hooks muted until an epoch starts or a probe.
         if not (recording or keep_all or keep_head):
             self._mute("on_train_batch_start", "on_train_batch_end")
 
@@ -320,16 +293,11 @@ class ResumeVerifier(PilotCallback):
     @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # The first epoch boundary of the fit, unless the mid-epoch probe already sits there.
-        steps_left = trainer.max_steps == -1 or (
-            trainer.global_step + self.compare_steps <= trainer.max_steps
-        )
         epochs_left = trainer.max_epochs in (None, -1) or (
             trainer.current_epoch + 1 < trainer.max_epochs
         )
         if (
-            self.epoch_boundary
-            and trainer.current_epoch == self._epoch_at_start
-            and steps_left
+            self._boundary_ahead(trainer, 0)
             and epochs_left
             and not trainer.should_stop
             and not any(p.step == trainer.global_step for p in self._probes)
@@ -347,7 +315,7 @@ class ResumeVerifier(PilotCallback):
             trainer.save_checkpoint(path, weights_only=False)
         finally:
             self._saving = False
-        state = dataclasses.replace(state_of(trainer, pl_module), rng=self._saved_rng_digest)
+        state = replace(state_of(trainer, pl_module), rng=self._saved_rng_digest)
         seen = self._epoch_ids if kind == "mid_epoch" else self._epoch_head
         probe = _Probe(kind, trainer.global_step, path, state, _id_set(seen))
         self._probes.append(probe)
@@ -358,21 +326,16 @@ class ResumeVerifier(PilotCallback):
 
     @override
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        # Everything runs here, after Lightning's teardown moved the module and the optimizer
-        # state to the CPU and emptied the accelerator's cache: the verification process gets
-        # the device the fit had, training never waits for it, and one process serves every
-        # probe checkpoint and the artifact.
+        # After Lightning's teardown freed the device: the verification process gets it.
         try:
             self._verify_all(trainer, pl_module)
         except Exception as err:  # never the user's fit: the row says what could not be done
             if isinstance(err, OSError):
                 raise
-            self._results.append(
-                CheckResult(
-                    "resume",
-                    "not_checked",
-                    f"the verification raised {type(err).__name__}: {err} (the fit went on)",
-                )
+            self._add(
+                "resume",
+                "not_checked",
+                f"the verification raised {type(err).__name__}: {err} (the fit went on)",
             )
         self._publish_row(trainer)
 
@@ -381,14 +344,11 @@ class ResumeVerifier(PilotCallback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
     ) -> None:
         if self._probes and self._run is not None and not self._results:
-            self._results.append(
-                CheckResult(
-                    "resume",
-                    "not_checked",
-                    f"the fit raised {type(exception).__name__} before its end, where the"
-                    " resume check runs; the probe checkpoints stay in"
-                    f" {self.run.run_dir / 'resume'}",
-                )
+            self._add(
+                "resume",
+                "not_checked",
+                f"the fit raised {type(exception).__name__} before its end, where the resume"
+                f" check runs; the probe checkpoints stay in {self.run.run_dir / 'resume'}",
             )
             try:
                 self._publish_row(trainer)
@@ -396,15 +356,16 @@ class ResumeVerifier(PilotCallback):
                 log.warning("ResumeVerifier could not record its row: %s", err)
         super().on_exception(trainer, pl_module, exception)
 
+    def _add(self, name: str, verdict: str, detail: str) -> None:
+        self._results.append(CheckResult(name, verdict, detail))
+
     def _verify_all(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not self._probes and self.run.is_global_zero:
-            self._results.append(
-                CheckResult(
-                    "resume",
-                    "not_checked",
-                    f"the fit ended after {trainer.global_step - self._step_at_start} update(s),"
-                    f" before update {self.at_step} where the checkpoint is taken: lower at_step",
-                )
+            self._add(
+                "resume",
+                "not_checked",
+                f"the fit ended after {trainer.global_step - self._step_at_start} update(s),"
+                f" before update {self.at_step} where the checkpoint is taken: lower at_step",
             )
         per_rank = replays_every_rank(trainer)  # then every rank checks its own replay
         compared = []
@@ -413,13 +374,11 @@ class ResumeVerifier(PilotCallback):
             if probe.reference:
                 compared.append(probe)
             else:
-                self._results.append(
-                    CheckResult(
-                        _prefixed(probe, "resume"),
-                        "not_checked",
-                        f"the fit ended right after the checkpoint at update {probe.step}:"
-                        " nothing to compare; run at least compare_steps more updates",
-                    )
+                self._add(
+                    _prefixed(probe, "resume"),
+                    "not_checked",
+                    f"the fit ended right after the checkpoint at update {probe.step}:"
+                    " nothing to compare; run at least compare_steps more updates",
                 )
         # The fit's first training examples, read once for every probe (the new process
         # compares its own with them, and rebuilds in the other order when they differ).
@@ -430,7 +389,7 @@ class ResumeVerifier(PilotCallback):
         if self.check_artifact:
             path, error = final_artifact(self.run, trainer, pl_module, self.export)  # collective
             if self.run.is_global_zero and error is not None:
-                self._results.append(CheckResult("artifact_roundtrip", "fail", error))
+                self._add("artifact_roundtrip", "fail", error)
                 path = None
         launcher = Launcher(self.factory, self.fallback, self.timeout_s)
         # The collectives first (every rank reaches them), then rank 0's own work.
@@ -438,12 +397,7 @@ class ResumeVerifier(PilotCallback):
         artifact = None
         if path is not None and self.run.is_global_zero:
             artifact = prepare_artifact(
-                self.run,
-                trainer,
-                pl_module,
-                path,
-                factory=self.factory,
-                control_batches=self.control_batches,
+                self.run, trainer, pl_module, path, self.factory, self.control_batches
             )
             if artifact.early is not None:
                 self._results.append(artifact.early)
@@ -454,9 +408,7 @@ class ResumeVerifier(PilotCallback):
             results = launcher.run([*tasks, *extra], trainer, pl_module)
         for probe, result in zip(compared, results, strict=False):
             for check in self._judge(probe, result, trainer, data, per_rank):
-                self._results.append(
-                    CheckResult(_prefixed(probe, check.name), check.verdict, check.detail)
-                )
+                self._add(_prefixed(probe, check.name), check.verdict, check.detail)
         if artifact is not None and extra:
             self._results.append(judge_artifact(artifact, results[-1], self.atol, self.rtol))
 
@@ -517,59 +469,41 @@ class ResumeVerifier(PilotCallback):
         if self._load_row is None:
             self._load_row = result
         rows = []
-        for key in (f.name for f in dataclasses.fields(State)):
+        for key in (f.name for f in fields(State)):
             expected = getattr(probe.state, key)
             if key == "epoch" and probe.reference:
-                # The epoch training continues in: at the last batch of an epoch the
-                # uninterrupted run moves on to the next one, and so does a correct resume.
+                # The epoch training continues in: after the last batch of an epoch, the next.
                 expected = probe.reference[0].epoch
             got = None if result.restored is None else getattr(result.restored, key)
             rows.append(_detail(probe, key, None, None, expected, got, expected == got))
-            if expected is None and got is None:
-                # Nothing of this kind in the fit (no GradScaler, say): both sides agree.
-                results.append(CheckResult(key, "pass", "none saved, none restored"))
-            elif expected == got:
-                results.append(CheckResult(key, "pass"))
+            if expected == got:  # both None: nothing of this kind in the fit (no GradScaler)
+                detail = "none saved, none restored" if got is None else ""
             elif key == "epoch" and probe.kind == "epoch_boundary" and got == expected - 1:
-                results.append(
-                    CheckResult(
-                        key,
-                        "fail",
-                        f"training continued in epoch {expected}, the resumed run went back into"
-                        f" the finished epoch {got} and trained extra batches there: Lightning"
-                        " re-enters the epoch of an end-of-epoch checkpoint when the loader"
-                        " cannot save its position; use torchdata's StatefulDataLoader, or"
-                        " checkpoint mid-epoch",
-                    )
+                detail = (
+                    f"training continued in epoch {expected}, the resumed run went back into"
+                    f" the finished epoch {got} and trained extra batches there: Lightning"
+                    " re-enters the epoch of an end-of-epoch checkpoint when the loader"
+                    " cannot save its position; use torchdata's StatefulDataLoader, or"
+                    " checkpoint mid-epoch"
                 )
             else:
-                results.append(
-                    CheckResult(
-                        key,
-                        "fail",
-                        f"{expected!r} saved, {got!r} after resume; {_STATE_REMEDIES.get(key, '')}",
-                    )
-                )
+                detail = f"{expected!r} saved, {got!r} after resume; {_STATE_REMEDIES.get(key, '')}"
+            results.append(CheckResult(key, "pass" if expected == got else "fail", detail))
         theirs = result.dataset_fingerprint
         if ours is not None and theirs is not None:
-            order = (
-                f" (rebuilt with {result.build_order}, as the fit's data show)"
-                if result.build_order
-                else ""
-            )
-            results.append(
-                CheckResult("data_rebuilt", "pass", f"the first training examples are equal{order}")
-                if ours == theirs
-                else CheckResult(
-                    "data_rebuilt",
-                    "fail",
+            order = f" (rebuilt with {result.build_order}, as the fit's data show)"
+            detail = f"the first training examples are equal{order if result.build_order else ''}"
+            if ours != theirs:
+                detail = (
                     f"the new process built other training data (the first examples differ:"
                     f" digest {ours} in the fit, {theirs} after the rebuild), so the data"
                     " position and the losses cannot match; a restarted job would train on"
                     " other examples too. Data drawn at random in a constructor needs a seed"
                     " set before it is built (seed_everything(...) before creating the"
-                    " DataModule: the new process repeats that seed), or data built from files",
+                    " DataModule: the new process repeats that seed), or data built from files"
                 )
+            results.append(
+                CheckResult("data_rebuilt", "pass" if ours == theirs else "fail", detail)
             )
         trajectory, pairs = compare_trajectories(
             probe.reference,
@@ -581,8 +515,7 @@ class ResumeVerifier(PilotCallback):
             rtol=self.rtol,
         )
         if trainer.world_size > 1 and not per_rank:
-            # The verification process resumes on one device: each rank's shard of the data
-            # and its losses cannot be reproduced there, so only the state checks apply.
+            # One device cannot reproduce each rank's shard and losses: only the state checks.
             why = (
                 f"the fit runs on {trainer.world_size} processes and the verification process"
                 " resumes on one device, so per-rank data order and losses cannot be compared;"
@@ -595,25 +528,23 @@ class ResumeVerifier(PilotCallback):
                 for c in trajectory
             ]
         results.extend(trajectory)
-        for index, ref, got, equal in pairs:
-            rows.append(
-                _detail(probe, "micro_batch", index, ref.step, _shown(ref), _shown(got), equal)
-            )
-        # The global steps the reference advanced (one per update, or one per optimizer
-        # step under manual optimisation with several optimizers).
+        rows += [
+            _detail(probe, "micro_batch", index, ref.step, _shown(ref), _shown(got), equal)
+            for index, ref, got, equal in pairs
+        ]
+        # The global steps the reference advanced (several per update under manual
+        # optimisation with several optimizers).
         expected_updates = probe.end_step - probe.step
         done = result.global_step_end - probe.step
-        results.append(
-            CheckResult("updates_after_resume", "pass", f"{done} update(s)")
-            if done == expected_updates
-            else CheckResult(
-                "updates_after_resume",
-                "fail",
-                f"{done} update(s) ran after the resume, expected {expected_updates}: a checkpoint"
-                " on the last batch of an epoch can resume into no further steps; checkpoint"
-                " mid-epoch or raise max_epochs",
+        detail = f"{done} update(s)"
+        if done != expected_updates:
+            detail += (
+                f" ran after the resume, expected {expected_updates}: a checkpoint on the last"
+                " batch of an epoch can resume into no further steps; checkpoint mid-epoch or"
+                " raise max_epochs"
             )
-        )
+        ok = done == expected_updates
+        results.append(CheckResult("updates_after_resume", "pass" if ok else "fail", detail))
         self.run.register_table("resume", RESUME_SCHEMA)
         self.run.append_rows("resume", rows)
         return results
