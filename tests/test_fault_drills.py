@@ -123,7 +123,7 @@ def kill_during_verification(process: subprocess.Popen[bytes]) -> bool:
     deadline = time.monotonic() + TIMEOUT_S
     while process.poll() is None and time.monotonic() < deadline:
         members = group_processes(process.pid)
-        if any(b"lightning_pilot.resume_child" in cmd for cmd in members.values()):
+        if any(b"lightning_pilot.resume.child" in cmd for cmd in members.values()):
             os.killpg(process.pid, signal.SIGKILL)
             return True
         time.sleep(0.02)
