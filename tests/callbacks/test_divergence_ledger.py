@@ -80,7 +80,7 @@ def runs_of(tmp_path: Path, **kwargs: Any) -> Any:
 
 
 # ---------------------------------------------------------------------------------------------
-# The learning-rate sweep of the seeds' example, on the demo LM
+# A fine-tuning learning-rate sweep (control, half, double), on the demo LM
 # ---------------------------------------------------------------------------------------------
 
 
