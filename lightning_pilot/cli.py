@@ -239,7 +239,7 @@ def _writable_folder(folder: Path) -> None:
     if folder.exists() and not folder.is_dir():
         raise UsageError(f"--out {folder} is not a folder.")
     try:
-        folder.mkdir(parents=True, exist_ok=True)
+        storage.make_folder(folder)
         probe = storage.publish_bytes(b"", folder / f"write-check-{uuid.uuid4().hex}.tmp")
         probe.unlink()
     except OSError as err:

@@ -274,14 +274,7 @@ class PilotRun:
                 return
             path = self.out_dir / f".reserve-{self.attempt_id}-r{self.rank:05d}"
             self._reserve = path
-            # No room, or no fallocate (not Linux): nothing is reserved.
-            with contextlib.suppress(OSError, AttributeError):
-                path.parent.mkdir(parents=True, exist_ok=True)
-                fd = os.open(path, os.O_CREAT | os.O_WRONLY | os.O_EXCL, 0o600)
-                try:
-                    os.posix_fallocate(fd, 0, size)
-                finally:
-                    os.close(fd)
+            storage.reserve_file(path, size)  # no room, or not Linux: nothing is reserved
 
     def release_space(self) -> None:
         """Give back the space :meth:`reserve_space` held (harmless when none was)."""

@@ -208,12 +208,16 @@ def _publish_no_overwrite(tmp: Path, final: Path) -> None:
         os.rename(tmp, final)
 
 
-def publish_file(path: PathLike, write: Callable[[BinaryIO], object]) -> Path:
+def publish_file(
+    path: PathLike, write: Callable[[BinaryIO], object], *, replace: bool = False
+) -> Path:
     """Write a file atomically under ``path`` with ``write(handle)``, never overwriting.
 
     A hidden temporary file in the same folder is fsynced, then published with a hard link
     (which refuses an existing name); on any error it is removed and the error propagates. A
-    hidden name (``.``/``_``: readers skip it) is a ``ValueError``.
+    hidden name (``.``/``_``: readers skip it) is a ``ValueError``. ``replace=True`` is for a
+    file derived from the tables and drawn again on purpose (a plot): it replaces an older one
+    atomically instead of refusing it.
     """
     final = Path(path)
     if final.name.startswith((".", "_")):
@@ -222,7 +226,7 @@ def publish_file(path: PathLike, write: Callable[[BinaryIO], object]) -> Path:
             " '.' or '_', so it would never be read."
         )
     final.parent.mkdir(parents=True, exist_ok=True)
-    if final.exists():
+    if final.exists() and not replace:
         raise _immutable(final)
     tmp = final.parent / f".{final.name}.{uuid.uuid4().hex}.tmp"
     try:
@@ -230,7 +234,10 @@ def publish_file(path: PathLike, write: Callable[[BinaryIO], object]) -> Path:
             write(handle)
             handle.flush()
             os.fsync(handle.fileno())
-        _publish_no_overwrite(tmp, final)
+        if replace:
+            os.replace(tmp, final)
+        else:
+            _publish_no_overwrite(tmp, final)
     except BaseException as err:
         # The first error says what went wrong (a full disk, a read-only remount): a failed
         # clean-up must not replace it, only be noted on it.
@@ -295,6 +302,21 @@ def read_json(path: PathLike, *, max_bytes: int) -> Any:
         return json.loads(data)
     except RecursionError as err:  # nested deeper than the parser's stack
         raise ValueError(f"{path} is nested too deeply: not a file this pilot wrote") from err
+
+
+def reserve_file(path: PathLike, size: int) -> bool:
+    """Hold ``size`` bytes of disk in a new hidden file ``path``; ``False`` when that cannot be
+    done (no room, the file exists, or no ``posix_fallocate``: not Linux)."""
+    target = Path(path)
+    with contextlib.suppress(OSError, AttributeError):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(target, os.O_CREAT | os.O_WRONLY | os.O_EXCL, 0o600)
+        try:
+            os.posix_fallocate(fd, 0, size)
+            return True
+        finally:
+            os.close(fd)
+    return False
 
 
 def make_folder(root: PathLike, *components: str) -> Path:

@@ -474,3 +474,20 @@ def test_index_segments_are_cut_within_their_limits(
     assert sorted(pq.ParquetFile(s).metadata.num_rows for s in segments) == [1, 3, 3]
     assert storage.index_ledger(tmp_path) is None
     assert sorted(read_ledger_records(tmp_path)["seed"]) == list(range(7))
+
+
+def test_a_derived_file_is_replaced_on_purpose_and_a_table_never(tmp_path: Path) -> None:
+    path = tmp_path / "plots" / "loss.png"
+    storage.publish_file(path, lambda handle: handle.write(b"first"), replace=True)
+    storage.publish_file(path, lambda handle: handle.write(b"second"), replace=True)
+    assert path.read_bytes() == b"second"
+    assert [p.name for p in path.parent.iterdir()] == ["loss.png"]  # no temporary left
+    with pytest.raises(FileExistsError):
+        storage.publish_file(path, lambda handle: handle.write(b"third"))
+
+
+def test_reserve_file_holds_the_space_once(tmp_path: Path) -> None:
+    path = tmp_path / ".reserve-test"
+    assert storage.reserve_file(path, 1 << 20) is True  # Linux: posix_fallocate
+    assert path.stat().st_size == 1 << 20
+    assert storage.reserve_file(path, 1 << 20) is False  # never over an existing file

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
+from lightning_pilot import storage
 from lightning_pilot.core.compare import FAILED_STATUSES
 
 if TYPE_CHECKING:
@@ -51,11 +52,11 @@ def _figure(width: float, height: float) -> Figure:
 
 
 def _save(figure: Figure, path: str | os.PathLike[str]) -> Path:
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
     figure.tight_layout()
-    figure.savefig(target, format="png")
-    return target
+    # Drawn again from the tables on every run: replaced atomically, never half-written.
+    return storage.publish_file(
+        path, lambda handle: figure.savefig(handle, format="png"), replace=True
+    )
 
 
 def plot_loss_curves(
