@@ -449,14 +449,22 @@ class PilotRun:
             current = {"schema_version": storage.PHASE_SCHEMA_VERSION}
             rows = [self._stamp(row, now) | current for row in self._phase_rows.values()]
             return storage.rows_to_table(rows, storage.PHASE_SCHEMA)
-        rows = [self._stamp(row, now) for row in self._tables[name]]
         schema = self._schemas.get(name)
         if schema is None:
-            return pa.Table.from_pylist(rows)
+            return pa.Table.from_pylist([self._stamp(row, now) for row in self._tables[name]])
+        return self.stamped_table(self._tables[name], schema, now=now)
+
+    def stamped_table(
+        self, rows: Sequence[Mapping[str, Any]], schema: pa.Schema, *, now: datetime | None = None
+    ) -> pa.Table:
+        """``rows`` as a table of ``schema``, with this run's identity columns (run, attempt,
+        rank, world size, time written) and the schema's version filled in."""
+        now = now or datetime.now(timezone.utc)
+        stamped = [self._stamp(row, now) for row in rows]
         version = schemas.schema_version(schema)
         if version is not None and "schema_version" in schema.names:
-            rows = [row | {"schema_version": row.get("schema_version", version)} for row in rows]
-        return storage.rows_to_table(rows, schema)
+            stamped = [r | {"schema_version": r.get("schema_version", version)} for r in stamped]
+        return storage.rows_to_table(stamped, schema)
 
 
 def _merge_phase_rows(current: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:

@@ -5,14 +5,13 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from datetime import datetime, timezone
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
 from typing_extensions import override
 
-from lightning_pilot import schemas, storage
+from lightning_pilot import storage
 from lightning_pilot.core import validate
 from lightning_pilot.core.batches import BatchAdapter
 from lightning_pilot.ledger import file_sha256
@@ -163,16 +162,7 @@ class ValidationPredictionWriter(PilotCallback):
         if not self._rows:
             return
         run = self.run
-        identity = {
-            "schema_version": schemas.schema_version(PREDICTIONS_SCHEMA),
-            "written_at": datetime.now(timezone.utc),
-            "run_id": run.run_id,
-            "attempt": run.attempt,
-            "attempt_id": run.attempt_id,
-            "rank": run.rank,
-            "world_size": run.world_size,
-        }
-        table = storage.rows_to_table([r | identity for r in self._rows], PREDICTIONS_SCHEMA)
+        table = run.stamped_table(self._rows, PREDICTIONS_SCHEMA)
         self._rows = []
         try:
             try:
