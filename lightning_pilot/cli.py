@@ -1,12 +1,6 @@
 """The ``lightning-pilot`` command (also ``python -m lightning_pilot``): ``demo``, ``show``,
 ``compare``, ``plan`` and ``sheet``; docs/cli.md describes each, its scope and its exit codes.
 
-``show``, ``compare`` and ``sheet`` are a CI gate: 0, everything in scope was read and passed;
-1, a phase verdict ``fail`` or a run in scope that diverged, ran out of memory, failed or has
-an unknown status, named in the ``Result:`` lines; 2, anything else (bad usage, a missing or
-unreadable path or file, a refused write), one line on stderr, never a traceback. Whatever a
-file holds is printed through :func:`~lightning_pilot.report.terminal_safe`.
-
 Example:
     >>> from lightning_pilot.cli import main
     >>> main(["--version"])
@@ -372,7 +366,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line and return the exit code (the module docstring says which)."""
+    """Run the command line and return the exit code (docs/cli.md says which)."""
     parser = build_parser()
     try:
         args = parser.parse_args(argv)

@@ -1,9 +1,5 @@
-"""Ledger: read, fold and compare the run ledger, without a Trainer.
-
-The ledger folder (``<out_dir>/ledger``) holds one immutable Parquet file per record (events
-``start``, ``heartbeat``, ``end``); this module imports neither torch nor Lightning. See
-docs/ledger.md ("Reading with Ledger", "Comparing across seeds").
-"""
+"""Ledger: read, fold and compare the run ledger without a Trainer, torch or Lightning
+(docs/ledger.md, "Reading with Ledger", "Comparing across seeds")."""
 
 from __future__ import annotations
 
@@ -117,8 +113,8 @@ class Ledger:
     """
 
     def __init__(self, path: str | os.PathLike[str], *, stale_after: float = 1800.0) -> None:
-        root = storage.folder_argument(path, "ledger")
-        self.path = storage._ledger_folder(root)  # FileNotFoundError when it does not exist
+        root = validate.path("Ledger", "path", path, optional=False, hint="the ledger folder")
+        self.path = storage._ledger_folder(root, "Ledger")  # FileNotFoundError when missing
         self.stale_after = validate.number(
             "Ledger", "stale_after", stale_after, minimum=0, finite=False, hint="seconds"
         )

@@ -74,19 +74,10 @@ def pilot_callbacks(
 ) -> list[PilotCallback]:
     """Every pilot callback, configured to share one output folder, run and batch format.
 
-    They form one run; under ``Trainer(fast_dev_run=N)`` a checkpoint is still saved and
-    reloaded (``N >= at_step + compare_steps``, 4 by default). ``seed`` is recorded in the
-    ledger (the Trainer's seeding stays yours). The keys, in order: ``phase_memory``
-    (``PhaseMemoryMonitor``), ``batch_inspector`` (``BatchInspector``), ``effective_batch``
-    (``EffectiveBatchAccountant``), ``resume`` (``ResumeVerifier``), ``predictions``
-    (``ValidationPredictionWriter``) and ``ledger`` (``DivergenceLedger``). Each takes a dict of
-    options, ``True`` (defaults) or ``False`` (left out); a key not given means included, except
-    ``predictions``.
-
-    :class:`~lightning_pilot.OverfitTinySubset` changes training, so it needs a fit of its own:
-    ``overfit=True`` or ``overfit={...}`` is refused, as are unknown keys and options and a
-    shared argument (``out_dir``, ``adapter``, ``experiment``, ``variant``, ``seed``) given to
-    one callback.
+    Each key of :data:`PILOT_OPTION_KEYS` takes a dict of options, ``True`` (defaults) or
+    ``False`` (left out); a key not given means included, except ``predictions``. ``seed`` is
+    recorded in the ledger. ``OverfitTinySubset`` changes training, so ``overfit=`` is refused,
+    as are unknown keys and options and a shared argument given to one callback.
 
     Example:
         >>> callbacks = pilot_callbacks(experiment="lr-sweep", variant="lr=1e-4", seed=0,

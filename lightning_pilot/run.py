@@ -1,9 +1,5 @@
-"""PilotRun, the one context every pilot callback of a fit shares, and PilotCallback, their base.
-
-One run per fit: one run id, one output folder, one phase table, its rows buffered in memory
-and published as snapshot files at every flush and when the last pilot callback closes. See
-docs/architecture.md ("PilotRun: the shared context", "What a pilot callback costs per update").
-"""
+"""PilotRun, the one context every pilot callback of a fit shares, and PilotCallback, their base
+(docs/architecture.md, "PilotRun: the shared context", "What a pilot callback costs per update")."""
 
 from __future__ import annotations
 
@@ -44,20 +40,11 @@ def _warn(message: str, stacklevel: int = 2) -> None:
     warnings.warn(f"lightning-pilot: {message}", RuntimeWarning, stacklevel=stacklevel + 1)
 
 
-def _normalise_out_dir(value: object, argument: str = "out_dir") -> Path | None:
-    if value is None:
-        return None
-    if not isinstance(value, str | os.PathLike):
-        raise TypeError(
-            f"{argument} must be a path (str or os.PathLike) or None, got"
-            f" {type(value).__name__} {value!r}."
-        )
-    text = os.fspath(value)
-    if not isinstance(text, str) or not text.strip() or "\x00" in text:
-        raise ValueError(f"{argument}={value!r} is invalid: give a non-empty folder path.")
-    # Resolved once: out_dir itself may be a link (shared storage), and a link swapped there
-    # during the fit is not followed.
-    return Path(os.path.realpath(os.path.expanduser(text)))
+def _out_dir(owner: str, value: object, name: str = "out_dir", optional: bool = True) -> Any:
+    """``value`` checked (:func:`validate.path`) and resolved once: ``out_dir`` itself may be a
+    link (shared storage), and a link swapped there during the fit is not followed."""
+    folder = validate.path(owner, name, value, optional=optional)
+    return None if folder is None else Path(os.path.realpath(os.path.expanduser(folder)))
 
 
 class PilotRun:
@@ -89,12 +76,11 @@ class PilotRun:
         world_size: int = 1,
         stage: str | None = None,
     ) -> None:
-        default = _normalise_out_dir(default_out_dir, "default_out_dir")
-        if default is None:
-            raise TypeError("default_out_dir must be a folder path, got None.")
+        self._default_out_dir: Path = _out_dir(
+            "PilotRun", default_out_dir, "default_out_dir", optional=False
+        )
         validate.integer("PilotRun", "rank", rank, minimum=0)
         validate.integer("PilotRun", "world_size", world_size, minimum=rank + 1, hint="> rank")
-        self._default_out_dir = default
         self.rank = rank
         self.world_size = world_size
         self.stage = stage
@@ -191,7 +177,7 @@ class PilotRun:
         """Register a callback with this run; it names ``out_dir`` (the same as every other
         callback that names one: else ``ValueError``) or leaves it to the default."""
         name = type(callback).__name__
-        wanted = _normalise_out_dir(out_dir)
+        wanted: Path | None = _out_dir(name, out_dir)
         with self._lock:
             if wanted is not None:
                 if self._explicit_out_dir is not None and self._explicit_out_dir[1] != wanted:
@@ -616,7 +602,7 @@ class PilotCallback(Callback):
             _warn(f"could not record {name}'s error: {inner}", stacklevel=3)
 
     def __init__(self, *, out_dir: str | os.PathLike[str] | None = None) -> None:
-        self._out_dir = _normalise_out_dir(out_dir)
+        self._out_dir: Path | None = _out_dir(type(self).__name__, out_dir)
         self._run: PilotRun | None = None
         self._pending_identity: Mapping[str, Any] | None = None
 

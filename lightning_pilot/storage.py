@@ -1,11 +1,6 @@
-"""Every file lightning-pilot writes and reads: atomic publish, snapshots, tolerant readers.
-
-Files are published atomically and never overwritten; growing tables are folders of snapshot
-files; readers check each file's footer against :class:`ReadLimits` before decoding and skip a
-bad file with a :class:`SkippedFileWarning`; names that become paths stay inside the output
-folder. See docs/architecture.md ("Output folder", "Storage rules") and docs/ledger.md ("What
-the readers refuse").
-"""
+"""Every file lightning-pilot writes and reads: atomic publish, snapshots, tolerant readers
+(docs/architecture.md, "Output folder", "Storage rules"; docs/ledger.md, "What the readers
+refuse")."""
 
 from __future__ import annotations
 
@@ -29,6 +24,7 @@ import pyarrow as pa
 import pyarrow.compute
 import pyarrow.parquet as pq
 
+from lightning_pilot.core import validate
 from lightning_pilot.core.ids import new_run_id, validate_run_id
 from lightning_pilot.core.phases import COUNTERS, PHASES, VERDICTS
 from lightning_pilot.schemas import (
@@ -54,7 +50,6 @@ __all__ = [
     "SkippedFileWarning",
     "UnsafePathError",
     "conform",
-    "folder_argument",
     "index_ledger",
     "list_snapshot_files",
     "make_folder",
@@ -68,6 +63,7 @@ __all__ = [
     "read_phase_table",
     "read_snapshot_table",
     "rows_to_table",
+    "run_folders",
     "safe_join",
     "safe_path_component",
     "sanitize_name",
@@ -164,19 +160,6 @@ def safe_join(root: PathLike, *components: str) -> Path:
     if resolved != resolved_root and resolved_root not in resolved.parents:
         raise UnsafePathError(f"{joined} resolves to {resolved}, outside the output folder {base}.")
     return joined
-
-
-def folder_argument(path: object, what: str) -> Path:
-    """``path`` as a Path; an empty or blank one is refused (``Path("")`` is the current folder)."""
-    if not isinstance(path, str | os.PathLike):
-        raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__} {path!r}.")
-    text = os.fspath(path)
-    if not isinstance(text, str) or not text.strip() or "\x00" in text:
-        raise ValueError(
-            f"path={path!r} is invalid: give the {what} folder (an empty path would read the"
-            " current folder)."
-        )
-    return Path(text)
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -402,7 +385,7 @@ def write_ledger_record(ledger_dir: PathLike, record: Mapping[str, Any]) -> Path
         >>> read_ledger_records(folder)["status"].tolist()
         ['running']
     """
-    folder = folder_argument(ledger_dir, "ledger")
+    folder = validate.path("write_ledger_record", "ledger_dir", ledger_dir, optional=False)
     _check_columns(record, LEDGER_SCHEMA, "ledger record")
     run_id = validate_run_id(record.get("run_id"), "record['run_id']")
     event = record.get("event")
@@ -846,7 +829,7 @@ def read_snapshot_table(
     return read_parquet_files(list_snapshot_files(folder), schema, limits=limits, skipped=skipped)
 
 
-def _run_folders(path: Path) -> list[Path]:
+def run_folders(path: Path) -> list[Path]:
     """Run folders under ``path``: a run folder itself, or an ``out_dir`` holding ``runs/``."""
     if (path / "phases.parquet").exists():
         return [path]
@@ -869,13 +852,14 @@ def read_phase_table(path: PathLike) -> pd.DataFrame:
     row per phase, attempt and rank, with nullable dtypes (an unmeasured value is ``<NA>``,
     never 0); ``attrs["skipped"]`` lists what could not be read, each also warned about.
     """
-    root = folder_argument(path, "run, phase-table or output")
+    hint = "a run, phase-table or output folder"
+    root = validate.path("read_phase_table", "path", path, optional=False, hint=hint)
     if not root.exists():
         raise FileNotFoundError(f"path={str(root)!r} does not exist.")
     if root.name == "phases.parquet":
         tables = [root]
     else:
-        tables = [run / "phases.parquet" for run in _run_folders(root)]
+        tables = [run / "phases.parquet" for run in run_folders(root)]
         tables = [table for table in tables if table.exists() or table.is_symlink()]
     if not tables:
         raise ValueError(
@@ -919,8 +903,8 @@ _SOURCE_COLUMN: Final = "source_file"
 _SEGMENT_SCHEMA: Final = LEDGER_SCHEMA.append(pa.field(_SOURCE_COLUMN, pa.string()))
 
 
-def _ledger_folder(path: PathLike) -> Path:
-    root = folder_argument(path, "ledger")
+def _ledger_folder(path: PathLike, owner: str) -> Path:
+    root: Path = validate.path(owner, "path", path, optional=False, hint="the ledger folder")
     if not root.exists():
         raise FileNotFoundError(f"path={str(root)!r} does not exist.")
     return root / "ledger" if (root / "ledger").is_dir() else root
@@ -968,7 +952,7 @@ def index_ledger(path: PathLike) -> Path | None:
     source of truth; segments of processes indexing at once may overlap (records are read once,
     by ``record_id``). Returns the last new segment, or ``None`` when nothing was new.
     """
-    folder = _ledger_folder(path)
+    folder = _ledger_folder(path, "index_ledger")
     _refuse_link(folder)
     _refuse_link(folder / LEDGER_INDEX_DIR, folder)
     _, covered = _read_index(folder, sources_only=True)
@@ -1007,7 +991,7 @@ def read_ledger_records(path: PathLike, *, events: Sequence[str] | None = None) 
     """
     if events is not None and not set(events) <= set(LEDGER_EVENTS):
         raise ValueError(f"events={events!r} is invalid; expected a subset of {LEDGER_EVENTS}.")
-    folder = _ledger_folder(path)
+    folder = _ledger_folder(path, "read_ledger_records")
     segments, covered = _read_index(folder)
     pending = [f for f in _visible_parquet_files(folder) if f.name not in covered]
     if events is not None:

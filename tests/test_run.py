@@ -127,9 +127,13 @@ def test_one_explicit_out_dir_is_used_by_all(make_trainer: Any, tmp_path: Path) 
 @pytest.mark.parametrize(
     ("value", "error", "match"),
     [
-        (3, TypeError, r"out_dir must be a path \(str or os.PathLike\) or None, got int 3"),
-        ("", ValueError, r"out_dir='' is invalid: give a non-empty folder path"),
-        ("a\x00b", ValueError, r"out_dir='a\\x00b' is invalid"),
+        (3, TypeError, r"StepRecorder\(out_dir=3\) is invalid: expected a folder path \(str or os"),
+        (
+            "",
+            ValueError,
+            r"StepRecorder\(out_dir=''\) is invalid: expected a non-empty folder path",
+        ),
+        ("a\x00b", ValueError, r"StepRecorder\(out_dir='a\\x00b'\) is invalid"),
     ],
 )
 def test_bad_out_dir_is_rejected_at_construction(value: Any, error: type, match: str) -> None:

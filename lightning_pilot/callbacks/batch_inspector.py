@@ -34,18 +34,10 @@ __all__ = ["EXAMPLES_SCHEMA", "EXAMPLES_SCHEMA_VERSION", "EXAMPLES_TABLE", "Batc
 class BatchInspector(PilotCallback):
     """Check the examples and what the loss is fed: ids, targets, labels, lengths, masks, splits.
 
-    Reads the first ``batches`` training and validation batches the fit itself fetches, as
-    ``training_step`` receives them, through the :class:`BatchAdapter`, and at ``on_train_start``
-    scans at most ``max_examples`` items of each split's dataset (random states restored). Every
-    check is named ``<split>/<check>`` in the ``data`` row's ``checks`` (described in
-    docs/data-and-overfit.md; the logic is :mod:`lightning_pilot.core.data_checks`). User code
-    that raises (loaders, datasets, ``group_fn``, ``decode``, the adapter's field functions) never
-    stops the fit: the check it served is ``not_checked`` with the error and what to fix.
-
-    The verdict goes to the phase table's ``data`` row (``first=True``) once: when the training
-    and validation batches are inspected, else at train end or on an exception. Nothing here
-    stops training. ``examples.parquet`` (:data:`EXAMPLES_SCHEMA`) keeps ``examples`` rows per
-    split, written with the verdict; every rank writes its own row and examples.
+    Reads the first ``batches`` training and validation batches as ``training_step`` receives
+    them and scans at most ``max_examples`` items of each split's dataset; the checks go to the
+    ``data`` phase row and ``examples`` rows per split to ``examples.parquet``
+    (docs/data-and-overfit.md; the logic is :mod:`lightning_pilot.core.data_checks`).
 
     Args:
         decode: ``fn(token_ids) -> str`` for the table (e.g. a tokenizer's ``decode``).
@@ -57,12 +49,6 @@ class BatchInspector(PilotCallback):
         pad_token_id: the padding token, to check that masked positions hold it.
         padding_warn: warn above this fraction of padding positions.
         out_dir: the output folder; default ``<trainer.default_root_dir>/pilot``.
-
-    Raises:
-        ValueError: a count out of range, ``padding_warn`` outside [0, 1] or not finite, or
-            ``num_classes`` and ``vocab_size`` both given.
-        TypeError: a count that is not an int (a bool is not), ``padding_warn`` not a number,
-            ``decode``/``group_fn`` not callable, ``adapter`` not a BatchAdapter.
 
     Example:
         >>> import tempfile
@@ -98,7 +84,6 @@ class BatchInspector(PilotCallback):
         out_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         owner = "BatchInspector"
-        validate.path(owner, "out_dir", out_dir)
         super().__init__(out_dir=out_dir)
         self.batches = validate.integer(owner, "batches", batches, minimum=1)
         self.examples = validate.integer(owner, "examples", examples, minimum=0)

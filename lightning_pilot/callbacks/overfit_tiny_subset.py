@@ -55,12 +55,10 @@ class _Installed(NamedTuple):
 class OverfitTinySubset(PilotCallback):
     """CHANGES TRAINING: the fit trains and evaluates on a fixed tiny subset, then judges it.
 
-    ``num_examples`` examples chosen by a seeded sample of the training dataset are what every
-    training step and validation batch of the fit sees; the run stops at the loss target with
-    the targets recovered, on a non-finite loss, or after ``max_steps`` updates, and writes the
-    ``overfit`` phase row and ``overfit.parquet`` (:data:`OVERFIT_SCHEMA`). How it replaces the
-    batches (the ``on_before_batch_transfer`` hook, wrapped for the fit only), the predictions
-    and the verdict: docs/data-and-overfit.md.
+    Every batch of the fit is replaced by ``num_examples`` seeded examples of the training set;
+    it stops at the loss target with the targets recovered, on a non-finite loss, or after
+    ``max_steps`` updates, and writes the ``overfit`` row and ``overfit.parquet``
+    (docs/data-and-overfit.md).
 
     Args:
         num_examples: size of the subset.
@@ -112,7 +110,6 @@ class OverfitTinySubset(PilotCallback):
         out_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         owner = "OverfitTinySubset"
-        validate.path(owner, "out_dir", out_dir)
         super().__init__(out_dir=out_dir)
         self.num_examples = validate.integer(owner, "num_examples", num_examples, minimum=1)
         self.seed = validate.integer(owner, "seed", seed, minimum=0)

@@ -27,12 +27,9 @@ PredictionsFn = Callable[[pl.LightningModule, Any, Any], Any]
 class ValidationPredictionWriter(PilotCallback):
     """Keep the validation predictions of a fit in ``runs/<run_id>/predictions.parquet``.
 
-    One row per example of every validation batch (not the sanity check; global rank 0's batches
-    under several processes), columns of :data:`~lightning_pilot.schemas.PREDICTIONS_SCHEMA`. The
-    file is published once per attempt when the run closes (never replacing an earlier
-    attempt's); a :class:`~lightning_pilot.DivergenceLedger` in the same fit puts its path and
-    sha256 in the end record. Predictions that cannot be read never stop the fit: the writer
-    stops keeping them, warns, and marks the ``validation`` row. See docs/ledger.md.
+    One row per example of every validation batch (global rank 0's under several processes),
+    published once per attempt when the run closes; a ``DivergenceLedger`` in the same fit puts
+    its path and sha256 in the end record (docs/ledger.md).
 
     Args:
         predictions_fn, predictions_key: ``fn(pl_module, batch, outputs) -> tensor [B, ...]``;
@@ -67,7 +64,6 @@ class ValidationPredictionWriter(PilotCallback):
         out_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         owner = "ValidationPredictionWriter"
-        validate.path(owner, "out_dir", out_dir)
         super().__init__(out_dir=out_dir)
         expected = "a callable (pl_module, batch, outputs) -> tensor"
         self.predictions_fn = validate.callable_or_none(

@@ -1,8 +1,5 @@
-"""Compare variants across seeds without keeping only the best run: every run is counted,
-failures are ranked worst, statistics carry bootstrap intervals and paired per-seed differences.
-
-See docs/ledger.md ("Comparing across seeds") for the tables and how each status counts.
-"""
+"""Compare variants across seeds, every run counted and failures ranked worst, with bootstrap
+intervals and paired per-seed differences (docs/ledger.md, "Comparing across seeds")."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""Run configuration identity: canonical parameters, ``config_hash``, ``variant_key``, environment.
-
-Both identities hash a canonical JSON text, so they depend neither on the order of dict keys nor
-on the process that computed them. See docs/ledger.md ("Identity, repeats and relaunches").
-"""
+"""Run configuration identity: canonical parameters, ``config_hash``, ``variant_key``, environment
+(docs/ledger.md, "Identity, repeats and relaunches")."""
 
 from __future__ import annotations
 

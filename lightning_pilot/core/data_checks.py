@@ -1,11 +1,5 @@
-"""Pure checks of what the loss is fed: ids, targets, label ranges, masks, lengths and splits.
-
-Functions over plain values and tensors (what a ``BatchAdapter`` read) that return
-``CheckResult`` objects; nothing here knows about a Trainer (``BatchInspector`` is the glue). The
-checks are described in docs/data-and-overfit.md. ``ignore_index`` positions are neither a class
-nor out of range: they do not count in the loss. A check that cannot run is ``not_checked`` with
-the reason, never ``pass``.
-"""
+"""Pure checks of what the loss is fed (ids, targets, label ranges, masks, lengths, splits): values
+and tensors in, ``CheckResult`` out, no Trainer (docs/data-and-overfit.md)."""
 
 from __future__ import annotations
 
@@ -86,11 +80,8 @@ def _judged(name: str, problem: str | None, verdict: str = "fail", passed: str =
 
 
 def infer_output_size(module: nn.Module) -> tuple[int | None, str]:
-    """Guess how many outputs the targets index into, as ``(size or None, where it came from)``.
-
-    In order: ``module.get_output_embeddings()`` (Hugging Face: a ``Linear`` or an
-    ``Embedding``), a direct child named one of :data:`HEAD_NAMES` that is an ``nn.Linear``, the
-    last ``nn.Linear`` registered (docs/data-and-overfit.md).
+    """Guess how many outputs the targets index into, as ``(size or None, where it came from)``
+    (the order tried: docs/data-and-overfit.md).
 
     Example:
         >>> infer_output_size(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3)))
@@ -474,13 +465,9 @@ def _tally(counts: Mapping[str, int]) -> tuple[str | None, int, str]:
 
 
 def check_label_shift(counts: Mapping[str, int], *, causal_lm: str | None = None) -> CheckResult:
-    """What relation the labels bear to ``input_ids``; warns when they are already shifted.
-
-    Labels shifted left by one (``labels[t] == input_ids[t + 1]``) are right for a loss that
-    does not shift, and train a model that shifts internally (Hugging Face ``*ForCausalLM``
-    given ``labels=``) to predict two tokens ahead. The checker cannot see which loss is used,
-    so this is a warning (:func:`check_causal_lm_labels` watches what such a model receives).
-    ``counts``: rows per relation; ``causal_lm``: such a model found in the module, named.
+    """What relation the labels bear to ``input_ids`` (``counts``: rows per relation); warns when
+    they are already shifted (docs/data-and-overfit.md). ``causal_lm``: a Hugging Face causal LM
+    found in the module, named.
 
     Example:
         >>> check_label_shift({"identical": 8}).verdict
@@ -521,12 +508,9 @@ def check_label_shift(counts: Mapping[str, int], *, causal_lm: str | None = None
 
 
 def check_causal_lm_labels(causal_lm: str, counts: Mapping[str, int], calls: int) -> CheckResult:
-    """What a Hugging Face causal LM was given as ``labels=`` in the forward calls seen.
-
-    Such a model shifts the labels it is given, so labels already shifted left by one train
-    it to predict two tokens ahead: ``fail``. ``not_checked`` when it was not called, or
-    called without ``labels=`` (the loss is then computed outside it: see ``label_shift``).
-    ``counts``: rows per relation of its ``labels`` to its ``input_ids`` in ``calls`` calls.
+    """What a Hugging Face causal LM was given as ``labels=`` in ``calls`` forward calls
+    (``counts``: rows per relation); ``fail`` for labels already shifted left by one
+    (docs/data-and-overfit.md).
 
     Example:
         >>> check_causal_lm_labels("GPT2LMHeadModel at 'model'", {"shifted by 1": 4}, 1).verdict
@@ -588,13 +572,8 @@ def class_histogram(labels: Iterable[Any], *, ignore_index: int = -100) -> dict[
 
 
 def check_class_histograms(histograms: Mapping[str, Mapping[int, int]]) -> list[CheckResult]:
-    """Compare class histograms of the splits (``train`` first).
-
-    ``class_histograms`` reports the counts (``pass``); ``val_classes_in_train`` warns when a
-    class of another split never occurs in training; ``label_ranges_agree`` warns when another
-    split's labels reach outside the training range (a shifted or re-numbered split). A small
-    split that holds only some of the training classes is normal and passes.
-    """
+    """Compare the class histograms of the splits (``train`` first): ``class_histograms``,
+    ``val_classes_in_train`` and ``label_ranges_agree`` (docs/data-and-overfit.md)."""
     present = {split: dict(h) for split, h in histograms.items() if h}
     if not present:
         return [CheckResult("class_histograms", "not_checked", "no class labels were read")]
@@ -711,12 +690,9 @@ def check_duplicates(
 class SplitInspection:
     """Run the batch checks over the first batches of one split and fold them per check.
 
-    Each check keeps its worst verdict over the batches (with that batch's detail); lengths
-    and padding are pooled over the batches before they are judged. Check names are prefixed
-    with ``split``; ``size_source`` says where ``output_size`` came from; ``None`` leaves
-    ``output_size`` and ``max_length`` unknown and ``pad_token_id`` unchecked. With an
-    ``encoder_decoder`` (:func:`find_encoder_decoder`) the labels are decoder targets, so the
-    checks that compare them with the inputs or their mask read ``not_checked`` with that reason.
+    Each check keeps its worst verdict over the batches; lengths and padding are pooled before they
+    are judged; names are prefixed with ``split``. With an ``encoder_decoder``
+    (:func:`find_encoder_decoder`) the checks comparing labels with the inputs are ``not_checked``.
 
     Example:
         >>> inspection = SplitInspection("train", ignore_index=-100, output_size=3)
@@ -837,13 +813,9 @@ def example_rows(
     max_values: int = 256,
     errors: list[str] | None = None,
 ) -> list[dict[str, Any]]:
-    """Rows of the examples table for the first ``limit`` examples of one batch.
-
-    The columns are those of ``examples.parquet`` (docs/data-and-overfit.md); ``input_values``
-    keeps at most ``max_values`` values. ``decode`` is the user's function: when it raises, the
-    text stays null, the row's note names the error, and the message is appended to ``errors``
-    (when given); nothing is raised.
-    """
+    """Rows of ``examples.parquet`` (docs/data-and-overfit.md) for the first ``limit`` examples of
+    one batch; ``input_values`` keeps at most ``max_values`` values. When the user's ``decode``
+    raises, the text stays null and the row's note and ``errors`` get the message."""
     ids = view.ids_list()
     rows = []
     lengths = row_lengths(view.inputs, view.attention_mask)
@@ -920,12 +892,9 @@ def _decoded(
 
 
 class CausalLMWatch:
-    """A forward pre-hook on a Hugging Face causal LM: the ``labels=`` its first calls get.
-
-    :meth:`attach` finds the model (:func:`find_causal_lm`) and registers the watch; it reads
-    at most ``max_calls`` calls, never raises into the user's forward (an error is kept for
-    :meth:`check`), and a copy of the watched model (``copy.deepcopy``, ``pickle``) carries an
-    inert watch.
+    """A forward pre-hook on a Hugging Face causal LM: the ``labels=`` its first ``max_calls`` calls
+    get. It never raises into the user's forward (an error is kept for :meth:`check`), and a copy
+    of the watched model carries an inert watch.
 
     Example:
         >>> CausalLMWatch.attach(nn.Linear(2, 2), ignore_index=-100, max_calls=8) is None
@@ -999,13 +968,10 @@ def first_items(dataset: Any, limit: int) -> Iterator[Any]:
 
 
 class DatasetScan:
-    """Class histograms, leakage and duplicates over the first items of each split's datasets.
+    """Class histograms, leakage and duplicates over the first ``max_examples`` items of each split.
 
-    Reading the items runs user code (the datasets, the adapter's field functions,
-    ``group_fn``): a split whose items cannot be read is left out with
-    ``<split>/split_leakage`` ``not_checked``, a ``group_fn`` that raises makes
-    ``split_leakage`` ``not_checked``; both are listed in :attr:`raised`. ``max_examples`` items
-    are read per split; ``group_fn(item)`` is the key of the unit that must not span splits.
+    A split whose items cannot be read, or a ``group_fn`` that raises, makes ``split_leakage``
+    ``not_checked``; both are listed in :attr:`raised`.
 
     Example:
         >>> scan = DatasetScan(BatchAdapter(), max_examples=10, group_fn=lambda item: item[2])

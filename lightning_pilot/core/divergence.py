@@ -1,10 +1,5 @@
-"""Divergence rules and run outcomes, free of Lightning.
-
-:class:`DivergenceDetector` applies :class:`DivergenceRules` to one loss (and optionally one
-gradient norm) per optimizer update; :func:`exception_outcome` and :func:`normal_outcome` give a
-fit's ledger ``status`` and ``stop_cause``; :class:`Curves` keeps the curves a ledger record
-carries. See docs/ledger.md ("Divergence rules and their defaults", "Statuses and stop causes").
-"""
+"""Divergence rules and run outcomes, free of Lightning (docs/ledger.md, "Divergence rules and
+their defaults", "Statuses and stop causes")."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
 """Memory probes: device counters, a CPU tensor tracker, the training-state breakdown, host RAM.
 
-One counter per value of the phase table's ``counter`` column: :class:`CudaCounter`,
-:class:`AcceleratorCounter`, :class:`TrackerCounter` (a :class:`TensorTracker` on CPU) and
-:class:`NoCounter`. Allocated versus reserved, and why each phase records its baseline: see
-docs/phase-table.md.
+One counter per value of the phase table's ``counter`` column (docs/phase-table.md).
 
 Example:
     >>> import torch

@@ -16,6 +16,7 @@ import re
 from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from fractions import Fraction
+from pathlib import Path
 from typing import Any, Final, Literal, TypeGuard, TypeVar, overload
 
 __all__ = [
@@ -291,16 +292,19 @@ def run_name(owner: str, name: str, value: object) -> str:
     return value
 
 
-def path(owner: str, name: str, value: object, *, optional: bool = True) -> None:
-    """A folder path: a non-empty ``str`` or ``os.PathLike`` without NUL characters."""
+def path(
+    owner: str, name: str, value: object, *, optional: bool = True, hint: str | None = None
+) -> Any:
+    """A folder path (a non-empty ``str`` or ``os.PathLike`` without NUL) as a ``Path``."""
     if value is None and optional:
-        return
-    expected = _with("a folder path (str or os.PathLike)", optional, None)
+        return None
+    expected = _with("a folder path (str or os.PathLike)", optional, hint)
     if not isinstance(value, str | os.PathLike):
         raise _wrong_type(owner, name, value, expected)
     spelled = os.fspath(value)
     if not isinstance(spelled, str) or not spelled.strip() or "\x00" in spelled:
         raise ValueError(invalid(owner, name, value, f"a non-empty {expected[2:]}"))
+    return Path(spelled)
 
 
 def strings(

@@ -1,12 +1,6 @@
-"""Two tiny, real training tasks for trying pilot-run callbacks on a CPU in seconds.
-
-* :mod:`lightning_pilot.demo.lm`: :class:`TinyCausalLM`, a small decoder-only transformer,
-  learns ``copy`` / ``reverse`` / ``sort`` instructions from :class:`InstructionDataModule`.
-* :mod:`lightning_pilot.demo.classifier`: :class:`TinyClassifier`, an MLP, learns grouped
-  Gaussian data from :class:`ClassificationDataModule`, split by group or by example (leaking).
-
-All data is generated from a seed (nothing is downloaded); both data modules can serve
-torchdata ``StatefulDataLoader`` instances (``stateful=True``). See docs/demo.md.
+"""Two tiny, real training tasks that make their own data from a seed and train on a CPU in seconds:
+:class:`TinyCausalLM` on :class:`InstructionDataModule` and :class:`TinyClassifier` on
+:class:`ClassificationDataModule` (docs/demo.md).
 
 Example:
     >>> from lightning_pilot.demo import InstructionDataModule, TinyCausalLM, decode

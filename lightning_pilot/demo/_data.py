@@ -1,98 +1,15 @@
-"""Shared helpers of the demo tasks: argument checks, the shuffling sampler, the split DataModule.
-
-Every check raises with one message format that names the class, the argument and the value:
-``InstructionDataModule(batch_size=0) is invalid: batch_size must be a positive integer.``
-"""
+"""Shared helpers of the demo tasks: the shuffling sampler and the split DataModule."""
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Collection, Iterator, Mapping
-from typing import Any, TypeVar
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 import torch
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, Sampler, SequentialSampler, Subset
 
-_T = TypeVar("_T")
-
-
-def invalid_message(owner: str, name: str, value: object, requirement: str) -> str:
-    """The message of a rejected argument; ``requirement`` follows "``name`` must be"."""
-    return f"{owner}({name}={value!r}) is invalid: {name} must be {requirement}."
-
-
-def check_int(owner: str, name: str, value: object, *, minimum: int) -> int:
-    """``value`` if it is an ``int`` (never a ``bool``) of at least ``minimum``; else
-    ``TypeError`` for the type, ``ValueError`` for the value."""
-    if minimum == 1:
-        requirement = "a positive integer"
-    elif minimum == 0:
-        requirement = "a non-negative integer"
-    else:
-        requirement = f"an integer >= {minimum}"
-    # bool is a subclass of int; ``batch_size=True`` is a bug, not a batch size of 1.
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(invalid_message(owner, name, value, requirement))
-    if value < minimum:
-        raise ValueError(invalid_message(owner, name, value, requirement))
-    return value
-
-
-def check_float(
-    owner: str,
-    name: str,
-    value: object,
-    *,
-    low: float,
-    high: float = math.inf,
-    low_inclusive: bool = True,
-    high_inclusive: bool = False,
-) -> float:
-    """``value`` as a ``float`` if it is a finite real number (not a ``bool``) in the interval
-    from ``low`` to ``high``; else ``TypeError`` for the type, ``ValueError`` for the value."""
-    if high == math.inf:
-        requirement = f"a finite number {'>=' if low_inclusive else '>'} {low:g}"
-    else:
-        left = "[" if low_inclusive else "("
-        right = "]" if high_inclusive else ")"
-        requirement = f"a number in {left}{low:g}, {high:g}{right}"
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(invalid_message(owner, name, value, requirement))
-    number = float(value)
-    above_low = number >= low if low_inclusive else number > low
-    below_high = number <= high if high_inclusive else number < high
-    if not (math.isfinite(number) and above_low and below_high):
-        raise ValueError(invalid_message(owner, name, value, requirement))
-    return number
-
-
-def check_bool(owner: str, name: str, value: object) -> bool:
-    """``value`` if it is a ``bool``, else ``TypeError`` (``"false"`` would be truthy)."""
-    if not isinstance(value, bool):
-        raise TypeError(invalid_message(owner, name, value, "True or False"))
-    return value
-
-
-def check_choice(owner: str, name: str, value: object, choices: Collection[_T]) -> _T:
-    """The one of ``choices`` that ``value`` is (same type and value), else ``ValueError``."""
-    for choice in choices:
-        if type(value) is type(choice) and value == choice:
-            return choice
-    listed = ", ".join(repr(choice) for choice in choices)
-    raise ValueError(invalid_message(owner, name, value, f"one of {listed}"))
-
-
-def check_split_fractions(owner: str, val_size: object, test_size: object) -> tuple[float, float]:
-    """``(val_size, test_size)`` as floats, each in ``(0, 1)`` and leaving data to train on."""
-    val = check_float(owner, "val_size", val_size, low=0.0, high=1.0, low_inclusive=False)
-    test = check_float(owner, "test_size", test_size, low=0.0, high=1.0, low_inclusive=False)
-    if val + test >= 1.0:
-        raise ValueError(
-            f"{owner}(val_size={val_size!r}, test_size={test_size!r}) is invalid: "
-            "val_size + test_size must be below 1 so that some data is left to train on."
-        )
-    return val, test
+from lightning_pilot.core import validate
 
 
 def split_counts(
@@ -104,7 +21,7 @@ def split_counts(
     val = max(1, round(fractions[0] * units))
     test = max(1, round(fractions[1] * units))
     if units - val - test < 1:
-        raise ValueError(invalid_message(owner, "dataset_size", dataset_size, requirement))
+        raise ValueError(validate.invalid(owner, "dataset_size", dataset_size, requirement))
     return units - val - test, val, test
 
 
@@ -186,20 +103,46 @@ class SeededShuffleSampler(Sampler[int]):
 
 
 class SplitDataModule(LightningDataModule):
-    """What both demo DataModules share: three splits and their loaders.
+    """What both demo DataModules share: their common arguments, three splits and their loaders.
 
-    Subclasses set ``batch_size``, ``seed``, ``num_workers``, ``stateful`` and ``shuffle``,
-    return the splits from :meth:`_make_splits` and their collate function from :meth:`_collate`.
+    Subclasses return the splits from :meth:`_make_splits` and their collate function from
+    :meth:`_collate`.
     """
 
-    batch_size: int
-    seed: int
-    num_workers: int
-    stateful: bool
-    shuffle: bool
-
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        *,
+        dataset_size: int,
+        seed: int,
+        batch_size: int,
+        val_size: float,
+        test_size: float,
+        stateful: bool,
+        shuffle: bool,
+        num_workers: int,
+    ) -> None:
         super().__init__()
+        owner = type(self).__name__
+        self.dataset_size = validate.integer(owner, "dataset_size", dataset_size, minimum=3)
+        self.seed = validate.integer(owner, "seed", seed, minimum=0)
+        self.batch_size = validate.integer(owner, "batch_size", batch_size, minimum=1)
+        self.val_size = validate.number(
+            owner, "val_size", val_size, minimum=0, allow_minimum=False, maximum=1
+        )
+        self.test_size = validate.number(
+            owner, "test_size", test_size, minimum=0, allow_minimum=False, maximum=1
+        )
+        if self.val_size + self.test_size >= 1.0:
+            raise ValueError(
+                f"{owner}(val_size={val_size!r}, test_size={test_size!r}) is invalid: "
+                "val_size + test_size must be below 1 so that some data is left to train on."
+            )
+        self.stateful = validate.boolean(owner, "stateful", stateful)
+        self.shuffle = validate.boolean(owner, "shuffle", shuffle)
+        self.num_workers = validate.integer(owner, "num_workers", num_workers, minimum=0)
+        if self.stateful:
+            # Fail at construction, not minutes later when the first loader is built.
+            stateful_dataloader_class(owner)
         self._splits: dict[str, Subset[dict[str, Any]]] = {}
 
     def setup(self, stage: str | None = None) -> None:

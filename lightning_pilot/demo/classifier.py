@@ -25,16 +25,8 @@ from torch.nn.functional import cross_entropy
 from torch.utils.data import Dataset, Subset
 from torchmetrics.functional.classification import multiclass_accuracy
 
-from lightning_pilot.demo._data import (
-    SplitDataModule,
-    check_bool,
-    check_choice,
-    check_float,
-    check_int,
-    check_split_fractions,
-    split_counts,
-    stateful_dataloader_class,
-)
+from lightning_pilot.core import validate
+from lightning_pilot.demo._data import SplitDataModule, split_counts
 
 # Class means and noise have scale 1, so the task is learnable in a few hundred steps; group
 # offsets of scale 0.5 are large enough to be worth memorising.
@@ -78,11 +70,11 @@ class GroupedClassificationDataset(Dataset[dict[str, Any]]):
         examples_per_group: int = 8,
     ) -> None:
         owner = type(self).__name__
-        check_int(owner, "size", size, minimum=1)
-        check_int(owner, "seed", seed, minimum=0)
-        check_int(owner, "num_features", num_features, minimum=1)
-        check_int(owner, "num_classes", num_classes, minimum=2)
-        check_int(owner, "examples_per_group", examples_per_group, minimum=1)
+        validate.integer(owner, "size", size, minimum=1)
+        validate.integer(owner, "seed", seed, minimum=0)
+        validate.integer(owner, "num_features", num_features, minimum=1)
+        validate.integer(owner, "num_classes", num_classes, minimum=2)
+        validate.integer(owner, "examples_per_group", examples_per_group, minimum=1)
         self.examples_per_group = examples_per_group
         self.num_groups = -(-size // examples_per_group)  # ceiling division
         generator = torch.Generator().manual_seed(seed)
@@ -148,23 +140,25 @@ class ClassificationDataModule(SplitDataModule):
         shuffle: bool = True,
         num_workers: int = 0,
     ) -> None:
-        super().__init__()
+        super().__init__(
+            dataset_size=dataset_size,
+            seed=seed,
+            batch_size=batch_size,
+            val_size=val_size,
+            test_size=test_size,
+            stateful=stateful,
+            shuffle=shuffle,
+            num_workers=num_workers,
+        )
         owner = type(self).__name__
-        self.dataset_size = check_int(owner, "dataset_size", dataset_size, minimum=3)
-        self.seed = check_int(owner, "seed", seed, minimum=0)
-        self.batch_size = check_int(owner, "batch_size", batch_size, minimum=1)
-        self.num_features = check_int(owner, "num_features", num_features, minimum=1)
-        self.num_classes = check_int(owner, "num_classes", num_classes, minimum=2)
-        self.examples_per_group = check_int(
+        self.num_features = validate.integer(owner, "num_features", num_features, minimum=1)
+        self.num_classes = validate.integer(owner, "num_classes", num_classes, minimum=2)
+        self.examples_per_group = validate.integer(
             owner, "examples_per_group", examples_per_group, minimum=1
         )
-        self.split_by: Literal["group", "example"] = check_choice(
+        self.split_by: Literal["group", "example"] = validate.choice(
             owner, "split_by", split_by, ("group", "example")
         )
-        self.val_size, self.test_size = check_split_fractions(owner, val_size, test_size)
-        self.stateful = check_bool(owner, "stateful", stateful)
-        self.shuffle = check_bool(owner, "shuffle", shuffle)
-        self.num_workers = check_int(owner, "num_workers", num_workers, minimum=0)
         num_groups = -(-self.dataset_size // self.examples_per_group)
         units = num_groups if self.split_by == "group" else self.dataset_size
         self._split_counts = split_counts(
@@ -172,13 +166,10 @@ class ClassificationDataModule(SplitDataModule):
             dataset_size,
             units,
             (self.val_size, self.test_size),
-            f"large enough for {units} {self.split_by}(s) to leave training data after "
+            f"a size large enough for {units} {self.split_by}(s) to leave training data after "
             f"val_size={val_size!r} and test_size={test_size!r} take at least one "
             f"{self.split_by} each",
         )
-        if self.stateful:
-            # Fail at construction, not minutes later when the first loader is built.
-            stateful_dataloader_class(owner)
         self.save_hyperparameters()
 
     def _make_splits(self) -> dict[str, Subset[dict[str, Any]]]:
@@ -236,11 +227,11 @@ class TinyClassifier(LightningModule):
     ) -> None:
         super().__init__()
         owner = type(self).__name__
-        check_int(owner, "num_features", num_features, minimum=1)
-        check_int(owner, "num_classes", num_classes, minimum=2)
-        check_int(owner, "hidden", hidden, minimum=1)
-        self.lr = check_float(owner, "lr", lr, low=0.0, low_inclusive=False)
-        self.weight_decay = check_float(owner, "weight_decay", weight_decay, low=0.0)
+        validate.integer(owner, "num_features", num_features, minimum=1)
+        validate.integer(owner, "num_classes", num_classes, minimum=2)
+        validate.integer(owner, "hidden", hidden, minimum=1)
+        self.lr = validate.number(owner, "lr", lr, minimum=0, allow_minimum=False)
+        self.weight_decay = validate.number(owner, "weight_decay", weight_decay, minimum=0)
         self.save_hyperparameters()
         self.net = nn.Sequential(
             nn.Linear(num_features, hidden),

@@ -31,17 +31,8 @@ from torch import Tensor, nn
 from torch.nn.functional import cross_entropy, scaled_dot_product_attention
 from torch.utils.data import Dataset, Subset
 
-from lightning_pilot.demo._data import (
-    SplitDataModule,
-    check_bool,
-    check_choice,
-    check_float,
-    check_int,
-    check_split_fractions,
-    invalid_message,
-    split_counts,
-    stateful_dataloader_class,
-)
+from lightning_pilot.core import validate
+from lightning_pilot.demo._data import SplitDataModule, split_counts
 
 #: Label of the positions the loss skips (instruction and padding); PyTorch's default.
 IGNORE_INDEX = -100
@@ -124,10 +115,10 @@ def _respond(command: int, symbols: list[int]) -> list[int]:
 
 
 def _check_symbols(owner: str, min_symbols: object, max_symbols: object) -> tuple[int, int]:
-    low = check_int(owner, "min_symbols", min_symbols, minimum=1)
-    high = check_int(owner, "max_symbols", max_symbols, minimum=1)
+    low = validate.integer(owner, "min_symbols", min_symbols, minimum=1)
+    high = validate.integer(owner, "max_symbols", max_symbols, minimum=1)
     if high < low:
-        raise ValueError(invalid_message(owner, "max_symbols", high, f">= min_symbols ({low})"))
+        raise ValueError(validate.invalid(owner, "max_symbols", high, f">= min_symbols ({low})"))
     return low, high
 
 
@@ -151,8 +142,8 @@ class InstructionDataset(Dataset[dict[str, Any]]):
 
     def __init__(self, size: int, seed: int, *, min_symbols: int = 2, max_symbols: int = 8) -> None:
         owner = type(self).__name__
-        check_int(owner, "size", size, minimum=1)
-        check_int(owner, "seed", seed, minimum=0)
+        validate.integer(owner, "size", size, minimum=1)
+        validate.integer(owner, "seed", seed, minimum=0)
         _check_symbols(owner, min_symbols, max_symbols)
         generator = torch.Generator().manual_seed(seed)
         # Draw everything in three vectorised calls, then assemble the short lists in Python:
@@ -212,7 +203,7 @@ class InstructionCollator:
     """
 
     def __init__(self, max_length: int) -> None:
-        self.max_length = check_int(type(self).__name__, "max_length", max_length, minimum=1)
+        self.max_length = validate.integer(type(self).__name__, "max_length", max_length, minimum=1)
 
     def __call__(self, examples: Sequence[Mapping[str, Any]]) -> dict[str, Tensor]:
         """Merge unbatched examples (dicts from :class:`InstructionDataset`) into one batch."""
@@ -270,28 +261,27 @@ class InstructionDataModule(SplitDataModule):
         min_symbols: int = 2,
         max_symbols: int = 8,
     ) -> None:
-        super().__init__()
+        super().__init__(
+            dataset_size=dataset_size,
+            seed=seed,
+            batch_size=batch_size,
+            val_size=val_size,
+            test_size=test_size,
+            stateful=stateful,
+            shuffle=shuffle,
+            num_workers=num_workers,
+        )
         owner = type(self).__name__
-        self.dataset_size = check_int(owner, "dataset_size", dataset_size, minimum=3)
-        self.seed = check_int(owner, "seed", seed, minimum=0)
-        self.batch_size = check_int(owner, "batch_size", batch_size, minimum=1)
-        self.max_length = check_int(owner, "max_length", max_length, minimum=1)
-        self.val_size, self.test_size = check_split_fractions(owner, val_size, test_size)
-        self.stateful = check_bool(owner, "stateful", stateful)
-        self.shuffle = check_bool(owner, "shuffle", shuffle)
-        self.num_workers = check_int(owner, "num_workers", num_workers, minimum=0)
+        self.max_length = validate.integer(owner, "max_length", max_length, minimum=1)
         self.min_symbols, self.max_symbols = _check_symbols(owner, min_symbols, max_symbols)
         self._split_counts = split_counts(
             owner,
             dataset_size,
             self.dataset_size,
             (self.val_size, self.test_size),
-            f"large enough to leave training examples after val_size={val_size!r} "
+            f"a size large enough to leave training examples after val_size={val_size!r} "
             f"and test_size={test_size!r} take at least one example each",
         )
-        if self.stateful:
-            # Fail at construction, not minutes later when the first loader is built.
-            stateful_dataloader_class(owner)
         self.save_hyperparameters()
 
     def _collate(self) -> Callable[[list[Any]], Any] | None:
@@ -401,22 +391,24 @@ class TinyCausalLM(LightningModule):
     ) -> None:
         super().__init__()
         owner = type(self).__name__
-        self.vocab_size = check_int(owner, "vocab_size", vocab_size, minimum=1)
-        check_int(owner, "d_model", d_model, minimum=1)
-        check_int(owner, "n_heads", n_heads, minimum=1)
+        self.vocab_size = validate.integer(owner, "vocab_size", vocab_size, minimum=1)
+        validate.integer(owner, "d_model", d_model, minimum=1)
+        validate.integer(owner, "n_heads", n_heads, minimum=1)
         if d_model % n_heads != 0:
             raise ValueError(
-                invalid_message(owner, "n_heads", n_heads, f"a divisor of d_model={d_model}")
+                validate.invalid(owner, "n_heads", n_heads, f"a divisor of d_model={d_model}")
             )
-        check_int(owner, "n_layers", n_layers, minimum=1)
-        self.max_length = check_int(owner, "max_length", max_length, minimum=1)
-        dropout = check_float(owner, "dropout", dropout, low=0.0, high=1.0)
-        self.lr = check_float(owner, "lr", lr, low=0.0, low_inclusive=False)
-        self.weight_decay = check_float(owner, "weight_decay", weight_decay, low=0.0)
-        self.lr_schedule: Literal["constant", "cosine"] = check_choice(
+        validate.integer(owner, "n_layers", n_layers, minimum=1)
+        self.max_length = validate.integer(owner, "max_length", max_length, minimum=1)
+        dropout = validate.number(
+            owner, "dropout", dropout, minimum=0, maximum=math.nextafter(1, 0), hint="below 1"
+        )
+        self.lr = validate.number(owner, "lr", lr, minimum=0, allow_minimum=False)
+        self.weight_decay = validate.number(owner, "weight_decay", weight_decay, minimum=0)
+        self.lr_schedule: Literal["constant", "cosine"] = validate.choice(
             owner, "lr_schedule", lr_schedule, ("constant", "cosine")
         )
-        self.warmup_steps = check_int(owner, "warmup_steps", warmup_steps, minimum=0)
+        self.warmup_steps = validate.integer(owner, "warmup_steps", warmup_steps, minimum=0)
         self.save_hyperparameters()
 
         self.token_embedding = nn.Embedding(vocab_size, d_model)

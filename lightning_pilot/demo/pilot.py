@@ -1,9 +1,6 @@
 """The whole pilot on the bundled tiny LM, then a learning-rate comparison, on CPU.
 
-:func:`run_demo` runs a pilot fit with every callback of :func:`~lightning_pilot.pilot_callbacks`,
-a tiny-subset overfit, the learning-rate comparison (a control, half, double and one unstable
-learning rate, same effective batch and updates, one ledger) and the plots; it prints one line
-per fit, then the phase table, the comparison and where the files are. See docs/demo.md.
+What :func:`run_demo` runs and prints: docs/demo.md.
 
 Example:
     >>> [variant.name for variant in lr_variants()]
@@ -255,16 +252,7 @@ def write_plots(
 def run_demo(out_dir: Path, *, quick: bool = False, stream: TextIO | None = None) -> dict[str, Any]:
     """Run the demo pilot and the learning-rate comparison into ``out_dir`` (an existing ledger
     there is added to, never overwritten); print to ``stream`` (default ``sys.stdout``) as it
-    goes. ``quick``: a few updates per fit.
-
-    Returns:
-        ``out_dir``; ``pilot_run_dir`` (the measured pilot run's folder, for the choice sheet);
-        ``pilot_run_id``; ``overfit_run_dir`` and ``overfit_verdict``; ``ledger`` (the ledger
-        folder); ``comparison_run_ids`` (variant name -> run id); ``control`` (the control
-        variant's name); ``comparison`` (the :class:`~lightning_pilot.Comparison` on
-        ``val_loss``); ``plots`` (the PNG files written, empty without matplotlib); ``seconds``
-        (wall time per stage and in total).
-    """
+    goes. ``quick``: a few updates per fit. What it returns: docs/demo.md."""
     out = Path(out_dir)
     target = stream if stream is not None else sys.stdout
 

@@ -104,14 +104,6 @@ class Reads:
             self._strays.setdefault(str(table), why)
 
 
-def run_folders(path: Path) -> list[Path]:
-    """The run folders under ``path/runs`` (hidden ones left out)."""
-    runs = path / "runs"
-    if not runs.is_dir():
-        return []
-    return sorted(p for p in runs.iterdir() if p.is_dir() and not p.name.startswith("."))
-
-
 def _run_folder(out_dir: Path, run_id: Any) -> Path | None:
     """``out_dir/runs/<run_id>``; ``None`` when ``run_id`` is not a run id (a forged id never
     becomes a path)."""
@@ -161,7 +153,7 @@ def load_scope(
     """
     run_only = (path / "phases.parquet").exists()  # a plain file there: a damaged run
     ledger_dir = _ledger_of(path, run_only)
-    run_dirs = [path] if run_only else run_folders(path)
+    run_dirs = storage.run_folders(path)
     tables = [run / "phases.parquet" for run in run_dirs if (run / "phases.parquet").exists()]
     if not tables and ledger_dir is None:
         raise ValueError(

@@ -108,10 +108,8 @@ def gate_result(
     """The command line's exit verdict and the ``Result:`` lines that name the reasons.
 
     ``(failed, text)`` of the :func:`~lightning_pilot.report.analysis.gate` of the phase rows
-    and ledger runs in scope (``None``: not read): the text names every run that fails it, its
-    id, variant, and failed checks or status and stop cause. Files that could not be read
-    (``skipped``, ``"<path>: <why>"`` each) are named too, and the text then never reads as a
-    clean result: what they held was not checked.
+    and ledger runs in scope (``None``: not read); files ``skipped`` are named too, and the
+    text then never reads as a clean result (docs/cli.md).
 
     Example:
         >>> import pandas as pd
@@ -290,12 +288,8 @@ def _ranked_runs(comparison: Comparison, by: str) -> str:
 
 
 def comparison_text(comparison: Comparison, by: str = "variant") -> str:
-    """A :class:`~lightning_pilot.core.compare.Comparison` as text.
-
-    The summary (every run counted by status; median, mean and IQM with their bootstrap
-    intervals when there were enough runs; paired differences against the control), then
-    every run ranked best first, failed runs last, unfinished runs unranked.
-    """
+    """A :class:`~lightning_pilot.core.compare.Comparison` as text: the summary, then every
+    run ranked best first, failed runs last, unfinished runs unranked."""
     control = comparison.control
     headers = [by, "runs", "by status", "in stats", "median", "mean", "iqm"]
     if control is not None:

@@ -1,9 +1,5 @@
-"""The new process ResumeVerifier starts: ``python -m lightning_pilot.resume.child REQUEST``.
-
-It runs the :class:`~lightning_pilot.resume.protocol.Request`'s tasks in order and publishes a
-:class:`~lightning_pilot.resume.protocol.Result` where the request says; failures of the user's
-code are answers, written into the result. See docs/resume.md.
-"""
+"""The new process ResumeVerifier starts: ``python -m lightning_pilot.resume.child REQUEST``; it
+runs the request's tasks and publishes a ``Result``, user failures included (docs/resume.md)."""
 
 from __future__ import annotations
 

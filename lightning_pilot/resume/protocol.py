@@ -1,10 +1,6 @@
-"""What crosses the process boundary: the training process's :class:`Request` and the new
-process's :class:`Result`, dataclasses that round-trip through JSON (non-finite floats as
-``"nan"``, ``"inf"``, ``"-inf"``). ``from_dict`` validates: a result file is untrusted (the new
-process ran the user's code; a stale or edited file may lie in the folder), so a wrong type, an
-unknown key or a missing one raises :class:`ProtocolError` naming the key path. See
-docs/resume.md.
-"""
+"""What crosses the process boundary: :class:`Request` and :class:`Result`, dataclasses that
+round-trip through JSON; ``from_dict`` validates an untrusted file, raising :class:`ProtocolError`
+naming the key path (docs/resume.md)."""
 
 from __future__ import annotations
 

@@ -81,18 +81,11 @@ def _factory(value: object) -> str | None:
 class ResumeVerifier(PilotCallback):
     """Resume a checkpoint in a genuinely new process and compare it with the reference run.
 
-    At update ``at_step`` (and at the end of the first epoch, ``epoch_boundary``) it saves a
-    full checkpoint into ``runs/<run_id>/resume/`` and records the next ``compare_steps``
-    updates; at fit end one new process resumes from each checkpoint with ``weights_only=True``
-    and records the same, and reloads the final artifact (the last checkpoint, or the file
-    ``export`` writes) to compare its outputs on ``control_batches`` batches with the live
-    module's. It writes the phase rows ``resume`` and ``checkpoint_load`` and
-    ``runs/<run_id>/resume.parquet``; under DDP every rank resumes in its own new process. It
-    keeps the RNG states in its checkpoint state and restores them at train start. ``factory``
-    (``"package.module:function"``) builds the module (and datamodule) there; ``fallback``
-    (``"none"``, ``"in_process"``) applies when no new process can; ``atol``/``rtol`` (0 =
-    exact) bound losses, learning rates and artifact outputs; ``timeout_s`` bounds each task;
-    only the key and index fields of ``adapter`` travel. See docs/resume.md.
+    At update ``at_step`` (and at the first epoch's end, ``epoch_boundary``) it saves a
+    checkpoint and records the next ``compare_steps`` updates; at fit end a new process resumes
+    from each and records the same, and the final artifact is reloaded and compared on
+    ``control_batches`` batches. ``factory`` (``"package.module:function"``) builds the module
+    there; ``atol``/``rtol`` (0 = exact) bound the comparisons (docs/resume.md).
 
     Example:
         >>> ResumeVerifier(at_step=2, compare_steps=3).state_key
@@ -117,7 +110,6 @@ class ResumeVerifier(PilotCallback):
         out_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         owner = "ResumeVerifier"
-        validate.path(owner, "out_dir", out_dir)
         super().__init__(out_dir=out_dir)
         self.at_step = validate.integer(owner, "at_step", at_step, minimum=1)
         self.compare_steps = validate.integer(owner, "compare_steps", compare_steps, minimum=1)

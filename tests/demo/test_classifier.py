@@ -192,24 +192,24 @@ def test_stateful_without_torchdata_names_the_extra(monkeypatch: pytest.MonkeyPa
         (
             {"examples_per_group": 0},
             ValueError,
-            r"ClassificationDataModule\(examples_per_group=0\) is invalid: examples_per_group "
-            r"must be a positive integer\.",
+            r"ClassificationDataModule\(examples_per_group=0\) is invalid: expected an integer "
+            r">= 1\.",
         ),
         (
             {"split_by": "document"},
             ValueError,
-            r"\(split_by='document'\) is invalid: split_by must be one of 'group', 'example'",
+            r"\(split_by='document'\) is invalid: expected one of 'group', 'example'",
         ),
         ({"num_classes": 1}, ValueError, r"\(num_classes=1\).*integer >= 2"),
         ({"num_features": 2.0}, TypeError, r"\(num_features=2\.0\)"),
-        ({"batch_size": -3}, ValueError, r"\(batch_size=-3\).*positive integer"),
+        ({"batch_size": -3}, ValueError, r"\(batch_size=-3\).*integer >= 1"),
         ({"test_size": "0.1"}, TypeError, r"\(test_size='0\.1'\)"),
         ({"stateful": None}, TypeError, r"\(stateful=None\).*True or False"),
         (
             # 16 examples in groups of 8 are 2 groups: too few for three splits.
             {"dataset_size": 16, "examples_per_group": 8},
             ValueError,
-            r"\(dataset_size=16\) is invalid: dataset_size must be large enough for 2 group",
+            r"\(dataset_size=16\) is invalid: expected a size large enough for 2 group",
         ),
     ],
 )
@@ -232,7 +232,7 @@ def test_split_by_example_needs_fewer_examples_than_split_by_group() -> None:
         (
             {"hidden": 0},
             ValueError,
-            r"TinyClassifier\(hidden=0\) is invalid: hidden must be a positive integer\.",
+            r"TinyClassifier\(hidden=0\) is invalid: expected an integer >= 1\.",
         ),
         ({"lr": -1.0}, ValueError, r"\(lr=-1\.0\).*finite number > 0"),
         ({"num_classes": 1}, ValueError, r"\(num_classes=1\)"),
