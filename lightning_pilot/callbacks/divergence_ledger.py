@@ -186,7 +186,6 @@ class DivergenceLedger(PilotCallback):
         out_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         owner = "DivergenceLedger"
-        validate.path(owner, "out_dir", out_dir)
         super().__init__(out_dir=out_dir)
         self.experiment = validate.run_name(owner, "experiment", experiment)
         self.variant = validate.run_name(owner, "variant", variant)
@@ -228,7 +227,8 @@ class DivergenceLedger(PilotCallback):
         self._last_step = 0
         self._last_heartbeat = 0
         self._last_eval = 0
-        self._last_norm = -(10**9)  # the first update's norm is always taken
+        self._norm_at: float = 0  # the update whose gradient norm is read next (the first)
+        self._norm_every = 1
         self._last_record_at = time.monotonic()
         self._mark: tuple[int, int, int] | None = None
         self._updates: list[_Update] = []
@@ -259,6 +259,9 @@ class DivergenceLedger(PilotCallback):
             return
         self._last_step = self._last_heartbeat = self._last_eval = trainer.global_step
         self._overflow = str(trainer.precision) in ("16-mixed", "16")
+        # Under a gradient scaler every update: each overflow is a skipped step worth recording.
+        self._norm_every = 1 if self._overflow else self.grad_norm_every
+        self._norm_at = 0 if self.detector.rules.check_grad_norm else math.inf
         self.curves.truncate(trainer.global_step)
         self._facts = self._read_facts(trainer, full=True)
         self._check_repeat(trainer)
@@ -275,12 +278,9 @@ class DivergenceLedger(PilotCallback):
             return
         if self._lr is None and optimizer.param_groups:
             self._lr = float(optimizer.param_groups[0]["lr"])
-        # Under a gradient scaler every update: each overflow is a skipped step worth recording.
         step = trainer.global_step + 1
-        if self.detector.rules.check_grad_norm and (
-            self._overflow or step - self._last_norm >= self.grad_norm_every
-        ):
-            self._last_norm = step
+        if step >= self._norm_at:
+            self._norm_at = step + self._norm_every
             params = (p for group in optimizer.param_groups for p in group["params"])
             grads = [p.grad for p in params if p.grad is not None]
             if grads:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import asdict
 from typing import Any, Final
@@ -34,7 +35,7 @@ from lightning_pilot.core.accounting import (
     summarize,
     unpack_sums,
 )
-from lightning_pilot.core.batches import BatchAdapter
+from lightning_pilot.core.batches import BatchAdapter, size_and_tokens_of
 from lightning_pilot.core.phases import judge
 from lightning_pilot.core.scalars import read_scalars
 from lightning_pilot.run import PilotCallback
@@ -44,6 +45,10 @@ __all__ = ["UPDATES_SCHEMA", "UPDATES_SCHEMA_VERSION", "UPDATES_TABLE", "Effecti
 
 #: Updates between flush points (``_flush``): token counts stay on the device until then.
 FLUSH_EVERY: Final = 50
+#: A micro-batch's size, tokens (maybe still on the device) and where the tokens were counted.
+_Counts = tuple[int | None, torch.Tensor | int | None, str | None]
+#: Micro-batches read at both ends of the step before the reading moves to the end alone.
+COMPARED_MICRO_BATCHES: Final = 3
 
 
 def _finite(value: float | int | None) -> int | None:
@@ -107,7 +112,6 @@ class EffectiveBatchAccountant(PilotCallback):
         out_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         owner = "EffectiveBatchAccountant"
-        validate.path(owner, "out_dir", out_dir)
         super().__init__(out_dir=out_dir)
         self.keep: Keep = validate.choice(owner, "keep", keep, KEEP_CHOICES)
         validate.instance(owner, "adapter", adapter, BatchAdapter)
@@ -130,8 +134,9 @@ class EffectiveBatchAccountant(PilotCallback):
         self._sampler: DistributedSampler[Any] | None = None
         self._loader_batch_size: int | None = None
         self._last_step = self._last_flush = self._step_calls = 0
-        # The micro-batch read at its start, counted once its step ran.
-        self._micro: dict[str, Any] | None = None
+        # The micro-batch read at its start (see _read), counted once its step ran.
+        self._micro: tuple[tuple[Any, ...] | None, _Counts] | None = None
+        self._compared = 0
         self._scaler = self._training = False
         self._hooks: list[RemovableHandle] = []
         self._epochs_done = 0
@@ -184,18 +189,32 @@ class EffectiveBatchAccountant(PilotCallback):
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        size, tokens, source = self.adapter.size_and_tokens(batch)
-        if self._planner is not None:  # the loader did not say: the first batch does
-            self._config = BatchConfig(size, self._config.accumulate_grad_batches, self._dp)
-            self._make_plan()
-        self._micro = {
-            "epoch": trainer.current_epoch,
-            "batch_idx": batch_idx,
-            "examples": size,
-            "tokens": tokens,
-            "tokens_source": source,
-            "duplicates": self._duplicates(batch_idx),
-        }
+        fields = self.adapter.fields(batch)
+        comparing = 0 <= self._compared < COMPARED_MICRO_BATCHES
+        self._micro = (_identity(fields) if comparing else None, size_and_tokens_of(fields))
+
+    def _read(self, batch: Any) -> _Counts:
+        """The micro-batch's size and tokens, read at its start until the step is known to
+        leave them alone, then at its end only (one hook per micro-batch).
+
+        For the first :data:`COMPARED_MICRO_BATCHES` the fields found at the end must be the
+        very objects found at the start (followed by weak references: the batch's tensors are
+        freed when they would be), unchanged in place (tensor version counters): no new tensor,
+        no device wait. Then the start hook is muted. A step that replaces or changes
+        them (pops the mask, crops the inputs) keeps the reading at the start for the fit.
+        """
+        start, self._micro = self._micro, None
+        if start is None:  # the start hook is muted (or Lightning skipped it)
+            return size_and_tokens_of(self.adapter.fields(batch))
+        identity, counts = start
+        if identity is not None:
+            if not _same(identity, self.adapter.fields(batch)):
+                self._compared = -1  # read at the start for the rest of the fit
+            else:
+                self._compared += 1
+                if self._compared == COMPARED_MICRO_BATCHES:
+                    self._mute("on_train_batch_start")
+        return counts
 
     @override
     def on_train_batch_end(
@@ -206,10 +225,20 @@ class EffectiveBatchAccountant(PilotCallback):
         batch: Any,
         batch_idx: int,
     ) -> None:
-        if self._micro is None:
+        if batch is None:  # Lightning ran no step for it
             return
-        self._counter.add_micro_batch(**self._micro)
-        self._micro = None
+        size, tokens, source = self._read(batch)
+        if self._planner is not None:  # the loader did not say: the first batch does
+            self._config = BatchConfig(size, self._config.accumulate_grad_batches, self._dp)
+            self._make_plan()
+        self._counter.add_micro_batch(
+            epoch=trainer.current_epoch,
+            batch_idx=batch_idx,
+            examples=size,
+            tokens=tokens,
+            tokens_source=source,
+            duplicates=self._duplicates(batch_idx),
+        )
         step = trainer.global_step
         if step == self._last_step:
             return
@@ -468,3 +497,23 @@ class EffectiveBatchAccountant(PilotCallback):
             },
             source=type(self).__name__,
         )
+
+
+def _identity(fields: tuple[Any, ...]) -> tuple[Any, ...]:
+    """What tells the fields apart from any replacement or in-place change, keeping nothing
+    alive: each tensor's weak reference and version counter; the ``id`` of other values."""
+    return tuple(
+        (weakref.ref(f), f._version) if isinstance(f, torch.Tensor) else id(f) for f in fields
+    )
+
+
+def _same(identity: tuple[Any, ...], fields: tuple[Any, ...]) -> bool:
+    """Whether ``fields`` are the very objects :func:`_identity` saw, unchanged in place
+    (compared by ``is``: a weak reference's ``==`` would compare two live tensors' values)."""
+    for seen, field in zip(identity, fields, strict=True):
+        if isinstance(seen, tuple):
+            if seen[0]() is not field or field._version != seen[1]:
+                return False
+        elif isinstance(field, torch.Tensor) or seen != id(field):
+            return False
+    return True

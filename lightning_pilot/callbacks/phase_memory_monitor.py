@@ -140,6 +140,15 @@ class _QuietCounts:
         self.step_first = self.step_last = None
 
 
+#: Per-update hooks with nothing to do between measured updates (see ``_count_quiet``).
+_QUIET_HOOKS = (
+    "on_before_backward",
+    "on_train_batch_start",
+    "on_after_backward",
+    "on_before_optimizer_step",
+)
+
+
 class PhaseMemoryMonitor(PilotCallback):
     """Measure every phase of the campaign: inputs, memory, duration and a verdict per phase.
 
@@ -193,7 +202,6 @@ class PhaseMemoryMonitor(PilotCallback):
         out_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         owner = "PhaseMemoryMonitor"
-        validate.path(owner, "out_dir", out_dir)
         super().__init__(out_dir=out_dir)
         self.pilot_updates = validate.integer(
             owner,
@@ -241,9 +249,13 @@ class PhaseMemoryMonitor(PilotCallback):
         self._open: _Open | None = None
         self._pending: Occurrence | None = None
         self._measuring = False
+        self._automatic = True  # the module's automatic_optimization, read when going quiet
         # Below this step every update is unmeasured and the pilot window is over: a batch
         # end then only notes the step (-1: look at every batch end).
         self._quiet_until: float = -1
+        # The first step whose update is measured: a batch starting at or past it is. Manual
+        # optimisation may move global_step by several per batch, past the exact step.
+        self._due: float = 0
         self._tracking = False
         self._start_step = 0
         self._setup_started: float | None = None
@@ -307,9 +319,7 @@ class PhaseMemoryMonitor(PilotCallback):
     def _release(self, trainer: pl.Trainer) -> None:
         """Take back everything installed for the fit: tracker, optimizer hooks, checkpoint IO."""
         self._stop_tracker()
-        for handle in self._hooks:
-            handle.remove()
-        self._hooks = []
+        self._detach_update_hooks()
         io, self._io = self._io, None
         if io is not None and trainer.strategy.checkpoint_io is io:
             trainer.strategy.checkpoint_io = io.inner
@@ -421,8 +431,7 @@ class PhaseMemoryMonitor(PilotCallback):
     @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._optimizers = list(trainer.optimizers)
-        for optimizer in self._optimizers:
-            self._hooks.append(optimizer.register_step_post_hook(self._after_update))
+        self._attach_update_hooks()
         self._record_setup(trainer, pl_module)
         self._record_model(pl_module)
 
@@ -471,7 +480,7 @@ class PhaseMemoryMonitor(PilotCallback):
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._start_step = trainer.global_step  # restored by now when resuming
+        self._start_step = self._due = trainer.global_step  # restored by now when resuming
         # The phase table exists from the first update on: a kill before the pilot window
         # ends still leaves the setup row (and the other callbacks' rows) readable.
         self._flush_during_fit("at train start")
@@ -505,19 +514,45 @@ class PhaseMemoryMonitor(PilotCallback):
         # The CPU tracker's per-operator cost inflates durations: it runs in the first
         # ``memory_updates`` updates only; later measured updates are timed without it.
         self._tracking = step - self._start_step < self.memory_updates
-        self._measuring = (
-            trainer.state.fn == TrainerFn.FITTING and self._next_measured(step) == step
-        )
+        self._measuring = trainer.state.fn == TrainerFn.FITTING and step >= self._due
         if self._measuring:
             self._quiet.fold_into(self.aggregator)  # keep the counts in occurrence order
-            self._unmute("on_after_backward")
+            self._unmute(*_QUIET_HOOKS)
+            self._attach_update_hooks()
             self._quiet_until = -1
             self._begin("data", track=False)
         else:
-            # Nothing to do after an unmeasured backward: Lightning skips the hook. Batch
-            # ends before the next measured update take the short path.
-            self._mute("on_after_backward")
-            self._quiet_until = self._next_measured(step) if self._window_done else -1
+            # Between measured updates the batch end alone counts (see _count_quiet): Lightning
+            # skips the muted hooks and the optimizers run without our post-hook. Manual
+            # optimisation keeps on_before_backward, the only way to count its backward passes.
+            automatic = self._automatic = self._require_module().automatic_optimization
+            self._mute(*(_QUIET_HOOKS if automatic else _QUIET_HOOKS[1:]))
+            self._detach_update_hooks()
+            self._quiet_until = self._due if self._window_done else -1
+
+    def _attach_update_hooks(self) -> None:
+        if not self._hooks:
+            self._hooks = [o.register_step_post_hook(self._after_update) for o in self._optimizers]
+
+    def _detach_update_hooks(self) -> None:
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks = []
+
+    def _count_quiet(self, outputs: Any, step: int) -> None:
+        """Count an unmeasured micro-batch at its end, from what Lightning hands the hook.
+
+        Automatic optimisation: ``outputs`` is ``None`` for a skipped batch (no forward),
+        ``{}`` when the training step returned no loss (no backward). Optimizer steps are the
+        moves of ``global_step``, which counts every ``optimizer.step`` in either mode.
+        """
+        quiet, automatic = self._quiet, self._automatic
+        if outputs is not None or not automatic:
+            quiet.micro_batch(self._step_now)
+            if automatic and outputs:
+                quiet.backward += 1
+        quiet.optimizer_steps += step - self._step_now
+        self._step_now = step
 
     @override
     def on_train_batch_start(
@@ -526,7 +561,6 @@ class PhaseMemoryMonitor(PilotCallback):
         if self._pending is not None:
             self._flush_pending()
         if not self._measuring:
-            self._quiet.micro_batch(self._step_now)  # counted in bulk: no per-hook work
             return
         step = trainer.global_step
         # Read before the training step can switch parameters off (see _intended_trainable).
@@ -543,7 +577,7 @@ class PhaseMemoryMonitor(PilotCallback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: torch.Tensor
     ) -> None:
         if not self._measuring:
-            self._quiet.backward += 1
+            self._quiet.backward += 1  # manual optimisation only: muted under automatic
             return
         step = trainer.global_step
         self.aggregator.count("backward", step)
@@ -569,7 +603,6 @@ class PhaseMemoryMonitor(PilotCallback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: torch.optim.Optimizer
     ) -> None:
         if not self._measuring:
-            self._quiet.optimizer_steps += 1
             return
         step = trainer.global_step
         # Manual optimisation may step several optimizers in one batch (a GAN's discriminator,
@@ -642,13 +675,18 @@ class PhaseMemoryMonitor(PilotCallback):
 
     @override
     def on_train_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, *_: Any
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, *_: Any
     ) -> None:
         step = trainer.global_step
-        if step < self._quiet_until:  # an unmeasured update follows: nothing to start
-            self._step_now = step
-            return
+        if not self._measuring:
+            if self._pending is not None:
+                self._flush_pending()
+            self._count_quiet(outputs, step)
+            if step < self._quiet_until:  # an unmeasured update follows: nothing to start
+                return
         self._check_pending_update(trainer, pl_module)
+        if self._measuring:
+            self._due = self._next_measured(step)
         if not self._window_done and step - self._start_step >= self.pilot_updates:
             self._window_done = True
             self._flush_during_fit("after the pilot window")  # it survives a later crash

@@ -121,7 +121,7 @@ class BatchAdapter:
     def view(self, batch: Any, *, count_tokens: bool = True) -> BatchView:
         """Read every field and size of ``batch`` (``None``: not found); ``count_tokens`` also
         counts real tokens and loss positions, which waits for the device (shapes never do)."""
-        _, inputs, targets, mask = values = self._values(batch)
+        _, inputs, targets, mask = values = self.fields(batch)
         tokens = loss_tokens = None
         if count_tokens:
             count, _ = _token_count(inputs, mask)
@@ -144,11 +144,17 @@ class BatchAdapter:
             >>> BatchAdapter().size_and_tokens({"attention_mask": torch.tensor([[1, 1], [1, 0]])})
             (2, tensor(3), 'attention_mask')
         """
-        values = self._values(batch)
-        return (_batch_size(values), *_token_count(values[1], values[3]))
+        return size_and_tokens_of(self.fields(batch))
 
-    def _values(self, batch: Any) -> tuple[Any, Any, Any, Any]:
-        """The fields of ``batch`` in ``_FIELDS`` order: ids, inputs, targets, attention mask."""
+    def fields(self, batch: Any) -> tuple[Any, Any, Any, Any]:
+        """The fields of ``batch`` as found: ids, inputs, targets, attention mask (``None``: not
+        found); the same objects, so a caller can tell whether a step replaced or changed them.
+
+        Example:
+            >>> ids, inputs, targets, mask = BatchAdapter().fields({"input_ids": torch.ones(2, 3)})
+            >>> inputs.shape, mask
+            (torch.Size([2, 3]), None)
+        """
         if isinstance(batch, Mapping):
             keys = self._keys.get(layout := tuple(batch))
             if keys is None:
@@ -168,6 +174,14 @@ class BatchAdapter:
             for i, name in enumerate(_FIELDS)
         )
         return ids, inputs, targets, mask
+
+
+def size_and_tokens_of(
+    fields: tuple[Any, Any, Any, Any],
+) -> tuple[int | None, torch.Tensor | int | None, str | None]:
+    """:meth:`BatchAdapter.size_and_tokens` of fields already found by
+    :meth:`BatchAdapter.fields`."""
+    return (_batch_size(fields), *_token_count(fields[1], fields[3]))
 
 
 def _lookup(batch: Any, spec: FieldSpec) -> Any:

@@ -20,8 +20,16 @@ __all__ = ["read_scalars"]
 def read_scalars(tensors: Sequence[torch.Tensor]) -> list[float]:
     """The values of 0-d (or one-element) tensors as floats, in order: one host sync for
     tensors on one device, one read each when they are spread over several (model parallel)."""
+    if not tensors:
+        return []
+    dtype = tensors[0].dtype
     try:
-        stacked = torch.stack([t.detach().reshape(()).double() for t in tensors])
-    except RuntimeError:  # on several devices (or none given): one read each
+        with torch.no_grad():
+            if all(t.dtype is dtype and t.ndim == 0 for t in tensors):
+                # One kernel: the values are read in their own dtype, exactly as float64 would.
+                stacked = torch.stack(list(tensors))
+            else:  # mixed dtypes would be promoted to the widest float: float64 for each
+                stacked = torch.stack([t.detach().reshape(()).double() for t in tensors])
+    except RuntimeError:  # on several devices: one read each
         return [float(t) for t in tensors]
     return [float(v) for v in stacked.tolist()]

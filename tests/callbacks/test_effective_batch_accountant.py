@@ -300,6 +300,58 @@ def test_tokens_are_counted_from_attention_masks(make_trainer: Any) -> None:
     assert f"{sum(masks):,} tokens" in summary["line"]
 
 
+class PopsTheMask(TinyCausalLM):
+    """A training step that takes the mask out of the batch (and crops the inputs)."""
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        mask = batch.pop("attention_mask")
+        batch["input_ids"] = batch["input_ids"][:, :-1]
+        batch["attention_mask"] = mask[:, :-1]
+        batch["labels"] = batch["labels"][:, :-1]
+        return super().training_step(batch, batch_idx)
+
+
+class ZeroesTheMaskInPlace(TinyCausalLM):
+    """A training step that changes the mask in place (the same tensor object)."""
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        batch["attention_mask"][:, -1] = 0
+        return super().training_step(batch, batch_idx)
+
+
+class _StartSpy(pl.Callback):
+    def __init__(self, accountant: EffectiveBatchAccountant) -> None:
+        self.accountant = accountant
+        self.live: list[bool] = []
+
+    def on_train_batch_end(self, *args: Any) -> None:
+        self.live.append(callable(self.accountant.on_train_batch_start))
+
+
+@pytest.mark.parametrize("module", [TinyCausalLM, PopsTheMask, ZeroesTheMaskInPlace])
+def test_tokens_are_read_where_the_step_cannot_have_changed_them(
+    make_trainer: Any, module: type[TinyCausalLM]
+) -> None:
+    # After three micro-batches whose fields the step left alone, the accountant reads them
+    # at the batch end only (its start hook muted); a step that changes them keeps the
+    # reading at the start, so the tokens are those the loader gave.
+    datamodule = InstructionDataModule(dataset_size=48, batch_size=4, seed=3)
+    accountant = EffectiveBatchAccountant()
+    spy = _StartSpy(accountant)
+    trainer = make_trainer(max_steps=-1, max_epochs=1, callbacks=[accountant, spy])
+    trainer.fit(module(d_model=16, n_heads=2, n_layers=1), datamodule=datamodule)
+    loader = list(datamodule.train_dataloader())
+    masks = [int(batch["attention_mask"].sum()) for batch in loader]
+    # The cropped mask would count fewer tokens: a reading at the end would be wrong.
+    assert sum(int(batch["attention_mask"][:, -1].sum()) for batch in loader) > 0
+    assert updates_table(accountant)["tokens"].tolist() == masks
+    assert accountant.summary["tokens_seen"] == sum(masks)
+    if module is TinyCausalLM:
+        assert spy.live == [True, True, False] + [False] * (len(masks) - 3)
+    else:
+        assert spy.live == [True] * len(masks)
+
+
 @pytest.mark.distributed
 def test_two_process_ddp_counts_both_replicas(tmp_path: Path) -> None:
     # 21 examples on 2 replicas: 11 each (one padding duplicate), micro-batches of 2, K=2:

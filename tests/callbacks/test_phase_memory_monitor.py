@@ -422,14 +422,22 @@ def test_sampling_after_the_pilot_window(make_trainer: Any) -> None:
 
 
 class _AfterBackwardSpy(pl.Callback):
-    """Per update: was the monitor's on_after_backward still dispatched by Lightning?"""
+    """Per update: which of the monitor's hooks Lightning still dispatched, and whether the
+    optimizer still carried the monitor's step post-hook."""
 
     def __init__(self, monitor: PhaseMemoryMonitor) -> None:
         self.monitor = monitor
         self.live: dict[int, bool] = {}
+        self.hooks: dict[int, tuple[bool, ...]] = {}
 
     def on_before_optimizer_step(self, trainer: pl.Trainer, *args: Any) -> None:
         self.live[trainer.global_step] = callable(self.monitor.on_after_backward)
+        names = ("on_train_batch_start", "on_before_backward", "on_before_optimizer_step")
+        post_hooks = trainer.optimizers[0]._optimizer_step_post_hooks.values()
+        self.hooks[trainer.global_step] = (
+            *(callable(getattr(self.monitor, name)) for name in names),
+            any(getattr(h, "__self__", None) is self.monitor for h in post_hooks),
+        )
 
 
 def test_sampling_with_accumulation_and_validation_in_between(make_trainer: Any) -> None:
@@ -448,6 +456,42 @@ def test_sampling_with_accumulation_and_validation_in_between(make_trainer: Any)
     assert counts["validation"] == 3
     # Lightning dispatches on_after_backward only in measured updates.
     assert [step for step, live in sorted(spy.live.items()) if live] == [0, 1, 4, 7, 10]
+    # The other per-update hooks and the optimizer post-hook too: between measured updates
+    # only the batch end runs (it counts).
+    for step, live in spy.hooks.items():
+        assert live == (spy.live[step],) * 4, step
+
+
+class SometimesNoLoss(TokenModel):
+    """Returns no loss on every third batch: Lightning skips that backward and step."""
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> Any:
+        return None if batch_idx % 3 == 2 else self.loss(batch)
+
+
+def test_quiet_updates_count_skipped_backwards_and_steps(make_trainer: Any) -> None:
+    monitor = PhaseMemoryMonitor(pilot_updates=2, sample_every=4)
+    frame = _fit(
+        make_trainer, SometimesNoLoss(), max_steps=12, limit_val_batches=0, monitor=monitor
+    )
+    counts = frame.groupby("phase")["occurrences"].sum()
+    # 12 optimizer steps (Lightning steps even without a loss: global_step counts every
+    # optimizer.step); 12 forwards; batches 2, 5, 8 and 11 ran no backward.
+    assert (counts["forward"], counts["backward"], counts["optimizer_step"]) == (12, 8, 12)
+
+
+def test_manual_optimisation_counts_between_measured_updates(make_trainer: Any) -> None:
+    # 10 batches of two optimizer steps each: global_step moves 0, 2, 4, ... 20. Measured: the
+    # window (steps 0 and 1: the first batch), then the batch that starts at or past each due
+    # step (5, 9, 13, 17: the batches starting at 6, 10, 14 and 18), never skipped because
+    # global_step jumped over the exact step.
+    monitor = PhaseMemoryMonitor(pilot_updates=2, sample_every=4)
+    frame = _fit(make_trainer, TinyGAN(), max_steps=20, limit_val_batches=0, monitor=monitor)
+    counts = frame.groupby("phase")["occurrences"].sum()
+    measured = frame.groupby("phase")["measured_occurrences"].sum()
+    assert (counts["forward"], counts["backward"], counts["optimizer_step"]) == (10, 20, 20)
+    assert (measured["forward"], measured["backward"], measured["optimizer_step"]) == (5, 10, 10)
+    assert set(frame["verdict"]) == {"pass"}
 
 
 @pytest.mark.parametrize(

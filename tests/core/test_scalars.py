@@ -55,3 +55,19 @@ def test_tensors_on_several_devices_are_read_one_by_one(monkeypatch: pytest.Monk
 def test_a_tensor_of_several_values_is_refused() -> None:
     with pytest.raises(ValueError, match="only one element tensors"):
         read_scalars([torch.tensor([1.0, 2.0])])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.int64])
+def test_each_dtype_reads_exactly_as_its_float64_value(dtype: torch.dtype) -> None:
+    # Same-dtype values are stacked as they are (one kernel); the floats equal each value
+    # converted to float64 one by one.
+    values = [torch.tensor(v, dtype=dtype) for v in (0.1, 1 / 3, 1234.5678, -7.0)]
+    assert read_scalars(values) == [float(v.double()) for v in values]
+
+
+def test_mixed_dtypes_are_not_promoted_to_the_narrowest() -> None:
+    # A float32 loss beside an int64 token count above 2**24: stacking them as they are would
+    # promote the count to float32 and round it.
+    count = 2**24 + 1
+    values = [torch.tensor(0.5), torch.tensor(count, dtype=torch.int64)]
+    assert read_scalars(values) == [0.5, float(count)]
