@@ -53,6 +53,10 @@ def _seed_like_the_script() -> None:
         seed_everything(int(seed), workers=os.environ.get("PL_SEED_WORKERS") == "1", verbose=False)
 
 
+#: Keys LightningCLI adds to saved hyperparameters (``class_path`` instantiation).
+_BUILDER_KEYS = frozenset({"_class_path", "_instantiator"})
+
+
 def _build(
     task: ResumeTask | ArtifactTask, checkpoint: Mapping[str, Any], datamodule_first: bool = False
 ) -> tuple[Any, Any]:
@@ -68,14 +72,18 @@ def _build(
     path = task.datamodule_class if isinstance(task, ResumeTask) else None
     dm_cls = load_object(path) if path else None
 
+    def arguments(key: str) -> dict[str, Any]:
+        # LightningCLI saves how it built the object beside the arguments: not arguments.
+        saved = dict(checkpoint.get(key) or {})
+        return {k: v for k, v in saved.items() if k not in _BUILDER_KEYS}
+
     def build_datamodule() -> Any:
-        hyper = dict(checkpoint.get("datamodule_hyper_parameters") or {})
-        return None if dm_cls is None else dm_cls(**hyper)
+        return None if dm_cls is None else dm_cls(**arguments("datamodule_hyper_parameters"))
 
     # After the seed, the script built one of the two first: random data drawn in a
     # constructor depends on which (the module's weight init draws from the same generator).
     datamodule = build_datamodule() if datamodule_first else None
-    model = module_cls(**dict(checkpoint.get("hyper_parameters") or {}))
+    model = module_cls(**arguments("hyper_parameters"))
     return model, (datamodule if datamodule_first else build_datamodule())
 
 
