@@ -1,10 +1,4 @@
-"""lightning-pilot: PyTorch Lightning callbacks for pilot runs.
-
-Before renting GPUs for a training campaign, a short pilot answers with measurements: does the
-loop train the right task, does every phase fit in memory and how long does it take, does
-training resume from a checkpoint, how many examples does one update see, and which variants
-diverged or crashed and why. Add the callbacks to the Trainer you already have; they share one
-run and write a Parquet phase table and an append-only run ledger.
+"""lightning-pilot: PyTorch Lightning callbacks for pilot runs (README.md, docs/architecture.md).
 
 Names are imported on first use, so reading a ledger or running ``lightning-pilot --version``
 does not pay for importing Lightning.
@@ -19,8 +13,7 @@ Example:
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from lightning_pilot import callbacks as _callbacks
 from lightning_pilot._version import __version__
@@ -81,14 +74,4 @@ __all__ = [
 __all__ += _callbacks.__all__
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'lightning_pilot' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = _callbacks.lazy_names(globals(), _LAZY)

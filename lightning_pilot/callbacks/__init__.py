@@ -1,10 +1,5 @@
-"""The pilot callbacks and their registry.
-
-Each callback works alone and composes with the others through one ``PilotRun``.
-:data:`REGISTRY` lists them: where each lives, its key in
-:func:`~lightning_pilot.pilot_callbacks` and the arguments the lifecycle conformance test builds
-it with. The names here and on ``lightning_pilot`` are imported on first use, so importing this
-package costs nothing until a callback is asked for.
+"""The pilot callbacks and their registry, :data:`REGISTRY` (docs/contributing.md); the names
+here and on ``lightning_pilot`` are imported on first use.
 
 Example:
     >>> from lightning_pilot.callbacks import REGISTRY
@@ -17,7 +12,7 @@ Example:
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
@@ -120,14 +115,23 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
+def lazy_names(
+    namespace: dict[str, Any], names: Mapping[str, str]
+) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+    """A package's ``__getattr__`` and ``__dir__`` importing ``names`` (name -> module) on first
+    use into ``namespace`` (the package's ``globals()``)."""
+
+    def getattr_(name: str) -> Any:
+        module = names.get(name)
+        if module is None:
+            raise AttributeError(f"module {namespace['__name__']!r} has no attribute {name!r}")
+        value = namespace[name] = getattr(importlib.import_module(module), name)
+        return value  # stored: later lookups skip this function
+
+    def dir_() -> list[str]:
+        return sorted(set(namespace) | set(namespace["__all__"]))
+
+    return getattr_, dir_
 
 
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_names(globals(), LAZY)

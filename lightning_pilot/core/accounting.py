@@ -1,12 +1,5 @@
-"""Effective-batch arithmetic and per-update counting, free of Lightning (see
-docs/effective-batch.md).
-
-:func:`plan_updates` predicts the updates and examples of a run the way Lightning trains it (an
-incomplete last accumulation window of an epoch is stepped with its loss still divided by ``K``;
-``DistributedSampler`` pads replicas with duplicated samples; ``max_steps`` can stop mid-epoch);
-:class:`UpdateCounter` counts what really happened, one row per update; :func:`summarize`
-compares both and names what needs attention. Nothing here imports torch (the reports read
-:class:`UpdatePlan` without it).
+"""Effective-batch arithmetic, free of Lightning and torch (docs/effective-batch.md):
+:func:`plan_updates` predicts a run, :class:`UpdateCounter` counts it, :func:`summarize` compares.
 """
 
 from __future__ import annotations
@@ -96,17 +89,8 @@ def _k_at(schedule: Sequence[tuple[int, int]], epoch: int) -> int:
 
 @dataclass(frozen=True)
 class UpdatePlan:
-    """What a configuration will do, computed the way Lightning trains it.
-
-    The first fields are the arguments of :func:`plan_updates` (``accumulate_grad_batches`` is
-    the first epoch's ``K``; ``k_schedule`` its ``(first_epoch, K)`` pairs). Per-epoch figures
-    (``*_per_epoch``, ``samples_per_replica``, ``last_window_*``) describe one epoch with that
-    ``K`` and count micro-batches per replica after ``drop_last`` and ``limit_micro_batches``;
-    totals (``total_updates``, ``examples_seen``, ``epochs_completed``, ``partial_windows``,
-    ``padding_duplicates``) follow the whole schedule and budget. Examples are over all
-    replicas and include the duplicates a ``DistributedSampler`` adds. ``last_window_weight``
-    is ``last_window_micro_batches / K``, the factor Lightning's division by ``K`` gives that
-    update relative to a full one.
+    """What a configuration will do, computed the way Lightning trains it (the fields:
+    docs/effective-batch.md; per-epoch figures use the first epoch's ``K``).
 
     Example:
         >>> plan = plan_updates(3200, 2, accumulate_grad_batches=8, epochs=1)
@@ -727,9 +711,8 @@ def _epoch_length_remedy(micro_batches: int, k: int) -> str:
 def partial_window_remedy(
     plan: UpdatePlan | None, k: int, batch_idx_last: int | None = None
 ) -> str:
-    """What to do about a partial accumulation window of ``K = k``, for the cause the plan shows
-    (without a plan, the epoch length is read from ``batch_idx_last``, where the window ended);
-    the causes and remedies are tabled in docs/effective-batch.md.
+    """What to do about a partial accumulation window of ``K = k``, for the cause the plan (else
+    ``batch_idx_last``, where the window ended) shows; the causes: docs/effective-batch.md.
 
     Example:
         >>> print(partial_window_remedy(plan_updates(64, 1, 5, epochs=1), k=5))
@@ -786,13 +769,8 @@ def _partial_windows_text(counter: UpdateCounter, plan: UpdatePlan | None) -> st
 def check_accumulation_windows(
     counter: UpdateCounter, plan: UpdatePlan | None = None
 ) -> CheckResult | None:
-    """The ``optimizer_step`` check ``partial_accumulation_windows`` over the counted updates.
-
-    ``warn`` when an update stepped fewer than ``K`` micro-batches, naming how many, their
-    weight and the remedy for the cause (:func:`partial_window_remedy`); ``pass`` when every
-    update stepped a full window of ``K > 1``; ``None`` when there is nothing to check (no
-    update counted, or ``K = 1`` throughout: every window is one micro-batch).
-    """
+    """The ``optimizer_step`` check ``partial_accumulation_windows`` over the counted updates
+    (docs/effective-batch.md); ``None`` when no update was counted or ``K = 1`` throughout."""
     name = "partial_accumulation_windows"
     if counter.partial_window_count:
         return CheckResult(name, "warn", _partial_windows_text(counter, plan))

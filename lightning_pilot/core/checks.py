@@ -182,12 +182,8 @@ def check_update(
     zero_grad: Collection[str] = (),
     zero_lr: Collection[str] = (),
 ) -> list[CheckResult]:
-    """Trainable parameters changed, the others did not, and the step advanced by one.
-
-    A trainable parameter with a learning rate of 0 (``zero_lr``: a warmup from 0) or an exactly
-    zero gradient (``zero_grad``: a LoRA down-projection on the first update) at this update is
-    not expected to change: it is named, never failed (docs/phase-table.md).
-    """
+    """Trainable parameters changed, the others did not, and the step advanced by one;
+    ``zero_lr`` and ``zero_grad`` parameters are named, never failed (docs/phase-table.md)."""
     unchanged = [n for n in before if n in trainable and before[n] == after.get(n)]
     resting = [n for n in unchanged if n in zero_lr]
     excused = [n for n in unchanged if n in zero_grad and n not in zero_lr]

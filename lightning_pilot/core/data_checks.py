@@ -114,12 +114,7 @@ _NOT_SHIFTING: Final = frozenset({"XLNetLMHeadModel"})
 
 def find_causal_lm(module: nn.Module) -> tuple[str, nn.Module] | None:
     """The first Hugging Face causal LM in ``module`` as ``(path, model)`` (``""``: the module
-    itself), or ``None``.
-
-    A causal LM is a ``transformers`` ``PreTrainedModel`` whose class name ends with
-    ``ForCausalLM`` or ``LMHeadModel``: given ``labels=``, its loss scores the logits at ``t``
-    against ``labels[t + 1]``. Classes are matched by name: ``transformers`` is never imported.
-    """
+    itself), or ``None``; matched by class name (docs/data-and-overfit.md)."""
     for name, sub in module.named_modules():
         cls = type(sub)
         if cls.__name__ in _NOT_SHIFTING or not cls.__name__.endswith(
@@ -135,11 +130,8 @@ def find_causal_lm(module: nn.Module) -> tuple[str, nn.Module] | None:
 
 
 def find_encoder_decoder(module: nn.Module) -> str | None:
-    """The first submodule whose ``config.is_encoder_decoder`` is true (a Hugging Face
-    seq2seq model such as T5 or BART), named as ``Class at 'path'``; ``None`` when there is none.
-
-    Its ``labels`` are decoder targets: the encoder's ``input_ids`` and ``attention_mask`` do not
-    describe them, even when both are padded to the same length.
+    """The first submodule whose ``config.is_encoder_decoder`` is true (T5, BART), named as
+    ``Class at 'path'`` (its labels are decoder targets); ``None`` when there is none.
 
     Example:
         >>> find_encoder_decoder(nn.Sequential(nn.Linear(2, 2))) is None
@@ -214,11 +206,8 @@ def check_label_range(
     ignore_index: int,
     source: str = "the caller",
 ) -> CheckResult:
-    """Every counted label is a valid output index ``0 <= label < output_size``.
-
-    ``ignore_index`` positions are kept apart (they do not count). Any other negative value, or a
-    value at or above the output size, fails: with cross-entropy it either crashes (CPU) or
-    trains a class the model cannot represent. ``source`` says where ``output_size`` came from.
+    """Every counted label is a valid output index ``0 <= label < output_size``; ``source``
+    says where ``output_size`` came from.
 
     Example:
         >>> check_label_range(torch.tensor([0, 3, -100]), output_size=4, ignore_index=-100).verdict
@@ -319,12 +308,8 @@ def check_attention_mask(
     pad_token_id: int | None = None,
     labels_unaligned: str | None = None,
 ) -> list[CheckResult]:
-    """The mask fits the inputs, marks padding as a contiguous block, and padding is not a target.
-
-    ``labels_unaligned`` (why the targets are not aligned with the inputs, e.g. the decoder
-    targets of an encoder-decoder model) makes ``padding_not_in_loss`` ``not_checked``: the
-    mask describes the inputs, not those targets.
-    """
+    """The mask fits the inputs, marks padding as a contiguous block, and padding is not a target
+    (``labels_unaligned``: why the targets are not aligned with the inputs, then not checked)."""
     if not isinstance(mask, torch.Tensor):
         return [CheckResult("attention_mask", "not_checked", "field 'attention_mask' not found")]
     if isinstance(inputs, torch.Tensor) and inputs.ndim == 2 and inputs.shape != mask.shape:
@@ -379,12 +364,7 @@ def _masking_counts(
 def check_instruction_masking(
     inputs: Any, targets: Any, mask: Any, *, ignore_index: int
 ) -> CheckResult:
-    """For causal-LM batches: are prompt (instruction) positions masked out of the labels?
-
-    Warns when the labels equal ``input_ids`` on every real token: the instruction is then a
-    training target too (plain language modelling), which is wrong when only the response
-    should count.
-    """
+    """For causal-LM batches: are prompt (instruction) positions masked out of the labels?"""
     if target_kind(inputs, targets) != "sequence":
         return CheckResult(
             "instruction_masked", "not_checked", "targets are not aligned token sequences"

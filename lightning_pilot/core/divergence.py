@@ -169,8 +169,7 @@ class DivergenceDetector:
         highest-priority fatal rule that fired.
 
         A ``None`` loss or norm was not measured: its rules are skipped. ``grad_may_overflow``:
-        a gradient scaler is active (float16 AMP), so a non-finite norm is a skipped step,
-        recorded as ``grad_overflow``, not fatal.
+        a gradient scaler is active (a non-finite norm is ``grad_overflow``, docs/ledger.md).
         """
         self.updates += 1
         events: list[DivergenceEvent] = []
@@ -272,12 +271,7 @@ class DivergenceDetector:
 
 
 def exception_outcome(exception: BaseException) -> tuple[str, str]:
-    """``(status, stop_cause)`` of a fit that ended with ``exception``.
-
-    ``KeyboardInterrupt`` -> ``interrupted``/``keyboard_interrupt``; Lightning's
-    ``SIGTERMException`` -> ``interrupted``/``sigterm``; ``torch.OutOfMemoryError`` ->
-    ``oom``/``cuda_oom``; anything else -> ``failed``/``exception:<Type>``.
-    """
+    """``(status, stop_cause)`` of a fit that ended with ``exception`` (docs/ledger.md)."""
     if isinstance(exception, KeyboardInterrupt):
         return "interrupted", "keyboard_interrupt"
     # Matched by name: core/ never imports Lightning (its class subclasses SystemExit).
@@ -297,13 +291,9 @@ def normal_outcome(
     updates_done: int,
     planned_updates: int | None,
 ) -> tuple[str, str]:
-    """``(status, stop_cause)`` of a fit that returned normally.
-
-    ``diverged`` with the fatal rule that fired (even with ``action="record"``); ``stopped``
-    with ``early_stopping``, ``time_limit`` (a Timer) or ``step_shortfall`` (fewer
-    ``updates_done``, all attempts, than ``planned_updates``, or no ``limit_reached``); else
-    ``completed`` with the limit the loop reached (``"max_steps"`` or ``"max_epochs"``).
-    """
+    """``(status, stop_cause)`` of a fit that returned normally (docs/ledger.md);
+    ``step_shortfall``: fewer ``updates_done`` (all attempts) than planned, or no
+    ``limit_reached``."""
     if divergence is not None:
         return "diverged", divergence
     if early_stopping:

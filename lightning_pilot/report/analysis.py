@@ -48,10 +48,7 @@ def _median(series: pd.Series) -> Any:
 
 def sampled_out(frame: pd.DataFrame) -> pd.Series:
     """A boolean Series aligned with ``frame``: the phase rows of later occurrences that
-    happened but were, by design, not measured (``first`` false, ``occurrences > 0``,
-    ``measured_occurrences == 0``, no check, verdict ``not_checked``; docs/phase-table.md).
-    They are not a problem to act on, so the tables list them apart, never under "Not passed".
-    """
+    happened but were, by design, not measured (docs/cli.md); the tables list them apart."""
     if frame.empty:
         return pd.Series(False, index=frame.index, dtype=bool)
     later = ~frame["first"].fillna(True).astype(bool)
@@ -316,11 +313,8 @@ def campaign(
     phases: pd.DataFrame, variants: pd.DataFrame, step_s: float, *, reserve: float, devices: int = 1
 ) -> Campaign:
     """Price the variants (:func:`campaign_variants`) at this run's speed on ``devices`` each,
-    and fill the 3, 7 and 30 day packages in priority order, ``reserve`` of each kept back.
-
-    A variant that diverged or failed in the pilot is priced but never packaged as is; nor is
-    one whose status the ledger does not define (it cannot be judged).
-    """
+    and fill the 3, 7 and 30 day packages in priority order, ``reserve`` of each kept back; a
+    variant that diverged, failed or has an unknown status is never packaged."""
     medians = steady_medians(phases)
     updates = _max(phases.loc[phases["phase"] == "optimizer_step", "occurrences"])
     done = int(updates) if updates is not None else 0
@@ -407,14 +401,8 @@ def summarize_costs(
     per_run: pd.DataFrame, *, by: str = "variant", control: str | None = None
 ) -> pd.DataFrame:
     """Per variant, over its runs' :func:`run_costs` (one row per run, with a ``by`` column):
-    ``runs_measured``, the largest ``peak_allocated_bytes`` and ``peak_reserved_bytes``, the
-    most frequent ``peak_phase``, the median ``step_s``, ``truncated_fraction`` and
-    ``loss_positions``, and ``same_experiment`` with ``why``.
-
-    A variant whose truncation or loss positions differ from the control's (by more than 5
-    points or 5 %) is not the same experiment (``False``): a memory saving bought by cutting
-    the task does not answer the same question. ``None``: unknown.
-    """
+    ``runs_measured``, the largest peaks, the most frequent ``peak_phase``, the medians, and
+    ``same_experiment`` (``None``: unknown) with ``why`` (docs/cli.md, cost per variant)."""
     columns = [by, *_SUMMARY]
     if per_run.empty:
         return pd.DataFrame(columns=columns)
