@@ -316,8 +316,17 @@ class OverfitTinySubset(PilotCallback):
                     ids += self.subset_ids[index * size : (index + 1) * size]
         finally:
             pl_module.train(was_training)
-        if not predictions or any(p.shape[1:] != predictions[0].shape[1:] for p in predictions):
+        if not predictions:
             return None
+        if any(p.shape[1:] != predictions[0].shape[1:] for p in predictions):
+            if any(p.ndim != 2 for p in predictions):
+                self._notes.append("the subset's batches predict shapes that cannot be joined")
+                return None
+            # Batches padded to their own longest example: widen them, the added positions
+            # at ignore_index (they do not count).
+            width = max(p.shape[1] for p in predictions)
+            predictions = [_widen(p, width, 0) for p in predictions]
+            targets = [_widen(t, width, self.adapter.ignore_index) for t in targets]
         self._last_step = trainer.global_step
         self._last = recovery(
             torch.cat(predictions),
@@ -438,3 +447,8 @@ class OverfitTinySubset(PilotCallback):
             rank_zero_warn(f"{line}: {reason}")
         else:
             rank_zero_info(f"{line}: {'; '.join(c.detail for c in results)}")
+
+
+def _widen(values: torch.Tensor, width: int, fill: int) -> torch.Tensor:
+    """``[B, T]`` values padded on the right to ``[B, width]`` with ``fill``."""
+    return torch.nn.functional.pad(values, (0, width - values.shape[1]), value=fill)

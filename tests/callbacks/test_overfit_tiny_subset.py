@@ -125,6 +125,21 @@ def test_lm_overfits_eight_examples_to_exact_match(make_trainer: Any) -> None:
     assert _overfit_row(overfit)["verdict"] == "pass"
 
 
+def test_lm_subset_in_batches_of_different_widths_is_scored(make_trainer: Any) -> None:
+    # Batches of 2 of the 8 examples, each padded to its own longest example: the widths
+    # differ, and the predictions are joined at the widest (the padding does not count).
+    overfit = OverfitTinySubset(max_steps=150, batch_size=2)
+    trainer = make_trainer(callbacks=[overfit], max_steps=-1, max_epochs=200)
+    data = InstructionDataModule(dataset_size=256, batch_size=16)
+    with pytest.warns(UserWarning, match="changes training"):
+        trainer.fit(TinyCausalLM(d_model=32, n_heads=2, n_layers=1), datamodule=data)
+    widths = {batch["labels"].shape[1] for batch in overfit._batches}
+    assert len(widths) > 1, widths
+    recovered = overfit.checks["targets_recovered"]
+    assert recovered.verdict == "pass", overfit.checks
+    assert recovered.detail.startswith("exact_match 1.000 on 8 example(s)")
+
+
 def test_loaders_passed_to_fit_tuple_batches_and_accumulation(make_trainer: Any) -> None:
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(100, 6, generator=generator)
