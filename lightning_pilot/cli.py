@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from lightning_pilot.report.load import Reads
+    from lightning_pilot.storage import Location
 
 EXIT_OK = 0
 EXIT_CHECK_FAILED = 1
@@ -75,7 +76,18 @@ def _os_error(err: OSError) -> str:
     return f"{err.strerror}{f' [{name}]' if name else ''}{where}"
 
 
-def _folder(path: Path, what: str) -> None:
+def _location(text: str, argument: str) -> Location:
+    """A path argument: a local path, or a URL fsspec understands (``s3://``, ``memory://``);
+    credentials and endpoints come from fsspec's configuration and the environment."""
+    from lightning_pilot import storage
+
+    try:
+        return storage.location(text)
+    except (ImportError, ValueError) as err:
+        raise UsageError(f"{argument} {text}: {err}") from None
+
+
+def _folder(path: Location, what: str) -> None:
     if not path.exists():
         raise UsageError(f"{path} does not exist.")
     if not path.is_dir():
@@ -104,7 +116,7 @@ def _cmd_show(args: argparse.Namespace, reads: Reads) -> int:
     from lightning_pilot.report import ledger_text, phase_table_text
     from lightning_pilot.report.load import load_scope
 
-    path = Path(args.path)
+    path = _location(args.path, "PATH")
     _folder(path, "an output folder, a run folder (<out_dir>/runs/<run_id>) or a ledger folder")
     try:
         phases, runs, ledger_dir = load_scope(path, reads)
@@ -125,7 +137,7 @@ def _cmd_compare(args: argparse.Namespace, reads: Reads) -> int:
     from lightning_pilot.report import comparison_text, variant_costs, variant_costs_text
     from lightning_pilot.report.load import compared_runs, phases_of
 
-    path = Path(args.ledger)
+    path = _location(args.ledger, "LEDGER")
     _folder(path, "a ledger folder or an output folder holding ledger/")
     ledger = Ledger(path)
     reads.scan_folder(ledger.path)
@@ -219,11 +231,51 @@ def _write_sheet(
 
 def _cmd_sheet(args: argparse.Namespace, reads: Reads) -> int:
     gpu_memory = _gpu_memory(args.gpu_memory)
-    run_dir = Path(args.run_dir)
+    run_dir = _location(args.run_dir, "RUN_DIR")
+    if not isinstance(run_dir, Path):
+        raise UsageError(
+            f"RUN_DIR {run_dir}: the choice sheet is written to local run folders only."
+        )
     _folder(run_dir, "a run folder, <out_dir>/runs/<run_id>")
     return _write_sheet(
         run_dir, reads, gpu_memory, args.reserve, args.experiment, args.metric, args.control
     )
+
+
+def _cmd_plot(args: argparse.Namespace, reads: Reads) -> int:
+    from lightning_pilot.report import plots
+
+    try:
+        plots.require_matplotlib()
+    except ModuleNotFoundError as err:
+        raise UsageError(str(err)) from None
+    path = _location(args.path, "PATH")
+    if not isinstance(path, Path):
+        raise UsageError(f"PATH {path}: plots are drawn from and written to local folders only.")
+    _folder(path, "an output folder, a run folder (<out_dir>/runs/<run_id>) or a ledger folder")
+    out_dir, run_dirs = plots.scope(path)
+    for run in run_dirs:
+        reads.scan_run(run)
+    reads.scan_folder(out_dir / "ledger")
+    try:
+        drawn = plots.plot_folder(
+            path, metric=args.metric, control=args.control, experiment=args.experiment
+        )
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    except OSError as err:
+        raise UsageError(f"could not write the plots under {path}: {_os_error(err)}") from None
+    for done in drawn:
+        _out(f"Plots in {done.folder}:")
+        for file in done.written:
+            _out(f"  {file.name}")
+        for name, why in done.skipped.items():
+            _out(f"  {name}: not drawn: {why}")
+    written = sum(len(done.written) for done in drawn)
+    _out(f"{written} plot(s) written; `lightning-pilot sheet RUN_DIR` links those of its run.")
+    if reads.skipped():
+        raise UsageError("not everything in scope could be read: the plots leave it out")
+    return EXIT_OK
 
 
 def _writable_folder(folder: Path) -> None:
@@ -362,6 +414,25 @@ def build_parser() -> argparse.ArgumentParser:
     sheet.add_argument("--metric", default="val_loss", help="the agreed quality metric")
     sheet.add_argument("--control", metavar="VARIANT", help="the control variant, marked")
     sheet.set_defaults(handler=_cmd_sheet)
+
+    plot = sub.add_parser(
+        "plot",
+        help="draw the plots of a pilot folder as PNG files next to each run's choice sheet",
+        description="PATH: an output folder (every run), a run folder (<out_dir>/runs/<run_id>)"
+        " or a ledger folder. Writes loss_curves.png, phase_memory.png and comparison.png into"
+        " each run folder (replacing older ones); needs matplotlib (pip install"
+        " 'lightning-pilot[plots]'). Exits 0 when the plots are written.",
+    )
+    plot.add_argument("path", metavar="PATH")
+    plot.add_argument("--metric", default="val_loss", help="the metric compared across variants")
+    plot.add_argument("--control", metavar="VARIANT", help="the control variant, marked")
+    plot.add_argument(
+        "--experiment",
+        metavar="NAME",
+        help="ledger experiment drawn in the loss curves and the comparison (default: each"
+        " run's own)",
+    )
+    plot.set_defaults(handler=_cmd_plot)
     return parser
 
 

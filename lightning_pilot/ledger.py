@@ -4,10 +4,8 @@
 from __future__ import annotations
 
 import hashlib
-import os
 import warnings
 from datetime import datetime, timedelta, timezone
-from pathlib import Path
 from typing import Any, Final, Literal
 
 import numpy as np
@@ -112,8 +110,8 @@ class Ledger:
         0  train_loss     4    1.5
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, stale_after: float = 1800.0) -> None:
-        root = validate.path("Ledger", "path", path, optional=False, hint="the ledger folder")
+    def __init__(self, path: storage.PathLike, *, stale_after: float = 1800.0) -> None:
+        root = storage._location_argument("Ledger", "path", path, "the ledger folder")
         self.path = storage._ledger_folder(root, "Ledger")  # FileNotFoundError when missing
         self.stale_after = validate.number(
             "Ledger", "stale_after", stale_after, minimum=0, finite=False, hint="seconds"
@@ -138,7 +136,7 @@ class Ledger:
         self.skipped = list(records.attrs.get("skipped", []))
         return records
 
-    def index(self) -> Path | None:
+    def index(self) -> storage.Location | None:
         """Copy records not yet indexed into index segments, so later reads are fast
         (:func:`~lightning_pilot.storage.index_ledger`); return the last new one, or ``None``."""
         return storage.index_ledger(self.path)
@@ -227,7 +225,7 @@ class Ledger:
 
 
 def find_failed_runs(
-    path: str | os.PathLike[str],
+    path: storage.PathLike,
     variant_key: str,
     statuses: tuple[str, ...] = ("diverged", "failed"),
 ) -> pd.DataFrame:
@@ -236,7 +234,7 @@ def find_failed_runs(
     Reads only the ``end`` records (their file names say so), which keeps the check a new run
     makes at start cheap on a large ledger; ``path`` may not exist yet.
     """
-    folder = Path(path)
+    folder = storage.location(path)
     columns = ["run_id", "status", "stop_cause", "stop_step"]
     if not folder.is_dir():
         return pd.DataFrame(columns=columns)
@@ -247,10 +245,10 @@ def find_failed_runs(
     return found
 
 
-def file_sha256(path: str | os.PathLike[str]) -> str:
-    """The sha256 of a file's bytes, in hex."""
+def file_sha256(path: storage.PathLike) -> str:
+    """The sha256 of a file's bytes, in hex (a local path or a URL: :func:`storage.location`)."""
     digest = hashlib.sha256()
-    with open(path, "rb") as handle:
+    with storage.location(path).open("rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()

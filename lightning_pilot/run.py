@@ -23,6 +23,7 @@ from lightning_pilot import schemas, storage
 from lightning_pilot.core import validate
 from lightning_pilot.core.ids import new_run_id, validate_run_id
 from lightning_pilot.core.phases import judge, worst_verdict
+from lightning_pilot.core.summary import Summary
 
 __all__ = ["GUARDED_HOOKS", "PilotCallback", "PilotRefusalError", "PilotRun"]
 
@@ -42,9 +43,28 @@ def _warn(message: str, stacklevel: int = 2) -> None:
 
 def _out_dir(owner: str, value: object, name: str = "out_dir", optional: bool = True) -> Any:
     """``value`` checked (:func:`validate.path`) and resolved once: ``out_dir`` itself may be a
-    link (shared storage), and a link swapped there during the fit is not followed."""
+    link (shared storage), and a link swapped there during the fit is not followed. A URL
+    (``s3://``, ``memory://``, ...) or a :class:`~lightning_pilot.storage.RemotePath` is a
+    remote folder (:func:`storage.location`; docs/storage.md)."""
+    if isinstance(value, storage.RemotePath):
+        return value
     folder = validate.path(owner, name, value, optional=optional)
-    return None if folder is None else Path(os.path.realpath(os.path.expanduser(folder)))
+    if folder is None:
+        return None
+    if isinstance(value, str):
+        folder = storage.location(value)  # a URL: remote; file://: local
+        if isinstance(folder, storage.RemotePath):
+            return folder
+    return Path(os.path.realpath(os.path.expanduser(folder)))
+
+
+def _default_out_dir(trainer: pl.Trainer) -> storage.Location:
+    """``<trainer.default_root_dir>/pilot``: local, or remote when the root is a URL (Lightning
+    keeps an ``s3://`` root as it is)."""
+    root = trainer.default_root_dir
+    if storage.is_remote(root):
+        return storage.location(root) / "pilot"
+    return Path(root) / "pilot"
 
 
 class PilotRun:
@@ -71,12 +91,12 @@ class PilotRun:
     def __init__(
         self,
         *,
-        default_out_dir: str | os.PathLike[str],
+        default_out_dir: storage.PathLike,
         rank: int = 0,
         world_size: int = 1,
         stage: str | None = None,
     ) -> None:
-        self._default_out_dir: Path = _out_dir(
+        self._default_out_dir: storage.Location = _out_dir(
             "PilotRun", default_out_dir, "default_out_dir", optional=False
         )
         validate.integer("PilotRun", "rank", rank, minimum=0)
@@ -90,7 +110,7 @@ class PilotRun:
         self.resumed = False
         self.closed = False
         self.exception: BaseException | None = None
-        self._explicit_out_dir: tuple[str, Path] | None = None
+        self._explicit_out_dir: tuple[str, storage.Location] | None = None
         self._attached: dict[int, str] = {}
         self._synchronized = False
         self._published = False
@@ -100,6 +120,9 @@ class PilotRun:
         self._seq: dict[str, int] = {}
         self._dirty: set[str] = set()
         self._ledger_fields: dict[str, Any] = {}
+        #: What callbacks add to the summary the Trainer's loggers receive when the run closes
+        #: (beside the phase rows' peaks, durations and verdicts).
+        self.summary = Summary()
         self._lock = threading.RLock()
         # Called with the final flush's error (or None) once the tables are written: the
         # ledger's end record, so its status says whether the run's files were written.
@@ -134,7 +157,7 @@ class PilotRun:
                 run.stage = stage
             if run is None or run.closed:
                 run = cls(
-                    default_out_dir=Path(trainer.default_root_dir) / "pilot",
+                    default_out_dir=_default_out_dir(trainer),
                     rank=trainer.global_rank,
                     world_size=trainer.world_size,
                     stage=stage,
@@ -149,17 +172,18 @@ class PilotRun:
             return _RUNS.get(trainer)
 
     @property
-    def out_dir(self) -> Path:
-        """The output folder: the ``out_dir`` a callback named, else the default."""
+    def out_dir(self) -> storage.Location:
+        """The output folder: the ``out_dir`` a callback named, else the default (a local
+        ``Path``, or a :class:`~lightning_pilot.storage.RemotePath` for a URL)."""
         return self._explicit_out_dir[1] if self._explicit_out_dir else self._default_out_dir
 
     @property
-    def run_dir(self) -> Path:
+    def run_dir(self) -> storage.Location:
         """``<out_dir>/runs/<run_id>``: the phase table and per-callback details."""
         return storage.safe_join(self.out_dir, "runs", self.run_id)
 
     @property
-    def ledger_dir(self) -> Path:
+    def ledger_dir(self) -> storage.Location:
         """``<out_dir>/ledger``: the append-only run ledger (a link there is refused)."""
         return storage.safe_join(self.out_dir, "ledger")
 
@@ -173,11 +197,11 @@ class PilotRun:
         """This process's snapshot writer name: attempt, rank and the unique attempt id."""
         return f"a{self.attempt:04d}-r{self.rank:05d}-{self.attempt_id}"
 
-    def attach(self, callback: object, out_dir: str | os.PathLike[str] | None = None) -> None:
+    def attach(self, callback: object, out_dir: storage.PathLike | None = None) -> None:
         """Register a callback with this run; it names ``out_dir`` (the same as every other
         callback that names one: else ``ValueError``) or leaves it to the default."""
         name = type(callback).__name__
-        wanted: Path | None = _out_dir(name, out_dir)
+        wanted: storage.Location | None = _out_dir(name, out_dir)
         with self._lock:
             if wanted is not None:
                 if self._explicit_out_dir is not None and self._explicit_out_dir[1] != wanted:
@@ -212,10 +236,18 @@ class PilotRun:
                 self.run_id = attempt_id
             self.attempt_id = attempt_id
 
-    def close(self, callback: object, *, failing: bool = False) -> None:
+    def close(
+        self,
+        callback: object,
+        *,
+        failing: bool = False,
+        loggers: Sequence[Any] = (),
+        step: int | None = None,
+    ) -> None:
         """Detach a callback; the last one to leave flushes the run, then calls the closers with
-        the flush's error, and closes it. With ``failing=True`` (the exception path) a failed
-        write is only a warning: the user's exception is never replaced by ours."""
+        the flush's error, hands the run's summary to ``loggers`` (a clean close only) and
+        closes it. With ``failing=True`` (the exception path) a failed write is only a
+        warning: the user's exception is never replaced by ours."""
         with self._lock:
             if self._attached.pop(id(callback), None) is None or self._attached:
                 return
@@ -237,6 +269,8 @@ class PilotRun:
                         _warn(f"closing run {self.run_id} failed: {err!r}")
             finally:
                 self.closed = True
+            if not failing:
+                self._log_summary(loggers, step)
             if error is None:
                 return
             if not failing:
@@ -245,6 +279,23 @@ class PilotRun:
                 f"could not write run {self.run_id} to {self.out_dir} while the fit was failing:"
                 f" {error}"
             )
+
+    def _log_summary(self, loggers: Sequence[Any], step: int | None) -> None:
+        """Give every logger the summary (metrics, and texts as hyperparameters); a logger that
+        refuses it gets a warning, never an error (it must not cost the fit)."""
+        if not loggers:
+            return
+        summary = Summary.of_phase_rows(self.phase_rows())
+        summary.update(self.summary)
+        for logger in loggers:
+            try:
+                logger.log_metrics(dict(summary.metrics), step=step)
+                if summary.texts:
+                    logger.log_hyperparams(dict(summary.texts))
+            except Exception as err:
+                _warn(
+                    f"could not log run {self.run_id}'s summary to {type(logger).__name__}: {err!r}"
+                )
 
     def on_close(self, closer: Callable[[OSError | None], None]) -> None:
         """Call ``closer(error)`` (the final flush's ``OSError`` or ``None``) when the run closes;
@@ -259,6 +310,8 @@ class PilotRun:
             if self._reserve is not None or self.closed or self._closing:
                 return
             path = self.out_dir / f".reserve-{self.attempt_id}-r{self.rank:05d}"
+            if isinstance(path, storage.RemotePath):
+                return  # no disk of ours to hold on an object store
             self._reserve = path
             storage.reserve_file(path, size)  # no room, or not Linux: nothing is reserved
 
@@ -286,7 +339,8 @@ class PilotRun:
             path: Path | None = None
             error: str | None = None
             if self.is_global_zero:
-                directory = storage.make_folder(self.run_dir, "export")
+                # A local folder even for a remote out_dir: the user's fn writes local files.
+                directory = storage.work_folder(self.run_dir, "export")
                 measure = self.measure_export() if self.measure_export else contextlib.nullcontext()
                 try:
                     with measure:
@@ -404,7 +458,7 @@ class PilotRun:
             self._tables[name].extend(dict(row) for row in rows)
             self._dirty.add(name)
 
-    def flush(self) -> list[Path]:
+    def flush(self) -> list[storage.Location]:
         """Publish a snapshot of every table changed since the last flush; return the files (on
         an ``OSError`` the tables stay buffered, the previous snapshots readable)."""
         self.reserve_space()
@@ -601,8 +655,8 @@ class PilotCallback(Callback):
         except (OSError, ValueError) as inner:  # recording must not break the fit either
             _warn(f"could not record {name}'s error: {inner}", stacklevel=3)
 
-    def __init__(self, *, out_dir: str | os.PathLike[str] | None = None) -> None:
-        self._out_dir: Path | None = _out_dir(type(self).__name__, out_dir)
+    def __init__(self, *, out_dir: storage.PathLike | None = None) -> None:
+        self._out_dir: storage.Location | None = _out_dir(type(self).__name__, out_dir)
         self._run: PilotRun | None = None
         self._pending_identity: Mapping[str, Any] | None = None
 
@@ -645,7 +699,7 @@ class PilotCallback(Callback):
         self._mute(*unused)
 
     @property
-    def out_dir(self) -> Path | None:
+    def out_dir(self) -> storage.Location | None:
         """The ``out_dir`` this callback was given (``None``: the run's default)."""
         return self._out_dir
 
@@ -688,7 +742,7 @@ class PilotCallback(Callback):
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._unmute()
         if self._run is not None:
-            self._run.close(self)
+            self._run.close(self, loggers=trainer.loggers, step=trainer.global_step)
 
     @override
     def on_exception(

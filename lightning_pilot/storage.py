@@ -6,18 +6,22 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fnmatch
 import functools
+import io
 import json
 import os
+import posixpath
 import re
 import sys
+import threading
 import uuid
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, BinaryIO, Final
+from typing import TYPE_CHECKING, Any, BinaryIO, Final, NamedTuple, TypeAlias, overload
 
 import pandas as pd
 import pyarrow as pa
@@ -46,12 +50,16 @@ __all__ = [
     "PHASE_SCHEMA",
     "PHASE_SCHEMA_VERSION",
     "STATUSES",
+    "Location",
     "ReadLimits",
+    "RemotePath",
     "SkippedFileWarning",
     "UnsafePathError",
     "conform",
     "index_ledger",
+    "is_remote",
     "list_snapshot_files",
+    "location",
     "make_folder",
     "publish_bytes",
     "publish_file",
@@ -68,11 +76,20 @@ __all__ = [
     "safe_path_component",
     "sanitize_name",
     "validate_phase_row",
+    "work_folder",
     "write_ledger_record",
     "write_snapshot",
 ]
 
-PathLike = str | os.PathLike[str]
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from fsspec import AbstractFileSystem  # type: ignore[import-untyped]
+
+#: A local path (``str`` or ``os.PathLike``) or a :class:`RemotePath`.
+PathLike: TypeAlias = "str | os.PathLike[str] | RemotePath"
+#: Where a file or folder is: a local ``Path`` or a :class:`RemotePath`.
+Location: TypeAlias = "Path | RemotePath"
 
 #: Metadata key under which a snapshot file records its writer and sequence number.
 SNAPSHOT_METADATA_KEY: Final = b"lightning_pilot.snapshot"
@@ -131,8 +148,249 @@ class UnsafePathError(OSError):
     (which may itself be one); an ``OSError``, so it travels the paths of a full disk."""
 
 
-def _refuse_link(folder: Path, root: Path | None = None) -> None:
-    if folder.is_symlink():
+# -- Locations: a local Path, or a file or folder on an fsspec filesystem ----------------------
+
+#: ``scheme://`` at the start of a string: a URL for fsspec, not a local path.
+_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
+#: Protocols whose ``open(path, "xb")`` refuses an existing name in the same request that
+#: creates it: S3 (s3fs sends ``If-None-Match: *``; refused with 412) and the in-process
+#: ``memory://`` (checked and created under one lock). Others: checked, then written
+#: (docs/storage.md, "What each backend guarantees").
+EXCLUSIVE_CREATE_PROTOCOLS: Final = frozenset({"s3", "s3a", "memory"})
+_MEMORY_LOCK = threading.Lock()
+_WARNED_NOT_EXCLUSIVE: set[str] = set()
+
+
+class _Stat(NamedTuple):
+    st_size: int
+
+
+class RemotePath:
+    """A file or folder on an fsspec filesystem (``s3://``, ``gs://``, ``memory://``, ...),
+    with the few ``pathlib.Path`` methods the readers and writers use.
+
+    Make one with :func:`location`. It is deliberately not ``os.PathLike``: handing it to
+    ``open()`` or to a library that writes local files raises ``TypeError`` instead of quietly
+    writing a local folder named ``s3:``. ``str()`` gives the URL.
+
+    Example:
+        >>> folder = location("memory://pilot-doc/out")
+        >>> folder, folder.name, str(folder / "ledger")
+        (RemotePath('memory:///pilot-doc/out'), 'out', 'memory:///pilot-doc/out/ledger')
+        >>> (folder / "ledger").exists()
+        False
+    """
+
+    __slots__ = ("_info", "fs", "path")
+
+    def __init__(
+        self, fs: AbstractFileSystem, path: str, info: Mapping[str, Any] | None = None
+    ) -> None:
+        self.fs = fs
+        self.path = path.rstrip("/") or path
+        self._info = info  # from the listing that found it: type and size without a request
+
+    @property
+    def protocol(self) -> str:
+        """The filesystem's protocol (``s3``, ``memory``, ...)."""
+        protocol = self.fs.protocol
+        return str(protocol if isinstance(protocol, str) else protocol[0])
+
+    def __str__(self) -> str:
+        return str(self.fs.unstrip_protocol(self.path))
+
+    def __repr__(self) -> str:
+        return f"RemotePath({str(self)!r})"
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, RemotePath):
+            return NotImplemented
+        return str(self) == str(other) and self.fs == other.fs
+
+    def __hash__(self) -> int:
+        return hash(str(self))
+
+    def __lt__(self, other: RemotePath) -> bool:
+        return str(self) < str(other)
+
+    def __truediv__(self, name: str) -> RemotePath:
+        return self.joinpath(name)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (RemotePath, (self.fs, self.path))
+
+    def joinpath(self, *names: str) -> RemotePath:
+        """This location joined with ``names`` (``/``-separated, as on every object store)."""
+        return RemotePath(self.fs, posixpath.join(self.path, *names))
+
+    @property
+    def name(self) -> str:
+        return self.path.rsplit("/", 1)[-1]
+
+    @property
+    def suffix(self) -> str:
+        return Path(self.name).suffix
+
+    @property
+    def parent(self) -> RemotePath:
+        return RemotePath(self.fs, str(self.fs._parent(self.path)))
+
+    def _fresh(self) -> None:
+        # Listings are cached per filesystem instance; other processes write here too.
+        self.fs.invalidate_cache(self.path)
+
+    def exists(self) -> bool:
+        self._fresh()
+        return bool(self.fs.exists(self.path))
+
+    def is_dir(self) -> bool:
+        if self._info is not None:
+            return self._info.get("type") == "directory"
+        self._fresh()
+        return bool(self.fs.isdir(self.path))
+
+    def is_file(self) -> bool:
+        if self._info is not None:
+            return self._info.get("type") == "file"
+        self._fresh()
+        return bool(self.fs.isfile(self.path))
+
+    def is_symlink(self) -> bool:
+        """Always ``False``: object stores and fsspec filesystems have no symbolic links here."""
+        return False
+
+    def resolve(self) -> RemotePath:
+        return self
+
+    def stat(self) -> _Stat:
+        if self._info is not None and self._info.get("size") is not None:
+            return _Stat(int(self._info["size"]))
+        self._fresh()
+        return _Stat(int(self.fs.info(self.path)["size"]))
+
+    def iterdir(self) -> Iterator[RemotePath]:
+        """The entries of this folder, each knowing its type and size from the one listing."""
+        self._fresh()
+        for info in self.fs.ls(self.path, detail=True):
+            entry = RemotePath(self.fs, str(info["name"]), info)
+            if entry.path != self.path:
+                yield entry
+
+    def glob(self, pattern: str) -> Iterator[RemotePath]:
+        """The entries of this folder whose name matches ``pattern`` (one level only)."""
+        return (entry for entry in self.iterdir() if fnmatch.fnmatchcase(entry.name, pattern))
+
+    def open(self, mode: str = "rb") -> BinaryIO:
+        handle: BinaryIO = self.fs.open(self.path, mode)
+        return handle
+
+    def read_bytes(self) -> bytes:
+        return bytes(self.fs.cat_file(self.path))
+
+    def unlink(self, missing_ok: bool = False) -> None:
+        try:
+            self.fs.rm_file(self.path)
+        except FileNotFoundError:
+            if not missing_ok:
+                raise
+        self._fresh()
+
+    def mkdir(self, parents: bool = False, exist_ok: bool = False) -> None:
+        """Make the folder (object stores have none until a file is in them: then a no-op)."""
+        self.fs.makedirs(self.path, exist_ok=True)
+
+
+def is_remote(value: object) -> bool:
+    """Whether ``value`` is a :class:`RemotePath` or a URL string that is not ``file://``.
+
+    Example:
+        >>> is_remote("s3://bucket/pilot"), is_remote("/tmp/pilot"), is_remote("file:///tmp")
+        (True, False, False)
+    """
+    if isinstance(value, RemotePath):
+        return True
+    text = value if isinstance(value, str) else None
+    return bool(text and _URL.match(text) and not text.lower().startswith(("file://", "local://")))
+
+
+@overload
+def location(value: RemotePath, **storage_options: Any) -> RemotePath: ...
+@overload
+def location(value: os.PathLike[str], **storage_options: Any) -> Path: ...
+@overload
+def location(value: PathLike, **storage_options: Any) -> Location: ...
+def location(value: PathLike, **storage_options: Any) -> Location:
+    """A local ``Path`` or, for a URL fsspec understands, a :class:`RemotePath`.
+
+    A local path (``str``, or any ``os.PathLike``) becomes ``Path(value)`` unchanged; ``file://``
+    URLs become local paths. Any other ``scheme://`` URL is opened with fsspec: credentials,
+    endpoints and other ``storage_options`` come from the arguments here, else from fsspec's
+    configuration and the backend's usual environment (``AWS_*`` for s3fs); docs/storage.md
+    says how. A chained URL (``simplecache::s3://...``) is refused.
+
+    Example:
+        >>> location("/tmp/pilot")
+        PosixPath('/tmp/pilot')
+        >>> location("memory://bucket/pilot") / "ledger"
+        RemotePath('memory:///bucket/pilot/ledger')
+    """
+    if isinstance(value, RemotePath):
+        return value if not storage_options else location(str(value), **storage_options)
+    if isinstance(value, str) and "::" in value and _URL.search(value):
+        raise ValueError(
+            f"{value!r} is a chained fsspec URL; lightning-pilot writes to one filesystem:"
+            " give a plain URL such as s3://bucket/folder."
+        )
+    if not isinstance(value, str) or not _URL.match(value):
+        return Path(value)
+    text = value
+    try:
+        from fsspec.core import url_to_fs  # type: ignore[import-untyped]
+        from fsspec.implementations.local import LocalFileSystem  # type: ignore[import-untyped]
+    except ImportError as err:  # pragma: no cover - Lightning depends on fsspec
+        raise ImportError(
+            f"{text!r} is a URL: reading and writing it needs fsspec (pip install"
+            " 'lightning-pilot[remote]')."
+        ) from err
+    try:
+        fs, path = url_to_fs(text, **storage_options)
+    except ImportError as err:
+        raise ImportError(
+            f"{text!r} needs the fsspec backend for its protocol: {err}. For s3:// install"
+            " 'lightning-pilot[remote]' (s3fs)."
+        ) from err
+    if isinstance(fs, LocalFileSystem):
+        return Path(path)
+    return RemotePath(fs, path)
+
+
+def _location_argument(owner: str, name: str, value: object, hint: str) -> Location:
+    """``value`` checked as a folder argument (:func:`validate.path`), as a :func:`location`."""
+    if isinstance(value, RemotePath):
+        return value
+    folder: Path = validate.path(owner, name, value, optional=False, hint=hint)
+    return location(value) if isinstance(value, str) else folder
+
+
+def work_folder(root: PathLike, *components: str) -> Path:
+    """A local folder for files a library must write itself (checkpoints): ``root/components``
+    (:func:`make_folder`) when ``root`` is local, else a folder of the temporary directory
+    named after the remote location, so one run keeps finding the same one."""
+    base = location(root)
+    if isinstance(base, Path):
+        return make_folder(base, *components)
+    for component in components:
+        safe_path_component(component, "path component")
+    import hashlib
+    import tempfile
+
+    digest = hashlib.sha256(str(base).encode()).hexdigest()[:16]
+    local = Path(tempfile.gettempdir()) / f"lightning-pilot-{digest}"
+    return make_folder(local, *components)
+
+
+def _refuse_link(folder: Location, root: Location | None = None) -> None:
+    if isinstance(folder, Path) and folder.is_symlink():
         inside = f" inside the output folder {root}" if root is not None else ""
         raise UnsafePathError(
             f"{folder} is a symbolic link{inside} (to {os.readlink(folder)}); lightning-pilot"
@@ -141,15 +399,24 @@ def _refuse_link(folder: Path, root: Path | None = None) -> None:
         )
 
 
-def safe_join(root: PathLike, *components: str) -> Path:
+@overload
+def safe_join(root: RemotePath, *components: str) -> RemotePath: ...
+@overload
+def safe_join(root: os.PathLike[str], *components: str) -> Path: ...
+@overload
+def safe_join(root: PathLike, *components: str) -> Location: ...
+def safe_join(root: PathLike, *components: str) -> Location:
     """Join validated components to ``root`` for writing; no component may be a symbolic link.
 
     ``root`` itself may be a link; a link *inside* it, or a path resolving outside it, raises
-    :class:`UnsafePathError`; a component that is not a safe name raises ``ValueError``.
+    :class:`UnsafePathError`; a component that is not a safe name raises ``ValueError``. A
+    remote ``root`` (:func:`location`) has no links: its components are checked as names.
     """
-    base = Path(root)
+    base = location(root)
     for component in components:
         safe_path_component(component, "path component")
+    if isinstance(base, RemotePath):
+        return base.joinpath(*components)
     joined = base.joinpath(*components)
     current = base
     for component in components:
@@ -172,7 +439,7 @@ def _fsync_dir(folder: Path) -> None:
             os.close(fd)
 
 
-def _immutable(final: Path) -> FileExistsError:
+def _immutable(final: Location) -> FileExistsError:
     return FileExistsError(f"refusing to overwrite {final}: published files are immutable")
 
 
@@ -191,23 +458,39 @@ def _publish_no_overwrite(tmp: Path, final: Path) -> None:
         os.rename(tmp, final)
 
 
+@overload
+def publish_file(
+    path: RemotePath, write: Callable[[BinaryIO], object], *, replace: bool = False
+) -> RemotePath: ...
+@overload
+def publish_file(
+    path: os.PathLike[str], write: Callable[[BinaryIO], object], *, replace: bool = False
+) -> Path: ...
+@overload
 def publish_file(
     path: PathLike, write: Callable[[BinaryIO], object], *, replace: bool = False
-) -> Path:
+) -> Location: ...
+def publish_file(
+    path: PathLike, write: Callable[[BinaryIO], object], *, replace: bool = False
+) -> Location:
     """Write a file atomically under ``path`` with ``write(handle)``, never overwriting.
 
     A hidden temporary file in the same folder is fsynced, then published with a hard link
     (which refuses an existing name); on any error it is removed and the error propagates. A
     hidden name (``.``/``_``: readers skip it) is a ``ValueError``. ``replace=True`` is for a
     file derived from the tables and drawn again on purpose (a plot): it replaces an older one
-    atomically instead of refusing it.
+    atomically instead of refusing it. On a :class:`RemotePath` the bytes are built in memory
+    and created in one request that refuses an existing name where the backend can
+    (:data:`EXCLUSIVE_CREATE_PROTOCOLS`; docs/storage.md).
     """
-    final = Path(path)
+    final = location(path)
     if final.name.startswith((".", "_")):
         raise ValueError(
             f"path={str(final)!r} names a hidden file; readers skip names starting with"
             " '.' or '_', so it would never be read."
         )
+    if isinstance(final, RemotePath):
+        return _publish_remote(final, write, replace=replace)
     final.parent.mkdir(parents=True, exist_ok=True)
     if final.exists() and not replace:
         raise _immutable(final)
@@ -245,6 +528,45 @@ def publish_file(
     return final
 
 
+def _publish_remote(
+    final: RemotePath, write: Callable[[BinaryIO], object], *, replace: bool
+) -> RemotePath:
+    """Publish on an fsspec filesystem: the whole file in one create (never a partial object)."""
+    buffer = io.BytesIO()
+    write(buffer)
+    data = buffer.getvalue()
+    fs, path = final.fs, final.path
+    fs.makedirs(final.parent.path, exist_ok=True)
+    if replace:
+        fs.pipe_file(path, data)
+    elif final.protocol == "memory":
+        with _MEMORY_LOCK:  # one process: the check and the create under one lock
+            if fs.exists(path):
+                raise _immutable(final)
+            fs.pipe_file(path, data)
+    elif final.protocol in EXCLUSIVE_CREATE_PROTOCOLS:
+        try:
+            with fs.open(path, "xb") as handle:
+                handle.write(data)
+        except FileExistsError:
+            raise _immutable(final) from None
+    else:
+        if final.protocol not in _WARNED_NOT_EXCLUSIVE:
+            _WARNED_NOT_EXCLUSIVE.add(final.protocol)
+            warnings.warn(
+                f"lightning-pilot: {final.protocol}:// has no create-if-absent here; files are"
+                " checked, then written (two writers of one name at the same instant could"
+                " overwrite; pilot file names are unique per writer). See docs/storage.md.",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        if final.exists():
+            raise _immutable(final)
+        fs.pipe_file(path, data)
+    final._fresh()
+    return final
+
+
 def _remove_temporary(tmp: Path) -> OSError | None:
     try:
         tmp.unlink(missing_ok=True)
@@ -253,17 +575,23 @@ def _remove_temporary(tmp: Path) -> OSError | None:
     return None
 
 
-def publish_table(table: pa.Table, path: PathLike) -> Path:
+def publish_table(table: pa.Table, path: PathLike) -> Location:
     """Write ``table`` as Parquet to ``path`` atomically, never overwriting (see publish_file)."""
     return publish_file(path, lambda handle: pq.write_table(table, handle))
 
 
-def publish_bytes(data: bytes, path: PathLike) -> Path:
+@overload
+def publish_bytes(data: bytes, path: RemotePath) -> RemotePath: ...
+@overload
+def publish_bytes(data: bytes, path: os.PathLike[str]) -> Path: ...
+@overload
+def publish_bytes(data: bytes, path: PathLike) -> Location: ...
+def publish_bytes(data: bytes, path: PathLike) -> Location:
     """Write ``data`` to ``path`` atomically, never overwriting (:func:`publish_file`)."""
     return publish_file(path, lambda handle: handle.write(data))
 
 
-def publish_json(value: Any, path: PathLike) -> Path:
+def publish_json(value: Any, path: PathLike) -> Location:
     """Write ``value`` as JSON to ``path`` atomically, never overwriting (:func:`publish_file`).
 
     Example:
@@ -277,7 +605,7 @@ def publish_json(value: Any, path: PathLike) -> Path:
 
 def read_json(path: PathLike, *, max_bytes: int) -> Any:
     """Read a JSON file written by :func:`publish_json`; ``ValueError`` if over ``max_bytes``."""
-    with open(path, "rb") as handle:
+    with location(path).open("rb") as handle:
         data = handle.read(max_bytes + 1)
     if len(data) > max_bytes:
         raise ValueError(f"{path} is larger than {max_bytes} bytes: not a file this pilot wrote")
@@ -290,7 +618,9 @@ def read_json(path: PathLike, *, max_bytes: int) -> Any:
 def reserve_file(path: PathLike, size: int) -> bool:
     """Hold ``size`` bytes of disk in a new hidden file ``path``; ``False`` when that cannot be
     done (no room, the file exists, or no ``posix_fallocate``: not Linux)."""
-    target = Path(path)
+    target = location(path)
+    if isinstance(target, RemotePath):
+        return False  # no disk of ours to hold on an object store
     with contextlib.suppress(OSError, AttributeError):
         target.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(target, os.O_CREAT | os.O_WRONLY | os.O_EXCL, 0o600)
@@ -302,7 +632,13 @@ def reserve_file(path: PathLike, size: int) -> bool:
     return False
 
 
-def make_folder(root: PathLike, *components: str) -> Path:
+@overload
+def make_folder(root: RemotePath, *components: str) -> RemotePath: ...
+@overload
+def make_folder(root: os.PathLike[str], *components: str) -> Path: ...
+@overload
+def make_folder(root: PathLike, *components: str) -> Location: ...
+def make_folder(root: PathLike, *components: str) -> Location:
     """Make (if needed) and return the folder ``root/components``, checked by :func:`safe_join`."""
     folder = safe_join(root, *components)
     folder.mkdir(parents=True, exist_ok=True)
@@ -341,7 +677,7 @@ def rows_to_table(rows: Sequence[Mapping[str, Any]], schema: pa.Schema) -> pa.Ta
     return pa.Table.from_arrays(arrays, schema=schema)
 
 
-def write_snapshot(folder: PathLike, table: pa.Table, *, writer: str, seq: int) -> Path:
+def write_snapshot(folder: PathLike, table: pa.Table, *, writer: str, seq: int) -> Location:
     """Publish one snapshot of a growing table and remove this writer's older snapshots.
 
     ``table`` holds every row this writer has so far (a snapshot replaces, it does not append);
@@ -351,7 +687,7 @@ def write_snapshot(folder: PathLike, table: pa.Table, *, writer: str, seq: int) 
     safe_path_component(writer, "writer")
     if not isinstance(seq, int) or seq < 0:
         raise ValueError(f"seq={seq!r} is invalid: seq must be a non-negative integer.")
-    target = Path(folder)
+    target = location(folder)
     _refuse_link(target)
     meta = dict(table.schema.metadata or {})
     meta[SNAPSHOT_METADATA_KEY] = json.dumps({"writer": writer, "seq": seq}).encode()
@@ -370,7 +706,7 @@ def write_snapshot(folder: PathLike, table: pa.Table, *, writer: str, seq: int) 
     return path
 
 
-def write_ledger_record(ledger_dir: PathLike, record: Mapping[str, Any]) -> Path:
+def write_ledger_record(ledger_dir: PathLike, record: Mapping[str, Any]) -> Location:
     """Publish one immutable run-ledger record as its own Parquet file.
 
     ``run_id`` and ``event`` are required; ``schema_version``, ``record_id`` and ``written_at``
@@ -385,7 +721,7 @@ def write_ledger_record(ledger_dir: PathLike, record: Mapping[str, Any]) -> Path
         >>> read_ledger_records(folder)["status"].tolist()
         ['running']
     """
-    folder = validate.path("write_ledger_record", "ledger_dir", ledger_dir, optional=False)
+    folder = _location_argument("write_ledger_record", "ledger_dir", ledger_dir, "a folder")
     _check_columns(record, LEDGER_SCHEMA, "ledger record")
     run_id = validate_run_id(record.get("run_id"), "record['run_id']")
     event = record.get("event")
@@ -688,14 +1024,17 @@ def _check_writable(table: pa.Table, limits: ReadLimits, what: str) -> None:
         )
 
 
-def _read_limited(file: Path, limits: ReadLimits, schema: pa.Schema | None) -> pa.Table:
+def _read_limited(file: Location, limits: ReadLimits, schema: pa.Schema | None) -> pa.Table:
     """Read one Parquet file, checking its size and footer against ``limits`` first, then
     conform it to ``schema`` (or, without one, decode its dictionary columns)."""
     _within(limits, "max_file_bytes", file.stat().st_size, "bytes on disk")
     # Reading the bytes first and decoding without threads is about twice as fast as
     # pq.read_table for the small one-record files of a ledger.
-    with open(file, "rb") as handle:
-        data = handle.read()
+    if isinstance(file, RemotePath):
+        data = file.read_bytes()  # one request
+    else:
+        with open(file, "rb") as handle:
+            data = handle.read()
     footer = _footer_bytes(data[-8:], len(data))
     if footer is not None and footer > limits.max_footer_bytes:
         raise _over(limits, "max_footer_bytes", footer, "bytes of footer")
@@ -704,13 +1043,13 @@ def _read_limited(file: Path, limits: ReadLimits, schema: pa.Schema | None) -> p
     return conform(table, schema) if schema is not None else _decode_dictionaries(table)
 
 
-def _skip(message: str, path: Path, skipped: list[str] | None, *, stacklevel: int = 3) -> None:
+def _skip(message: str, path: Location, skipped: list[str] | None, *, stacklevel: int = 3) -> None:
     warnings.warn(f"lightning-pilot: {message}", SkippedFileWarning, stacklevel=stacklevel)
     if skipped is not None:
         skipped.append(str(path))
 
 
-def _visible_parquet_files(folder: Path) -> list[Path]:
+def _visible_parquet_files(folder: Location) -> list[Location]:
     return sorted(
         p
         for p in folder.iterdir()
@@ -758,9 +1097,9 @@ def read_parquet_files(
     path appended to ``skipped``. With a ``schema`` every file is conformed to it; without one
     the files must share a schema.
     """
-    tables: list[tuple[Path, pa.Table]] = []
+    tables: list[tuple[Location, pa.Table]] = []
     for file in files:
-        path = Path(file)
+        path = location(file)
         try:
             table = _read_limited(path, limits, schema)
         except _OverLimitError as err:
@@ -788,34 +1127,35 @@ def read_parquet_files(
     return together.combine_chunks()
 
 
-def _snapshot_identity(path: Path) -> tuple[str, int]:
+def _snapshot_identity(path: Location) -> tuple[str, int]:
     """The (writer, seq) a snapshot file records, or its own name when it records none."""
     try:
         size = path.stat().st_size
-        with open(path, "rb") as handle:
+        with path.open("rb") as handle:
             handle.seek(max(size - 8, 0))
             footer = _footer_bytes(handle.read(8), size)
-        if footer is None or footer > DETAIL_FILE_LIMITS.max_footer_bytes:
-            return path.name, 0  # the read that follows reports it
-        meta = pq.read_schema(path).metadata or {}
+            if footer is None or footer > DETAIL_FILE_LIMITS.max_footer_bytes:
+                return path.name, 0  # the read that follows reports it
+            handle.seek(0)
+            meta = pq.read_schema(handle).metadata or {}
         info = json.loads(meta[SNAPSHOT_METADATA_KEY])
         return str(info["writer"]), int(info["seq"])
     except (OSError, pa.ArrowException, KeyError, ValueError, TypeError):
         return path.name, 0
 
 
-def list_snapshot_files(folder: PathLike) -> list[Path]:
+def list_snapshot_files(folder: PathLike) -> list[Location]:
     """The newest snapshot file of each writer in a table folder (sorted by name); files that
     record no snapshot identity (copied in by hand, say) are all kept."""
-    target = Path(folder)
+    target = location(folder)
     if not target.is_dir():
         return []
-    newest: dict[str, tuple[int, Path]] = {}
+    newest: dict[str, tuple[int, Location]] = {}
     for path in _visible_parquet_files(target):
         writer, seq = _snapshot_identity(path)
         if writer not in newest or seq > newest[writer][0]:
             newest[writer] = (seq, path)
-    return sorted(path for _, path in newest.values())
+    return sorted((path for _, path in newest.values()), key=str)
 
 
 def read_snapshot_table(
@@ -829,17 +1169,24 @@ def read_snapshot_table(
     return read_parquet_files(list_snapshot_files(folder), schema, limits=limits, skipped=skipped)
 
 
-def run_folders(path: Path) -> list[Path]:
+@overload
+def run_folders(path: RemotePath) -> list[RemotePath]: ...
+@overload
+def run_folders(path: Path) -> list[Path]: ...
+@overload
+def run_folders(path: Location) -> list[Location]: ...
+def run_folders(path: Location) -> list[Any]:
     """Run folders under ``path``: a run folder itself, or an ``out_dir`` holding ``runs/``."""
     if (path / "phases.parquet").exists():
         return [path]
     runs = path / "runs"
     if runs.is_dir():
-        return sorted(p for p in runs.iterdir() if p.is_dir() and not p.name.startswith("."))
+        found: Iterable[Location] = runs.iterdir()
+        return sorted((p for p in found if p.is_dir() and not p.name.startswith(".")), key=str)
     return []
 
 
-def _what_is(path: Path) -> str:
+def _what_is(path: Location) -> str:
     if path.is_symlink() and not path.exists():
         return "a broken symbolic link"
     return "a plain file" if path.is_file() else "something that is not a folder"
@@ -853,7 +1200,7 @@ def read_phase_table(path: PathLike) -> pd.DataFrame:
     never 0); ``attrs["skipped"]`` lists what could not be read, each also warned about.
     """
     hint = "a run, phase-table or output folder"
-    root = validate.path("read_phase_table", "path", path, optional=False, hint=hint)
+    root = _location_argument("read_phase_table", "path", path, hint)
     if not root.exists():
         raise FileNotFoundError(f"path={str(root)!r} does not exist.")
     if root.name == "phases.parquet":
@@ -903,14 +1250,14 @@ _SOURCE_COLUMN: Final = "source_file"
 _SEGMENT_SCHEMA: Final = LEDGER_SCHEMA.append(pa.field(_SOURCE_COLUMN, pa.string()))
 
 
-def _ledger_folder(path: PathLike, owner: str) -> Path:
-    root: Path = validate.path(owner, "path", path, optional=False, hint="the ledger folder")
+def _ledger_folder(path: PathLike, owner: str) -> Location:
+    root = _location_argument(owner, "path", path, "the ledger folder")
     if not root.exists():
         raise FileNotFoundError(f"path={str(root)!r} does not exist.")
     return root / "ledger" if (root / "ledger").is_dir() else root
 
 
-def _read_index(folder: Path, *, sources_only: bool = False) -> tuple[list[pa.Table], set[str]]:
+def _read_index(folder: Location, *, sources_only: bool = False) -> tuple[list[pa.Table], set[str]]:
     """The index segments of a ledger and the record files they hold; a bad segment is
     skipped with a warning (it costs speed, never records: its files are read one by one)."""
     index = folder / LEDGER_INDEX_DIR
@@ -945,7 +1292,7 @@ def _segment_batches(tables: Sequence[pa.Table]) -> list[list[pa.Table]]:
     return batches
 
 
-def index_ledger(path: PathLike) -> Path | None:
+def index_ledger(path: PathLike) -> Location | None:
     """Copy the ledger's not-yet-indexed records into new index segments.
 
     Readers then open only the files written since (about 1 ms each). The record files stay the

@@ -491,3 +491,64 @@ def test_reserve_file_holds_the_space_once(tmp_path: Path) -> None:
     assert storage.reserve_file(path, 1 << 20) is True  # Linux: posix_fallocate
     assert path.stat().st_size == 1 << 20
     assert storage.reserve_file(path, 1 << 20) is False  # never over an existing file
+
+
+# -- Locations: local paths stay local, URLs go through fsspec (docs/storage.md) -------------
+
+
+def test_location_keeps_local_paths_and_opens_urls(tmp_path: Path) -> None:
+    assert storage.location(str(tmp_path)) == tmp_path
+    assert storage.location(tmp_path / "x") == tmp_path / "x"
+    assert storage.location(f"file://{tmp_path}/x") == tmp_path / "x"
+    # An os.PathLike is always local, whatever it spells: Path("s3://b") is "s3:/b".
+    assert storage.location(Path("s3://bucket")) == Path("s3:/bucket")
+    remote = storage.location("memory://loc-test/out")
+    assert isinstance(remote, storage.RemotePath)
+    assert str(remote / "ledger") == "memory:///loc-test/out/ledger"
+    assert (remote / "ledger").parent == remote
+    assert storage.is_remote("s3://bucket/x")
+    assert not storage.is_remote(str(tmp_path))
+    with pytest.raises(ValueError, match="chained fsspec URL"):
+        storage.location("simplecache::memory://loc-test/out")
+
+
+def test_a_remote_path_is_never_a_local_file(tmp_path: Path) -> None:
+    remote = storage.location("memory://loc-test/never-local")
+    with pytest.raises(TypeError):
+        open(remote, "wb")  # type: ignore[call-overload]  # noqa: SIM115
+    with pytest.raises(TypeError):
+        os.fspath(remote)  # type: ignore[call-overload]
+    # Files a library must write itself go to a local folder named after the remote one.
+    work = storage.work_folder(remote, "resume")
+    assert work.is_dir()
+    assert work == storage.work_folder("memory://loc-test/never-local", "resume")
+    assert work.parent.name.startswith("lightning-pilot-")
+    assert storage.work_folder(tmp_path, "resume") == tmp_path / "resume"
+    with pytest.raises(ValueError, match="not a safe name"):
+        storage.work_folder(remote, "..")
+
+
+def test_memory_location_publishes_once_and_reads_back() -> None:
+    out = storage.location(f"memory://loc-{new_run_id()}/out")
+    table = storage.rows_to_table(
+        [{"run_id": new_run_id(), "phase": "forward", "verdict": "pass"}],
+        storage.PHASE_SCHEMA,
+    )
+    folder = storage.make_folder(out, "runs", str(table["run_id"][0]), "phases.parquet")
+    first = storage.write_snapshot(folder, table, writer="a0001-r00000-x", seq=1)
+    second = storage.write_snapshot(folder, table, writer="a0001-r00000-x", seq=2)
+    assert [path.name for path in folder.iterdir()] == [second.name]  # the older one removed
+    assert not first.exists()
+    frame = storage.read_phase_table(str(out))
+    assert frame["phase"].tolist() == ["forward"]
+    assert frame.attrs["skipped"] == []
+    with pytest.raises(FileExistsError, match="refusing to overwrite memory://"):
+        storage.publish_table(table, second)
+    with pytest.raises(ValueError, match="hidden file"):
+        storage.publish_bytes(b"x", out / ".hidden")
+    # A damaged file on the remote side is skipped with a warning, as on a disk.
+    storage.publish_bytes(b"not parquet", folder / "part-zz-00000001.parquet")
+    with pytest.warns(storage.SkippedFileWarning, match="part-zz-00000001"):
+        frame = storage.read_phase_table(out)
+    assert len(frame) == 1
+    assert frame.attrs["skipped"] == [str(folder / "part-zz-00000001.parquet")]

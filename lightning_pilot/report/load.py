@@ -13,11 +13,9 @@ Example:
 from __future__ import annotations
 
 import contextlib
-import os
 import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -87,14 +85,15 @@ class Reads:
         """The other warnings (a hint where the ledger is, say)."""
         return [message for message, skipped in self._messages().items() if not skipped]
 
-    def scan_folder(self, folder: Path) -> None:
+    def scan_folder(self, folder: storage.Location) -> None:
         """Entries of a table folder named like Parquet files that are not files."""
-        for entry in sorted(folder.iterdir()) if folder.is_dir() else []:
+        entries: Iterable[storage.Location] = folder.iterdir() if folder.is_dir() else []
+        for entry in sorted(entries, key=str):
             visible = not entry.name.startswith((".", "_")) and entry.suffix == ".parquet"
             if visible and not entry.is_file():
                 self._strays.setdefault(str(entry), "not a file (a Parquet file is expected here)")
 
-    def scan_run(self, run: Path) -> None:
+    def scan_run(self, run: storage.Location) -> None:
         """A run folder's phase table: a folder of Parquet files, never a plain file."""
         table = run / "phases.parquet"
         if table.is_dir():
@@ -104,7 +103,7 @@ class Reads:
             self._strays.setdefault(str(table), why)
 
 
-def _run_folder(out_dir: Path, run_id: Any) -> Path | None:
+def _run_folder(out_dir: storage.Location, run_id: Any) -> storage.Location | None:
     """``out_dir/runs/<run_id>``; ``None`` when ``run_id`` is not a run id (a forged id never
     becomes a path)."""
     try:
@@ -114,13 +113,13 @@ def _run_folder(out_dir: Path, run_id: Any) -> Path | None:
     return out_dir / "runs" / str(run_id)
 
 
-def compared_runs(out_dir: Path, run_ids: Iterable[Any]) -> list[Path]:
+def compared_runs(out_dir: storage.Location, run_ids: Iterable[Any]) -> list[storage.Location]:
     """The run folders under ``out_dir/runs`` of these ledger runs (ids that are run ids)."""
     folders = [_run_folder(out_dir, run_id) for run_id in dict.fromkeys(str(r) for r in run_ids)]
     return [folder for folder in folders if folder is not None and folder.is_dir()]
 
 
-def phases_of(run_dirs: Sequence[Path]) -> pd.DataFrame | None:
+def phases_of(run_dirs: Sequence[storage.Location]) -> pd.DataFrame | None:
     """The phase rows of these run folders (``None`` when there are none)."""
     frames = []
     for run in run_dirs:
@@ -131,7 +130,7 @@ def phases_of(run_dirs: Sequence[Path]) -> pd.DataFrame | None:
     return pd.concat(frames, ignore_index=True) if frames else None
 
 
-def _ledger_of(path: Path, run_only: bool) -> Path | None:
+def _ledger_of(path: storage.Location, run_only: bool) -> storage.Location | None:
     if (path / "ledger").is_dir():
         return path / "ledger"
     if run_only and (path.parent.parent / "ledger").is_dir():
@@ -142,8 +141,8 @@ def _ledger_of(path: Path, run_only: bool) -> Path | None:
 
 
 def load_scope(
-    path: Path, reads: Reads
-) -> tuple[pd.DataFrame | None, pd.DataFrame | None, Path | None]:
+    path: storage.Location, reads: Reads
+) -> tuple[pd.DataFrame | None, pd.DataFrame | None, storage.Location | None]:
     """What ``show PATH`` reads from an output folder (every run and the ledger), a run folder
     (that run only) or a ledger folder: the phase rows (``None``: none readable), the ledger
     runs (``None``: no ledger) and the ledger folder.
@@ -197,7 +196,7 @@ class RunFolder:
                    'experiment', 'comparison'])
     """
 
-    path: Path
+    path: storage.Location
     phases: pd.DataFrame
     updates: pd.DataFrame | None
     model: pd.DataFrame | None
@@ -208,7 +207,7 @@ class RunFolder:
     comparison: Comparison | str
 
 
-def _detail(run: Path, name: str) -> pd.DataFrame | None:
+def _detail(run: storage.Location, name: str) -> pd.DataFrame | None:
     """A run's ``<name>.parquet`` snapshot table; ``None`` when absent or empty."""
     if not (run / f"{name}.parquet").is_dir():
         return None
@@ -217,7 +216,7 @@ def _detail(run: Path, name: str) -> pd.DataFrame | None:
 
 
 def load_run(
-    run_dir: str | os.PathLike[str], *, metric: str = "val_loss", experiment: str | None = None
+    run_dir: storage.PathLike, *, metric: str = "val_loss", experiment: str | None = None
 ) -> RunFolder:
     """Read a run folder and ``<out_dir>/ledger`` into a :class:`RunFolder`, comparing the
     variants of ``experiment`` (default: the run's) on ``metric``.
@@ -226,7 +225,7 @@ def load_run(
         FileNotFoundError: ``run_dir`` does not exist.
         ValueError: ``run_dir`` is not a run folder, or its phase table has no readable rows.
     """
-    run = Path(run_dir)
+    run = storage.location(run_dir)
     if not run.exists():
         raise FileNotFoundError(f"run_dir={str(run)!r} does not exist.")
     if not (run / "phases.parquet").is_dir():
@@ -264,7 +263,7 @@ def load_run(
 
 
 def variant_costs(
-    out_dir: str | os.PathLike[str],
+    out_dir: storage.PathLike,
     runs: pd.DataFrame,
     *,
     by: str = "variant",
@@ -277,7 +276,7 @@ def variant_costs(
     """
     rows = []
     for run in runs.to_dict("records"):
-        folder = _run_folder(Path(out_dir), run["run_id"])
+        folder = _run_folder(storage.location(out_dir), run["run_id"])
         if folder is None:
             continue
         try:

@@ -282,7 +282,7 @@ def final_artifact(
     """Write the final artifact (the attempt's final checkpoint, saved by every rank: a
     collective; or the file :meth:`PilotRun.export` returns); its path, or why export failed.
     """
-    checkpoint = storage.make_folder(run.run_dir, "resume") / f"final-attempt-{run.attempt}.ckpt"
+    checkpoint = storage.work_folder(run.run_dir, "resume") / f"final-attempt-{run.attempt}.ckpt"
     if not checkpoint.exists():
         trainer.save_checkpoint(checkpoint, weights_only=False)  # full, and said so
     if export is None:
@@ -389,7 +389,7 @@ def prepare_artifact(
         )
     if count_tensors(probe.live) == 0:
         return probe._stop(f"{call} returned no tensor to compare: {_PROBE_REMEDY}")
-    folder = storage.make_folder(run.run_dir, "resume")
+    folder = storage.work_folder(run.run_dir, "resume")
     control = folder / "control.pt"
     control.unlink(missing_ok=True)
     storage.publish_file(control, lambda handle: torch.save(batches, handle))

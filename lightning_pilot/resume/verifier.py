@@ -298,7 +298,8 @@ class ResumeVerifier(PilotCallback):
 
     def _save(self, kind: str, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._unmute("on_train_batch_start", "on_train_batch_end")  # the probe records what follows
-        folder = storage.make_folder(self.run.run_dir, "resume")
+        # Local even when out_dir is remote: the verification process loads these files.
+        folder = storage.work_folder(self.run.run_dir, "resume")
         path = folder / f"{kind}-step-{trainer.global_step}.ckpt"
         self._saving = True
         try:
@@ -340,7 +341,7 @@ class ResumeVerifier(PilotCallback):
                 "resume",
                 "not_checked",
                 f"the fit raised {type(exception).__name__} before its end, where the resume"
-                f" check runs; the probe checkpoints stay in {self.run.run_dir / 'resume'}",
+                f" check runs; the probe checkpoints stay in {self._probes[0].checkpoint.parent}",
             )
             try:
                 self._publish_row(trainer)

@@ -1,0 +1,91 @@
+"""A run's summary for the Trainer's loggers, from its phase rows and what callbacks add.
+
+Loggers take numbers (``log_metrics``) and, for words such as a verdict or a stop cause,
+hyperparameters (``log_hyperparams``). Every key starts with ``pilot/``; a value that was not
+measured is left out, never logged as 0. docs/loggers.md lists the keys.
+
+Example:
+    >>> rows = [
+    ...     {"phase": "forward", "first": True, "verdict": "pass", "peak_allocated_bytes": 2048,
+    ...      "duration_s": 0.5},
+    ...     {"phase": "resume", "first": True, "verdict": "fail", "peak_allocated_bytes": None,
+    ...      "duration_s": None},
+    ... ]
+    >>> summary = Summary.of_phase_rows(rows)
+    >>> summary.metrics["pilot/forward_first/peak_allocated_bytes"], summary.texts
+    (2048.0, {'pilot/verdict/forward': 'pass', 'pilot/verdict/resume': 'fail'})
+    >>> summary.metrics["pilot/verdicts/fail"], summary.metrics["pilot/verdict_code/resume"]
+    (1.0, 2.0)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from lightning_pilot.core.phases import VERDICTS
+
+__all__ = ["VERDICT_CODES", "Summary"]
+
+#: Verdicts as numbers, for loggers that plot only numbers (a higher code is worse).
+VERDICT_CODES: Final = {"pass": 0.0, "warn": 1.0, "fail": 2.0, "not_checked": -1.0}
+
+#: The phase-row columns logged per phase (first occurrence and later ones apart).
+_PHASE_COLUMNS: Final = ("peak_allocated_bytes", "duration_s")
+
+#: Worst first: the verdict a phase gets when its rows disagree.
+_SEVERITY: Final = ("fail", "warn", "not_checked", "pass")
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    number = float(value)
+    return number if math.isfinite(number) else None
+
+
+@dataclass
+class Summary:
+    """Metrics (numbers) and texts (words) under ``pilot/`` keys."""
+
+    metrics: dict[str, float] = field(default_factory=dict)
+    texts: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def of_phase_rows(cls, rows: Iterable[Mapping[str, Any]]) -> Summary:
+        """Per phase its peak and duration, its verdict (word and code); verdict counts."""
+        summary = cls()
+        verdicts: dict[str, list[str]] = {}
+        counts = dict.fromkeys(VERDICTS, 0.0)
+        for row in rows:
+            phase, verdict = str(row.get("phase")), row.get("verdict")
+            key = f"{phase}_first" if row.get("first") else phase
+            summary.add(**{f"{key}/{c}": row.get(c) for c in _PHASE_COLUMNS})
+            if verdict in counts:
+                counts[verdict] += 1
+                verdicts.setdefault(phase, []).append(verdict)
+        for phase, found in verdicts.items():
+            worst = min(found, key=_SEVERITY.index)
+            summary.texts[f"pilot/verdict/{phase}"] = worst
+            summary.metrics[f"pilot/verdict_code/{phase}"] = VERDICT_CODES[worst]
+        summary.add(**{f"verdicts/{verdict}": n for verdict, n in counts.items()})
+        return summary
+
+    def add(self, **values: Any) -> None:
+        """Add values under ``pilot/<name>``: numbers as metrics, strings as texts; ``None``,
+        booleans' absence and non-finite numbers are left out (not measured is not 0)."""
+        for name, value in values.items():
+            key = f"pilot/{name}"
+            if isinstance(value, bool):
+                self.metrics[key] = float(value)
+            elif isinstance(value, str):
+                self.texts[key] = value
+            elif (number := _number(value)) is not None:
+                self.metrics[key] = number
+
+    def update(self, other: Summary) -> None:
+        """Take ``other``'s values (they win over the same keys here)."""
+        self.metrics.update(other.metrics)
+        self.texts.update(other.texts)
