@@ -337,6 +337,19 @@ def _campaign(run: RunFolder, step: StepTime, reserve: float) -> list[str]:
     return lines
 
 
+def _plots(folder: storage.Location) -> list[str]:
+    """Links to the PNG files ``lightning-pilot plot`` drew in the run folder (those there)."""
+    from lightning_pilot.report.plots import existing_plots  # no matplotlib: file names only
+
+    found = existing_plots(folder)
+    if not found:
+        return [
+            "- None drawn yet: `lightning-pilot plot <run folder>` draws them (matplotlib"
+            " needed); a sheet written afterwards links them."
+        ]
+    return [f"![{text}]({name})" for name, text in found]
+
+
 def render_choice_sheet(
     run: RunFolder,
     *,
@@ -365,6 +378,7 @@ def render_choice_sheet(
         *_section("## Expected result", _expected(run)),
         *_section("### Where the variants stand", _standing(run, control)),
         *_section("## Campaign package", _campaign(run, step, reserve)),
+        *_section("## Plots", _plots(run.path)),
     ]
     return "\n".join(lines) + "\n"
 
