@@ -545,6 +545,10 @@ class DivergenceLedger(PilotCallback):
         }
 
     def _write(self, trainer: pl.Trainer, event: str, *, failing: bool, **outcome: Any) -> None:
+        if event == "end":  # for the Trainer's loggers, when the run closes
+            self.run.summary.add(
+                **{f"ledger/{k}": outcome.get(k) for k in ("status", "stop_cause", "stop_step")}
+            )
         self._last_record_at = time.monotonic()
         run = self.run
         try:

@@ -282,6 +282,7 @@ class EffectiveBatchAccountant(PilotCallback):
                 rank_zero_warn(f"EffectiveBatchAccountant: {flag.detail}")
         rank_zero_info(f"EffectiveBatchAccountant: {summary.line}")
         self.run.set_ledger_fields(**summary.ledger_fields())
+        self.run.summary.add(**{f"batch/{k}": v for k, v in summary.ledger_fields().items()})
         self._put_verdict()
 
     @override

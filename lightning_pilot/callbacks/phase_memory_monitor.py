@@ -826,7 +826,6 @@ class PhaseMemoryMonitor(PilotCallback):
                 self._add(occurrence, failed)
         self._record_placement("fit_end")
         self._publish()
-        self._log_summary(trainer)
 
     def _publish(self, flush: bool = False) -> None:
         if self._run is None:
@@ -843,19 +842,6 @@ class PhaseMemoryMonitor(PilotCallback):
             self._run.put_phase_row(row, source="PhaseMemoryMonitor")
         if flush:
             self._run.flush()
-
-    def _log_summary(self, trainer: pl.Trainer) -> None:
-        if not trainer.loggers:
-            return
-        metrics = {
-            f"pilot/{row['phase']}{'_first' if row['first'] else ''}/peak_allocated_bytes": float(
-                row["peak_allocated_bytes"]
-            )
-            for row in self.aggregator.rows()
-            if row.get("peak_allocated_bytes") is not None
-        }
-        for logger in trainer.loggers:
-            logger.log_metrics(metrics, step=trainer.global_step)
 
 
 def _intended_trainable(pl_module: pl.LightningModule) -> set[int]:
