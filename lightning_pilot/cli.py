@@ -19,6 +19,7 @@ import argparse
 import contextlib
 import errno
 import importlib
+import math
 import sys
 import uuid
 from collections.abc import Callable, Sequence
@@ -202,6 +203,7 @@ def _write_sheet(
     experiment: str | None = None,
     metric: str = "val_loss",
     control: str | None = None,
+    gpu_prices: dict[str, float] | None = None,
 ) -> int:
     """Write and print the choice sheet; gate on the run's phase verdicts and ledger status."""
     from lightning_pilot.report import sheet
@@ -213,7 +215,11 @@ def _write_sheet(
         sheet.check_options(gpu_memory, reserve)
         run = load_run(run_dir, metric=metric, experiment=experiment)
         text = sheet.render_choice_sheet(
-            run, gpu_memory_bytes=gpu_memory, reserve=reserve, control=control
+            run,
+            gpu_memory_bytes=gpu_memory,
+            reserve=reserve,
+            control=control,
+            gpu_prices=gpu_prices,
         )
     except ValueError as err:
         raise UsageError(str(err)) from None
@@ -237,9 +243,29 @@ def _cmd_sheet(args: argparse.Namespace, reads: Reads) -> int:
             f"RUN_DIR {run_dir}: the choice sheet is written to local run folders only."
         )
     _folder(run_dir, "a run folder, <out_dir>/runs/<run_id>")
+    prices = _gpu_prices(args.gpu_price)
     return _write_sheet(
-        run_dir, reads, gpu_memory, args.reserve, args.experiment, args.metric, args.control
-    )
+        run_dir, reads, gpu_memory, args.reserve, args.experiment, args.metric, args.control,
+        prices,
+    )  # fmt: skip
+
+
+def _gpu_prices(given: Sequence[str] | None) -> dict[str, float]:
+    """``--gpu-price TARGET=PRICE`` options as a dict (a price of one GPU-hour, > 0)."""
+    prices: dict[str, float] = {}
+    for text in given or ():
+        name, _, value = text.partition("=")
+        try:
+            price = float(value)
+        except ValueError:
+            price = math.nan
+        if not name or not math.isfinite(price) or price <= 0:
+            raise UsageError(
+                f"--gpu-price {text!r} is invalid: expected TARGET=PRICE with a price > 0 per"
+                " GPU-hour, such as H100-SXM-80GB=2.49"
+            )
+        prices[name] = price
+    return prices
 
 
 def _cmd_plot(args: argparse.Namespace, reads: Reads) -> int:
@@ -413,6 +439,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sheet.add_argument("--metric", default="val_loss", help="the agreed quality metric")
     sheet.add_argument("--control", metavar="VARIANT", help="the control variant, marked")
+    sheet.add_argument(
+        "--gpu-price",
+        action="append",
+        metavar="TARGET=PRICE",
+        help="price of one GPU-hour on an estimated target, to price the package on the target"
+        " in money (repeatable)",
+    )
     sheet.set_defaults(handler=_cmd_sheet)
 
     plot = sub.add_parser(

@@ -42,6 +42,11 @@ def _max(series: pd.Series) -> Any:
     return None if values.empty else values.max()
 
 
+def _min(series: pd.Series) -> Any:
+    values = series.dropna()
+    return None if values.empty else values.min()
+
+
 def _median(series: pd.Series) -> Any:
     return series.dropna().median() if series.notna().any() else None
 
@@ -427,3 +432,97 @@ def summarize_costs(
     verdicts = [_same_experiment(row, reference, by, control) for row in result.to_dict("records")]
     same = pd.Series([verdict[0] for verdict in verdicts], dtype=object)
     return result.assign(same_experiment=same, why=[verdict[1] for verdict in verdicts])[columns]
+
+
+#: The columns of an estimate that name one configuration on one target.
+TARGET_KEYS: Final = (
+    "target", "precision", "micro_batch", "seq_len", "checkpointing", "strategy", "devices",
+)  # fmt: skip
+
+
+def on_target(estimate: pd.DataFrame) -> pd.DataFrame:
+    """One row per target x configuration of an estimate table (``estimate.parquet``): the
+    largest estimated reserved bytes per GPU over its phases and the phase that sets it,
+    ``fits`` (every phase fits; ``None`` when a phase could not be estimated), the smallest
+    ``headroom_bytes``, the training step-time band (``step_low_s``, ``step_high_s``) and
+    ``status`` (``ok``, or the first other status with its ``reason``).
+
+    Example:
+        >>> rows = pd.DataFrame({"target": ["L4-24GB"] * 2, "precision": ["bf16-mixed"] * 2,
+        ...     "micro_batch": [8, 8], "seq_len": [512, 512], "checkpointing": [False] * 2,
+        ...     "strategy": ["single"] * 2, "devices": [1, 1], "phase": ["forward", "backward"],
+        ...     "status": ["ok", "ok"], "reason": [None, None],
+        ...     "estimated_reserved_bytes": [3 << 30, 5 << 30], "fits": [True, True],
+        ...     "headroom_bytes": [21 << 30, 19 << 30], "step_time_low_s": [None, 0.2],
+        ...     "step_time_high_s": [None, 0.4]})
+        >>> on_target(rows)[["phase", "fits", "step_low_s", "step_high_s"]].to_dict("records")
+        [{'phase': 'backward', 'fits': True, 'step_low_s': 0.2, 'step_high_s': 0.4}]
+    """
+    columns = [*TARGET_KEYS, "reserved_bytes", "phase", "fits", "headroom_bytes",
+               "step_low_s", "step_high_s", "status", "reason"]  # fmt: skip
+    rows = []
+    for key, group in estimate.groupby(list(TARGET_KEYS), sort=False, dropna=False):
+        ok = group[group["status"] == "ok"]
+        bad = group[group["status"] != "ok"]
+        reserved = ok["estimated_reserved_bytes"].dropna()
+        top = ok.loc[[reserved.idxmax()]].iloc[0] if len(reserved) else None
+        fits = None if len(bad) or ok["fits"].isna().any() else bool(ok["fits"].all())
+        rows.append(
+            [
+                *key,
+                None if top is None else int(top["estimated_reserved_bytes"]),
+                None if top is None else top["phase"],
+                fits,
+                _min(ok["headroom_bytes"]),
+                _max(ok["step_time_low_s"]),
+                _max(ok["step_time_high_s"]),
+                "ok" if bad.empty else str(bad.iloc[0]["status"]),
+                None if bad.empty else bad.iloc[0]["reason"],
+            ]
+        )
+    return pd.DataFrame(rows, columns=columns)
+
+
+def target_campaign(
+    variants: pd.DataFrame,
+    step_low_s: float,
+    step_high_s: float,
+    *,
+    devices: int,
+    reserve: float,
+    price_per_gpu_hour: float | None = None,
+) -> tuple[pd.DataFrame, dict[int, list[str]]]:
+    """Price the variants (:func:`campaign_variants`) at an estimated step-time band on
+    ``devices`` GPUs each: per variant ``hours_low``/``hours_high``, ``gpu_hours_low``/``_high``
+    and, with a price, ``cost_low``/``cost_high``; the 3, 7 and 30 day packages are filled at
+    the slow end of the band (``reserve`` kept back). Training updates only: validation,
+    checkpoints and export are not in the estimate.
+
+    Example:
+        >>> variants = pd.DataFrame({"variant": ["a"], "planned_updates": [36000],
+        ...                          "status": ["completed"]})
+        >>> table, packages = target_campaign(variants, 0.1, 0.2, devices=8, reserve=0.25,
+        ...                                   price_per_gpu_hour=2.0)
+        >>> table[["hours_high", "gpu_hours_high", "cost_high"]].to_dict("records")
+        [{'hours_high': 2.0, 'gpu_hours_high': 16.0, 'cost_high': 32.0}]
+        >>> packages
+        {3: ['a'], 7: ['a'], 30: ['a']}
+    """
+    packages: dict[int, list[str]] = {3: [], 7: [], 30: []}
+    rows, cumulative = [], 0.0
+    for name, planned, status in variants.itertuples(index=False):
+        low, high = int(planned) * step_low_s / 3600.0, int(planned) * step_high_s / 3600.0
+        packaged = status not in GATE_STATUSES and (status in STATUSES or is_null(status))
+        if packaged:
+            cumulative += high
+            for days, members in packages.items():
+                if cumulative <= days * 24.0 * (1.0 - reserve):
+                    members.append(name)
+        cost = (None, None) if price_per_gpu_hour is None else (
+            low * devices * price_per_gpu_hour, high * devices * price_per_gpu_hour
+        )  # fmt: skip
+        rows.append((name, status, int(planned), low, high, low * devices, high * devices,
+                     *cost, packaged))  # fmt: skip
+    columns = ["variant", "status", "planned_updates", "hours_low", "hours_high",
+               "gpu_hours_low", "gpu_hours_high", "cost_low", "cost_high", "packaged"]  # fmt: skip
+    return pd.DataFrame(rows, columns=columns), packages

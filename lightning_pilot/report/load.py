@@ -188,12 +188,13 @@ class RunFolder:
     ``updates`` and ``model`` tables (``None``: absent or empty), its folded ledger ``record``
     and the ``last`` point of each curve (``{name: (step, value)}``), every ledger run
     (``runs``, ``None``: no ledger), the ``experiment`` priced and compared, and its
-    ``comparison`` (or why there is none).
+    ``comparison`` (or why there is none), and its ``estimate`` on target GPUs (``None``:
+    none was made; ``lightning_pilot.estimate``).
 
     Example:
         >>> RunFolder.__dataclass_fields__.keys()  # doctest: +NORMALIZE_WHITESPACE
         dict_keys(['path', 'phases', 'updates', 'model', 'record', 'last', 'runs',
-                   'experiment', 'comparison'])
+                   'experiment', 'comparison', 'estimate'])
     """
 
     path: storage.Location
@@ -205,6 +206,7 @@ class RunFolder:
     runs: pd.DataFrame | None
     experiment: Any
     comparison: Comparison | str
+    estimate: pd.DataFrame | None = None
 
 
 def _detail(run: storage.Location, name: str) -> pd.DataFrame | None:
@@ -259,7 +261,10 @@ def load_run(
             comparison = ledger.compare(metric, experiment=str(wanted))
         except ValueError as err:
             comparison = terminal_safe(err)
-    return RunFolder(run, phases, updates, model, record, last, ledger_runs, wanted, comparison)
+    estimate = _detail(run, "estimate")
+    return RunFolder(
+        run, phases, updates, model, record, last, ledger_runs, wanted, comparison, estimate
+    )
 
 
 def variant_costs(

@@ -5,7 +5,7 @@ written as "not measured (null)", never 0. See docs/cli.md for the sections."""
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Final
@@ -337,6 +337,83 @@ def _campaign(run: RunFolder, step: StepTime, reserve: float) -> list[str]:
     return lines
 
 
+def _on_target(run: RunFolder, reserve: float, gpu_prices: Mapping[str, float] | None) -> list[str]:
+    """Memory per GPU and the campaign package on the target GPUs of the run's estimate."""
+    if run.estimate is None:
+        return [
+            "- Not estimated: add `TargetEstimator` to the pilot (or run `lightning-pilot"
+            " estimate`) to see memory and step time on the GPU you are about to rent."
+        ]
+    configs = [
+        {str(k): v for k, v in c.items()}
+        for c in analysis.on_target(run.estimate).to_dict("records")
+    ]
+    headers = ["target", "precision", "micro-batch x seq", "act. ckpt", "strategy",
+               "memory per GPU (est. reserved)", "peak phase", "fits", "step time"]  # fmt: skip
+    rows = [_target_row(c) for c in configs]
+    lines = [
+        "Estimated on fake tensors from this pilot's module and batch (docs/estimate.md):"
+        " memory per GPU is the allocator's reserved bytes, the step time a roofline band.",
+        "",
+        _markdown_table(headers, rows),
+        "",
+    ]
+    for c in configs:
+        if c["status"] != "ok":
+            lines.append(f"- {as_text(c['target'])} {as_text(c['precision'])}:"
+                         f" {as_text(c['status'])}: {as_text(c['reason'])}")  # fmt: skip
+    variants = analysis.campaign_variants(run.runs, run.experiment)
+    fitting = [c for c in configs if c["fits"] is True and not is_null(c["step_low_s"])]
+    if variants.empty or not fitting:
+        why = "no variant with planned updates" if variants.empty else "no configuration fits"
+        return [*lines, f"- Campaign package on the target: not priced ({why})."]
+    lines.append(
+        "Campaign package on the target (training updates only, at the slow end of the band;"
+        f" {reserve:.0%} of each package kept back), per fitting configuration:"
+    )
+    seen: set[tuple[Any, ...]] = set()
+    for c in fitting:
+        key = (c["target"], c["precision"], c["strategy"])
+        if key in seen:
+            continue
+        seen.add(key)
+        price = (gpu_prices or {}).get(str(c["target"]))
+        table, packages = analysis.target_campaign(
+            variants, float(c["step_low_s"]), float(c["step_high_s"]),
+            devices=int(c["devices"]), reserve=reserve, price_per_gpu_hour=price,
+        )  # fmt: skip
+        hours = f"{table['gpu_hours_low'].sum():.3g} to {table['gpu_hours_high'].sum():.3g}"
+        cost = "" if price is None else (
+            f", {table['cost_low'].sum():,.0f} to {table['cost_high'].sum():,.0f} at"
+            f" {price:g}/GPU-hour"
+        )  # fmt: skip
+        fits = "; ".join(f"{d} days: {', '.join(as_text(m) for m in ms) or 'none'}"
+                         for d, ms in packages.items())  # fmt: skip
+        lines.append(
+            f"- {as_text(c['target'])} x{c['devices']} {as_text(c['precision'])} micro-batch"
+            f" {c['micro_batch']}: all variants {hours} GPU-hours{cost}. {fits}."
+        )
+    return lines
+
+
+def _target_row(c: Mapping[str, Any]) -> list[str]:
+    seq = "as given" if is_null(c["seq_len"]) else c["seq_len"]
+    step = "n/m"
+    if not is_null(c["step_low_s"]):
+        step = f"{format_duration(c['step_low_s'])} to {format_duration(c['step_high_s'])}"
+    return [
+        as_text(c["target"]),
+        as_text(c["precision"]),
+        f"{c['micro_batch']} x {seq}",
+        "on" if c["checkpointing"] else "off",
+        as_text(c["strategy"]),
+        "n/m" if is_null(c["reserved_bytes"]) else _bytes(int(c["reserved_bytes"])),
+        as_text(c["phase"]),
+        {True: "fits", False: "does NOT fit"}.get(c["fits"], "not estimated"),
+        step,
+    ]
+
+
 def _plots(folder: storage.Location) -> list[str]:
     """Links to the PNG files ``lightning-pilot plot`` drew in the run folder (those there)."""
     from lightning_pilot.report.plots import existing_plots  # no matplotlib: file names only
@@ -356,6 +433,7 @@ def render_choice_sheet(
     gpu_memory_bytes: int | None = None,
     reserve: float = 0.25,
     control: str | None = None,
+    gpu_prices: Mapping[str, float] | None = None,
 ) -> str:
     """The choice sheet of a loaded run (:func:`~lightning_pilot.report.load.load_run`), as
     :func:`choice_sheet`."""
@@ -378,6 +456,7 @@ def render_choice_sheet(
         *_section("## Expected result", _expected(run)),
         *_section("### Where the variants stand", _standing(run, control)),
         *_section("## Campaign package", _campaign(run, step, reserve)),
+        *_section("## On the target GPU (estimated)", _on_target(run, reserve, gpu_prices)),
         *_section("## Plots", _plots(run.path)),
     ]
     return "\n".join(lines) + "\n"
@@ -407,6 +486,7 @@ def choice_sheet(
     experiment: str | None = None,
     metric: str = "val_loss",
     control: str | None = None,
+    gpu_prices: Mapping[str, float] | None = None,
 ) -> str:
     """The choice sheet of the run folder ``<out_dir>/runs/<run_id>`` as Markdown, from its
     phase, updates and model tables and ``<out_dir>/ledger`` when present.
@@ -415,7 +495,8 @@ def choice_sheet(
     headroom out) is the target GPU's memory; ``reserve`` the fraction of each 3, 7 or 30 day
     package kept for evaluation and export; ``experiment`` the ledger experiment whose
     variants fill the package (default: the run's); ``metric`` the agreed quality metric and
-    ``control`` the variant marked where the variants stand.
+    ``control`` the variant marked where the variants stand; ``gpu_prices`` the price of one
+    GPU-hour per target name, to price the package on the target in money.
 
     Raises:
         FileNotFoundError: ``run_dir`` does not exist.
@@ -425,7 +506,11 @@ def choice_sheet(
     check_options(gpu_memory_bytes, reserve)
     run = load_run(run_dir, metric=metric, experiment=experiment)
     return render_choice_sheet(
-        run, gpu_memory_bytes=gpu_memory_bytes, reserve=reserve, control=control
+        run,
+        gpu_memory_bytes=gpu_memory_bytes,
+        reserve=reserve,
+        control=control,
+        gpu_prices=gpu_prices,
     )
 
 
@@ -437,6 +522,7 @@ def write_choice_sheet(
     experiment: str | None = None,
     metric: str = "val_loss",
     control: str | None = None,
+    gpu_prices: Mapping[str, float] | None = None,
 ) -> Path:
     """Write :func:`choice_sheet` to ``<run_dir>/sheet.md`` atomically and return its path;
     never overwrites (:func:`publish_choice_sheet`). Raises as :func:`choice_sheet`."""
@@ -447,6 +533,7 @@ def write_choice_sheet(
         experiment=experiment,
         metric=metric,
         control=control,
+        gpu_prices=gpu_prices,
     )
     return publish_choice_sheet(run_dir, text)
 

@@ -237,3 +237,56 @@ def test_terminal_safe_is_idempotent_and_cuts_with_the_count() -> None:
     assert once.endswith("more chars]")
     assert "\x1b" not in once
     assert once.startswith("a\\x1b[31m\\u202ex")
+
+
+def _estimate_rows() -> pd.DataFrame:
+    base = {"precision": "bf16-mixed", "micro_batch": 8, "seq_len": 1024,
+            "checkpointing": False, "strategy": "single", "devices": 1}  # fmt: skip
+    rows = [
+        base | {"target": "L4-24GB", "phase": "forward", "status": "ok", "reason": None,
+                "estimated_reserved_bytes": 20 << 30, "fits": True, "headroom_bytes": 4 << 30,
+                "step_time_low_s": 0.5, "step_time_high_s": 0.9},
+        base | {"target": "L4-24GB", "phase": "optimizer_step", "status": "ok", "reason": None,
+                "estimated_reserved_bytes": 26 << 30, "fits": False,
+                "headroom_bytes": -(2 << 30), "step_time_low_s": None, "step_time_high_s": None},
+        base | {"target": "H100-SXM-80GB", "phase": "forward", "status": "ok", "reason": None,
+                "estimated_reserved_bytes": 20 << 30, "fits": True, "headroom_bytes": 60 << 30,
+                "step_time_low_s": 0.1, "step_time_high_s": 0.2},
+        base | {"target": "H100-SXM-80GB", "phase": "validation", "status": "untraceable",
+                "reason": "aten.nonzero: data-dependent", "estimated_reserved_bytes": None,
+                "fits": None, "headroom_bytes": None, "step_time_low_s": None,
+                "step_time_high_s": None},
+    ]  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def test_on_target_takes_the_worst_phase_and_never_hides_an_untraced_one() -> None:
+    configs = analysis.on_target(_estimate_rows()).set_index("target")
+    l4 = configs.loc["L4-24GB"]
+    assert (l4["reserved_bytes"], l4["phase"], l4["fits"]) == (26 << 30, "optimizer_step", False)
+    assert l4["headroom_bytes"] == -(2 << 30)
+    assert (l4["step_low_s"], l4["step_high_s"], l4["status"]) == (0.5, 0.9, "ok")
+    h100 = configs.loc["H100-SXM-80GB"]
+    # A phase that could not be traced: not "fits", and the reason is kept.
+    assert h100["fits"] is None
+    assert (h100["status"], h100["reason"]) == ("untraceable", "aten.nonzero: data-dependent")
+
+
+def test_target_campaign_prices_gpu_hours_and_money_at_the_slow_end() -> None:
+    variants = pd.DataFrame(
+        {"variant": ["ctl", "big", "bad"], "planned_updates": [72_000, 720_000, 1_000],
+         "status": ["completed", "completed", "diverged"]}
+    )  # fmt: skip
+    table, packages = analysis.target_campaign(
+        variants, 0.1, 0.2, devices=8, reserve=0.25, price_per_gpu_hour=3.0
+    )
+    ctl = table.set_index("variant").loc["ctl"]
+    assert (ctl["hours_low"], ctl["hours_high"]) == (2.0, 4.0)
+    assert (ctl["gpu_hours_low"], ctl["gpu_hours_high"]) == (16.0, 32.0)
+    assert (ctl["cost_low"], ctl["cost_high"]) == (48.0, 96.0)
+    # 4 h + 40 h at the slow end: the 3-day package (54 h after the reserve) holds both; a
+    # diverged variant is never packaged.
+    assert packages == {3: ["ctl", "big"], 7: ["ctl", "big"], 30: ["ctl", "big"]}
+    assert not table.set_index("variant").loc["bad", "packaged"]
+    no_price, _ = analysis.target_campaign(variants, 0.1, 0.2, devices=1, reserve=0.25)
+    assert no_price["cost_high"].isna().all()
