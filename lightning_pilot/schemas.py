@@ -307,3 +307,63 @@ PREDICTIONS_SCHEMA: Final = detail_schema(
         ("target", pa.list_(pa.float64())),
     ],
 )
+
+#: The estimate of memory per GPU and step time on target GPUs (``lightning_pilot.estimate``):
+#: one row per target x configuration x phase. ``docs/estimate.md`` documents the columns.
+ESTIMATE_SCHEMA: Final = detail_schema(
+    "estimate",
+    1,
+    [
+        ("target", pa.string()),
+        ("gpu_memory_bytes", pa.int64()),
+        ("precision", pa.string()),
+        ("micro_batch", pa.int64()),
+        ("seq_len", pa.int64()),
+        ("checkpointing", pa.bool_()),
+        ("strategy", pa.string()),
+        ("devices", pa.int64()),
+        ("phase", pa.string()),
+        ("status", pa.string()),
+        ("reason", pa.string()),
+        ("method", pa.string()),
+        ("peak_allocated_bytes", pa.int64()),
+        ("estimated_reserved_bytes", pa.int64()),
+        ("weights_bytes", pa.int64()),
+        ("gradients_bytes", pa.int64()),
+        ("optimizer_state_bytes", pa.int64()),
+        ("batch_bytes", pa.int64()),
+        ("activations_bytes", pa.int64()),
+        ("temporaries_bytes", pa.int64()),
+        ("workspace_bytes", pa.int64()),
+        ("overhead_bytes", pa.int64()),
+        ("analytic_bytes", pa.int64()),
+        ("fits", pa.bool_()),
+        ("headroom_bytes", pa.int64()),
+        ("flops_per_update", pa.int64()),
+        ("bytes_per_update", pa.int64()),
+        ("step_time_low_s", pa.float64()),
+        ("step_time_high_s", pa.float64()),
+        ("efficiency_low", pa.float64()),
+        ("efficiency_high", pa.float64()),
+        ("notes", pa.string()),
+    ],
+)
+
+#: The largest micro-batch that fits one target GPU (``lightning_pilot.estimate``).
+LARGEST_SCHEMA: Final = detail_schema(
+    "estimate_largest",
+    1,
+    [
+        ("target", pa.string()),
+        ("precision", pa.string()),
+        ("checkpointing", pa.bool_()),
+        ("strategy", pa.string()),
+        ("devices", pa.int64()),
+        ("seq_len", pa.int64()),
+        ("largest_micro_batch", pa.int64()),
+        ("method", pa.string()),
+        ("checked", pa.bool_()),
+        ("status", pa.string()),
+        ("reason", pa.string()),
+    ],
+)

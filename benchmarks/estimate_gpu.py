@@ -1,0 +1,211 @@
+"""The estimate made on a CPU against a real GPU: GPT-2 124M shape, micro-batch 8 x 1024,
+bf16-mixed, AdamW, activation checkpointing off and on.
+
+    python benchmarks/estimate_gpu.py            # estimate (CPU), then measure (if CUDA)
+    python benchmarks/estimate_gpu.py --estimate-only
+
+The estimate half runs anywhere (fake tensors, no GPU). The measurement half runs where CUDA
+is available: the same phases as the estimate (two updates as Lightning's automatic
+optimization runs them, the second measured; validation in eval mode under ``no_grad`` with
+its own batch; a checkpoint save to memory), each phase's ``torch.cuda.max_memory_allocated``
+after ``reset_peak_memory_stats``, and the mean time of 10 updates after 3 warm-up updates.
+The table gives per phase the estimate, the measurement and their ratio, and whether the
+measured update time falls inside the estimated band. Prints one JSON line at the end.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+import time
+import warnings
+from typing import Any
+
+import torch
+
+warnings.simplefilter("ignore")
+
+MICRO_BATCH = 8
+SEQ_LEN = 1024
+PHASES = (
+    "forward",
+    "backward",
+    "optimizer_step_first",
+    "optimizer_step",
+    "validation",
+    "checkpoint_save",
+)
+
+
+def module_class() -> Any:
+    import transformers
+    from lightning.pytorch import LightningModule
+
+    class GPT2(LightningModule):
+        """GPT-2 124M (the default GPT2Config), AdamW."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = transformers.GPT2LMHeadModel(transformers.GPT2Config())
+
+        def training_step(self, batch: Any, batch_idx: int) -> Any:
+            return self.model(**batch).loss
+
+        def validation_step(self, batch: Any, batch_idx: int) -> Any:
+            return self.model(**batch).loss
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.AdamW(self.parameters(), lr=3e-4)
+
+    return GPT2
+
+
+def batch(device: str = "cpu") -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 50257, (MICRO_BATCH, SEQ_LEN), generator=generator).to(device)
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}
+
+
+def gpu_target() -> Any:
+    from lightning_pilot.estimate import TARGETS
+
+    if torch.cuda.is_available():
+        name = torch.cuda.get_device_name().upper().replace(" ", "-")
+        for key, target in TARGETS.items():
+            if key.split("-")[0] in name and key.split("-")[1] in name:
+                return target
+        for key, target in TARGETS.items():
+            if key.split("-")[0] in name:
+                return target
+    return TARGETS["H100-SXM-80GB"]
+
+
+def estimate_half(checkpointing: bool) -> dict[str, Any]:
+    from lightning_pilot.estimate import estimate
+
+    target = gpu_target()
+    started = time.perf_counter()
+    result = estimate(
+        factory=module_class(),
+        batch=batch(),
+        targets=[target],
+        precisions=["bf16-mixed"],
+        micro_batches=[MICRO_BATCH],
+        seq_lens=[SEQ_LEN],
+        checkpointing=[checkpointing],
+        largest=False,
+        workers=1,
+    )
+    rows = {row["phase"]: row for row in result.rows}
+    first = rows["forward"]
+    return {
+        "target": target.name,
+        "seconds": round(time.perf_counter() - started, 2),
+        "peak": {phase: rows[phase]["peak_allocated_bytes"] for phase in PHASES},
+        "band_s": (first["step_time_low_s"], first["step_time_high_s"]),
+    }
+
+
+def measure_half(checkpointing: bool) -> dict[str, Any]:
+    device = "cuda"
+    torch.manual_seed(0)
+    module = module_class()().to(device)
+    if checkpointing:
+        module.model.gradient_checkpointing_enable(
+            gradient_checkpointing_kwargs={"use_reentrant": False}
+        )
+    module.train()
+    optimizer = module.configure_optimizers()
+    data = batch(device)
+    peaks: dict[str, int] = {}
+
+    def measured(name: str, fn: Any) -> Any:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        out = fn()
+        torch.cuda.synchronize()
+        peaks[name] = torch.cuda.max_memory_allocated()
+        return out
+
+    def forward() -> Any:
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            return module.training_step(data, 0)
+
+    for update in (1, 2):
+        loss = measured("forward", forward)
+        optimizer.zero_grad(set_to_none=True)
+        measured("backward", loss.backward)
+        del loss
+        measured("optimizer_step_first" if update == 1 else "optimizer_step", optimizer.step)
+    val_data = {key: value.clone() for key, value in data.items()}
+    module.eval()
+
+    def validate(val_data: dict[str, torch.Tensor] = val_data) -> None:
+        with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+            module.validation_step(val_data, 0)
+
+    del data, val_data
+    measured("validation", validate)
+    del validate
+    module.train()
+
+    def save() -> None:
+        torch.save(
+            {"state_dict": module.state_dict(), "optimizer": optimizer.state_dict()}, io.BytesIO()
+        )
+
+    measured("checkpoint_save", save)
+    data = batch(device)
+    for _ in range(3):
+        loss = forward()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+    torch.cuda.synchronize()
+    started = time.perf_counter()
+    for _ in range(10):
+        loss = forward()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+    torch.cuda.synchronize()
+    return {
+        "device": torch.cuda.get_device_name(),
+        "peak": peaks,
+        "update_s": (time.perf_counter() - started) / 10,
+    }
+
+
+def main(argv: list[str]) -> None:
+    measure = torch.cuda.is_available() and "--estimate-only" not in argv
+    if not measure:
+        print("no CUDA device (or --estimate-only): the estimate half only", flush=True)
+    report: dict[str, Any] = {}
+    for checkpointing in (False, True):
+        est = estimate_half(checkpointing)
+        real = measure_half(checkpointing) if measure else None
+        key = "checkpointing" if checkpointing else "plain"
+        report[key] = {"estimate": est, "measured": real}
+        print(f"\n{key}: target {est['target']}, estimate took {est['seconds']} s")
+        print(f"{'phase':22s} {'estimate MiB':>13s} {'measured MiB':>13s} {'ratio':>7s}")
+        for phase in PHASES:
+            e = est["peak"][phase]
+            line = f"{phase:22s} {e / 2**20:13.1f}"
+            if real is not None:
+                m = real["peak"][phase]
+                line += f" {m / 2**20:13.1f} {e / m:7.3f}"
+            print(line)
+        low, high = est["band_s"]
+        line = f"update time band {low * 1e3:.1f} to {high * 1e3:.1f} ms"
+        if real is not None:
+            inside = low <= real["update_s"] <= high
+            line += (
+                f"; measured {real['update_s'] * 1e3:.1f} ms ({'inside' if inside else 'outside'})"
+            )
+        print(line, flush=True)
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,1078 @@
+"""The grid: targets x precision x micro-batch x sequence length x checkpointing x strategy.
+
+:func:`estimate` traces each precision once per session (the module built or converted once),
+and within it:
+
+- ``forward`` and ``backward`` per checkpointing x sequence length at the two smallest
+  micro-batches; every other micro-batch is **extrapolated** from those two when both ran the
+  same operators in the same order (every storage of such a step is either fixed or
+  proportional to the micro-batch, so the live bytes after each operator are affine in it) and
+  the extrapolated peak falls on the operator where both traced peaks fell; otherwise it is
+  traced. ``method`` says which.
+- the optimizer steps (first and later) and the checkpoint save once: they do not depend on
+  the batch;
+- ``validation`` per sequence length, the same way as the training phases.
+
+A later update's forward pass holds the previous update's gradients (Lightning zeroes them
+after ``training_step``, before ``backward``) and both passes hold the optimizer state; the
+trace of the first update is **derived** by adding them (live throughout, so every point of
+the phase moves by the same bytes).
+
+Per GPU, from the single-device trace: ``ddp`` adds DDP's gradient buckets (one copy of the
+gradients, unless ``gradient_as_bucket_view``); ``fsdp`` (full shard over N) divides weights,
+gradients and optimizer state by N and adds the units gathered at once (two of the largest
+unit, the one computing and the one prefetched, and in the backward pass that unit's
+gradients) plus the parameters outside every unit. Those parts are **analytic**
+(``analytic_bytes``), named so in ``notes``.
+
+Example:
+    >>> from lightning_pilot.demo import TinyCausalLM, InstructionDataModule
+    >>> data = InstructionDataModule(batch_size=4, max_length=32)
+    >>> data.setup("fit")
+    >>> batch = next(iter(data.train_dataloader()))
+    >>> result = estimate(TinyCausalLM(max_length=32), batch, targets=["L4-24GB"],
+    ...                   micro_batches=[2, 4, 8], seq_lens=[32], largest=False)
+    >>> frame = result.frame()
+    >>> sorted(set(frame["method"]))
+    ['derived', 'extrapolated', 'traced']
+    >>> bool(frame["fits"].all())
+    True
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import multiprocessing
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import numpy as np
+import torch
+
+from lightning_pilot.core import validate
+from lightning_pilot.estimate.reference import PHASE_ORDER
+from lightning_pilot.estimate.roofline import (
+    DEFAULT_EFFICIENCY,
+    band,
+    collective_seconds,
+    ideal_seconds,
+)
+from lightning_pilot.estimate.targets import Target, target
+from lightning_pilot.estimate.trace import (
+    CATEGORIES,
+    PRECISIONS,
+    PhaseTrace,
+    Session,
+    UntraceableError,
+    compute_dtype,
+)
+
+__all__ = ["Estimate", "Strategy", "estimate", "extrapolate"]
+
+#: The share of reserved memory above the allocator's segments the estimate allows for
+#: fragmentation (freed blocks too small for the next request). Training loops with fixed
+#: shapes settle at a few percent; varying sequence lengths fragment more.
+FRAGMENTATION: Final = 0.05
+_OWNER: Final = "estimate"
+_TRAIN: Final = ("forward", "backward")
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """How the campaign spreads over GPUs: ``single``, ``ddp`` or ``fsdp`` (full shard) over
+    ``devices``; ``bucket_view`` is DDP's ``gradient_as_bucket_view``.
+
+    Example:
+        >>> Strategy.parse("fsdp:8")
+        Strategy(kind='fsdp', devices=8, bucket_view=False)
+    """
+
+    kind: str = "single"
+    devices: int = 1
+    bucket_view: bool = False
+
+    def __post_init__(self) -> None:
+        validate.choice("Strategy", "kind", self.kind, ("single", "ddp", "fsdp"))
+        validate.integer("Strategy", "devices", self.devices, minimum=1)
+        if self.kind == "single" and self.devices != 1:
+            raise ValueError(validate.invalid("Strategy", "devices", self.devices, "1 for single"))
+
+    @classmethod
+    def parse(cls, value: object) -> Strategy:
+        """A :class:`Strategy` from itself or ``"single"``, ``"ddp:N"``, ``"fsdp:N"``."""
+        if isinstance(value, Strategy):
+            return value
+        expected = "a Strategy or 'single', 'ddp:N' or 'fsdp:N' (N >= 1)"
+        if not isinstance(value, str):
+            raise TypeError(validate.invalid(_OWNER, "strategies", value, expected))
+        kind, _, count = value.partition(":")
+        if kind == "single" and not count:
+            return cls()
+        if kind in ("ddp", "fsdp") and count.isdigit() and int(count) >= 1:
+            return cls(kind, int(count))
+        raise ValueError(validate.invalid(_OWNER, "strategies", value, expected))
+
+
+@dataclass
+class Estimate:
+    """What :func:`estimate` returns: ``rows`` (one per target x configuration x phase) and
+    ``largest`` (the largest micro-batch per target x precision x checkpointing, one GPU)."""
+
+    rows: list[dict[str, Any]]
+    largest: list[dict[str, Any]]
+    seconds: float
+    paths: list[str] = field(default_factory=list)
+
+    def frame(self) -> Any:
+        """``rows`` as a pandas DataFrame."""
+        import pandas as pd
+
+        return pd.DataFrame(self.rows)
+
+    def largest_frame(self) -> Any:
+        """``largest`` as a pandas DataFrame."""
+        import pandas as pd
+
+        return pd.DataFrame(self.largest)
+
+
+def extrapolate(
+    low: PhaseTrace, high: PhaseTrace, low_x: int, high_x: int, x: int
+) -> PhaseTrace | None:
+    """The phase at micro-batch ``x`` from traces at ``low_x`` and ``high_x``: every
+    operator's live bytes, FLOPs, bytes moved and the peak's categories move linearly.
+    ``None`` when the two traces ran different operators or the peak moves to another
+    operator (then trace it).
+
+    Example:
+        >>> import numpy as np
+        >>> def trace(scale):
+        ...     return PhaseTrace("forward", 10 + 2 * scale, {**dict.fromkeys(CATEGORIES, 0),
+        ...         "weights": 10, "activations": 2 * scale}, np.array([10, 10 + 2 * scale]),
+        ...         np.zeros(2, np.int64), np.zeros(2, np.int64), np.zeros(2, np.int8), 1, 7, 10)
+        >>> extrapolate(trace(1), trace(2), 1, 2, 8).peak_bytes
+        26
+    """
+    if low.signature != high.signature or low.curve.shape != high.curve.shape:
+        return None
+    if not len(low.curve) or low.peak_bytes != int(low.curve.max()):
+        return None
+    if high.peak_bytes != int(high.curve.max()):
+        return None
+    span = high_x - low_x
+
+    def line(a: Any, b: Any) -> Any:
+        return a + (b - a) * (x - low_x) // span
+
+    curve = line(low.curve, high.curve)
+    index = int(np.argmax(curve))
+    if index != int(np.argmax(low.curve)) or index != int(np.argmax(high.curve)):
+        return None
+    categories = {
+        name: int(line(low.categories[name], high.categories[name])) for name in CATEGORIES
+    }
+    peak = int(curve[index])
+    categories["temporaries"] += peak - sum(categories.values())
+    return PhaseTrace(
+        phase=low.phase,
+        peak_bytes=peak,
+        categories=categories,
+        curve=curve,
+        flops=line(low.flops, high.flops),
+        moved=line(low.moved, high.moved),
+        kinds=low.kinds,
+        peak_op=index,
+        signature=low.signature,
+        start_bytes=int(line(low.start_bytes, high.start_bytes)),
+        segment_bytes=int(line(low.segment_bytes, high.segment_bytes)),
+        included=dict(low.included),
+        notes=[
+            *low.notes,
+            f"extrapolated from micro-batches {low_x} and {high_x} (same operators, peak at"
+            " the same operator)",
+        ],
+    )
+
+
+@dataclass
+class _Traces:
+    """Everything traced for one precision."""
+
+    precision: str
+    train: dict[tuple[bool, int | None, int], dict[str, PhaseTrace]] = field(default_factory=dict)
+    validation: dict[tuple[int | None, int], PhaseTrace] = field(default_factory=dict)
+    optimizer: dict[str, PhaseTrace] = field(default_factory=dict)
+    save: PhaseTrace | None = None
+    state: dict[str, int] = field(default_factory=dict)
+    units: tuple[int, int] = (0, 0)
+    error: tuple[str, str, str] | None = None  # (status, phase, reason)
+    exception: BaseException | None = None
+    resolved_train: dict[tuple[bool, int | None, int], tuple[dict[str, PhaseTrace], str]] = field(
+        default_factory=dict
+    )
+    resolved_validation: dict[tuple[int | None, int], tuple[PhaseTrace, str]] = field(
+        default_factory=dict
+    )
+
+
+def _base(micro_batches: Sequence[int]) -> list[int]:
+    """The two micro-batches traced for extrapolation: the two smallest from 2 up (a
+    micro-batch of 1 often runs other operators: broadcasts, squeezes), else the smallest."""
+    ordered = sorted(set(micro_batches))
+    above = [b for b in ordered if b >= 2]
+    return above[:2] if len(above) >= 2 else ordered[:2]
+
+
+def _pair(traced: Mapping[int, Sequence[PhaseTrace]], below: int) -> tuple[int, int] | None:
+    """The two largest traced micro-batches under ``below`` whose every phase ran the same
+    operators (extrapolation needs them), or ``None``."""
+    sizes = sorted((b for b in traced if b < below), reverse=True)
+    for high_index, high in enumerate(sizes):
+        for low in sizes[high_index + 1 :]:
+            same = all(
+                a.signature == b.signature and a.curve.shape == b.curve.shape
+                for a, b in zip(traced[low], traced[high], strict=True)
+            )
+            if same:
+                return low, high
+    return None
+
+
+def _train_at(
+    session: Session,
+    batch: Any,
+    traces: _Traces,
+    key: tuple[bool, int | None, int],
+) -> tuple[dict[str, PhaseTrace], str]:
+    """The training phases at ``key``: extrapolated from two smaller traced micro-batches
+    that ran the same operators, or traced."""
+    if key in traces.train:
+        return traces.train[key], "traced"
+    checkpointing, seq_len, micro_batch = key
+    traced = {
+        k[2]: [v[p] for p in _TRAIN]
+        for k, v in traces.train.items()
+        if k[:2] == (checkpointing, seq_len)
+    }
+    pair = _pair(traced, micro_batch)
+    if pair is not None:
+        low, high = (traces.train[(checkpointing, seq_len, b)] for b in pair)
+        made = {p: extrapolate(low[p], high[p], pair[0], pair[1], micro_batch) for p in _TRAIN}
+        if all(value is not None for value in made.values()):
+            return {k: v for k, v in made.items() if v is not None}, "extrapolated"
+    result = session.train_phases(
+        batch, micro_batch=micro_batch, seq_len=seq_len, checkpointing=checkpointing
+    )
+    traces.train[key] = result
+    return result, "traced"
+
+
+def _validation_at(
+    session: Session,
+    batch: Any,
+    traces: _Traces,
+    key: tuple[int | None, int],
+) -> tuple[PhaseTrace, str]:
+    """Validation at ``key``, as :func:`_train_at`."""
+    if key in traces.validation:
+        return traces.validation[key], "traced"
+    seq_len, micro_batch = key
+    traced = {k[1]: [v] for k, v in traces.validation.items() if k[0] == seq_len}
+    pair = _pair(traced, micro_batch)
+    if pair is not None:
+        low, high = (traces.validation[(seq_len, b)] for b in pair)
+        made = extrapolate(low, high, pair[0], pair[1], micro_batch)
+        if made is not None:
+            return made, "extrapolated"
+    result = session.validation_phase(batch, micro_batch=micro_batch, seq_len=seq_len)
+    traces.validation[key] = result
+    return result, "traced"
+
+
+def _unit_bytes(module: torch.nn.Module, wrap: tuple[Any, ...], itemsize: int) -> tuple[int, int]:
+    """(largest FSDP unit, parameters outside every unit) in bytes of ``itemsize``."""
+    names = set(getattr(module, "_no_split_modules", None) or [])
+    for sub in module.modules():
+        names.update(getattr(sub, "_no_split_modules", None) or [])
+    classes = tuple(c for c in wrap if isinstance(c, type))
+    names.update(c for c in wrap if isinstance(c, str))
+
+    def is_unit(sub: torch.nn.Module) -> bool:
+        return (bool(classes) and isinstance(sub, classes)) or type(sub).__name__ in names
+
+    inside: set[int] = set()
+    largest = 0
+    for sub in module.modules():
+        if sub is module or id(sub) in inside or not is_unit(sub):
+            continue
+        params = list(sub.parameters())
+        inside.update(id(p) for p in params)
+        largest = max(largest, sum(p.numel() for p in params) * itemsize)
+    seen: set[int] = set()
+    root = 0
+    for param in module.parameters():
+        if id(param) not in inside and id(param) not in seen:
+            seen.add(id(param))
+            root += param.numel() * itemsize
+    if largest == 0:  # no unit: the whole module is one
+        return root, 0
+    return largest, root
+
+
+def _trace_precision(
+    precision: str,
+    module: Any,
+    factory: Callable[[], Any] | None,
+    batch: Any,
+    configs: Sequence[tuple[bool, int | None, int]],
+    base: Sequence[int],
+    checkpoint_classes: tuple[type[torch.nn.Module], ...],
+    wrap: tuple[Any, ...],
+    largest_at: Callable[[Session, _Traces], None] | None,
+    *,
+    device: str = "cuda",
+) -> _Traces:
+    traces = _Traces(precision)
+    session = Session(
+        module,
+        factory=factory,
+        precision=precision,
+        round_to=512 if device == "cuda" else 1,
+        cuda=device == "cuda",
+        checkpoint_classes=checkpoint_classes,
+    )
+    phase = "setup"
+    try:
+        with session:
+            itemsize = torch.empty((), dtype=compute_dtype(precision)).element_size()
+            traces.units = _unit_bytes(session.module, wrap, itemsize)
+            phase = "forward"
+            ordered = sorted(configs, key=lambda c: (c[0], c[1] or 0, c[2]))
+            for key in ordered:
+                traces.resolved_train[key] = _train_at(session, batch, traces, key)
+            phase = "optimizer_step_first"
+            session.build_optimizer()
+            traces.optimizer = session.optimizer_phases()
+            traces.state = session.measure_state()
+            phase = "validation"
+            val_keys = sorted({(c[1], c[2]) for c in configs}, key=lambda k: (k[0] or 0, k[1]))
+            for val_key in val_keys:
+                traces.resolved_validation[val_key] = _validation_at(
+                    session, batch, traces, val_key
+                )
+            phase = "checkpoint_save"
+            traces.save = session.save_phase()
+            if largest_at is not None:
+                phase = "forward"
+                largest_at(session, traces)
+    except UntraceableError as err:
+        traces.error = ("untraceable", session.recorder._phase or phase, str(err))
+        traces.exception = err
+    except Exception as err:  # the user's code: every failure becomes a row, never a crash
+        where = session.recorder._phase or phase
+        traces.error = ("error", where, f"{type(err).__name__}: {err}")
+        traces.exception = err
+    return traces
+
+
+def _later_extra(trace: PhaseTrace, traces: _Traces) -> dict[str, int]:
+    """What a later update holds during ``trace``'s phase that the trace did not: the previous
+    gradients (forward pass only) and the optimizer state."""
+    extra = {"optimizer_state": traces.state["optimizer_state"]}
+    if trace.phase == "forward":
+        extra["gradients"] = traces.state["gradients"]
+    return {name: value - trace.included.get(name, 0) for name, value in extra.items()}
+
+
+def _phase_traces(
+    traces: _Traces, key: tuple[bool, int | None, int], base: Sequence[int]
+) -> dict[str, tuple[PhaseTrace, str]]:
+    """The six phases of one configuration (later-update passes derived)."""
+    train, how = traces.resolved_train[key]
+    forward = train["forward"].shifted(
+        _later_extra(train["forward"], traces),
+        "later update: the previous gradients and the optimizer state added (live throughout)",
+    )
+    backward = train["backward"].shifted(
+        _later_extra(train["backward"], traces),
+        "later update: the optimizer state added (live throughout)",
+    )
+    validation, val_how = traces.resolved_validation[(key[1], key[2])]
+    assert traces.save is not None
+    held = {"batch": train["forward"].categories["batch"]}
+    note = "the training batch added (Lightning holds it through the optimizer step)"
+    return {
+        "forward": (forward, "derived" if how == "traced" else how),
+        "backward": (backward, "derived" if how == "traced" else how),
+        "optimizer_step_first": (
+            traces.optimizer["optimizer_step_first"].shifted(held, note),
+            "derived",
+        ),
+        "optimizer_step": (traces.optimizer["optimizer_step"].shifted(held, note), "derived"),
+        "validation": (validation, val_how),
+        "checkpoint_save": (traces.save, "traced"),
+    }
+
+
+def _strategy_memory(
+    trace: PhaseTrace, strategy: Strategy, traces: _Traces
+) -> tuple[int, int, str | None]:
+    """(analytic bytes added per GPU, segment bytes added, note) of ``strategy``."""
+    if strategy.kind == "single":
+        return 0, 0, None
+    devices = strategy.devices
+    if strategy.kind == "ddp":
+        if strategy.bucket_view or devices == 1:
+            return 0, 0, "ddp: gradient_as_bucket_view, no bucket copy" if devices > 1 else None
+        extra = traces.state["gradients"]
+        return extra, extra, "analytic: DDP gradient buckets, one copy of the gradients"
+    cats = trace.categories
+    sharded = cats["weights"] + cats["gradients"] + cats["optimizer_state"]
+    saved = sharded - -(-sharded // devices)
+    largest, root = traces.units
+    phase = trace.phase
+    gathered = 0
+    if phase in ("forward", "validation"):
+        gathered = 2 * largest + root
+    elif phase == "backward":
+        gathered = 3 * largest + root
+    elif phase == "checkpoint_save":
+        gathered = largest
+    extra = gathered - saved
+    note = (
+        f"analytic: FSDP full shard over {devices}: weights, gradients and optimizer state / "
+        f"{devices}, plus {gathered} bytes of gathered units (largest unit {largest}, outside"
+        f" units {root})"
+    )
+    return extra, extra, note
+
+
+def _comm_seconds(strategy: Strategy, traces: _Traces, tgt: Target, itemsize: int) -> float:
+    if strategy.kind == "single" or strategy.devices == 1:
+        return 0.0
+    grads = traces.state["gradients"]
+    if strategy.kind == "ddp":
+        return collective_seconds(grads, strategy.devices, tgt)
+    params = sum(traces.units) if traces.units[0] else 0
+    # all-gather twice (forward, backward) and reduce-scatter once: 1.5 all-reduces.
+    return 0.75 * collective_seconds(2 * params + grads, strategy.devices, tgt)
+
+
+def _rows_for(
+    traces: _Traces,
+    tgt: Target,
+    strategy: Strategy,
+    key: tuple[bool, int | None, int],
+    base: Sequence[int],
+    efficiency: tuple[float, float],
+    allow_tf32: bool,
+    fragmentation: float,
+) -> list[dict[str, Any]]:
+    checkpointing, seq_len, micro_batch = key
+    common = {
+        "target": tgt.name,
+        "gpu_memory_bytes": tgt.memory_bytes,
+        "precision": traces.precision,
+        "micro_batch": micro_batch,
+        "seq_len": seq_len,
+        "checkpointing": checkpointing,
+        "strategy": strategy.kind,
+        "devices": strategy.devices,
+        "efficiency_low": efficiency[0],
+        "efficiency_high": efficiency[1],
+    }
+    if traces.error is not None:
+        status, phase, reason = traces.error
+        return [{**common, "phase": phase, "status": status, "reason": reason}]
+    phases = _phase_traces(traces, key, base)
+    update = [phases[p][0] for p in ("forward", "backward", "optimizer_step")]
+    flops = int(sum(int(t.flops.sum()) for t in update))
+    moved = int(sum(int(t.moved.sum()) for t in update))
+    ideal = sum(
+        ideal_seconds(t.flops, t.moved, t.kinds, tgt, allow_tf32=allow_tf32) for t in update
+    )
+    low, high = band(ideal, efficiency)
+    itemsize = torch.empty((), dtype=compute_dtype(traces.precision)).element_size()
+    comm = _comm_seconds(strategy, traces, tgt, itemsize)
+    low, high = max(low, comm), high + comm
+    rows = []
+    for phase in PHASE_ORDER:
+        trace, method = phases[phase]
+        analytic, segments, strategy_note = _strategy_memory(trace, strategy, traces)
+        allocated = trace.peak_bytes + tgt.workspace_bytes + analytic
+        reserved = math.ceil(
+            (trace.segment_bytes + tgt.workspace_bytes + segments) * (1 + fragmentation)
+        )
+        reserved = max(reserved, allocated)
+        headroom = tgt.memory_bytes - reserved - tgt.overhead_bytes
+        notes = [*trace.notes]
+        if strategy_note:
+            notes.append(strategy_note)
+        if phase == "optimizer_step" or phase == "optimizer_step_first":
+            notes.append("optimizer: foreach implementation, as PyTorch's default on CUDA")
+        rows.append(
+            {
+                **common,
+                "phase": phase,
+                "status": "ok",
+                "reason": None,
+                "method": method,
+                "peak_allocated_bytes": allocated,
+                "estimated_reserved_bytes": reserved,
+                **{f"{name}_bytes": trace.categories[name] for name in CATEGORIES},
+                "workspace_bytes": tgt.workspace_bytes,
+                "overhead_bytes": tgt.overhead_bytes,
+                "analytic_bytes": analytic,
+                "fits": headroom >= 0,
+                "headroom_bytes": headroom,
+                "flops_per_update": flops,
+                "bytes_per_update": moved,
+                "step_time_low_s": low,
+                "step_time_high_s": high,
+                "notes": "; ".join(notes) or None,
+            }
+        )
+    return rows
+
+
+def _need(peak: int, segments: int, tgt: Target, fragmentation: float) -> int:
+    reserved = max(math.ceil((segments + tgt.workspace_bytes) * (1 + fragmentation)), peak)
+    return reserved + tgt.overhead_bytes
+
+
+def _affine(low: int, high: int, low_x: int, high_x: int, x: int) -> int:
+    return low + (high - low) * (x - low_x) // (high_x - low_x)
+
+
+def _fixed_phases_need(traces: _Traces, tgt: Target, batch_bytes: int, fragmentation: float) -> int:
+    """The optimizer steps (with the training batch held) and the save: no activations."""
+    worst = 0
+    for trace in traces.optimizer.values():
+        peak = trace.peak_bytes + batch_bytes + tgt.workspace_bytes
+        worst = max(worst, _need(peak, trace.segment_bytes + batch_bytes, tgt, fragmentation))
+    if traces.save is not None:
+        peak = traces.save.peak_bytes + tgt.workspace_bytes
+        worst = max(worst, _need(peak, traces.save.segment_bytes, tgt, fragmentation))
+    return worst
+
+
+def _predicted_need(
+    traces: _Traces,
+    tgt: Target,
+    checkpointing: bool,
+    seq_len: int | None,
+    base: Sequence[int],
+    micro_batch: int,
+    fragmentation: float,
+) -> int | None:
+    """The most memory any phase needs at ``micro_batch``: every operator's live bytes moved
+    linearly from the two base traces (``None`` when they ran different operators)."""
+    low_x, high_x = base
+    train_low = traces.resolved_train[(checkpointing, seq_len, low_x)][0]
+    train_high = traces.resolved_train[(checkpointing, seq_len, high_x)][0]
+    pairs = [
+        (
+            train_low["forward"],
+            train_high["forward"],
+            sum(_later_extra(train_low["forward"], traces).values()),
+        ),
+        (
+            train_low["backward"],
+            train_high["backward"],
+            sum(_later_extra(train_low["backward"], traces).values()),
+        ),
+        (
+            traces.resolved_validation[(seq_len, low_x)][0],
+            traces.resolved_validation[(seq_len, high_x)][0],
+            0,
+        ),
+    ]
+    worst = 0
+    for low, high, extra in pairs:
+        if low.signature != high.signature or low.curve.shape != high.curve.shape:
+            return None
+        curve = low.curve + (high.curve - low.curve) * (micro_batch - low_x) // (high_x - low_x)
+        start = _affine(low.start_bytes, high.start_bytes, low_x, high_x, micro_batch)
+        peak = max(int(curve.max()), start) + extra + tgt.workspace_bytes
+        segments = _affine(low.segment_bytes, high.segment_bytes, low_x, high_x, micro_batch)
+        worst = max(worst, _need(peak, segments + extra, tgt, fragmentation))
+    batch_bytes = _affine(
+        train_low["forward"].categories["batch"],
+        train_high["forward"].categories["batch"],
+        low_x,
+        high_x,
+        micro_batch,
+    )
+    return max(worst, _fixed_phases_need(traces, tgt, batch_bytes, fragmentation))
+
+
+def _largest_search(
+    targets: Sequence[Target],
+    checkpointing: Sequence[bool],
+    seq_len: int | None,
+    base: Sequence[int],
+    batch: Any,
+    fragmentation: float,
+    rows: list[dict[str, Any]],
+    verify: bool,
+    cap: int,
+) -> Callable[[Session, _Traces], None]:
+    """A step run inside the session: the largest micro-batch per target and checkpointing,
+    predicted from the base traces and checked by tracing it and the next one."""
+
+    def run(session: Session, traces: _Traces) -> None:
+        for tgt, ckpt in itertools.product(targets, checkpointing):
+            row: dict[str, Any] = {
+                "target": tgt.name,
+                "precision": traces.precision,
+                "checkpointing": ckpt,
+                "strategy": "single",
+                "devices": 1,
+                "seq_len": seq_len,
+            }
+            traced = {
+                b: [t["forward"], t["backward"], traces.validation[(seq_len, b)]]
+                for (c, q, b), t in traces.train.items()
+                if (c, q) == (ckpt, seq_len) and (seq_len, b) in traces.validation
+            }
+            pair = _pair(traced, 1 << 62)
+            if pair is None:
+                why = "no two traced micro-batches ran the same operators"
+                rows.append({**row, "status": "not_estimated", "reason": why})
+                continue
+            base = list(pair)
+
+            def need(
+                b: int, tgt: Target = tgt, ckpt: bool = ckpt, base: list[int] = base
+            ) -> int | None:
+                return _predicted_need(traces, tgt, ckpt, seq_len, base, b, fragmentation)
+
+            first = need(1)
+            if first is None:
+                rows.append(
+                    {
+                        **row,
+                        "status": "not_estimated",
+                        "reason": "the two traced micro-batches ran different operators",
+                    }
+                )
+                continue
+            if first > tgt.memory_bytes:
+                checked = verify and (
+                    _traced_need(session, batch, traces, tgt, ckpt, seq_len, 1, fragmentation)
+                    > tgt.memory_bytes
+                )
+                rows.append(
+                    {
+                        **row,
+                        "status": "ok",
+                        "largest_micro_batch": 0,
+                        "method": "predicted, traced" if verify else "predicted",
+                        "checked": checked,
+                        "reason": "micro-batch 1 does not fit"
+                        if checked or not verify
+                        else "micro-batch 1 does not fit as predicted, but fits as traced",
+                    }
+                )
+                continue
+            lo, hi = 1, 2
+            while hi <= cap and (need(hi) or 0) <= tgt.memory_bytes:
+                lo, hi = hi, hi * 2
+            if hi > cap and (need(cap) or 0) <= tgt.memory_bytes:
+                rows.append(
+                    {
+                        **row,
+                        "status": "ok",
+                        "largest_micro_batch": cap,
+                        "method": "predicted",
+                        "checked": False,
+                        "reason": f"fits at max_micro_batch={cap}, the end of the search",
+                    }
+                )
+                continue
+            hi = min(hi, cap + 1)
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                if (need(mid) or 0) <= tgt.memory_bytes:
+                    lo = mid
+                else:
+                    hi = mid
+            checked = False
+            method = "predicted"
+            if verify:
+                found, checked = _verify(
+                    session, batch, traces, tgt, ckpt, seq_len, lo, fragmentation
+                )
+                method = "predicted, traced" if found == lo else "predicted, corrected by tracing"
+                lo = found
+            reason: str | None = None
+            if verify and not checked:
+                reason = f"traces near the prediction did not settle in {_VERIFY_TRACES} tries"
+            rows.append(
+                {
+                    **row,
+                    "status": "ok",
+                    "largest_micro_batch": lo,
+                    "method": method,
+                    "checked": checked,
+                    "reason": reason,
+                }
+            )
+
+    return run
+
+
+def _traced_need(
+    session: Session,
+    batch: Any,
+    traces: _Traces,
+    tgt: Target,
+    ckpt: bool,
+    seq_len: int | None,
+    micro_batch: int,
+    fragmentation: float,
+) -> int:
+    """The most memory any phase needs at ``micro_batch``, traced."""
+    train = session.train_phases(
+        batch, micro_batch=micro_batch, seq_len=seq_len, checkpointing=ckpt
+    )
+    val = session.validation_phase(batch, micro_batch=micro_batch, seq_len=seq_len)
+    worst = 0
+    for trace, extra in (
+        (train["forward"], sum(_later_extra(train["forward"], traces).values())),
+        (train["backward"], sum(_later_extra(train["backward"], traces).values())),
+        (val, 0),
+    ):
+        peak = trace.peak_bytes + extra + tgt.workspace_bytes
+        worst = max(worst, _need(peak, trace.segment_bytes + extra, tgt, fragmentation))
+    batch_bytes = train["forward"].categories["batch"]
+    return max(worst, _fixed_phases_need(traces, tgt, batch_bytes, fragmentation))
+
+
+_VERIFY_TRACES: Final = 12
+
+
+def _verify(
+    session: Session,
+    batch: Any,
+    traces: _Traces,
+    tgt: Target,
+    ckpt: bool,
+    seq_len: int | None,
+    micro_batch: int,
+    fragmentation: float,
+) -> tuple[int, bool]:
+    """Trace the predicted size (it must fit) and the next one (it must not); when one
+    disagrees, bracket the boundary by doubling steps and bisect it, by tracing (at most
+    :data:`_VERIFY_TRACES` traces). ``(largest, checked)``."""
+    cache: dict[int, bool] = {}
+
+    def fits(b: int) -> bool:
+        if b not in cache:
+            need = _traced_need(session, batch, traces, tgt, ckpt, seq_len, b, fragmentation)
+            cache[b] = need <= tgt.memory_bytes
+        return cache[b]
+
+    lo, hi = 0, None  # largest known to fit, smallest known not to
+    step = 1
+    b = micro_batch
+    while len(cache) < _VERIFY_TRACES:
+        if hi is not None and hi - lo <= 1:
+            return lo, True
+        if fits(b):
+            lo = max(lo, b)
+            b = lo + step if hi is None else (lo + hi) // 2
+        else:
+            hi = b if hi is None else min(hi, b)
+            if b == 1:
+                return 0, True
+            b = max(hi - step, 1) if lo == 0 and hi - step > 0 else (lo + hi) // 2
+            b = max(b, lo + 1)
+        step *= 2
+    return lo, hi is not None and hi - lo <= 1
+
+
+def trace_configuration(
+    module: Any = None,
+    batch: Any = None,
+    *,
+    factory: Callable[[], Any] | None = None,
+    precision: str = "32-true",
+    micro_batch: int = 1,
+    seq_len: int | None = None,
+    checkpointing: bool = False,
+    checkpoint_classes: Sequence[type[torch.nn.Module]] = (),
+    device: str = "cpu",
+) -> dict[str, PhaseTrace]:
+    """The six phases of one configuration, as :func:`estimate` traces them, on ``device``
+    ``"cpu"`` (storages as they are, the optimizer as on CPU: comparable with
+    :func:`~lightning_pilot.estimate.measure_cpu`) or ``"cuda"`` (512-byte blocks, the CUDA
+    optimizer default). ``UntraceableError`` or the user's error when a phase fails.
+
+    Example:
+        >>> from lightning_pilot.demo import TinyCausalLM, InstructionDataModule
+        >>> data = InstructionDataModule(batch_size=4, max_length=32)
+        >>> data.setup("fit")
+        >>> batch = next(iter(data.train_dataloader()))
+        >>> phases = trace_configuration(TinyCausalLM(max_length=32), batch, micro_batch=4)
+        >>> phases["optimizer_step"].categories["optimizer_state"] > 0
+        True
+    """
+    owner = "trace_configuration"
+    validate.choice(owner, "precision", precision, PRECISIONS)
+    validate.integer(owner, "micro_batch", micro_batch, minimum=1)
+    validate.integer(owner, "seq_len", seq_len, minimum=1, optional=True)
+    validate.boolean(owner, "checkpointing", checkpointing)
+    validate.choice(owner, "device", device, ("cpu", "cuda"))
+    key = (checkpointing, seq_len, micro_batch)
+    traces = _trace_precision(
+        precision,
+        module,
+        factory,
+        batch,
+        [key],
+        [micro_batch],
+        tuple(checkpoint_classes),
+        (),
+        None,
+        device=device,
+    )
+    if traces.exception is not None:
+        raise traces.exception
+    return {name: trace for name, (trace, _) in _phase_traces(traces, key, [micro_batch]).items()}
+
+
+_JOB: dict[str, Any] | None = None
+
+
+def _precision_job(
+    precision: str, keep_exception: bool = False
+) -> tuple[_Traces, list[dict[str, Any]]]:
+    """Trace one precision of the grid in :data:`_JOB` (in a forked worker, or here)."""
+    job = _JOB
+    assert job is not None
+    found: list[dict[str, Any]] = []
+    search = (
+        _largest_search(
+            job["targets"],
+            job["checkpointing"],
+            job["longest"],
+            job["search_base"],
+            job["batch"],
+            job["fragmentation"],
+            found,
+            job["verify"],
+            job["cap"],
+        )
+        if job["largest"]
+        else None
+    )
+    traces = _trace_precision(
+        precision,
+        job["module"],
+        job["factory"],
+        job["batch"],
+        job["configs"],
+        job["base"],
+        job["classes"],
+        job["wrap"],
+        search,
+    )
+    if traces.error is not None and job["largest"]:
+        status, _, reason = traces.error
+        for tgt, ckpt in itertools.product(job["targets"], job["checkpointing"]):
+            found.append(
+                {
+                    "target": tgt.name,
+                    "precision": precision,
+                    "checkpointing": ckpt,
+                    "strategy": "single",
+                    "devices": 1,
+                    "seq_len": job["longest"],
+                    "status": status,
+                    "reason": reason,
+                }
+            )
+    if not keep_exception:
+        traces.exception = None  # not every exception survives the trip between processes
+    return traces, found
+
+
+def estimate(
+    module: Any = None,
+    batch: Any = None,
+    *,
+    factory: Callable[[], Any] | None = None,
+    targets: Sequence[str | Target] = ("H100-SXM-80GB",),
+    precisions: Sequence[str] = ("bf16-mixed",),
+    micro_batches: Sequence[int] = (1,),
+    seq_lens: Sequence[int | None] = (None,),
+    checkpointing: Sequence[bool] = (False,),
+    strategies: Sequence[str | Strategy] = ("single",),
+    checkpoint_classes: Sequence[type[torch.nn.Module]] = (),
+    wrap_classes: Sequence[type[torch.nn.Module] | str] = (),
+    efficiency: tuple[float, float] = DEFAULT_EFFICIENCY,
+    allow_tf32: bool = False,
+    fragmentation: float = FRAGMENTATION,
+    largest: bool = True,
+    verify_largest: bool = True,
+    max_micro_batch: int = 1024,
+    workers: int | None = None,
+    out_dir: str | Any = None,
+) -> Estimate:
+    """Estimate memory per GPU and step time of ``module`` (or ``factory()``) on ``targets``.
+
+    ``batch`` is one real batch of the pilot's data (dicts, lists, tuples of tensors); it is
+    reshaped to each micro-batch and sequence length (``None``: as it is). Precisions are
+    traced in parallel, one forked process each, up to ``workers`` (default: the CPU count;
+    ``1``, or CUDA already initialised in this process, traces here). Returns an
+    :class:`Estimate`; with ``out_dir``, also writes ``estimate.parquet`` and
+    ``estimate_largest.parquet`` there (through :mod:`lightning_pilot.storage`, never
+    overwriting).
+
+    ``checkpoint_classes``: the module classes activation checkpointing wraps (default: the
+    Hugging Face models inside switch it on themselves). ``wrap_classes``: FSDP's units
+    (classes or class names; default: the Hugging Face ``_no_split_modules``).
+    ``efficiency``: the fraction of the roofline reached, low and high. ``allow_tf32``: fp32
+    matrix products on TF32 tensor cores. ``fragmentation``: reserved bytes allowed above the
+    allocator's segments. ``largest``: search the largest micro-batch per target, precision
+    and checkpointing at the longest sequence, up to ``max_micro_batch`` (``verify_largest``:
+    confirmed by tracing).
+    """
+    started = time.perf_counter()
+    if (module is None) == (factory is None):
+        raise ValueError(
+            validate.invalid(_OWNER, "module", module, "a LightningModule, or None with factory")
+        )
+    if module is not None:
+        validate.instance(_OWNER, "module", module, torch.nn.Module, optional=False)
+    validate.callable_or_none(_OWNER, "factory", factory, "factory() -> LightningModule")
+    if batch is None:
+        raise ValueError(validate.invalid(_OWNER, "batch", batch, "one real batch of the data"))
+    tgts = [target(value) for value in _sequence(targets, "targets")]
+    precs = [
+        validate.choice(_OWNER, "precisions", p, PRECISIONS)
+        for p in _sequence(precisions, "precisions")
+    ]
+    mbs = [
+        validate.integer(_OWNER, "micro_batches", b, minimum=1)
+        for b in _sequence(micro_batches, "micro_batches")
+    ]
+    seqs = [
+        validate.integer(_OWNER, "seq_lens", s, minimum=1, optional=True)
+        for s in _sequence(seq_lens, "seq_lens")
+    ]
+    ckpts = [
+        validate.boolean(_OWNER, "checkpointing", c)
+        for c in _sequence(checkpointing, "checkpointing")
+    ]
+    strats = [Strategy.parse(s) for s in _sequence(strategies, "strategies")]
+    classes = tuple(_sequence(checkpoint_classes, "checkpoint_classes", empty=True))
+    for cls in classes:
+        if not (isinstance(cls, type) and issubclass(cls, torch.nn.Module)):
+            raise TypeError(
+                validate.invalid(_OWNER, "checkpoint_classes", cls, "torch.nn.Module subclasses")
+            )
+    wrap = tuple(_sequence(wrap_classes, "wrap_classes", empty=True))
+    _efficiency(efficiency)
+    validate.boolean(_OWNER, "allow_tf32", allow_tf32)
+    validate.number(_OWNER, "fragmentation", fragmentation, minimum=0, maximum=1)
+    validate.boolean(_OWNER, "largest", largest)
+    validate.boolean(_OWNER, "verify_largest", verify_largest)
+    validate.path(_OWNER, "out_dir", out_dir)
+    validate.integer(_OWNER, "workers", workers, minimum=1, optional=True)
+    validate.integer(_OWNER, "max_micro_batch", max_micro_batch, minimum=1)
+
+    base = _base(mbs)
+    configs = [(c, s, b) for c in ckpts for s in seqs for b in mbs]
+    longest = max(seqs, key=lambda s: s or 0)
+    # The largest micro-batch is predicted from two traced micro-batches from 2 up.
+    search_base = base if len(base) == 2 and base[0] >= 2 else [2, 4]
+    if largest:
+        for c in ckpts:
+            for b in search_base:
+                if (c, longest, b) not in configs:
+                    configs.append((c, longest, b))
+    rows: list[dict[str, Any]] = []
+    largest_rows: list[dict[str, Any]] = []
+    global _JOB
+    _JOB = {
+        "targets": tgts,
+        "checkpointing": ckpts,
+        "longest": longest,
+        "search_base": search_base,
+        "batch": batch,
+        "fragmentation": fragmentation,
+        "verify": verify_largest,
+        "cap": max_micro_batch,
+        "largest": largest,
+        "module": module,
+        "factory": factory,
+        "configs": configs,
+        "base": base,
+        "classes": classes,
+        "wrap": wrap,
+    }
+    try:
+        count = min(len(precs), workers or os.cpu_count() or 1)
+        # A forked child must not touch CUDA once the parent has initialised it (a live
+        # module on a GPU: its buffers' values are read): trace in this process then.
+        forkable = "fork" in multiprocessing.get_all_start_methods()
+        if count > 1 and forkable and not torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+            with multiprocessing.get_context("fork").Pool(count) as pool:
+                done = pool.map(_precision_job, precs, chunksize=1)
+        else:
+            done = [_precision_job(precision, keep_exception=True) for precision in precs]
+    finally:
+        _JOB = None
+    for traces, found in done:
+        largest_rows.extend(found)
+        for tgt, strategy, key in itertools.product(
+            tgts, strats, [(c, s, b) for c in ckpts for s in seqs for b in mbs]
+        ):
+            rows.extend(
+                _rows_for(traces, tgt, strategy, key, base, efficiency, allow_tf32, fragmentation)
+            )
+    result = Estimate(rows, largest_rows, time.perf_counter() - started)
+    if out_dir is not None:
+        result.paths = _publish(result, out_dir)
+    return result
+
+
+def _sequence(value: object, name: str, *, empty: bool = False) -> list[Any]:
+    if isinstance(value, str | bytes) or not isinstance(value, Sequence):
+        raise TypeError(validate.invalid(_OWNER, name, value, "a list"))
+    if not value and not empty:
+        raise ValueError(validate.invalid(_OWNER, name, value, "a non-empty list"))
+    return list(value)
+
+
+def _efficiency(value: object) -> None:
+    expected = "a pair (low, high) with 0 < low <= high <= 1"
+    if not isinstance(value, tuple) or len(value) != 2:
+        raise TypeError(validate.invalid(_OWNER, "efficiency", value, expected))
+    low = validate.number(_OWNER, "efficiency", value[0], minimum=0, maximum=1, allow_minimum=False)
+    high = validate.number(
+        _OWNER, "efficiency", value[1], minimum=0, maximum=1, allow_minimum=False
+    )
+    if low > high:
+        raise ValueError(validate.invalid(_OWNER, "efficiency", value, expected))
+
+
+def _publish(result: Estimate, out_dir: Any) -> list[str]:
+    from lightning_pilot import storage
+    from lightning_pilot.schemas import ESTIMATE_SCHEMA, LARGEST_SCHEMA
+
+    folder = storage.make_folder(out_dir)
+    paths = []
+    for rows, schema, name in (
+        (result.rows, ESTIMATE_SCHEMA, "estimate.parquet"),
+        (result.largest, LARGEST_SCHEMA, "estimate_largest.parquet"),
+    ):
+        table = storage.rows_to_table(rows, schema)
+        paths.append(str(storage.publish_table(table, folder / name)))
+    return paths

@@ -1,0 +1,133 @@
+"""The measurement an estimate is checked against: the same phases on REAL CPU tensors.
+
+:func:`measure_cpu` runs two real training updates of the module the way Lightning's automatic
+optimization does (``training_step``, ``zero_grad``, ``backward``, ``optimizer.step()``), then
+``validation_step`` in eval mode under ``torch.no_grad()`` and a checkpoint save
+(``torch.save`` of the model and optimizer state dicts to memory), each phase measured by the
+pilot's CPU :class:`~lightning_pilot.core.memory.TensorTracker` (the peak live tensor bytes,
+the state of the model included). The module is changed by the updates: pass a fresh one.
+
+Example:
+    >>> from lightning_pilot.demo import TinyCausalLM, InstructionDataModule
+    >>> data = InstructionDataModule(batch_size=4, max_length=32)
+    >>> data.setup("fit")
+    >>> batch = next(iter(data.train_dataloader()))
+    >>> peaks = measure_cpu(TinyCausalLM(max_length=32), batch, micro_batch=4, seq_len=32)
+    >>> sorted(peaks) == sorted(PHASE_ORDER)
+    True
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import warnings
+from collections.abc import Sequence
+from typing import Any, Final
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_map
+
+from lightning_pilot.core import validate
+from lightning_pilot.core.memory import TensorTracker, state_tensors
+from lightning_pilot.estimate.trace import (
+    PRECISIONS,
+    _loss_of,
+    activation_checkpointing,
+    optimizer_of,
+    param_dtype,
+    precision_context,
+    reshape_batch,
+)
+
+__all__ = ["PHASE_ORDER", "measure_cpu"]
+
+#: The phases of an estimate, in campaign order (forward and backward: a later update).
+PHASE_ORDER: Final = (
+    "forward",
+    "backward",
+    "optimizer_step_first",
+    "optimizer_step",
+    "validation",
+    "checkpoint_save",
+)
+
+
+def measure_cpu(
+    module: Any,
+    batch: Any,
+    *,
+    micro_batch: int,
+    seq_len: int | None = None,
+    precision: str = "32-true",
+    checkpointing: bool = False,
+    checkpoint_classes: Sequence[type[torch.nn.Module]] = (),
+) -> dict[str, int]:
+    """Peak live tensor bytes per phase of two real updates, a validation step and a save."""
+    owner = "measure_cpu"
+    validate.integer(owner, "micro_batch", micro_batch, minimum=1)
+    validate.integer(owner, "seq_len", seq_len, minimum=1, optional=True)
+    validate.choice(owner, "precision", precision, PRECISIONS)
+    if precision == "bf16-true":
+        module = module.to(param_dtype(precision))
+    data = reshape_batch(batch, micro_batch, seq_len)
+    if precision == "bf16-true":
+        data = tree_map(
+            lambda v: (
+                v.to(torch.bfloat16) if isinstance(v, torch.Tensor) and v.is_floating_point() else v
+            ),
+            data,
+        )
+    peaks: dict[str, int] = {}
+    tracker = TensorTracker()
+    with warnings.catch_warnings(), contextlib.ExitStack() as stack:
+        warnings.simplefilter("ignore")
+        if checkpointing:
+            stack.enter_context(activation_checkpointing(module, tuple(checkpoint_classes)))
+        optimizer = optimizer_of(module.configure_optimizers())
+        module.train()
+        tracker.start()
+        tracker.adopt(state_tensors(module, [optimizer]))
+        tracker.adopt(t for t in tree_flatten(data)[0] if isinstance(t, torch.Tensor))
+        # Lightning holds the training batch until the next one: through the optimizer step.
+
+        def phase(name: str) -> None:
+            tracker.reset_peak()
+            peaks[name] = -1  # filled by done()
+
+        def done(name: str) -> None:
+            peaks[name] = tracker.peak_bytes
+
+        for update in (1, 2):
+            phase("forward")
+            with precision_context(precision):
+                output = module.training_step(data, 0)
+            loss = _loss_of(output)
+            assert loss is not None
+            del output
+            done("forward")
+            optimizer.zero_grad(set_to_none=True)
+            phase("backward")
+            loss.backward()  # type: ignore[no-untyped-call]
+            del loss
+            done("backward")
+            name = "optimizer_step_first" if update == 1 else "optimizer_step"
+            phase(name)
+            optimizer.step()
+            done(name)
+        # The loop lets the training batch go before validation, which brings its own.
+        val_data = tree_map(lambda v: v.clone() if isinstance(v, torch.Tensor) else v, data)
+        del data
+        module.eval()
+        phase("validation")
+        with torch.no_grad(), precision_context(precision):
+            module.validation_step(val_data, 0)
+        done("validation")
+        del val_data
+        module.train()
+        phase("checkpoint_save")
+        buffer = io.BytesIO()
+        torch.save({"state_dict": module.state_dict(), "optimizer": optimizer.state_dict()}, buffer)
+        done("checkpoint_save")
+        tracker.stop()
+    return peaks

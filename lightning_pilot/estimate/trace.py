@@ -1,0 +1,1294 @@
+"""Trace a LightningModule's training phases on fake tensors: memory per phase, by category.
+
+A :class:`Session` holds the user's module with its parameters replaced by fake tensors
+(``torch._subclasses.fake_tensor.FakeTensorMode``: shapes, dtypes and storages, no data, no
+memory) and the optimizer its own ``configure_optimizers`` builds. Each phase runs the module's
+own code under a :class:`Recorder`, a dispatch mode that follows every storage operators touch
+(as the CPU :class:`~lightning_pilot.core.memory.TensorTracker` does on real tensors) and
+records, per operator, the live bytes after it, its FLOPs and the bytes it reads and writes.
+
+What the trace sees (a storage is counted once, views share one; bytes are freed when Python
+frees the last reference, exactly as on real tensors):
+
+- ``weights``: parameters and buffers; ``gradients``: ``.grad`` tensors; ``optimizer_state``:
+  tensors in the optimizer's ``state``; ``batch``: the batch's tensors;
+- ``activations``: tensors autograd saves for the backward pass
+  (``torch.autograd.graph.saved_tensors_hooks``) and what the graph still holds at the end of
+  the forward pass (the inputs kept by activation checkpointing);
+- ``temporaries``: the rest of the peak.
+
+The categories of a phase are those of the storages live at its peak, so they add up to the
+peak exactly.
+
+Values the step reads back from the data (``int(mask.sum())``, ``attention_mask.all()``,
+``nonzero`` on labels) are computed from the real batch: integer and boolean tensors derived
+only from the batch carry a real copy ("shadow"), reshaped to the traced size. A step that reads
+a value computed from the model's floats (``loss.item()`` inside ``training_step``,
+``nonzero`` on logits) cannot be traced: :class:`UntraceableError` names the operator and the
+workaround.
+
+Example:
+    >>> import torch
+    >>> from lightning_pilot.demo import TinyCausalLM, InstructionDataModule
+    >>> data = InstructionDataModule(batch_size=4, max_length=32)
+    >>> data.setup("fit")
+    >>> batch = next(iter(data.train_dataloader()))
+    >>> session = Session(TinyCausalLM(max_length=32), precision="32-true")
+    >>> with session:
+    ...     train = session.train_phases(batch, micro_batch=8, seq_len=32)
+    >>> train["forward"].peak_bytes > 0, sorted(train)
+    (True, ['backward', 'forward'])
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+import weakref
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import numpy as np
+import torch
+from torch._subclasses.fake_tensor import (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+    FakeTensor,
+    FakeTensorMode,
+    unset_fake_temporarily,
+)
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten, tree_map
+
+from lightning_pilot.core import validate
+
+__all__ = [
+    "CATEGORIES",
+    "PRECISIONS",
+    "PhaseTrace",
+    "Recorder",
+    "Session",
+    "UntraceableError",
+    "optimizer_of",
+    "precision_context",
+    "reshape_batch",
+]
+
+#: The precisions of Lightning's ``Trainer(precision=...)`` the estimate models.
+PRECISIONS: Final = ("32-true", "16-mixed", "bf16-mixed", "bf16-true")
+#: The memory categories of a phase, in the order they are assigned (first match wins).
+CATEGORIES: Final = (
+    "weights",
+    "gradients",
+    "optimizer_state",
+    "batch",
+    "activations",
+    "temporaries",
+)
+# Integer and boolean tensors larger than this carry no real copy (a B x 1 x T x T mask at
+# 70B sizes would cost real memory); reading their values is then untraceable.
+_SHADOW_LIMIT: Final = 1 << 24
+_FLOAT_SHADOW_LIMIT: Final = 4096
+_SHADOW: Final = "_lightning_pilot_shadow"
+_DTYPE_KIND: Final = {torch.float32: 1, torch.bfloat16: 2, torch.float16: 3}
+
+_WORKAROUND: Final = (
+    "the value depends on the model's floats, which a fake tensor does not have; move the read"
+    " out of training_step/validation_step (log the tensor, not its .item()), or guard it with"
+    " `if not torch.compiler.is_compiling()`-style checks the estimator cannot pass; for a"
+    " value computed from the batch alone, keep it an integer/bool tensor"
+)
+
+
+class UntraceableError(RuntimeError):
+    """A step needs a value fake tensors do not have; ``op`` names the operator."""
+
+    def __init__(self, op: str, where: str) -> None:
+        self.op = op
+        super().__init__(
+            f"cannot trace {op} on a fake tensor ({where}): {_WORKAROUND}",
+        )
+
+
+def _ops_of(name: str) -> Any:
+    return getattr(torch.ops.aten, name).default
+
+
+_LOCAL_SCALAR: Final = torch.ops.aten._local_scalar_dense.default
+# Operators that neither allocate nor compute (device and size queries): no bookkeeping.
+_PASS_THROUGH: Final = frozenset(
+    {
+        torch.ops.prim.device.default,
+        torch.ops.aten.sym_size.int,
+        torch.ops.aten.sym_stride.int,
+        torch.ops.aten.sym_numel.default,
+        torch.ops.aten.sym_storage_offset.default,
+        torch.ops.aten.is_same_size.default,
+    }
+)
+
+
+def _flop_registry() -> dict[Any, Callable[..., int]]:
+    """``torch.utils.flop_counter``'s registry (what ``FlopCounterMode`` counts), plus the CPU
+    flash-attention kernels it lacks (same formulas as the CUDA kernels)."""
+    from torch.utils import flop_counter
+
+    registry: dict[Any, Callable[..., int]] = dict(flop_counter.flop_registry)
+
+    def cpu_flash(query: Any, key: Any, value: Any, *args: Any, **kwargs: Any) -> int:
+        return int(flop_counter.sdpa_flop_count(query.shape, key.shape, value.shape))  # type: ignore[no-untyped-call]
+
+    def cpu_flash_backward(
+        grad_out: Any, query: Any, key: Any, value: Any, *a: Any, **k: Any
+    ) -> int:
+        return int(
+            flop_counter.sdpa_backward_flop_count(  # type: ignore[no-untyped-call]
+                grad_out.shape, query.shape, key.shape, value.shape
+            )
+        )
+
+    aten = torch.ops.aten
+    registry[aten._scaled_dot_product_flash_attention_for_cpu] = cpu_flash
+    registry[aten._scaled_dot_product_flash_attention_for_cpu_backward] = cpu_flash_backward
+    return registry
+
+
+_FLOPS: dict[Any, Callable[..., int]] | None = None
+
+
+def _tensors(values: Any) -> list[torch.Tensor]:
+    found: list[torch.Tensor] = []
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            found.append(value)
+        elif isinstance(value, list | tuple):
+            found.extend(item for item in value if isinstance(item, torch.Tensor))
+    return found
+
+
+@dataclass
+class PhaseTrace:
+    """One traced phase: its peak, the categories at the peak, and its operators.
+
+    ``curve[i]`` is the live bytes after operator ``i``; ``flops``, ``moved`` (bytes read and
+    written) and ``kinds`` (0 memory-bound, 1 fp32, 2 bf16, 3 fp16 arithmetic) are per operator;
+    ``signature`` identifies the operator sequence (two traces with equal signatures ran the
+    same operators in the same order).
+    """
+
+    phase: str
+    peak_bytes: int
+    categories: dict[str, int]
+    curve: np.ndarray
+    flops: np.ndarray
+    moved: np.ndarray
+    kinds: np.ndarray
+    peak_op: int
+    signature: int
+    start_bytes: int
+    segment_bytes: int = 0
+    included: dict[str, int] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def shifted(self, extra: Mapping[str, int], note: str) -> PhaseTrace:
+        """The same phase with ``extra`` bytes live throughout (added to their categories)."""
+        total = sum(extra.values())
+        categories = dict(self.categories)
+        for name, value in extra.items():
+            categories[name] += value
+        return PhaseTrace(
+            self.phase,
+            self.peak_bytes + total,
+            categories,
+            self.curve + total,
+            self.flops,
+            self.moved,
+            self.kinds,
+            self.peak_op,
+            self.signature,
+            self.start_bytes + total,
+            self.segment_bytes + total,
+            dict(self.included),
+            [*self.notes, note],
+        )
+
+
+class Recorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
+    """Count live storage bytes, FLOPs and bytes moved per operator; keep the peak's storages.
+
+    Enter it inside a ``FakeTensorMode`` (or on real tensors: it counts them the same way).
+    ``round_to`` rounds every storage up as an allocator would (CUDA's caching allocator: 512).
+
+    Example:
+        >>> import torch
+        >>> recorder = Recorder()
+        >>> with recorder:
+        ...     recorder.begin("demo")
+        ...     x = torch.ones(1000)
+        ...     y = x * 2
+        ...     phase = recorder.end()
+        >>> phase.peak_bytes, int(phase.flops.sum())
+        (8000, 0)
+    """
+
+    def __init__(self, round_to: int = 1, *, fake_only: bool = False) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.round_to = round_to
+        self.fake_only = fake_only
+        self.live: dict[int, tuple[int, int]] = {}
+        self._refs: dict[int, weakref.ref[Any]] = {}
+        self._serial = 0
+        self.current = 0
+        self.peak = 0
+        self._peak_op = 0
+        self._snapshot: dict[int, tuple[int, int]] | None = None
+        self._dirty = False
+        self.saved: set[int] = set()
+        self._phase = ""
+        self._start = 0
+        self._start_op = 0
+        self._curve: list[int] = []
+        self._flops: list[int] = []
+        self._moved: list[int] = []
+        self._kinds: list[int] = []
+        self._names: list[str] = []
+        self.held: set[int] = set()
+        global _FLOPS
+        if _FLOPS is None:
+            _FLOPS = _flop_registry()
+        self._registry = _FLOPS
+
+    # -- storages ---------------------------------------------------------------------------
+
+    def _size(self, nbytes: int) -> int:
+        step = self.round_to
+        if step <= 1 or nbytes == 0:
+            return nbytes
+        return max(step, -(-nbytes // step) * step)
+
+    def record(self, tensor: torch.Tensor) -> int | None:
+        """Count ``tensor``'s storage (once); return its serial number. With ``fake_only``,
+        real tensors (the user's batch, the real copies of values) are not counted."""
+        if self.fake_only and not isinstance(tensor, FakeTensor):
+            return None
+        try:
+            storage = tensor.untyped_storage()
+        except (RuntimeError, NotImplementedError):
+            return None
+        key = id(storage)
+        known = self.live.get(key)
+        if known is not None:
+            return known[0]
+        nbytes = self._size(int(storage.nbytes()))
+        self._serial += 1
+        self.live[key] = (self._serial, nbytes)
+        self._refs[key] = weakref.ref(storage, self._freer(key))
+        self.current += nbytes
+        if self.current > self.peak:
+            self.peak = self.current
+            self._peak_op = len(self._curve)
+            self._dirty = True
+        return self._serial
+
+    def serial(self, tensor: torch.Tensor) -> int | None:
+        """The serial number of ``tensor``'s storage, counting it if new."""
+        return self.record(tensor)
+
+    def live_serials(self) -> set[int]:
+        """The serial numbers of every live storage."""
+        return {serial for serial, _ in self.live.values()}
+
+    def _freer(self, key: int) -> Callable[[Any], None]:
+        recorder = weakref.ref(self)
+
+        def free(_: Any) -> None:
+            owner = recorder()
+            if owner is None:
+                return
+            if owner._dirty:
+                owner._snapshot = dict(owner.live)
+                owner._dirty = False
+            known = owner.live.pop(key, None)
+            owner._refs.pop(key, None)
+            if known is not None:
+                owner.current -= known[1]
+
+        return free
+
+    # -- phases -----------------------------------------------------------------------------
+
+    def begin(self, phase: str) -> None:
+        """Start a phase: the peak restarts at the current level."""
+        self._phase = phase
+        self.peak = self.current
+        self._start = self.current
+        self._peak_op = 0
+        self._snapshot = None
+        self._dirty = True
+        self._curve, self._flops, self._moved, self._kinds, self._names = [], [], [], [], []
+
+    def peak_storages(self) -> dict[int, tuple[int, int]]:
+        """``id(storage) -> (serial, bytes)`` of the storages live at the phase's peak."""
+        if self._dirty or self._snapshot is None:
+            self._snapshot = dict(self.live)
+            self._dirty = False
+        return self._snapshot
+
+    def end(self, classes: Mapping[str, set[int]] | None = None) -> PhaseTrace:
+        """End the phase: its trace, with the peak's storages sorted into ``classes``
+        (category -> serial numbers; what is in none is ``temporaries``)."""
+        snapshot = self.peak_storages()
+        categories = dict.fromkeys(CATEGORIES, 0)
+        segments = _segment_bytes(nbytes for _, nbytes in snapshot.values())
+        ordered = [(name, (classes or {}).get(name, set())) for name in CATEGORIES[:-1]]
+        for serial, nbytes in snapshot.values():
+            for name, members in ordered:
+                if serial in members:
+                    categories[name] += nbytes
+                    break
+            else:
+                categories["temporaries"] += nbytes
+        return PhaseTrace(
+            phase=self._phase,
+            peak_bytes=self.peak,
+            categories=categories,
+            curve=np.asarray(self._curve, dtype=np.int64),
+            flops=np.asarray(self._flops, dtype=np.int64),
+            moved=np.asarray(self._moved, dtype=np.int64),
+            kinds=np.asarray(self._kinds, dtype=np.int8),
+            peak_op=self._peak_op,
+            signature=hash(tuple(self._names)),
+            start_bytes=self._start,
+            segment_bytes=segments,
+        )
+
+    # -- saved tensors ----------------------------------------------------------------------
+
+    def saved_hooks(self) -> Any:
+        """``saved_tensors_hooks`` marking what autograd saves as activations."""
+
+        def pack(tensor: torch.Tensor) -> torch.Tensor:
+            serial = self.record(tensor)
+            if serial is not None:
+                self.saved.add(serial)
+            return tensor
+
+        def unpack(tensor: torch.Tensor) -> torch.Tensor:
+            return tensor
+
+        return torch.autograd.graph.saved_tensors_hooks(pack, unpack)
+
+    # -- dispatch ---------------------------------------------------------------------------
+
+    def __torch_dispatch__(
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: Mapping[str, Any] | None = None,
+    ) -> Any:
+        if func in _PASS_THROUGH:
+            return func(*args, **(kwargs or {}))
+        kwargs = kwargs or {}
+        if func is _LOCAL_SCALAR:
+            shadow = getattr(args[0], _SHADOW, None)
+            if shadow is not None:
+                with unset_fake_temporarily():
+                    return shadow.item()
+            if not _is_fake(args[0]):
+                return func(*args, **kwargs)
+            raise UntraceableError(".item() (aten._local_scalar_dense)", self._where())
+        try:
+            out = func(*args, **kwargs)
+        except (DataDependentOutputException, DynamicOutputShapeException) as err:
+            out = self._from_shadows(func, args, kwargs, None)
+            if out is None:
+                name = str(getattr(err, "func", func))
+                raise UntraceableError(name, self._where()) from None
+        else:
+            if _all_shadowed(args, kwargs):
+                self._from_shadows(func, args, kwargs, out)
+            elif func._schema.is_mutable:
+                _drop_written_shadows(func, args, kwargs)
+        self._account(func, args, kwargs, out)
+        return out
+
+    def _where(self) -> str:
+        return f"phase {self._phase or 'setup'}, after {len(self._names)} operators"
+
+    def _account(
+        self, func: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any], out: Any
+    ) -> None:
+        inputs = _tensors(args)
+        if kwargs:
+            inputs.extend(v for v in tree_flatten(kwargs)[0] if isinstance(v, torch.Tensor))
+        outputs = _tensors((out,))
+        record = self.record
+        for tensor in inputs:
+            record(tensor)
+        for tensor in outputs:
+            record(tensor)
+        flops = 0
+        moved = 0
+        kind = 0
+        if not func.is_view:
+            moved = sum(t.numel() * t.element_size() for t in inputs) + sum(
+                t.numel() * t.element_size() for t in outputs
+            )
+            counter = self._registry.get(func.overloadpacket)
+            if counter is not None:
+                try:
+                    flops = int(counter(*args, **kwargs, out_val=out))
+                except Exception:  # a counter that does not know this overload: no FLOPs
+                    flops = 0
+                if flops and inputs:
+                    kind = _DTYPE_KIND.get(inputs[0].dtype, 1)
+        self._curve.append(self.current)
+        self._flops.append(flops)
+        self._moved.append(moved)
+        self._kinds.append(kind)
+        self._names.append(func.__name__)
+
+    def _from_shadows(
+        self, func: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any], fake_out: Any
+    ) -> Any:
+        """Run ``func`` on the real copies of its (integer/bool, batch-derived) inputs; give the
+        outputs their copies. Returns the fake outputs, or ``None`` when an input has none."""
+        if torch.Tag.nondeterministic_seeded in func.tags:
+            return fake_out
+        if fake_out is not None:
+            outs = _tensors((fake_out,))
+            if not outs or not _is_fake(outs[0]) or not all(map(_shadowable, outs)):
+                return fake_out
+        missing = False
+
+        def real(value: Any) -> Any:
+            nonlocal missing
+            if isinstance(value, torch.Tensor):
+                shadow = _shadow_of(value)
+                if shadow is None:
+                    missing = True
+                return shadow
+            return value
+
+        real_args = tree_map(real, args)
+        real_kwargs = tree_map(real, dict(kwargs))
+        if missing:
+            return None
+        with unset_fake_temporarily():
+            real_out = func(*real_args, **real_kwargs)
+        if fake_out is None:
+            mode = _fake_mode_of(args, kwargs) or torch._guards.detect_fake_mode()
+            if mode is None:
+                return None
+            fake_out = tree_map(
+                lambda v: mode.from_tensor(v) if isinstance(v, torch.Tensor) else v, real_out
+            )
+        for fake, shadow in zip(tree_flatten(fake_out)[0], tree_flatten(real_out)[0], strict=False):
+            usable = isinstance(shadow, torch.Tensor) and _shadowable(shadow)
+            if isinstance(fake, torch.Tensor) and usable:
+                setattr(fake, _SHADOW, shadow)
+        return fake_out
+
+
+_SMALL: Final = 1 << 20
+_MID: Final = 10 << 20
+_SEGMENT: Final = 2 << 20
+_MID_SEGMENT: Final = 20 << 20
+
+
+def _round_up(value: int, step: int) -> int:
+    return -(-value // step) * step
+
+
+def _segment_bytes(sizes: Iterator[int] | Any) -> int:
+    """Bytes CUDA's caching allocator reserves for live blocks of ``sizes``: blocks up to
+    1 MiB share 2 MiB segments, blocks up to 10 MiB share 20 MiB segments, larger blocks get
+    their size rounded up to 2 MiB (PyTorch's CUDACachingAllocator)."""
+    small = mid = large = 0
+    for size in sizes:
+        if size <= _SMALL:
+            small += size
+        elif size <= _MID:
+            mid += size
+        else:
+            large += _round_up(size, _SEGMENT)
+    return _round_up(small, _SEGMENT) + _round_up(mid, _MID_SEGMENT) + large
+
+
+def _shadowable(tensor: torch.Tensor) -> bool:
+    """Integer and boolean tensors up to :data:`_SHADOW_LIMIT` elements, small floating ones
+    (optimizer step counters, scalars made from constants) up to :data:`_FLOAT_SHADOW_LIMIT`."""
+    if tensor.dtype.is_complex:
+        return False
+    limit = _FLOAT_SHADOW_LIMIT if tensor.dtype.is_floating_point else _SHADOW_LIMIT
+    return tensor.numel() <= limit
+
+
+def _is_fake(value: Any) -> bool:
+    return isinstance(value, FakeTensor)
+
+
+def _fake_mode_of(args: Any, kwargs: Any) -> FakeTensorMode | None:
+    for value in tree_flatten((args, kwargs))[0]:
+        mode = getattr(value, "fake_mode", None)
+        if isinstance(mode, FakeTensorMode):
+            return mode
+    return None
+
+
+def _all_shadowed(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> bool:
+    """Whether every tensor input carries a real copy (true for factory operators)."""
+    for value in args:
+        if isinstance(value, torch.Tensor):
+            if _shadow_of(value) is None:
+                return False
+        elif isinstance(value, list | tuple):
+            for item in value:
+                if isinstance(item, torch.Tensor) and _shadow_of(item) is None:
+                    return False
+    for value in tree_flatten(dict(kwargs))[0] if kwargs else ():
+        if isinstance(value, torch.Tensor) and _shadow_of(value) is None:
+            return False
+    return True
+
+
+def _shadow_of(tensor: torch.Tensor) -> torch.Tensor | None:
+    """The real values of ``tensor``: its shadow, or itself when it is a real tensor."""
+    shadow = getattr(tensor, _SHADOW, None)
+    if shadow is None and not _is_fake(tensor):
+        return tensor
+    return shadow
+
+
+def _drop_written_shadows(func: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> None:
+    """An in-place operator with an input lacking a real copy: its outputs' copies are stale."""
+    for index, argument in enumerate(func._schema.arguments):
+        info = argument.alias_info
+        if info is None or not info.is_write:
+            continue
+        value = args[index] if index < len(args) else kwargs.get(argument.name)
+        for tensor in _tensors((value,)):
+            if hasattr(tensor, _SHADOW):
+                delattr(tensor, _SHADOW)
+
+
+# -- precision -------------------------------------------------------------------------------
+
+
+def param_dtype(precision: str) -> torch.dtype:
+    """The dtype of the parameters under ``precision`` (``bf16-true``: bfloat16)."""
+    return torch.bfloat16 if precision == "bf16-true" else torch.float32
+
+
+def compute_dtype(precision: str) -> torch.dtype:
+    """The dtype matrix products run in under ``precision``."""
+    return {"32-true": torch.float32, "16-mixed": torch.float16}.get(precision, torch.bfloat16)
+
+
+@contextlib.contextmanager
+def precision_context(precision: str) -> Iterator[None]:
+    """What Lightning's precision plugin wraps around a step, on CPU: autocast for the mixed
+    precisions (``torch.autocast("cpu", ...)``), the default dtype for ``bf16-true``."""
+    if precision in ("16-mixed", "bf16-mixed"):
+        with torch.autocast("cpu", dtype=compute_dtype(precision)):
+            yield
+    elif precision == "bf16-true":
+        previous = torch.get_default_dtype()
+        torch.set_default_dtype(torch.bfloat16)
+        try:
+            yield
+        finally:
+            torch.set_default_dtype(previous)
+    else:
+        yield
+
+
+# -- batches ---------------------------------------------------------------------------------
+
+
+def _sequence_length(batch: Any) -> int | None:
+    for value in tree_flatten(batch)[0]:
+        if isinstance(value, torch.Tensor) and value.dim() >= 2 and not value.is_floating_point():
+            return int(value.shape[1])
+    return None
+
+
+def _resize(tensor: torch.Tensor, dim: int, size: int) -> torch.Tensor:
+    have = tensor.shape[dim]
+    if have == 0:
+        raise ValueError(f"a batch tensor of shape {tuple(tensor.shape)} is empty along {dim}")
+    if size > have:
+        repeats = [1] * tensor.dim()
+        repeats[dim] = -(-size // have)
+        tensor = tensor.repeat(*repeats)
+    return tensor.narrow(dim, 0, size).contiguous()
+
+
+def reshape_batch(batch: Any, micro_batch: int, seq_len: int | None = None) -> Any:
+    """``batch`` (tensors in dicts, lists, tuples) with ``micro_batch`` rows and, when
+    ``seq_len`` is given, ``seq_len`` positions: rows and positions are repeated or cut. The
+    sequence dimension is dimension 1 of every tensor whose dimension 1 has the length of the
+    first integer tensor of 2 or more dimensions (the token ids).
+
+    Example:
+        >>> import torch
+        >>> batch = {"input_ids": torch.arange(6).reshape(2, 3), "ids": torch.tensor([7, 8])}
+        >>> out = reshape_batch(batch, 3, 5)
+        >>> out["input_ids"].tolist(), out["ids"].tolist()
+        ([[0, 1, 2, 0, 1], [3, 4, 5, 3, 4], [0, 1, 2, 0, 1]], [7, 8, 7])
+    """
+    length = _sequence_length(batch)
+    if seq_len is not None and length is None:
+        raise ValueError(
+            f"reshape_batch(seq_len={seq_len!r}) is invalid: expected None for a batch without"
+            " an integer tensor of 2 or more dimensions (token ids)."
+        )
+
+    def fit(value: Any) -> Any:
+        if not isinstance(value, torch.Tensor) or value.dim() == 0:
+            return value
+        value = _resize(value.detach(), 0, micro_batch)
+        if seq_len is not None and value.dim() >= 2 and value.shape[1] == length:
+            value = _resize(value, 1, seq_len)
+        return value
+
+    return tree_map(fit, batch)
+
+
+def _fake_batch(batch: Any, mode: FakeTensorMode, precision: str) -> Any:
+    """Fake copies of a real batch; integer and boolean tensors keep their real values."""
+
+    def convert(value: Any) -> Any:
+        if not isinstance(value, torch.Tensor):
+            return value
+        if value.is_floating_point() and precision == "bf16-true":
+            value = value.to(torch.bfloat16)
+        fake = mode.from_tensor(value)
+        if not value.is_floating_point() and value.numel() <= _SHADOW_LIMIT:
+            setattr(fake, _SHADOW, value)
+        return fake
+
+    return tree_map(convert, batch)
+
+
+# -- the module ------------------------------------------------------------------------------
+
+
+def optimizer_of(configured: Any) -> torch.optim.Optimizer:
+    """The optimizer in what ``configure_optimizers`` returned (every form Lightning takes);
+    ``ValueError`` when there is none or more than one (manual optimization)."""
+    found: list[torch.optim.Optimizer] = []
+
+    def walk(value: Any) -> None:
+        if isinstance(value, torch.optim.Optimizer):
+            found.append(value)
+        elif isinstance(value, Mapping):
+            walk(value.get("optimizer"))
+        elif isinstance(value, list | tuple):
+            for item in value:
+                walk(item)
+
+    walk(configured)
+    if len(found) != 1:
+        raise ValueError(
+            f"configure_optimizers() returned {len(found)} optimizers: the estimate models"
+            " automatic optimization with exactly one optimizer"
+        )
+    return found[0]
+
+
+def _loss_of(output: Any) -> torch.Tensor | None:
+    if isinstance(output, torch.Tensor):
+        return output
+    if isinstance(output, Mapping):
+        loss = output.get("loss")
+        return loss if isinstance(loss, torch.Tensor) else None
+    return None
+
+
+def _hf_models(module: torch.nn.Module) -> list[torch.nn.Module]:
+    """The outermost Hugging Face models inside ``module`` that support checkpointing."""
+    found: list[torch.nn.Module] = []
+    inside: set[int] = set()
+    for sub in module.modules():
+        if id(sub) in inside:
+            continue
+        if getattr(sub, "supports_gradient_checkpointing", False) and hasattr(
+            sub, "gradient_checkpointing_enable"
+        ):
+            found.append(sub)
+            inside.update(id(m) for m in sub.modules())
+    return found
+
+
+@contextlib.contextmanager
+def activation_checkpointing(
+    module: torch.nn.Module, classes: tuple[type[torch.nn.Module], ...]
+) -> Iterator[str]:
+    """Activation checkpointing on ``module`` for the duration, then exactly what was there.
+
+    ``classes`` given: every instance's ``forward`` runs under ``torch.utils.checkpoint``
+    (non-reentrant). Else the Hugging Face models inside are switched with their own
+    ``gradient_checkpointing_enable`` (non-reentrant) and switched back. Yields how.
+    """
+    undo: list[Callable[[], None]] = []
+    try:
+        if classes:
+            how = "torch.utils.checkpoint around " + ", ".join(c.__name__ for c in classes)
+            for sub in module.modules():
+                if isinstance(sub, classes):
+                    undo.append(_wrap_forward(sub))
+            if not undo:
+                raise ValueError(f"no submodule is an instance of {[c.__name__ for c in classes]}")
+        else:
+            models = _hf_models(module)
+            if not models:
+                raise ValueError(
+                    "activation checkpointing needs checkpoint_classes (the module classes to"
+                    " wrap) for a module without a Hugging Face model inside"
+                )
+            how = "Hugging Face gradient_checkpointing_enable(use_reentrant=False)"
+            for model in models:
+                if _hf_checkpointing(model):
+                    continue
+                restore = _hf_disable(model)
+                undo.append(restore)
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    _hf_call(model, "enable")
+        yield how
+    finally:
+        for step in reversed(undo):
+            step()
+
+
+_HOOK_DICTS: Final = (
+    "_forward_hooks",
+    "_forward_pre_hooks",
+    "_backward_hooks",
+    "_backward_pre_hooks",
+    "_forward_hooks_with_kwargs",
+    "_forward_pre_hooks_with_kwargs",
+    "_forward_hooks_always_called",
+    "_state_dict_hooks",
+    "_load_state_dict_pre_hooks",
+)
+
+
+def _hf_checkpointing(model: torch.nn.Module) -> bool:
+    """Whether a Hugging Face model has activation checkpointing on (either spelling)."""
+    for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):
+        if hasattr(type(model), name):
+            return bool(getattr(model, name))
+    return False
+
+
+def _hf_call(model: Any, what: str) -> None:
+    """Switch checkpointing on (non-reentrant) or off, with the newer name where it exists
+    (transformers 5: ``activation_checkpointing_*``), else ``gradient_checkpointing_*``."""
+    new = getattr(model, f"activation_checkpointing_{what}", None)
+    old = getattr(model, f"gradient_checkpointing_{what}")
+    kwargs: dict[str, Any] = {}
+    if what == "enable":
+        key = "activation_checkpointing_kwargs" if new else "gradient_checkpointing_kwargs"
+        kwargs[key] = {"use_reentrant": False}
+    (new or old)(**kwargs)
+
+
+def _hf_disable(model: torch.nn.Module) -> Callable[[], None]:
+    """What switches checkpointing off again and removes what switching it on left: the
+    input-gradient hook on the embeddings, new attributes, the ``use_cache`` setting."""
+    kept = []
+    for sub in model.modules():
+        hooks = {name: set(getattr(sub, name, {})) for name in _HOOK_DICTS}
+        kept.append((sub, set(vars(sub)), hooks))
+    config = getattr(model, "config", None)
+    use_cache = getattr(config, "use_cache", None)
+
+    def disable() -> None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            _hf_call(model, "disable")
+        for sub, names, hooks in kept:
+            for name in set(vars(sub)) - names:
+                delattr(sub, name)
+            for name, keys in hooks.items():
+                table: Any = getattr(sub, name, None) or {}
+                for key in set(table) - keys:
+                    del table[key]
+        if config is not None and use_cache is not None:
+            config.use_cache = use_cache
+
+    return disable
+
+
+def _wrap_forward(sub: torch.nn.Module) -> Callable[[], None]:
+    from torch.utils.checkpoint import checkpoint
+
+    had = "forward" in sub.__dict__
+    before = sub.__dict__.get("forward")
+    inner = sub.forward
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        return checkpoint(inner, *args, use_reentrant=False, **kwargs)
+
+    sub.forward = forward
+
+    def restore() -> None:
+        if had:
+            setattr(sub, "forward", before)  # noqa: B010
+        else:
+            del sub.forward
+
+    return restore
+
+
+class Session:
+    """The user's module on fake tensors, with its optimizer, for one precision.
+
+    ``module`` is a live LightningModule (its parameters and buffers are replaced by fake ones
+    for the session and given back, with its training flags, when it ends) or ``factory``, a
+    callable building one (called under the fake mode: a 70B shape never allocates). Use it as
+    a context manager; trace phases inside. ``round_to`` is the allocator's rounding (512 for
+    CUDA). ``cuda=True`` makes the step behave as on CUDA: the optimizer's ``foreach``
+    implementation where the user left it unset (PyTorch's default there), and attention
+    (``scaled_dot_product_attention``) through a fused kernel that saves no T x T matrix
+    (CUDA's flash and memory-efficient kernels; see :func:`cuda_attention`).
+
+    Example:
+        >>> from lightning_pilot.demo import TinyCausalLM
+        >>> model = TinyCausalLM(max_length=32)
+        >>> before = model.token_embedding.weight
+        >>> with Session(model, precision="bf16-true") as session:
+        ...     session.module.token_embedding.weight.dtype
+        torch.bfloat16
+        >>> model.token_embedding.weight is before
+        True
+    """
+
+    def __init__(
+        self,
+        module: Any = None,
+        *,
+        factory: Callable[[], Any] | None = None,
+        precision: str = "32-true",
+        round_to: int = 1,
+        cuda: bool = False,
+        checkpoint_classes: Sequence[type[torch.nn.Module]] = (),
+    ) -> None:
+        owner = "Session"
+        if (module is None) == (factory is None):
+            raise ValueError(
+                validate.invalid(owner, "module", module, "a LightningModule, or None with factory")
+            )
+        if module is not None:
+            validate.instance(owner, "module", module, torch.nn.Module, optional=False)
+        validate.callable_or_none(owner, "factory", factory, "factory() -> LightningModule")
+        self.precision = validate.choice(owner, "precision", precision, PRECISIONS)
+        self.round_to = validate.integer(owner, "round_to", round_to, minimum=1)
+        self.cuda = validate.boolean(owner, "cuda", cuda)
+        self.checkpoint_classes = tuple(checkpoint_classes)
+        self._live = module
+        self._factory = factory
+        self.mode = FakeTensorMode(allow_non_fake_inputs=True)
+        self.recorder = Recorder(round_to, fake_only=True)
+        self.module: Any = None
+        self.optimizer: torch.optim.Optimizer | None = None
+        self._restore: list[Callable[[], None]] = []
+        self._stack = contextlib.ExitStack()
+        self.state: dict[str, int] = {}
+        self._warm: set[int | None] = set()
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    def __enter__(self) -> Session:
+        stack = self._stack
+        stack.__enter__()
+        try:
+            stack.enter_context(warnings.catch_warnings())
+            warnings.simplefilter("ignore")
+            stack.enter_context(self.mode)
+            stack.enter_context(self.recorder)
+            stack.enter_context(_transformers_sees_real_values())
+            if self.cuda:
+                stack.enter_context(cuda_attention())
+            stack.callback(self._give_back)
+            if self._factory is not None:
+                self.module = self._factory()
+            else:
+                self.module = self._live
+                self._restore.append(_keeper(self.module))
+            self._fake_parameters()
+        except BaseException:
+            stack.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.optimizer = None
+        self._stack.__exit__(*exc)
+
+    def _give_back(self) -> None:
+        for step in reversed(self._restore):
+            step()
+        self._restore.clear()
+
+    def _fake_parameters(self) -> None:
+        """Replace every parameter and buffer by a fake one of the precision's dtype."""
+        dtype = param_dtype(self.precision)
+        made: dict[int, torch.Tensor] = {}
+        recorder = self.recorder
+        for sub in self.module.modules():
+            for table in (sub._parameters, sub._buffers):
+                for name, value in list(table.items()):
+                    if value is None:
+                        continue
+                    if _is_fake(value) and (value.dtype == dtype or not value.is_floating_point()):
+                        continue  # built by the factory under the fake mode: already fake
+                    is_param = table is sub._parameters
+                    table[name] = self._fake_like(value, dtype, made, is_param)
+                    if not _is_fake(value):  # the live module's own tensor: given back
+                        self._restore.append(_putter(table, name, value))
+        for value in made.values():
+            recorder.record(value)
+        for value in [*self.module.parameters(), *self.module.buffers()]:
+            recorder.record(value)
+
+    def _fake_like(
+        self, value: torch.Tensor, dtype: torch.dtype, made: dict[int, torch.Tensor], param: bool
+    ) -> torch.Tensor:
+        fake = made.get(id(value))
+        if fake is not None:
+            return fake
+        want = dtype if value.is_floating_point() else value.dtype
+        fake = torch.empty(value.shape, dtype=want, device="cpu")
+        if not param:
+            # Buffers keep their values where the step may read them (position ids, token
+            # type ids, step counters): integer and small tensors get a real copy.
+            shadow = _shadow_of(value) if _is_fake(value) else value.detach().to("cpu", want)
+            if shadow is not None and _shadowable(shadow):
+                with unset_fake_temporarily():
+                    setattr(fake, _SHADOW, shadow.clone())
+        if param:
+            fake = torch.nn.Parameter(fake, requires_grad=value.requires_grad)
+        made[id(value)] = fake
+        return fake
+
+    # -- classes ----------------------------------------------------------------------------
+
+    def _serials(self, tensors: Any) -> set[int]:
+        serials: set[int] = set()
+        for tensor in tensors:
+            if isinstance(tensor, torch.Tensor):
+                serial = self.recorder.serial(tensor)
+                if serial is not None:
+                    serials.add(serial)
+        return serials
+
+    def _state_tensors(self) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
+        module = self.module
+        weights = [*module.parameters(), *module.buffers()]
+        grads = [p.grad for p in module.parameters() if p.grad is not None]
+        state: list[torch.Tensor] = []
+        if self.optimizer is not None:
+            for per_param in self.optimizer.state.values():
+                state.extend(v for v in per_param.values() if isinstance(v, torch.Tensor))
+        return weights, grads, state
+
+    def _classes(self, batch: Any, extra: Mapping[str, set[int]]) -> dict[str, set[int]]:
+        weights, grads, state = self._state_tensors()
+        classes = {
+            "weights": self._serials(weights),
+            "gradients": self._serials(grads) | extra.get("gradients", set()),
+            "optimizer_state": self._serials(state) | extra.get("optimizer_state", set()),
+            "batch": self._serials(tree_flatten(batch)[0]),
+            "activations": self.recorder.saved | self.recorder.held,
+        }
+        return classes
+
+    def measure_state(self) -> dict[str, int]:
+        """Bytes of weights (parameters and buffers), gradients and optimizer state now live."""
+        weights, grads, state = self._state_tensors()
+        live = self.recorder.live
+
+        def total(tensors: list[torch.Tensor]) -> int:
+            seen: dict[int, int] = {}
+            for tensor in tensors:
+                self.recorder.record(tensor)
+                key = id(tensor.untyped_storage())
+                seen[key] = live[key][1]
+            return sum(seen.values())
+
+        return {
+            "weights": total(weights),
+            "gradients": total(grads),
+            "optimizer_state": total(state),
+        }
+
+    # -- phases -----------------------------------------------------------------------------
+
+    def _zero_grad(self) -> None:
+        if self.optimizer is not None:
+            self.optimizer.zero_grad(set_to_none=True)
+        else:
+            for param in self.module.parameters():
+                param.grad = None
+
+    def _batch(self, batch: Any, micro_batch: int, seq_len: int | None) -> Any:
+        with unset_fake_temporarily():
+            real = reshape_batch(batch, micro_batch, seq_len)
+        fake = _fake_batch(real, self.mode, self.precision)
+        for tensor in tree_flatten(fake)[0]:
+            if isinstance(tensor, torch.Tensor):
+                self.recorder.record(tensor)
+        return fake
+
+    def train_phases(
+        self,
+        batch: Any,
+        *,
+        micro_batch: int,
+        seq_len: int | None = None,
+        checkpointing: bool = False,
+    ) -> dict[str, PhaseTrace]:
+        """Trace ``forward`` (``training_step``, loss included) and ``backward`` of one
+        micro-batch, from no gradients (as the first update; later updates add the gradients
+        and the optimizer state, live throughout: see :meth:`steady`)."""
+        recorder = self.recorder
+        module = self.module
+        if not getattr(module, "automatic_optimization", True):
+            raise ValueError(
+                "the module uses manual optimization (automatic_optimization=False): the"
+                " estimate runs training_step, backward and the optimizer step itself"
+            )
+        self._zero_grad()
+        # What of a later update's state is already live (the optimizer state, once built).
+        included = {"gradients": 0, "optimizer_state": self.measure_state()["optimizer_state"]}
+        fake = self._batch(batch, micro_batch, seq_len)
+        module.train()
+        before = _cached_attributes(module)
+        traces: dict[str, PhaseTrace] = {}
+        with contextlib.ExitStack() as stack:
+            if checkpointing:
+                stack.enter_context(activation_checkpointing(module, self.checkpoint_classes))
+            recorder.saved = set()
+            recorder.held = set()
+            recorder.begin("forward")
+            with recorder.saved_hooks(), precision_context(self.precision):
+                output = module.training_step(fake, 0)
+            loss = _loss_of(output)
+            if loss is None:
+                raise ValueError(
+                    "training_step returned no loss (a tensor, or a dict with 'loss'): nothing"
+                    " to back-propagate"
+                )
+            recorder.held = recorder.live_serials() - self._serials(
+                [*self._state_tensors()[0], *tree_flatten(fake)[0]]
+            )
+            traces["forward"] = recorder.end(self._classes(fake, {}))
+            del output
+            recorder.begin("backward")
+            with recorder.saved_hooks():
+                loss.backward()  # type: ignore[no-untyped-call]
+            del loss
+            traces["backward"] = recorder.end(self._classes(fake, {}))
+        recorder.saved = set()
+        recorder.held = set()
+        del fake
+        if _cached_attributes(module) != before and seq_len not in self._warm:
+            # The first forward pass built a cache on the module (a mask, a positional
+            # table) a later update reuses: trace again, as a later update does.
+            self._warm.add(seq_len)
+            return self.train_phases(
+                batch, micro_batch=micro_batch, seq_len=seq_len, checkpointing=checkpointing
+            )
+        self._warm.add(seq_len)
+        for trace in traces.values():
+            trace.included = dict(included)
+        return traces
+
+    def build_optimizer(self) -> torch.optim.Optimizer:
+        """Call the module's ``configure_optimizers`` (CUDA's ``foreach`` default applied when
+        ``cuda``)."""
+        optimizer = optimizer_of(self.module.configure_optimizers())
+        if self.cuda:
+            for group in optimizer.param_groups:
+                if group.get("foreach") is None and not group.get("fused"):
+                    group["foreach"] = True
+        self.optimizer = optimizer
+        return optimizer
+
+    def optimizer_phases(self) -> dict[str, PhaseTrace]:
+        """Trace the first optimizer step (state allocated) and a later one, with gradients
+        of every trainable parameter live (as after a backward pass)."""
+        module = self.module
+        if self.optimizer is None:
+            self.build_optimizer()
+        assert self.optimizer is not None
+        for param in module.parameters():
+            if param.requires_grad and param.grad is None:
+                param.grad = torch.empty_like(param)
+        traces: dict[str, PhaseTrace] = {}
+        for phase in ("optimizer_step_first", "optimizer_step"):
+            self.recorder.begin(phase)
+            with precision_context("32-true"):
+                self.optimizer.step()
+            traces[phase] = self.recorder.end(self._classes((), {}))
+        return traces
+
+    def validation_phase(
+        self, batch: Any, *, micro_batch: int, seq_len: int | None = None
+    ) -> PhaseTrace:
+        """Trace ``validation_step`` in eval mode under ``torch.no_grad()``."""
+        module = self.module
+        fake = self._batch(batch, micro_batch, seq_len)
+        module.eval()
+        try:
+            self.recorder.begin("validation")
+            with torch.no_grad(), precision_context(self.precision):
+                module.validation_step(fake, 0)
+            trace = self.recorder.end(self._classes(fake, {}))
+        finally:
+            module.train()
+        return trace
+
+    def save_phase(self) -> PhaseTrace:
+        """Trace the state dicts a checkpoint holds (model and optimizer). Serializing them
+        copies each storage to host memory one at a time on CUDA: no device memory."""
+        self.recorder.begin("checkpoint_save")
+        state = {"state_dict": self.module.state_dict()}
+        if self.optimizer is not None:
+            state["optimizer"] = self.optimizer.state_dict()
+        trace = self.recorder.end(self._classes((), {}))
+        del state
+        trace.notes.append(
+            "checkpoint_save: state_dict() traced; torch.save copies storages to host memory"
+            " one at a time (no device memory), modelled, not traced"
+        )
+        return trace
+
+
+def _cached_attributes(module: torch.nn.Module) -> dict[tuple[int, str], int]:
+    """``(submodule, name) -> id(value)`` of the tensor attributes (not parameters or
+    buffers) of every submodule: what a forward pass that caches a tensor changes."""
+    found: dict[tuple[int, str], int] = {}
+    for sub in module.modules():
+        for name, value in vars(sub).items():
+            if isinstance(value, torch.Tensor):
+                found[(id(sub), name)] = id(value)
+    return found
+
+
+def _keeper(module: torch.nn.Module) -> Callable[[], None]:
+    """What gives back the training flags and the tensor (or ``None``) attributes of every
+    submodule as they are now: a ``forward`` that caches a mask on ``self`` leaves no fake
+    tensor behind."""
+    kept = []
+    for sub in module.modules():
+        values = {k: v for k, v in vars(sub).items() if v is None or isinstance(v, torch.Tensor)}
+        kept.append((sub, sub.training, values))
+
+    def give_back() -> None:
+        for sub, training, values in kept:
+            sub.training = training
+            for name, value in list(vars(sub).items()):
+                if name in values:
+                    if value is not values[name]:
+                        setattr(sub, name, values[name])
+                elif _is_fake(value):
+                    delattr(sub, name)
+
+    return give_back
+
+
+@contextlib.contextmanager
+def _transformers_sees_real_values() -> Iterator[None]:
+    """Hugging Face transformers takes another path when it sees a ``FakeTensor`` (it builds
+    the causal mask a real run skips after ``attention_mask.all()``): for the session, a fake
+    tensor that carries its real values is not fake to it."""
+    import sys
+
+    utils: Any = sys.modules.get("transformers.utils.import_utils")
+    original = getattr(utils, "is_fake_tensor", None)
+    if utils is None or original is None:
+        yield
+        return
+
+    def is_fake_tensor(value: Any) -> bool:
+        return bool(original(value)) and getattr(value, _SHADOW, None) is None
+
+    utils.is_fake_tensor = is_fake_tensor
+    try:
+        yield
+    finally:
+        utils.is_fake_tensor = original
+
+
+def _fused_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> torch.Tensor:
+    """``scaled_dot_product_attention`` through PyTorch's fused CPU kernel (see
+    :func:`cuda_attention`)."""
+    if query.dim() != 4:
+        return _SDPA(query, key, value, attn_mask, dropout_p, is_causal, scale=scale)
+    if enable_gqa and key.shape[1] != query.shape[1]:
+        repeat = query.shape[1] // key.shape[1]
+        key = key.repeat_interleave(repeat, dim=1)
+        value = value.repeat_interleave(repeat, dim=1)
+    if torch.is_autocast_enabled("cpu"):
+        # scaled_dot_product_attention is on autocast's lower-precision list (CPU and CUDA);
+        # the kernel called directly here is not, so cast as autocast would.
+        dtype = torch.get_autocast_dtype("cpu")
+        query, key, value = (
+            t.to(dtype) if t.is_floating_point() else t for t in (query, key, value)
+        )
+    if attn_mask is not None and attn_mask.dtype == torch.bool:
+        attn_mask = torch.zeros(attn_mask.shape, dtype=query.dtype).masked_fill(
+            ~attn_mask, float("-inf")
+        )
+    out, _ = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        query, key, value, 0.0, is_causal, attn_mask=attn_mask, scale=scale
+    )
+    return out  # type: ignore[no-any-return]
+
+
+_SDPA: Final = torch.nn.functional.scaled_dot_product_attention
+
+
+@contextlib.contextmanager
+def cuda_attention() -> Iterator[None]:
+    """Attention as CUDA runs it, on CPU fake tensors, for the duration.
+
+    On CUDA, ``scaled_dot_product_attention`` in training picks the flash or memory-efficient
+    kernel (dropout included, applied inside the kernel): they save the inputs, the output and
+    one log-sum-exp row per query, never the T x T weights. On CPU, dropout (or some masks)
+    sends it to the math path, which saves several T x T matrices. Here every call of
+    ``torch.nn.functional.scaled_dot_product_attention`` (the function is swapped for the
+    duration and put back, so the recomputation of activation checkpointing sees it too) goes
+    to PyTorch's fused CPU kernel (``_scaled_dot_product_flash_attention_for_cpu``: the same
+    inputs, outputs and saved tensors as the CUDA kernels); dropout's randomness is not
+    modelled (no memory). Grouped-query attention repeats the key and value heads first.
+    """
+    functional = torch.nn.functional
+    before = functional.scaled_dot_product_attention
+    functional.scaled_dot_product_attention = _fused_attention
+    try:
+        yield
+    finally:
+        functional.scaled_dot_product_attention = before
+
+
+def _putter(table: dict[str, Any], name: str, value: Any) -> Callable[[], None]:
+    def put() -> None:
+        table[name] = value
+
+    return put

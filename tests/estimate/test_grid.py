@@ -1,0 +1,388 @@
+"""The grid: extrapolation checked against traces, rows, strategies, the largest micro-batch,
+untraceable steps, bad arguments, no trace on the module, and the Parquet output."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+import torch
+from estimate_models import ConvNet, HFCausalLM, image_batch, token_batch
+from torch.utils.flop_counter import FlopCounterMode
+
+from lightning_pilot.demo import InstructionDataModule, TinyCausalLM
+from lightning_pilot.estimate import (
+    PHASE_ORDER,
+    TARGETS,
+    Session,
+    Strategy,
+    Target,
+    UntraceableError,
+    estimate,
+    reshape_batch,
+)
+from lightning_pilot.estimate.grid import trace_configuration
+from lightning_pilot.schemas import ESTIMATE_SCHEMA, LARGEST_SCHEMA
+
+
+@pytest.fixture(scope="module")
+def batch() -> dict[str, torch.Tensor]:
+    data = InstructionDataModule(batch_size=4, max_length=32, seed=0)
+    data.setup("fit")
+    first: dict[str, torch.Tensor] = next(iter(data.train_dataloader()))
+    return first
+
+
+def test_extrapolated_micro_batches_match_traced_ones(batch: Any) -> None:
+    result = estimate(
+        TinyCausalLM(max_length=32),
+        batch,
+        targets=["L4-24GB"],
+        micro_batches=[2, 4, 16],
+        seq_lens=[32],
+        largest=False,
+    )
+    frame = result.frame()
+    at_16 = frame[frame.micro_batch == 16].set_index("phase")
+    assert at_16.loc["forward", "method"] == "extrapolated"
+    # Validation's peak moves to another operator (the logits outgrow the rest) by 16: then
+    # the extrapolation refuses and the grid traces it.
+    assert at_16.loc["validation", "method"] in ("extrapolated", "traced")
+    traced = trace_configuration(
+        TinyCausalLM(max_length=32),
+        batch,
+        micro_batch=16,
+        seq_len=32,
+        precision="bf16-mixed",
+        device="cuda",
+    )
+    workspace = TARGETS["L4-24GB"].workspace_bytes
+    for phase in PHASE_ORDER:
+        expected = traced[phase].peak_bytes
+        got = int(at_16.loc[phase, "peak_allocated_bytes"]) - workspace
+        # Exact but for the 512-byte rounding of small storages (not linear in the size).
+        assert abs(got - expected) <= 0.005 * expected, (phase, got, expected)
+    forward = at_16.loc["forward"]
+    assert int(forward["flops_per_update"]) == sum(
+        int(traced[p].flops.sum()) for p in ("forward", "backward", "optimizer_step")
+    )
+
+
+def test_rows_fit_headroom_and_time_band(batch: Any) -> None:
+    tiny = Target(
+        "tiny",
+        memory="12MiB",
+        fp32=1e12,
+        tf32=1e12,
+        bf16=2e12,
+        fp16=2e12,
+        bandwidth=1e11,
+        overhead_bytes=0,
+        workspace_bytes=0,
+    )
+    result = estimate(
+        TinyCausalLM(max_length=32),
+        batch,
+        targets=[tiny, "H100-SXM-80GB"],
+        micro_batches=[1, 64],
+        seq_lens=[32],
+        largest=False,
+    )
+    frame = result.frame()
+    assert len(frame) == 2 * 2 * len(PHASE_ORDER)
+    assert set(frame.status) == {"ok"}
+    on_tiny = frame[frame.target == "tiny"]
+    assert not on_tiny[on_tiny.micro_batch == 64].fits.all()
+    assert on_tiny[on_tiny.micro_batch == 1].fits.all()
+    row = frame.iloc[0]
+    assert (
+        row.headroom_bytes
+        == row.gpu_memory_bytes - row.estimated_reserved_bytes - row.overhead_bytes
+    )
+    assert (frame.estimated_reserved_bytes >= frame.peak_allocated_bytes).all()
+    assert (frame.step_time_low_s < frame.step_time_high_s).all()
+    assert (frame.step_time_high_s / frame.step_time_low_s).round(6).eq(round(0.65 / 0.35, 6)).all()
+    h100 = frame[(frame.target == "H100-SXM-80GB") & (frame.micro_batch == 64)].iloc[0]
+    slow = frame[(frame.target == "tiny") & (frame.micro_batch == 64)].iloc[0]
+    assert h100.step_time_low_s < slow.step_time_low_s
+
+
+def test_strategies_ddp_adds_buckets_fsdp_shards(batch: Any) -> None:
+    result = estimate(
+        HFCausalLM("llama"),
+        token_batch(),
+        micro_batches=[2],
+        seq_lens=[32],
+        strategies=["single", "ddp:4", Strategy("ddp", 4, bucket_view=True), "fsdp:4"],
+        largest=False,
+        workers=1,
+    )
+    frame = result.frame()
+    opt = frame[frame.phase == "checkpoint_save"].set_index(["strategy", "analytic_bytes"])
+    rows = frame[frame.phase == "checkpoint_save"]
+    single = rows[rows.strategy == "single"].iloc[0]
+    ddp = rows[(rows.strategy == "ddp")].sort_values("peak_allocated_bytes")
+    assert ddp.iloc[0].peak_allocated_bytes == single.peak_allocated_bytes  # bucket view
+    assert ddp.iloc[1].peak_allocated_bytes == single.peak_allocated_bytes + single.gradients_bytes
+    fsdp = rows[rows.strategy == "fsdp"].iloc[0]
+    assert fsdp.peak_allocated_bytes < single.peak_allocated_bytes
+    assert "analytic: FSDP" in fsdp.notes
+    assert len(opt) == 4
+
+
+def test_largest_micro_batch_is_checked_by_tracing(batch: Any) -> None:
+    small = Target(
+        "small",
+        memory="6MiB",
+        fp32=1e12,
+        tf32=1e12,
+        bf16=2e12,
+        fp16=2e12,
+        bandwidth=1e11,
+        overhead_bytes=0,
+        workspace_bytes=0,
+    )
+    result = estimate(
+        TinyCausalLM(max_length=32),
+        batch,
+        targets=[small],
+        precisions=["32-true"],
+        micro_batches=[1, 2],
+        seq_lens=[32],
+    )
+    (row,) = result.largest
+    assert row["status"] == "ok"
+    assert row["checked"] is True
+    largest = row["largest_micro_batch"]
+    assert largest >= 2
+    # The grid's rows agree: the largest fits, twice as many does not. (Right at the boundary
+    # the two may differ by the packing of small blocks into 2 MiB segments: a session that
+    # already holds the optimizer state packs them otherwise.)
+    fits = estimate(
+        TinyCausalLM(max_length=32),
+        batch,
+        targets=[small],
+        precisions=["32-true"],
+        micro_batches=[largest, 2 * largest],
+        seq_lens=[32],
+        largest=False,
+    ).frame()
+    worst = fits.groupby("micro_batch").fits.all()
+    assert bool(worst[largest])
+    assert not bool(worst[2 * largest])
+
+
+class ReadsTheLoss(TinyCausalLM):
+    """A training step that reads a float back (``loss.item()``): untraceable."""
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        loss = super().training_step(batch, batch_idx)
+        if loss.item() > 100:
+            raise RuntimeError("diverged")
+        return loss
+
+
+class SelectsLogits(TinyCausalLM):
+    """``nonzero`` on the model's output: a data-dependent shape."""
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        logits = self(batch["input_ids"], batch["attention_mask"])
+        return logits[logits > 0].sum()
+
+
+@pytest.mark.parametrize(
+    ("cls", "op"), [(ReadsTheLoss, "_local_scalar_dense"), (SelectsLogits, "nonzero")]
+)
+def test_untraceable_step_gives_a_named_row(batch: Any, cls: type, op: str) -> None:
+    result = estimate(cls(max_length=32), batch, micro_batches=[2], seq_lens=[32])
+    (row,) = result.rows
+    assert row["status"] == "untraceable"
+    assert row["phase"] == "forward"
+    assert op in row["reason"]
+    assert "fake tensor" in row["reason"]
+    assert row.get("peak_allocated_bytes") is None
+    assert result.largest[0]["status"] == "untraceable"
+    with pytest.raises(UntraceableError, match=op):
+        trace_configuration(cls(max_length=32), batch, micro_batch=2, seq_len=32)
+
+
+def test_batch_values_read_back_are_traced(batch: Any) -> None:
+    # The demo LM's loss divides by int(mask.sum()) over the labels: the real values travel
+    # with the fake batch, so the step traces.
+    rows = estimate(
+        TinyCausalLM(max_length=32), batch, micro_batches=[3], seq_lens=[32], largest=False
+    ).rows
+    assert {row["status"] for row in rows} == {"ok"}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "text"),
+    [
+        ({"precisions": ["fp8"]}, ValueError, "estimate(precisions='fp8') is invalid"),
+        ({"micro_batches": [0]}, ValueError, "estimate(micro_batches=0) is invalid"),
+        ({"micro_batches": 4}, TypeError, "estimate(micro_batches=4) is invalid: expected a list"),
+        ({"targets": ["B200"]}, ValueError, "estimate(targets='B200') is invalid"),
+        ({"strategies": ["ddp:x"]}, ValueError, "'single', 'ddp:N' or 'fsdp:N'"),
+        ({"seq_lens": [-1]}, ValueError, "estimate(seq_lens=-1) is invalid"),
+        ({"checkpointing": ["yes"]}, TypeError, "estimate(checkpointing='yes') is invalid"),
+        ({"efficiency": (0.9, 0.1)}, ValueError, "estimate(efficiency=(0.9, 0.1)) is invalid"),
+        ({"checkpoint_classes": [int]}, TypeError, "torch.nn.Module subclasses"),
+    ],
+)
+def test_bad_arguments_fail_early_and_clearly(
+    batch: Any, kwargs: dict[str, Any], error: type, text: str
+) -> None:
+    with pytest.raises(error, match=None) as info:
+        estimate(TinyCausalLM(max_length=32), batch, **kwargs)
+    assert text in str(info.value)
+
+
+def test_bad_target_and_module_arguments() -> None:
+    with pytest.raises(ValueError, match=r"Target\(bandwidth=0\) is invalid"):
+        Target("x", memory="1GiB", fp32=1, tf32=1, bf16=1, fp16=1, bandwidth=0)
+    with pytest.raises(ValueError, match="not a size"):
+        Target("x", memory="lots", fp32=1, tf32=1, bf16=1, fp16=1, bandwidth=1)
+    with pytest.raises(ValueError, match=r"estimate\(module=None\) is invalid"):
+        estimate(None, {"x": torch.ones(1)})
+    with pytest.raises(ValueError, match=r"reshape_batch\(seq_len=8\) is invalid"):
+        reshape_batch({"x": torch.ones(2, 3)}, 2, 8)
+
+
+def _snapshot(module: torch.nn.Module) -> dict[str, Any]:
+    return {
+        "params": [(n, p, p.dtype, p.requires_grad, p.grad) for n, p in module.named_parameters()],
+        "buffers": [(n, b) for n, b in module.named_buffers()],
+        "training": [m.training for m in module.modules()],
+        "hooks": [
+            (len(m._forward_hooks), len(m._forward_pre_hooks), len(m._backward_hooks))
+            for m in module.modules()
+        ],
+        "dicts": [sorted(vars(m)) for m in module.modules()],
+        "checkpointing": [getattr(m, "gradient_checkpointing", None) for m in module.modules()],
+    }
+
+
+def test_no_trace_on_a_live_module() -> None:
+    module = HFCausalLM("llama")
+    module.eval()
+    module.model.model.layers[0].train()
+    before = _snapshot(module)
+    result = estimate(
+        module,
+        token_batch(),
+        precisions=["bf16-mixed", "bf16-true"],
+        micro_batches=[1, 2],
+        seq_lens=[16],
+        checkpointing=[False, True],
+        largest=False,
+    )
+    assert {row["status"] for row in result.rows} == {"ok"}
+    after = _snapshot(module)
+    for key, value in before.items():
+        if key in ("params", "buffers"):
+            assert [item[1] for item in after[key]] == [item[1] for item in value]
+            assert all(
+                a is b
+                for a, b in zip([i[1] for i in after[key]], [i[1] for i in value], strict=True)
+            )
+        assert after[key] == value if key not in ("params", "buffers") else True, key
+    assert not module.model.is_activation_checkpointing
+    # The module still trains for real afterwards.
+    loss = module.training_step(token_batch(), 0)
+    assert torch.isfinite(loss)
+
+
+def test_no_trace_with_checkpoint_classes_and_cached_tensors() -> None:
+    from estimate_models import transformer_batch, transformer_module
+
+    module = transformer_module()
+    layer_cls = type(module.model.transformer.encoder.layers[0])
+    before = _snapshot(module)
+    estimate(
+        module,
+        transformer_batch(),
+        micro_batches=[2],
+        seq_lens=[12],
+        checkpointing=[True],
+        checkpoint_classes=[layer_cls],
+        largest=False,
+    )
+    assert _snapshot(module)["dicts"] == before["dicts"]
+    assert module.model.src_mask is None
+    assert "forward" not in vars(module.model.transformer.encoder.layers[0])
+
+
+def test_parquet_output_through_storage(batch: Any, tmp_path: Path) -> None:
+    result = estimate(
+        TinyCausalLM(max_length=32),
+        batch,
+        micro_batches=[1, 2],
+        seq_lens=[32],
+        out_dir=tmp_path / "estimate",
+    )
+    assert len(result.paths) == 2
+    table = pq.read_table(result.paths[0])
+    assert table.schema.names == ESTIMATE_SCHEMA.names
+    frame = pd.read_parquet(result.paths[0])
+    assert len(frame) == len(result.rows) == 2 * len(PHASE_ORDER)
+    assert pq.read_table(result.paths[1]).schema.names == LARGEST_SCHEMA.names
+    with pytest.raises(FileExistsError):
+        estimate(
+            TinyCausalLM(max_length=32),
+            batch,
+            micro_batches=[1],
+            seq_lens=[32],
+            largest=False,
+            out_dir=tmp_path / "estimate",
+        )
+
+
+def test_flops_agree_with_flop_counter_mode() -> None:
+    module = ConvNet()
+    data = reshape_batch(image_batch(), 8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        counter = FlopCounterMode(display=False)
+        with counter:
+            loss = module.training_step(data, 0)["loss"]
+            loss.backward()
+    expected = counter.get_total_flops()
+    with Session(ConvNet()) as session:
+        traced = session.train_phases(image_batch(), micro_batch=8)
+    assert expected > 0
+    assert int(traced["forward"].flops.sum() + traced["backward"].flops.sum()) == expected
+
+
+def test_cuda_attention_saves_no_attention_matrix() -> None:
+    # GPT-2's attention dropout sends CPU attention to the math path (T x T matrices saved);
+    # CUDA's fused kernels save none: the "cuda" trace models them.
+    batch = token_batch(length=32)
+    cpu = trace_configuration(HFCausalLM("gpt2"), batch, micro_batch=4, seq_len=64)
+    cuda = trace_configuration(HFCausalLM("gpt2"), batch, micro_batch=4, seq_len=64, device="cuda")
+    assert (
+        torch.nn.functional.scaled_dot_product_attention.__name__ == "scaled_dot_product_attention"
+    )
+    # Per layer, the math path saves B x H x T x T floats several times over.
+    attention_matrix = 4 * 2 * 64 * 64 * 4
+    saved = cpu["forward"].categories["activations"] - cuda["forward"].categories["activations"]
+    assert saved >= 2 * 2 * attention_matrix
+
+
+def test_largest_search_stops_at_max_micro_batch(batch: Any) -> None:
+    result = estimate(
+        TinyCausalLM(max_length=32),
+        batch,
+        targets=["H200-SXM-141GB"],
+        micro_batches=[2, 4],
+        seq_lens=[32],
+        max_micro_batch=64,
+        workers=1,
+    )
+    (row,) = result.largest
+    assert row["largest_micro_batch"] == 64
+    assert row["checked"] is False
+    assert "max_micro_batch=64" in row["reason"]
