@@ -103,6 +103,7 @@ def test_callbacks_can_be_left_out() -> None:
         "resume",
         "predictions",
         "ledger",
+        "estimate",
     }
 
 
@@ -120,7 +121,8 @@ def test_overfit_is_refused_it_needs_a_fit_of_its_own(value: object) -> None:
 
 def test_overfit_false_is_accepted() -> None:
     # Nothing to leave out: the pilot set never holds OverfitTinySubset.
-    assert len(pilot_callbacks(overfit=False)) == len(PILOT_OPTION_KEYS) - 1  # predictions
+    # The opt-in ones (predictions, estimate) are left out by default.
+    assert len(pilot_callbacks(overfit=False)) == len(PILOT_OPTION_KEYS) - 2
 
 
 @pytest.mark.parametrize(

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from lightning_pilot.callbacks.overfit_tiny_subset import OverfitTinySubset
     from lightning_pilot.callbacks.phase_memory_monitor import PhaseCheckError, PhaseMemoryMonitor
     from lightning_pilot.callbacks.prediction_writer import ValidationPredictionWriter
+    from lightning_pilot.callbacks.target_estimator import TargetEstimator
     from lightning_pilot.resume import ResumeVerifier
     from lightning_pilot.run import PilotCallback
 
@@ -80,6 +81,14 @@ REGISTRY: Final = (
         "ledger",
         example={"experiment": "lifecycle", "variant": "control", "seed": 0},
     ),
+    # Opt-in: it runs the module on fake tensors over a grid of configurations at fit end.
+    Registered(
+        "TargetEstimator",
+        f"{_HERE}.target_estimator",
+        "estimate",
+        False,
+        example={"targets": ["L4-24GB"], "precisions": ["32-true"], "largest": False},
+    ),
     Registered(
         "OverfitTinySubset",
         f"{_HERE}.overfit_tiny_subset",
@@ -111,6 +120,7 @@ __all__ = [
     "RepeatedVariantError",
     "RepeatedVariantWarning",
     "ResumeVerifier",
+    "TargetEstimator",
     "ValidationPredictionWriter",
 ]
 

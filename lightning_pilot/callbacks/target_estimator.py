@@ -1,0 +1,234 @@
+"""TargetEstimator: at the end of a pilot, memory per GPU and step time on the GPUs to rent."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.utilities import rank_zero_info
+from lightning_utilities.core.apply_func import apply_to_collection
+from typing_extensions import override
+
+from lightning_pilot.core import validate
+from lightning_pilot.run import PilotCallback
+from lightning_pilot.schemas import ESTIMATE_SCHEMA, LARGEST_SCHEMA
+
+_OWNER = "TargetEstimator"
+
+
+class TargetEstimator(PilotCallback):
+    """Estimate, at the end of the pilot, memory per GPU and step time on target GPUs.
+
+    It keeps a CPU copy of the first training batch and, when the fit ends, runs
+    :func:`lightning_pilot.estimate.estimate` on the fit's own module (its ``training_step``,
+    ``configure_optimizers`` and ``validation_step``, on fake tensors: no memory is allocated)
+    over the grid given here. The rows go to ``runs/<run_id>/estimate.parquet`` (one per
+    target x configuration x phase) and ``estimate_largest.parquet``; the choice sheet shows
+    them as "On the target GPU (estimated)"; the Trainer's loggers get each configuration's
+    memory per GPU, fit and step time. Global rank 0 estimates; see docs/estimate.md.
+
+    Args:
+        targets: names of :data:`lightning_pilot.estimate.TARGETS` or
+            :class:`~lightning_pilot.estimate.Target` objects.
+        precisions: ``"32-true"``, ``"16-mixed"``, ``"bf16-mixed"``, ``"bf16-true"`` (default:
+            the Trainer's when it is one of these, else ``"bf16-mixed"``).
+        micro_batches: micro-batch sizes (default: the pilot's first batch's).
+        seq_lens: sequence lengths (``None``: the pilot batch's own).
+        checkpointing: activation checkpointing off and/or on.
+        strategies: ``"single"``, ``"ddp:N"``, ``"fsdp:N"``.
+        largest: also search the largest micro-batch that fits each target.
+        options: further keyword arguments of :func:`~lightning_pilot.estimate.estimate`
+            (``efficiency``, ``checkpoint_classes``, ``wrap_classes``, ...).
+        out_dir: the output folder (see :class:`~lightning_pilot.PilotCallback`).
+
+    Example:
+        >>> import tempfile
+        >>> import lightning.pytorch as pl
+        >>> from lightning_pilot import TargetEstimator
+        >>> from lightning_pilot.demo import InstructionDataModule, TinyCausalLM
+        >>> folder = tempfile.mkdtemp()
+        >>> estimator = TargetEstimator(targets=["L4-24GB"], precisions=["32-true"],
+        ...                             micro_batches=[4, 64], seq_lens=[32], largest=False)
+        >>> trainer = pl.Trainer(max_steps=2, callbacks=[estimator], logger=False,
+        ...                      enable_checkpointing=False, enable_progress_bar=False,
+        ...                      enable_model_summary=False, default_root_dir=folder)
+        >>> trainer.fit(TinyCausalLM(d_model=16, n_heads=2, n_layers=1),
+        ...             datamodule=InstructionDataModule(dataset_size=32, batch_size=4))
+        >>> table = estimator.result.frame()
+        >>> sorted(set(table["micro_batch"])), bool(table["fits"].all())
+        ([4, 64], True)
+    """
+
+    def __init__(
+        self,
+        *,
+        targets: Sequence[Any] = ("H100-SXM-80GB",),
+        precisions: Sequence[str] | None = None,
+        micro_batches: Sequence[int] | None = None,
+        seq_lens: Sequence[int | None] = (None,),
+        checkpointing: Sequence[bool] = (False,),
+        strategies: Sequence[str] = ("single",),
+        largest: bool = True,
+        options: Mapping[str, Any] | None = None,
+        out_dir: str | os.PathLike[str] | None = None,
+    ) -> None:
+        super().__init__(out_dir=out_dir)
+        from lightning_pilot.estimate import PRECISIONS, Strategy, target
+
+        self.targets = [target(value) for value in _sequence("targets", targets)]
+        self.precisions = (
+            None
+            if precisions is None
+            else [
+                validate.choice(_OWNER, "precisions", p, PRECISIONS)
+                for p in _sequence("precisions", precisions)
+            ]
+        )
+        self.micro_batches = (
+            None
+            if micro_batches is None
+            else [
+                validate.integer(_OWNER, "micro_batches", b, minimum=1)
+                for b in _sequence("micro_batches", micro_batches)
+            ]
+        )
+        self.seq_lens = [
+            validate.integer(_OWNER, "seq_lens", s, minimum=1, optional=True)
+            for s in _sequence("seq_lens", seq_lens)
+        ]
+        self.checkpointing = [
+            validate.boolean(_OWNER, "checkpointing", c)
+            for c in _sequence("checkpointing", checkpointing)
+        ]
+        self.strategies = [Strategy.parse(s) for s in _sequence("strategies", strategies)]
+        self.largest = validate.boolean(_OWNER, "largest", largest)
+        # One process: forking traced workers inside a Trainer's process is not safe.
+        self.options = {"workers": 1} | _options(options)
+        self.result: Any = None
+        self._batch: Any = None
+
+    @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
+        if stage != "fit":
+            self._mute("on_train_batch_start")
+
+    @override
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        # A copy on the CPU: the loader may reuse its buffers, and the estimate runs at fit end.
+        self._batch = apply_to_collection(
+            batch, torch.Tensor, lambda t: t.detach().to("cpu", copy=True)
+        )
+        self._mute("on_train_batch_start")
+
+    @override
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._batch is None or not self.run.is_global_zero:
+            return
+        from lightning_pilot.core.batches import BatchAdapter
+        from lightning_pilot.estimate import PRECISIONS, estimate
+
+        batch, self._batch = self._batch, None
+        own = str(trainer.precision)
+        precisions = self.precisions or [own if own in PRECISIONS else "bf16-mixed"]
+        size = BatchAdapter().view(batch, count_tokens=False).batch_size
+        micro_batches = self.micro_batches or [size or 1]
+        rank_zero_info(
+            f"{_OWNER}: estimating {len(self.targets)} target(s) x {len(precisions)}"
+            f" precision(s) x {len(micro_batches)} micro-batch(es) on fake tensors"
+        )
+        with _not_logging(pl_module):
+            self.result = result = estimate(
+                pl_module,
+                batch,
+                targets=self.targets,
+                precisions=precisions,
+                micro_batches=micro_batches,
+                seq_lens=self.seq_lens,
+                checkpointing=self.checkpointing,
+                strategies=self.strategies,
+                largest=self.largest,
+                **self.options,
+            )
+        self.run.register_table("estimate", ESTIMATE_SCHEMA)
+        self.run.append_rows("estimate", result.rows)
+        if result.largest:
+            self.run.register_table("estimate_largest", LARGEST_SCHEMA)
+            self.run.append_rows("estimate_largest", result.largest)
+        self._summarize(result)
+        rank_zero_info(f"{_OWNER}: {len(result.rows)} row(s) in {result.seconds:.1f} s")
+
+    def _summarize(self, result: Any) -> None:
+        from lightning_pilot.report.analysis import on_target
+
+        for c in on_target(result.frame()).to_dict("records"):
+            key = (
+                f"estimate/{c['target']}/{c['precision']}/{c['strategy']}/mb{c['micro_batch']}"
+                f"{'/ckpt' if c['checkpointing'] else ''}"
+            )
+            self.run.summary.add(
+                **{
+                    f"{key}/reserved_bytes": c["reserved_bytes"],
+                    f"{key}/fits": c["fits"],
+                    f"{key}/step_high_s": c["step_high_s"],
+                }
+            )
+
+
+def _sequence(name: str, value: Any) -> list[Any]:
+    if isinstance(value, str | bytes) or not isinstance(value, Sequence) or not value:
+        raise TypeError(validate.invalid(_OWNER, name, value, "a non-empty list"))
+    return list(value)
+
+
+#: ``estimate`` arguments this callback sets itself (not through ``options``).
+_OWN: tuple[str, ...] = (
+    "module", "batch", "factory", "targets", "precisions", "micro_batches", "seq_lens",
+    "checkpointing", "strategies", "largest", "out_dir",
+)  # fmt: skip
+
+
+def _options(options: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``options`` checked now against :func:`~lightning_pilot.estimate.estimate`'s arguments."""
+    import inspect
+
+    from lightning_pilot.estimate import estimate
+
+    if options is None:
+        return {}
+    allowed = sorted(set(inspect.signature(estimate).parameters) - set(_OWN))
+    if not isinstance(options, Mapping) or any(k not in allowed for k in options):
+        raise (TypeError if not isinstance(options, Mapping) else ValueError)(
+            validate.invalid(
+                _OWNER, "options", options, "a dict with keys among " + ", ".join(allowed)
+            )
+        )
+    return dict(options)
+
+
+@contextlib.contextmanager
+def _not_logging(module: pl.LightningModule) -> Iterator[None]:
+    """The module's ``self.log``/``self.log_dict`` do nothing while the estimate runs its steps
+    (on fake values, after the fit: nothing may reach the Trainer's loggers); put back after."""
+    names = ("log", "log_dict")
+    held = {name: module.__dict__[name] for name in names if name in module.__dict__}
+    for name in names:
+        module.__dict__[name] = _ignore
+    try:
+        yield
+    finally:
+        for name in names:
+            if name in held:
+                module.__dict__[name] = held[name]
+            else:
+                module.__dict__.pop(name, None)
+
+
+def _ignore(*args: Any, **kwargs: Any) -> None:
+    return None

@@ -1,0 +1,110 @@
+"""TargetEstimator in a real pilot: the estimate table, the choice sheet and the loggers."""
+
+from __future__ import annotations
+
+import csv
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+from lightning.pytorch.loggers import CSVLogger
+
+from lightning_pilot import TargetEstimator, read_phase_table
+from lightning_pilot.demo import InstructionDataModule, TinyCausalLM
+from lightning_pilot.estimate import TARGETS
+from lightning_pilot.pilot import pilot_callbacks
+from lightning_pilot.report import choice_sheet
+from lightning_pilot.report.load import load_run
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def pilot(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    import lightning.pytorch as pl
+
+    root = tmp_path_factory.mktemp("estimate")
+    callbacks = pilot_callbacks(
+        root / "pilot",
+        experiment="lm",
+        variant="control",
+        seed=0,
+        estimate={
+            "targets": ["L4-24GB", "H100-SXM-80GB"],
+            "precisions": ["bf16-mixed"],
+            "micro_batches": [4, 4096],
+            "seq_lens": [32],
+            "largest": False,
+        },
+    )
+    logger = CSVLogger(root / "logs", name="run")
+    trainer = pl.Trainer(
+        max_steps=6, logger=logger, callbacks=callbacks, default_root_dir=root,
+        enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
+        limit_val_batches=2, val_check_interval=3,
+    )  # fmt: skip
+    module = TinyCausalLM(d_model=16, n_heads=2, n_layers=1, max_length=32)
+    data = InstructionDataModule(dataset_size=64, batch_size=4, max_length=32, stateful=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(module, datamodule=data)
+    (estimator,) = [c for c in callbacks if isinstance(c, TargetEstimator)]
+    return {"estimator": estimator, "module": module, "logger": logger, "root": root}
+
+
+def test_the_estimate_lands_in_the_run_folder(pilot: dict[str, Any]) -> None:
+    estimator = pilot["estimator"]
+    run = load_run(estimator.run.run_dir)
+    assert run.estimate is not None
+    table = run.estimate
+    assert set(table["target"]) == {"L4-24GB", "H100-SXM-80GB"}
+    assert set(table["micro_batch"]) == {4, 4096}
+    assert set(table["status"]) == {"ok"}, table[["phase", "status", "reason"]]
+    # The module's own self.log calls were silenced, not turned into failed rows, and the
+    # module carries nothing of it afterwards.
+    assert "log" not in vars(pilot["module"])
+    assert "log_dict" not in vars(pilot["module"])
+    # Micro-batch 4096 x 32 of the tiny LM: activations grow with it, weights do not.
+    forward = table[table["phase"] == "forward"].set_index(["target", "micro_batch"])
+    small, large = forward.loc[("L4-24GB", 4)], forward.loc[("L4-24GB", 4096)]
+    assert large["activations_bytes"] > 100 * small["activations_bytes"]
+    assert large["weights_bytes"] == small["weights_bytes"]
+    assert (table["estimated_reserved_bytes"] >= table["peak_allocated_bytes"]).all()
+    # No phase row of the pilot failed because of the estimator.
+    phases = read_phase_table(estimator.run.run_dir)
+    assert "pilot" not in set(phases["phase"]), phases[phases["phase"] == "pilot"]["reason"]
+
+
+def test_the_choice_sheet_prices_the_package_on_the_target(pilot: dict[str, Any]) -> None:
+    run_dir = pilot["estimator"].run.run_dir
+    text = choice_sheet(run_dir, gpu_prices={"H100-SXM-80GB": 2.5})
+    section = text.split("## On the target GPU (estimated)")[1]
+    assert "| L4-24GB | bf16-mixed | 4 x 32 | off | single |" in section
+    assert "fits" in section
+    # 6 planned updates of the control variant: a small package, priced in money on the H100.
+    h100 = [line for line in section.splitlines() if line.startswith("- H100-SXM-80GB x1")]
+    assert h100, section
+    assert "GPU-hours, " in h100[0]
+    assert "at 2.5/GPU-hour" in h100[0]
+    assert "3 days: control" in h100[0]
+
+
+def test_the_loggers_get_each_configuration(pilot: dict[str, Any]) -> None:
+    logger = pilot["logger"]
+    with (Path(logger.log_dir) / "metrics.csv").open(newline="") as handle:
+        header = next(csv.reader(handle))
+    key = "pilot/estimate/L4-24GB/bf16-mixed/single/mb4"
+    assert {f"{key}/reserved_bytes", f"{key}/fits", f"{key}/step_high_s"} <= set(header)
+
+
+def test_bad_arguments_are_refused_at_construction() -> None:
+    with pytest.raises(ValueError, match=r"estimate\(targets='A100-1GB'\) is invalid"):
+        TargetEstimator(targets=["A100-1GB"])
+    with pytest.raises(ValueError, match=r"TargetEstimator\(precisions='fp8'\) is invalid"):
+        TargetEstimator(precisions=["fp8"])
+    with pytest.raises(ValueError, match=r"TargetEstimator\(options=.*keys among"):
+        TargetEstimator(options={"not_an_option": 1})
+    with pytest.raises(TypeError, match=r"TargetEstimator\(micro_batches=8\) is invalid"):
+        TargetEstimator(micro_batches=8)  # type: ignore[arg-type]
+    assert "H100-SXM-80GB" in TARGETS
