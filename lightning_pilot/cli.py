@@ -186,6 +186,85 @@ def _cmd_plan(args: argparse.Namespace, reads: Reads) -> int:
     return EXIT_OK
 
 
+def _cmd_estimate(args: argparse.Namespace, reads: Reads) -> int:
+    """Estimate on target GPUs from a factory ``module:function`` returning (module, batch)."""
+    import pkgutil
+
+    from lightning_pilot.report.analysis import on_target
+    from lightning_pilot.report.tables import render_table
+
+    try:
+        factory = pkgutil.resolve_name(args.factory)
+    except (ImportError, AttributeError, ValueError) as err:
+        raise UsageError(f"FACTORY {args.factory!r} could not be imported: {err}") from None
+    if not callable(factory):
+        raise UsageError(f"FACTORY {args.factory!r} is not callable")
+    built = factory()
+    if not isinstance(built, tuple) or len(built) != 2:
+        raise UsageError(
+            f"FACTORY {args.factory!r} returned {type(built).__name__}: expected a tuple"
+            " (LightningModule, batch), the batch one real batch of the data"
+        )
+    from lightning_pilot.estimate import estimate  # torch: only this command needs it
+
+    checkpointing = {"off": [False], "on": [True], "both": [False, True]}[args.checkpointing]
+    classes = []
+    for name in args.checkpoint_class or ():
+        try:
+            classes.append(pkgutil.resolve_name(name))
+        except (ImportError, AttributeError, ValueError) as err:
+            raise UsageError(f"--checkpoint-class {name!r} could not be imported: {err}") from None
+    try:
+        result = estimate(
+            built[0],
+            built[1],
+            targets=args.target or ["H100-SXM-80GB"],
+            precisions=args.precision or ["bf16-mixed"],
+            micro_batches=args.micro_batch or [1],
+            seq_lens=args.seq_len or [None],
+            checkpointing=checkpointing,
+            strategies=args.strategy or ["single"],
+            largest=not args.no_largest,
+            checkpoint_classes=classes,
+            out_dir=args.out,
+        )
+    except (TypeError, ValueError) as err:
+        raise UsageError(str(err)) from None
+    configs = [
+        {str(k): v for k, v in c.items()} for c in on_target(result.frame()).to_dict("records")
+    ]
+    headers = ["target", "precision", "micro-batch", "seq", "ckpt", "strategy",
+               "memory per GPU", "peak phase", "fits", "step time", "status"]  # fmt: skip
+    _out(render_table(headers, [_estimate_row(c) for c in configs]))
+    for row in result.largest:
+        _out(
+            f"largest micro-batch on {row['target']} ({row['precision']},"
+            f" checkpointing {'on' if row['checkpointing'] else 'off'}, seq {row['seq_len']}):"
+            f" {row.get('largest_micro_batch')} ({row['status']})"
+        )
+    failed = [c for c in configs if c["status"] != "ok"]
+    for c in failed:
+        _out(f"not estimated: {c['target']} {c['precision']} micro-batch {c['micro_batch']}:"
+             f" {c['reason']}")  # fmt: skip
+    for path in result.paths:
+        _out(f"written: {path}")
+    _out(f"{len(result.rows)} row(s) in {result.seconds:.1f} s")
+    return EXIT_CHECK_FAILED if failed else EXIT_OK
+
+
+def _estimate_row(c: dict[str, Any]) -> list[str]:
+    from lightning_pilot.report.units import format_bytes, format_duration, is_null
+
+    step = "n/m"
+    if not is_null(c["step_low_s"]):
+        step = f"{format_duration(c['step_low_s'])}-{format_duration(c['step_high_s'])}"
+    memory = "n/m" if is_null(c["reserved_bytes"]) else format_bytes(int(c["reserved_bytes"]))
+    fits = {True: "fits", False: "NO"}.get(c["fits"], "n/m")
+    return [str(c["target"]), str(c["precision"]), str(c["micro_batch"]), str(c["seq_len"]),
+            "on" if c["checkpointing"] else "off", str(c["strategy"]), memory, str(c["phase"]),
+            fits, step, str(c["status"])]  # fmt: skip
+
+
 def _gpu_memory(text: str | None) -> int | None:
     from lightning_pilot.report import parse_size
 
@@ -447,6 +526,34 @@ def build_parser() -> argparse.ArgumentParser:
         " in money (repeatable)",
     )
     sheet.set_defaults(handler=_cmd_sheet)
+
+    est = sub.add_parser(
+        "estimate",
+        help="estimate memory per GPU and step time on target GPUs, on fake tensors",
+        description="FACTORY: 'package.module:function' returning (LightningModule, batch), the"
+        " batch one real batch of the data. Runs the module's own training_step,"
+        " configure_optimizers and validation_step on fake tensors (no memory is allocated)."
+        " Exits 1 when a configuration could not be estimated (its reason is printed).",
+    )
+    est.add_argument("factory", metavar="FACTORY")
+    est.add_argument("--target", action="append", metavar="NAME", help="repeatable")
+    est.add_argument(
+        "--precision", action="append", help="32-true, 16-mixed, bf16-mixed, bf16-true"
+    )
+    est.add_argument("--micro-batch", action="append", type=int, metavar="B")
+    est.add_argument("--seq-len", action="append", type=int, metavar="T")
+    est.add_argument("--checkpointing", choices=("off", "on", "both"), default="off")
+    est.add_argument(
+        "--checkpoint-class",
+        action="append",
+        metavar="CLASS",
+        help="'package.module:Class' of the blocks activation checkpointing wraps (repeatable;"
+        " a Hugging Face model switches it on itself)",
+    )
+    est.add_argument("--strategy", action="append", help="single, ddp:N, fsdp:N")
+    est.add_argument("--no-largest", action="store_true", help="skip the largest-batch search")
+    est.add_argument("--out", metavar="DIR", help="write estimate.parquet and its largest table")
+    est.set_defaults(handler=_cmd_estimate)
 
     plot = sub.add_parser(
         "plot",

@@ -108,3 +108,31 @@ def test_bad_arguments_are_refused_at_construction() -> None:
     with pytest.raises(TypeError, match=r"TargetEstimator\(micro_batches=8\) is invalid"):
         TargetEstimator(micro_batches=8)  # type: ignore[arg-type]
     assert "H100-SXM-80GB" in TARGETS
+
+
+def test_the_estimate_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from lightning_pilot.cli import main
+
+    out = tmp_path / "estimate"
+    code = main(
+        ["estimate", "estimate_factory:build", "--target", "L4-24GB", "--micro-batch", "4",
+         "--micro-batch", "64", "--seq-len", "32", "--checkpointing", "both",
+         "--checkpoint-class", "lightning_pilot.demo.lm:_Block", "--no-largest",
+         "--out", str(out)]
+    )  # fmt: skip
+    text = capsys.readouterr().out
+    assert code == 0, text
+    lines = [line for line in text.splitlines() if line.startswith("L4-24GB")]
+    assert len(lines) == 4  # 2 micro-batches x checkpointing off and on
+    assert all(" fits " in line and line.rstrip().endswith("ok") for line in lines)
+    assert (out / "estimate.parquet").is_file()
+    # Checkpointing without the classes to wrap: named, exit 1, never a crash or a zero.
+    code = main(["estimate", "estimate_factory:build", "--checkpointing", "on", "--no-largest"])
+    text = capsys.readouterr().out
+    assert code == 1
+    assert "not estimated: H100-SXM-80GB bf16-mixed micro-batch 1" in text
+    assert "checkpoint_classes" in text
+    # A factory that does not give (module, batch), or is not there: usage errors.
+    assert main(["estimate", "estimate_factory:not_a_pair"]) == 2
+    assert main(["estimate", "estimate_factory:missing"]) == 2
+    assert "expected a tuple (LightningModule, batch)" in capsys.readouterr().err
