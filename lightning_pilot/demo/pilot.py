@@ -24,13 +24,22 @@ import pandas as pd
 
 from lightning_pilot.callbacks.divergence_ledger import DivergenceLedger, Heartbeat
 from lightning_pilot.callbacks.overfit_tiny_subset import OverfitTinySubset
+from lightning_pilot.core.progress import BarReporter, Reporter, is_terminal, tqdm_available
 from lightning_pilot.demo.lm import PAD_ID, VOCAB_SIZE, InstructionDataModule, TinyCausalLM, decode
 from lightning_pilot.ledger import Ledger
 from lightning_pilot.pilot import pilot_callbacks
 from lightning_pilot.run import PilotRun
 from lightning_pilot.storage import read_phase_table
 
-__all__ = ["DemoSize", "LrVariant", "lr_variants", "run_demo", "write_plots"]
+__all__ = [
+    "DemoSize",
+    "FitMeter",
+    "LrVariant",
+    "fit_meter",
+    "lr_variants",
+    "run_demo",
+    "write_plots",
+]
 
 #: The comparison's experiment name in the ledger.
 EXPERIMENT = "lr-comparison"
@@ -114,8 +123,66 @@ MAX_LENGTH = 20
 _MODEL: dict[str, Any] = {"d_model": 32, "n_heads": 2, "n_layers": 1, "max_length": MAX_LENGTH}
 
 
-def _fit(out_dir: Path, callbacks: list[Any], lr: float, size: DemoSize, **options: Any) -> float:
-    """Fit the tiny LM at ``lr`` from seed 0 on CPU; returns the seconds it took."""
+class FitMeter(pl.Callback):
+    """Times one demo fit's training loop (from train start to train end, its validations
+    included) and counts its updates; with ``bar``, moves it at every update.
+
+    Example:
+        >>> meter = FitMeter()
+        >>> meter.updates, meter.rate_text()
+        (0, 'updates/s not measured (no update ran)')
+    """
+
+    def __init__(self, bar: Reporter | None = None) -> None:
+        self.bar = bar if bar is not None else Reporter()
+        self.updates = 0
+        self.seconds: float | None = None
+        self._start: tuple[float, int] | None = None
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._start = (time.perf_counter(), trainer.global_step)
+
+    def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
+        if self._start is not None and trainer.global_step - self._start[1] != self.updates:
+            self.updates = trainer.global_step - self._start[1]
+            self.bar.update("", done=self.updates)
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._start is not None:
+            self.seconds = time.perf_counter() - self._start[0]
+            self.updates = trainer.global_step - self._start[1]
+        self.bar.close(done=self.updates)
+
+    def on_exception(self, *args: Any) -> None:
+        self.bar.close()
+
+    def rate_text(self) -> str:
+        """``"48.1 updates/s"``, or why the rate is not known."""
+        if self.seconds is None or self.updates == 0:
+            return "updates/s not measured (no update ran)"
+        return f"{self.updates / self.seconds:.1f} updates/s"
+
+
+def fit_meter(stream: TextIO, label: str, updates: int) -> FitMeter:
+    """A demo fit's meter; on a terminal (and with ``tqdm``), with a bar of its ``updates`` on
+    ``stream`` in Lightning's format, removed when the fit ends (its line replaces it)."""
+    if not (is_terminal(stream) and tqdm_available()):
+        return FitMeter()
+    return FitMeter(
+        BarReporter(label, total=updates, file=stream, leave=False, unit="update", rate=True)
+    )
+
+
+def _fit(
+    out_dir: Path,
+    callbacks: list[Any],
+    lr: float,
+    size: DemoSize,
+    meter: FitMeter,
+    **options: Any,
+) -> float:
+    """Fit the tiny LM at ``lr`` from seed 0 on CPU (``meter`` times its training loop);
+    returns the seconds the whole fit took."""
     trainer = pl.Trainer(
         accelerator="cpu",
         devices=1,
@@ -125,7 +192,7 @@ def _fit(out_dir: Path, callbacks: list[Any], lr: float, size: DemoSize, **optio
         enable_model_summary=False,
         num_sanity_val_steps=0,
         default_root_dir=out_dir,
-        callbacks=callbacks,
+        callbacks=[*callbacks, meter],
         **options,
     )
     pl.seed_everything(0, verbose=False)
@@ -157,7 +224,7 @@ def _quiet() -> Iterator[None]:
             logger.setLevel(level)
 
 
-def _pilot_fit(out_dir: Path, size: DemoSize) -> tuple[PilotRun, float]:
+def _pilot_fit(out_dir: Path, size: DemoSize, meter: FitMeter) -> tuple[PilotRun, float]:
     callbacks = pilot_callbacks(
         out_dir,
         experiment="demo-pilot",
@@ -177,6 +244,7 @@ def _pilot_fit(out_dir: Path, size: DemoSize) -> tuple[PilotRun, float]:
         callbacks,
         3e-3,
         size,
+        meter,
         max_steps=size.pilot_updates,
         accumulate_grad_batches=ACCUMULATE,
         val_check_interval=ACCUMULATE * 4,
@@ -185,12 +253,14 @@ def _pilot_fit(out_dir: Path, size: DemoSize) -> tuple[PilotRun, float]:
     return callbacks[0].run, took
 
 
-def _overfit_fit(out_dir: Path, size: DemoSize) -> tuple[OverfitTinySubset, float]:
+def _overfit_fit(out_dir: Path, size: DemoSize, meter: FitMeter) -> tuple[OverfitTinySubset, float]:
     overfit = OverfitTinySubset(max_steps=size.overfit_steps, out_dir=out_dir)
-    return overfit, _fit(out_dir, [overfit], 3e-3, size, max_steps=-1, max_epochs=1000)
+    return overfit, _fit(out_dir, [overfit], 3e-3, size, meter, max_steps=-1, max_epochs=1000)
 
 
-def _comparison_fit(out_dir: Path, variant: LrVariant, size: DemoSize) -> tuple[str, float]:
+def _comparison_fit(
+    out_dir: Path, variant: LrVariant, size: DemoSize, meter: FitMeter
+) -> tuple[str, float]:
     ledger = DivergenceLedger(
         experiment=EXPERIMENT,
         variant=variant.name,
@@ -204,6 +274,7 @@ def _comparison_fit(out_dir: Path, variant: LrVariant, size: DemoSize) -> tuple[
         [ledger],
         variant.lr,
         size,
+        meter,
         max_steps=size.updates,
         accumulate_grad_batches=ACCUMULATE,
         val_check_interval=ACCUMULATE * size.val_every,
@@ -269,27 +340,36 @@ def run_demo(out_dir: Path, *, quick: bool = False, stream: TextIO | None = None
         f"lightning-pilot demo ({'quick' if quick else 'full'}): TinyCausalLM (d_model 32, 1 layer)"
         f" on CPU, micro-batch {MICRO_BATCH} x accumulation {ACCUMULATE}; output in {out}\n"
     )
+
+    def meter(stage: int, name: str, updates: int) -> FitMeter:
+        return fit_meter(target, f"[{stage}/{total_fits}] {name}", updates)
+
     with _quiet():
-        run, seconds["pilot"] = _pilot_fit(out, size)
+        pilot_meter = meter(1, "pilot", size.pilot_updates)
+        run, seconds["pilot"] = _pilot_fit(out, size, pilot_meter)
         write(
-            f"[1/{total_fits}] pilot with every callback: {size.pilot_updates} updates,"
-            f" run {run.run_id}, {seconds['pilot']:.1f} s (includes the resume and artifact"
-            " checks in new processes)\n"
+            f"[1/{total_fits}] pilot with every callback: {pilot_meter.updates} updates"
+            f" ({pilot_meter.rate_text()}), run {run.run_id}, {seconds['pilot']:.1f} s"
+            " (includes the resume and artifact checks in new processes)\n"
         )
-        overfit, seconds["overfit"] = _overfit_fit(out, size)
+        overfit_meter = meter(2, "overfit", size.overfit_steps)
+        overfit, seconds["overfit"] = _overfit_fit(out, size, overfit_meter)
         write(
-            f"[2/{total_fits}] tiny-subset overfit: {overfit.verdict}, run {overfit.run.run_id},"
-            f" {seconds['overfit']:.1f} s\n"
+            f"[2/{total_fits}] tiny-subset overfit: {overfit.verdict} after"
+            f" {overfit_meter.updates} updates ({overfit_meter.rate_text()}), run"
+            f" {overfit.run.run_id}, {seconds['overfit']:.1f} s\n"
         )
         run_ids: dict[str, str] = {}
         for i, variant in enumerate(variants, start=3):
-            run_id, took = _comparison_fit(out, variant, size)
+            variant_meter = meter(i, variant.name, size.updates)
+            run_id, took = _comparison_fit(out, variant, size, variant_meter)
             run_ids[variant.name] = run_id
             seconds[variant.name] = took
             done = dict(Ledger(out).runs().set_index("run_id").loc[run_id].items())
             write(
                 f"[{i}/{total_fits}] {variant.name}: {done['status']} ({done['stop_cause']})"
-                f" after {done['updates_done']} updates, {took:.1f} s\n"
+                f" after {done['updates_done']} updates ({variant_meter.rate_text()}),"
+                f" {took:.1f} s\n"
             )
 
     table = read_phase_table(run.run_dir)

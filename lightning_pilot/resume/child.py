@@ -3,6 +3,7 @@ runs the request's tasks and publishes a ``Result``, user failures included (doc
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import sys
@@ -10,12 +11,14 @@ import threading
 import time
 import traceback
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any, Final
 
 import torch
 
 from lightning_pilot import storage
+from lightning_pilot.core.progress import marker_line
 from lightning_pilot.resume.protocol import (
     PARENT_PID,
     ArtifactTask,
@@ -28,6 +31,29 @@ from lightning_pilot.resume.replay import control_outputs, load_checkpoint, repl
 
 #: The largest request a child reads: a few paths and options per task.
 MAX_REQUEST_BYTES: Final = 1 << 20
+
+#: Told what a task does now (``"loading the checkpoint"``); see :func:`announce`.
+Progress = Callable[[str], None]
+
+
+def _silent(phase: str) -> None:
+    """A :data:`Progress` that tells no one."""
+
+
+def announce(done: int, total: int, message: str) -> None:
+    """Print a progress marker line on stderr for the parent (``lightning_pilot.core.progress``
+    parses it; the answer itself is the published ``Result``); a closed or broken stderr (the
+    parent is gone) is ignored: the watch thread ends this process then.
+    """
+    with contextlib.suppress(OSError, ValueError):
+        print(marker_line(done, total, message), file=sys.stderr, flush=True)
+
+
+def describe(task: ResumeTask | ArtifactTask) -> str:
+    """What a task is, in a few words (``"resume from mid_epoch-step-2.ckpt"``)."""
+    if isinstance(task, ResumeTask):
+        return f"resume from {Path(task.checkpoint).name}"
+    return f"artifact check of {Path(task.artifact).name}"
 
 
 def load_object(path: str) -> Any:
@@ -87,19 +113,28 @@ def _build(
     return model, (datamodule if datamodule_first else build_datamodule())
 
 
-def run_resume(task: ResumeTask, result: TaskResult) -> None:
+def run_resume(task: ResumeTask, result: TaskResult, progress: Progress = _silent) -> None:
     """Rebuild the module and data as the script probably did (seed, module, data) and resume;
     when the data differ from the fit's after a seed, build the data first and resume again.
     """
+    progress("loading the checkpoint")
     checkpoint = load_checkpoint(task.checkpoint, result)
     if checkpoint is None:
         return
+    step, end = checkpoint.get("global_step"), task.trainer.get("max_steps")
+    resuming = f"resuming the fit{'' if step is None else f' at update {step}'} until update {end}"
     for datamodule_first in (False, True):
+        progress(
+            "rebuilding the DataModule, then the module (the data differed)"
+            if datamodule_first
+            else "rebuilding the module and data"
+        )
         try:
             model, datamodule = _build(task, checkpoint, datamodule_first)
         except Exception as err:  # reported to the parent as "cannot rebuild"
             result.build_error = f"{type(err).__name__}: {err}"
             return
+        progress(resuming)
         replay(task, result, model, datamodule)
         if (
             datamodule_first
@@ -113,16 +148,19 @@ def run_resume(task: ResumeTask, result: TaskResult) -> None:
         result.build_order = "the DataModule before the module"
 
 
-def run_artifact(task: ArtifactTask, result: TaskResult) -> None:
+def run_artifact(task: ArtifactTask, result: TaskResult, progress: Progress = _silent) -> None:
     """Load the final artifact into a fresh module and save its outputs on the control inputs."""
+    progress("loading the checkpoint")
     checkpoint = load_checkpoint(task.checkpoint, result)
     if checkpoint is None:
         return
+    progress("rebuilding the module")
     try:
         model, _ = _build(task, checkpoint)
     except Exception as err:
         result.build_error = f"{type(err).__name__}: {err}"
         return
+    progress("loading the artifact into it")
     weights = (
         checkpoint["state_dict"]
         if task.artifact == task.checkpoint
@@ -137,6 +175,7 @@ def run_artifact(task: ArtifactTask, result: TaskResult) -> None:
         lines = str(err).splitlines()
         result.artifact_error = " ".join([lines[0], *(line.strip() for line in lines[1:3])])
         return
+    progress("running it on the control inputs")
     model.eval()
     control = torch.load(task.control, map_location="cpu", weights_only=True)
     outputs = control_outputs(model, task.call, control)
@@ -159,14 +198,14 @@ def _exit_with_parent(poll_s: float = 0.5) -> None:
     threading.Thread(target=watch, name="lightning-pilot-parent-watch", daemon=True).start()
 
 
-def run_task(task: ResumeTask | ArtifactTask) -> TaskResult:
+def run_task(task: ResumeTask | ArtifactTask, progress: Progress = _silent) -> TaskResult:
     """One task's result; an exception of the user's code becomes its ``crash``."""
     result = TaskResult(kind=task.kind)
     try:
         if isinstance(task, ResumeTask):
-            run_resume(task, result)
+            run_resume(task, result, progress)
         else:
-            run_artifact(task, result)
+            run_artifact(task, result, progress)
     except Exception as err:  # the user's code: reported whole
         result.crash = f"{type(err).__name__}: {err}"
         result.traceback = traceback.format_exc(limit=8)
@@ -174,7 +213,8 @@ def run_task(task: ResumeTask | ArtifactTask) -> TaskResult:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the request named by the only argument and publish its result.
+    """Run the request named by the only argument and publish its result, printing progress
+    marker lines on stderr as each task goes (:func:`announce`).
 
     Raises:
         ProtocolError: the request is unusable (the parent reads the exit and the error).
@@ -184,8 +224,17 @@ def main(argv: list[str] | None = None) -> int:
     warnings.simplefilter("ignore")
     _exit_with_parent()
     torch.set_num_threads(request.num_threads)
-    result = Result(tasks=tuple(run_task(task) for task in request.tasks))
-    storage.publish_json(result.to_dict(), request.result)
+    total = len(request.tasks)
+    results = []
+    for index, task in enumerate(request.tasks):
+        where = f"task {index + 1} of {total}, {describe(task)}"
+
+        def progress(phase: str, done: int = index, where: str = where) -> None:
+            announce(done, total, f"{where}: {phase}")
+
+        results.append(run_task(task, progress))
+    announce(total, total, "writing the answer")
+    storage.publish_json(Result(tasks=tuple(results)).to_dict(), request.result)
     return 0
 
 

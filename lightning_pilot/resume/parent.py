@@ -10,21 +10,27 @@ import functools
 import inspect
 import itertools
 import os
+import queue
 import socket
 import subprocess
 import sys
+import threading
+import time
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import IO, Any, Final, Literal
 
 import lightning.pytorch as pl
 import torch
+from lightning.pytorch.callbacks import TQDMProgressBar
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.utilities.model_helpers import is_overridden
 
 from lightning_pilot import storage
 from lightning_pilot.core.checks import CheckResult
+from lightning_pilot.core.progress import Mark, Reporter, TrainerBar, choose_reporter, parse_marker
 from lightning_pilot.core.resume import capture_rng, count_tensors, outputs_close, restore_rng
 from lightning_pilot.ledger import file_sha256
 from lightning_pilot.resume.protocol import (
@@ -42,6 +48,13 @@ Task = ResumeTask | ArtifactTask
 
 #: The largest answer read back: the records of a few hundred micro-batches are far smaller.
 MAX_RESULT_BYTES: Final = 64 << 20
+#: How often the training process looks at the new process while it waits (its progress lines,
+#: the heartbeat, the timeout).
+POLL_S: Final = 1.0
+#: The last lines of each of the new process's streams kept for the error messages.
+KEPT_LINES: Final = 2000
+#: Who shows the new process's progress (docs/resume.md, "Progress").
+PROGRESS_LABEL: Final = "ResumeVerifier"
 
 
 def class_path(cls: type) -> str:
@@ -92,11 +105,32 @@ def launch(
     *,
     tag: str = "",
     env: dict[str, str] | None = None,
+    progress: Reporter | None = None,
 ) -> list[TaskResult]:
     """Run ``tasks`` in one new process (request ``folder/spec-tasks<tag>.json``, answer
     ``folder/result-tasks<tag>.json``); one result per task, in order, a ``crash`` for each when
-    the process times out, dies before it answers or answers something unusable.
+    the process times out, dies before it answers or answers something unusable. The process's
+    progress lines go to ``progress`` (default: shown nowhere), and it is closed.
     """
+    reporter = progress if progress is not None else Reporter()
+    with reporter:
+        results = _launch(tasks, folder, timeout_s, tag, env, reporter)
+        failed = next((r.crash for r in results if r.crash is not None), None)
+        reporter.close(
+            "new process done" if failed is None else f"new process ended: {failed}",
+            done=len(tasks),
+        )
+    return results
+
+
+def _launch(
+    tasks: Sequence[Task],
+    folder: Path,
+    timeout_s: float,
+    tag: str,
+    env: dict[str, str] | None,
+    progress: Reporter,
+) -> list[TaskResult]:
     request_path = folder / f"spec-tasks{tag}.json"
     result_path = folder / f"result-tasks{tag}.json"
     # An earlier attempt's answer must never be read as this one's.
@@ -114,16 +148,123 @@ def launch(
     path = os.pathsep.join(p for p in sys.path if p)
     env = os.environ | {"PYTHONPATH": path, PARENT_PID: str(os.getpid())} | (env or {})
     command = [sys.executable, "-m", "lightning_pilot.resume.child", str(request_path)]
+    progress.update(f"new process starting for {len(tasks)} task(s)", done=0)
     try:
-        done = subprocess.run(
-            command, capture_output=True, text=True, timeout=timeout_s, env=env, check=False
-        )
+        done = run_streaming(command, env, timeout_s, progress)
     except subprocess.TimeoutExpired:
         return _crashed(tasks, f"the new process did not finish within {timeout_s:.0f} s")
     if not result_path.exists():
         tail = (done.stderr or done.stdout or "").strip().splitlines()[-5:]
         return _crashed(tasks, f"the new process exited with {done.returncode}: {' | '.join(tail)}")
     return read_result(result_path, tasks)
+
+
+@dataclass(frozen=True)
+class Finished:
+    """How a new process ended: its exit status and the last :data:`KEPT_LINES` lines of each
+    stream (its progress marker lines left out).
+
+    Example:
+        >>> Finished(returncode=0, stdout="", stderr="").returncode
+        0
+    """
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def _read_lines(pipe: IO[str], kept: deque[str], marks: queue.SimpleQueue[Mark] | None) -> None:
+    """Read ``pipe`` to its end: marker lines into ``marks`` (when given), the others kept."""
+    try:
+        for line in pipe:
+            mark = parse_marker(line) if marks is not None else None
+            if marks is None or mark is None:
+                kept.append(line)
+            else:
+                marks.put(mark)
+    except (OSError, ValueError):  # the pipe closed under the reader: the process is gone
+        pass
+
+
+def _show(marks: queue.SimpleQueue[Mark], progress: Reporter) -> None:
+    while not marks.empty():
+        mark = marks.get_nowait()
+        progress.update(f"new process: {mark.message}", done=mark.done)
+
+
+def run_streaming(
+    command: Sequence[str], env: Mapping[str, str], timeout_s: float, progress: Reporter
+) -> Finished:
+    """Run ``command`` as ``subprocess.run(capture_output=True, text=True, timeout=timeout_s)``
+    does (killed and ``subprocess.TimeoutExpired`` past the timeout; killed on any exception of
+    this process, a ``KeyboardInterrupt`` too), reading its output as it comes: the progress
+    marker lines it prints on stderr go to ``progress`` (:data:`POLL_S` apart at most, with a
+    ``tick`` each time), the other lines are kept.
+    """
+    process = subprocess.Popen(
+        list(command),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        errors="replace",  # a user's print of raw bytes: never a decoding error here
+        env=dict(env),
+    )
+    assert process.stdout is not None
+    assert process.stderr is not None
+    stdout: deque[str] = deque(maxlen=KEPT_LINES)
+    stderr: deque[str] = deque(maxlen=KEPT_LINES)
+    marks: queue.SimpleQueue[Mark] = queue.SimpleQueue()
+    readers = [
+        threading.Thread(target=_read_lines, args=(process.stdout, stdout, None), daemon=True),
+        threading.Thread(target=_read_lines, args=(process.stderr, stderr, marks), daemon=True),
+    ]
+    for reader in readers:
+        reader.start()
+    deadline = time.monotonic() + timeout_s
+    try:
+        while True:
+            try:
+                process.wait(timeout=max(0.0, min(POLL_S, deadline - time.monotonic())))
+                break
+            except subprocess.TimeoutExpired:
+                _show(marks, progress)
+                progress.tick()
+                if time.monotonic() >= deadline:
+                    raise subprocess.TimeoutExpired(command, timeout_s) from None
+    except BaseException:
+        process.kill()
+        process.wait()
+        for reader in readers:
+            reader.join(timeout=POLL_S)
+        _show(marks, progress)  # where it was when it was stopped
+        raise
+    # Its output to the end (a child of the process may hold the pipes: not past the deadline).
+    for reader in readers:
+        reader.join(timeout=max(POLL_S, deadline - time.monotonic()))
+    _show(marks, progress)
+    return Finished(process.returncode, "".join(stdout), "".join(stderr))
+
+
+def trainer_progress(trainer: pl.Trainer, total: int) -> Reporter:
+    """How the new process's progress is shown after ``trainer``'s fit: a ``tqdm`` bar where
+    the Trainer shows a ``TQDMProgressBar``, plain lines where it shows another bar, plain lines
+    on a terminal where it shows none, nothing on other ranks (``core.progress.choose_reporter``).
+    """
+    bar = trainer.progress_bar_callback
+    shown: TrainerBar = None
+    position = 0
+    if bar is not None and getattr(bar, "is_enabled", True):
+        shown = "tqdm" if isinstance(bar, TQDMProgressBar) else "other"
+        if isinstance(bar, TQDMProgressBar):
+            position = 2 * bar.process_position  # as its own main bar
+    return choose_reporter(
+        PROGRESS_LABEL,
+        total=total,
+        global_zero=trainer.is_global_zero,
+        trainer_bar=shown,
+        position=position,
+    )
 
 
 def read_result(path: Path, tasks: Sequence[Task]) -> list[TaskResult]:
@@ -179,7 +320,10 @@ class Launcher:
                 results.append(TaskResult(kind=task.kind, blocked=blocker + hint))
         if runnable:
             folder = Path(runnable[0].checkpoint).parent
-            answers = iter(launch(runnable, folder, self.timeout_s * len(runnable)))
+            progress = trainer_progress(trainer, len(runnable))
+            answers = iter(
+                launch(runnable, folder, self.timeout_s * len(runnable), progress=progress)
+            )
             results = [r if r is not None else next(answers) for r in results]
         return [r for r in results if r is not None]
 
@@ -231,7 +375,14 @@ class Launcher:
             "TORCHELASTIC_USE_AGENT_STORE": "False",
         }
         folder = Path(tasks[0].checkpoint).parent
-        results = launch(tasks, folder, self.timeout_s * len(tasks), tag=f"-rank{rank}", env=env)
+        results = launch(
+            tasks,
+            folder,
+            self.timeout_s * len(tasks),
+            tag=f"-rank{rank}",
+            env=env,
+            progress=trainer_progress(trainer, len(tasks)),  # rank 0's own process only
+        )
         for result in results:
             result.where = f"{trainer.world_size} new processes (one per rank, DDP)"
         return results

@@ -1,0 +1,380 @@
+"""Progress of long work that no Trainer's bar shows: plain lines at most every few seconds, a
+``tqdm`` bar like Lightning's where the Trainer shows one, and the marker lines a child process
+prints so that its parent can say which phase it is in.
+
+Torch-free and Lightning-free: the caller says what the Trainer shows (:func:`choose_reporter`).
+Progress output never breaks the work: a write that fails (a closed stream, a broken pipe) is
+dropped. docs/resume.md ("Progress") says when each kind is shown.
+
+Example:
+    >>> import io
+    >>> clock = iter([0.0, 2.0, 7.0, 12.0]).__next__
+    >>> out = io.StringIO()
+    >>> lines = LineReporter("Work", stream=out, min_interval_s=5.0, clock=clock)
+    >>> lines.update("loading")  # the first line is written at once
+    >>> lines.update("building")  # 2 s later: kept until the interval has passed
+    >>> lines.tick()  # 7 s: the pending message is written
+    >>> lines.close("done")
+    >>> print(out.getvalue(), end="")
+    Work: loading ... 0 s
+    Work: building ... 7 s
+    Work: done ... 12 s
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import re
+import sys
+import time
+from collections.abc import Callable
+from typing import Any, Final, Literal, NamedTuple, TextIO
+
+from lightning_pilot.core import validate
+
+__all__ = [
+    "BAR_FORMAT",
+    "MARKER",
+    "RATE_BAR_FORMAT",
+    "BarReporter",
+    "LineReporter",
+    "Mark",
+    "Reporter",
+    "choose_reporter",
+    "clean",
+    "is_terminal",
+    "marker_line",
+    "parse_marker",
+    "tqdm_available",
+]
+
+#: What starts a progress line a child process prints (on stderr) for its parent.
+MARKER: Final = "lightning-pilot-progress:"
+#: The longest message shown; longer ones are cut.
+MAX_MESSAGE: Final = 200
+#: Lightning's ``TQDMProgressBar.BAR_FORMAT`` (Lightning 2.6.6), for bars of updates.
+RATE_BAR_FORMAT: Final = (
+    "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}, {rate_noinv_fmt}{postfix}]"
+)
+#: The same without the rate and the time left: for a few tasks of a minute each.
+BAR_FORMAT: Final = "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}{postfix}]"
+
+# Control characters (a carriage return, an escape sequence) would redraw the terminal.
+_CONTROL: Final = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+_MARK: Final = re.compile(r"(\d{1,9})/(\d{1,9}) (.*)")
+
+TrainerBar = Literal["tqdm", "other"] | None
+
+
+def clean(text: object) -> str:
+    """``str(text)`` on one line, control characters as spaces, at most ``MAX_MESSAGE`` long.
+
+    Example:
+        >>> clean("step 2\\r\\x1b[2Kdone")
+        'step 2  [2Kdone'
+    """
+    line = _CONTROL.sub(" ", str(text)).strip()
+    return line if len(line) <= MAX_MESSAGE else line[: MAX_MESSAGE - 3] + "..."
+
+
+class Mark(NamedTuple):
+    """A child's progress: ``done`` of ``total`` units finished, and what it does now."""
+
+    done: int
+    total: int
+    message: str
+
+
+def marker_line(done: int, total: int, message: str) -> str:
+    """The line a child prints for its parent (no newline).
+
+    Example:
+        >>> marker_line(0, 2, "task 1 of 2: loading the checkpoint")
+        'lightning-pilot-progress: 0/2 task 1 of 2: loading the checkpoint'
+    """
+    done = validate.integer("marker_line", "done", done, minimum=0)
+    total = validate.integer("marker_line", "total", total, minimum=0)
+    return f"{MARKER} {done}/{total} {clean(message)}"
+
+
+def parse_marker(line: str) -> Mark | None:
+    """The :class:`Mark` of a marker line, ``None`` for any other line (the child's own output).
+
+    Example:
+        >>> parse_marker("lightning-pilot-progress: 1/2 task 2 of 2: rebuilding the module\\n")
+        Mark(done=1, total=2, message='task 2 of 2: rebuilding the module')
+        >>> parse_marker("Epoch 0: 100%") is None
+        True
+    """
+    if not line.startswith(MARKER):
+        return None
+    found = _MARK.fullmatch(line[len(MARKER) :].strip())
+    if found is None:
+        return None
+    done, total = int(found[1]), int(found[2])
+    return Mark(min(done, total), total, clean(found[3]))
+
+
+def is_terminal(stream: object) -> bool:
+    """Whether ``stream`` is a terminal (``False`` for anything without a working ``isatty``)."""
+    try:
+        return bool(stream.isatty())  # type: ignore[attr-defined]
+    except Exception:  # a closed stream, a wrapper without isatty
+        return False
+
+
+def tqdm_available() -> bool:
+    """Whether ``tqdm`` can be imported (Lightning depends on it; this module does not)."""
+    return importlib.util.find_spec("tqdm") is not None
+
+
+class Reporter:
+    """Progress that shows nothing: the base of :class:`LineReporter` and :class:`BarReporter`,
+    and what :func:`choose_reporter` returns where nothing may be shown (a non-zero rank).
+
+    ``update(message, done=...)`` says what the work does now (``done`` units finished);
+    ``tick()`` is called regularly while it waits (for a heartbeat, or a bar's clock);
+    ``close(message)`` ends it. Also a context manager that closes it.
+
+    Example:
+        >>> with Reporter() as quiet:
+        ...     quiet.update("anything", done=1)
+        ...     quiet.tick()
+    """
+
+    def update(self, message: str, *, done: int | None = None) -> None:
+        """Say what the work does now."""
+
+    def tick(self) -> None:
+        """Called while the work runs; shows a pending message or a heartbeat when due."""
+
+    def close(self, message: str | None = None, *, done: int | None = None) -> None:
+        """End the progress, with a last message (and how many units were finished)."""
+
+    def __enter__(self) -> Reporter:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+class LineReporter(Reporter):
+    """Plain lines ``<label>: <message> ... <elapsed> s`` on ``stream`` (default: ``sys.stderr``
+    at the time of writing), flushed: the first at once, then at most one every
+    ``min_interval_s`` (a newer message waits until then), the current message again after
+    ``heartbeat_s`` without news, and the ``close`` message always.
+
+    Example:
+        >>> import io
+        >>> clock = iter([0.0, 1.0, 40.0, 41.0]).__next__
+        >>> out = io.StringIO()
+        >>> lines = LineReporter("Fit", stream=out, heartbeat_s=30.0, clock=clock)
+        >>> lines.update("update 3 of 8", done=3)
+        >>> lines.tick()  # 1 s: nothing new, nothing written
+        >>> lines.tick()  # 40 s: a heartbeat
+        >>> lines.close()  # no message: nothing more
+        >>> print(out.getvalue(), end="")
+        Fit: update 3 of 8 ... 0 s
+        Fit: update 3 of 8 ... 40 s
+    """
+
+    def __init__(
+        self,
+        label: str,
+        *,
+        stream: TextIO | None = None,
+        min_interval_s: float = 5.0,
+        heartbeat_s: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        owner = type(self).__name__
+        self.label = clean(validate.text(owner, "label", label, max_length=MAX_MESSAGE))
+        self.stream = stream
+        self.min_interval_s = validate.number(owner, "min_interval_s", min_interval_s, minimum=0)
+        self.heartbeat_s = validate.number(
+            owner, "heartbeat_s", heartbeat_s, minimum=self.min_interval_s
+        )
+        self._clock = validate.callable_or_none(owner, "clock", clock, "clock() -> seconds")
+        self._start: float | None = None
+        self._written_at: float | None = None
+        self._current: str | None = None
+        self._pending = False
+        self._closed = False
+
+    def update(self, message: str, *, done: int | None = None) -> None:
+        now = self._now()
+        text = clean(message)
+        self._pending = self._pending or text != self._current
+        self._current = text
+        if self._written_at is None or now - self._written_at >= self.min_interval_s:
+            self._write(now)
+
+    def tick(self) -> None:
+        if self._current is None or self._written_at is None or self._closed:
+            return
+        now = self._now()
+        waited = now - self._written_at
+        if (self._pending and waited >= self.min_interval_s) or waited >= self.heartbeat_s:
+            self._write(now)
+
+    def close(self, message: str | None = None, *, done: int | None = None) -> None:
+        if self._closed:
+            return
+        if message is not None:
+            self._current, self._pending = clean(message), True
+            self._write(self._now())
+        self._closed = True
+
+    def _now(self) -> float:
+        assert self._clock is not None
+        now = self._clock()
+        if self._start is None:
+            self._start = now
+        return now
+
+    def _write(self, now: float) -> None:
+        if self._closed:
+            return
+        assert self._start is not None
+        self._written_at, self._pending = now, False
+        stream = self.stream if self.stream is not None else sys.stderr
+        try:
+            stream.write(f"{self.label}: {self._current} ... {now - self._start:.0f} s\n")
+            stream.flush()
+        except (OSError, ValueError):  # a closed stream or a broken pipe: progress is optional
+            pass
+
+
+class BarReporter(Reporter):
+    """A ``tqdm`` bar of ``total`` units set as Lightning's ``TQDMProgressBar`` sets its main
+    bar: on ``file`` (default: ``sys.stdout``), ``dynamic_ncols``, ``leave``, no smoothing, at
+    ``position``; the message is its postfix; with ``rate``, Lightning's format (time left and
+    units per second), else :data:`BAR_FORMAT`. ``ModuleNotFoundError`` without ``tqdm``.
+
+    Example:
+        >>> import io
+        >>> out = io.StringIO()
+        >>> with BarReporter("Check", total=2, file=out) as bar:
+        ...     bar.update("task 1 of 2", done=0)
+        ...     bar.update("task 2 of 2", done=1)
+        ...     bar.close("done", done=2)
+        >>> "Check: 100%" in out.getvalue() and "2/2" in out.getvalue()
+        True
+    """
+
+    def __init__(
+        self,
+        label: str,
+        *,
+        total: int,
+        file: TextIO | None = None,
+        position: int = 0,
+        leave: bool = True,
+        unit: str = "task",
+        rate: bool = False,
+    ) -> None:
+        owner = type(self).__name__
+        label = clean(validate.text(owner, "label", label, max_length=MAX_MESSAGE))
+        total = validate.integer(owner, "total", total, minimum=0)
+        position = validate.integer(owner, "position", position, minimum=0)
+        leave = validate.boolean(owner, "leave", leave)
+        unit = validate.text(owner, "unit", unit, max_length=40)
+        rate = validate.boolean(owner, "rate", rate)
+        from tqdm import tqdm  # type: ignore[import-untyped,unused-ignore]
+
+        self._bar: Any = tqdm(
+            total=total,
+            desc=label,
+            file=file if file is not None else sys.stdout,
+            dynamic_ncols=True,
+            leave=leave,
+            position=position,
+            smoothing=0,
+            unit=unit,
+            bar_format=RATE_BAR_FORMAT if rate else BAR_FORMAT,
+        )
+        self._message = ""
+        self._closed = False
+
+    def update(self, message: str, *, done: int | None = None) -> None:
+        if self._closed:
+            return
+        text = clean(message)
+        if text == self._message and done is not None and done >= self._bar.n:
+            # Only the count moved: tqdm's own update redraws at most every 0.1 s.
+            with contextlib.suppress(OSError, ValueError):
+                self._bar.update(min(done, self._bar.total) - self._bar.n)
+            return
+        if done is not None:
+            self._bar.n = min(max(done, 0), self._bar.total)
+        self._message = text
+        self._bar.set_postfix_str(text, refresh=False)
+        self._refresh()
+
+    def tick(self) -> None:
+        if not self._closed:
+            self._refresh()  # the elapsed time moves on
+
+    def close(self, message: str | None = None, *, done: int | None = None) -> None:
+        if self._closed:
+            return
+        if done is not None:
+            self._bar.n = min(max(done, 0), self._bar.total)
+        if message is not None:
+            self._message = clean(message)
+            self._bar.set_postfix_str(self._message, refresh=False)
+        if message is not None or done is not None:
+            self._refresh()  # the last state drawn, whatever tqdm's own pace skipped
+        self._closed = True
+        with contextlib.suppress(OSError, ValueError):  # a closed stream: progress is optional
+            self._bar.close()
+
+    def _refresh(self) -> None:
+        with contextlib.suppress(OSError, ValueError):  # a closed stream: progress is optional
+            self._bar.refresh()
+
+
+def choose_reporter(
+    label: str,
+    *,
+    total: int,
+    global_zero: bool,
+    trainer_bar: TrainerBar,
+    position: int = 0,
+    stream: TextIO | None = None,
+) -> Reporter:
+    """The progress for work done around a Trainer, by Lightning's conventions:
+
+    - not on global rank 0: nothing (:class:`Reporter`);
+    - the Trainer shows a ``tqdm`` bar (``trainer_bar="tqdm"``): a :class:`BarReporter` of
+      ``total`` units at ``position`` on ``sys.stdout``, like Lightning's (plain lines when
+      ``tqdm`` is missing);
+    - it shows another bar (``"other"``, a ``RichProgressBar``): plain lines on ``stream``
+      (default ``sys.stderr``);
+    - it shows none (``None``: no bar or ``enable_progress_bar=False``): plain lines when
+      ``stream`` is a terminal, nothing otherwise (a log file or a test stays as quiet as the
+      Trainer).
+
+    Example:
+        >>> import io
+        >>> type(choose_reporter("Job", total=2, global_zero=False, trainer_bar="tqdm")).__name__
+        'Reporter'
+        >>> type(choose_reporter("Job", total=2, global_zero=True, trainer_bar="other",
+        ...                      stream=io.StringIO())).__name__
+        'LineReporter'
+        >>> type(choose_reporter("Job", total=2, global_zero=True, trainer_bar=None,
+        ...                      stream=io.StringIO())).__name__
+        'Reporter'
+    """
+    owner = "choose_reporter"
+    validate.boolean(owner, "global_zero", global_zero)
+    if trainer_bar is not None:
+        validate.choice(owner, "trainer_bar", trainer_bar, ("tqdm", "other"), optional=True)
+    if not global_zero:
+        return Reporter()
+    if trainer_bar == "tqdm" and tqdm_available():
+        return BarReporter(label, total=total, position=position)
+    if trainer_bar is not None or is_terminal(stream if stream is not None else sys.stderr):
+        return LineReporter(label, stream=stream)
+    return Reporter()
