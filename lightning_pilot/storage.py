@@ -23,6 +23,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Final, NamedTuple, TypeAlias, overload
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute
@@ -55,6 +56,7 @@ __all__ = [
     "RemotePath",
     "SkippedFileWarning",
     "UnsafePathError",
+    "compact_ledger",
     "conform",
     "index_ledger",
     "is_remote",
@@ -67,6 +69,7 @@ __all__ = [
     "publish_table",
     "read_json",
     "read_ledger_records",
+    "read_ledger_table",
     "read_parquet_files",
     "read_phase_table",
     "read_snapshot_table",
@@ -1246,8 +1249,25 @@ def read_phase_table(path: PathLike) -> pd.DataFrame:
 
 #: Ledger index segments live here, hidden from pandas and pyarrow dataset readers.
 LEDGER_INDEX_DIR: Final = "_index"
-_SOURCE_COLUMN: Final = "source_file"
-_SEGMENT_SCHEMA: Final = LEDGER_SCHEMA.append(pa.field(_SOURCE_COLUMN, pa.string()))
+_SOURCE_COLUMN: Final = "source_file"  # segments written before compaction named their files
+#: How long a compacted record file (or a merged segment) stays after the segment holding it
+#: was published, by default (docs/ledger.md, "Compaction").
+LEDGER_GRACE_SECONDS: Final = 3600.0
+#: ``<written_at>-<run_id>-<event>-<record_id>.parquet``: run ids are hex after the time, so
+#: the first ``-<event>-`` is the event and the rest the record id.
+_RECORD_NAME: Final = re.compile(
+    r"\d{8}T\d+Z-\d{8}T\d{9}Z-[0-9a-f]{16}-(?:start|heartbeat|end)-(?P<record_id>.+)\.parquet"
+)
+_SEGMENT_STAMP: Final = re.compile(r"segment-(\d{8}T\d{12}Z)-")
+_STAMP_FORMAT: Final = "%Y%m%dT%H%M%S%fZ"
+_READ_TRIES: Final = 3
+#: Compaction merges small segments (under half a segment's records) once there are this many
+#: (the new records counting as one): each record is rewritten a few times, not at every run.
+_MERGE_AT: Final = 4
+
+
+class _VanishedError(Exception):
+    """A file listed a moment ago is gone (a compactor removed it): list again."""
 
 
 def _ledger_folder(path: PathLike, owner: str) -> Location:
@@ -1257,25 +1277,84 @@ def _ledger_folder(path: PathLike, owner: str) -> Location:
     return root / "ledger" if (root / "ledger").is_dir() else root
 
 
-def _read_index(folder: Location, *, sources_only: bool = False) -> tuple[list[pa.Table], set[str]]:
-    """The index segments of a ledger and the record files they hold; a bad segment is
-    skipped with a warning (it costs speed, never records: its files are read one by one)."""
-    index = folder / LEDGER_INDEX_DIR
-    if not index.is_dir():
-        return [], set()
-    schema = pa.schema([_SEGMENT_SCHEMA.field(_SOURCE_COLUMN)]) if sources_only else None
-    segments, covered = [], set()
-    for segment in _visible_parquet_files(index):
+def _ledger_files(folder: Location) -> list[Location]:
+    """The visible Parquet files of one ledger folder, by name (one listing, no stat per file:
+    a ledger folder may hold hundreds of thousands before compaction)."""
+    if isinstance(folder, RemotePath):
+        if not folder.is_dir():
+            return []
+        return _visible_parquet_files(folder)
+    try:
+        with os.scandir(folder) as entries:
+            names = [
+                entry.name
+                for entry in entries
+                if entry.name.endswith(".parquet")
+                and not entry.name.startswith((".", "_"))
+                and entry.is_file()
+            ]
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    return [folder / name for name in sorted(names)]
+
+
+def _record_id_of(name: str) -> str | None:
+    """The record id a record file's name carries (None for a name the writer did not make)."""
+    match = _RECORD_NAME.fullmatch(name)
+    return match.group("record_id") if match else None
+
+
+def _segment_time(name: str) -> datetime | None:
+    match = _SEGMENT_STAMP.match(name)
+    if not match:
+        return None
+    return datetime.strptime(match.group(1), _STAMP_FORMAT).replace(tzinfo=timezone.utc)
+
+
+class _Segment(NamedTuple):
+    path: Location
+    table: pa.Table
+
+    @property
+    def ids(self) -> frozenset[str]:
+        """The record ids this segment holds (built when asked: readers seldom need them)."""
+        return frozenset(i for i in self.table.column("record_id").to_pylist() if i is not None)
+
+
+def _read_segments(
+    folder: Location,
+    schema: pa.Schema,
+    *,
+    vanish: bool = True,
+    skipped: list[str] | None = None,
+) -> list[_Segment]:
+    """The readable index segments of a ledger, conformed to ``schema``; a bad one is skipped
+    with a warning (it costs speed, never records: its record files are read one by one, or
+    another segment holds them). A segment gone since the listing: :class:`_VanishedError`."""
+    segments = []
+    for segment in _ledger_files(folder / LEDGER_INDEX_DIR):
         try:
-            table = _read_limited(segment, LEDGER_SEGMENT_LIMITS, schema or _SEGMENT_SCHEMA)
+            table = _read_limited(segment, LEDGER_SEGMENT_LIMITS, schema)
+        except FileNotFoundError:
+            if vanish:
+                raise _VanishedError(str(segment)) from None
+            if skipped is not None:  # a reader's last try: its records may be missing
+                _skip(f"skipped ledger index {segment}: removed while read", segment, skipped)
         except _OverLimitError as err:
             _skip(f"skipped oversized ledger index {segment}: {err} (not decoded)", segment, None)
         except (OSError, pa.ArrowException, ValueError) as err:
             _skip(f"skipped unreadable ledger index {segment}: {err}", segment, None)
         else:
-            covered.update(table.column(_SOURCE_COLUMN).to_pylist())
-            segments.append(table.drop_columns([_SOURCE_COLUMN]))
-    return segments, covered
+            segments.append(_Segment(segment, table))
+    return segments
+
+
+def _read_index(folder: Location, *, sources_only: bool = False) -> tuple[list[pa.Table], set[str]]:
+    """The index segments of a ledger and the record ids they hold (``sources_only``: read
+    only the ids)."""
+    schema = pa.schema([LEDGER_SCHEMA.field("record_id")]) if sources_only else LEDGER_SCHEMA
+    segments = _read_segments(folder, schema, vanish=False)
+    return [s.table for s in segments], set().union(*(s.ids for s in segments))
 
 
 def _segment_batches(tables: Sequence[pa.Table]) -> list[list[pa.Table]]:
@@ -1292,31 +1371,143 @@ def _segment_batches(tables: Sequence[pa.Table]) -> list[list[pa.Table]]:
     return batches
 
 
+def _cut_table(table: pa.Table) -> list[pa.Table]:
+    """Cut ``table`` into consecutive slices, each within :data:`_SEGMENT_CUT`."""
+    rows = table.num_rows
+    if rows == 0:
+        return []
+    values = np.ones(rows, dtype=np.int64)  # a list cell counts itself and its elements
+    for column in table.columns:
+        if pa.types.is_list(column.type):
+            lengths = pa.compute.list_value_length(column).fill_null(0)
+            values = np.maximum(values, 1 + lengths.to_numpy(zero_copy_only=False))
+    per_row = max(1, table.nbytes // rows)
+    slices, start, total_values = [], 0, 0
+    for end in range(rows):
+        total_values += int(values[end])
+        count = end - start + 1
+        if count > 1 and (
+            count > _SEGMENT_CUT[0]
+            or total_values > _SEGMENT_CUT[1]
+            or count * per_row > _SEGMENT_CUT[2]
+        ):
+            slices.append(table.slice(start, end - start))
+            start, total_values = end, int(values[end])
+    slices.append(table.slice(start))
+    return slices
+
+
+def _sorted_records(table: pa.Table) -> pa.Table:
+    return table.sort_by([("written_at", "ascending"), ("record_id", "ascending")])
+
+
+def _publish_segments(folder: Location, table: pa.Table) -> list[_Segment]:
+    written = []
+    for part in _cut_table(_sorted_records(_unique_records(table))):
+        part = part.combine_chunks()
+        name = f"segment-{_utcnow().strftime(_STAMP_FORMAT)}-{uuid.uuid4().hex[:12]}.parquet"
+        path = publish_table(part, folder / LEDGER_INDEX_DIR / name)
+        written.append(_Segment(path, part))
+    return written
+
+
+def _read_pending(files: Sequence[Location]) -> list[pa.Table]:
+    """Read record files for compaction: unreadable, oversized or vanished ones stay out (the
+    readers report what they cannot read; a vanished one is in a segment already)."""
+    tables = []
+    for file in files:
+        try:
+            tables.append(_read_limited(file, LEDGER_RECORD_LIMITS, LEDGER_SCHEMA))
+        except (OSError, pa.ArrowException, ValueError):
+            continue
+    return tables
+
+
+def compact_ledger(path: PathLike, *, grace: float | None = LEDGER_GRACE_SECONDS) -> list[Location]:
+    """Compact a ledger: copy the records no segment holds into new index segments, merge
+    small segments, and remove what a segment has held for ``grace`` seconds.
+
+    Safe with any number of writers, readers and compactors at once, on any machine: nothing
+    is renamed or locked. A segment holds whole records (:data:`LEDGER_SCHEMA`, each with its
+    ``record_id``), so readers take every segment plus the record files no segment holds, and
+    read a record found twice once. A record file is removed only once a segment published at
+    least ``grace`` seconds earlier holds its record; a segment only once larger segments at
+    least that old hold all its records (so a copy always remains). ``grace=None`` removes
+    nothing and merges nothing (:func:`index_ledger`). Returns the new segments.
+
+    Example:
+        >>> import tempfile
+        >>> folder = tempfile.mkdtemp()
+        >>> _ = write_ledger_record(folder, {"run_id": new_run_id(), "event": "start"})
+        >>> [p.parent.name for p in compact_ledger(folder, grace=0)]
+        ['_index']
+        >>> len(list(Path(folder).glob("*.parquet"))), len(read_ledger_records(folder))
+        (0, 1)
+    """
+    if grace is not None:
+        grace = validate.number("compact_ledger", "grace", grace, minimum=0, hint="seconds")
+    folder = _ledger_folder(path, "compact_ledger")
+    _refuse_link(folder)
+    _refuse_link(folder / LEDGER_INDEX_DIR, folder)
+    files = _ledger_files(folder)  # records first, then segments: see read_ledger_records
+    segments = _read_segments(folder, LEDGER_SCHEMA, vanish=False)
+    ids = {s.path.name: s.ids for s in segments}
+    covered = set().union(*ids.values())
+    pending = [f for f in files if _record_id_of(f.name) not in covered]
+    tables = _read_pending(pending)
+    # A segment whose records a larger one holds is waiting to be removed: never merged again.
+    order = sorted(segments, key=lambda s: (s.table.num_rows, s.path.name), reverse=True)
+    held: set[str] = set()
+    superseded = set()
+    for segment in order:
+        if ids[segment.path.name] <= held:
+            superseded.add(segment.path.name)
+        held |= ids[segment.path.name]
+    if grace is not None:
+        small = [
+            s
+            for s in segments
+            if s.table.num_rows < _SEGMENT_CUT[0] // 2 and s.path.name not in superseded
+        ]
+        if len(small) + bool(tables) >= _MERGE_AT:
+            tables.extend(s.table for s in small)
+    written = _publish_segments(folder, pa.concat_tables(tables)) if tables else []
+    if grace is None:
+        return [s.path for s in written]
+    segments += written
+    ids.update({s.path.name: s.ids for s in written})
+    cutoff = _utcnow().timestamp() - grace
+
+    def settled(segment: _Segment) -> bool:
+        made = _segment_time(segment.path.name)
+        return made is not None and made.timestamp() <= cutoff
+
+    kept: set[str] = set()  # records held by settled segments kept so far, largest first
+    for segment in sorted(segments, key=lambda s: (s.table.num_rows, s.path.name), reverse=True):
+        held_here = ids[segment.path.name]
+        if held_here and held_here <= kept:
+            with contextlib.suppress(FileNotFoundError):
+                segment.path.unlink()
+        elif settled(segment):
+            kept |= held_here
+    for file in files:
+        if _record_id_of(file.name) in kept:
+            with contextlib.suppress(FileNotFoundError):
+                file.unlink()
+    return [s.path for s in written]
+
+
 def index_ledger(path: PathLike) -> Location | None:
     """Copy the ledger's not-yet-indexed records into new index segments.
 
-    Readers then open only the files written since (about 1 ms each). The record files stay the
-    source of truth; segments of processes indexing at once may overlap (records are read once,
-    by ``record_id``). Returns the last new segment, or ``None`` when nothing was new.
+    Readers then open only the files written since (about 1 ms each). The record files stay,
+    nothing is removed (:func:`compact_ledger` removes them after a grace period); segments of
+    processes indexing at once may overlap (records are read once, by ``record_id``). Returns
+    the last new segment, or ``None`` when nothing was new.
     """
     folder = _ledger_folder(path, "index_ledger")
-    _refuse_link(folder)
-    _refuse_link(folder / LEDGER_INDEX_DIR, folder)
-    _, covered = _read_index(folder, sources_only=True)
-    pending = [f for f in _visible_parquet_files(folder) if f.name not in covered]
-    tables = []
-    for file in pending:
-        try:
-            table = _read_limited(file, LEDGER_RECORD_LIMITS, LEDGER_SCHEMA)
-        except (OSError, pa.ArrowException, ValueError):
-            continue  # unreadable or oversized files stay out of the index; readers report them
-        tables.append(table.append_column(_SOURCE_COLUMN, pa.array([file.name] * len(table))))
-    written = None
-    for batch in _segment_batches(tables):
-        segment = pa.concat_tables(batch).combine_chunks()
-        name = f"segment-{_utcnow().strftime('%Y%m%dT%H%M%S%fZ')}-{uuid.uuid4().hex[:12]}.parquet"
-        written = publish_table(segment, folder / LEDGER_INDEX_DIR / name)
-    return written
+    written = compact_ledger(folder, grace=None)
+    return written[-1] if written else None
 
 
 def _unique_records(table: pa.Table) -> pa.Table:
@@ -1329,32 +1520,108 @@ def _unique_records(table: pa.Table) -> pa.Table:
     return table.filter(pa.array(~duplicate.to_numpy(dtype=bool)))
 
 
-def read_ledger_records(path: PathLike, *, events: Sequence[str] | None = None) -> pd.DataFrame:
-    """Read every record of a run ledger, oldest first, each record once.
+def _read_record_files(
+    files: Sequence[Location], schema: pa.Schema, skipped: list[str], *, vanish: bool
+) -> list[pa.Table]:
+    tables = []
+    for path in files:
+        try:
+            tables.append(_read_limited(path, LEDGER_RECORD_LIMITS, schema))
+        except FileNotFoundError as err:
+            if vanish:
+                raise _VanishedError(str(path)) from None
+            _skip(
+                f"skipped unreadable file {path}: {type(err).__name__}: {err}",
+                path,
+                skipped,
+                stacklevel=4,
+            )
+        except _OverLimitError as err:
+            _skip(
+                f"skipped oversized file {path}: {err} (not decoded)", path, skipped, stacklevel=4
+            )
+        except (OSError, pa.ArrowException, ValueError) as err:
+            message = f"skipped unreadable file {path}: {type(err).__name__}: {err}"
+            _skip(message, path, skipped, stacklevel=4)
+    return tables
 
-    ``path`` is the ledger folder or an output folder holding ``ledger/``; indexed records are
-    read from their segments. ``events`` reads only those events (their file names say which).
-    Skipped files are warned about and listed in ``attrs["skipped"]``.
-    """
+
+def read_ledger_table(
+    path: PathLike,
+    *,
+    events: Sequence[str] | None = None,
+    columns: Sequence[str] | None = None,
+    skipped: list[str] | None = None,
+) -> pa.Table:
+    """Every record of a run ledger as an Arrow table, oldest first, each record once
+    (:func:`read_ledger_records`); ``columns`` reads only those (``record_id``, ``written_at``
+    and ``run_id`` always)."""
     if events is not None and not set(events) <= set(LEDGER_EVENTS):
         raise ValueError(f"events={events!r} is invalid; expected a subset of {LEDGER_EVENTS}.")
+    schema = LEDGER_SCHEMA
+    if columns is not None:
+        unknown = sorted(set(columns) - set(LEDGER_SCHEMA.names))
+        if unknown:
+            raise ValueError(f"columns={unknown!r} are not ledger columns; valid: {schema.names}.")
+        wanted = {"record_id", "written_at", "run_id", *columns, *(["event"] if events else [])}
+        schema = pa.schema([f for f in LEDGER_SCHEMA if f.name in wanted])
     folder = _ledger_folder(path, "read_ledger_records")
-    segments, covered = _read_index(folder)
-    pending = [f for f in _visible_parquet_files(folder) if f.name not in covered]
+    for attempt in range(_READ_TRIES):
+        last = attempt == _READ_TRIES - 1
+        found: list[str] = []
+        try:
+            table = _read_ledger_once(folder, schema, events, found, vanish=not last)
+        except _VanishedError:
+            continue  # a compactor moved records into a segment meanwhile: list again
+        if skipped is not None:
+            skipped.extend(found)
+        return table
+    raise AssertionError("unreachable")  # pragma: no cover - the last try never raises
+
+
+def _read_ledger_once(
+    folder: Location,
+    schema: pa.Schema,
+    events: Sequence[str] | None,
+    skipped: list[str],
+    *,
+    vanish: bool,
+) -> pa.Table:
+    # Records first, then segments: a record compacted between the two listings is found in
+    # its segment; one removed after both is found missing (_VanishedError) and the read restarts.
+    files = _ledger_files(folder)
+    segments = _read_segments(folder, schema, vanish=vanish, skipped=skipped)
+    tables = [s.table for s in segments]
+    pending = files
+    if files and segments:
+        named = pa.array([_record_id_of(f.name) for f in files], type=pa.string())
+        held = pa.chunked_array([t.column("record_id") for t in tables], type=pa.string())
+        covered = pa.compute.is_in(
+            named, value_set=held.combine_chunks(), skip_nulls=True
+        ).to_pylist()
+        pending = [f for f, hit in zip(files, covered, strict=True) if not hit]
     if events is not None:
         # Names read <time>-<run_id>-<event>-<record_id>.parquet; ids are hex, so the event
         # word cannot occur inside them.
         pending = [f for f in pending if any(f"-{event}-" in f.name for event in events)]
         wanted = pa.array(list(events))
-        segments = [
-            t.filter(pa.compute.is_in(t.column("event"), value_set=wanted)) for t in segments
-        ]
+        tables = [t.filter(pa.compute.is_in(t.column("event"), value_set=wanted)) for t in tables]
+    tables += _read_record_files(pending, schema, skipped, vanish=vanish)
+    if not tables:
+        return schema.empty_table()
+    return _sorted_records(_unique_records(pa.concat_tables(tables).combine_chunks()))
+
+
+def read_ledger_records(path: PathLike, *, events: Sequence[str] | None = None) -> pd.DataFrame:
+    """Read every record of a run ledger, oldest first, each record once.
+
+    ``path`` is the ledger folder or an output folder holding ``ledger/``; records held by
+    index segments are read from them, the others from their files. ``events`` reads only
+    those events (their file names say which). Skipped files are warned about and listed in
+    ``attrs["skipped"]``. A compaction running meanwhile is tolerated (docs/ledger.md).
+    """
     skipped: list[str] = []
-    files = read_parquet_files(pending, LEDGER_SCHEMA, limits=LEDGER_RECORD_LIMITS, skipped=skipped)
-    table = _unique_records(pa.concat_tables([*segments, files]).combine_chunks())
-    frame = _to_pandas(table)
-    if len(frame):
-        frame = frame.sort_values(["written_at", "record_id"], kind="stable").reset_index(drop=True)
+    frame = _to_pandas(read_ledger_table(path, events=events, skipped=skipped))
     frame.attrs["skipped"] = skipped
     return frame
 
