@@ -314,6 +314,26 @@ def _rate(
     return float(occurrences.fillna(0).sum()) / updates, median
 
 
+def _package(
+    packages: dict[int, list[str]],
+    name: str,
+    status: Any,
+    hours: float,
+    cumulative: float,
+    reserve: float,
+) -> tuple[bool, float]:
+    """Add a variant of ``hours`` to every 3/7/30-day package it still fits in (after the
+    ones before it); a variant that diverged, failed or has an unknown status is never
+    packaged. Returns whether it was packaged and the hours packaged so far."""
+    if status in GATE_STATUSES or not (status in STATUSES or is_null(status)):
+        return False, cumulative
+    cumulative += hours
+    for days, members in packages.items():
+        if cumulative <= days * 24.0 * (1.0 - reserve):
+            members.append(name)
+    return True, cumulative
+
+
 def campaign(
     phases: pd.DataFrame, variants: pd.DataFrame, step_s: float, *, reserve: float, devices: int = 1
 ) -> Campaign:
@@ -331,12 +351,7 @@ def campaign(
     rows, cumulative = [], 0.0
     for name, planned, status in variants.itertuples(index=False):
         hours = (int(planned) * per_update + export) / 3600.0
-        packaged = status not in GATE_STATUSES and (status in STATUSES or is_null(status))
-        if packaged:
-            cumulative += hours
-            for days, members in packages.items():
-                if cumulative <= days * 24.0 * (1.0 - reserve):
-                    members.append(name)
+        packaged, cumulative = _package(packages, name, status, hours, cumulative, reserve)
         rows.append((name, status, int(planned), hours, hours * devices, packaged, cumulative))
     columns = ["variant", "status", "planned_updates", "hours", "device_hours", "packaged",
                "cumulative_hours"]  # fmt: skip
@@ -516,12 +531,7 @@ def target_campaign(
     rows, cumulative = [], 0.0
     for name, planned, status in variants.itertuples(index=False):
         low, high = int(planned) * step_low_s / 3600.0, int(planned) * step_high_s / 3600.0
-        packaged = status not in GATE_STATUSES and (status in STATUSES or is_null(status))
-        if packaged:
-            cumulative += high
-            for days, members in packages.items():
-                if cumulative <= days * 24.0 * (1.0 - reserve):
-                    members.append(name)
+        packaged, cumulative = _package(packages, name, status, high, cumulative, reserve)
         cost = (None, None) if price_per_gpu_hour is None else (
             low * devices * price_per_gpu_hour, high * devices * price_per_gpu_hour
         )  # fmt: skip
