@@ -205,6 +205,7 @@ def _cmd_estimate(args: argparse.Namespace, reads: Reads) -> int:
             f"FACTORY {args.factory!r} returned {type(built).__name__}: expected a tuple"
             " (LightningModule, batch), the batch one real batch of the data"
         )
+    from lightning_pilot.core.progress import LineReporter
     from lightning_pilot.estimate import estimate  # torch: only this command needs it
 
     checkpointing = {"off": [False], "on": [True], "both": [False, True]}[args.checkpointing]
@@ -227,6 +228,7 @@ def _cmd_estimate(args: argparse.Namespace, reads: Reads) -> int:
             largest=not args.no_largest,
             checkpoint_classes=classes,
             out_dir=args.out,
+            progress=LineReporter("lightning-pilot estimate", min_interval_s=1.0),
         )
     except (TypeError, ValueError) as err:
         raise UsageError(str(err)) from None

@@ -143,6 +143,9 @@ class TargetEstimator(PilotCallback):
             f"{_OWNER}: estimating {len(self.targets)} target(s) x {len(precisions)}"
             f" precision(s) x {len(micro_batches)} micro-batch(es) on fake tensors"
         )
+        from lightning_pilot.resume.parent import trainer_progress
+
+        progress = trainer_progress(trainer, len(precisions), label=_OWNER)
         with _not_logging(pl_module):
             self.result = result = estimate(
                 pl_module,
@@ -154,6 +157,7 @@ class TargetEstimator(PilotCallback):
                 checkpointing=self.checkpointing,
                 strategies=self.strategies,
                 largest=self.largest,
+                progress=progress,
                 **self.options,
             )
         self.run.register_table("estimate", ESTIMATE_SCHEMA)
@@ -190,7 +194,7 @@ def _sequence(name: str, value: Any) -> list[Any]:
 #: ``estimate`` arguments this callback sets itself (not through ``options``).
 _OWN: tuple[str, ...] = (
     "module", "batch", "factory", "targets", "precisions", "micro_batches", "seq_lens",
-    "checkpointing", "strategies", "largest", "out_dir",
+    "checkpointing", "strategies", "largest", "out_dir", "progress",
 )  # fmt: skip
 
 

@@ -54,6 +54,7 @@ import numpy as np
 import torch
 
 from lightning_pilot.core import validate
+from lightning_pilot.core.progress import Reporter
 from lightning_pilot.estimate.reference import PHASE_ORDER
 from lightning_pilot.estimate.roofline import (
     DEFAULT_EFFICIENCY,
@@ -923,6 +924,7 @@ def estimate(
     max_micro_batch: int = 1024,
     workers: int | None = None,
     out_dir: str | Any = None,
+    progress: Any = None,
 ) -> Estimate:
     """Estimate memory per GPU and step time of ``module`` (or ``factory()``) on ``targets``.
 
@@ -941,7 +943,8 @@ def estimate(
     matrix products on TF32 tensor cores. ``fragmentation``: reserved bytes allowed above the
     allocator's segments. ``largest``: search the largest micro-batch per target, precision
     and checkpointing at the longest sequence, up to ``max_micro_batch`` (``verify_largest``:
-    confirmed by tracing).
+    confirmed by tracing). ``progress``: a :class:`lightning_pilot.core.progress.Reporter`
+    told as each precision's traces start and finish (default: none).
     """
     started = time.perf_counter()
     if (module is None) == (factory is None):
@@ -1022,11 +1025,20 @@ def estimate(
         # A forked child must not touch CUDA once the parent has initialised it (a live
         # module on a GPU: its buffers' values are read): trace in this process then.
         forkable = "fork" in multiprocessing.get_all_start_methods()
+        shown = progress if progress is not None else Reporter()
+        total = f"{len(configs)} configuration(s) x {len(tgts)} target(s)"
         if count > 1 and forkable and not torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+            shown.update(f"tracing {', '.join(precs)} in {count} processes: {total}", done=0)
             with multiprocessing.get_context("fork").Pool(count) as pool:
-                done = pool.map(_precision_job, precs, chunksize=1)
+                done = []
+                for finished in pool.imap(_precision_job, precs, chunksize=1):
+                    done.append(finished)
+                    shown.update(f"{len(done)} of {len(precs)} precision(s) traced", done=len(done))
         else:
-            done = [_precision_job(precision, keep_exception=True) for precision in precs]
+            done = []
+            for index, precision in enumerate(precs):
+                shown.update(f"tracing {precision}: {total}", done=index)
+                done.append(_precision_job(precision, keep_exception=True))
     finally:
         _JOB = None
     for traces, found in done:
@@ -1038,6 +1050,7 @@ def estimate(
                 _rows_for(traces, tgt, strategy, key, base, efficiency, allow_tf32, fragmentation)
             )
     result = Estimate(rows, largest_rows, time.perf_counter() - started)
+    shown.close(f"{len(rows)} row(s) in {result.seconds:.1f} s", done=len(precs))
     if out_dir is not None:
         result.paths = _publish(result, out_dir)
     return result

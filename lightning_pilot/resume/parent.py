@@ -246,7 +246,7 @@ def run_streaming(
     return Finished(process.returncode, "".join(stdout), "".join(stderr))
 
 
-def trainer_progress(trainer: pl.Trainer, total: int) -> Reporter:
+def trainer_progress(trainer: pl.Trainer, total: int, label: str = PROGRESS_LABEL) -> Reporter:
     """How the new process's progress is shown after ``trainer``'s fit: a ``tqdm`` bar where
     the Trainer shows a ``TQDMProgressBar``, plain lines where it shows another bar, plain lines
     on a terminal where it shows none, nothing on other ranks (``core.progress.choose_reporter``).
@@ -259,7 +259,7 @@ def trainer_progress(trainer: pl.Trainer, total: int) -> Reporter:
         if isinstance(bar, TQDMProgressBar):
             position = 2 * bar.process_position  # as its own main bar
     return choose_reporter(
-        PROGRESS_LABEL,
+        label,
         total=total,
         global_zero=trainer.is_global_zero,
         trainer_bar=shown,

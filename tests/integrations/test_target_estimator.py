@@ -120,8 +120,14 @@ def test_the_estimate_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]
          "--checkpoint-class", "lightning_pilot.demo.lm:_Block", "--no-largest",
          "--out", str(out)]
     )  # fmt: skip
-    text = capsys.readouterr().out
+    captured = capsys.readouterr()
+    text = captured.out
     assert code == 0, text
+    # Progress on stderr while the grid is traced, and its end.
+    assert "lightning-pilot estimate: tracing bf16-mixed: 4 configuration(s) x 1 target(s)" in (
+        captured.err
+    )
+    assert "lightning-pilot estimate: 24 row(s) in" in captured.err
     lines = [line for line in text.splitlines() if line.startswith("L4-24GB")]
     assert len(lines) == 4  # 2 micro-batches x checkpointing off and on
     assert all(" fits " in line and line.rstrip().endswith("ok") for line in lines)
