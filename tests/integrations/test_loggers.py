@@ -17,9 +17,10 @@ from lightning_pilot.demo import InstructionDataModule, TinyCausalLM
 from lightning_pilot.pilot import pilot_callbacks
 
 
-def _fit(make_trainer: Any, out: Path, logger: Any) -> list[Any]:
-    """A short pilot; returns the callbacks (the warnings it gave in ``fit_warnings``)."""
-    callbacks = pilot_callbacks(out, experiment="logs", variant="control", seed=1)
+def _fit(make_trainer: Any, out: Path, logger: Any, resume: bool = True) -> list[Any]:
+    """A short pilot; returns the callbacks (the warnings it gave in ``fit_warnings``);
+    ``resume=False`` leaves out the resume check (its new process is the slow part)."""
+    callbacks = pilot_callbacks(out, experiment="logs", variant="control", seed=1, resume=resume)
     trainer = make_trainer(
         callbacks=callbacks, logger=logger, max_steps=6, val_check_interval=3, log_every_n_steps=1
     )
@@ -138,18 +139,18 @@ class _Recording(Logger):
 def test_nothing_is_logged_without_a_logger_and_a_refusing_logger_only_warns(
     make_trainer: Any, tmp_path: Path
 ) -> None:
-    callbacks = _fit(make_trainer, tmp_path / "none", False)
+    callbacks = _fit(make_trainer, tmp_path / "none", False, resume=False)
     assert callbacks[0].run.closed
     assert not (tmp_path / "lightning_logs").exists()
 
-    _fit(make_trainer, tmp_path / "refused", _Recording(refuse=True))
+    _fit(make_trainer, tmp_path / "refused", _Recording(refuse=True), resume=False)
     refused = [w for w in fit_warnings if "summary to _Recording" in w]
     assert len(refused) == 1, fit_warnings
     assert "this backend refuses the key" in refused[0]
     assert Ledger(tmp_path / "refused").runs()["status"].tolist() == ["completed"]
 
     recording = _Recording()
-    _fit(make_trainer, tmp_path / "recorded", recording)
+    _fit(make_trainer, tmp_path / "recorded", recording, resume=False)
     pilot = [c for c in recording.calls if any(k.startswith("pilot/") for k in c[1])]
     assert [kind for kind, _ in pilot] == ["metrics", "hparams"]  # once, at the run's close
     assert all(isinstance(v, float) for v in pilot[0][1].values())
