@@ -20,6 +20,12 @@ from lightning_pilot.schemas import ESTIMATE_SCHEMA, LARGEST_SCHEMA
 _OWNER = "TargetEstimator"
 
 
+def _list(value: Any, name: str) -> list[Any]:
+    from lightning_pilot.estimate.grid import sequence_argument
+
+    return sequence_argument(value, name, owner=_OWNER)
+
+
 class TargetEstimator(PilotCallback):
     """Estimate, at the end of the pilot, memory per GPU and step time on target GPUs.
 
@@ -79,13 +85,13 @@ class TargetEstimator(PilotCallback):
         super().__init__(out_dir=out_dir)
         from lightning_pilot.estimate import PRECISIONS, Strategy, target
 
-        self.targets = [target(value) for value in _sequence("targets", targets)]
+        self.targets = [target(value) for value in _list(targets, "targets")]
         self.precisions = (
             None
             if precisions is None
             else [
                 validate.choice(_OWNER, "precisions", p, PRECISIONS)
-                for p in _sequence("precisions", precisions)
+                for p in _list(precisions, "precisions")
             ]
         )
         self.micro_batches = (
@@ -93,18 +99,18 @@ class TargetEstimator(PilotCallback):
             if micro_batches is None
             else [
                 validate.integer(_OWNER, "micro_batches", b, minimum=1)
-                for b in _sequence("micro_batches", micro_batches)
+                for b in _list(micro_batches, "micro_batches")
             ]
         )
         self.seq_lens = [
             validate.integer(_OWNER, "seq_lens", s, minimum=1, optional=True)
-            for s in _sequence("seq_lens", seq_lens)
+            for s in _list(seq_lens, "seq_lens")
         ]
         self.checkpointing = [
             validate.boolean(_OWNER, "checkpointing", c)
-            for c in _sequence("checkpointing", checkpointing)
+            for c in _list(checkpointing, "checkpointing")
         ]
-        self.strategies = [Strategy.parse(s) for s in _sequence("strategies", strategies)]
+        self.strategies = [Strategy.parse(s) for s in _list(strategies, "strategies")]
         self.largest = validate.boolean(_OWNER, "largest", largest)
         # One process: forking traced workers inside a Trainer's process is not safe.
         self.options = {"workers": 1} | _options(options)
@@ -183,12 +189,6 @@ class TargetEstimator(PilotCallback):
                     f"{key}/step_high_s": c["step_high_s"],
                 }
             )
-
-
-def _sequence(name: str, value: Any) -> list[Any]:
-    if isinstance(value, str | bytes) or not isinstance(value, Sequence) or not value:
-        raise TypeError(validate.invalid(_OWNER, name, value, "a non-empty list"))
-    return list(value)
 
 
 #: ``estimate`` arguments this callback sets itself (not through ``options``).

@@ -129,16 +129,21 @@ class Estimate:
     paths: list[str] = field(default_factory=list)
 
     def frame(self) -> Any:
-        """``rows`` as a pandas DataFrame."""
+        """``rows`` as a pandas DataFrame with every column of :data:`ESTIMATE_SCHEMA` (a row
+        of a step that failed carries only what names it: the rest is null)."""
         import pandas as pd
 
-        return pd.DataFrame(self.rows)
+        from lightning_pilot.schemas import ESTIMATE_SCHEMA
+
+        return pd.DataFrame(self.rows, columns=ESTIMATE_SCHEMA.names)
 
     def largest_frame(self) -> Any:
-        """``largest`` as a pandas DataFrame."""
+        """``largest`` as a pandas DataFrame with every column of :data:`LARGEST_SCHEMA`."""
         import pandas as pd
 
-        return pd.DataFrame(self.largest)
+        from lightning_pilot.schemas import LARGEST_SCHEMA
+
+        return pd.DataFrame(self.largest, columns=LARGEST_SCHEMA.names)
 
 
 def extrapolate(
@@ -956,31 +961,31 @@ def estimate(
     validate.callable_or_none(_OWNER, "factory", factory, "factory() -> LightningModule")
     if batch is None:
         raise ValueError(validate.invalid(_OWNER, "batch", batch, "one real batch of the data"))
-    tgts = [target(value) for value in _sequence(targets, "targets")]
+    tgts = [target(value) for value in sequence_argument(targets, "targets")]
     precs = [
         validate.choice(_OWNER, "precisions", p, PRECISIONS)
-        for p in _sequence(precisions, "precisions")
+        for p in sequence_argument(precisions, "precisions")
     ]
     mbs = [
         validate.integer(_OWNER, "micro_batches", b, minimum=1)
-        for b in _sequence(micro_batches, "micro_batches")
+        for b in sequence_argument(micro_batches, "micro_batches")
     ]
     seqs = [
         validate.integer(_OWNER, "seq_lens", s, minimum=1, optional=True)
-        for s in _sequence(seq_lens, "seq_lens")
+        for s in sequence_argument(seq_lens, "seq_lens")
     ]
     ckpts = [
         validate.boolean(_OWNER, "checkpointing", c)
-        for c in _sequence(checkpointing, "checkpointing")
+        for c in sequence_argument(checkpointing, "checkpointing")
     ]
-    strats = [Strategy.parse(s) for s in _sequence(strategies, "strategies")]
-    classes = tuple(_sequence(checkpoint_classes, "checkpoint_classes", empty=True))
+    strats = [Strategy.parse(s) for s in sequence_argument(strategies, "strategies")]
+    classes = tuple(sequence_argument(checkpoint_classes, "checkpoint_classes", empty=True))
     for cls in classes:
         if not (isinstance(cls, type) and issubclass(cls, torch.nn.Module)):
             raise TypeError(
                 validate.invalid(_OWNER, "checkpoint_classes", cls, "torch.nn.Module subclasses")
             )
-    wrap = tuple(_sequence(wrap_classes, "wrap_classes", empty=True))
+    wrap = tuple(sequence_argument(wrap_classes, "wrap_classes", empty=True))
     _efficiency(efficiency)
     validate.boolean(_OWNER, "allow_tf32", allow_tf32)
     validate.number(_OWNER, "fragmentation", fragmentation, minimum=0, maximum=1)
@@ -1056,11 +1061,14 @@ def estimate(
     return result
 
 
-def _sequence(value: object, name: str, *, empty: bool = False) -> list[Any]:
+def sequence_argument(
+    value: object, name: str, *, empty: bool = False, owner: str = _OWNER
+) -> list[Any]:
+    """``value`` as a list: a sequence other than a string, non-empty unless ``empty``."""
     if isinstance(value, str | bytes) or not isinstance(value, Sequence):
-        raise TypeError(validate.invalid(_OWNER, name, value, "a list"))
+        raise TypeError(validate.invalid(owner, name, value, "a list"))
     if not value and not empty:
-        raise ValueError(validate.invalid(_OWNER, name, value, "a non-empty list"))
+        raise ValueError(validate.invalid(owner, name, value, "a non-empty list"))
     return list(value)
 
 

@@ -475,10 +475,6 @@ def on_target(estimate: pd.DataFrame) -> pd.DataFrame:
     """
     columns = [*TARGET_KEYS, "reserved_bytes", "phase", "fits", "headroom_bytes",
                "step_low_s", "step_high_s", "status", "reason"]  # fmt: skip
-    needed = [*TARGET_KEYS, "phase", "status", "reason", "estimated_reserved_bytes", "fits",
-              "headroom_bytes", "step_time_low_s", "step_time_high_s"]  # fmt: skip
-    # Rows of a step that failed carry only what names them: the rest is not measured.
-    estimate = estimate.reindex(columns=list(dict.fromkeys([*estimate.columns, *needed])))
     rows = []
     for key, group in estimate.groupby(list(TARGET_KEYS), sort=False, dropna=False):
         ok = group[group["status"] == "ok"]
