@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import lightning.pytorch as pl
@@ -152,20 +151,19 @@ class TargetEstimator(PilotCallback):
         from lightning_pilot.resume.parent import trainer_progress
 
         progress = trainer_progress(trainer, len(precisions), label=_OWNER)
-        with _not_logging(pl_module):
-            self.result = result = estimate(
-                pl_module,
-                batch,
-                targets=self.targets,
-                precisions=precisions,
-                micro_batches=micro_batches,
-                seq_lens=self.seq_lens,
-                checkpointing=self.checkpointing,
-                strategies=self.strategies,
-                largest=self.largest,
-                progress=progress,
-                **self.options,
-            )
+        self.result = result = estimate(
+            pl_module,
+            batch,
+            targets=self.targets,
+            precisions=precisions,
+            micro_batches=micro_batches,
+            seq_lens=self.seq_lens,
+            checkpointing=self.checkpointing,
+            strategies=self.strategies,
+            largest=self.largest,
+            progress=progress,
+            **self.options,
+        )
         self.run.register_table("estimate", ESTIMATE_SCHEMA)
         self.run.append_rows("estimate", result.rows)
         if result.largest:
@@ -214,25 +212,3 @@ def _options(options: Mapping[str, Any] | None) -> dict[str, Any]:
             )
         )
     return dict(options)
-
-
-@contextlib.contextmanager
-def _not_logging(module: pl.LightningModule) -> Iterator[None]:
-    """The module's ``self.log``/``self.log_dict`` do nothing while the estimate runs its steps
-    (on fake values, after the fit: nothing may reach the Trainer's loggers); put back after."""
-    names = ("log", "log_dict")
-    held = {name: module.__dict__[name] for name in names if name in module.__dict__}
-    for name in names:
-        module.__dict__[name] = _ignore
-    try:
-        yield
-    finally:
-        for name in names:
-            if name in held:
-                module.__dict__[name] = held[name]
-            else:
-                module.__dict__.pop(name, None)
-
-
-def _ignore(*args: Any, **kwargs: Any) -> None:
-    return None

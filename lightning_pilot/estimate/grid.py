@@ -41,12 +41,13 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import multiprocessing
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -1008,6 +1009,7 @@ def estimate(
     rows: list[dict[str, Any]] = []
     largest_rows: list[dict[str, Any]] = []
     global _JOB
+    stack = contextlib.ExitStack()
     _JOB = {
         "targets": tgts,
         "checkpointing": ckpts,
@@ -1026,6 +1028,7 @@ def estimate(
         "wrap": wrap,
     }
     try:
+        stack.enter_context(_not_logging(module))
         count = min(len(precs), workers or os.cpu_count() or 1)
         # A forked child must not touch CUDA once the parent has initialised it (a live
         # module on a GPU: its buffers' values are read): trace in this process then.
@@ -1046,6 +1049,7 @@ def estimate(
                 done.append(_precision_job(precision, keep_exception=True))
     finally:
         _JOB = None
+        stack.close()
     for traces, found in done:
         largest_rows.extend(found)
         for tgt, strategy, key in itertools.product(
@@ -1097,3 +1101,29 @@ def _publish(result: Estimate, out_dir: Any) -> list[str]:
         table = storage.rows_to_table(rows, schema)
         paths.append(str(storage.publish_table(table, folder / name)))
     return paths
+
+
+@contextlib.contextmanager
+def _not_logging(module: Any) -> Iterator[None]:
+    """A live LightningModule's ``self.log``/``self.log_dict`` do nothing while its steps run on
+    fake values (nothing may reach a Trainer's loggers); put back after. Nothing to do
+    for ``None`` (a factory builds the module) or a plain ``nn.Module``."""
+    names = ("log", "log_dict")
+    if not callable(getattr(type(module), "log_dict", None)):  # no LightningModule: no logging
+        yield
+        return
+    held = {name: module.__dict__[name] for name in names if name in module.__dict__}
+    for name in names:
+        module.__dict__[name] = _ignore
+    try:
+        yield
+    finally:
+        for name in names:
+            if name in held:
+                module.__dict__[name] = held[name]
+            else:
+                module.__dict__.pop(name, None)
+
+
+def _ignore(*args: Any, **kwargs: Any) -> None:
+    return None
