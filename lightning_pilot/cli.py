@@ -277,7 +277,7 @@ def _gpu_memory(text: str | None) -> int | None:
 
 
 def _write_sheet(
-    run_dir: Path,
+    run_dir: Location,
     reads: Reads,
     gpu_memory: int | None,
     reserve: float = 0.25,
@@ -319,10 +319,6 @@ def _write_sheet(
 def _cmd_sheet(args: argparse.Namespace, reads: Reads) -> int:
     gpu_memory = _gpu_memory(args.gpu_memory)
     run_dir = _location(args.run_dir, "RUN_DIR")
-    if not isinstance(run_dir, Path):
-        raise UsageError(
-            f"RUN_DIR {run_dir}: the choice sheet is written to local run folders only."
-        )
     _folder(run_dir, "a run folder, <out_dir>/runs/<run_id>")
     prices = _gpu_prices(args.gpu_price)
     return _write_sheet(
@@ -357,8 +353,6 @@ def _cmd_plot(args: argparse.Namespace, reads: Reads) -> int:
     except ModuleNotFoundError as err:
         raise UsageError(str(err)) from None
     path = _location(args.path, "PATH")
-    if not isinstance(path, Path):
-        raise UsageError(f"PATH {path}: plots are drawn from and written to local folders only.")
     _folder(path, "an output folder, a run folder (<out_dir>/runs/<run_id>) or a ledger folder")
     out_dir, run_dirs = plots.scope(path)
     for run in run_dirs:

@@ -73,6 +73,7 @@ __all__ = [
     "read_parquet_files",
     "read_phase_table",
     "read_snapshot_table",
+    "remove_work_folder",
     "rows_to_table",
     "run_folders",
     "safe_join",
@@ -384,12 +385,46 @@ def work_folder(root: PathLike, *components: str) -> Path:
         return make_folder(base, *components)
     for component in components:
         safe_path_component(component, "path component")
+    return make_folder(_remote_work_root(base), *components)
+
+
+def _remote_work_root(base: RemotePath) -> Path:
     import hashlib
     import tempfile
 
     digest = hashlib.sha256(str(base).encode()).hexdigest()[:16]
-    local = Path(tempfile.gettempdir()) / f"lightning-pilot-{digest}"
-    return make_folder(local, *components)
+    return Path(tempfile.gettempdir()) / f"lightning-pilot-{digest}"
+
+
+def remove_work_folder(root: PathLike) -> Path | None:
+    """Remove the local folder :func:`work_folder` made for a remote ``root`` (the probe
+    checkpoints and the export of a run whose ``out_dir`` is a URL) once the run needs it no
+    more; return it, or ``None`` when there was none. A local ``root`` keeps its work folders:
+    they are part of the output folder. A folder that cannot be removed whole is a warning,
+    never an error (the run's results are already published).
+
+    Example:
+        >>> folder = work_folder("memory://doc-work/run", "resume")
+        >>> remove_work_folder("memory://doc-work/run") == folder.parent, folder.exists()
+        (True, False)
+    """
+    base = location(root)
+    if isinstance(base, Path):
+        return None
+    local = _remote_work_root(base)
+    if local.is_symlink() or not local.is_dir():
+        return None
+    import shutil
+
+    try:
+        shutil.rmtree(local)
+    except OSError as err:
+        warnings.warn(
+            f"lightning-pilot: could not remove the work folder {local}: {err}",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    return local
 
 
 def _refuse_link(folder: Location, root: Location | None = None) -> None:
@@ -1266,6 +1301,13 @@ _READ_TRIES: Final = 3
 _MERGE_AT: Final = 4
 
 
+#: A hidden temporary file of :func:`publish_file`: ``.<name>.<uuid hex>.tmp``.
+_TEMPORARY_NAME: Final = re.compile(r"\..+\.[0-9a-f]{32}\.tmp")
+#: A hidden temporary file younger than this is never removed by a compaction, whatever its
+#: ``grace``: a live writer may still publish it (one takes milliseconds; docs/ledger.md).
+TEMPORARY_GRACE_SECONDS: Final = 600.0
+
+
 class _VanishedError(Exception):
     """A file listed a moment ago is gone (a compactor removed it): list again."""
 
@@ -1329,8 +1371,9 @@ def _read_segments(
     skipped: list[str] | None = None,
 ) -> list[_Segment]:
     """The readable index segments of a ledger, conformed to ``schema``; a bad one is skipped
-    with a warning (it costs speed, never records: its record files are read one by one, or
-    another segment holds them). A segment gone since the listing: :class:`_VanishedError`."""
+    with a warning and listed in ``skipped`` (a reader's; a compactor passes none): while its
+    record files are there it costs speed only, but once a compaction removed them its records
+    are lost with it. A segment gone since the listing: :class:`_VanishedError`."""
     segments = []
     for segment in _ledger_files(folder / LEDGER_INDEX_DIR):
         try:
@@ -1341,9 +1384,10 @@ def _read_segments(
             if skipped is not None:  # a reader's last try: its records may be missing
                 _skip(f"skipped ledger index {segment}: removed while read", segment, skipped)
         except _OverLimitError as err:
-            _skip(f"skipped oversized ledger index {segment}: {err} (not decoded)", segment, None)
+            message = f"skipped oversized ledger index {segment}: {err} (not decoded)"
+            _skip(message, segment, skipped)
         except (OSError, pa.ArrowException, ValueError) as err:
-            _skip(f"skipped unreadable ledger index {segment}: {err}", segment, None)
+            _skip(f"skipped unreadable ledger index {segment}: {err}", segment, skipped)
         else:
             segments.append(_Segment(segment, table))
     return segments
@@ -1432,7 +1476,9 @@ def compact_ledger(path: PathLike, *, grace: float | None = LEDGER_GRACE_SECONDS
     ``record_id``), so readers take every segment plus the record files no segment holds, and
     read a record found twice once. A record file is removed only once a segment published at
     least ``grace`` seconds earlier holds its record; a segment only once larger segments at
-    least that old hold all its records (so a copy always remains). ``grace=None`` removes
+    least that old hold all its records (so a copy always remains). The hidden temporary
+    files of publications killed half-way (in the ledger folder and ``_index/``) are removed
+    once older than ``grace`` and :data:`TEMPORARY_GRACE_SECONDS`. ``grace=None`` removes
     nothing and merges nothing (:func:`index_ledger`). Returns the new segments.
 
     Example:
@@ -1477,6 +1523,8 @@ def compact_ledger(path: PathLike, *, grace: float | None = LEDGER_GRACE_SECONDS
     segments += written
     ids.update({s.path.name: s.ids for s in written})
     cutoff = _utcnow().timestamp() - grace
+    for where in (folder, folder / LEDGER_INDEX_DIR):
+        _remove_stale_temporaries(where, cutoff - max(0.0, TEMPORARY_GRACE_SECONDS - grace))
 
     def settled(segment: _Segment) -> bool:
         made = _segment_time(segment.path.name)
@@ -1495,6 +1543,32 @@ def compact_ledger(path: PathLike, *, grace: float | None = LEDGER_GRACE_SECONDS
             with contextlib.suppress(FileNotFoundError):
                 file.unlink()
     return [s.path for s in written]
+
+
+def _remove_stale_temporaries(folder: Location, cutoff: float) -> list[Path]:
+    """Remove the hidden temporary files a killed :func:`publish_file` left in a local
+    ``folder`` (plain files named ``.<name>.<uuid hex>.tmp``) last modified before ``cutoff``
+    (a POSIX time); return them. Readers never see them; an object store has none (a remote
+    publication is one whole-object write)."""
+    removed: list[Path] = []
+    if not isinstance(folder, Path):
+        return removed
+    try:
+        with os.scandir(folder) as entries:
+            stale = [entry for entry in entries if _TEMPORARY_NAME.fullmatch(entry.name)]
+    except (FileNotFoundError, NotADirectoryError):
+        return removed
+    for entry in stale:
+        try:
+            if not entry.is_file(follow_symlinks=False):
+                continue
+            if entry.stat(follow_symlinks=False).st_mtime >= cutoff:
+                continue
+            os.unlink(entry.path)
+        except FileNotFoundError:
+            continue  # its writer (or another compactor) removed it meanwhile
+        removed.append(Path(entry.path))
+    return removed
 
 
 def index_ledger(path: PathLike) -> Location | None:

@@ -316,6 +316,83 @@ def test_compaction_keeps_what_it_cannot_read_and_readers_still_name_it(tmp_path
     assert records.attrs["skipped"] == [str(damaged)]
 
 
+def test_a_damaged_segment_is_listed_as_skipped_and_show_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from lightning_pilot.cli import main
+
+    lost = _write_runs(tmp_path, 2)
+    (first,) = compact_ledger(tmp_path, grace=0)  # the record files are gone: the only copy
+    kept = _write_runs(tmp_path, 1)
+    (second,) = compact_ledger(tmp_path, grace=0)
+    assert _record_files(tmp_path) == []
+    first.write_bytes(first.read_bytes()[:100])  # damaged after the fact (a bad disk, say)
+    with pytest.warns(
+        SkippedFileWarning, match=rf"unreadable ledger index {re.escape(str(first))}"
+    ):
+        records = read_ledger_records(tmp_path)
+    assert sorted(records["record_id"]) == sorted(kept)  # its 6 records are read nowhere else
+    assert records.attrs["skipped"] == [str(first)]
+    ledger = Ledger(tmp_path)
+    with pytest.warns(SkippedFileWarning):
+        assert ledger.runs().attrs["skipped"] == [str(first)]
+    assert ledger.skipped == [str(first)]
+    # The command line will not claim a clean result on a ledger it could not read whole.
+    capsys.readouterr()
+    assert main(["show", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "not everything in scope could be read" in err
+    assert f"unreadable ledger index {first}" in err
+    assert len(lost) == 6
+    assert second.exists()
+
+
+_KILLED_WRITER = """
+import sys, time
+from lightning_pilot.storage import publish_file
+
+def write(handle):
+    handle.write(b"PAR1 half a file")
+    handle.flush()
+    print("ready", flush=True)
+    time.sleep(600)  # killed here: after the temporary file exists, before it is published
+
+publish_file(sys.argv[1], write)
+"""
+
+
+def test_compaction_removes_the_temporary_files_of_killed_writers_once_old(
+    tmp_path: Path,
+) -> None:
+    ids = _write_runs(tmp_path, 1)
+    record = f"20990101T000000000000Z-{new_run_id()}-end-{new_run_id()}.parquet"
+    segment = "segment-20990101T000000000000Z-killed.parquet"
+    for target in (tmp_path / record, tmp_path / "_index" / segment):
+        writer = _start(_KILLED_WRITER, target)
+        writer.send_signal(signal.SIGKILL)
+        writer.communicate(timeout=60)
+    left = sorted(tmp_path.glob(".*.tmp")) + sorted((tmp_path / "_index").glob(".*.tmp"))
+    assert [p.name.split(".")[1] for p in left] == [record.split(".")[0], segment.split(".")[0]]
+    assert not (tmp_path / record).exists()  # never published: readers never see it
+    # Young, they may belong to a live writer: kept, even with grace=0.
+    compact_ledger(tmp_path, grace=0)
+    assert all(p.exists() for p in left)
+    # Older than the grace period (an hour by default): removed by the next compaction; a
+    # hidden file that is not a temporary file of ours, however old, stays.
+    other = tmp_path / ".keep"
+    other.write_bytes(b"")
+    old = time.time() - 2 * storage.LEDGER_GRACE_SECONDS
+    for path in (*left, other):
+        os.utime(path, (old, old))
+    young = tmp_path / f".{record}.{'0' * 32}.tmp"
+    young.write_bytes(b"in progress")
+    compact_ledger(tmp_path)
+    assert not any(p.exists() for p in left)
+    assert young.exists()
+    assert other.exists()
+    assert sorted(read_ledger_records(tmp_path)["record_id"]) == sorted(ids)
+
+
 def test_compaction_argument_is_checked() -> None:
     with pytest.raises(ValueError, match=r"compact_ledger\(grace=-1\) is invalid"):
         compact_ledger("/nonexistent", grace=-1)

@@ -526,6 +526,12 @@ def test_a_remote_path_is_never_a_local_file(tmp_path: Path) -> None:
     assert storage.work_folder(tmp_path, "resume") == tmp_path / "resume"
     with pytest.raises(ValueError, match="not a safe name"):
         storage.work_folder(remote, "..")
+    # Removed whole once the run is done with it; a local run's work folder is output: kept.
+    (work / "probe.ckpt").write_bytes(b"checkpoint")
+    assert storage.remove_work_folder(remote) == work.parent
+    assert not work.parent.exists()
+    assert storage.remove_work_folder(tmp_path) is None
+    assert (tmp_path / "resume").is_dir()
 
 
 def test_memory_location_publishes_once_and_reads_back() -> None:

@@ -3,7 +3,8 @@
 Example ids, inputs, targets and the attention mask, and from them the batch size, the sequence
 length, the real (non-padding) tokens and the target positions counted in the loss. Defaults: dicts
 with the keys of ``_DEFAULT_KEYS``, tuples and lists ``(x, y)`` and ``(x, y, ids)``, a bare tensor
-(inputs only); a dict key, a tuple index or a callable ``batch -> value`` overrides any field. A
+(inputs only); a dict key, a tuple index or a callable ``batch -> value`` (or its import path,
+``"package.module:function"``, as a YAML file names it) overrides any field. A
 field not found is ``None``, named in :attr:`BatchView.missing`, so a callback records
 ``not_checked`` with the reason instead of crashing the user's training.
 """
@@ -20,7 +21,8 @@ from lightning_pilot.core import validate
 
 __all__ = ["BatchAdapter", "BatchView", "FieldSpec", "is_int_tensor"]
 
-#: How to find a field: a dict key, a tuple/list index, or a callable on the whole batch.
+#: How to find a field: a dict key, a tuple/list index, or a callable on the whole batch (a
+#: string with a colon, ``"package.module:function"``, names the callable by import path).
 FieldSpec = str | int | Callable[[Any], Any]
 
 _FIELDS: Final = ("ids", "inputs", "targets", "attention_mask")
@@ -32,6 +34,10 @@ _DEFAULT_KEYS: Final[dict[str, tuple[str, ...]]] = {
 }
 _DEFAULT_POSITIONS: Final[dict[str, int]] = {"inputs": 0, "targets": 1, "ids": 2}
 _SPEC: Final = "a dict key (str), a tuple index (int), a callable batch -> value, or None"
+_IMPORT_PATH: Final = (
+    "'package.module:function', the import path of a callable batch -> value (a string with"
+    " ':' names a function; a dict key is a string without ':')"
+)
 
 
 def is_int_tensor(value: Any) -> bool:
@@ -62,8 +68,11 @@ class BatchView:
         return None if self.ids is None else list(self.ids)
 
 
-def _check_spec(name: str, spec: object) -> None:
-    """A field spec: a non-empty key, an int64 index (not a bool) or a callable."""
+def _check_spec(name: str, spec: object) -> Any:
+    """A field spec checked: a non-empty key, an int64 index (not a bool) or a callable; a
+    string with a colon is the import path of a callable, returned imported."""
+    if isinstance(spec, str) and ":" in spec:
+        return _imported(name, spec)
     if isinstance(spec, str) and not spec:
         raise ValueError(validate.invalid("BatchAdapter", name, spec, f"{_SPEC} (not '')"))
     if isinstance(spec, int) and not isinstance(spec, bool):
@@ -71,6 +80,23 @@ def _check_spec(name: str, spec: object) -> None:
     elif not (spec is None or callable(spec) or isinstance(spec, str)):
         expected = f"{_SPEC} for the defaults, got {type(spec).__name__}"
         raise TypeError(validate.invalid("BatchAdapter", name, spec, expected))
+    return spec
+
+
+def _imported(name: str, spec: str) -> Callable[[Any], Any]:
+    """The callable ``"package.module:function"`` names (:func:`pkgutil.resolve_name`)."""
+    import pkgutil
+
+    try:
+        found = pkgutil.resolve_name(spec)
+    except (ImportError, AttributeError, ValueError) as err:
+        why = f"{_IMPORT_PATH}; this one does not import ({type(err).__name__}: {err})"
+        raise ValueError(validate.invalid("BatchAdapter", name, spec, why)) from None
+    if not callable(found):
+        why = f"{_IMPORT_PATH}; this one names a {type(found).__name__}, which is not callable"
+        raise TypeError(validate.invalid("BatchAdapter", name, spec, why))
+    function: Callable[[Any], Any] = found
+    return function
 
 
 class BatchAdapter:
@@ -78,10 +104,16 @@ class BatchAdapter:
     ``inputs``, ``targets`` and ``attention_mask`` (1 = real token, 0 = padding) say where each
     field is (``None``: the defaults); ``ignore_index`` is the target value the loss skips.
 
+    A string with a colon is not a key but the import path of a callable,
+    ``"package.module:function"``, imported here: the way a LightningCLI YAML file names a
+    function for a field (docs/lightning_cli.md).
+
     Raises:
         TypeError: a field spec that is not a str, int, callable or None (a bool is not an
-            index); ``ignore_index`` that is not an int.
-        ValueError: an empty key, or an index or ``ignore_index`` beyond 64 bits.
+            index), or an import path naming something not callable; ``ignore_index`` that is
+            not an int.
+        ValueError: an empty key, an import path that does not import, or an index or
+            ``ignore_index`` beyond 64 bits.
 
     Example:
         >>> batch = {"input_ids": torch.tensor([[5, 6, 7], [5, 6, 0]]),
@@ -93,6 +125,13 @@ class BatchAdapter:
         >>> adapter = BatchAdapter(inputs="pixels", targets=lambda b: b["meta"]["cls"])
         >>> adapter.view({"pixels": torch.zeros(3, 8), "meta": {"cls": torch.ones(3)}}).missing
         ('ids', 'attention_mask')
+        >>> BatchAdapter(targets="my_project.fields:labels")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        ValueError: BatchAdapter(targets='my_project.fields:labels') is invalid: expected \
+'package.module:function', the import path of a callable batch -> value (a string with ':' \
+names a function; a dict key is a string without ':'); this one does not import \
+(ModuleNotFoundError: No module named 'my_project').
     """
 
     def __init__(
@@ -104,10 +143,8 @@ class BatchAdapter:
         attention_mask: FieldSpec | None = None,
         ignore_index: int = -100,
     ) -> None:
-        specs = {"ids": ids, "inputs": inputs, "targets": targets, "attention_mask": attention_mask}
-        for name, spec in specs.items():
-            _check_spec(name, spec)
-        self._specs = specs
+        given = {"ids": ids, "inputs": inputs, "targets": targets, "attention_mask": attention_mask}
+        self._specs = {name: _check_spec(name, spec) for name, spec in given.items()}
         self.ignore_index = validate.integer(
             "BatchAdapter", "ignore_index", ignore_index, hint="such as -100"
         )

@@ -34,7 +34,8 @@ class Reads:
     A reader skips a file it cannot read with a ``RuntimeWarning`` starting ``lightning-pilot:
     skipped`` and reads the rest; an entry that is not a plain file (a folder named like a
     record, a phase table replaced by a file) it may pass over in silence, so the scans look
-    for those. A damaged ledger index is not counted: it costs speed only.
+    for those. A damaged ledger index segment counts like a damaged record: once a compaction
+    removed the record files it holds, its records are read nowhere else.
 
     Example:
         >>> reads = Reads()
@@ -64,9 +65,7 @@ class Reads:
                 message = str(warning.message).removeprefix("lightning-pilot: ")
                 seen.setdefault(
                     message,
-                    issubclass(warning.category, RuntimeWarning)
-                    and message.startswith("skipped ")
-                    and "ledger index" not in message.split(":", 1)[0],
+                    issubclass(warning.category, RuntimeWarning) and message.startswith("skipped "),
                 )
         return seen
 
@@ -135,8 +134,11 @@ def _ledger_of(path: storage.Location, run_only: bool) -> storage.Location | Non
         return path / "ledger"
     if run_only and (path.parent.parent / "ledger").is_dir():
         return path.parent.parent / "ledger"
-    if not run_only and not (path / "runs").is_dir() and any(path.glob("*.parquet")):
-        return path  # the ledger folder itself
+    if run_only or (path / "runs").is_dir():
+        return None
+    # The ledger folder itself: record files, or index segments only once compacted.
+    if any(path.glob("*.parquet")) or (path / storage.LEDGER_INDEX_DIR).is_dir():
+        return path
     return None
 
 

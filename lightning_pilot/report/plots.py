@@ -144,7 +144,7 @@ def curve_marks(runs: pd.DataFrame, curves: pd.DataFrame) -> pd.DataFrame:
         if status == "diverged" and at is not None and last is not None and last > at:
             marks.append(("stopped", last, f"stopped at update {last}, after the divergence"))
         for kind, step, label in marks:
-            finite = own[own["value"].map(lambda v: v is not None and math.isfinite(v))]
+            finite = _drawable(own, log=False)
             before = finite if step is None else finite[finite["step"] <= step]
             value = float(before["value"].iloc[-1]) if len(before) else math.nan
             rows.append(
@@ -346,10 +346,10 @@ def _png(figure: Figure) -> bytes:
     return buffer.getvalue()
 
 
-def _publish(data: bytes, path: str | os.PathLike[str]) -> Path:
-    # Drawn again from the tables on every run: replaced atomically, never half-written.
-    storage.publish_file(path, lambda handle: handle.write(data), replace=True)
-    return Path(path)
+def _publish(data: bytes, path: storage.PathLike) -> storage.Location:
+    # Drawn again from the tables on every run: replaced atomically, never half-written (on an
+    # object store, one whole-object write).
+    return storage.publish_file(path, lambda handle: handle.write(data), replace=True)
 
 
 def _byte_axis(axes: Axes, largest: float) -> float:
@@ -364,6 +364,16 @@ def _byte_axis(axes: Axes, largest: float) -> float:
 def _counts(statuses: Iterable[Any]) -> str:
     counts = pd.Series([as_text(s) for s in statuses], dtype=object).value_counts(sort=False)
     return ", ".join(f"{n} {status}" for status, n in counts.items())
+
+
+def _drawable(points: pd.DataFrame, log: bool) -> pd.DataFrame:
+    """The points of a curve that can be drawn: finite values (> 0 on a log axis). An empty
+    frame stays a frame with its columns (an empty mask of objects would select columns)."""
+    keep = [
+        not is_null(v) and math.isfinite(float(v)) and (float(v) > 0 or not log)
+        for v in points["value"]
+    ]
+    return points.loc[pd.Series(keep, index=points.index, dtype=bool)]
 
 
 def _loss_figure(
@@ -387,7 +397,7 @@ def _loss_figure(
         color = colors[variant]
         own = curves[curves["run_id"] == run["run_id"]] if len(curves) else curves
         line = own[own["curve"] == "train_loss"].sort_values("step", kind="stable")
-        shown = line[line["value"].map(lambda v: math.isfinite(v) and (v > 0 or not log))]
+        shown = _drawable(line, log)
         if line.empty:
             no_points.append(f"{_label(variant, 20)} s{_label(run.get('seed'))}")
         drawn = axes.plot(
@@ -399,7 +409,7 @@ def _loss_figure(
             drawn[0].set_label(f"{_label(variant)} ({n} run{'s' if n > 1 else ''})")
             handles.append(drawn[0])
         val = own[(own["curve"] == "val") & (own["name"] == val_metric)]
-        val = val[val["value"].map(lambda v: math.isfinite(v) and (v > 0 or not log))]
+        val = _drawable(val, log)
         axes.plot(
             val["step"].astype(float), val["value"], "o", color=color, markersize=5,
             markeredgecolor="black", markeredgewidth=0.5,
@@ -463,7 +473,8 @@ def plot_loss_curves(
     The y axis is logarithmic when every loss is positive, so a blown-up run stays readable;
     non-finite losses cannot be drawn (the mark then sits on the last finite one)."""
     figure = _loss_figure(curves, runs, title=title, val_metric=val_metric)
-    return _publish(_png(figure), path)
+    _publish(_png(figure), path)
+    return Path(path)
 
 
 def _memory_figure(stack: pd.DataFrame, *, title: str) -> Figure:
@@ -520,7 +531,8 @@ def plot_phase_memory(
     fits the largest peak; a phase whose memory was not measured gets no bar, only the words
     "not measured"."""
     figure = _memory_figure(memory_stack(table, placement), title=title)
-    return _publish(_png(figure), path)
+    _publish(_png(figure), path)
+    return Path(path)
 
 
 def _comparison_figure(comparison: Comparison, *, control: str | None, title: str) -> Figure:
@@ -635,7 +647,8 @@ def plot_comparison(
     and named."""
     text = title or f"{_label(comparison.metric)} per variant, every seed"
     figure = _comparison_figure(comparison, control=control, title=text)
-    return _publish(_png(figure), path)
+    _publish(_png(figure), path)
+    return Path(path)
 
 
 # -- a whole pilot folder -------------------------------------------------------------------
@@ -651,15 +664,15 @@ class Drawn:
         {}
     """
 
-    folder: Path
-    written: list[Path] = field(default_factory=list)
+    folder: storage.Location
+    written: list[storage.Location] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)
 
 
-def scope(path: Path) -> tuple[Path, list[Path]]:
-    """The output folder and the run folders :func:`plot_folder` draws for ``path``: a run
-    folder (that run), an output folder (every run) or its ``ledger/`` folder (every run of
-    the output folder).
+def scope(path: storage.Location) -> tuple[storage.Location, list[storage.Location]]:
+    """The output folder and the run folders :func:`plot_folder` draws for ``path`` (a local
+    ``Path`` or a :class:`~lightning_pilot.storage.RemotePath`): a run folder (that run), an
+    output folder (every run) or its ``ledger/`` folder (every run of the output folder).
 
     Example:
         >>> scope(Path("out/runs/20261130T092309763Z-a1fe91cb433ec8b4"))
@@ -669,7 +682,7 @@ def scope(path: Path) -> tuple[Path, list[Path]]:
         return path.parent.parent, [path]
     if path.name == "ledger" and not (path / "runs").is_dir():
         path = path.parent
-    return path, [run for run in storage.run_folders(path) if isinstance(run, Path)]
+    return path, storage.run_folders(path)
 
 
 def _experiment_plots(
@@ -705,7 +718,7 @@ def _experiment_plots(
 
 
 def plot_folder(
-    path: str | os.PathLike[str],
+    path: storage.PathLike,
     *,
     metric: str = "val_loss",
     control: str | None = None,
@@ -715,7 +728,9 @@ def plot_folder(
     drawn where (docs/plots.md).
 
     ``path`` is an output folder (every run under ``runs/``), a run folder
-    (``<out_dir>/runs/<run_id>``: that run) or the ledger folder. Each run folder gets
+    (``<out_dir>/runs/<run_id>``: that run) or the ledger folder, local or at a URL fsspec
+    understands (``s3://``, ``memory://``: read there, and the PNGs written there, each in one
+    whole-object write; :func:`lightning_pilot.storage.location`). Each run folder gets
     ``phase_memory.png`` (its phase table; :func:`plot_phase_memory`), and
     ``loss_curves.png`` and ``comparison.png`` of its experiment (``experiment``, default
     the run's own, from the ledger; :func:`plot_loss_curves`, :func:`plot_comparison` on
@@ -730,7 +745,8 @@ def plot_folder(
     from lightning_pilot.ledger import Ledger
     from lightning_pilot.report.load import _detail, phases_of
 
-    out_dir, run_dirs = scope(Path(path))
+    where = storage.location(path)
+    out_dir, run_dirs = scope(where)
     ledger = Ledger(out_dir) if (out_dir / "ledger").is_dir() else None
     if not run_dirs and ledger is None:
         raise ValueError(
@@ -778,7 +794,7 @@ def plot_folder(
         pngs, skipped = of_experiment(name)
         drawn.written += [_publish(data, run_dir / file) for file, data in pngs.items()]
         drawn.skipped |= skipped
-    single = (Path(path) / "phases.parquet").exists() or Path(path).parent.name == "runs"
+    single = (where / "phases.parquet").exists() or where.parent.name == "runs"
     if runs is not None and not single:
         # An experiment none of whose runs has a run folder (a ledger alone): its own folder.
         wanted = [experiment] if experiment is not None else list(dict.fromkeys(runs["experiment"]))

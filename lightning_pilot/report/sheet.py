@@ -4,10 +4,8 @@ written as "not measured (null)", never 0. See docs/cli.md for the sections."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any, Final
 
 import pandas as pd
@@ -479,7 +477,7 @@ def check_options(gpu_memory_bytes: Any, reserve: Any) -> None:
 
 
 def choice_sheet(
-    run_dir: str | os.PathLike[str],
+    run_dir: storage.PathLike,
     *,
     gpu_memory_bytes: int | None = None,
     reserve: float = 0.25,
@@ -488,8 +486,9 @@ def choice_sheet(
     control: str | None = None,
     gpu_prices: Mapping[str, float] | None = None,
 ) -> str:
-    """The choice sheet of the run folder ``<out_dir>/runs/<run_id>`` as Markdown, from its
-    phase, updates and model tables and ``<out_dir>/ledger`` when present.
+    """The choice sheet of the run folder ``<out_dir>/runs/<run_id>`` (local, or at a URL
+    fsspec understands: :func:`lightning_pilot.storage.location`) as Markdown, from its phase,
+    updates and model tables and ``<out_dir>/ledger`` when present.
 
     ``gpu_memory_bytes`` (see :func:`~lightning_pilot.report.parse_size`; ``None`` leaves the
     headroom out) is the target GPU's memory; ``reserve`` the fraction of each 3, 7 or 30 day
@@ -515,7 +514,7 @@ def choice_sheet(
 
 
 def write_choice_sheet(
-    run_dir: str | os.PathLike[str],
+    run_dir: storage.PathLike,
     *,
     gpu_memory_bytes: int | None = None,
     reserve: float = 0.25,
@@ -523,7 +522,7 @@ def write_choice_sheet(
     metric: str = "val_loss",
     control: str | None = None,
     gpu_prices: Mapping[str, float] | None = None,
-) -> Path:
+) -> storage.Location:
     """Write :func:`choice_sheet` to ``<run_dir>/sheet.md`` atomically and return its path;
     never overwrites (:func:`publish_choice_sheet`). Raises as :func:`choice_sheet`."""
     text = choice_sheet(
@@ -538,13 +537,17 @@ def write_choice_sheet(
     return publish_choice_sheet(run_dir, text)
 
 
-def publish_choice_sheet(run_dir: str | os.PathLike[str], text: str) -> Path:
+def publish_choice_sheet(run_dir: storage.PathLike, text: str) -> storage.Location:
     """Publish a sheet's text as ``<run_dir>/sheet.md`` and return its path; when that exists
     (an earlier sheet, perhaps for another GPU), ``sheet-2.md``, ``sheet-3.md``, ...: every
-    sheet written stays as it was. ``OSError`` when the write fails; nothing is left behind."""
+    sheet written stays as it was. ``OSError`` when the write fails; nothing is left behind.
+    A remote ``run_dir`` (``s3://``, ``memory://``) gets the same names through
+    :func:`lightning_pilot.storage.publish_bytes`: on S3 and ``memory://`` the create itself
+    refuses an existing name (docs/storage.md)."""
     data, number = text.encode("utf-8"), 1
+    folder = storage.location(run_dir)
     while True:
-        final = Path(run_dir) / (SHEET_NAME if number == 1 else f"sheet-{number}.md")
+        final = folder / (SHEET_NAME if number == 1 else f"sheet-{number}.md")
         try:
             return storage.publish_bytes(data, final)
         except FileExistsError:

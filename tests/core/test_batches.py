@@ -65,6 +65,29 @@ def test_overrides_by_key_index_and_callable() -> None:
     assert tuple_view.ids is None  # a tuple has no key "uid"
 
 
+def shifted_labels(batch: dict[str, Any]) -> torch.Tensor:
+    """A field by import path: the labels one position left, -100 at the end."""
+    labels: torch.Tensor = batch["input_ids"].roll(-1, dims=1)
+    labels[:, -1] = -100
+    return labels
+
+
+def test_a_string_with_a_colon_is_a_function_by_import_path() -> None:
+    adapter = BatchAdapter(ids="uid", targets=f"{__name__}:shifted_labels")
+    assert adapter._specs == {
+        "ids": "uid",
+        "inputs": None,
+        "targets": shifted_labels,
+        "attention_mask": None,
+    }
+    # The imported function is called on the whole batch, like any callable field.
+    batch = {"uid": ["a", "b"], "input_ids": torch.tensor([[5, 6, 7], [8, 9, 10]])}
+    view = adapter.view(batch)
+    assert view.ids_list() == ["a", "b"]
+    assert view.targets.tolist() == [[6, 7, -100], [9, 10, -100]]
+    assert view.loss_tokens == 4
+
+
 @pytest.mark.parametrize(
     ("kwargs", "error", "match"),
     [
@@ -74,6 +97,26 @@ def test_overrides_by_key_index_and_callable() -> None:
         ({"ignore_index": "x"}, TypeError, r"BatchAdapter\(ignore_index='x'\) is invalid"),
         ({"ignore_index": 1.0}, TypeError, r"ignore_index=1.0\) is invalid: expected an integer"),
         ({"ignore_index": 2**63}, ValueError, r"ignore_index=9223372036854775808\) .* 64 bits"),
+        # A string with a colon names a callable by import path: one that does not import, or
+        # names something that is not callable, is refused here, never read as a dict key.
+        (
+            {"targets": "no_such_module_xyz:labels"},
+            ValueError,
+            r"BatchAdapter\(targets='no_such_module_xyz:labels'\) is invalid: expected"
+            r" 'package.module:function'.*does not import \(ModuleNotFoundError",
+        ),
+        (
+            {"ids": "lightning_pilot.core.batches:no_such_function"},
+            ValueError,
+            r"ids='lightning_pilot.core.batches:no_such_function'\).*\(AttributeError",
+        ),
+        (
+            {"inputs": "lightning_pilot.core.batches:_FIELDS"},
+            TypeError,
+            r"inputs='lightning_pilot.core.batches:_FIELDS'\).*names a tuple, which is not"
+            r" callable",
+        ),
+        ({"inputs": "text:en"}, ValueError, r"a dict key is a string without ':'"),
     ],
 )
 def test_bad_arguments(kwargs: dict[str, Any], error: type, match: str) -> None:

@@ -70,16 +70,16 @@ def aligned_logits(pl_module: pl.LightningModule, batch: Any) -> torch.Tensor:
 
 
 def labels_of(batch: Mapping[str, Any]) -> Any:
-    """A ``BatchAdapter(targets=...)`` given as a callable."""
+    """A ``BatchAdapter(targets=...)`` given as a function (``lightning_cli_hooks:labels_of``)."""
     return batch["labels"]
 
 
 class BatchField:
     """A ``BatchAdapter`` field as a callable object: ``batch -> batch[key]``.
 
-    A callable class is how a callable field reaches ``BatchAdapter`` from YAML
-    (``{class_path: lightning_cli_hooks.BatchField, init_args: {key: ...}}``); a function's
-    import path there is read as a dict key.
+    A callable class is one way a callable field reaches ``BatchAdapter`` from YAML
+    (``{class_path: lightning_cli_hooks.BatchField, init_args: {key: ...}}``); a function by
+    import path with a colon (``lightning_cli_hooks:labels_of``) is the other.
     """
 
     def __init__(self, key: str) -> None:

@@ -1,7 +1,8 @@
 """Pilot folders on fsspec locations: an S3-compatible server started here (moto's threaded
-server, s3fs as the client) and ``memory://``. A full pilot with ``out_dir=s3://...`` and with
-``default_root_dir=s3://...``, the phase table and the ledger read back, 8 writer processes,
-an existing key refused, and ``lightning-pilot show s3://...`` (docs/storage.md)."""
+server, s3fs as the client) and ``memory://``. A full pilot with ``out_dir=s3://...`` (run once,
+read by several tests) and with ``default_root_dir=s3://...``, the phase table and the ledger
+read back, 8 writer processes, an existing key refused, ``lightning-pilot show s3://...``, and
+``sheet`` and ``plot`` writing next to a remote run folder (docs/storage.md)."""
 
 from __future__ import annotations
 
@@ -102,15 +103,26 @@ def _check_pilot(out: str, trainer: Any, run_ids: set[str], variant: str) -> Non
     assert runs["records"].tolist()[0] >= 2  # start and end, at least
 
 
-def test_full_pilot_with_out_dir_on_s3(
-    s3_env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.chdir(tmp_path)  # where Path("s3://...") would have made a folder "s3:"
+@pytest.fixture(scope="module")
+def s3_pilot(
+    s3_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[str, Any, list[Any], Path]]:
+    """One full pilot with ``out_dir=s3://...`` (the resume check included), run once for the
+    tests that read it: the URL, the Trainer, the callbacks and the local working folder."""
+    tmp_path = tmp_path_factory.mktemp("s3-pilot")
     out = f"s3://{BUCKET}/x-{uuid.uuid4().hex[:8]}"
     callbacks = pilot_callbacks(
         out, experiment="s3", variant="control", seed=1, resume={"at_step": 3, "compare_steps": 2}
     )
-    trainer = _fit({"default_root_dir": tmp_path / "root"}, callbacks)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(tmp_path)  # where Path("s3://...") would have made a folder "s3:"
+        trainer = _fit({"default_root_dir": tmp_path / "root"}, callbacks)
+    yield out, trainer, callbacks, tmp_path
+    storage.remove_work_folder(callbacks[0].run.run_dir)
+
+
+def test_full_pilot_with_out_dir_on_s3(s3_pilot: tuple[str, Any, list[Any], Path]) -> None:
+    out, trainer, callbacks, tmp_path = s3_pilot
     run_ids = {callback.run.run_id for callback in callbacks}
     assert len(run_ids) == 1
     assert all(isinstance(callback.run.out_dir, storage.RemotePath) for callback in callbacks)
@@ -123,8 +135,18 @@ def test_full_pilot_with_out_dir_on_s3(
     assert sum("/ledger/" in name for name in names) >= 2
     assert not any(name.rsplit("/", 1)[-1].startswith(".") for name in names)
     assert not (tmp_path / "s3:").exists()
-    # The probe checkpoints of the resume check are local files (the new process loads them).
+    # The probe checkpoints of the resume check are local files (the new process loads them),
+    # in a work folder named after the remote run folder; removed whole once done with.
     assert not any(name.endswith(".ckpt") for name in names)
+    run_dir = callbacks[0].run.run_dir
+    work = storage.work_folder(run_dir, "resume")
+    assert sorted(p.name for p in work.glob("*.ckpt")) == [
+        "final-attempt-1.ckpt",
+        "mid_epoch-step-3.ckpt",
+    ]
+    assert storage.remove_work_folder(run_dir) == work.parent
+    assert not work.parent.exists()
+    assert storage.remove_work_folder(run_dir) is None  # nothing left to remove
 
 
 def test_full_pilot_under_an_s3_default_root_dir(
@@ -140,15 +162,57 @@ def test_full_pilot_under_an_s3_default_root_dir(
     assert str(callbacks[0].run.out_dir) == f"{root}/pilot"
     _check_pilot(f"{root}/pilot", trainer, run_ids, "root")
     assert not (tmp_path / "s3:").exists()
+    assert storage.remove_work_folder(callbacks[0].run.run_dir) is not None
 
 
-def test_full_pilot_on_memory(tmp_path: Path) -> None:
+def test_full_pilot_on_memory_then_its_sheet_and_plots_there(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = f"memory://pilot-{uuid.uuid4().hex[:8]}/out"
     callbacks = pilot_callbacks(
         out, experiment="mem", variant="control", seed=0, resume={"at_step": 3, "compare_steps": 2}
     )
     trainer = _fit({"default_root_dir": tmp_path}, callbacks)
-    _check_pilot(out, trainer, {callbacks[0].run.run_id}, "control")
+    run = callbacks[0].run
+    _check_pilot(out, trainer, {run.run_id}, "control")
+    assert storage.remove_work_folder(run.run_dir) is not None
+    _sheet_and_plots(out, run.run_id, capsys)
+
+
+def _sheet_and_plots(
+    out: str, run_id: str, capsys: pytest.CaptureFixture[str], *, again: bool = True
+) -> None:
+    """``lightning-pilot sheet`` and ``plot`` on a remote pilot folder: read there, and the
+    Markdown and PNG files published there, with the rules of a local folder (a sheet is never
+    overwritten: the next is sheet-2.md; plots are drawn again in place)."""
+    run_url = f"{out}/runs/{run_id}"
+    run_dir = storage.location(run_url)
+    capsys.readouterr()
+    assert main(["sheet", run_url]) == 0
+    printed = capsys.readouterr().out
+    assert f"Choice sheet written to {run_dir / 'sheet.md'}" in printed
+    first = (run_dir / "sheet.md").read_bytes().decode()
+    assert first.startswith(f"# Choice sheet: run {run_id}\n")
+    assert f"from `{run_dir}`" in first
+    assert "None drawn yet" in first  # no plots yet
+
+    assert main(["plot", out, "--metric", "train_loss"]) == 0  # these fits never validate
+    printed = capsys.readouterr().out
+    assert f"Plots in {run_dir}:" in printed
+    pngs = sorted(p.name for p in run_dir.glob("*.png"))
+    assert pngs == ["comparison.png", "loss_curves.png", "phase_memory.png"]
+    drawn = {name: (run_dir / name).read_bytes() for name in pngs}
+    assert all(data.startswith(b"\x89PNG\r\n\x1a\n") for data in drawn.values())
+    if again:  # drawn again: replaced in place, not refused; the run folder is a scope too
+        assert main(["plot", run_url, "--metric", "train_loss"]) == 0
+        assert sorted(p.name for p in run_dir.glob("*.png")) == pngs
+
+    assert main(["sheet", run_url]) == 0
+    assert (run_dir / "sheet.md").read_bytes().decode() == first  # never overwritten
+    second = (run_dir / "sheet-2.md").read_bytes().decode()
+    assert "![peak memory per phase, stacked by category](phase_memory.png)" in second
+    assert "None drawn yet" not in second
+    assert not any(p.name.startswith(".") for p in run_dir.iterdir())
 
 
 _WRITER = textwrap.dedent(
@@ -224,13 +288,9 @@ def test_an_existing_key_is_refused_on_s3(s3_env: dict[str, str]) -> None:
 
 
 def test_show_reads_an_s3_output_folder(
-    s3_env: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    s3_pilot: tuple[str, Any, list[Any], Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    out = f"s3://{BUCKET}/show-{uuid.uuid4().hex[:8]}"
-    callbacks = pilot_callbacks(
-        out, experiment="show", variant="control", seed=0, resume={"at_step": 3, "compare_steps": 2}
-    )
-    _fit({"default_root_dir": tmp_path}, callbacks)
+    out, _, callbacks, _ = s3_pilot
     run_id = callbacks[0].run.run_id
     capsys.readouterr()
     assert main(["show", out]) == 0
@@ -244,6 +304,20 @@ def test_show_reads_an_s3_output_folder(
     assert main(["compare", out, "--metric", "train_loss"]) == 0
     assert main(["show", f"s3://{BUCKET}/nothing-here"]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_sheet_and_plot_write_next_to_an_s3_run_folder(
+    s3_pilot: tuple[str, Any, list[Any], Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    out, _, callbacks, _ = s3_pilot
+    _sheet_and_plots(out, callbacks[0].run.run_id, capsys, again=False)  # drawn again: memory
+    # On S3 the refusal of an existing name is the server's: the sheet's own create refuses.
+    sheet = storage.location(f"{out}/runs/{callbacks[0].run.run_id}/sheet.md")
+    with pytest.raises(FileExistsError, match="refusing to overwrite s3://"):
+        storage.publish_bytes(b"other", sheet)
+    assert main(["sheet", f"s3://{BUCKET}/nothing-here"]) == 2
+    assert main(["plot", f"s3://{BUCKET}/nothing-here"]) == 2
+    assert capsys.readouterr().err.count("does not exist") == 2
 
 
 def test_show_on_s3_stays_torch_free(s3_env: dict[str, str]) -> None:

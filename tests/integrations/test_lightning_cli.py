@@ -582,6 +582,13 @@ def test_a_value_of_the_wrong_type_is_refused_while_parsing(
             "BatchAdapter(ids='') is invalid: expected a dict key (str)",
         ),
         (
+            "BatchInspector",
+            "{adapter: {class_path: lightning_pilot.core.batches.BatchAdapter,"
+            " init_args: {targets: 'lightning_cli_hooks:no_such_function'}}}",
+            "BatchAdapter(targets='lightning_cli_hooks:no_such_function') is invalid: expected"
+            " 'package.module:function', the import path of a callable batch -> value",
+        ),
+        (
             "OverfitTinySubset",
             "{required_recovery: 1.5}",
             "OverfitTinySubset(required_recovery=1.5) is invalid",
@@ -600,14 +607,8 @@ def test_a_value_the_callback_refuses_fails_before_training(
     assert not (tmp_path / "fit").exists()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="core/batches.py FieldSpec = str | int | Callable[[Any], Any]: jsonargparse takes a"
-    " function's import path as the str (a dict key); putting Callable first makes"
-    " LightningCLI save every str field as 'Unable to serialize instance ...' (jsonargparse"
-    " 4.53), so a function cannot be named there; a callable class by class_path works",
-)
 def test_a_batch_adapter_field_given_as_a_function_import_path(tmp_path: Path) -> None:
+    # "package.module:function" (a colon) names a function; a string without one stays a key.
     block = """\
   callbacks:
   - class_path: lightning_pilot.BatchInspector
@@ -616,7 +617,7 @@ def test_a_batch_adapter_field_given_as_a_function_import_path(tmp_path: Path) -
         class_path: lightning_pilot.core.batches.BatchAdapter
         init_args:
           ids: ids
-          targets: lightning_cli_hooks.labels_of
+          targets: lightning_cli_hooks:labels_of
 """
     config = write_config(tmp_path, block)
 
@@ -625,6 +626,21 @@ def test_a_batch_adapter_field_given_as_a_function_import_path(tmp_path: Path) -
     (callback,) = [cb for cb in cli.trainer.callbacks if isinstance(cb, PilotCallback)]
     assert callback.adapter._specs["ids"] == "ids"
     assert callback.adapter._specs["targets"] is hooks.labels_of
+    cli.datamodule.setup("fit")
+    batch = next(iter(cli.datamodule.train_dataloader()))
+    view = callback.adapter.view(batch)
+    assert view.targets is batch["labels"]
+    assert view.loss_tokens == int((batch["labels"] != -100).sum())
+    # The config LightningCLI saves keeps the import path as written; parsed again, it names
+    # the same function.
+    saved = yaml.safe_load(cli.parser.dump(cli.config))
+    fields = saved["trainer"]["callbacks"][0]["init_args"]["adapter"]["init_args"]
+    assert (fields["ids"], fields["targets"]) == ("ids", "lightning_cli_hooks:labels_of")
+    again_path = tmp_path / "config" / "saved.yaml"
+    again_path.write_text(yaml.safe_dump(saved))
+    again = LightningCLI(run=False, args=["--config", str(again_path)])
+    (rebuilt,) = [cb for cb in again.trainer.callbacks if isinstance(cb, PilotCallback)]
+    assert rebuilt.adapter._specs == callback.adapter._specs
 
 
 def test_resume_rebuilds_a_module_built_by_lightning_cli(tmp_path: Path) -> None:
@@ -689,6 +705,9 @@ def test_the_guide_and_its_example_config_run(
     assert len(Ledger(root / "pilot").predictions(run_dir.name)) == 2 * 2 * 8
     for name in ("examples", "updates", "placement", "model"):
         assert len(table(run_dir / f"{name}.parquet")) > 0, name
+    # BatchInspector read the targets through pilot_hooks:labels_of (a function by import path).
+    examples = table(run_dir / "examples.parquet")
+    assert examples["target_tokens"].map(len).gt(0).all()
     (row,) = Ledger(root / "pilot").runs().to_dict("records")
     assert row["status"] == "completed"
 

@@ -50,10 +50,30 @@ def _expected(out: Path) -> tuple[Any, dict[str, Any]]:
     return table, run
 
 
-def test_csv_logger_receives_the_summary(make_trainer: Any, tmp_path: Path) -> None:
-    out = tmp_path / "pilot"
-    logger = CSVLogger(tmp_path / "logs", name="run")
-    _fit(make_trainer, out, logger)
+@pytest.fixture(scope="module")
+def logged(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, CSVLogger, TensorBoardLogger]:
+    """One pilot (the resume check included) whose Trainer has two loggers, CSV and
+    TensorBoard: each gets the whole summary. Its output folder and both loggers."""
+    import lightning.pytorch as pl
+
+    tmp_path = tmp_path_factory.mktemp("loggers")
+    csv_logger = CSVLogger(tmp_path / "logs", name="run")
+    tb_logger = TensorBoardLogger(tmp_path / "tb", name="run")
+
+    def make(**options: Any) -> pl.Trainer:
+        return pl.Trainer(
+            accelerator="cpu", devices=1, enable_checkpointing=False, enable_progress_bar=False,
+            enable_model_summary=False, default_root_dir=tmp_path, limit_val_batches=2, **options,
+        )  # fmt: skip
+
+    _fit(make, tmp_path / "pilot", [csv_logger, tb_logger])
+    return tmp_path / "pilot", csv_logger, tb_logger
+
+
+def test_csv_logger_receives_the_summary(
+    logged: tuple[Path, CSVLogger, TensorBoardLogger],
+) -> None:
+    out, logger, _ = logged
     table, run = _expected(out)
     metrics = _last_values(Path(logger.log_dir) / "metrics.csv")
     hparams = yaml.safe_load((Path(logger.log_dir) / "hparams.yaml").read_text())
@@ -78,12 +98,12 @@ def test_csv_logger_receives_the_summary(make_trainer: Any, tmp_path: Path) -> N
     assert metrics["pilot/ledger/stop_step"] == run["stop_step"] == 6
 
 
-def test_tensorboard_logger_receives_the_summary(make_trainer: Any, tmp_path: Path) -> None:
+def test_tensorboard_logger_receives_the_summary(
+    logged: tuple[Path, CSVLogger, TensorBoardLogger],
+) -> None:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    out = tmp_path / "pilot"
-    logger = TensorBoardLogger(tmp_path / "tb", name="run")
-    _fit(make_trainer, out, logger)
+    out, _, logger = logged
     table, run = _expected(out)
     events = EventAccumulator(logger.log_dir)
     events.Reload()

@@ -288,6 +288,23 @@ def test_marks_sit_where_runs_diverged_stopped_and_failed(folder: dict[str, Any]
         assert mark["value"] == own.sort_values("step")["value"].iloc[-1]
 
 
+def test_runs_without_validation_or_loss_points_are_drawn_and_marked(
+    folder: dict[str, Any], tmp_path: Path
+) -> None:
+    # A fit that never validated has no val_loss points; one that failed before its first
+    # logged loss has no training points either: both are drawn (and marked), never an error.
+    ledger = Ledger(folder["out"])
+    runs, curves = ledger.runs(), ledger.curves()
+    boom = folder["ids"]["boom"]
+    bare = curves[(curves["curve"] == "train_loss") & (curves["run_id"] != boom)]
+    path = plots.plot_loss_curves(bare, runs, tmp_path / LOSS_CURVES)
+    assert_png(path)
+    marks = curve_marks(runs, bare)
+    failed = marks[marks["run_id"] == boom].iloc[0]
+    assert (failed["kind"], failed["step"]) == ("failed", 3)
+    assert math.isnan(failed["value"])  # no loss to sit on: NaN, never 0
+
+
 def test_memory_categories_sum_to_each_measured_peak(folder: dict[str, Any]) -> None:
     run = folder["out"] / "runs" / folder["ids"]["ctl0"]
     phases = read_phase_table(run)
