@@ -22,7 +22,7 @@ from typing_extensions import override
 from lightning_pilot import schemas, storage
 from lightning_pilot.core import validate
 from lightning_pilot.core.ids import new_run_id, validate_run_id
-from lightning_pilot.core.phases import judge, worst_verdict
+from lightning_pilot.core.phases import CheckResult, judge, worst_verdict
 from lightning_pilot.core.summary import Summary
 
 __all__ = ["GUARDED_HOOKS", "PilotCallback", "PilotRefusalError", "PilotRun"]
@@ -42,10 +42,8 @@ def _warn(message: str, stacklevel: int = 2) -> None:
 
 
 def _out_dir(owner: str, value: object, name: str = "out_dir", optional: bool = True) -> Any:
-    """``value`` checked (:func:`validate.path`) and resolved once: ``out_dir`` itself may be a
-    link (shared storage), and a link swapped there during the fit is not followed. A URL
-    (``s3://``, ``memory://``, ...) or a :class:`~lightning_pilot.storage.RemotePath` is a
-    remote folder (:func:`storage.location`; docs/storage.md)."""
+    """``value`` checked and resolved once (a link swapped there during the fit is not
+    followed); a URL or a :class:`~lightning_pilot.storage.RemotePath` is a remote folder."""
     if isinstance(value, storage.RemotePath):
         return value
     folder = validate.path(owner, name, value, optional=optional)
@@ -70,9 +68,8 @@ def _default_out_dir(trainer: pl.Trainer) -> storage.Location:
 class PilotRun:
     """The shared context of one fit: identity, output folder and buffered rows.
 
-    Get it with :meth:`PilotRun.of` (callbacks do this in ``setup``); construct it directly only
-    in tests or tools that write a run without a Trainer. ``default_out_dir`` is used when no
-    callback names an ``out_dir``; ``stage`` is the Trainer stage that opened the run.
+    Get it with :meth:`PilotRun.of`; construct it directly only to write a run without a
+    Trainer (``default_out_dir``: when no callback names an ``out_dir``).
 
     Example:
         >>> import tempfile
@@ -244,10 +241,8 @@ class PilotRun:
         loggers: Sequence[Any] = (),
         step: int | None = None,
     ) -> None:
-        """Detach a callback; the last one to leave flushes the run, then calls the closers with
-        the flush's error, hands the run's summary to ``loggers`` (a clean close only) and
-        closes it. With ``failing=True`` (the exception path) a failed write is only a
-        warning: the user's exception is never replaced by ours."""
+        """Detach a callback; the last one to leave flushes the run, calls the closers, logs the
+        summary (a clean close only) and closes it (``failing=True``: a failed write warns)."""
         with self._lock:
             if self._attached.pop(id(callback), None) is None or self._attached:
                 return
@@ -584,10 +579,8 @@ def _guard(name: str, hook: Any) -> Any:
 class PilotCallback(Callback):
     """Base of every pilot callback: joins the fit's :class:`PilotRun` and leaves it cleanly.
 
-    It attaches in ``setup``, closes the run in ``teardown`` and ``on_exception`` (rows are
-    flushed on every exit path; the user's exception is never replaced) and carries the run
-    identity in checkpoints, so a resumed fit continues the run as its next attempt. Subclasses
-    that override these hooks call ``super()``. ``out_dir``: ``<default_root_dir>/pilot``.
+    The lifecycle (docs/architecture.md): subclasses that override ``setup``, ``teardown``,
+    ``on_exception`` or the state hooks call ``super()``. ``out_dir``: ``<default_root_dir>/pilot``.
 
     Example:
         >>> import tempfile
@@ -639,17 +632,8 @@ class PilotCallback(Callback):
         if run is None:
             return
         try:
-            run.put_phase_row(
-                {
-                    "phase": "pilot",
-                    "first": True,
-                    "counter": "none",
-                    "verdict": "not_checked",
-                    "checks": [{"name": name, "verdict": "not_checked", "detail": detail}],
-                    "reason": f"{name} {detail}",
-                },
-                source=type(self).__name__,
-            )
+            check = CheckResult(name, "not_checked", detail)
+            self._put_checks("pilot", [check], counter="none", reason=f"{name} {detail}")
             if run.closed:
                 run.flush()
         except (OSError, ValueError) as inner:  # recording must not break the fit either
@@ -661,13 +645,8 @@ class PilotCallback(Callback):
         self._pending_identity: Mapping[str, Any] | None = None
 
     def _mute(self, *hooks: str) -> None:
-        """Have Lightning skip these per-update hooks of this instance until :meth:`_unmute`.
-
-        Lightning's dispatcher calls a hook only when the attribute is callable
-        (``_call_callback_hooks``, Lightning 2.6.6; asserted in ``tests/test_run.py``), so an
-        instance attribute set to ``None`` costs no call and no profiler frame. A hook the
-        instance holds (a wrapper, a mock) is kept aside; one set to ``None`` by others is left.
-        """
+        """Have Lightning skip these per-update hooks of this instance until :meth:`_unmute`: its
+        dispatcher calls no hook set to ``None`` (asserted in ``tests/test_run.py``)."""
         muted = self.__dict__.setdefault("_muted_hooks", {})
         for hook in hooks:
             held = self.__dict__.get(hook, _ABSENT)
@@ -697,6 +676,17 @@ class PilotCallback(Callback):
             if getattr(type(self), hook) is getattr(Callback, hook) and hook not in self.__dict__
         ]
         self._mute(*unused)
+
+    def _put_checks(
+        self, phase: str, results: Sequence[CheckResult], **columns: Any
+    ) -> tuple[str, str | None]:
+        """Judge ``results`` and put them as the phase row of ``phase`` (its first occurrence
+        unless ``columns`` say otherwise); return the verdict and the reason."""
+        verdict, reason = judge(phase, ((c.name, c.verdict, c.detail) for c in results))
+        row = {"phase": phase, "first": True, "verdict": verdict, "reason": reason}
+        checks = [c.as_row() for c in results]
+        self.run.put_phase_row(row | {"checks": checks} | columns, source=type(self).__name__)
+        return verdict, reason
 
     @property
     def out_dir(self) -> storage.Location | None:

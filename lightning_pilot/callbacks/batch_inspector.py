@@ -24,7 +24,6 @@ from lightning_pilot.core.data_checks import (
     find_encoder_decoder,
     infer_output_size,
 )
-from lightning_pilot.core.phases import judge
 from lightning_pilot.run import PilotCallback
 from lightning_pilot.schemas import EXAMPLES_SCHEMA, EXAMPLES_SCHEMA_VERSION, EXAMPLES_TABLE
 
@@ -34,10 +33,8 @@ __all__ = ["EXAMPLES_SCHEMA", "EXAMPLES_SCHEMA_VERSION", "EXAMPLES_TABLE", "Batc
 class BatchInspector(PilotCallback):
     """Check the examples and what the loss is fed: ids, targets, labels, lengths, masks, splits.
 
-    Reads the first ``batches`` training and validation batches as ``training_step`` receives
-    them and scans at most ``max_examples`` items of each split's dataset; the checks go to the
-    ``data`` phase row and ``examples`` rows per split to ``examples.parquet``
-    (docs/data-and-overfit.md; the logic is :mod:`lightning_pilot.core.data_checks`).
+    The first ``batches`` batches and ``max_examples`` items of each split give the ``data``
+    row and ``examples.parquet`` (docs/data-and-overfit.md).
 
     Args:
         decode: ``fn(token_ids) -> str`` for the table (e.g. a tokenizer's ``decode``).
@@ -272,17 +269,7 @@ class BatchInspector(PilotCallback):
             self._watch, dataset_checks=self._dataset_checks, failed=failed
         )
         self.checks = {c.name: c for c in results}
-        self.verdict, reason = judge("data", ((c.name, c.verdict, c.detail) for c in results))
-        self.run.put_phase_row(
-            {
-                "phase": "data",
-                "first": True,
-                "verdict": self.verdict,
-                "checks": [c.as_row() for c in results],
-                "reason": reason,
-            },
-            source=type(self).__name__,
-        )
+        self.verdict, reason = self._put_checks("data", results)
         meta = {"schema_version": EXAMPLES_SCHEMA_VERSION}
         self.run.append_rows(EXAMPLES_TABLE, [meta | row for row in inspection.table_rows()])
         line = f"BatchInspector: data verdict {self.verdict}"
@@ -314,11 +301,8 @@ def _datamodule(trainer: pl.Trainer) -> pl.LightningDataModule | None:
 def _split_loaders(
     datamodule: pl.LightningDataModule, split: str
 ) -> tuple[list[DataLoader[Any]], CheckResult | None]:
-    """The loaders of another split during ``fit``, or the reason they cannot be read.
-
-    A DataModule may build a split only in the ``setup`` of its own stage (Lightning's
-    ``BoringDataModule`` builds its test split in ``setup("test")``): the split is then left out.
-    """
+    """The loaders of another split during ``fit``, or why they cannot be read (a DataModule
+    may build a split only in the ``setup`` of its own stage)."""
     method = f"{split}_dataloader"
     left_out = (
         f"split_leakage and duplicate_inputs_across_splits leave {split} out: build the {split}"

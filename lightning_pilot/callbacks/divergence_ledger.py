@@ -124,11 +124,9 @@ def _run_id(value: object) -> str | None:
 class DivergenceLedger(PilotCallback):
     """Stop a run that diverges and write every run's row to the append-only run ledger.
 
-    Global rank 0 writes a ``start``, ``heartbeat`` and ``end`` record to ``<out_dir>/ledger/``
-    (read with :class:`lightning_pilot.Ledger`); the ``end`` record is written on every exit,
-    when the run closes, and the user's exception propagates unchanged. The rules see every
-    update's loss, read together every ``check_every`` updates, and every rank stops after the
-    same update; events go to ``runs/<run_id>/divergence.parquet``. See docs/ledger.md.
+    Global rank 0 writes ``start``, ``heartbeat`` and ``end`` records to ``<out_dir>/ledger/``
+    (the ``end`` record on every exit); the rule events go to ``divergence.parquet``
+    (docs/ledger.md).
 
     Args:
         experiment, variant: the names of the experiment and the variant (not paths).
@@ -426,11 +424,8 @@ class DivergenceLedger(PilotCallback):
                 self._stop = _Stop(cause, step, next(found, cause))
 
     def _agree(self, trainer: pl.Trainer, step: int) -> bool:
-        """Whether a fatal rule fired on any rank (a collective: every rank calls it at once).
-
-        A rank that did not see it takes the highest-priority rule (max of codes) and the
-        earliest update it fired at (min over ranks).
-        """
+        """Whether a fatal rule fired on any rank (a collective); a rank that did not see it takes
+        the highest-priority rule and the earliest update it fired at."""
         mine = self._stop
         if not trainer.strategy.reduce_boolean_decision(mine is not None, all=False):
             return False

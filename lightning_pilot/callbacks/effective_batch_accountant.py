@@ -36,7 +36,6 @@ from lightning_pilot.core.accounting import (
     unpack_sums,
 )
 from lightning_pilot.core.batches import BatchAdapter, size_and_tokens_of
-from lightning_pilot.core.phases import judge
 from lightning_pilot.core.scalars import read_scalars
 from lightning_pilot.run import PilotCallback
 from lightning_pilot.schemas import UPDATES_SCHEMA, UPDATES_SCHEMA_VERSION, UPDATES_TABLE
@@ -60,15 +59,8 @@ def _finite(value: float | int | None) -> int | None:
 class EffectiveBatchAccountant(PilotCallback):
     """Plan and count the examples, tokens and updates of a fit, per update and over all ranks.
 
-    At ``on_train_start`` it reads the real configuration and logs the plan
-    (:func:`~lightning_pilot.core.accounting.plan_updates`) once, checked against
-    ``trainer.estimated_stepping_batches``. During training it counts micro-batches, examples and
-    non-padding tokens into updates, one row per update per rank in ``updates.parquet``
-    (:data:`UPDATES_SCHEMA`); at the end it compares plan and count, warns about every finding,
-    logs the summary line and hands the counts to the run's ledger fields. The phase table's
-    ``optimizer_step`` row gets the check ``partial_accumulation_windows`` when ``K > 1``. Counts
-    are summed over the ranks at flush points (:meth:`_flush`), never in ``on_exception``: rows
-    not summed when a fit fails keep null sums and a note. See docs/effective-batch.md.
+    One row per update per rank goes to ``updates.parquet`` (:data:`UPDATES_SCHEMA`); the plan,
+    the counts, the findings and the ``optimizer_step`` check: docs/effective-batch.md.
 
     Args:
         keep: what a comparison of runs holds constant (``"updates"``, ``"examples"`` or
@@ -194,15 +186,9 @@ class EffectiveBatchAccountant(PilotCallback):
         self._micro = (_identity(fields) if comparing else None, size_and_tokens_of(fields))
 
     def _read(self, batch: Any) -> _Counts:
-        """The micro-batch's size and tokens, read at its start until the step is known to
-        leave them alone, then at its end only (one hook per micro-batch).
-
-        For the first :data:`COMPARED_MICRO_BATCHES` the fields found at the end must be the
-        very objects found at the start (followed by weak references: the batch's tensors are
-        freed when they would be), unchanged in place (tensor version counters): no new tensor,
-        no device wait. Then the start hook is muted. A step that replaces or changes
-        them (pops the mask, crops the inputs) keeps the reading at the start for the fit.
-        """
+        """The micro-batch's size and tokens: read at its start while the first
+        :data:`COMPARED_MICRO_BATCHES` steps leave the fields alone (the start hook is then
+        muted); a step that replaces or changes them keeps the reading at the start."""
         start, self._micro = self._micro, None
         if start is None:  # the start hook is muted (or Lightning skipped it)
             return size_and_tokens_of(self.adapter.fields(batch))
@@ -440,10 +426,8 @@ class EffectiveBatchAccountant(PilotCallback):
     def _flush(
         self, trainer: pl.Trainer | None = None, pl_module: pl.LightningModule | None = None
     ) -> None:
-        """Count the pending rows and sum them over ranks: under several processes one ``max``
-        and one ``sum`` all-reduce of a small integer tensor, at a flush point every rank reaches
-        at the same update (every ``FLUSH_EVERY`` updates, epoch ends, checkpoint saves, the end
-        of training); the token counts left on the device are read with one host sync."""
+        """Count the pending rows (one host sync) and sum them over ranks (one ``max`` and one
+        ``sum`` all-reduce, at a flush point every rank reaches at the same update)."""
         self._last_flush = self._last_step
         rows = self._counter.take_pending(read_scalars)
         if self._world == 1:
@@ -481,23 +465,12 @@ class EffectiveBatchAccountant(PilotCallback):
         )
 
     def _put_verdict(self) -> None:
-        """The ``optimizer_step`` verdict on the accumulation windows, in the phase table: the
-        later occurrences' row (a partial window is rarely the first update), unless the fit
-        made one update."""
+        """The accumulation windows' check, on the later ``optimizer_step`` row (a partial window
+        is rarely the first update) unless the fit made one update."""
         check = check_accumulation_windows(self._counter, self._plan)
-        if check is None:
-            return
-        verdict, reason = judge("optimizer_step", [(check.name, check.verdict, check.detail)])
-        self.run.put_phase_row(
-            {
-                "phase": "optimizer_step",
-                "first": self._counter.counted_from + self._counter.updates <= 1,
-                "verdict": verdict,
-                "checks": [check.as_row()],
-                "reason": reason,
-            },
-            source=type(self).__name__,
-        )
+        if check is not None:
+            first = self._counter.counted_from + self._counter.updates <= 1
+            self._put_checks("optimizer_step", [check], first=first)
 
 
 def _identity(fields: tuple[Any, ...]) -> tuple[Any, ...]:

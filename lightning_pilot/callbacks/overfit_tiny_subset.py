@@ -31,7 +31,6 @@ from lightning_pilot.core.overfit import (
     recovery,
     select_indices,
 )
-from lightning_pilot.core.phases import judge
 from lightning_pilot.run import PilotCallback
 from lightning_pilot.schemas import OVERFIT_SCHEMA, OVERFIT_SCHEMA_VERSION, OVERFIT_TABLE
 
@@ -55,10 +54,8 @@ class _Installed(NamedTuple):
 class OverfitTinySubset(PilotCallback):
     """CHANGES TRAINING: the fit trains and evaluates on a fixed tiny subset, then judges it.
 
-    Every batch of the fit is replaced by ``num_examples`` seeded examples of the training set;
-    it stops at the loss target with the targets recovered, on a non-finite loss, or after
-    ``max_steps`` updates, and writes the ``overfit`` row and ``overfit.parquet``
-    (docs/data-and-overfit.md).
+    Every batch is replaced by ``num_examples`` seeded training examples until the loss target
+    and the targets are reached, or ``max_steps`` (docs/data-and-overfit.md).
 
     Args:
         num_examples: size of the subset.
@@ -427,21 +424,15 @@ class OverfitTinySubset(PilotCallback):
         if not self._batches:
             results = [CheckResult("subset", "not_checked", "; ".join(self._notes))]
         self.checks = {c.name: c for c in results}
-        self.verdict, reason = judge("overfit", ((c.name, c.verdict, c.detail) for c in results))
-        notes = [f"subset ids {self.subset_ids}", *self._notes]
-        row = {
-            "phase": "overfit",
-            "first": True,
-            "occurrences": len(self._curve),
-            "step_first": self._curve[0][0] if self._curve else None,
-            "step_last": self._curve[-1][0] if self._curve else None,
-            "batch_size": self.batch_size or len(self.subset_ids) or None,
-            "verdict": self.verdict,
-            "checks": [c.as_row() for c in results],
-            "reason": reason,
-            "notes": "; ".join(notes),
-        }
-        self.run.put_phase_row(row, source=type(self).__name__)
+        self.verdict, reason = self._put_checks(
+            "overfit",
+            results,
+            occurrences=len(self._curve),
+            step_first=self._curve[0][0] if self._curve else None,
+            step_last=self._curve[-1][0] if self._curve else None,
+            batch_size=self.batch_size or len(self.subset_ids) or None,
+            notes="; ".join([f"subset ids {self.subset_ids}", *self._notes]),
+        )
         line = f"OverfitTinySubset: overfit verdict {self.verdict}"
         if self.verdict in ("fail", "warn"):
             rank_zero_warn(f"{line}: {reason}")

@@ -152,10 +152,8 @@ _QUIET_HOOKS = (
 class PhaseMemoryMonitor(PilotCallback):
     """Measure every phase of the campaign: inputs, memory, duration and a verdict per phase.
 
-    Writes ``<out_dir>/runs/<run_id>/phases.parquet`` (one row per phase, the first occurrence
-    on its own row), ``placement.parquet`` and ``model.parquet`` (:data:`MODEL_SCHEMA`). The
-    rows, columns, checks, cost and what the monitor installs for a fit and puts back are in
-    docs/phase-table.md. Every rank measures its own device and writes its own rows.
+    Writes ``phases.parquet``, ``placement.parquet`` and ``model.parquet``
+    (:data:`MODEL_SCHEMA`) on every rank; the rows and checks: docs/phase-table.md.
 
     Args:
         pilot_updates: updates measured fully at the start of each fit (>= 2).
@@ -353,13 +351,8 @@ class PhaseMemoryMonitor(PilotCallback):
         return counter
 
     def _begin(self, phase: str, *, track: bool = True) -> None:
-        """Start measuring ``phase``.
-
-        The CPU tensor tracker is a dispatch mode, which must be left in the grad/inference-mode
-        context it was entered in (``torch.inference_mode`` restores the dispatch keys it saw):
-        it runs only within one hook span the loop keeps in one context (a training batch, an
-        evaluation loop, an export). ``track=False`` phases get no tracker numbers.
-        """
+        """Start measuring ``phase``; the CPU tracker (a dispatch mode, left in the context it was
+        entered in) runs within one hook span, and not for ``track=False`` phases."""
         counter = self._ensure_counter()
         self._open = None  # a phase interrupted by another (e.g. a save mid-step) is dropped
         tracked = track or not isinstance(counter, TrackerCounter)
@@ -540,12 +533,8 @@ class PhaseMemoryMonitor(PilotCallback):
         self._hooks = []
 
     def _count_quiet(self, outputs: Any, step: int) -> None:
-        """Count an unmeasured micro-batch at its end, from what Lightning hands the hook.
-
-        Automatic optimisation: ``outputs`` is ``None`` for a skipped batch (no forward),
-        ``{}`` when the training step returned no loss (no backward). Optimizer steps are the
-        moves of ``global_step``, which counts every ``optimizer.step`` in either mode.
-        """
+        """Count an unmeasured micro-batch at its end (``outputs``: ``None`` without a forward,
+        ``{}`` without a backward); optimizer steps are the moves of ``global_step``."""
         quiet, automatic = self._quiet, self._automatic
         if outputs is not None or not automatic:
             quiet.micro_batch(self._step_now)
@@ -845,11 +834,8 @@ class PhaseMemoryMonitor(PilotCallback):
 
 
 def _intended_trainable(pl_module: pl.LightningModule) -> set[int]:
-    """``id`` of the parameters the module means to train: ``requires_grad``, or, while a
-    ``toggle_optimizer`` is open, the value Lightning saved before it toggled
-    (``_param_requires_grad_state``, private: read defensively). The callers add the reading
-    taken at ``on_train_batch_start``, before the step toggles anything (docs/phase-table.md).
-    """
+    """``id`` of the parameters the module means to train: ``requires_grad``, or what Lightning
+    saved before an open ``toggle_optimizer`` (private: read defensively)."""
     state = getattr(pl_module, "_param_requires_grad_state", None)
     saved: Mapping[Any, Any] = state if isinstance(state, Mapping) else {}
     return {id(p) for p in pl_module.parameters() if p.requires_grad or saved.get(p, False)}

@@ -14,6 +14,7 @@ from typing_extensions import override
 from lightning_pilot import storage
 from lightning_pilot.core import validate
 from lightning_pilot.core.batches import BatchAdapter
+from lightning_pilot.core.phases import CheckResult
 from lightning_pilot.ledger import file_sha256
 from lightning_pilot.run import PilotCallback
 from lightning_pilot.schemas import PREDICTIONS_SCHEMA
@@ -143,12 +144,10 @@ class ValidationPredictionWriter(PilotCallback):
         """Stop keeping predictions for this fit and say why on the validation row."""
         detail = str(err) if isinstance(err, ValueError) else f"{type(err).__name__}: {err}"
         self._error = detail
-        check = {"name": "predictions", "verdict": "not_checked", "detail": detail}
-        self.run.put_phase_row(
-            {"phase": "validation", "first": True, "counter": "none", "verdict": "not_checked",
-             "checks": [check], "reason": f"predictions not kept: {detail}"},
-            source="ValidationPredictionWriter",
-        )  # fmt: skip
+        check = CheckResult("predictions", "not_checked", detail)
+        self._put_checks(
+            "validation", [check], counter="none", reason=f"predictions not kept: {detail}"
+        )
         warnings.warn(
             f"lightning-pilot: predictions not kept: {detail}", RuntimeWarning, stacklevel=3
         )
@@ -180,12 +179,8 @@ class ValidationPredictionWriter(PilotCallback):
 def prediction_rows(
     predictions: Any, *, ids: Sequence[Any] | None, targets: Any, **context: Any
 ) -> list[dict[str, Any]]:
-    """Rows of :data:`~lightning_pilot.schemas.PREDICTIONS_SCHEMA` for one batch.
-
-    ``predictions`` (a tensor, array or list) must have a batch dimension (else ``ValueError``);
-    ``ids`` are stored as strings; ``targets`` are kept when their first dimension is the batch;
-    ``context`` holds the columns shared by every row (``step``, ``batch_idx``, ...).
-    """
+    """Rows of :data:`~lightning_pilot.schemas.PREDICTIONS_SCHEMA` for one batch: ``predictions``
+    with a batch dimension (else ``ValueError``); ``context``: the columns of every row."""
     preds = torch.as_tensor(predictions).detach().cpu()
     if preds.dim() == 0:
         raise ValueError(f"predictions must have a batch dimension, got a scalar {preds.item()!r}.")

@@ -53,12 +53,8 @@ MAX_LISTED: Final = 20
 def normalise_schedule(
     accumulate_grad_batches: int | Mapping[int, int], *, owner: str = "plan_updates"
 ) -> tuple[tuple[int, int], ...]:
-    """Turn ``K`` or an ``{epoch: K}`` schedule into sorted ``(first_epoch, K)`` pairs.
-
-    A schedule works like Lightning's ``GradientAccumulationScheduler``: ``K`` applies from its
-    epoch (0-based) on, and epochs before the first key accumulate 1 micro-batch. Raises
-    ``TypeError`` for what is not an int or a mapping of ints, ``ValueError`` for ``K < 1``, a
-    negative epoch or an empty schedule.
+    """Turn ``K`` or an ``{epoch: K}`` schedule into sorted ``(first_epoch, K)`` pairs, read as
+    Lightning's ``GradientAccumulationScheduler`` reads it (epochs before the first key: 1).
 
     Example:
         >>> normalise_schedule(8)
@@ -312,10 +308,8 @@ def replica_duplicates(
     batch_idx: int,
     micro_batch_size: int,
 ) -> int:
-    """Duplicated samples a padding ``DistributedSampler`` put in one micro-batch of a rank.
-
-    The sampler appends the padding to its index list and deals it out round-robin, so a padded
-    rank's duplicate is its last sample of the epoch, when that position is past the dataset.
+    """Duplicated samples a padding ``DistributedSampler`` put in one micro-batch of a rank (a
+    padded rank's last sample of the epoch, when that position is past the dataset).
 
     Example:
         >>> # 21 examples on 2 replicas: 11 each; rank 1's 11th sample repeats example 0.
@@ -429,12 +423,9 @@ SUMMED_COLUMNS: Final = ("micro_batches", "examples", "tokens", "padding_duplica
 
 @dataclass
 class UpdateCounter:
-    """Counts micro-batches into updates, one row per update, and keeps the totals.
-
-    Rows of closed updates wait in :attr:`pending` until :meth:`take_pending` hands them over;
-    the caller fills their ``*_all_ranks`` columns (:func:`unpack_sums`, or
-    :meth:`local_as_all_ranks` on one process) and hands them to :meth:`absorb`, which updates
-    the totals (the dataclass fields, saved by :meth:`state_dict` as plain types).
+    """Counts micro-batches into updates, one row per update, and keeps the totals: the caller
+    fills the ``*_all_ranks`` columns of :meth:`take_pending`'s rows and hands them to
+    :meth:`absorb`.
 
     Example:
         >>> counter = UpdateCounter()
@@ -658,11 +649,8 @@ def unpack_sums(
     world_size: int,
     dp_replicas: int,
 ) -> list[dict[str, Any]]:
-    """Fill the ``*_all_ranks`` columns of this rank's rows from the summed :func:`pack_counts`.
-
-    Ranks of one tensor- or pipeline-parallel group (``world_size / dp_replicas``) count the
-    same batch, so the sum is divided back. A count becomes null, with a note, when some rank
-    could not read it or had no such update, or ``world_size`` is not a multiple of ``dp_replicas``.
+    """Fill the ``*_all_ranks`` columns of this rank's rows from the summed :func:`pack_counts`
+    (divided back by the ranks sharing a batch; null, with a note, when not every rank counted).
 
     Example:
         >>> row = {"micro_batches": 2, "examples": 4, "tokens": None, "padding_duplicates": 0}
@@ -807,12 +795,8 @@ _LEDGER_FIELDS: Final = (
 
 @dataclass(frozen=True)
 class Summary:
-    """Plan against count: the configuration, planned and counted quantities, findings.
-
-    ``keep`` is the quantity a comparison holds constant, ``kept_planned`` and ``kept_done``
-    its planned and counted values; ``flags`` name every finding and ``line`` is the summary
-    for humans. The other fields are named as the ledger and ``UpdatePlan`` name them.
-    """
+    """Plan against count: the configuration, planned and counted quantities, ``flags`` (the
+    findings) and ``line`` (for humans); fields named as in the ledger and ``UpdatePlan``."""
 
     micro_batch_size: int | None
     accumulate_grad_batches: int
@@ -861,11 +845,8 @@ def summarize(
     notes: Sequence[str] = (),
     unsummed: int = 0,
 ) -> Summary:
-    """Compare the plan with what was counted and name every finding (docs/effective-batch.md).
-
-    ``unsummed``: updates counted on this rank whose rows were never summed over the ranks (a
-    failed fit): they count as done, and make the examples and tokens unknown.
-    """
+    """Compare the plan with what was counted and name every finding (docs/effective-batch.md);
+    ``unsummed`` updates (never summed over the ranks) count as done, with unknown examples."""
     flags: list[Flag] = []
     updates_done = counter.counted_from + counter.updates
     planned_updates = plan.total_updates if plan is not None else estimated_updates

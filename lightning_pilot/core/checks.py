@@ -75,13 +75,8 @@ def check_gradients(
     optimized: set[int],
     intended: Collection[int] | None = None,
 ) -> list[CheckResult]:
-    """Every parameter an optimizer updates is trainable, received a gradient, and it is finite.
-
-    ``optimized`` holds the ``id`` of every parameter in the optimizers' param groups;
-    ``intended`` the ``id`` of those the module means to train, read before the step could
-    switch some off (``toggle_optimizer``): such a parameter is skipped, not failed (``None``:
-    the current ``requires_grad`` is the intent).
-    """
+    """Every parameter an optimizer updates (``id`` in ``optimized``) is trainable, received a
+    gradient, and it is finite; one switched off though ``intended`` (ids) is skipped."""
     frozen, switched_off, missing, stray = [], [], [], []
     with_grad: list[tuple[str, torch.Tensor]] = []
     for name, param in named_parameters:
@@ -140,12 +135,8 @@ def check_gradients(
 def fingerprint(
     named_parameters: Iterable[tuple[str, torch.Tensor]],
 ) -> dict[str, tuple[float, float]]:
-    """A cheap per-parameter fingerprint (sum and L2 norm, accumulated in float64).
-
-    Any change of a float32 element changes both by at least one ulp, so equal fingerprints mean
-    "unchanged" except for a contrived cancellation. The reductions accumulate in float64
-    without a float64 copy of the parameter.
-    """
+    """A cheap per-parameter fingerprint: sum and L2 norm, accumulated in float64 (any change
+    of a float32 element changes both)."""
 
     def sums(param: torch.Tensor) -> torch.Tensor:
         value = param.detach()
@@ -227,9 +218,8 @@ def check_update(
 
 
 def _train_mode_kind(module: torch.nn.Module | None) -> tuple[int, str]:
-    """How a module in train mode changes the outputs: ``(tier, label)``; tier 0 changes them,
-    tier 1 is a leaf of a type not known to be mode-independent, tier 2 does not (the three
-    kinds of docs/phase-table.md, ``eval_mode``)."""
+    """``(tier, label)``: 0 changes the outputs in train mode, 1 is a leaf of an unknown type, 2
+    does not (docs/phase-table.md, ``eval_mode``)."""
     if module is None:  # a bare name: nothing known about it
         return 1, ""
     kind = type(module).__name__
@@ -265,11 +255,8 @@ def check_eval_mode(
     grad_enabled: bool,
     phase: str = "validation",
 ) -> list[CheckResult]:
-    """During evaluation every module is in eval mode and autograd is off.
-
-    ``training_modules`` holds ``(name, module)`` of every module found in train mode (a bare
-    name is a module of unknown type). ``eval_mode`` fails when one of them changes the outputs
-    or is a leaf of unknown type, and warns when only containers or mode-independent layers are.
+    """During evaluation every module is in eval mode and autograd is off (``training_modules``:
+    ``(name, module)``, or a bare name, of every module found in train mode).
 
     Example:
         >>> import torch

@@ -1,5 +1,4 @@
-"""Compare variants across seeds, every run counted and failures ranked worst, with bootstrap
-intervals and paired per-seed differences (docs/ledger.md, "Comparing across seeds")."""
+"""Compare variants across seeds, failed runs ranked worst (docs/ledger.md)."""
 
 from __future__ import annotations
 
@@ -57,11 +56,8 @@ def bootstrap_ci(
     confidence: float = 0.95,
     rng: np.random.Generator,
 ) -> tuple[float, float]:
-    """Percentile-bootstrap interval of ``statistic(values, axis=-1)``.
-
-    Resamples ``values`` with replacement ``n_boot`` times in one vectorised draw. Quantiles use
-    the inverted empirical CDF, so infinite values (failed runs) never turn into NaN.
-    """
+    """Percentile-bootstrap interval of ``statistic(values, axis=-1)``, ``n_boot`` resamples in
+    one draw (inverted-CDF quantiles: infinite values never turn into NaN)."""
     index = rng.integers(0, len(values), size=(n_boot, len(values)))
     stats = np.asarray(statistic(values[index], axis=-1), dtype=float)
     alpha = (1.0 - confidence) / 2.0

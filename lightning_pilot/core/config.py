@@ -23,11 +23,8 @@ _SHA: Final = re.compile(r"[0-9a-f]{40}([0-9a-f]{24})?")
 
 
 def canonical_params_json(params: Mapping[str, Any] | None) -> str:
-    """The canonical JSON text of a parameter dict: sorted keys, compact, finite numbers.
-
-    Tuples become lists; numpy/torch scalars become Python numbers; ``1`` and ``1.0`` stay
-    different, as in JSON. Invalid params raise as
-    :func:`lightning_pilot.core.validate.mapping_of_scalars` says (``ValueError`` for NaN/inf).
+    """The canonical JSON text of a parameter dict (checked by
+    :func:`~lightning_pilot.core.validate.mapping_of_scalars`): sorted keys, compact.
 
     Example:
         >>> canonical_params_json({"lr": 1e-4, "layers": [2, 2], "name": "ctl"})
@@ -54,12 +51,8 @@ def _digest(
 def variant_key(
     experiment: str, params: Mapping[str, Any] | None, setup: Mapping[str, Any] | None = None
 ) -> str:
-    """Identity of a variant (16 hex digits): experiment, parameters and setup, not the seed.
-
-    ``setup`` holds the facts of the training setup that change the experiment (micro-batch
-    size, accumulation, data-parallel replicas, precision); its ``None`` values are kept, so a
-    fact that could not be read never matches a known one.
-    """
+    """Identity of a variant (16 hex digits): experiment, parameters and ``setup`` (the facts
+    that change the experiment; an unread ``None`` never matches a known one), not the seed."""
     return _digest(experiment, params, setup)
 
 
@@ -87,11 +80,8 @@ def _git_dir(start: Path) -> Path | None:
 
 
 def git_revision(start: str | os.PathLike[str] | None = None) -> str | None:
-    """The commit checked out in the git repository holding ``start`` (default: the cwd).
-
-    Reads ``.git/HEAD`` and the ref it names (loose or packed) directly: no ``git`` process is
-    started. Returns ``None`` outside a repository or when the files cannot be read.
-    """
+    """The commit checked out in the git repository holding ``start`` (default: the cwd), read
+    from ``.git`` without a ``git`` process; ``None`` outside a repository or on a read error."""
     try:
         git = _git_dir(Path(start or os.getcwd()).resolve())
         if git is None:

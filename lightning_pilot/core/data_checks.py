@@ -16,7 +16,7 @@ from torch.utils.data import IterableDataset
 from torch.utils.hooks import RemovableHandle
 
 from lightning_pilot.core.batches import BatchAdapter, BatchView, is_int_tensor
-from lightning_pilot.core.checks import CheckResult
+from lightning_pilot.core.checks import CheckResult, shown_names
 from lightning_pilot.core.phases import worst_verdict
 
 __all__ = [
@@ -65,13 +65,6 @@ SHIFTED_LABELS_ADVICE: Final = (
     " internally, so this trains to predict 2 tokens ahead; pass labels = input_ids (with -100"
     " on masked positions) to such models, or ignore this warning if your loss does not shift"
 )
-_MAX_SHOWN: Final = 8
-
-
-def _shown(values: Sequence[Any]) -> str:
-    text = ", ".join(str(v) for v in values[:_MAX_SHOWN])
-    more = len(values) - _MAX_SHOWN
-    return text + (f" and {more} more" if more > 0 else "")
 
 
 def _judged(name: str, problem: str | None, verdict: str = "fail", passed: str = "") -> CheckResult:
@@ -181,9 +174,10 @@ def check_ids(ids: Sequence[Any] | None, batch_size: int | None) -> CheckResult:
             f"{len(ids)} id(s) for {batch_size} example(s): ids must have one entry per example"
         )
     elif missing := [i for i, value in enumerate(ids) if value is None or value == ""]:
-        problem = f"{len(missing)} example(s) without an id at batch position(s) {_shown(missing)}"
+        where = shown_names(missing)
+        problem = f"{len(missing)} example(s) without an id at batch position(s) {where}"
     elif repeated := sorted(v for v, n in Counter(map(str, ids)).items() if n > 1):
-        problem = f"{len(repeated)} id(s) repeated within one batch: {_shown(repeated)}"
+        problem = f"{len(repeated)} id(s) repeated within one batch: {shown_names(repeated)}"
     return _judged(name, problem, passed=f"{len(ids)} unique id(s)")
 
 
@@ -246,7 +240,7 @@ def check_label_range(
         hint = f"; negative labels other than the ignore index {ignore_index}"
     detail = (
         f"{bad.numel()} of {counted.numel()} label value(s) outside [0, {output_size - 1}] (the"
-        f" model has {output_size} outputs, from {source}): values {_shown(values)}{hint}"
+        f" model has {output_size} outputs, from {source}): values {shown_names(values)}{hint}"
     )
     return CheckResult(name, "fail", detail)
 
@@ -327,7 +321,7 @@ def check_attention_mask(
         changes = (real[:, 1:] != real[:, :-1]).sum(dim=1)
         broken = [int(i) for i in torch.nonzero(changes > 1).flatten().tolist()]
         problem = (
-            f"{len(broken)} row(s) have padding inside the sequence (rows {_shown(broken)}):"
+            f"{len(broken)} row(s) have padding inside the sequence (rows {shown_names(broken)}):"
             " packed sequences need position ids and a block mask"
         )
         results.append(_judged("attention_mask_contiguous", problem if broken else None, "warn"))
@@ -393,7 +387,7 @@ def check_loss_positions(targets: Any, *, ignore_index: int) -> CheckResult:
     empty = [int(i) for i in torch.nonzero(per_row == 0).flatten().tolist()]
     problem = (
         f"{len(empty)} of {targets.shape[0]} sequence(s) have no position counted in the loss"
-        f" (rows {_shown(empty)}): truncated before the response, or fully masked"
+        f" (rows {shown_names(empty)}): truncated before the response, or fully masked"
     )
     counted = f"{int(per_row.sum())} positions counted in the loss"
     return _judged(name, problem if empty else None, "warn", counted)
@@ -569,7 +563,7 @@ def check_class_histograms(histograms: Mapping[str, Mapping[int, int]]) -> list[
         return results
     others = {split: h for split, h in present.items() if split != "train"}
     unseen = {split: sorted(set(h) - set(train)) for split, h in others.items()}
-    text = "; ".join(f"{split} class(es) {_shown(c)}" for split, c in unseen.items() if c)
+    text = "; ".join(f"{split} class(es) {shown_names(c)}" for split, c in unseen.items() if c)
     problem = f"{text} never occur in training: the model cannot learn them"
     results.append(_judged("val_classes_in_train", problem if text else None, "warn"))
     low, high = min(train), max(train)
@@ -603,11 +597,8 @@ def find_shared(keys_by_split: Mapping[str, Iterable[Hashable]]) -> dict[Hashabl
 def check_leakage(
     keys_by_split: Mapping[str, Sequence[Hashable]] | None, *, scanned: Mapping[str, int]
 ) -> CheckResult:
-    """Fail when a group (conversation, patient, document, period) is in more than one split.
-
-    ``keys_by_split`` holds the group key of every scanned example (``None``: no ``group_fn``);
-    ``scanned`` the examples scanned per split (bounded: leaks beyond them are unseen).
-    """
+    """Fail when a group key (``None``: no ``group_fn``) is in more than one split; ``scanned``:
+    the examples scanned per split."""
     name = "split_leakage"
     if keys_by_split is None:
         detail = "no group_fn given: pass group_fn=lambda example: <conversation/patient/document>"
@@ -625,7 +616,7 @@ def check_leakage(
         )
     listed = [f"{key!r} ({'+'.join(splits)})" for key, splits in shared.items()]
     detail = (
-        f"{len(shared)} group(s) found in more than one split: {_shown(listed)} (examples"
+        f"{len(shared)} group(s) found in more than one split: {shown_names(listed)} (examples"
         f" scanned: {scope}); split by group, not by example"
     )
     return CheckResult(name, "fail", detail)
@@ -668,11 +659,8 @@ def check_duplicates(
 
 
 class SplitInspection:
-    """Run the batch checks over the first batches of one split and fold them per check.
-
-    Each check keeps its worst verdict over the batches; lengths and padding are pooled before they
-    are judged; names are prefixed with ``split``. With an ``encoder_decoder``
-    (:func:`find_encoder_decoder`) the checks comparing labels with the inputs are ``not_checked``.
+    """Run the batch checks over the first batches of one split, each check keeping its worst
+    verdict (with an ``encoder_decoder``, those comparing labels with inputs are ``not_checked``).
 
     Example:
         >>> inspection = SplitInspection("train", ignore_index=-100, output_size=3)
@@ -794,8 +782,7 @@ def example_rows(
     errors: list[str] | None = None,
 ) -> list[dict[str, Any]]:
     """Rows of ``examples.parquet`` (docs/data-and-overfit.md) for the first ``limit`` examples of
-    one batch; ``input_values`` keeps at most ``max_values`` values. When the user's ``decode``
-    raises, the text stays null and the row's note and ``errors`` get the message."""
+    one batch (a ``decode`` that raises: null text, the message in the note and ``errors``)."""
     ids = view.ids_list()
     rows = []
     lengths = row_lengths(view.inputs, view.attention_mask)
@@ -873,8 +860,7 @@ def _decoded(
 
 class CausalLMWatch:
     """A forward pre-hook on a Hugging Face causal LM: the ``labels=`` its first ``max_calls`` calls
-    get. It never raises into the user's forward (an error is kept for :meth:`check`), and a copy
-    of the watched model carries an inert watch.
+    get (never raising into the user's forward; a copy of the model carries an inert watch).
 
     Example:
         >>> CausalLMWatch.attach(nn.Linear(2, 2), ignore_index=-100, max_calls=8) is None
@@ -948,10 +934,8 @@ def first_items(dataset: Any, limit: int) -> Iterator[Any]:
 
 
 class DatasetScan:
-    """Class histograms, leakage and duplicates over the first ``max_examples`` items of each split.
-
-    A split whose items cannot be read, or a ``group_fn`` that raises, makes ``split_leakage``
-    ``not_checked``; both are listed in :attr:`raised`.
+    """Class histograms, leakage and duplicates over the first ``max_examples`` items of each split
+    (user code that raises is listed in :attr:`raised`).
 
     Example:
         >>> scan = DatasetScan(BatchAdapter(), max_examples=10, group_fn=lambda item: item[2])
@@ -976,11 +960,8 @@ class DatasetScan:
     def run(
         self, datasets: Mapping[str, Sequence[Any]], problems: Sequence[CheckResult] = ()
     ) -> list[CheckResult]:
-        """The checks over the datasets of each split; ``problems`` (splits left out) last.
-
-        The torch and Python random states are restored afterwards, so random transforms in
-        the datasets do not change the fit.
-        """
+        """The checks over the datasets of each split; ``problems`` (splits left out) last. The
+        random states are restored afterwards: random transforms do not change the fit."""
         keys: dict[str, list[Hashable]] = {}
         prints: dict[str, list[str | None]] = {}
         labels: dict[str, dict[int, int]] = {}
@@ -1033,11 +1014,8 @@ class DatasetScan:
 
 
 class DataInspection:
-    """The ``data`` phase of a fit: the first batches of each split, examples and every check.
-
-    ``splits`` holds the :class:`SplitInspection` of every split read, in table order;
-    ``batches`` per split are inspected and ``examples`` per split kept for the table, with
-    the text of the user's ``decode(token_ids)``.
+    """The ``data`` phase of a fit: ``batches`` of each split's :class:`SplitInspection`,
+    ``examples`` per split kept for the table, and every check.
 
     Example:
         >>> inspection = DataInspection(

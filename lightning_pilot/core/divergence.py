@@ -1,5 +1,4 @@
-"""Divergence rules and run outcomes, free of Lightning (docs/ledger.md, "Divergence rules and
-their defaults", "Statuses and stop causes")."""
+"""Divergence rules and run outcomes, free of Lightning (docs/ledger.md)."""
 
 from __future__ import annotations
 
@@ -165,12 +164,8 @@ class DivergenceDetector:
         *,
         grad_may_overflow: bool = False,
     ) -> DivergenceDecision:
-        """Apply the rules to the update that finished at ``step``; ``cause`` is the
-        highest-priority fatal rule that fired.
-
-        A ``None`` loss or norm was not measured: its rules are skipped. ``grad_may_overflow``:
-        a gradient scaler is active (a non-finite norm is ``grad_overflow``, docs/ledger.md).
-        """
+        """Apply the rules to the update that finished at ``step`` (a ``None`` loss or norm: its
+        rules skipped; ``grad_may_overflow``: a non-finite norm is a scaler's ``grad_overflow``)."""
         self.updates += 1
         events: list[DivergenceEvent] = []
         fired: list[str] = []
@@ -227,10 +222,7 @@ class DivergenceDetector:
 
     @property
     def reference(self) -> float | None:
-        """The spike reference (mean of recent normal losses), ``None`` while not applicable.
-
-        The loss rules assume a non-negative loss: a reference or threshold must be positive.
-        """
+        """The mean of recent normal losses; ``None`` in the warm-up or when not positive."""
         if self.updates <= self.rules.warmup or not self._window:
             return None
         mean = sum(self._window) / len(self._window)
@@ -291,9 +283,7 @@ def normal_outcome(
     updates_done: int,
     planned_updates: int | None,
 ) -> tuple[str, str]:
-    """``(status, stop_cause)`` of a fit that returned normally (docs/ledger.md);
-    ``step_shortfall``: fewer ``updates_done`` (all attempts) than planned, or no
-    ``limit_reached``."""
+    """``(status, stop_cause)`` of a fit that returned normally (docs/ledger.md)."""
     if divergence is not None:
         return "diverged", divergence
     if early_stopping:
@@ -306,10 +296,8 @@ def normal_outcome(
 
 
 class Curves:
-    """The curves of one run: training loss and learning rate per update, validation points.
-
-    Steps are optimizer updates. A heartbeat record carries only the points since the
-    :meth:`mark` taken at the previous record (:meth:`as_record` with ``since=``).
+    """The curves of one run: training loss and learning rate per update, validation points
+    (:meth:`as_record` with ``since=`` a :meth:`mark`: only the points added since).
 
     Example:
         >>> curves = Curves()

@@ -30,14 +30,9 @@ from torch.utils._pytree import tree_flatten
 
 
 class TensorTracker(TorchDispatchMode):  # type: ignore[no-untyped-call]
-    """Count live tensor bytes on any device by following every storage operators touch.
-
-    Each storage an operator takes or returns is counted once (views share one), with a
-    weak-reference callback that subtracts its bytes when it is freed; older tensors count once
-    touched, or at once through :meth:`adopt`. Use it as a context manager, or :meth:`start` /
-    :meth:`stop` across hooks (it must be the innermost dispatch mode when it stops). It costs
-    one Python call per operator while active.
-    """
+    """Count live tensor bytes on any device by following every storage operators touch (once
+    each, until freed; older tensors through :meth:`adopt`). A context manager, or
+    :meth:`start` / :meth:`stop` across hooks; one Python call per operator while active."""
 
     def __init__(self) -> None:
         super().__init__()  # type: ignore[no-untyped-call]

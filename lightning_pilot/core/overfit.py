@@ -26,11 +26,8 @@ from lightning_pilot.core.checks import CheckResult, shown_names
 
 
 def select_indices(dataset_size: int, count: int, *, seed: int) -> list[int]:
-    """Choose ``count`` distinct example indices of a dataset, sorted, the same for the same seed.
-
-    A seeded sample over the whole dataset (the first rows are often sorted by class), stable
-    across processes and platforms (``random.Random``; the torch generator stays untouched).
-    """
+    """Choose ``count`` distinct example indices of a dataset, sorted, the same for the same seed
+    (``random.Random`` over the whole dataset; the torch generator stays untouched)."""
     if dataset_size < 1:
         raise ValueError(f"dataset_size={dataset_size!r} is invalid: the dataset is empty.")
     if count < 1:
@@ -48,10 +45,7 @@ def expected_initial_loss(num_classes: int) -> float:
 def check_initial_loss(
     initial: float | None, num_classes: int | None, *, tolerance: float
 ) -> CheckResult:
-    """The first loss, before any update, is within a factor ``tolerance`` of ``log(C)``.
-
-    Only a warning: a pretrained model legitimately starts lower.
-    """
+    """The first loss is within a factor ``tolerance`` of ``log(C)`` (else a warning)."""
     name = "initial_loss"
     if initial is None or not math.isfinite(initial):
         return CheckResult(name, "not_checked", f"initial loss is {initial}")
@@ -140,10 +134,8 @@ def check_loss_target(
 
 
 def predictions_from_logits(logits: torch.Tensor, targets: torch.Tensor, *, shift: bool) -> Any:
-    """Predicted classes (``argmax`` of the last dimension) shaped like ``targets``, or ``None``.
-
-    For token targets with ``shift=True`` (causal LMs) position ``t`` is predicted by the logits
-    at ``t - 1`` and position 0 gets ``-1`` (no prediction).
+    """Predicted classes (``argmax`` of the last dimension) shaped like ``targets``, or ``None``;
+    ``shift=True``: position ``t`` is predicted at ``t - 1``, position 0 gets ``-1``.
 
     Example:
         >>> logits = torch.tensor([[[0.0, 1.0], [1.0, 0.0], [0.0, 1.0]]])

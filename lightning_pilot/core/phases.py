@@ -42,10 +42,7 @@ COUNTERS: Final[tuple[str, ...]] = get_args(Counter)
 
 @dataclass(frozen=True)
 class CheckResult:
-    """One named check: ``pass``, ``warn``, ``fail`` or ``not_checked``, and why.
-
-    Free of torch, so readers never import it; :mod:`lightning_pilot.core.checks` re-exports it.
-    """
+    """One named check: ``pass``, ``warn``, ``fail`` or ``not_checked``, and why (torch-free)."""
 
     name: str
     verdict: str
@@ -115,11 +112,8 @@ ESSENTIAL: Final[dict[str, frozenset[str]]] = {
 
 
 def judge(phase: str, checks: Iterable[tuple[str, str, str]]) -> tuple[str, str | None]:
-    """The verdict of a phase from its ``(name, verdict, detail)`` checks, and the reason.
-
-    The rule is in docs/phase-table.md ("Verdicts and checks"). The reason lists every failed
-    or warned check, then the remedy of the phase, then what was not proven; it is ``None``
-    when every check passed.
+    """The verdict of a phase from its ``(name, verdict, detail)`` checks, and the reason
+    (``None`` when every check passed); the rule: docs/phase-table.md, "Verdicts and checks".
 
     Example:
         >>> verdict, reason = judge("forward", [("loss_finite", "fail", "loss is nan")])

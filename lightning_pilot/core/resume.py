@@ -82,8 +82,7 @@ def restore_rng(state: Mapping[str, Any]) -> None:
 
 def rng_of_this_rank(state: Mapping[str, Any]) -> Mapping[str, Any] | None:
     """The RNG states a resumed process restores from a saved ``{"rng", "rng_by_rank"}``: this
-    rank's own from ``rng_by_rank`` under several processes (so per-rank random streams
-    continue), else ``rng``.
+    rank's own under several processes, else ``rng``.
     """
     by_rank = state.get("rng_by_rank")
     if isinstance(by_rank, list) and torch.distributed.is_initialized():
@@ -139,9 +138,8 @@ def content_keys(inputs: Any) -> list[str] | None:
 
 
 def dataset_fingerprint(dataset: Any, count: int = 4) -> str | None:
-    """A digest of the first ``count`` items of a map-style dataset, to tell whether the new
-    process built the fit's data (``None`` when it has no length and indexing, or reading an
-    item raises).
+    """A digest of the first ``count`` items of a map-style dataset (``None`` when it cannot be
+    indexed or an item raises): did the new process build the fit's data?
     """
     if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
         return None
@@ -285,13 +283,9 @@ def compare_trajectories(
     rtol: float = 0.0,
 ) -> tuple[list[CheckResult], list[StepPair]]:
     """The checks ``data_position``, ``loss_trajectory`` and ``lr_trajectory`` of the
-    micro-batches after a resume, and one :data:`StepPair` per reference micro-batch.
-
-    ``seen_before`` holds, for a mid-epoch checkpoint, the ids the reference trained on in the
-    checkpoint's epoch before it (a replay); at an epoch boundary, the ids of the finished
-    epoch's first micro-batches (the same order starting again). ``loader_stateful`` (the loader
-    has ``state_dict``/``load_state_dict``) chooses the diagnosis; ``atol``/``rtol`` (0 = exact)
-    apply to losses and learning rates.
+    micro-batches after a resume, and one :data:`StepPair` per reference micro-batch;
+    ``seen_before``: the ids the reference saw before the checkpoint in its epoch (at an epoch
+    boundary, the epoch's first ones); ``atol``/``rtol`` (0 = exact): losses and learning rates.
     """
     pairs: list[StepPair] = []
     first: dict[str, tuple[int, StepRecord, StepRecord]] = {}  # the first difference of each

@@ -42,12 +42,9 @@ def stateful_dataloader_class(owner: str) -> type[DataLoader[Any]]:
 class SeededShuffleSampler(Sampler[int]):
     """Shuffle with an order that depends only on ``(seed, epoch)``, and can resume mid-epoch.
 
-    Epoch ``e`` visits ``torch.randperm(size)`` drawn from a generator seeded with ``seed + e``
-    (the convention of PyTorch's ``DistributedSampler``). Lightning calls :meth:`set_epoch` at
-    the start of every training epoch, so a run resumed from a checkpoint replays the same
-    orders as the uninterrupted run, with a plain or a stateful DataLoader. Without Lightning,
-    the epoch advances by itself after each complete pass. ``state_dict`` / ``load_state_dict``
-    (the epoch and how many of its indices were drawn) make it ``Stateful`` for torchdata.
+    Epoch ``e`` visits ``torch.randperm(size)`` seeded with ``seed + e``, as PyTorch's
+    ``DistributedSampler`` does (Lightning calls :meth:`set_epoch`; without it, the epoch
+    advances after each complete pass); ``state_dict`` makes it ``Stateful`` for torchdata.
 
     Example:
         >>> sampler = SeededShuffleSampler(size=5, seed=0)
@@ -103,11 +100,8 @@ class SeededShuffleSampler(Sampler[int]):
 
 
 class SplitDataModule(LightningDataModule):
-    """What both demo DataModules share: their common arguments, three splits and their loaders.
-
-    Subclasses return the splits from :meth:`_make_splits` and their collate function from
-    :meth:`_collate`.
-    """
+    """What both demo DataModules share: their common arguments, three splits (subclasses'
+    :meth:`_make_splits`) and their loaders."""
 
     def __init__(
         self,

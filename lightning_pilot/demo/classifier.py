@@ -104,16 +104,11 @@ class GroupedClassificationDataset(Dataset[dict[str, Any]]):
 class ClassificationDataModule(SplitDataModule):
     """Train/validation/test loaders of the grouped classification task.
 
-    With ``split_by="group"`` whole groups are assigned to splits (a seeded shuffle of the
-    groups), so no group appears in two splits. With ``split_by="example"`` examples are
-    assigned one by one (a seeded shuffle of the examples), so groups of more than one example
-    almost surely span splits. Each split lists its examples in id order; ids are unique
-    across splits. The predict loader serves the test split.
-
-    ``val_size`` and ``test_size`` are fractions of the units (at least one unit each);
-    ``stateful=True`` serves torchdata ``StatefulDataLoader`` instances (extra
-    ``lightning-pilot[stateful]``); the training order of epoch ``e`` depends only on
-    ``(seed, e)``, so a resumed run replays it. Evaluation splits are never shuffled.
+    ``split_by="group"`` shuffles whole groups into splits (no group in two splits);
+    ``split_by="example"`` shuffles examples (groups span splits). ``val_size`` and ``test_size``
+    are fractions of the units (at least one each); ``stateful=True`` serves torchdata
+    ``StatefulDataLoader`` instances (extra ``lightning-pilot[stateful]``); epoch ``e``'s
+    training order depends only on ``(seed, e)``. Predict serves the test split.
 
     Example:
         >>> datamodule = ClassificationDataModule(dataset_size=64, seed=0, batch_size=8)
@@ -208,8 +203,8 @@ class TinyClassifier(LightningModule):
     and ``test_acc`` (cross-entropy and accuracy, averaged over examples). AdamW at a constant
     ``lr``.
 
-    Keep ``num_features`` and ``num_classes`` equal to the data module's: Lightning merges both
-    modules' hyper-parameters for the loggers and refuses shared names with different values.
+    Keep ``num_features`` and ``num_classes`` equal to the data module's (Lightning merges both
+    hyper-parameters).
 
     Example:
         >>> model = TinyClassifier(num_features=3, num_classes=2)

@@ -229,10 +229,8 @@ class InstructionCollator:
 class InstructionDataModule(SplitDataModule):
     """Train/validation/test loaders of the synthetic instruction task.
 
-    The ``dataset_size`` examples are generated from ``seed`` and split in id order: the first
-    ones train, then validation, then test, so ids are unique across splits. The predict loader
-    serves the test split. Longer examples than ``max_length`` are truncated (the default fits
-    every example of the default ``max_symbols``: ``2 * 8 + 4 = 20`` tokens). The other
+    The examples are split in id order (train, validation, then test; predict serves test) and
+    truncated to ``max_length`` (the default fits ``max_symbols=8``: 20 tokens); the other
     arguments are as in :class:`~lightning_pilot.demo.ClassificationDataModule`.
 
     Example:
@@ -361,8 +359,7 @@ class TinyCausalLM(LightningModule):
     Logged metrics: ``train_loss`` (every step), ``val_loss`` and ``val_acc`` (next-token
     accuracy on response tokens, teacher-forced), ``test_loss`` and ``test_acc``.
 
-    Keep ``max_length`` equal to the data module's: Lightning merges both modules' hyper-parameters
-    for the loggers and refuses shared names with different values.
+    Keep ``max_length`` equal to the data module's (Lightning merges both hyper-parameters).
 
     AdamW at peak ``lr``, ``weight_decay`` on weight matrices and embeddings only;
     ``warmup_steps`` of linear warm-up from ``lr / warmup_steps``; ``lr_schedule="cosine"``

@@ -41,8 +41,7 @@ def _silent(phase: str) -> None:
 
 
 def announce(done: int, total: int, message: str) -> None:
-    """Print a progress marker line on stderr for the parent (``lightning_pilot.core.progress``
-    parses it; the answer itself is the published ``Result``); a closed or broken stderr (the
+    """Print a progress marker line on stderr for the parent; a closed or broken stderr (the
     parent is gone) is ignored: the watch thread ends this process then.
     """
     with contextlib.suppress(OSError, ValueError):

@@ -107,11 +107,8 @@ def launch(
     env: dict[str, str] | None = None,
     progress: Reporter | None = None,
 ) -> list[TaskResult]:
-    """Run ``tasks`` in one new process (request ``folder/spec-tasks<tag>.json``, answer
-    ``folder/result-tasks<tag>.json``); one result per task, in order, a ``crash`` for each when
-    the process times out, dies before it answers or answers something unusable. The process's
-    progress lines go to ``progress`` (default: shown nowhere), and it is closed.
-    """
+    """Run ``tasks`` in one new process (request and answer in ``folder``): one result per task,
+    a ``crash`` for each when the process fails to answer; its progress goes to ``progress``."""
     reporter = progress if progress is not None else Reporter()
     with reporter:
         results = _launch(tasks, folder, timeout_s, tag, env, reporter)
@@ -197,11 +194,7 @@ def run_streaming(
     command: Sequence[str], env: Mapping[str, str], timeout_s: float, progress: Reporter
 ) -> Finished:
     """Run ``command`` as ``subprocess.run(capture_output=True, text=True, timeout=timeout_s)``
-    does (killed and ``subprocess.TimeoutExpired`` past the timeout; killed on any exception of
-    this process, a ``KeyboardInterrupt`` too), reading its output as it comes: the progress
-    marker lines it prints on stderr go to ``progress`` (:data:`POLL_S` apart at most, with a
-    ``tick`` each time), the other lines are kept.
-    """
+    does (killed on any exception here), its stderr's progress markers sent to ``progress``."""
     process = subprocess.Popen(
         list(command),
         stdout=subprocess.PIPE,
@@ -247,10 +240,8 @@ def run_streaming(
 
 
 def trainer_progress(trainer: pl.Trainer, total: int, label: str = PROGRESS_LABEL) -> Reporter:
-    """How the new process's progress is shown after ``trainer``'s fit: a ``tqdm`` bar where
-    the Trainer shows a ``TQDMProgressBar``, plain lines where it shows another bar, plain lines
-    on a terminal where it shows none, nothing on other ranks (``core.progress.choose_reporter``).
-    """
+    """How the new process's progress is shown after ``trainer``'s fit, as the Trainer shows its
+    own (``core.progress.choose_reporter``)."""
     bar = trainer.progress_bar_callback
     shown: TrainerBar = None
     position = 0

@@ -133,9 +133,8 @@ class State(_Message):
 
 @dataclass
 class TaskResult(_Message):
-    """What one task found; failures that are the answer (an unsafe checkpoint, a failed
-    rebuild, a crash of the user's code) are fields, never exceptions. ``blocked`` (why no
-    process could run the task) and ``where`` (which answered) are the training process's notes.
+    """What one task found: failures that are the answer are fields, never exceptions
+    (``blocked`` and ``where``: the training process's notes).
 
     Example:
         >>> TaskResult(kind="resume", crash="the new process exited with 1").where

@@ -81,10 +81,8 @@ def _factory(value: object) -> str | None:
 class ResumeVerifier(PilotCallback):
     """Resume a checkpoint in a genuinely new process and compare it with the reference run.
 
-    At update ``at_step`` (and at the first epoch's end, ``epoch_boundary``) it saves a
-    checkpoint and records the next ``compare_steps`` updates; at fit end a new process resumes
-    from each and records the same, and the final artifact is reloaded and compared on
-    ``control_batches`` batches. ``factory`` (``"package.module:function"``) builds the module
+    Probes at update ``at_step`` and the first epoch's end, ``compare_steps`` updates compared,
+    the final artifact reloaded; ``factory`` (``"package.module:function"``) builds the module
     there; ``atol``/``rtol`` (0 = exact) bound the comparisons (docs/resume.md).
 
     Example:
@@ -546,27 +544,20 @@ class ResumeVerifier(PilotCallback):
         # Rank 0 always; other ranks when they checked their own replay (DDP).
         if not self._results:
             return
-        checks = [r.as_row() for r in self._results]
         verdict, reason = judge("resume", ((r.name, r.verdict, r.detail) for r in self._results))
         if verdict == "not_checked" and reason is not None and reason.startswith("not proven"):
             # Passing side checks (the artifact) must not read as "resume verified".
             reason = "resume not verified: " + reason.removeprefix("not proven: ")
-        self.run.put_phase_row(
-            {
-                "phase": "resume",
-                "first": True,
-                "occurrences": 1,
-                "step_first": min((p.step for p in self._probes), default=None),
-                "device": str(trainer.strategy.root_device),
-                "precision": str(trainer.precision),
-                "counter": "none",
-                "verdict": verdict,
-                "checks": checks,
-                "reason": reason,
-                "notes": "; ".join(f"{p.kind} checkpoint {p.checkpoint}" for p in self._probes)
-                or None,
-            },
-            source="ResumeVerifier",
+        self._put_checks(
+            "resume",
+            self._results,
+            occurrences=1,
+            step_first=min((p.step for p in self._probes), default=None),
+            device=str(trainer.strategy.root_device),
+            precision=str(trainer.precision),
+            counter="none",
+            reason=reason,
+            notes="; ".join(f"{p.kind} checkpoint {p.checkpoint}" for p in self._probes) or None,
         )
         load = self._load_row
         # This attempt's own checkpoint_load row (a fit resumed with ckpt_path, measured by
