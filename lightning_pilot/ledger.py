@@ -322,40 +322,13 @@ def latest_with_curves(records: pd.DataFrame, *, all_attempts: bool = False) -> 
     return latest
 
 
-def _curves(records: pd.DataFrame, *, all_attempts: bool) -> pd.DataFrame:
-    identity = ["run_id", "attempt", "experiment", "variant", "seed"]
-    columns = [*identity, "curve", "name", "step", "value"]
-    if records.empty:
-        return pd.DataFrame(columns=columns)
-    rows = latest_with_curves(records, all_attempts=all_attempts)
-    parts = []
-    for column, curve in (("train_loss", "train_loss"), ("lr_curve", "lr"), ("val_points", "val")):
-        exploded = rows[[*identity, column]].explode(column, ignore_index=True)
-        exploded = exploded.dropna(subset=[column]).reset_index(drop=True)
-        if exploded.empty:
-            continue
-        points = pd.DataFrame(exploded[column].tolist())
-        part = pd.concat([exploded[identity], points], axis=1)
-        part["curve"] = curve
-        if "name" not in part.columns:
-            part["name"] = curve
-        parts.append(part)
-    if not parts:
-        return pd.DataFrame(columns=columns)
-    frame = pd.concat(parts, ignore_index=True)
-    frame["step"] = frame["step"].astype("Int64")
-    # float64, not Float64: a NaN loss is a finding and must not turn into <NA>.
-    frame["value"] = frame["value"].astype("float64")
-    return frame[columns]
-
-
 _CURVE_IDENTITY: Final = ("run_id", "attempt", "experiment", "variant", "seed")
 
 
 def _curves_table(table: Any, *, all_attempts: bool) -> pd.DataFrame:
-    """:func:`_curves` on an Arrow table of records (oldest first), without a Python loop per
-    record or point: the latest record of each run (or attempt) and the heartbeat deltas
-    before it, back to the attempt's last record with whole curves, flattened in Arrow."""
+    """The curves (one row per point) of an Arrow table of records (oldest first), with no
+    Python loop per record or point: the latest record of each run (or attempt) and the
+    heartbeat deltas before it, back to the attempt's last record with whole curves."""
     import pyarrow as pa
     import pyarrow.compute as pc
 

@@ -1393,28 +1393,6 @@ def _read_segments(
     return segments
 
 
-def _read_index(folder: Location, *, sources_only: bool = False) -> tuple[list[pa.Table], set[str]]:
-    """The index segments of a ledger and the record ids they hold (``sources_only``: read
-    only the ids)."""
-    schema = pa.schema([LEDGER_SCHEMA.field("record_id")]) if sources_only else LEDGER_SCHEMA
-    segments = _read_segments(folder, schema, vanish=False)
-    return [s.table for s in segments], set().union(*(s.ids for s in segments))
-
-
-def _segment_batches(tables: Sequence[pa.Table]) -> list[list[pa.Table]]:
-    """Group record tables into segments, each within :data:`_SEGMENT_CUT`."""
-    batches: list[list[pa.Table]] = []
-    totals = [0, 0, 0]
-    for table in tables:
-        sizes = (table.num_rows, _most_values(table), table.nbytes)
-        totals = [total + size for total, size in zip(totals, sizes, strict=True)]
-        if not batches or any(t > cut for t, cut in zip(totals, _SEGMENT_CUT, strict=True)):
-            batches.append([])
-            totals = list(sizes)
-        batches[-1].append(table)
-    return batches
-
-
 def _cut_table(table: pa.Table) -> list[pa.Table]:
     """Cut ``table`` into consecutive slices, each within :data:`_SEGMENT_CUT`."""
     rows = table.num_rows
