@@ -253,11 +253,6 @@ def _pilot_fit(out_dir: Path, size: DemoSize, meter: FitMeter) -> tuple[PilotRun
     return callbacks[0].run, took
 
 
-def _overfit_fit(out_dir: Path, size: DemoSize, meter: FitMeter) -> tuple[OverfitTinySubset, float]:
-    overfit = OverfitTinySubset(max_steps=size.overfit_steps, out_dir=out_dir)
-    return overfit, _fit(out_dir, [overfit], 3e-3, size, meter, max_steps=-1, max_epochs=1000)
-
-
 def _comparison_fit(
     out_dir: Path, variant: LrVariant, size: DemoSize, meter: FitMeter
 ) -> tuple[str, float]:
@@ -353,7 +348,10 @@ def run_demo(out_dir: Path, *, quick: bool = False, stream: TextIO | None = None
             " (includes the resume and artifact checks in new processes)\n"
         )
         overfit_meter = meter(2, "overfit", size.overfit_steps)
-        overfit, seconds["overfit"] = _overfit_fit(out, size, overfit_meter)
+        overfit = OverfitTinySubset(max_steps=size.overfit_steps, out_dir=out)
+        seconds["overfit"] = _fit(
+            out, [overfit], 3e-3, size, overfit_meter, max_steps=-1, max_epochs=1000
+        )
         write(
             f"[2/{total_fits}] tiny-subset overfit: {overfit.verdict} after"
             f" {overfit_meter.updates} updates ({overfit_meter.rate_text()}), run"

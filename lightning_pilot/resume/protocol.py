@@ -186,10 +186,6 @@ def _encode(value: Any) -> Any:
 
 
 @functools.cache
-def _hints(cls: type) -> dict[str, Any]:
-    return get_type_hints(cls)
-
-
 def _name(kind: Any) -> str:
     if get_origin(kind) in (Union, types.UnionType):
         return " | ".join(_name(a) for a in get_args(kind))
@@ -251,5 +247,5 @@ def _decode_fields(cls: type, value: Any, where: str) -> Any:
     ]
     if missing:
         raise ProtocolError(f"{where} lacks the key(s) {missing}")
-    hints = _hints(cls)
+    hints = get_type_hints(cls)
     return cls(**{name: _decode(hints[name], v, f"{where}.{name}") for name, v in value.items()})
