@@ -215,8 +215,7 @@ class Ledger:
         :meth:`runs`; ``reduce`` picks a curve's ``last`` point or its ``min`` / ``max``; the
         other options are those of :func:`~lightning_pilot.core.compare.compare_runs`.
         """
-        if reduce not in ("last", "min", "max"):
-            raise ValueError(f"reduce={reduce!r} is invalid; expected 'last', 'min' or 'max'.")
+        validate.choice("Ledger.compare", "reduce", reduce, ("last", "min", "max"))
         records = self.records()
         runs = fold_records(records, stale_after=self.stale_after)
         if experiment is not None:

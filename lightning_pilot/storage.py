@@ -723,8 +723,7 @@ def write_snapshot(folder: PathLike, table: pa.Table, *, writer: str, seq: int) 
     once, and its ``seq`` strictly increases. A ``folder`` that is a link: :class:`UnsafePathError`.
     """
     safe_path_component(writer, "writer")
-    if not isinstance(seq, int) or seq < 0:
-        raise ValueError(f"seq={seq!r} is invalid: seq must be a non-negative integer.")
+    validate.integer("write_snapshot", "seq", seq, minimum=0)
     target = location(folder)
     _refuse_link(target)
     meta = dict(table.schema.metadata or {})
@@ -762,14 +761,9 @@ def write_ledger_record(ledger_dir: PathLike, record: Mapping[str, Any]) -> Loca
     folder = _location_argument("write_ledger_record", "ledger_dir", ledger_dir, "a folder")
     _check_columns(record, LEDGER_SCHEMA, "ledger record")
     run_id = validate_run_id(record.get("run_id"), "record['run_id']")
-    event = record.get("event")
-    if event not in LEDGER_EVENTS:
-        raise ValueError(f"record['event']={event!r} is invalid; expected one of {LEDGER_EVENTS}.")
-    status = record.get("status")
-    if status is not None and status not in STATUSES:
-        raise ValueError(
-            f"record['status']={status!r} is invalid; expected one of {STATUSES} or None."
-        )
+    owner = "write_ledger_record"
+    event = validate.choice(owner, "record['event']", record.get("event"), LEDGER_EVENTS)
+    validate.choice(owner, "record['status']", record.get("status"), STATUSES, optional=True)
     full = dict(record)
     full.setdefault("schema_version", LEDGER_SCHEMA_VERSION)
     full.setdefault("record_id", new_run_id())

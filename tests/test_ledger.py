@@ -129,7 +129,11 @@ def test_compare_from_the_ledger(ledger_dir: Path) -> None:
         ({"metric": "val_acc"}, ValueError, r"metric='val_acc' is neither a validation metric"),
         ({"metric": "status"}, ValueError, r"metric='status' is a column of runs\(\) but is not"),
         ({"metric": "val_loss", "by": "arch"}, ValueError, r"by='arch' is not a column"),
-        ({"metric": "val_loss", "reduce": "mean"}, ValueError, r"reduce='mean' is invalid"),
+        (
+            {"metric": "val_loss", "reduce": "mean"},
+            ValueError,
+            r"Ledger.compare\(reduce='mean'\) is invalid: expected one of 'last'",
+        ),
         ({"metric": "val_loss", "experiment": "x"}, ValueError, r"experiment='x' is not in"),
         ({"metric": "val_loss", "control": "y"}, ValueError, r"control='y' is not a variant"),
     ],

@@ -315,16 +315,16 @@ def test_write_choice_sheet_never_overwrites(pilot: dict[str, Any]) -> None:
 
 
 def test_choice_sheet_bad_input(pilot: dict[str, Any], tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match=r"gpu_memory_bytes=0 is invalid"):
+    with pytest.raises(ValueError, match=r"choice_sheet\(gpu_memory_bytes=0\) is invalid"):
         choice_sheet(pilot["ctl"], gpu_memory_bytes=0)
     with pytest.raises(ValueError, match=r"is not a run folder.*runs here: "):
         choice_sheet(pilot["out"])
     with pytest.raises(FileNotFoundError, match=r"does not exist"):
         choice_sheet(tmp_path / "missing")
-    with pytest.raises(
-        ValueError, match=r"reserve=1.5 is invalid: expected a fraction in \[0, 1\)"
-    ):
+    with pytest.raises(ValueError, match=r"\(reserve=1.5\) is invalid: .*a fraction in \[0, 1\)"):
         choice_sheet(pilot["ctl"], reserve=1.5)
+    with pytest.raises(ValueError, match=r"\(reserve=1\) is invalid: expected a fraction in"):
+        choice_sheet(pilot["ctl"], reserve=1)
 
 
 def test_variant_costs_flag_a_variant_that_cuts_the_task(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ import pandas as pd
 
 from lightning_pilot import storage
 from lightning_pilot._version import __version__
+from lightning_pilot.core import validate
 from lightning_pilot.core.accounting import effective_batch_text
 from lightning_pilot.report import analysis
 from lightning_pilot.report.analysis import Peak, StepTime, memory_peak, sampled_out
@@ -33,6 +34,7 @@ from lightning_pilot.report.units import (
 
 #: The choice sheet's file name in the run folder (``sheet-2.md``, ... when it exists).
 SHEET_NAME: Final = "sheet.md"
+_OWNER: Final = "choice_sheet"
 _MEMORY_HEADERS: Final = "phase|peak allocated|peak reserved|first time|median time|verdict"
 _CAMPAIGN_HEADERS: Final = (
     "variant (priority order)|pilot status|planned updates|hours|device-hours|cumulative hours"
@@ -461,19 +463,12 @@ def render_choice_sheet(
 
 
 def check_options(gpu_memory_bytes: Any, reserve: Any) -> None:
-    """Raise :class:`ValueError` for a target GPU that is not a positive int of bytes, or a
-    reserve that is not a fraction in [0, 1)."""
-    if gpu_memory_bytes is not None and (
-        not isinstance(gpu_memory_bytes, int)
-        or isinstance(gpu_memory_bytes, bool)
-        or gpu_memory_bytes <= 0
-    ):
-        raise ValueError(
-            f"gpu_memory_bytes={gpu_memory_bytes!r} is invalid: expected an int > 0 (bytes) or"
-            " None."
-        )
-    if not isinstance(reserve, int | float) or isinstance(reserve, bool) or not 0 <= reserve < 1:
-        raise ValueError(f"reserve={reserve!r} is invalid: expected a fraction in [0, 1).")
+    """Raise for a target GPU that is not a positive int of bytes, or a reserve that is not a
+    fraction in [0, 1) (:mod:`lightning_pilot.core.validate`'s errors)."""
+    validate.integer(_OWNER, "gpu_memory_bytes", gpu_memory_bytes, minimum=1, optional=True)
+    fraction = "a fraction in [0, 1)"
+    if validate.number(_OWNER, "reserve", reserve, minimum=0, maximum=1, hint=fraction) == 1:
+        raise ValueError(validate.invalid(_OWNER, "reserve", reserve, fraction))
 
 
 def choice_sheet(
