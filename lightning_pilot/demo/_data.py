@@ -12,19 +12,6 @@ from torch.utils.data import DataLoader, Sampler, SequentialSampler, Subset
 from lightning_pilot.core import validate
 
 
-def split_counts(
-    owner: str, dataset_size: object, units: int, fractions: tuple[float, float], requirement: str
-) -> tuple[int, int, int]:
-    """Divide ``units`` (examples or groups) into train, validation and test counts, each
-    held-out split at least one unit (so small pilot datasets still validate); ``ValueError``
-    naming ``dataset_size`` when no unit is left for training."""
-    val = max(1, round(fractions[0] * units))
-    test = max(1, round(fractions[1] * units))
-    if units - val - test < 1:
-        raise ValueError(validate.invalid(owner, "dataset_size", dataset_size, requirement))
-    return units - val - test, val, test
-
-
 def stateful_dataloader_class(owner: str) -> type[DataLoader[Any]]:
     """torchdata's ``StatefulDataLoader``, which saves and restores its position in an epoch;
     ``ImportError`` saying how to install it when torchdata is missing."""
@@ -146,6 +133,20 @@ class SplitDataModule(LightningDataModule):
 
     def _make_splits(self) -> dict[str, Subset[dict[str, Any]]]:
         raise NotImplementedError
+
+    def _counts(self, units: int, unit: str) -> tuple[int, int, int]:
+        """``units`` (examples or groups) as train, validation and test counts, each held-out
+        split at least one unit (small pilot datasets still validate); ``ValueError`` naming
+        ``dataset_size`` when no unit is left for training."""
+        val, test = max(1, round(self.val_size * units)), max(1, round(self.test_size * units))
+        if units - val - test >= 1:
+            return units - val - test, val, test
+        requirement = (
+            f"a size large enough for {units} {unit}(s) to leave training data after val_size="
+            f"{self.val_size!r} and test_size={self.test_size!r} take at least one {unit} each"
+        )
+        owner = type(self).__name__
+        raise ValueError(validate.invalid(owner, "dataset_size", self.dataset_size, requirement))
 
     def _split(self, name: str) -> Subset[dict[str, Any]]:
         if not self._splits:

@@ -26,7 +26,7 @@ from torch.utils.data import Dataset, Subset
 from torchmetrics.functional.classification import multiclass_accuracy
 
 from lightning_pilot.core import validate
-from lightning_pilot.demo._data import SplitDataModule, split_counts
+from lightning_pilot.demo._data import SplitDataModule
 
 # Class means and noise have scale 1, so the task is learnable in a few hundred steps; group
 # offsets of scale 0.5 are large enough to be worth memorising.
@@ -156,15 +156,7 @@ class ClassificationDataModule(SplitDataModule):
         )
         num_groups = -(-self.dataset_size // self.examples_per_group)
         units = num_groups if self.split_by == "group" else self.dataset_size
-        self._split_counts = split_counts(
-            owner,
-            dataset_size,
-            units,
-            (self.val_size, self.test_size),
-            f"a size large enough for {units} {self.split_by}(s) to leave training data after "
-            f"val_size={val_size!r} and test_size={test_size!r} take at least one "
-            f"{self.split_by} each",
-        )
+        self._split_counts = self._counts(units, self.split_by)
         self.save_hyperparameters()
 
     def _make_splits(self) -> dict[str, Subset[dict[str, Any]]]:

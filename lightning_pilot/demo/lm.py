@@ -32,7 +32,7 @@ from torch.nn.functional import cross_entropy, scaled_dot_product_attention
 from torch.utils.data import Dataset, Subset
 
 from lightning_pilot.core import validate
-from lightning_pilot.demo._data import SplitDataModule, split_counts
+from lightning_pilot.demo._data import SplitDataModule
 
 #: Label of the positions the loss skips (instruction and padding); PyTorch's default.
 IGNORE_INDEX = -100
@@ -272,14 +272,7 @@ class InstructionDataModule(SplitDataModule):
         owner = type(self).__name__
         self.max_length = validate.integer(owner, "max_length", max_length, minimum=1)
         self.min_symbols, self.max_symbols = _check_symbols(owner, min_symbols, max_symbols)
-        self._split_counts = split_counts(
-            owner,
-            dataset_size,
-            self.dataset_size,
-            (self.val_size, self.test_size),
-            f"a size large enough to leave training examples after val_size={val_size!r} "
-            f"and test_size={test_size!r} take at least one example each",
-        )
+        self._split_counts = self._counts(self.dataset_size, "example")
         self.save_hyperparameters()
 
     def _collate(self) -> Callable[[list[Any]], Any] | None:
