@@ -4,6 +4,7 @@
     python benchmarks/estimate.py accuracy     # fake-tensor estimate vs real CPU tensors
     python benchmarks/estimate.py speed        # 7B / 70B Llama shapes, each in its own process
     python benchmarks/estimate.py case 70b-grid   # one speed case (prints one JSON line)
+    python benchmarks/estimate.py case 7b-blocks-check   # blocks cut vs traced in full (also 70b-)
 
 Accuracy: per phase, the estimate's peak allocated bytes on fake tensors against the CPU
 tensor tracker on real tensors (``measure_cpu``), for the models of ``tests/estimate``.
@@ -124,6 +125,9 @@ def run_case(name: str) -> dict[str, Any]:
         out["rows"] = len(result.rows)
         out["status"] = sorted({row["status"] for row in result.rows})
         out["methods"] = sorted({row["method"] for row in result.rows})
+        notes = [row["notes"] or "" for row in result.rows]
+        out["rows_blocks_extrapolated"] = sum("blocks: traced with" in n for n in notes)
+        out["rows_traced_in_full"] = sum("blocks: traced in full" in n for n in notes)
     elif name == "7b-largest":
         result = estimate(
             factory=llama_factory("7b"),
@@ -134,10 +138,30 @@ def run_case(name: str) -> dict[str, Any]:
             seq_lens=[2048],
             checkpointing=[True],
         )
-        out["largest"] = [
-            {k: row.get(k) for k in ("largest_micro_batch", "checked", "method")}
-            for row in result.largest
-        ]
+        keys = ("largest_micro_batch", "checked", "method", "largest_seq_len")
+        keys += ("seq_len_micro_batch", "seq_len_checked", "seq_len_method", "seq_len_reason")
+        out["largest"] = [{k: row.get(k) for k in keys} for row in result.largest]
+    elif name in ("7b-blocks-check", "70b-blocks-check"):
+        # One configuration per checkpointing setting, with the blocks cut and extrapolated,
+        # against the same traced in full: every byte, FLOP and time column of every row.
+        frames = {}
+        for blocks in (True, False):
+            begun = time.perf_counter()
+            frames[blocks] = estimate(
+                factory=llama_factory(name.split("-")[0]),
+                batch=token_batch(),
+                precisions=["bf16-mixed"],
+                micro_batches=[4] if name.startswith("7b") else [1],
+                seq_lens=[2048] if name.startswith("7b") else [4096],
+                checkpointing=[False, True],
+                largest=False,
+                blocks=blocks,
+            ).frame()
+            out[f"seconds_blocks_{blocks}"] = round(time.perf_counter() - begun, 2)
+        numeric = [c for c in frames[True].columns if c.endswith(("_bytes", "_s", "_update"))]
+        diff = (frames[True][numeric] - frames[False][numeric]).abs().to_numpy().max()
+        out["rows"] = len(frames[True])
+        out["largest_difference"] = float(diff)
     elif name == "overhead":
         out.update(overhead())
     out["seconds"] = round(time.perf_counter() - started, 2)
@@ -169,22 +193,25 @@ def overhead() -> dict[str, Any]:
             bare.append(time.perf_counter() - started)
             module.zero_grad(set_to_none=True)
             del loss
-    traced = []
-    with Session(factory=factory, precision="bf16-mixed", round_to=512) as session:
-        for _ in range(2):
-            started = time.perf_counter()
-            session.train_phases(batch, micro_batch=1, seq_len=2048)
-            traced.append(time.perf_counter() - started)
-    return {
-        "bare_step_s": round(min(bare), 2),
-        "traced_step_s": round(min(traced), 2),
-        "overhead": round(min(traced) / min(bare), 2),
-    }
+    out: dict[str, Any] = {"bare_step_s": round(min(bare), 2)}
+    # Traced in full (the tracking's own cost), and with the 32 blocks cut to 3, 4 and 5.
+    for blocks, label in ((False, "traced_step_s"), (True, "blocks_step_s")):
+        traced = []
+        with Session(
+            factory=factory, precision="bf16-mixed", round_to=512, blocks=blocks
+        ) as session:
+            for _ in range(2):
+                started = time.perf_counter()
+                session.train_phases(batch, micro_batch=1, seq_len=2048)
+                traced.append(time.perf_counter() - started)
+        out[label] = round(min(traced), 2)
+    out["overhead"] = round(out["traced_step_s"] / out["bare_step_s"], 2)
+    return out
 
 
 def speed() -> list[dict[str, Any]]:
     results = []
-    for name in ("7b-one", "70b-grid", "7b-largest", "overhead"):
+    for name in ("7b-one", "70b-grid", "7b-largest", "7b-blocks-check", "overhead"):
         done = subprocess.run(
             [sys.executable, __file__, "case", name],
             capture_output=True,

@@ -349,10 +349,11 @@ ESTIMATE_SCHEMA: Final = detail_schema(
     ],
 )
 
-#: The largest micro-batch that fits one target GPU (``lightning_pilot.estimate``).
+#: The largest micro-batch (at the longest sequence) and the largest sequence length (at the
+#: smallest micro-batch) that fit one target GPU (``lightning_pilot.estimate``).
 LARGEST_SCHEMA: Final = detail_schema(
     "estimate_largest",
-    1,
+    2,
     [
         ("target", pa.string()),
         ("precision", pa.string()),
@@ -365,5 +366,12 @@ LARGEST_SCHEMA: Final = detail_schema(
         ("checked", pa.bool_()),
         ("status", pa.string()),
         ("reason", pa.string()),
+        # Version 2: the largest sequence length at micro-batch ``seq_len_micro_batch``.
+        ("largest_seq_len", pa.int64()),
+        ("seq_len_micro_batch", pa.int64()),
+        ("max_seq_len", pa.int64()),
+        ("seq_len_method", pa.string()),
+        ("seq_len_checked", pa.bool_()),
+        ("seq_len_reason", pa.string()),
     ],
 )

@@ -11,7 +11,15 @@ and within it:
   traced. ``method`` says which.
 - the optimizer steps (first and later) and the checkpoint save once: they do not depend on
   the batch;
-- ``validation`` per sequence length, the same way as the training phases.
+- ``validation`` per sequence length, the same way as the training phases;
+- with a repeated block list (Llama's ``model.layers``), each of those traces runs the list cut
+  to 3, 4 and 5 blocks and extrapolates every operator to all of them (exact where the
+  pattern holds, checked; else traced in full, said in ``notes``).
+
+Per target, precision and checkpointing, the ``largest`` table holds the largest micro-batch
+(at the longest sequence; affine in the micro-batch) and the largest sequence length (at the
+smallest micro-batch; quadratic in the length, from three traced lengths), both confirmed by
+tracing the answer and the next step.
 
 A later update's forward pass holds the previous update's gradients (Lightning zeroes them
 after ``training_step``, before ``backward``) and both passes hold the optimizer state; the
@@ -122,7 +130,8 @@ class Strategy:
 @dataclass
 class Estimate:
     """What :func:`estimate` returns: ``rows`` (one per target x configuration x phase) and
-    ``largest`` (the largest micro-batch per target x precision x checkpointing, one GPU)."""
+    ``largest`` (per target x precision x checkpointing, one GPU: the largest micro-batch at
+    the longest sequence and the largest sequence length at the smallest micro-batch)."""
 
     rows: list[dict[str, Any]]
     largest: list[dict[str, Any]]
@@ -217,6 +226,13 @@ class _Traces:
     state: dict[str, int] = field(default_factory=dict)
     units: tuple[int, int] = (0, 0)
     error: tuple[str, str, str] | None = None  # (status, phase, reason)
+    #: checkpointing -> (status, phase, reason): what failed only with activation
+    #: checkpointing on; the configurations without it are estimated.
+    failed: dict[bool, tuple[str, str, str]] = field(default_factory=dict)
+    #: (checkpointing, sequence length, micro-batch) -> the phases the searches traced.
+    searched: dict[tuple[bool, int | None, int], tuple[dict[str, PhaseTrace], PhaseTrace]] = field(
+        default_factory=dict
+    )
     exception: BaseException | None = None
     resolved_train: dict[tuple[bool, int | None, int], tuple[dict[str, PhaseTrace], str]] = field(
         default_factory=dict
@@ -342,6 +358,7 @@ def _trace_precision(
     largest_at: Callable[[Session, _Traces], None] | None,
     *,
     device: str = "cuda",
+    blocks: bool = True,
 ) -> _Traces:
     traces = _Traces(precision)
     session = Session(
@@ -351,6 +368,7 @@ def _trace_precision(
         round_to=512 if device == "cuda" else 1,
         cuda=device == "cuda",
         checkpoint_classes=checkpoint_classes,
+        blocks=blocks,
     )
     phase = "setup"
     try:
@@ -360,7 +378,18 @@ def _trace_precision(
             phase = "forward"
             ordered = sorted(configs, key=lambda c: (c[0], c[1] or 0, c[2]))
             for key in ordered:
-                traces.resolved_train[key] = _train_at(session, batch, traces, key)
+                if key[0] in traces.failed:
+                    continue
+                try:
+                    traces.resolved_train[key] = _train_at(session, batch, traces, key)
+                except Exception as err:
+                    if not key[0] or not any(not c[0] for c in configs):
+                        raise
+                    # Only checkpointing failed (the same step without it traced): its rows
+                    # say why, the others are estimated.
+                    status = "untraceable" if isinstance(err, UntraceableError) else "error"
+                    reason = f"activation checkpointing: {type(err).__name__}: {err}"
+                    traces.failed[True] = (status, "forward", reason)
             phase = "optimizer_step_first"
             session.build_optimizer()
             traces.optimizer = session.optimizer_phases()
@@ -492,8 +521,9 @@ def _rows_for(
         "efficiency_low": efficiency[0],
         "efficiency_high": efficiency[1],
     }
-    if traces.error is not None:
-        status, phase, reason = traces.error
+    failure = traces.error or traces.failed.get(checkpointing)
+    if failure is not None:
+        status, phase, reason = failure
         return [{**common, "phase": phase, "status": status, "reason": reason}]
     phases = _phase_traces(traces, key, base)
     update = [phases[p][0] for p in ("forward", "backward", "optimizer_step")]
@@ -627,110 +657,153 @@ def _largest_search(
     rows: list[dict[str, Any]],
     verify: bool,
     cap: int,
+    seq: tuple[int, int, int] | None = None,
 ) -> Callable[[Session, _Traces], None]:
     """A step run inside the session: the largest micro-batch per target and checkpointing,
-    predicted from the base traces and checked by tracing it and the next one."""
+    predicted from the base traces and checked by tracing it and the next one; with ``seq``
+    (micro-batch, step, limit), the largest sequence length too (:func:`_seq_search`)."""
 
     def run(session: Session, traces: _Traces) -> None:
+        by_seq: dict[bool, dict[str, dict[str, Any]]] = {}
         for tgt, ckpt in itertools.product(targets, checkpointing):
-            row: dict[str, Any] = {
-                "target": tgt.name,
-                "precision": traces.precision,
-                "checkpointing": ckpt,
-                "strategy": "single",
-                "devices": 1,
-                "seq_len": seq_len,
-            }
-            traced = {
-                b: [t["forward"], t["backward"], traces.validation[(seq_len, b)]]
-                for (c, q, b), t in traces.train.items()
-                if (c, q) == (ckpt, seq_len) and (seq_len, b) in traces.validation
-            }
-            pair = _pair(traced, 1 << 62)
-            if pair is None:
-                why = "no two traced micro-batches ran the same operators"
-                rows.append({**row, "status": "not_estimated", "reason": why})
-                continue
-            base = list(pair)
+            if seq is not None and ckpt not in by_seq and ckpt not in traces.failed:
+                by_seq[ckpt] = _seq_search(
+                    session, batch, traces, targets, ckpt, *seq, fragmentation, verify
+                )
+            start = len(rows)
+            _largest_row(session, traces, tgt, ckpt)
+            for row in rows[start:]:
+                row.update(by_seq.get(ckpt, {}).get(tgt.name, {}))
 
-            def need(
-                b: int, tgt: Target = tgt, ckpt: bool = ckpt, base: list[int] = base
-            ) -> int | None:
-                return _predicted_need(traces, tgt, ckpt, seq_len, base, b, fragmentation)
+    def _largest_row(session: Session, traces: _Traces, tgt: Target, ckpt: bool) -> None:
+        row: dict[str, Any] = {
+            "target": tgt.name,
+            "precision": traces.precision,
+            "checkpointing": ckpt,
+            "strategy": "single",
+            "devices": 1,
+            "seq_len": seq_len,
+        }
+        if ckpt in traces.failed:
+            status, _, failure = traces.failed[ckpt]
+            rows.append({**row, "status": status, "reason": failure})
+            return
+        traced = {
+            b: [t["forward"], t["backward"], traces.validation[(seq_len, b)]]
+            for (c, q, b), t in traces.train.items()
+            if (c, q) == (ckpt, seq_len) and (seq_len, b) in traces.validation
+        }
+        pair = _pair(traced, 1 << 62)
+        if pair is None:
+            why = "no two traced micro-batches ran the same operators"
+            rows.append({**row, "status": "not_estimated", "reason": why})
+            return
+        base = list(pair)
 
-            first = need(1)
-            if first is None:
-                rows.append(
-                    {
-                        **row,
-                        "status": "not_estimated",
-                        "reason": "the two traced micro-batches ran different operators",
-                    }
-                )
-                continue
-            if first > tgt.memory_bytes:
-                checked = verify and (
-                    _traced_need(session, batch, traces, tgt, ckpt, seq_len, 1, fragmentation)
-                    > tgt.memory_bytes
-                )
-                rows.append(
-                    {
-                        **row,
-                        "status": "ok",
-                        "largest_micro_batch": 0,
-                        "method": "predicted, traced" if verify else "predicted",
-                        "checked": checked,
-                        "reason": "micro-batch 1 does not fit"
-                        if checked or not verify
-                        else "micro-batch 1 does not fit as predicted, but fits as traced",
-                    }
-                )
-                continue
-            lo, hi = 1, 2
-            while hi <= cap and (need(hi) or 0) <= tgt.memory_bytes:
-                lo, hi = hi, hi * 2
-            if hi > cap and (need(cap) or 0) <= tgt.memory_bytes:
-                rows.append(
-                    {
-                        **row,
-                        "status": "ok",
-                        "largest_micro_batch": cap,
-                        "method": "predicted",
-                        "checked": False,
-                        "reason": f"fits at max_micro_batch={cap}, the end of the search",
-                    }
-                )
-                continue
-            hi = min(hi, cap + 1)
-            while hi - lo > 1:
-                mid = (lo + hi) // 2
-                if (need(mid) or 0) <= tgt.memory_bytes:
-                    lo = mid
-                else:
-                    hi = mid
-            checked = False
-            method = "predicted"
-            if verify:
-                found, checked = _verify(
-                    session, batch, traces, tgt, ckpt, seq_len, lo, fragmentation
-                )
-                method = "predicted, traced" if found == lo else "predicted, corrected by tracing"
-                lo = found
-            reason: str | None = None
-            if verify and not checked:
-                reason = f"traces near the prediction did not settle in {_VERIFY_TRACES} tries"
+        def need(
+            b: int, tgt: Target = tgt, ckpt: bool = ckpt, base: list[int] = base
+        ) -> int | None:
+            return _predicted_need(traces, tgt, ckpt, seq_len, base, b, fragmentation)
+
+        first = need(1)
+        if first is None:
+            rows.append(
+                {
+                    **row,
+                    "status": "not_estimated",
+                    "reason": "the two traced micro-batches ran different operators",
+                }
+            )
+            return
+        if first > tgt.memory_bytes:
+            checked = verify and (
+                _traced_need(session, batch, traces, tgt, ckpt, seq_len, 1, fragmentation)
+                > tgt.memory_bytes
+            )
             rows.append(
                 {
                     **row,
                     "status": "ok",
-                    "largest_micro_batch": lo,
-                    "method": method,
+                    "largest_micro_batch": 0,
+                    "method": "predicted, traced" if verify else "predicted",
                     "checked": checked,
-                    "reason": reason,
+                    "reason": "micro-batch 1 does not fit"
+                    if checked or not verify
+                    else "micro-batch 1 does not fit as predicted, but fits as traced",
                 }
             )
+            return
+        lo, hi = 1, 2
+        while hi <= cap and (need(hi) or 0) <= tgt.memory_bytes:
+            lo, hi = hi, hi * 2
+        if hi > cap and (need(cap) or 0) <= tgt.memory_bytes:
+            rows.append(
+                {
+                    **row,
+                    "status": "ok",
+                    "largest_micro_batch": cap,
+                    "method": "predicted",
+                    "checked": False,
+                    "reason": f"fits at max_micro_batch={cap}, the end of the search",
+                }
+            )
+            return
+        hi = min(hi, cap + 1)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if (need(mid) or 0) <= tgt.memory_bytes:
+                lo = mid
+            else:
+                hi = mid
+        checked = False
+        method = "predicted"
+        if verify:
+            found, checked = _verify(
+                session, batch, traces, tgt, ckpt, seq_len, lo, fragmentation, cap
+            )
+            method = "predicted, traced" if found == lo else "predicted, corrected by tracing"
+            lo = found
+        reason: str | None = None
+        if verify and not checked:
+            reason = f"traces near the prediction did not settle in {_VERIFY_TRACES} tries"
+        rows.append(
+            {
+                **row,
+                "status": "ok",
+                "largest_micro_batch": lo,
+                "method": method,
+                "checked": checked,
+                "reason": reason,
+            }
+        )
 
     return run
+
+
+def _phases_at(
+    session: Session,
+    batch: Any,
+    traces: _Traces,
+    ckpt: bool,
+    seq_len: int | None,
+    micro_batch: int,
+) -> tuple[dict[str, PhaseTrace], PhaseTrace]:
+    """The training phases and validation at one size: traced by the grid or an earlier
+    search step, else traced now (and kept for the next step)."""
+    key = (ckpt, seq_len, micro_batch)
+    found = traces.searched.get(key)
+    if found is not None:
+        return found
+    train = traces.train.get(key)
+    if train is None:
+        train = session.train_phases(
+            batch, micro_batch=micro_batch, seq_len=seq_len, checkpointing=ckpt
+        )
+    val = traces.validation.get((seq_len, micro_batch))
+    if val is None:
+        val = session.validation_phase(batch, micro_batch=micro_batch, seq_len=seq_len)
+    traces.searched[key] = (train, val)
+    return train, val
 
 
 def _traced_need(
@@ -744,10 +817,7 @@ def _traced_need(
     fragmentation: float,
 ) -> int:
     """The most memory any phase needs at ``micro_batch``, traced."""
-    train = session.train_phases(
-        batch, micro_batch=micro_batch, seq_len=seq_len, checkpointing=ckpt
-    )
-    val = session.validation_phase(batch, micro_batch=micro_batch, seq_len=seq_len)
+    train, val = _phases_at(session, batch, traces, ckpt, seq_len, micro_batch)
     worst = 0
     for trace, extra in (
         (train["forward"], sum(_later_extra(train["forward"], traces).values())),
@@ -763,6 +833,39 @@ def _traced_need(
 _VERIFY_TRACES: Final = 12
 
 
+def _settle(fits: Callable[[int], bool], start: int, cap: int) -> tuple[int, bool]:
+    """The largest ``b`` up to ``cap`` with ``fits(b)`` (each call a trace), from the
+    prediction ``start``: it must fit and ``start + 1`` must not; when one disagrees, the
+    boundary is bracketed by doubling steps and bisected (at most :data:`_VERIFY_TRACES`
+    calls). ``(largest, settled)``."""
+    cache: dict[int, bool] = {}
+
+    def check(b: int) -> bool:
+        if b not in cache:
+            cache[b] = fits(b)
+        return cache[b]
+
+    lo, hi = 0, None  # largest known to fit, smallest known not to
+    step = 1
+    b = min(max(start, 1), cap)
+    while len(cache) < _VERIFY_TRACES:
+        if hi is not None and hi - lo <= 1:
+            return lo, True
+        if lo >= cap:
+            return cap, True
+        if check(b):
+            lo = max(lo, b)
+            b = min(lo + step, cap) if hi is None else (lo + hi) // 2
+        else:
+            hi = b if hi is None else min(hi, b)
+            if b == 1:
+                return 0, True
+            b = max(hi - step, 1) if lo == 0 and hi - step > 0 else (lo + hi) // 2
+            b = max(b, lo + 1)
+        step *= 2
+    return lo, (hi is not None and hi - lo <= 1) or lo >= cap
+
+
 def _verify(
     session: Session,
     batch: Any,
@@ -772,35 +875,176 @@ def _verify(
     seq_len: int | None,
     micro_batch: int,
     fragmentation: float,
+    cap: int,
 ) -> tuple[int, bool]:
-    """Trace the predicted size (it must fit) and the next one (it must not); when one
-    disagrees, bracket the boundary by doubling steps and bisect it, by tracing (at most
-    :data:`_VERIFY_TRACES` traces). ``(largest, checked)``."""
-    cache: dict[int, bool] = {}
+    """The largest micro-batch, settled by tracing from the prediction (:func:`_settle`)."""
 
     def fits(b: int) -> bool:
-        if b not in cache:
-            need = _traced_need(session, batch, traces, tgt, ckpt, seq_len, b, fragmentation)
-            cache[b] = need <= tgt.memory_bytes
-        return cache[b]
+        need = _traced_need(session, batch, traces, tgt, ckpt, seq_len, b, fragmentation)
+        return need <= tgt.memory_bytes
 
-    lo, hi = 0, None  # largest known to fit, smallest known not to
-    step = 1
-    b = micro_batch
-    while len(cache) < _VERIFY_TRACES:
-        if hi is not None and hi - lo <= 1:
-            return lo, True
-        if fits(b):
-            lo = max(lo, b)
-            b = lo + step if hi is None else (lo + hi) // 2
-        else:
-            hi = b if hi is None else min(hi, b)
-            if b == 1:
-                return 0, True
-            b = max(hi - step, 1) if lo == 0 and hi - step > 0 else (lo + hi) // 2
-            b = max(b, lo + 1)
-        step *= 2
-    return lo, hi is not None and hi - lo <= 1
+    return _settle(fits, micro_batch, cap)
+
+
+#: The module attributes (and their ``config``'s) that bound the sequence length.
+_POSITION_LIMITS: Final = ("max_position_embeddings", "n_positions", "max_seq_len", "max_length")
+
+
+def sequence_bound(module: torch.nn.Module) -> int | None:
+    """The longest sequence ``module`` declares it accepts: the smallest positive integer
+    ``max_position_embeddings``, ``n_positions``, ``max_seq_len`` or ``max_length`` of any
+    submodule or its ``config``; ``None`` when none declares one.
+
+    Example:
+        >>> from lightning_pilot.demo import TinyCausalLM
+        >>> sequence_bound(TinyCausalLM(max_length=32))
+        32
+    """
+    found: list[int] = []
+    for sub in module.modules():
+        for owner in (sub, getattr(sub, "config", None)):
+            if owner is None:
+                continue
+            for name in _POSITION_LIMITS:
+                value = getattr(owner, name, None)
+                if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                    found.append(value)
+    return min(found) if found else None
+
+
+def _lagrange(xs: Sequence[int], values: Sequence[Any], x: int) -> Any:
+    """The polynomial through ``(xs[i], values[i])`` (arrays element by element) at ``x``."""
+    total: Any = 0
+    for i, xi in enumerate(xs):
+        weight = 1.0
+        for j, xj in enumerate(xs):
+            if j != i:
+                weight *= (x - xj) / (xi - xj)
+        total = total + weight * np.asarray(values[i], dtype=np.float64)
+    return total
+
+
+def _ceil(value: Any) -> int:
+    return math.ceil(float(value) - 1e-6)
+
+
+def _seq_need(
+    points: Mapping[int, Sequence[PhaseTrace]],
+    traces: _Traces,
+    tgt: Target,
+    seq_len: int,
+    fragmentation: float,
+) -> int | None:
+    """The most memory any phase needs at ``seq_len``: every operator's live bytes (and the
+    start, the allocator's segments and the batch) through the polynomial of the traced
+    sequence lengths ``points`` (three: quadratic, as attention's T x T terms are);
+    ``None`` when they ran different operators."""
+    xs = sorted(points)
+    worst = 0
+    for index in range(3):  # forward, backward, validation
+        phases = [points[x][index] for x in xs]
+        if len({(p.signature, p.curve.shape) for p in phases}) != 1:
+            return None
+        curve = _lagrange(xs, [p.curve for p in phases], seq_len)
+        start = _lagrange(xs, [p.start_bytes for p in phases], seq_len)
+        extra = sum(_later_extra(phases[0], traces).values()) if index < 2 else 0
+        peak = _ceil(max(float(curve.max(initial=0)), float(start))) + extra
+        segments = _ceil(_lagrange(xs, [p.segment_bytes for p in phases], seq_len))
+        worst = max(worst, _need(peak + tgt.workspace_bytes, segments + extra, tgt, fragmentation))
+    batch_bytes = _ceil(_lagrange(xs, [points[x][0].categories["batch"] for x in xs], seq_len))
+    return max(worst, _fixed_phases_need(traces, tgt, batch_bytes, fragmentation))
+
+
+def _seq_search(
+    session: Session,
+    batch: Any,
+    traces: _Traces,
+    targets: Sequence[Target],
+    ckpt: bool,
+    micro_batch: int,
+    step: int,
+    limit: int,
+    fragmentation: float,
+    verify: bool,
+) -> dict[str, dict[str, Any]]:
+    """Per target: the largest sequence length (a multiple of the step) that fits at
+    ``micro_batch``, up to the module's declared bound or ``limit``; predicted from three
+    traced lengths, then settled by tracing it and the next step. The row's ``seq_len_*``
+    fields, by target name."""
+    bound = sequence_bound(session.module)
+    cap = bound if bound is not None else limit
+    while step > 1 and cap // step < 8:
+        step //= 2
+    top = cap // step
+    common: dict[str, Any] = {"seq_len_micro_batch": micro_batch, "max_seq_len": cap}
+    why_cap = (
+        f"the module's declared maximum ({bound} positions)"
+        if bound is not None
+        else f"max_seq_len={limit}, the end of the search"
+    )
+    # Three lengths: the bound, and a third and two thirds of it, or a length the grid
+    # traced already at this micro-batch in their place.
+    units = [max(1, top // 3), max(2, 2 * top // 3), top]
+    for known_ckpt, known_seq, known_b in traces.train:
+        if (known_ckpt, known_b) == (ckpt, micro_batch) and known_seq and known_seq % step == 0:
+            unit = known_seq // step
+            if 0 < unit < top and unit not in units:
+                nearest = min(range(2), key=lambda i: abs(units[i] - unit))
+                units[nearest] = unit
+    units = sorted(set(units))
+    points: dict[int, list[PhaseTrace]] = {}
+    try:
+        if len(units) < 3:
+            raise ValueError(f"the bound {cap} holds fewer than 3 steps of {step}")
+        for unit in units:
+            seq = unit * step
+            train, val = _phases_at(session, batch, traces, ckpt, seq, micro_batch)
+            points[seq] = [train["forward"], train["backward"], val]
+    except Exception as err:  # the module refuses a length: the search cannot run
+        failure = f"sequence lengths could not be traced: {type(err).__name__}: {err}"
+        return {t.name: {**common, "seq_len_reason": failure} for t in targets}
+    found: dict[str, dict[str, Any]] = {}
+    for tgt in targets:
+
+        def need(unit: int, tgt: Target = tgt) -> int | None:
+            return _seq_need(points, traces, tgt, unit * step, fragmentation)
+
+        if need(1) is None:
+            different = "the traced sequence lengths ran different operators"
+            found[tgt.name] = {**common, "seq_len_reason": different}
+            continue
+        lo, hi = 0, top + 1
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if (need(mid) or 0) <= tgt.memory_bytes:
+                lo = mid
+            else:
+                hi = mid
+        method, checked = "predicted (quadratic in the sequence length)", False
+        reason: str | None = None if lo else f"one step ({step}) does not fit"
+        if verify:
+
+            def fits(unit: int, tgt: Target = tgt) -> bool:
+                need = _traced_need(
+                    session, batch, traces, tgt, ckpt, unit * step, micro_batch, fragmentation
+                )
+                return need <= tgt.memory_bytes
+
+            settled, checked = _settle(fits, max(lo, 1), top)
+            method += ", traced" if settled == lo else ", corrected by tracing"
+            lo = settled
+            if not checked:
+                reason = f"traces near the prediction did not settle in {_VERIFY_TRACES} tries"
+        if lo == top and reason is None:
+            reason = f"fits at {why_cap}"
+        found[tgt.name] = {
+            **common,
+            "largest_seq_len": lo * step,
+            "seq_len_method": method,
+            "seq_len_checked": checked,
+            "seq_len_reason": reason,
+        }
+    return found
 
 
 def trace_configuration(
@@ -814,6 +1058,7 @@ def trace_configuration(
     checkpointing: bool = False,
     checkpoint_classes: Sequence[type[torch.nn.Module]] = (),
     device: str = "cpu",
+    blocks: bool = True,
 ) -> dict[str, PhaseTrace]:
     """The six phases of one configuration, as :func:`estimate` traces them, on ``device``
     ``"cpu"`` (storages as they are, the optimizer as on CPU: comparable with
@@ -847,6 +1092,7 @@ def trace_configuration(
         (),
         None,
         device=device,
+        blocks=validate.boolean(owner, "blocks", blocks),
     )
     if traces.exception is not None:
         raise traces.exception
@@ -874,6 +1120,7 @@ def _precision_job(
             found,
             job["verify"],
             job["cap"],
+            job["seq"],
         )
         if job["largest"]
         else None
@@ -888,6 +1135,7 @@ def _precision_job(
         job["classes"],
         job["wrap"],
         search,
+        blocks=job["blocks"],
     )
     if traces.error is not None and job["largest"]:
         status, _, reason = traces.error
@@ -928,6 +1176,9 @@ def estimate(
     largest: bool = True,
     verify_largest: bool = True,
     max_micro_batch: int = 1024,
+    seq_step: int = 512,
+    max_seq_len: int = 131072,
+    blocks: bool = True,
     workers: int | None = None,
     out_dir: str | Any = None,
     progress: Any = None,
@@ -949,7 +1200,12 @@ def estimate(
     matrix products on TF32 tensor cores. ``fragmentation``: reserved bytes allowed above the
     allocator's segments. ``largest``: search the largest micro-batch per target, precision
     and checkpointing at the longest sequence, up to ``max_micro_batch`` (``verify_largest``:
-    confirmed by tracing). ``progress``: a :class:`lightning_pilot.core.progress.Reporter`
+    confirmed by tracing), and the largest sequence length at the smallest micro-batch, a
+    multiple of ``seq_step`` (halved until the bound holds 8 steps) up to the module's
+    declared maximum (:func:`sequence_bound`) or ``max_seq_len``. ``blocks``: trace the
+    batch's phases with the repeated block list cut and extrapolated (see
+    :class:`~lightning_pilot.estimate.Session`). ``progress``: a
+    :class:`lightning_pilot.core.progress.Reporter`
     told as each precision's traces start and finish (default: none).
     """
     started = time.perf_counter()
@@ -995,6 +1251,9 @@ def estimate(
     validate.path(_OWNER, "out_dir", out_dir)
     validate.integer(_OWNER, "workers", workers, minimum=1, optional=True)
     validate.integer(_OWNER, "max_micro_batch", max_micro_batch, minimum=1)
+    validate.integer(_OWNER, "seq_step", seq_step, minimum=1)
+    validate.integer(_OWNER, "max_seq_len", max_seq_len, minimum=1)
+    validate.boolean(_OWNER, "blocks", blocks)
 
     base = _base(mbs)
     configs = [(c, s, b) for c in ckpts for s in seqs for b in mbs]
@@ -1019,6 +1278,10 @@ def estimate(
         "fragmentation": fragmentation,
         "verify": verify_largest,
         "cap": max_micro_batch,
+        # The largest sequence length is searched at the grid's smallest micro-batch, for a
+        # batch with a sequence dimension (token ids).
+        "seq": (min(mbs), seq_step, max_seq_len) if _has_sequence(batch) else None,
+        "blocks": blocks,
         "largest": largest,
         "module": module,
         "factory": factory,
@@ -1063,6 +1326,14 @@ def estimate(
     if out_dir is not None:
         result.paths = _publish(result, out_dir)
     return result
+
+
+def _has_sequence(batch: Any) -> bool:
+    from lightning_pilot.estimate.trace import _sequence_length
+
+    with contextlib.suppress(Exception):
+        return _sequence_length(batch) is not None
+    return False
 
 
 def sequence_argument(

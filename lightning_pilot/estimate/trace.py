@@ -43,6 +43,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import gc
 import warnings
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -72,6 +73,7 @@ __all__ = [
     "UntraceableError",
     "optimizer_of",
     "precision_context",
+    "repeated_blocks",
     "reshape_batch",
 ]
 
@@ -190,6 +192,11 @@ class PhaseTrace:
     segment_bytes: int = 0
     included: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    #: The operators' names, in order (what ``signature`` hashes).
+    names: tuple[str, ...] = ()
+    #: The peak's block bytes by allocator pool: small (up to 1 MiB), mid (up to 10 MiB) and
+    #: large (each rounded to 2 MiB); ``segment_bytes`` rounds the first two to segments.
+    segment_parts: tuple[int, int, int] = (0, 0, 0)
 
     def shifted(self, extra: Mapping[str, int], note: str) -> PhaseTrace:
         """The same phase with ``extra`` bytes live throughout (added to their categories)."""
@@ -211,6 +218,8 @@ class PhaseTrace:
             self.segment_bytes + total,
             dict(self.included),
             [*self.notes, note],
+            self.names,
+            (*self.segment_parts[:2], self.segment_parts[2] + total),
         )
 
 
@@ -340,7 +349,7 @@ class Recorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
         (category -> serial numbers; what is in none is ``temporaries``)."""
         snapshot = self.peak_storages()
         categories = dict.fromkeys(CATEGORIES, 0)
-        segments = _segment_bytes(nbytes for _, nbytes in snapshot.values())
+        parts = _segment_parts(nbytes for _, nbytes in snapshot.values())
         ordered = [(name, (classes or {}).get(name, set())) for name in CATEGORIES[:-1]]
         for serial, nbytes in snapshot.values():
             for name, members in ordered:
@@ -358,9 +367,11 @@ class Recorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
             moved=np.asarray(self._moved, dtype=np.int64),
             kinds=np.asarray(self._kinds, dtype=np.int8),
             peak_op=self._peak_op,
-            signature=hash(tuple(self._names)),
+            signature=hash(names := tuple(self._names)),
             start_bytes=self._start,
-            segment_bytes=segments,
+            segment_bytes=segment_bytes(parts),
+            names=names,
+            segment_parts=parts,
         )
 
     # -- saved tensors ----------------------------------------------------------------------
@@ -502,10 +513,8 @@ def _round_up(value: int, step: int) -> int:
     return -(-value // step) * step
 
 
-def _segment_bytes(sizes: Iterator[int] | Any) -> int:
-    """Bytes CUDA's caching allocator reserves for live blocks of ``sizes``: blocks up to
-    1 MiB share 2 MiB segments, blocks up to 10 MiB share 20 MiB segments, larger blocks get
-    their size rounded up to 2 MiB (PyTorch's CUDACachingAllocator)."""
+def _segment_parts(sizes: Iterator[int] | Any) -> tuple[int, int, int]:
+    """Live blocks of ``sizes`` by CUDA caching allocator pool: (small, mid, large rounded)."""
     small = mid = large = 0
     for size in sizes:
         if size <= _SMALL:
@@ -514,6 +523,15 @@ def _segment_bytes(sizes: Iterator[int] | Any) -> int:
             mid += size
         else:
             large += _round_up(size, _SEGMENT)
+    return small, mid, large
+
+
+def segment_bytes(parts: tuple[int, int, int]) -> int:
+    """Bytes CUDA's caching allocator reserves for live blocks of ``parts`` (see
+    :func:`_segment_parts`): blocks up to 1 MiB share 2 MiB segments, blocks up to 10 MiB
+    share 20 MiB segments, larger blocks get their size rounded up to 2 MiB (PyTorch's
+    CUDACachingAllocator)."""
+    small, mid, large = parts
     return _round_up(small, _SEGMENT) + _round_up(mid, _MID_SEGMENT) + large
 
 
@@ -747,7 +765,9 @@ def activation_checkpointing(
             if not models:
                 raise ValueError(
                     "activation checkpointing needs checkpoint_classes (the module classes to"
-                    " wrap) for a module without a Hugging Face model inside"
+                    " wrap) for a module without a Hugging Face model inside: pass"
+                    " estimate(checkpoint_classes=[YourBlock]) (TargetEstimator: the same"
+                    " argument; the CLI: --checkpoint-class package.module:YourBlock)"
                 )
             how = "Hugging Face gradient_checkpointing_enable(use_reentrant=False)"
             for model in models:
@@ -845,6 +865,196 @@ def _wrap_forward(sub: torch.nn.Module) -> Callable[[], None]:
     return restore
 
 
+# -- repeated blocks -------------------------------------------------------------------------
+
+#: The block counts a block list is cut to: the first and last block of each trace may differ
+#: from the others (the first layer's input is the embedding's output, its backward the last
+#: before the embedding's), so three counts of 3 and more leave the middle blocks to fit.
+CUTS: Final = (3, 4, 5)
+#: A block list shorter than this is traced in full (the cuts cost 12 blocks).
+MIN_BLOCKS: Final = 16
+
+
+def _structure(module: torch.nn.Module) -> tuple[Any, ...]:
+    tensors = [*module.named_parameters(), *module.named_buffers()]
+    return (
+        tuple((name, tuple(t.shape), t.dtype) for name, t in tensors),
+        tuple(type(sub).__name__ for sub in module.modules()),
+    )
+
+
+def repeated_blocks(module: torch.nn.Module) -> tuple[str, torch.nn.Module] | None:
+    """``(name, container)`` of the module's repeated block list: the longest
+    ``nn.ModuleList`` or ``nn.Sequential`` whose children are all of one class with the same
+    parameters and buffers (names, shapes, dtypes) and the same submodules (Llama's
+    ``model.layers``, GPT-2's ``transformer.h``), of at least :data:`MIN_BLOCKS` children;
+    ``None`` when there is none.
+
+    Example:
+        >>> from torch import nn
+        >>> layers = nn.ModuleList(nn.Linear(4, 4) for _ in range(16))
+        >>> repeated_blocks(nn.Sequential(nn.Linear(4, 4), layers))[0]
+        '1'
+    """
+    best: tuple[str, torch.nn.Module] | None = None
+    for name, sub in module.named_modules():
+        if not isinstance(sub, torch.nn.ModuleList | torch.nn.Sequential):
+            continue
+        children = list(sub._modules.values())
+        if len(children) < MIN_BLOCKS or (
+            best is not None and len(children) <= len(best[1]._modules)
+        ):
+            continue
+        first = children[0]
+        if first is None or any(type(c) is not type(first) for c in children):
+            continue
+        shape = _structure(first)
+        if all(_structure(c) == shape for c in children[1:] if c is not None):
+            best = (name, sub)
+    return best
+
+
+@contextlib.contextmanager
+def cut_blocks(container: torch.nn.Module, count: int) -> Iterator[list[torch.nn.Module]]:
+    """``container`` (a block list) holding only its first ``count`` blocks for the duration;
+    the very same dictionary of blocks is put back after. Yields the blocks left out."""
+    original = container.__dict__["_modules"]
+    items = list(original.items())
+    container.__dict__["_modules"] = type(original)(items[:count])
+    try:
+        yield [block for _, block in items[count:] if block is not None]
+    finally:
+        container.__dict__["_modules"] = original
+
+
+def _alignment(names: Sequence[tuple[str, ...]]) -> tuple[int, list[int]] | None:
+    """``(block length, candidate prefix lengths)`` when the operator names of the traces at
+    :data:`CUTS` blocks may be ``prefix + block * k + suffix`` (checked by the caller)."""
+    first, second = names[0], names[1]
+    lengths = [len(n) for n in names]
+    size = lengths[1] - lengths[0]
+    if size <= 0 or lengths[2] - lengths[1] != size:
+        return None
+    n1, n2, k1 = lengths[0], lengths[1], CUTS[0]
+    common = 0
+    while common < n1 and first[common] == second[common]:
+        common += 1
+    tail = 0
+    while tail < n1 and first[n1 - 1 - tail] == second[n2 - 1 - tail]:
+        tail += 1
+    low, high = max(n1 - tail, 0), min(common - k1 * size, n1 - k1 * size)
+    candidates = list(range(low, high + 1))
+    return (size, candidates) if candidates else None
+
+
+def _affine_in_count(values: Sequence[Any], count: int) -> Any:
+    """The value at ``count`` blocks from the values at :data:`CUTS` (``None`` unless the
+    three are affine in the block count; arrays compared element by element)."""
+    a, b, c = values
+    step = CUTS[1] - CUTS[0]
+    if not np.array_equal(np.asarray(c) - b, np.asarray(b) - a):
+        return None
+    return b + (count - CUTS[1]) // step * (b - a)
+
+
+def _synthesize(
+    arrays: Sequence[np.ndarray], prefix: int, size: int, count: int
+) -> np.ndarray | None:
+    """Per operator, the value at ``count`` blocks from the values at :data:`CUTS` blocks.
+    The prefix with the first block, and the last block with the suffix, are affine in the
+    block count ``k``; a middle block ``m`` (0 for the second block) is ``a + b m + c k``,
+    with ``a``, ``b``, ``c`` from three of the six middle blocks traced, checked on the other
+    three. ``None`` when a value breaks the pattern."""
+    k2 = CUTS[1]
+    heads = [a[: prefix + size] for a in arrays]
+    tails = [a[prefix + (k - 1) * size :] for a, k in zip(arrays, CUTS, strict=True)]
+    middles = [
+        a[prefix + size : prefix + (k - 1) * size].reshape(k - 2, size)
+        for a, k in zip(arrays, CUTS, strict=True)
+    ]
+    head = _affine_in_count(heads, count)
+    tail = _affine_in_count(tails, count)
+    if head is None or tail is None:
+        return None
+    two, three = middles[1], middles[2]
+    step_m = two[1] - two[0]
+    step_k = two[0] - middles[0][0]
+    if not (
+        np.array_equal(three[0] - two[0], step_k)
+        and np.array_equal(three[1] - three[0], step_m)
+        and np.array_equal(three[2] - three[1], step_m)
+    ):
+        return None
+    m = np.arange(count - 2, dtype=np.int64)[:, None]
+    body = two[0][None, :] + m * step_m[None, :] + (count - k2) * step_k[None, :]
+    return np.concatenate([head, body.reshape(-1).astype(arrays[0].dtype), tail])
+
+
+def extrapolate_blocks(
+    traces: Sequence[PhaseTrace], count: int
+) -> tuple[PhaseTrace | None, str | None]:
+    """The phase of the whole module (``count`` blocks) from its traces with the block list
+    cut to :data:`CUTS` blocks: ``(trace, None)``, or ``(None, why)`` when the three traces do
+    not follow ``prefix + block x k + suffix`` with every operator's live bytes, FLOPs and
+    bytes moved, and the peak's categories and allocator pools, affine in the block count
+    (checked exactly on the three; see :func:`_synthesize`). The operators' sequence, their
+    FLOPs and bytes moved, the live bytes after each, the peak and its categories are then
+    those a full trace gives (``tests/estimate/test_blocks.py`` compares them exactly)."""
+    names = [t.names for t in traces]
+    aligned = _alignment(names)
+    cuts = ", ".join(map(str, CUTS))
+    if aligned is None:
+        return None, f"the traces at {cuts} blocks do not repeat one block of operators"
+    size, candidates = aligned
+    if any(t.peak_bytes != max(t.start_bytes, int(t.curve.max(initial=0))) for t in traces):
+        return None, "a traced peak falls between operators"
+    if any(t.included != traces[0].included for t in traces):
+        return None, f"the traces at {cuts} blocks hold different state"
+    start = _affine_in_count([t.start_bytes for t in traces], count)
+    categories = {
+        name: _affine_in_count([t.categories[name] for t in traces], count) for name in CATEGORIES
+    }
+    parts = [_affine_in_count([t.segment_parts[i] for t in traces], count) for i in range(3)]
+    if start is None or None in categories.values() or None in parts:
+        return None, "the peak's categories are not affine in the block count"
+    for prefix in candidates:
+        head, block = names[0][:prefix], names[0][prefix : prefix + size]
+        tail = names[0][prefix + CUTS[0] * size :]
+        if any(n != head + block * k + tail for n, k in zip(names, CUTS, strict=True)):
+            continue
+        made = [
+            _synthesize([t.curve for t in traces], prefix, size, count),
+            _synthesize([t.flops for t in traces], prefix, size, count),
+            _synthesize([t.moved for t in traces], prefix, size, count),
+            _synthesize([t.kinds for t in traces], prefix, size, count),
+        ]
+        if any(m is None for m in made):
+            continue
+        curve, flops, moved, kinds = (m for m in made if m is not None)
+        peak = max(start, int(curve.max(initial=0)))
+        if sum(v or 0 for v in categories.values()) != peak:
+            continue
+        order = head + block * count + tail
+        return PhaseTrace(
+            phase=traces[0].phase,
+            peak_bytes=peak,
+            categories={k: int(v or 0) for k, v in categories.items()},
+            curve=curve,
+            flops=flops,
+            moved=moved,
+            kinds=kinds,
+            peak_op=int(np.argmax(curve)) if len(curve) else 0,
+            signature=hash(order),
+            start_bytes=start,
+            segment_bytes=segment_bytes((parts[0] or 0, parts[1] or 0, parts[2] or 0)),
+            included=dict(traces[0].included),
+            notes=list(traces[0].notes),
+            names=order,
+            segment_parts=(parts[0] or 0, parts[1] or 0, parts[2] or 0),
+        ), None
+    return None, "an operator's live bytes, FLOPs or bytes moved are not affine in the block count"
+
+
 class Session:
     """The user's module on fake tensors, with its optimizer, for one precision.
 
@@ -855,7 +1065,12 @@ class Session:
     CUDA). ``cuda=True`` makes the step behave as on CUDA: the optimizer's ``foreach``
     implementation where the user left it unset (PyTorch's default there), and attention
     (``scaled_dot_product_attention``) through a fused kernel that saves no T x T matrix
-    (CUDA's flash and memory-efficient kernels; see :func:`cuda_attention`).
+    (CUDA's flash and memory-efficient kernels; see :func:`cuda_attention`). ``blocks=True``
+    (the default): with a repeated block list (:func:`repeated_blocks`: Llama's
+    ``model.layers``, GPT-2's ``transformer.h``, at least :data:`MIN_BLOCKS` blocks), the
+    phases that run the batch (``train_phases``, ``validation_phase``) trace the list cut to
+    :data:`CUTS` blocks and extrapolate to all (:func:`extrapolate_blocks`), falling back to a
+    full trace, with a note, when the pattern does not hold.
 
     Example:
         >>> from lightning_pilot.demo import TinyCausalLM
@@ -877,6 +1092,7 @@ class Session:
         round_to: int = 1,
         cuda: bool = False,
         checkpoint_classes: Sequence[type[torch.nn.Module]] = (),
+        blocks: bool = True,
     ) -> None:
         owner = "Session"
         if (module is None) == (factory is None):
@@ -890,6 +1106,10 @@ class Session:
         self.round_to = validate.integer(owner, "round_to", round_to, minimum=1)
         self.cuda = validate.boolean(owner, "cuda", cuda)
         self.checkpoint_classes = tuple(checkpoint_classes)
+        self.by_blocks = validate.boolean(owner, "blocks", blocks)
+        #: ``(name, container)`` of the repeated block list the phases are cut to, or ``None``.
+        self.blocks: tuple[str, torch.nn.Module] | None = None
+        self._hidden: list[torch.nn.Module] = []
         self._live = module
         self._factory = factory
         self.mode = FakeTensorMode(allow_non_fake_inputs=True)
@@ -899,7 +1119,10 @@ class Session:
         self._restore: list[Callable[[], None]] = []
         self._stack = contextlib.ExitStack()
         self.state: dict[str, int] = {}
-        self._warm: set[int | None] = set()
+        self._warm: set[tuple[int | None, int | None]] = set()
+        self._cut: tuple[Any, int] | None = None
+        # (phase kind, checkpointing) -> why cutting failed for it: traced in full after.
+        self._uncut: dict[tuple[Any, ...], str] = {}
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -921,6 +1144,11 @@ class Session:
                 self.module = self._live
                 self._restore.append(_keeper(self.module))
             self._fake_parameters()
+            # What exists now lives through the session: later collections skip it (fast).
+            gc.freeze()
+            stack.callback(gc.unfreeze)
+            if self.by_blocks:
+                self.blocks = repeated_blocks(self.module)
         except BaseException:
             stack.__exit__(None, None, None)
             raise
@@ -990,7 +1218,9 @@ class Session:
     def _state_tensors(self) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
         module = self.module
         weights = [*module.parameters(), *module.buffers()]
-        grads = [p.grad for p in module.parameters() if p.grad is not None]
+        for block in self._hidden:  # left out of a cut block list: still on the device
+            weights.extend([*block.parameters(), *block.buffers()])
+        grads = [p.grad for p in self._parameters() if p.grad is not None]
         state: list[torch.Tensor] = []
         if self.optimizer is not None:
             for per_param in self.optimizer.state.values():
@@ -1029,12 +1259,28 @@ class Session:
 
     # -- phases -----------------------------------------------------------------------------
 
+    def _parameters(self) -> list[torch.nn.Parameter]:
+        """The module's parameters, those of the blocks a cut leaves out included."""
+        params = list(self.module.parameters())
+        for block in self._hidden:
+            params.extend(block.parameters())
+        return params
+
     def _zero_grad(self) -> None:
         if self.optimizer is not None:
             self.optimizer.zero_grad(set_to_none=True)
-        else:
-            for param in self.module.parameters():
-                param.grad = None
+        for param in self._parameters():
+            param.grad = None
+
+    def _mirror_gradients(self, container: torch.nn.Module, kept: int) -> None:
+        """After a backward pass through the first ``kept`` blocks: the other blocks get the
+        gradients the first one got (as a backward pass through all of them leaves)."""
+        blocks = [b for b in container._modules.values() if b is not None]
+        first = list(blocks[0].parameters())
+        for block in blocks[kept:]:
+            for model, param in zip(first, block.parameters(), strict=True):
+                if model.grad is not None and param.grad is None:
+                    param.grad = torch.empty_like(param)
 
     def _batch(self, batch: Any, micro_batch: int, seq_len: int | None) -> Any:
         with unset_fake_temporarily():
@@ -1044,6 +1290,83 @@ class Session:
             if isinstance(tensor, torch.Tensor):
                 self.recorder.record(tensor)
         return fake
+
+    def _run(self, run: Callable[[], dict[str, PhaseTrace]]) -> dict[str, PhaseTrace]:
+        """``run()`` with Python's cyclic garbage collected first and none collected during:
+        a storage is then freed exactly when its last reference goes, never at the moment a
+        collection happens to run (which would make two traces of the same step differ)."""
+        gc.collect()
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
+            return run()
+        finally:
+            if enabled:
+                gc.enable()
+
+    def _by_blocks(
+        self, run: Callable[[], dict[str, PhaseTrace]], key: Any, *, train: bool = False
+    ) -> dict[str, PhaseTrace]:
+        """``run()`` on the whole module, or, with a repeated block list, on the list cut to 1,
+        2 and 3 blocks, extrapolated to all (:func:`extrapolate_blocks`); traced in full, with a
+        note saying why, when the cut traces do not follow the pattern or fail."""
+        if self.blocks is None:
+            traced = self._run(run)
+            if self.by_blocks:
+                for trace in traced.values():
+                    trace.notes.append(
+                        f"blocks: traced in full (no repeated block list of {MIN_BLOCKS} or"
+                        " more blocks of one class)"
+                    )
+            return traced
+        if key[:1] + key[3:] in self._uncut:  # cut once without the pattern: trace in full
+            full = self._run(run)
+            for trace in full.values():
+                trace.notes.append(self._uncut[key[:1] + key[3:]])
+            return full
+        name, container = self.blocks
+        count = len(container._modules)
+        kind = type(next(iter(container._modules.values()))).__name__
+        cut: list[dict[str, PhaseTrace]] = []
+        reason: str | None = None
+        try:
+            for k in CUTS:
+                with cut_blocks(container, k) as hidden:
+                    self._hidden = hidden
+                    self._cut = (key, k)
+                    cut.append(self._run(run))
+        except UntraceableError:
+            raise
+        except Exception as err:  # the cut module fails where the whole may not
+            reason = f"the trace cut to {len(cut) + 1} blocks failed ({type(err).__name__}: {err})"
+        finally:
+            self._hidden = []
+            self._cut = None
+        if train and len(cut) == len(CUTS):
+            self._mirror_gradients(container, CUTS[-1])
+        made: dict[str, PhaseTrace] = {}
+        if reason is None:
+            for phase in cut[0]:
+                extrapolated, reason = extrapolate_blocks([c[phase] for c in cut], count)
+                if extrapolated is None:
+                    break
+                made[phase] = extrapolated
+        if reason is None:
+            note = (
+                f"blocks: traced with {name} cut to {', '.join(map(str, CUTS))} of its {count}"
+                f" {kind} blocks;"
+                " every operator's live bytes, FLOPs and bytes moved extrapolated to"
+                f" {count} (affine in the block count, checked on the three)"
+            )
+            for trace in made.values():
+                trace.notes.append(note)
+            return made
+        note = f"blocks: traced in full ({count} blocks of {name}): {reason}"
+        self._uncut[key[:1] + key[3:]] = note
+        full = self._run(run)
+        for trace in full.values():
+            trace.notes.append(note)
+        return full
 
     def train_phases(
         self,
@@ -1055,7 +1378,17 @@ class Session:
     ) -> dict[str, PhaseTrace]:
         """Trace ``forward`` (``training_step``, loss included) and ``backward`` of one
         micro-batch, from no gradients (as the first update; later updates add the gradients
-        and the optimizer state, live throughout: see :meth:`steady`)."""
+        and the optimizer state, live throughout). With a repeated block list (and
+        ``blocks=True``), traced on the list cut to :data:`CUTS` blocks and extrapolated."""
+        return self._by_blocks(
+            lambda: self._train_traced(batch, micro_batch, seq_len, checkpointing),
+            ("train", micro_batch, seq_len, checkpointing),
+            train=True,
+        )
+
+    def _train_traced(
+        self, batch: Any, micro_batch: int, seq_len: int | None, checkpointing: bool
+    ) -> dict[str, PhaseTrace]:
         recorder = self.recorder
         module = self.module
         if not getattr(module, "automatic_optimization", True):
@@ -1097,14 +1430,13 @@ class Session:
         recorder.saved = set()
         recorder.held = set()
         del fake
-        if _cached_attributes(module) != before and seq_len not in self._warm:
+        warm = (seq_len, self._cut[1] if self._cut else None)
+        if _cached_attributes(module) != before and warm not in self._warm:
             # The first forward pass built a cache on the module (a mask, a positional
             # table) a later update reuses: trace again, as a later update does.
-            self._warm.add(seq_len)
-            return self.train_phases(
-                batch, micro_batch=micro_batch, seq_len=seq_len, checkpointing=checkpointing
-            )
-        self._warm.add(seq_len)
+            self._warm.add(warm)
+            return self._train_traced(batch, micro_batch, seq_len, checkpointing)
+        self._warm.add(warm)
         for trace in traces.values():
             trace.included = dict(included)
         return traces
@@ -1141,7 +1473,15 @@ class Session:
     def validation_phase(
         self, batch: Any, *, micro_batch: int, seq_len: int | None = None
     ) -> PhaseTrace:
-        """Trace ``validation_step`` in eval mode under ``torch.no_grad()``."""
+        """Trace ``validation_step`` in eval mode under ``torch.no_grad()`` (cut to blocks as
+        :meth:`train_phases`)."""
+        traced = self._by_blocks(
+            lambda: {"validation": self._validation_traced(batch, micro_batch, seq_len)},
+            ("validation", micro_batch, seq_len),
+        )
+        return traced["validation"]
+
+    def _validation_traced(self, batch: Any, micro_batch: int, seq_len: int | None) -> PhaseTrace:
         module = self.module
         fake = self._batch(batch, micro_batch, seq_len)
         module.eval()

@@ -92,14 +92,18 @@ def test_activation_checkpointing_within_two_percent_and_smaller(name: str) -> N
     real, traced = compare(name, "bf16-mixed", checkpointing=True)
     for phase in PHASE_ORDER:
         assert abs(traced[phase].peak_bytes - real[phase]) <= TOLERANCE * real[phase], phase
-    _, plain = compare(name, "bf16-mixed")
+    make, batch_of, micro_batch, seq_len = CASES[name]
+    # Without checkpointing, traced only (its accuracy is test_peak_per_phase's).
+    plain = trace_configuration(
+        make(), batch_of(), micro_batch=micro_batch, seq_len=seq_len, precision="bf16-mixed"
+    )
     saved = traced["forward"].categories["activations"]
     assert saved < plain["forward"].categories["activations"]
 
 
-@pytest.mark.parametrize("name", ["demo_lm", "gpt2"])
-def test_16_mixed_within_two_percent(name: str) -> None:
-    real, traced = compare(name, "16-mixed")
+def test_16_mixed_within_two_percent() -> None:
+    # float16 autocast: the same machinery as bfloat16's, with its own dtype.
+    real, traced = compare("gpt2", "16-mixed")
     for phase in PHASE_ORDER:
         assert abs(traced[phase].peak_bytes - real[phase]) <= TOLERANCE * real[phase], phase
 

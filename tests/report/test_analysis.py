@@ -225,7 +225,9 @@ def test_choice_sheet_renders_a_run_without_files() -> None:
     assert "- Not measured: no comparison here." in sheet
     assert "| a | completed | 100 |" in sheet
     assert "| my_phase | n/m | n/m | n/m | n/m | n/m |" in sheet
-    with pytest.raises(ValueError, match="reserve=1 is invalid"):
+    with pytest.raises(
+        ValueError, match=r"choice_sheet\(reserve=1\) is invalid: expected a fraction in"
+    ):
         render_choice_sheet(run, reserve=1)
 
 
