@@ -226,6 +226,9 @@ def _cmd_estimate(args: argparse.Namespace, reads: Reads) -> int:
             checkpointing=checkpointing,
             strategies=args.strategy or ["single"],
             largest=not args.no_largest,
+            seq_step=args.seq_step,
+            max_seq_len=args.max_seq_len,
+            blocks=not args.no_blocks,
             checkpoint_classes=classes,
             out_dir=args.out,
             progress=LineReporter("lightning-pilot estimate", min_interval_s=1.0),
@@ -239,10 +242,16 @@ def _cmd_estimate(args: argparse.Namespace, reads: Reads) -> int:
                "memory per GPU", "peak phase", "fits", "step time", "status"]  # fmt: skip
     _out(render_table(headers, [_estimate_row(c) for c in configs]))
     for row in result.largest:
+        where = f"{row['target']} ({row['precision']}, checkpointing" + (
+            f" {'on' if row['checkpointing'] else 'off'})"
+        )
+        longest = row.get("largest_seq_len")
+        if longest is not None and longest == row.get("max_seq_len"):
+            longest = f"{longest} (the model's maximum)"
         _out(
-            f"largest micro-batch on {row['target']} ({row['precision']},"
-            f" checkpointing {'on' if row['checkpointing'] else 'off'}, seq {row['seq_len']}):"
-            f" {row.get('largest_micro_batch')} ({row['status']})"
+            f"largest on {where}: micro-batch {row.get('largest_micro_batch')} at seq"
+            f" {row['seq_len']}; seq {longest} at micro-batch {row.get('seq_len_micro_batch')}"
+            f" ({row['status']})"
         )
     failed = [c for c in configs if c["status"] != "ok"]
     for c in failed:
@@ -547,7 +556,24 @@ def build_parser() -> argparse.ArgumentParser:
         " a Hugging Face model switches it on itself)",
     )
     est.add_argument("--strategy", action="append", help="single, ddp:N, fsdp:N")
-    est.add_argument("--no-largest", action="store_true", help="skip the largest-batch search")
+    est.add_argument(
+        "--no-largest", action="store_true", help="skip the largest micro-batch and seq search"
+    )
+    est.add_argument(
+        "--seq-step", type=int, default=512, metavar="T", help="the sequence search's step"
+    )
+    est.add_argument(
+        "--max-seq-len",
+        type=int,
+        default=131072,
+        metavar="T",
+        help="the sequence search's bound when the model declares none",
+    )
+    est.add_argument(
+        "--no-blocks",
+        action="store_true",
+        help="trace every repeated block instead of three and rebuilding the rest",
+    )
     est.add_argument("--out", metavar="DIR", help="write estimate.parquet and its largest table")
     est.set_defaults(handler=_cmd_estimate)
 

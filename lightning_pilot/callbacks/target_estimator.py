@@ -45,9 +45,10 @@ class TargetEstimator(PilotCallback):
         seq_lens: sequence lengths (``None``: the pilot batch's own).
         checkpointing: activation checkpointing off and/or on.
         strategies: ``"single"``, ``"ddp:N"``, ``"fsdp:N"``.
-        largest: also search the largest micro-batch that fits each target.
+        largest: also search the largest micro-batch and sequence length that fit each target.
         options: further keyword arguments of :func:`~lightning_pilot.estimate.estimate`
-            (``efficiency``, ``checkpoint_classes``, ``wrap_classes``, ...).
+            (``efficiency``, ``checkpoint_classes``, ``wrap_classes``, ``seq_step``,
+            ``max_seq_len``, ``blocks``, ...).
         out_dir: the output folder (see :class:`~lightning_pilot.PilotCallback`).
 
     Example:

@@ -190,13 +190,13 @@ class RunFolder:
     ``updates`` and ``model`` tables (``None``: absent or empty), its folded ledger ``record``
     and the ``last`` point of each curve (``{name: (step, value)}``), every ledger run
     (``runs``, ``None``: no ledger), the ``experiment`` priced and compared, and its
-    ``comparison`` (or why there is none), and its ``estimate`` on target GPUs (``None``:
-    none was made; ``lightning_pilot.estimate``).
+    ``comparison`` (or why there is none), and its ``estimate`` on target GPUs with the
+    ``largest`` sizes that fit there (``None``: none was made; ``lightning_pilot.estimate``).
 
     Example:
         >>> RunFolder.__dataclass_fields__.keys()  # doctest: +NORMALIZE_WHITESPACE
         dict_keys(['path', 'phases', 'updates', 'model', 'record', 'last', 'runs',
-                   'experiment', 'comparison', 'estimate'])
+                   'experiment', 'comparison', 'estimate', 'largest'])
     """
 
     path: storage.Location
@@ -209,6 +209,7 @@ class RunFolder:
     experiment: Any
     comparison: Comparison | str
     estimate: pd.DataFrame | None = None
+    largest: pd.DataFrame | None = None
 
 
 def _detail(run: storage.Location, name: str) -> pd.DataFrame | None:
@@ -263,9 +264,19 @@ def load_run(
             comparison = ledger.compare(metric, experiment=str(wanted))
         except ValueError as err:
             comparison = terminal_safe(err)
-    estimate = _detail(run, "estimate")
+    estimate, largest = _detail(run, "estimate"), _detail(run, "estimate_largest")
     return RunFolder(
-        run, phases, updates, model, record, last, ledger_runs, wanted, comparison, estimate
+        run,
+        phases,
+        updates,
+        model,
+        record,
+        last,
+        ledger_runs,
+        wanted,
+        comparison,
+        estimate,
+        largest,
     )
 
 

@@ -362,6 +362,7 @@ def _on_target(run: RunFolder, reserve: float, gpu_prices: Mapping[str, float] |
         if c["status"] != "ok":
             lines.append(f"- {as_text(c['target'])} {as_text(c['precision'])}:"
                          f" {as_text(c['status'])}: {as_text(c['reason'])}")  # fmt: skip
+    lines += _largest(run.largest)
     variants = analysis.campaign_variants(run.runs, run.experiment)
     fitting = [c for c in configs if c["fits"] is True and not is_null(c["step_low_s"])]
     if variants.empty or not fitting:
@@ -394,6 +395,31 @@ def _on_target(run: RunFolder, reserve: float, gpu_prices: Mapping[str, float] |
             f" {c['micro_batch']}: all variants {hours} GPU-hours{cost}. {fits}."
         )
     return lines
+
+
+def _largest(frame: pd.DataFrame | None) -> list[str]:
+    """The largest micro-batch and sequence length that fit each target (the estimate's
+    ``estimate_largest`` table), each confirmed by tracing unless it says otherwise."""
+    if frame is None:
+        return []
+    lines = ["Largest that fits (micro-batch at the sequence length given; sequence length at"
+             " the smallest micro-batch):"]  # fmt: skip
+    for c in ({str(k): v for k, v in row.items()} for row in frame.to_dict("records")):
+        where = (f"{as_text(c['target'])} {as_text(c['precision'])}, act. ckpt"
+                 f" {'on' if c['checkpointing'] else 'off'}, {as_text(c['strategy'])}")  # fmt: skip
+        batch, seq = c.get("largest_micro_batch"), c.get("largest_seq_len")
+        batch_text = ("micro-batch not found" if is_null(batch)
+                      else f"micro-batch {batch} at seq {c['seq_len']}")  # fmt: skip
+        if not is_null(c.get("reason")):
+            batch_text += f" ({as_text(c['reason'])})"
+        if is_null(seq):
+            seq_text = "sequence length not found"
+        else:
+            seq_text = f"seq {seq} at micro-batch {c.get('seq_len_micro_batch')}"
+        if not is_null(c.get("seq_len_reason")):
+            seq_text += f" ({as_text(c['seq_len_reason'])})"
+        lines.append(f"- {where}: {batch_text}; {seq_text}")
+    return [*lines, ""]
 
 
 def _target_row(c: Mapping[str, Any]) -> list[str]:

@@ -35,7 +35,7 @@ def pilot(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             "precisions": ["bf16-mixed"],
             "micro_batches": [4, 4096],
             "seq_lens": [32],
-            "largest": False,
+            "options": {"seq_step": 8},
         },
     )
     logger = CSVLogger(root / "logs", name="run")
@@ -88,6 +88,14 @@ def test_the_choice_sheet_prices_the_package_on_the_target(pilot: dict[str, Any]
     assert "GPU-hours, " in h100[0]
     assert "at 2.5/GPU-hour" in h100[0]
     assert "3 days: control" in h100[0]
+    # The largest sizes: the demo LM declares max_length=32, so that bounds the sequence.
+    largest = [line for line in section.splitlines() if line.startswith("- L4-24GB bf16-mixed, ")]
+    assert len(largest) == 1, section
+    assert largest[0] == (
+        "- L4-24GB bf16-mixed, act. ckpt off, single: micro-batch 1024 at seq 32 (fits at"
+        " max_micro_batch=1024, the end of the search); seq 32 at micro-batch 4 (fits at the"
+        " module's declared maximum (32 positions))"
+    )
 
 
 def test_the_loggers_get_each_configuration(pilot: dict[str, Any]) -> None:
@@ -138,6 +146,14 @@ def test_the_estimate_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert code == 1
     assert "not estimated: H100-SXM-80GB bf16-mixed micro-batch 1" in text
     assert "checkpoint_classes" in text
+    # The largest micro-batch and sequence length: the demo LM declares max_length=32.
+    code = main(["estimate", "estimate_factory:build", "--target", "L4-24GB", "--micro-batch",
+                 "4", "--seq-len", "32", "--seq-step", "8"])  # fmt: skip
+    text = capsys.readouterr().out
+    assert code == 0, text
+    line = next(line for line in text.splitlines() if line.startswith("largest on L4-24GB"))
+    assert "(bf16-mixed, checkpointing off): micro-batch " in line
+    assert line.endswith("; seq 32 (the model's maximum) at micro-batch 4 (ok)")
     # A factory that does not give (module, batch), or is not there: usage errors.
     assert main(["estimate", "estimate_factory:not_a_pair"]) == 2
     assert main(["estimate", "estimate_factory:missing"]) == 2
