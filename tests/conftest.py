@@ -34,6 +34,7 @@ _LONGEST_FIRST = (
     "tests/test_composition.py",
     "tests/test_fault_drills.py",
     "tests/integrations/test_fsspec.py",
+    "tests/estimate/test_blocks.py",
     "tests/report/test_plots.py",
     "tests/estimate/test_grid.py",
 )
