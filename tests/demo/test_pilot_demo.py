@@ -16,7 +16,8 @@ import pytest
 import lightning_pilot.demo.__main__ as demo_main_module
 from lightning_pilot import Ledger, read_phase_table
 from lightning_pilot.demo.pilot import EXPERIMENT, DemoSize, lr_variants, run_demo, write_plots
-from lightning_pilot.report.plots import MATPLOTLIB_MISSING, phase_peaks, require_matplotlib
+from lightning_pilot.report.analysis import phase_peaks
+from lightning_pilot.report.plots import MATPLOTLIB_MISSING, require_matplotlib
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -29,15 +29,8 @@ from lightning_pilot import (
 from lightning_pilot.cli import main
 from lightning_pilot.demo import ClassificationDataModule, TinyClassifier
 from lightning_pilot.report import plots
-from lightning_pilot.report.plots import (
-    COMPARISON,
-    LOSS_CURVES,
-    MATPLOTLIB_MISSING,
-    PHASE_MEMORY,
-    comparison_points,
-    curve_marks,
-    memory_stack,
-)
+from lightning_pilot.report.analysis import comparison_points, curve_marks, memory_stack
+from lightning_pilot.report.plots import COMPARISON, LOSS_CURVES, MATPLOTLIB_MISSING, PHASE_MEMORY
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 DOCS = Path(__file__).parent.parent.parent / "docs" / "plots.md"
