@@ -57,12 +57,37 @@ def _out_dir(owner: str, value: object, name: str = "out_dir", optional: bool = 
 
 
 def _default_out_dir(trainer: pl.Trainer) -> storage.Location:
-    """``<trainer.default_root_dir>/pilot``: local, or remote when the root is a URL (Lightning
-    keeps an ``s3://`` root as it is)."""
-    root = trainer.default_root_dir
-    if storage.is_remote(root):
-        return storage.location(root) / "pilot"
-    return Path(root) / "pilot"
+    """``<trainer.default_root_dir>/pilot``, where Lightning's checkpoints go: the root as
+    Lightning gives it (``~`` expanded, ``file:///x`` normalised to ``file:/x``) read as
+    fsspec reads it (:func:`~lightning_pilot.storage.location`): a local ``Path`` for a plain
+    path or a ``file:``/``local:`` URL, a remote folder for any other URL (Lightning keeps
+    an ``s3://`` root as it is)."""
+    root = os.fspath(trainer.default_root_dir)
+    folder = storage.location(root)
+    given = getattr(trainer, "_default_root_dir", None)  # what the user wrote
+    if isinstance(given, str) and given != root and storage._LOCAL_URL.match(given):
+        _warn_moved_root(given, folder)
+    return folder / "pilot"
+
+
+_WARNED_ROOTS: set[str] = set()
+
+
+def _warn_moved_root(given: str, folder: storage.Location) -> None:
+    """Say once when Lightning's normalisation of a ``file:`` root moves it (``file://runs``
+    becomes ``file:/runs``, ``/runs``): the pilot follows Lightning's checkpoints there."""
+    try:
+        meant = storage.location(given)
+    except (ImportError, ValueError):
+        return
+    if meant == folder or given in _WARNED_ROOTS:
+        return
+    _WARNED_ROOTS.add(given)
+    _warn(
+        f"Trainer(default_root_dir={given!r}) is read by Lightning as {str(folder)!r}, not"
+        f" {str(meant)!r}: its checkpoints go there, and so does the pilot folder. Write"
+        " file:///absolute/path (three slashes) or a plain path for the folder you mean."
+    )
 
 
 class PilotRun:

@@ -156,6 +156,10 @@ class UnsafePathError(OSError):
 
 #: ``scheme://`` at the start of a string: a URL for fsspec, not a local path.
 _URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
+#: fsspec's local protocols, with or without ``//``: ``file:/tmp/x`` is how Lightning spells
+#: a ``file:///tmp/x`` root once it has normalised it, and fsspec (so Lightning's checkpoints)
+#: reads it as ``/tmp/x``, never as a folder named ``file:`` in the working directory.
+_LOCAL_URL = re.compile(r"(?:file|local):")
 #: Protocols whose ``open(path, "xb")`` refuses an existing name in the same request that
 #: creates it: S3 (s3fs sends ``If-None-Match: *``; refused with 412) and the in-process
 #: ``memory://`` (checked and created under one lock). Others: checked, then written
@@ -326,15 +330,19 @@ def location(value: PathLike, **storage_options: Any) -> Location: ...
 def location(value: PathLike, **storage_options: Any) -> Location:
     """A local ``Path`` or, for a URL fsspec understands, a :class:`RemotePath`.
 
-    A local path (``str``, or any ``os.PathLike``) becomes ``Path(value)`` unchanged; ``file://``
-    URLs become local paths. Any other ``scheme://`` URL is opened with fsspec: credentials,
+    A local path (``str``, or any ``os.PathLike``) becomes ``Path(value)`` unchanged. A string
+    in fsspec's local protocols (``file:``, ``local:``, with or without ``//``) becomes the
+    local path fsspec, and so Lightning's checkpoints, would write: ``file:///tmp/x`` and
+    ``file:/tmp/x`` are ``/tmp/x``, ``file:runs`` and ``local://runs`` are ``runs`` in the
+    working directory, ``file:~/runs`` is in the home folder (docs/storage.md, "A Trainer's
+    root"). Any other ``scheme://`` URL is opened with fsspec: credentials,
     endpoints and other ``storage_options`` come from the arguments here, else from fsspec's
     configuration and the backend's usual environment (``AWS_*`` for s3fs); docs/storage.md
     says how. A chained URL (``simplecache::s3://...``) is refused.
 
     Example:
-        >>> location("/tmp/pilot")
-        PosixPath('/tmp/pilot')
+        >>> location("/tmp/pilot"), location("file:///tmp/pilot"), location("file:/tmp/pilot")
+        (PosixPath('/tmp/pilot'), PosixPath('/tmp/pilot'), PosixPath('/tmp/pilot'))
         >>> location("memory://bucket/pilot") / "ledger"
         RemotePath('memory:///bucket/pilot/ledger')
     """
@@ -345,7 +353,7 @@ def location(value: PathLike, **storage_options: Any) -> Location:
             f"{value!r} is a chained fsspec URL; lightning-pilot writes to one filesystem:"
             " give a plain URL such as s3://bucket/folder."
         )
-    if not isinstance(value, str) or not _URL.match(value):
+    if not isinstance(value, str) or not (_URL.match(value) or _LOCAL_URL.match(value)):
         return Path(value)
     text = value
     try:
