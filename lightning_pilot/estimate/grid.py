@@ -1180,6 +1180,7 @@ def estimate(
     max_seq_len: int = 131072,
     blocks: bool = True,
     workers: int | None = None,
+    timeout: float | None = 3600.0,
     out_dir: str | Any = None,
     progress: Any = None,
 ) -> Estimate:
@@ -1206,7 +1207,10 @@ def estimate(
     batch's phases with the repeated block list cut and extrapolated (see
     :class:`~lightning_pilot.estimate.Session`). ``progress``: a
     :class:`lightning_pilot.core.progress.Reporter`
-    told as each precision's traces start and finish (default: none).
+    told as each precision's traces start and finish (default: none). ``timeout``: seconds
+    the worker processes may take together (``None``: no limit); past it they are stopped
+    and a ``TimeoutError`` says so (each worker computes on one thread, so a parent's
+    OpenMP threads cannot leave them waiting).
     """
     started = time.perf_counter()
     if (module is None) == (factory is None):
@@ -1250,6 +1254,8 @@ def estimate(
     validate.boolean(_OWNER, "verify_largest", verify_largest)
     validate.path(_OWNER, "out_dir", out_dir)
     validate.integer(_OWNER, "workers", workers, minimum=1, optional=True)
+    if timeout is not None:
+        validate.number(_OWNER, "timeout", timeout, minimum=0, allow_minimum=False)
     validate.integer(_OWNER, "max_micro_batch", max_micro_batch, minimum=1)
     validate.integer(_OWNER, "seq_step", seq_step, minimum=1)
     validate.integer(_OWNER, "max_seq_len", max_seq_len, minimum=1)
@@ -1269,6 +1275,7 @@ def estimate(
     largest_rows: list[dict[str, Any]] = []
     global _JOB
     stack = contextlib.ExitStack()
+    done: list[tuple[_Traces, list[dict[str, Any]]]] = []
     _JOB = {
         "targets": tgts,
         "checkpointing": ckpts,
@@ -1300,13 +1307,20 @@ def estimate(
         total = f"{len(configs)} configuration(s) x {len(tgts)} target(s)"
         if count > 1 and forkable and not torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
             shown.update(f"tracing {', '.join(precs)} in {count} processes: {total}", done=0)
-            with multiprocessing.get_context("fork").Pool(count) as pool:
-                done = []
-                for finished in pool.imap(_precision_job, precs, chunksize=1):
+            with multiprocessing.get_context("fork").Pool(count, _worker_start) as pool:
+                deadline = time.monotonic() + (timeout if timeout is not None else math.inf)
+                results = pool.imap(_precision_job, precs, chunksize=1)
+                for _ in precs:
+                    left = deadline - time.monotonic()
+                    try:
+                        finished = results.next(timeout=None if math.isinf(left) else left)
+                    except multiprocessing.TimeoutError:
+                        raise TimeoutError(
+                            _timeout_message(timeout, count, len(done), precs)
+                        ) from None
                     done.append(finished)
                     shown.update(f"{len(done)} of {len(precs)} precision(s) traced", done=len(done))
         else:
-            done = []
             for index, precision in enumerate(precs):
                 shown.update(f"tracing {precision}: {total}", done=index)
                 done.append(_precision_job(precision, keep_exception=True))
@@ -1326,6 +1340,22 @@ def estimate(
     if out_dir is not None:
         result.paths = _publish(result, out_dir)
     return result
+
+
+def _worker_start() -> None:
+    """Each forked worker computes on one thread. A parent that already ran an
+    OpenMP-parallel operator leaves libgomp's thread pool behind in a forked child, and the
+    child's first parallel region waits on threads that do not exist there: one thread per
+    worker never enters one (the precisions run side by side instead)."""
+    torch.set_num_threads(1)
+
+
+def _timeout_message(timeout: float | None, count: int, finished: int, precs: Sequence[str]) -> str:
+    return (
+        f"estimate(timeout={timeout}): {count} worker processes traced {finished} of"
+        f" {len(precs)} precision(s) ({', '.join(precs)}) in {timeout} s and were stopped;"
+        " pass workers=1 to trace in this process, or a larger timeout"
+    )
 
 
 def _has_sequence(batch: Any) -> bool:

@@ -395,3 +395,61 @@ def test_largest_search_stops_at_max_micro_batch(batch: Any) -> None:
     assert row["largest_micro_batch"] == 64
     assert row["checked"] is False
     assert "max_micro_batch=64" in row["reason"]
+
+
+_AFTER_OPENMP = """
+import torch
+torch.set_num_threads(2)
+a = torch.randn(1024, 1024)
+for _ in range(3):
+    (a @ a).sum()  # OpenMP's thread pool now exists in this process
+from lightning_pilot.demo import InstructionDataModule, TinyCausalLM
+from lightning_pilot.estimate import estimate
+data = InstructionDataModule(batch_size=4, max_length=32, seed=0)
+data.setup("fit")
+batch = next(iter(data.train_dataloader()))
+result = estimate(TinyCausalLM(max_length=32), batch, targets=["L4-24GB"],
+                  precisions=["bf16-mixed", "32-true"], micro_batches=[2], seq_lens=[32],
+                  largest=False, workers=2)
+print("rows", len(result.rows))
+"""
+
+
+def test_workers_after_an_openmp_parallel_operator_finish() -> None:
+    """A parent that ran a multi-threaded operator forks workers that finish."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    done = subprocess.run(
+        [sys.executable, "-c", _AFTER_OPENMP], env=env, capture_output=True, text=True, timeout=180
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "rows 12" in done.stdout
+
+
+class _Slow(TinyCausalLM):
+    def training_step(self, batch: Any, batch_idx: int) -> Any:
+        import time
+
+        time.sleep(30)
+        return super().training_step(batch, batch_idx)
+
+
+def test_workers_past_the_timeout_stop_with_a_clear_error(batch: Any) -> None:
+    import time
+
+    started = time.perf_counter()
+    with pytest.raises(TimeoutError, match=r"estimate\(timeout=1.0\).*workers=1"):
+        estimate(
+            _Slow(max_length=32),
+            batch,
+            precisions=["bf16-mixed", "32-true"],
+            micro_batches=[2],
+            seq_lens=[32],
+            largest=False,
+            workers=2,
+            timeout=1.0,
+        )
+    assert time.perf_counter() - started < 20
