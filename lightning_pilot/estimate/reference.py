@@ -34,6 +34,10 @@ from lightning_pilot.estimate.trace import (
     PRECISIONS,
     _loss_of,
     activation_checkpointing,
+    cuda_attention,
+    cuda_autocast,
+    cuda_dropout,
+    cuda_optimizer_defaults,
     optimizer_of,
     param_dtype,
     precision_context,
@@ -62,15 +66,27 @@ def measure_cpu(
     precision: str = "32-true",
     checkpointing: bool = False,
     checkpoint_classes: Sequence[type[torch.nn.Module]] = (),
+    cuda: bool = False,
 ) -> dict[str, int]:
-    """Peak live tensor bytes per phase of two real updates, a validation step and a save."""
+    """Peak live tensor bytes per phase of two real updates, a validation step and a save.
+
+    ``cuda=True`` runs the real CPU step with the CUDA behaviour the estimate models for a GPU
+    target (``Session(cuda=True)``): CUDA autocast's lists, CUDA's fused dropout, fused
+    attention and the ``foreach`` optimizer default; the same code paths, on real tensors.
+    """
     owner = "measure_cpu"
     validate.integer(owner, "micro_batch", micro_batch, minimum=1)
     validate.integer(owner, "seq_len", seq_len, minimum=1, optional=True)
     validate.choice(owner, "precision", precision, PRECISIONS)
+    validate.boolean(owner, "cuda", cuda)
     if precision == "bf16-true":
         module = module.to(param_dtype(precision))
-    data = reshape_batch(batch, micro_batch, seq_len)
+    # A copy the measurement owns: reshape_batch may hand back the caller's own tensors (a
+    # batch already of the size), which the caller keeps alive through validation and save.
+    data = tree_map(
+        lambda v: v.clone() if isinstance(v, torch.Tensor) else v,
+        reshape_batch(batch, micro_batch, seq_len),
+    )
     if precision == "bf16-true":
         data = tree_map(
             lambda v: (
@@ -82,9 +98,15 @@ def measure_cpu(
     tracker = TensorTracker()
     with warnings.catch_warnings(), contextlib.ExitStack() as stack:
         warnings.simplefilter("ignore")
+        if cuda:
+            stack.enter_context(cuda_attention())
+            stack.enter_context(cuda_autocast())
+            stack.enter_context(cuda_dropout())
         if checkpointing:
             stack.enter_context(activation_checkpointing(module, tuple(checkpoint_classes)))
         optimizer = optimizer_of(module.configure_optimizers())
+        if cuda:
+            cuda_optimizer_defaults(optimizer)
         module.train()
         tracker.start()
         tracker.adopt(state_tensors(module, [optimizer]))

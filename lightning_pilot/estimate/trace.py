@@ -43,6 +43,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import warnings
 import weakref
@@ -71,6 +72,12 @@ __all__ = [
     "Recorder",
     "Session",
     "UntraceableError",
+    "balanced_routes",
+    "cuda_attention",
+    "cuda_autocast",
+    "cuda_autocast_policy",
+    "cuda_dropout",
+    "cuda_optimizer_defaults",
     "optimizer_of",
     "precision_context",
     "repeated_blocks",
@@ -263,6 +270,11 @@ class Recorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
         self._kinds: list[int] = []
         self._names: list[str] = []
         self.held: set[int] = set()
+        #: The routing assumption for a router's ``topk`` on fake scores (``"balanced"``), or
+        #: ``None``: reading the experts' tokens is then untraceable.
+        self.routing: str | None = "balanced"
+        #: ``(experts, top_k)`` of every ``topk`` routed under the assumption.
+        self.routed: set[tuple[int, int]] = set()
         global _FLOPS
         if _FLOPS is None:
             _FLOPS = _flop_registry()
@@ -411,7 +423,12 @@ class Recorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
                 return func(*args, **kwargs)
             raise UntraceableError(".item() (aten._local_scalar_dense)", self._where())
         try:
-            out = func(*args, **kwargs)
+            if func is _GROUPED_MM and _is_fake(args[0]):
+                out = _fake_grouped_mm(func, args, kwargs)
+            else:
+                out = func(*args, **kwargs)
+            if func is _TOPK and self.routing is not None:
+                self._route(args, kwargs, out)
         except (DataDependentOutputException, DynamicOutputShapeException) as err:
             out = self._from_shadows(func, args, kwargs, None)
             if out is None:
@@ -424,6 +441,27 @@ class Recorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
                 _drop_written_shadows(func, args, kwargs)
         self._account(func, args, kwargs, out)
         return out
+
+    def _route(self, args: tuple[Any, ...], kwargs: Mapping[str, Any], out: Any) -> None:
+        """A ``topk`` over a fake floating tensor (a router's scores): the indices get real
+        values under the routing assumption (:func:`balanced_routes`), so the steps that
+        gather each expert's tokens (``nonzero``, ``where``, ``one_hot``, ``bincount``)
+        trace."""
+        indices = out[1]
+        scores = args[0]
+        if (
+            not _is_fake(scores)
+            or not scores.is_floating_point()
+            or getattr(scores, _SHADOW, None) is not None
+            or not _is_fake(indices)
+            or indices.numel() > _SHADOW_LIMIT
+        ):
+            return
+        dim = kwargs.get("dim", args[2] if len(args) > 2 else -1)
+        with unset_fake_temporarily():
+            routes = balanced_routes(scores.shape, int(indices.shape[dim]), dim)
+        setattr(indices, _SHADOW, routes)
+        self.routed.add((int(scores.shape[dim]), int(indices.shape[dim])))
 
     def _where(self) -> str:
         return f"phase {self._phase or 'setup'}, after {len(self._names)} operators"
@@ -501,6 +539,51 @@ class Recorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
             if isinstance(fake, torch.Tensor) and usable:
                 setattr(fake, _SHADOW, shadow)
         return fake_out
+
+
+_GROUPED_MM: Final = torch.ops.aten._grouped_mm.default
+_TOPK: Final = torch.ops.aten.topk.default
+
+
+def _fake_grouped_mm(func: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
+    """``aten._grouped_mm`` on fake tensors of any floating dtype: torch's fake kernel checks
+    for bfloat16 inputs only, while the real kernels also run float32 (CUDA and CPU fall back
+    to one matrix product per group). The output's shape is the bfloat16 one's, its dtype
+    ``out_dtype`` or the inputs'."""
+    call = dict(zip(("self", "mat2", "offs", "bias", "out_dtype"), args, strict=False))
+    call.update(kwargs)
+    a, b = call["self"], call["mat2"]
+    if a.dtype == torch.bfloat16 and b.dtype == torch.bfloat16:
+        return func(*args, **kwargs)
+    bias = call.get("bias")
+    shaped = func(
+        a.to(torch.bfloat16),
+        b.to(torch.bfloat16),
+        call.get("offs"),
+        bias.to(torch.bfloat16) if bias is not None else None,
+    )
+    return torch.empty(shaped.shape, dtype=call.get("out_dtype") or a.dtype, device=a.device)
+
+
+def balanced_routes(shape: Sequence[int], k: int, dim: int = -1) -> torch.Tensor:
+    """The expert indices of ``topk(scores, k, dim)`` for ``scores`` of ``shape`` under
+    balanced routing: row ``r`` (each token) picks the ``k`` distinct experts ``(r k + j) mod
+    E`` (``E = shape[dim]``), so every expert gets ``tokens x k / E`` of the tokens (exactly
+    when that divides).
+
+    Example:
+        >>> balanced_routes((4, 4), 2).tolist()
+        [[0, 1], [2, 3], [0, 1], [2, 3]]
+        >>> balanced_routes((6, 4), 2).flatten().bincount().tolist()
+        [3, 3, 3, 3]
+    """
+    dims = len(shape)
+    dim = dim % dims
+    experts = int(shape[dim])
+    rest = [int(n) for i, n in enumerate(shape) if i != dim]
+    rows = int(np.prod(rest)) if rest else 1
+    picks = (torch.arange(rows)[:, None] * k + torch.arange(k)[None, :]) % experts
+    return picks.reshape(*rest, k).movedim(-1, dim).contiguous()
 
 
 _SMALL: Final = 1 << 20
@@ -608,7 +691,8 @@ def compute_dtype(precision: str) -> torch.dtype:
 @contextlib.contextmanager
 def precision_context(precision: str) -> Iterator[None]:
     """What Lightning's precision plugin wraps around a step, on CPU: autocast for the mixed
-    precisions (``torch.autocast("cpu", ...)``), the default dtype for ``bf16-true``."""
+    precisions (``torch.autocast("cpu", ...)``; inside :func:`cuda_autocast`, with CUDA
+    autocast's lists), the default dtype for ``bf16-true``."""
     if precision in ("16-mixed", "bf16-mixed"):
         with torch.autocast("cpu", dtype=compute_dtype(precision)):
             yield
@@ -715,6 +799,23 @@ def optimizer_of(configured: Any) -> torch.optim.Optimizer:
             " automatic optimization with exactly one optimizer"
         )
     return found[0]
+
+
+def cuda_optimizer_defaults(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """``optimizer`` with PyTorch's CUDA default applied where the user left it unset: the
+    ``foreach`` implementation (``torch.optim``'s ``_default_to_fused_or_foreach`` picks it for
+    CUDA tensors; on CPU it picks the for-loop).
+
+    Example:
+        >>> import torch
+        >>> opt = torch.optim.AdamW([torch.nn.Parameter(torch.ones(2))])
+        >>> cuda_optimizer_defaults(opt).param_groups[0]["foreach"]
+        True
+    """
+    for group in optimizer.param_groups:
+        if group.get("foreach") is None and not group.get("fused"):
+            group["foreach"] = True
+    return optimizer
 
 
 def _loss_of(output: Any) -> torch.Tensor | None:
@@ -1063,10 +1164,12 @@ class Session:
     callable building one (called under the fake mode: a 70B shape never allocates). Use it as
     a context manager; trace phases inside. ``round_to`` is the allocator's rounding (512 for
     CUDA). ``cuda=True`` makes the step behave as on CUDA: the optimizer's ``foreach``
-    implementation where the user left it unset (PyTorch's default there), and attention
+    implementation where the user left it unset (PyTorch's default there), attention
     (``scaled_dot_product_attention``) through a fused kernel that saves no T x T matrix
-    (CUDA's flash and memory-efficient kernels; see :func:`cuda_attention`). ``blocks=True``
-    (the default): with a repeated block list (:func:`repeated_blocks`: Llama's
+    (CUDA's flash and memory-efficient kernels; see :func:`cuda_attention`), CUDA autocast's
+    lists under the mixed precisions (:func:`cuda_autocast`: softmax, layer_norm, the losses
+    ... in float32) and CUDA's fused dropout (:func:`cuda_dropout`: a one-byte mask saved).
+    ``blocks=True`` (the default): with a repeated block list (:func:`repeated_blocks`: Llama's
     ``model.layers``, GPT-2's ``transformer.h``, at least :data:`MIN_BLOCKS` blocks), the
     phases that run the batch (``train_phases``, ``validation_phase``) trace the list cut to
     :data:`CUTS` blocks and extrapolate to all (:func:`extrapolate_blocks`), falling back to a
@@ -1137,6 +1240,8 @@ class Session:
             stack.enter_context(_transformers_sees_real_values())
             if self.cuda:
                 stack.enter_context(cuda_attention())
+                stack.enter_context(cuda_autocast())
+                stack.enter_context(cuda_dropout())
             stack.callback(self._give_back)
             if self._factory is not None:
                 self.module = self._factory()
@@ -1446,9 +1551,7 @@ class Session:
         ``cuda``)."""
         optimizer = optimizer_of(self.module.configure_optimizers())
         if self.cuda:
-            for group in optimizer.param_groups:
-                if group.get("foreach") is None and not group.get("fused"):
-                    group["foreach"] = True
+            cuda_optimizer_defaults(optimizer)
         self.optimizer = optimizer
         return optimizer
 
@@ -1625,6 +1728,269 @@ def cuda_attention() -> Iterator[None]:
         yield
     finally:
         functional.scaled_dot_product_attention = before
+
+
+# -- CUDA's autocast lists and dropout, on CPU ------------------------------------------------
+
+# CUDA autocast's policy per operator (PyTorch's aten/src/ATen/autocast_mode.h, the lists
+# documented under "CUDA Ops that can autocast to float16 / float32" in
+# https://pytorch.org/docs/stable/amp.html). Every other operator with a CUDA autocast kernel
+# in the installed torch is ``fp32``. CPU autocast's lists differ (softmax, log_softmax,
+# layer_norm, exp, pow, ... stay in the lower precision there).
+_CUDA_LOWER: Final = frozenset(
+    {
+        "_convolution",
+        "_convolution.deprecated",
+        "conv1d",
+        "conv2d",
+        "conv3d",
+        "conv_tbc",
+        "conv_transpose1d",
+        "conv_transpose2d.input",
+        "conv_transpose3d.input",
+        "convolution",
+        "cudnn_convolution",
+        "cudnn_convolution_transpose",
+        "prelu",
+        "addmm",
+        "addmv",
+        "addr",
+        "matmul",
+        "einsum",
+        "mm",
+        "mv",
+        "linalg_vecdot",
+        "linear",
+        "addbmm",
+        "baddbmm",
+        "bmm",
+        "chain_matmul",
+        "linalg_multi_dot",
+        "_thnn_fused_lstm_cell",
+        "_thnn_fused_gru_cell",
+        "lstm_cell",
+        "gru_cell",
+        "rnn_tanh_cell",
+        "rnn_relu_cell",
+        "_scaled_dot_product_flash_attention",
+        "scaled_dot_product_attention",
+    }
+)
+_CUDA_SET_OPT_DTYPE: Final = frozenset(
+    {
+        "prod",
+        "prod.dim_int",
+        "softmax.int",
+        "log_softmax.int",
+        "cumprod",
+        "cumsum",
+        "linalg_vector_norm",
+        "linalg_matrix_norm",
+        "linalg_matrix_norm.str_ord",
+        "sum",
+        "sum.dim_IntList",
+    }
+)
+_CUDA_PROMOTE: Final = frozenset(
+    {
+        "addcdiv",
+        "addcmul",
+        "atan2",
+        "bilinear",
+        "cross",
+        "dot",
+        "vdot",
+        "grid_sampler",
+        "index_put",
+        "tensordot",
+        "scatter_add",
+    }
+)
+# CUDA autocast refuses it (the message is CUDA autocast's own).
+_CUDA_BANNED: Final = frozenset({"binary_cross_entropy"})
+_BANNED_MESSAGE: Final = (
+    "torch.nn.functional.binary_cross_entropy and torch.nn.BCELoss are unsafe to autocast."
+    " Many models use a sigmoid layer right before the binary cross entropy layer. In this"
+    " case, combine the two layers using torch.nn.functional.binary_cross_entropy_with_logits"
+    " or torch.nn.BCEWithLogitsLoss (CUDA autocast refuses binary_cross_entropy)"
+)
+_LOWER_DTYPES: Final = (torch.float16, torch.bfloat16)
+
+
+def _autocast_ops(key: str) -> set[str]:
+    names = torch._C._dispatch_get_all_op_names()
+    return {
+        name[len("aten::") :]
+        for name in names
+        if name.startswith("aten::") and torch._C._dispatch_has_kernel_for_dispatch_key(name, key)
+    }
+
+
+def cuda_autocast_policy() -> dict[str, str]:
+    """``operator -> policy`` of CUDA autocast in the installed torch, for every operator with
+    an autocast kernel on CPU or CUDA: ``lower`` (cast to the autocast dtype), ``fp32``,
+    ``fp32_set_opt_dtype`` (``dtype=float32`` when unset: softmax, log_softmax, sum, cumsum,
+    ...), ``promote`` (the widest input type), ``banned`` (CUDA autocast refuses it) or
+    ``none`` (CUDA autocast leaves it alone; CPU autocast casts it).
+
+    Example:
+        >>> policy = cuda_autocast_policy()
+        >>> policy["mm"], policy["softmax.int"], policy["layer_norm"], policy["cat"]
+        ('lower', 'fp32_set_opt_dtype', 'fp32', 'none')
+    """
+    cuda = _autocast_ops("AutocastCUDA")
+    policy: dict[str, str] = {}
+    for name in cuda | _autocast_ops("AutocastCPU"):
+        if name not in cuda:
+            policy[name] = "none"
+        elif name in _CUDA_LOWER:
+            policy[name] = "lower"
+        elif name in _CUDA_SET_OPT_DTYPE:
+            policy[name] = "fp32_set_opt_dtype"
+        elif name in _CUDA_PROMOTE:
+            policy[name] = "promote"
+        elif name in _CUDA_BANNED:
+            policy[name] = "banned"
+        else:
+            policy[name] = "fp32"
+    return policy
+
+
+_NO_AUTOCAST_CPU: Final = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)
+
+
+def _eligible(value: Any) -> bool:
+    return (
+        isinstance(value, torch.Tensor)
+        and value.is_floating_point()
+        and value.dtype is not torch.float64
+    )
+
+
+def _cast_all(values: Any, dtype: torch.dtype) -> Any:
+    def cast(value: Any) -> Any:
+        return value.to(dtype) if _eligible(value) and value.dtype is not dtype else value
+
+    return tree_map(cast, values)
+
+
+def _autocast_kernel(op: Any, policy: str) -> Callable[..., Any]:
+    """A CPU autocast kernel for ``op`` that casts as CUDA autocast does (``policy``), then
+    runs ``op`` with autocast off for the call (as autocast's own kernels do)."""
+    dtype_index = next((i for i, a in enumerate(op._schema.arguments) if a.name == "dtype"), None)
+
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        if policy == "banned":
+            raise RuntimeError(_BANNED_MESSAGE)
+        if policy == "lower":
+            args, kwargs = _cast_all((args, kwargs), torch.get_autocast_dtype("cpu"))
+        elif policy == "fp32":
+            args, kwargs = _cast_all((args, kwargs), torch.float32)
+        elif policy == "promote":
+            found = [v for v in tree_flatten((args, kwargs))[0] if _eligible(v)]
+            if found:
+                widest = functools.reduce(torch.promote_types, (v.dtype for v in found))
+                args, kwargs = _cast_all((args, kwargs), widest)
+        elif policy == "fp32_set_opt_dtype" and args and _eligible(args[0]):
+            if dtype_index is not None and dtype_index < len(args):
+                if args[dtype_index] is None:
+                    args = (*args[:dtype_index], torch.float32, *args[dtype_index + 1 :])
+            elif kwargs.get("dtype") is None:
+                kwargs = {**kwargs, "dtype": torch.float32}
+        with torch._C._ExcludeDispatchKeyGuard(_NO_AUTOCAST_CPU):
+            return op(*args, **kwargs)
+
+    return kernel
+
+
+def _op(name: str) -> Any:
+    base, _, overload = name.partition(".")
+    return getattr(getattr(torch.ops.aten, base), overload or "default")
+
+
+@contextlib.contextmanager
+def cuda_autocast() -> Iterator[None]:
+    """CPU autocast follows CUDA autocast's lists for the duration (process-wide), then its
+    own again.
+
+    ``torch.autocast("cpu", dtype)`` then casts each operator's inputs as
+    ``torch.autocast("cuda", dtype)`` would (:func:`cuda_autocast_policy`): matrix products,
+    convolutions and attention in the lower precision; ``softmax``, ``log_softmax``,
+    ``layer_norm``, ``exp``, ``pow``, ``rsqrt``, ``sum``, the losses and the others of CUDA's
+    float32 list in float32 (their outputs, and what autograd saves of them, are float32 as on
+    CUDA); the operators CPU autocast casts and CUDA's does not run in their inputs' types.
+    The matrix products keep CPU autocast's own kernels (the same policy, and its cache of
+    the parameters' casts); every other listed operator gets a kernel here, registered with
+    ``torch.library`` for the ``AutocastCPU`` key and removed on exit.
+
+    Example:
+        >>> import torch
+        >>> x = torch.randn(4, 4)
+        >>> with cuda_autocast(), torch.autocast("cpu", dtype=torch.bfloat16):
+        ...     (x @ x).dtype, torch.softmax(x @ x, -1).dtype
+        (torch.bfloat16, torch.float32)
+        >>> with torch.autocast("cpu", dtype=torch.bfloat16):
+        ...     torch.softmax(x @ x, -1).dtype
+        torch.bfloat16
+    """
+    cpu_lower = {
+        name
+        for name in _CUDA_LOWER
+        if torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{name}", "AutocastCPU")
+    }
+    library = torch.library.Library("aten", "IMPL")  # type: ignore[no-untyped-call]
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "Overriding a previously registered kernel"
+            for name, policy in cuda_autocast_policy().items():
+                if name in cpu_lower:
+                    continue  # CPU autocast's own kernel does the same
+                library.impl(name, _autocast_kernel(_op(name), policy), "AutocastCPU")  # type: ignore[no-untyped-call]
+        yield
+    finally:
+        library._destroy()  # type: ignore[no-untyped-call]
+
+
+def _cuda_dropout(input: torch.Tensor, p: float, train: bool) -> torch.Tensor:
+    """``aten::dropout`` as CUDA runs it (``aten/src/ATen/native/Dropout.cpp``): in training,
+    with ``0 < p < 1`` and a non-empty input, the fused ``native_dropout`` (its backward
+    keeps a boolean mask, one byte per element; ``native_functions.yaml``: ``native_dropout(Tensor
+    input, float p, bool? train) -> (Tensor, Tensor)``, derivative
+    ``native_dropout_backward(grad, result1, ...)``); else as on CPU."""
+    if train and 0 < p < 1 and input.numel() > 0:
+        return torch.ops.aten.native_dropout.default(input, p, train)[0]  # type: ignore[no-any-return]
+    if p == 0 or not train or input.numel() == 0:
+        return input
+    return input * torch.zeros((), dtype=input.dtype, device=input.device)
+
+
+@contextlib.contextmanager
+def cuda_dropout() -> Iterator[None]:
+    """``torch.nn.functional.dropout`` (``aten::dropout``) runs CUDA's fused kernel for the
+    duration (process-wide): ``native_dropout``, whose backward saves a boolean mask (one byte
+    per element), where CPU's dropout saves a noise tensor of the input's dtype. Registered
+    with ``torch.library`` for the ``AutogradCPU`` key and removed on exit.
+
+    Example:
+        >>> import torch
+        >>> x = torch.randn(1000, requires_grad=True)
+        >>> saved = []
+        >>> hooks = torch.autograd.graph.saved_tensors_hooks(
+        ...     lambda t: saved.append(t.dtype) or t, lambda t: t
+        ... )
+        >>> with cuda_dropout(), hooks:
+        ...     y = torch.nn.functional.dropout(x, 0.1)
+        >>> saved
+        [torch.bool]
+    """
+    library = torch.library.Library("aten", "IMPL")  # type: ignore[no-untyped-call]
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            library.impl("dropout", _cuda_dropout, "AutogradCPU")  # type: ignore[no-untyped-call]
+        yield
+    finally:
+        library._destroy()  # type: ignore[no-untyped-call]
 
 
 def _putter(table: dict[str, Any], name: str, value: Any) -> Callable[[], None]:

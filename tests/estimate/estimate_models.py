@@ -140,3 +140,33 @@ def transformer_batch(rows: int = 4, length: int = 12) -> tuple[torch.Tensor, to
     generator = torch.Generator().manual_seed(0)
     inputs = torch.randint(0, 64, (rows, length), generator=generator)
     return inputs, torch.roll(inputs, -1, dims=1)
+
+
+class HFEncoder(LightningModule):
+    """A tiny BertForSequenceClassification with eager attention (softmax and dropout on the
+    T x T probabilities, as Hugging Face's ``attn_implementation="eager"``) and dropout 0.1."""
+
+    def __init__(self, layers: int = 2) -> None:
+        super().__init__()
+        import transformers
+
+        config = transformers.BertConfig(
+            vocab_size=96,
+            hidden_size=64,
+            num_hidden_layers=layers,
+            num_attention_heads=4,
+            intermediate_size=128,
+            max_position_embeddings=64,
+            num_labels=3,
+            attn_implementation="eager",
+        )
+        self.model = transformers.BertForSequenceClassification(config)
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        return self.model(**batch).loss
+
+    def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        return self.model(**batch).loss
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.AdamW(self.parameters(), lr=1e-3)
