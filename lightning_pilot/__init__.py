@@ -20,7 +20,7 @@ from lightning_pilot._version import __version__
 
 if TYPE_CHECKING:
     from lightning_pilot.callbacks import *  # noqa: F403 (the registry's names)
-    from lightning_pilot.core.accounting import UpdatePlan, plan_updates
+    from lightning_pilot.core.update_plan import UpdatePlan, plan_updates
     from lightning_pilot.core.batches import BatchAdapter
     from lightning_pilot.core.compare import Comparison, compare_runs
     from lightning_pilot.core.divergence import DivergenceRules
@@ -39,13 +39,13 @@ _LAZY = {
     "Ledger": "lightning_pilot.ledger",
     "PilotCallback": "lightning_pilot.run",
     "PilotRun": "lightning_pilot.run",
-    "UpdatePlan": "lightning_pilot.core.accounting",
+    "UpdatePlan": "lightning_pilot.core.update_plan",
     "choice_sheet": "lightning_pilot.report",
     "compare_runs": "lightning_pilot.core.compare",
     "new_run_id": "lightning_pilot.core.ids",
     "parse_size": "lightning_pilot.report",
     "pilot_callbacks": "lightning_pilot.pilot",
-    "plan_updates": "lightning_pilot.core.accounting",
+    "plan_updates": "lightning_pilot.core.update_plan",
     "read_ledger_records": "lightning_pilot.storage",
     "read_phase_table": "lightning_pilot.storage",
     "write_choice_sheet": "lightning_pilot.report",
