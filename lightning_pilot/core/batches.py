@@ -1,12 +1,14 @@
 """BatchAdapter: reads any batch for the pilot callbacks.
 
-Example ids, inputs, targets and the attention mask, and from them the batch size, the sequence
-length, the real (non-padding) tokens and the target positions counted in the loss. Defaults: dicts
-with the keys of ``_DEFAULT_KEYS``, tuples and lists ``(x, y)`` and ``(x, y, ids)``, a bare tensor
-(inputs only); a dict key, a tuple index or a callable ``batch -> value`` (or its import path,
-``"package.module:function"``, as a YAML file names it) overrides any field. A
-field not found is ``None``, named in :attr:`BatchView.missing`, so a callback records
-``not_checked`` with the reason instead of crashing the user's training.
+Example ids, inputs, targets and the attention mask (and an encoder-decoder's decoder inputs),
+and from them the batch size, the sequence length, the real (non-padding) tokens and the target
+positions counted in the loss. Defaults: dicts with the keys of ``_DEFAULT_KEYS`` (the inputs:
+token ids, images, audio features, waveforms, latents; see :data:`INPUT_KEYS`), tuples and
+lists ``(x, y)`` and ``(x, y, ids)``, a bare tensor (inputs only); a dict key, a tuple index or
+a callable ``batch -> value`` (or its import path, ``"package.module:function"``, as a YAML file
+names it) overrides any field. A field not found is ``None``, named in
+:attr:`BatchView.missing`, so a callback records ``not_checked`` with the reason instead of
+crashing the user's training.
 """
 
 from __future__ import annotations
@@ -19,19 +21,39 @@ import torch
 
 from lightning_pilot.core import validate
 
-__all__ = ["BatchAdapter", "BatchView", "FieldSpec", "is_int_tensor"]
+__all__ = ["INPUT_KEYS", "BatchAdapter", "BatchView", "FieldSpec", "is_int_tensor"]
 
 #: How to find a field: a dict key, a tuple/list index, or a callable on the whole batch (a
 #: string with a colon, ``"package.module:function"``, names the callable by import path).
 FieldSpec = str | int | Callable[[Any], Any]
 
 _FIELDS: Final = ("ids", "inputs", "targets", "attention_mask")
+#: The dict keys read as a batch's inputs, the first one present winning: token ids (causal and
+#: masked LMs, encoder-decoders, CLIP's text), generic names, images (vision models, CLIP,
+#: DETR, diffusion training), audio features (Whisper), waveforms (wav2vec2, HuBERT) and
+#: precomputed latents (latent diffusion). Every one present identifies the example (CLIP's
+#: caption and image together): :meth:`BatchAdapter.example_inputs`.
+INPUT_KEYS: Final = (
+    "input_ids",
+    "inputs",
+    "x",
+    "input",
+    "features",
+    "pixel_values",
+    "images",
+    "image",
+    "input_features",
+    "input_values",
+    "latents",
+)
 _DEFAULT_KEYS: Final[dict[str, tuple[str, ...]]] = {
     "ids": ("ids", "id", "idx", "index", "example_id", "example_ids"),
-    "inputs": ("input_ids", "inputs", "x", "input", "features", "pixel_values"),
+    "inputs": INPUT_KEYS,
     "targets": ("labels", "label", "targets", "target", "y"),
     "attention_mask": ("attention_mask",),
 }
+#: The dict key of an encoder-decoder's decoder inputs (the labels shifted right).
+_DECODER_KEY: Final = "decoder_input_ids"
 _DEFAULT_POSITIONS: Final[dict[str, int]] = {"inputs": 0, "targets": 1, "ids": 2}
 _SPEC: Final = "a dict key (str), a tuple index (int), a callable batch -> value, or None"
 _IMPORT_PATH: Final = (
@@ -60,6 +82,9 @@ class BatchView:
     tokens: int | None = None
     loss_tokens: int | None = None
     missing: tuple[str, ...] = ()
+    #: An encoder-decoder's decoder inputs (``decoder_input_ids``); not a required field, so
+    #: never in :attr:`missing`.
+    decoder_inputs: Any = None
 
     def ids_list(self) -> list[Any] | None:
         """The example ids as plain Python values (``None`` when the batch has none)."""
@@ -102,7 +127,9 @@ def _imported(name: str, spec: str) -> Callable[[Any], Any]:
 class BatchAdapter:
     """Read ids, inputs, targets, masks and sizes from a batch of any layout: ``ids``,
     ``inputs``, ``targets`` and ``attention_mask`` (1 = real token, 0 = padding) say where each
-    field is (``None``: the defaults); ``ignore_index`` is the target value the loss skips.
+    field is (``None``: the defaults, :data:`INPUT_KEYS` for the inputs); ``decoder_inputs``
+    where an encoder-decoder's decoder inputs are (default: the key ``decoder_input_ids``);
+    ``ignore_index`` is the target value the loss skips.
 
     A string with a colon is not a key but the import path of a callable,
     ``"package.module:function"``, imported here: the way a LightningCLI YAML file names a
@@ -122,6 +149,12 @@ class BatchAdapter:
         >>> view = BatchAdapter().view(batch)
         >>> view.batch_size, view.seq_len, view.tokens, view.loss_tokens, view.missing
         (2, 3, 5, 3, ('ids',))
+        >>> whisper = {"input_features": torch.zeros(2, 8, 30),
+        ...            "decoder_input_ids": torch.tensor([[1, 5, 6], [1, 7, 8]]),
+        ...            "labels": torch.tensor([[5, 6, 2], [7, 8, 2]])}
+        >>> view = BatchAdapter().view(whisper)
+        >>> view.inputs.shape, view.decoder_inputs[0].tolist(), view.missing
+        (torch.Size([2, 8, 30]), [1, 5, 6], ('ids', 'attention_mask'))
         >>> adapter = BatchAdapter(inputs="pixels", targets=lambda b: b["meta"]["cls"])
         >>> adapter.view({"pixels": torch.zeros(3, 8), "meta": {"cls": torch.ones(3)}}).missing
         ('ids', 'attention_mask')
@@ -141,9 +174,16 @@ names a function; a dict key is a string without ':'); this one does not import 
         inputs: FieldSpec | None = None,
         targets: FieldSpec | None = None,
         attention_mask: FieldSpec | None = None,
+        decoder_inputs: FieldSpec | None = None,
         ignore_index: int = -100,
     ) -> None:
-        given = {"ids": ids, "inputs": inputs, "targets": targets, "attention_mask": attention_mask}
+        given = {
+            "ids": ids,
+            "inputs": inputs,
+            "targets": targets,
+            "attention_mask": attention_mask,
+            "decoder_inputs": decoder_inputs,
+        }
         self._specs = {name: _check_spec(name, spec) for name, spec in given.items()}
         self.ignore_index = validate.integer(
             "BatchAdapter", "ignore_index", ignore_index, hint="such as -100"
@@ -167,7 +207,40 @@ names a function; a dict key is a string without ':'); this one does not import 
                 loss_tokens = int((targets != self.ignore_index).sum().item())
         sizes = (_batch_size(values), _seq_len(inputs, mask), tokens, loss_tokens)
         missing = tuple(name for name, v in zip(_FIELDS, values, strict=True) if v is None)
-        return BatchView(*values, *sizes, missing)
+        return BatchView(*values, *sizes, missing, self.decoder_inputs(batch))
+
+    def decoder_inputs(self, batch: Any) -> Any:
+        """An encoder-decoder's decoder inputs in ``batch`` (``decoder_input_ids`` in a dict, or
+        the ``decoder_inputs=`` spec); ``None`` when there are none.
+
+        Example:
+            >>> BatchAdapter().decoder_inputs({"decoder_input_ids": torch.tensor([[0, 5]])})
+            tensor([[0, 5]])
+        """
+        spec = self._specs["decoder_inputs"]
+        if spec is not None:
+            return _lookup(batch, spec)
+        return batch.get(_DECODER_KEY) if isinstance(batch, Mapping) else None
+
+    def example_inputs(self, batch: Any) -> Any:
+        """What identifies the examples of ``batch`` (or of one dataset item): the field
+        ``inputs=`` names when it is given; else, in a dict, every key of :data:`INPUT_KEYS`
+        present, as ``{key: value}`` (a caption and an image together: one CLIP pair); else the
+        inputs. ``None`` when the batch has none.
+
+        Example:
+            >>> pair = {"input_ids": torch.tensor([5, 6]), "pixel_values": torch.zeros(3, 4, 4),
+            ...         "attention_mask": torch.tensor([1, 1])}
+            >>> sorted(BatchAdapter().example_inputs(pair))
+            ['input_ids', 'pixel_values']
+            >>> BatchAdapter(inputs="pixel_values").example_inputs(pair).shape
+            torch.Size([3, 4, 4])
+        """
+        if self._specs["inputs"] is None and isinstance(batch, Mapping):
+            found = {key: batch[key] for key in INPUT_KEYS if key in batch}
+            if len(found) > 1:
+                return found
+        return self.fields(batch)[1]
 
     def size_and_tokens(
         self, batch: Any

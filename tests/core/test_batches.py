@@ -79,6 +79,7 @@ def test_a_string_with_a_colon_is_a_function_by_import_path() -> None:
         "inputs": None,
         "targets": shifted_labels,
         "attention_mask": None,
+        "decoder_inputs": None,
     }
     # The imported function is called on the whole batch, like any callable field.
     batch = {"uid": ["a", "b"], "input_ids": torch.tensor([[5, 6, 7], [8, 9, 10]])}
@@ -122,3 +123,94 @@ def test_a_string_with_a_colon_is_a_function_by_import_path() -> None:
 def test_bad_arguments(kwargs: dict[str, Any], error: type, match: str) -> None:
     with pytest.raises(error, match=match):
         BatchAdapter(**kwargs)
+
+
+# ---------------------------------------------------------------------------------------------
+# The model zoo's batches: speech, vision, diffusion, contrastive and detection layouts
+# ---------------------------------------------------------------------------------------------
+
+
+def _zoo_batches() -> dict[str, tuple[dict[str, Any], str]]:
+    """One batch of 2 examples per family, as its Hugging Face processor or training script
+    builds it, with the key that holds the inputs."""
+    tokens = torch.tensor([[5, 6, 7, 2], [5, 8, 2, 0]])
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]])
+    detection = [
+        {"class_labels": torch.tensor([1]), "boxes": torch.tensor([[0.5, 0.5, 0.2, 0.2]])},
+        {"class_labels": torch.tensor([0, 2]), "boxes": torch.rand(2, 4)},
+    ]
+    return {
+        "whisper": (
+            {
+                "input_features": torch.randn(2, 8, 16),
+                "decoder_input_ids": tokens,
+                "labels": tokens,
+            },
+            "input_features",
+        ),
+        "wav2vec2_ctc": (
+            {
+                "input_values": torch.randn(2, 400),
+                "attention_mask": torch.ones(2, 400, dtype=torch.long),
+                "labels": torch.tensor([[3, 4, 5], [6, -100, -100]]),
+            },
+            "input_values",
+        ),
+        "diffusion_images": ({"images": torch.randn(2, 3, 8, 8)}, "images"),
+        "diffusion_latents": ({"latents": torch.randn(2, 4, 8, 8)}, "latents"),
+        "clip": (
+            {"input_ids": tokens, "attention_mask": mask, "pixel_values": torch.randn(2, 3, 8, 8)},
+            "input_ids",
+        ),
+        "detr": (
+            {
+                "pixel_values": torch.randn(2, 3, 8, 8),
+                "pixel_mask": torch.ones(2, 8, 8, dtype=torch.long),
+                "labels": detection,
+            },
+            "pixel_values",
+        ),
+    }
+
+
+@pytest.mark.parametrize("family", list(_zoo_batches()))
+def test_speech_vision_and_diffusion_inputs_are_read(family: str) -> None:
+    from lightning_pilot.core.resume import content_keys
+
+    batch, key = _zoo_batches()[family]
+    view = BatchAdapter().view(batch)
+    assert view.inputs is batch[key]
+    assert "inputs" not in view.missing
+    assert view.batch_size == 2
+    # What the resume check's data position tells the examples apart by, without an id field.
+    keys = content_keys(view.inputs)
+    assert keys is not None
+    assert len(set(keys)) == 2
+
+
+def test_detection_targets_stay_a_list_of_dicts() -> None:
+    batch, _ = _zoo_batches()["detr"]
+    view = BatchAdapter().view(batch)
+    assert view.targets is batch["labels"]
+    assert (view.batch_size, view.seq_len, view.tokens, view.loss_tokens) == (2, None, None, None)
+
+
+def test_decoder_inputs_by_default_key_or_spec() -> None:
+    batch, _ = _zoo_batches()["whisper"]
+    assert BatchAdapter().view(batch).decoder_inputs is batch["decoder_input_ids"]
+    renamed = {"src": torch.ones(2, 3), "tgt_in": torch.ones(2, 3, dtype=torch.long)}
+    assert BatchAdapter().view(renamed).decoder_inputs is None
+    assert BatchAdapter(decoder_inputs="tgt_in").view(renamed).decoder_inputs is renamed["tgt_in"]
+    assert BatchAdapter().view((torch.ones(2, 3), torch.ones(2))).decoder_inputs is None
+
+
+def test_example_inputs_are_every_input_key_or_the_adapters_choice() -> None:
+    batch, _ = _zoo_batches()["clip"]
+    both = BatchAdapter().example_inputs(batch)
+    assert set(both) == {"input_ids", "pixel_values"}
+    assert both["pixel_values"] is batch["pixel_values"]
+    assert BatchAdapter(inputs="pixel_values").example_inputs(batch) is batch["pixel_values"]
+    single, _ = _zoo_batches()["whisper"]
+    assert BatchAdapter().example_inputs(single) is single["input_features"]
+    pair = (torch.ones(2, 3), torch.zeros(2))
+    assert BatchAdapter().example_inputs(pair) is pair[0]
