@@ -32,6 +32,7 @@ from lightning_pilot.core import validate
 from lightning_pilot.core.memory import TensorTracker, state_tensors
 from lightning_pilot.estimate.trace import (
     PRECISIONS,
+    BalancedRouting,
     _loss_of,
     activation_checkpointing,
     cuda_attention,
@@ -67,18 +68,22 @@ def measure_cpu(
     checkpointing: bool = False,
     checkpoint_classes: Sequence[type[torch.nn.Module]] = (),
     cuda: bool = False,
+    balanced_routing: bool = False,
 ) -> dict[str, int]:
     """Peak live tensor bytes per phase of two real updates, a validation step and a save.
 
     ``cuda=True`` runs the real CPU step with the CUDA behaviour the estimate models for a GPU
     target (``Session(cuda=True)``): CUDA autocast's lists, CUDA's fused dropout, fused
     attention and the ``foreach`` optimizer default; the same code paths, on real tensors.
+    ``balanced_routing=True``: a router's ``topk`` picks experts as the estimate assumes
+    (:class:`~lightning_pilot.estimate.trace.BalancedRouting`).
     """
     owner = "measure_cpu"
     validate.integer(owner, "micro_batch", micro_batch, minimum=1)
     validate.integer(owner, "seq_len", seq_len, minimum=1, optional=True)
     validate.choice(owner, "precision", precision, PRECISIONS)
     validate.boolean(owner, "cuda", cuda)
+    validate.boolean(owner, "balanced_routing", balanced_routing)
     if precision == "bf16-true":
         module = module.to(param_dtype(precision))
     # A copy the measurement owns: reshape_batch may hand back the caller's own tensors (a
@@ -98,6 +103,8 @@ def measure_cpu(
     tracker = TensorTracker()
     with warnings.catch_warnings(), contextlib.ExitStack() as stack:
         warnings.simplefilter("ignore")
+        if balanced_routing:
+            stack.enter_context(BalancedRouting())
         if cuda:
             stack.enter_context(cuda_attention())
             stack.enter_context(cuda_autocast())

@@ -68,6 +68,7 @@ from lightning_pilot.core import validate
 __all__ = [
     "CATEGORIES",
     "PRECISIONS",
+    "BalancedRouting",
     "PhaseTrace",
     "Recorder",
     "Session",
@@ -273,6 +274,8 @@ class Recorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
         #: The routing assumption for a router's ``topk`` on fake scores (``"balanced"``), or
         #: ``None``: reading the experts' tokens is then untraceable.
         self.routing: str | None = "balanced"
+        #: The busiest expert's share of the tokens over the balanced share (1: balanced).
+        self.capacity_factor = 1.0
         #: ``(experts, top_k)`` of every ``topk`` routed under the assumption.
         self.routed: set[tuple[int, int]] = set()
         global _FLOPS
@@ -459,7 +462,9 @@ class Recorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
             return
         dim = kwargs.get("dim", args[2] if len(args) > 2 else -1)
         with unset_fake_temporarily():
-            routes = balanced_routes(scores.shape, int(indices.shape[dim]), dim)
+            routes = balanced_routes(
+                scores.shape, int(indices.shape[dim]), dim, self.capacity_factor
+            )
         setattr(indices, _SHADOW, routes)
         self.routed.add((int(scores.shape[dim]), int(indices.shape[dim])))
 
@@ -565,25 +570,73 @@ def _fake_grouped_mm(func: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]
     return torch.empty(shaped.shape, dtype=call.get("out_dtype") or a.dtype, device=a.device)
 
 
-def balanced_routes(shape: Sequence[int], k: int, dim: int = -1) -> torch.Tensor:
-    """The expert indices of ``topk(scores, k, dim)`` for ``scores`` of ``shape`` under
-    balanced routing: row ``r`` (each token) picks the ``k`` distinct experts ``(r k + j) mod
-    E`` (``E = shape[dim]``), so every expert gets ``tokens x k / E`` of the tokens (exactly
-    when that divides).
+def balanced_routes(
+    shape: Sequence[int], k: int, dim: int = -1, capacity_factor: float = 1.0
+) -> torch.Tensor:
+    """The expert indices of ``topk(scores, k, dim)`` for ``scores`` of ``shape`` under the
+    routing assumption. Balanced (``capacity_factor=1``): row ``r`` (each token) picks the
+    ``k`` distinct experts ``(r k + j) mod E`` (``E = shape[dim]``), so every expert gets
+    ``tokens x k / E`` of the tokens (exactly when that divides). With ``capacity_factor``
+    ``c > 1``, the first expert gets ``c`` times that share (at most every token) and the
+    others share the rest evenly: the imbalance an expert capacity of ``c`` allows.
 
     Example:
         >>> balanced_routes((4, 4), 2).tolist()
         [[0, 1], [2, 3], [0, 1], [2, 3]]
         >>> balanced_routes((6, 4), 2).flatten().bincount().tolist()
         [3, 3, 3, 3]
+        >>> balanced_routes((8, 4), 2, capacity_factor=2.0).flatten().bincount().tolist()
+        [8, 3, 3, 2]
     """
     dims = len(shape)
     dim = dim % dims
     experts = int(shape[dim])
     rest = [int(n) for i, n in enumerate(shape) if i != dim]
     rows = int(np.prod(rest)) if rest else 1
-    picks = (torch.arange(rows)[:, None] * k + torch.arange(k)[None, :]) % experts
+    j = torch.arange(k)[None, :]
+    if capacity_factor <= 1.0 or k >= experts:
+        picks = (torch.arange(rows)[:, None] * k + j) % experts
+    else:
+        busiest = min(rows, int(np.ceil(capacity_factor * rows * k / experts)))
+        first = (torch.arange(rows) < busiest).long()[:, None]
+        count = k - first
+        start = torch.cumsum(count, 0) - count
+        other = 1 + (start + j - first) % (experts - 1)
+        picks = torch.where((first == 1) & (j == 0), 0, other)
     return picks.reshape(*rest, k).movedim(-1, dim).contiguous()
+
+
+class BalancedRouting(TorchDispatchMode):  # type: ignore[no-untyped-call]
+    """On real tensors, every ``topk`` over floating scores returns the indices of
+    :func:`balanced_routes` (its values unchanged): the routing the estimate assumes, for a
+    real run to compare with.
+
+    Example:
+        >>> import torch
+        >>> with BalancedRouting():
+        ...     torch.randn(4, 4).topk(2).indices.tolist()
+        [[0, 1], [2, 3], [0, 1], [2, 3]]
+    """
+
+    def __init__(self, capacity_factor: float = 1.0) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.capacity_factor = capacity_factor
+
+    def __torch_dispatch__(
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: Mapping[str, Any] | None = None,
+    ) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if func is _TOPK and args[0].is_floating_point():
+            dim = kwargs.get("dim", args[2] if len(args) > 2 else -1)
+            k = int(out[1].shape[dim])
+            routes = balanced_routes(args[0].shape, k, dim, self.capacity_factor)
+            out = (out[0], routes.to(out[1].device))
+        return out
 
 
 _SMALL: Final = 1 << 20
@@ -1196,6 +1249,7 @@ class Session:
         cuda: bool = False,
         checkpoint_classes: Sequence[type[torch.nn.Module]] = (),
         blocks: bool = True,
+        capacity_factor: float = 1.0,
     ) -> None:
         owner = "Session"
         if (module is None) == (factory is None):
@@ -1217,6 +1271,9 @@ class Session:
         self._factory = factory
         self.mode = FakeTensorMode(allow_non_fake_inputs=True)
         self.recorder = Recorder(round_to, fake_only=True)
+        self.recorder.capacity_factor = validate.number(
+            owner, "capacity_factor", capacity_factor, minimum=1.0
+        )
         self.module: Any = None
         self.optimizer: torch.optim.Optimizer | None = None
         self._restore: list[Callable[[], None]] = []
@@ -1403,11 +1460,37 @@ class Session:
         gc.collect()
         enabled = gc.isenabled()
         gc.disable()
+        self.recorder.routed = set()
         try:
-            return run()
+            traced = run()
         finally:
             if enabled:
                 gc.enable()
+        note = self.routing_note()
+        if note:
+            for trace in traced.values():
+                trace.notes.append(note)
+        return traced
+
+    def routing_note(self) -> str | None:
+        """What the last trace assumed of a router (a ``topk`` over the model's floats):
+        ``None`` when nothing was routed."""
+        routed = sorted(self.recorder.routed)
+        if not routed:
+            return None
+        which = ", ".join(f"top-{k} of {e} experts" for e, k in routed)
+        factor = self.recorder.capacity_factor
+        if factor > 1.0:
+            how = (
+                f"the busiest expert given {factor:g} x the balanced share (tokens x top-k /"
+                " experts), the others the rest evenly"
+            )
+        else:
+            how = "balanced: each expert given tokens x top-k / experts of the tokens"
+        return (
+            f"routing: assumed, {how} ({which}); the router's real choice depends on the"
+            " model's floats"
+        )
 
     def _by_blocks(
         self, run: Callable[[], dict[str, PhaseTrace]], key: Any, *, train: bool = False

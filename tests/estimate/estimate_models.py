@@ -170,3 +170,37 @@ class HFEncoder(LightningModule):
 
     def configure_optimizers(self) -> Any:
         return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+
+class HFMixtral(LightningModule):
+    """A tiny ``MixtralForCausalLM`` (4 experts, top-2): the default grouped experts
+    (``torch._grouped_mm``) or ``experts="eager"`` (a loop over the experts each token picked,
+    gathered with ``nonzero``)."""
+
+    def __init__(self, experts: str | None = None) -> None:
+        super().__init__()
+        import transformers
+
+        config = transformers.MixtralConfig(
+            vocab_size=96,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            max_position_embeddings=64,
+        )
+        if experts is not None:
+            config._experts_implementation = experts
+        self.model = transformers.MixtralForCausalLM(config)
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        return self.model(**batch).loss
+
+    def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        return self.model(**batch).loss
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.AdamW(self.parameters(), lr=1e-3)
