@@ -267,6 +267,9 @@ class PhaseMemoryMonitor(PilotCallback):
         self._synchronized = True
         self._view: BatchView | None = None
         self._intended: set[int] = set()
+        # ids of the parameters meant to train at the fit's first backward: one frozen later
+        # while still optimized stopped learning mid-fit (docs/phase-table.md).
+        self._trainable_at_start: set[int] | None = None
         self._placed = False
 
     @override
@@ -424,6 +427,7 @@ class PhaseMemoryMonitor(PilotCallback):
     @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._optimizers = list(trainer.optimizers)
+        self._trainable_at_start = None
         self._attach_update_hooks()
         self._record_setup(trainer, pl_module)
         self._record_model(pl_module)
@@ -570,7 +574,12 @@ class PhaseMemoryMonitor(PilotCallback):
             return
         step = trainer.global_step
         self.aggregator.count("backward", step)
-        self._add(self._end("forward", step, self._view), checks.check_loss(loss))
+        occurrence = self._end("forward", step, self._view)
+        # The modes the forward ran in: the training step is over (automatic optimisation) or
+        # has computed this loss (manual), so what it switched to eval mode is seen.
+        intended = self._intended | _intended_trainable(pl_module)
+        mode = checks.check_train_mode(pl_module.named_modules(), intended)
+        self._add(occurrence, [*checks.check_loss(loss), mode])
         self._begin("backward", track=self._tracking)
 
     @override
@@ -578,9 +587,20 @@ class PhaseMemoryMonitor(PilotCallback):
         if not self._measuring:
             return
         occurrence = self._end("backward", trainer.global_step, self._view)
-        optimized = {id(p) for o in self._optimizers for g in o.param_groups for p in g["params"]}
-        intended = self._intended | _intended_trainable(pl_module)
-        results = checks.check_gradients(pl_module.named_parameters(), optimized, intended)
+        per_optimizer = [
+            {id(p) for g in o.param_groups for p in g["params"]} for o in self._optimizers
+        ]
+        now = _intended_trainable(pl_module)
+        if self._trainable_at_start is None:  # the fit's first backward
+            self._trainable_at_start = now
+        optimized: set[int] = set().union(*per_optimizer)
+        results = checks.check_gradients(
+            pl_module.named_parameters(),
+            optimized,
+            self._intended | now,
+            trainable_at_start=self._trainable_at_start,
+            optimizers=per_optimizer,
+        )
         self._add(occurrence, results)
 
     def _flush_pending(self, results: Iterable[checks.CheckResult] = ()) -> None:

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from lightning_pilot.core.phases import CheckResult as CheckResult  # re-exported
+from lightning_pilot.core.phases import worst_verdict
 
 _MAX_NAMES = 8
 
@@ -70,20 +71,119 @@ def check_loss(loss: Any) -> list[CheckResult]:
     return [shape, CheckResult("loss_finite", "fail", f"loss is {bad}")]
 
 
+#: A parameter frozen before the fit passes when it is *lone* (the only parameter of the largest
+#: frozen module holding it) and the frozen parameters hold under this share of the optimized
+#: elements; otherwise it warns (docs/phase-table.md, "Frozen parameters in the optimizer").
+FROZEN_SHARE_WARN = 0.10
+
+
+def frozen_regions(names: Sequence[str], frozen: Collection[str]) -> dict[str, list[str]]:
+    """The largest module (a dotted prefix of the parameter names) all of whose parameters are
+    ``frozen``, for each frozen parameter: ``{region: [parameter names]}``, in model order; a
+    region is the parameter's own name when its module also holds trainable ones, and ``""``
+    when every parameter is frozen.
+
+    Example:
+        >>> names = ["enc.pos.weight", "enc.fc.weight", "enc.fc.bias", "head.weight", "head.bias"]
+        >>> frozen_regions(names, {"enc.pos.weight", "head.weight", "head.bias"})
+        {'enc.pos': ['enc.pos.weight'], 'head': ['head.weight', 'head.bias']}
+    """
+    total: dict[str, int] = {}
+    cold: dict[str, int] = {}
+
+    def prefixes(name: str) -> list[str]:
+        parts = name.split(".")
+        return [".".join(parts[:i]) for i in range(len(parts) + 1)]
+
+    for name in names:
+        for prefix in prefixes(name):
+            total[prefix] = total.get(prefix, 0) + 1
+            if name in frozen:
+                cold[prefix] = cold.get(prefix, 0) + 1
+    regions: dict[str, list[str]] = {}
+    for name in names:
+        if name in frozen:
+            region = next(p for p in prefixes(name) if cold.get(p) == total[p])
+            regions.setdefault(region, []).append(name)
+    return regions
+
+
+def _frozen_before_fit(
+    names: Sequence[str], frozen: Sequence[str], sizes: Mapping[str, int], optimized_elements: int
+) -> CheckResult:
+    """``pass`` for lone frozen tensors holding a small share, else ``warn`` naming the frozen
+    submodules and the share (the parameters are skipped by torch's optimizers)."""
+    regions = frozen_regions(names, set(frozen))
+    share = sum(sizes[n] for n in frozen) / optimized_elements if optimized_elements else 1.0
+    lone = all(len(members) == 1 for members in regions.values())
+    name = "trainable_params_require_grad"
+    if lone and share < FROZEN_SHARE_WARN:
+        return CheckResult(
+            name,
+            "pass",
+            f"{len(frozen)} lone parameter(s) frozen before the fit (requires_grad=False) are in"
+            f" the optimizer, which skips them: {shown_names(frozen)}",
+        )
+    shown = shown_names([region or "<root>" for region in regions])
+    return CheckResult(
+        name,
+        "warn",
+        f"{len(frozen)} parameter(s) frozen before the fit (requires_grad=False, {share:.1%} of"
+        f" the optimized elements) are in the optimizer, in {len(regions)} frozen"
+        f" submodule(s): {shown}; torch skips them; if intended (adapter training, a frozen"
+        " tower) nothing to do; otherwise set requires_grad=True before the fit",
+    )
+
+
 def check_gradients(
     named_parameters: Iterable[tuple[str, torch.nn.Parameter]],
-    optimized: set[int],
+    optimized: Collection[int],
     intended: Collection[int] | None = None,
+    *,
+    trainable_at_start: Collection[int] | None = None,
+    optimizers: Sequence[Collection[int]] = (),
 ) -> list[CheckResult]:
-    """Every parameter an optimizer updates (``id`` in ``optimized``) is trainable, received a
-    gradient, and it is finite; one switched off though ``intended`` (ids) is skipped."""
-    frozen, switched_off, missing, stray = [], [], [], []
+    """Every parameter an optimizer updates (``id`` in ``optimized``) can learn, received a
+    gradient, and it is finite (docs/phase-table.md, "Frozen parameters in the optimizer").
+
+    A parameter with ``requires_grad=False`` is skipped when ``intended`` (ids) holds it (switched
+    off for one backward, e.g. by ``toggle_optimizer``); fails when ``trainable_at_start`` (ids
+    trainable at the fit's first backward) holds it (frozen mid-fit); otherwise it was frozen
+    before the fit, which torch's optimizers skip: ``pass`` or ``warn``, named. An optimizer
+    (``optimizers``: the ids of each; default ``optimized`` as one) with nothing that can
+    learn fails.
+
+    Example:
+        >>> import torch
+        >>> model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 1))
+        >>> head = model[1].requires_grad_(False)  # frozen before the fit, still optimized
+        >>> model(torch.ones(1, 2)).sum().backward()
+        >>> optimized = {id(p) for p in model.parameters()}
+        >>> result = check_gradients(model.named_parameters(), optimized)[0]
+        >>> result.verdict, result.detail.split("; ")[0]  # doctest: +NORMALIZE_WHITESPACE
+        ('warn', '2 parameter(s) frozen before the fit (requires_grad=False, 33.3% of the
+                  optimized elements) are in the optimizer, in 1 frozen submodule(s): 1')
+        >>> check_gradients(model.named_parameters(), optimized,
+        ...                 trainable_at_start=optimized)[0].verdict  # frozen mid-fit
+        'fail'
+    """
+    named = list(named_parameters)
+    off = set() if intended is None else set(intended)
+    frozen, switched_off, lost, missing, stray = [], [], [], [], []
     with_grad: list[tuple[str, torch.Tensor]] = []
-    for name, param in named_parameters:
+    sizes: dict[str, int] = {}
+    cold: set[int] = set()
+    for name, param in named:
         in_optimizer = id(param) in optimized
+        if in_optimizer:
+            sizes[name] = param.numel()
         if in_optimizer and not param.requires_grad:
-            if intended is not None and id(param) in intended:
+            if id(param) in off:
                 switched_off.append(name)
+                continue
+            cold.add(id(param))
+            if trainable_at_start is not None and id(param) in trainable_at_start:
+                lost.append(name)
             else:
                 frozen.append(name)
         elif in_optimizer and param.grad is None:
@@ -94,18 +194,11 @@ def check_gradients(
                 stray.append(name)
     finite = _per_parameter(with_grad, lambda grad: torch.isfinite(grad).all())
     nonfinite = [name for name, ok in finite if not ok]
+    seen = {id(param) for _, param in named}
+    groups = [set(g) & seen for g in (optimizers or [optimized])]
+    dead = [i for i, group in enumerate(groups) if group and group <= cold]
     results = [
-        _unless(
-            "trainable_params_require_grad",
-            frozen,
-            "fail",
-            f"{len(frozen)} parameter(s) in the optimizer have requires_grad=False and cannot"
-            f" learn: {shown_names(frozen)}",
-            f"{len(switched_off)} parameter(s) switched off for this backward (e.g. by"
-            f" toggle_optimizer) were skipped: {shown_names(switched_off)}"
-            if switched_off
-            else "",
-        ),
+        _requires_grad(named, frozen, switched_off, lost, dead, len(groups), sizes),
         _unless(
             "grads_reach_params",
             missing,
@@ -130,6 +223,63 @@ def check_gradients(
             )
         )
     return results
+
+
+def _requires_grad(
+    named: Sequence[tuple[str, torch.nn.Parameter]],
+    frozen: Sequence[str],
+    switched_off: Sequence[str],
+    lost: Sequence[str],
+    dead: Sequence[int],
+    n_optimizers: int,
+    sizes: Mapping[str, int],
+) -> CheckResult:
+    """``trainable_params_require_grad`` from the parameters of the optimizers that cannot
+    learn now, by cause (``dead``: indices of optimizers with nothing that can learn)."""
+    name = "trainable_params_require_grad"
+    parts: list[CheckResult] = []
+    if dead:
+        which = (
+            "the optimizer"
+            if n_optimizers == 1
+            else "optimizer(s) " + ", ".join(str(i) for i in dead)
+        )
+        parts.append(
+            CheckResult(
+                name,
+                "fail",
+                f"every parameter of {which} has requires_grad=False: nothing it updates can"
+                " learn; set requires_grad=True on what should train before the fit (or give"
+                " the optimizer the parameters that train)",
+            )
+        )
+    if lost:
+        parts.append(
+            CheckResult(
+                name,
+                "fail",
+                f"{len(lost)} parameter(s) were trainable at the first backward of the fit, are"
+                f" in the optimizer and now have requires_grad=False, so they stopped learning"
+                f" mid-fit: {shown_names(lost)}; find the hook or callback that froze them, or,"
+                " if freezing them was meant, take them out of the optimizer",
+            )
+        )
+    if frozen:
+        names = [n for n, _ in named]
+        parts.append(_frozen_before_fit(names, frozen, sizes, sum(sizes.values())))
+    if switched_off:
+        parts.append(
+            CheckResult(
+                name,
+                "pass",
+                f"{len(switched_off)} parameter(s) switched off for this backward (e.g. by"
+                f" toggle_optimizer) were skipped: {shown_names(switched_off)}",
+            )
+        )
+    if not parts:
+        return CheckResult(name, "pass", "")
+    verdict = worst_verdict(p.verdict for p in parts)
+    return CheckResult(name, verdict, "; ".join(p.detail for p in parts))
 
 
 def fingerprint(
@@ -295,6 +445,103 @@ def check_eval_mode(
         " code that branches on `self.training` still takes its training path"
     )
     return [_unless("eval_mode", inert, "warn", inert_detail), no_grad_result]
+
+
+def _ancestors(name: str) -> list[str]:
+    """The names of the modules holding module ``name`` (``""``: the root), outermost first."""
+    parts = name.split(".") if name else []
+    return [".".join(parts[:i]) for i in range(len(parts))]
+
+
+def _owner(name: str, modules: Mapping[str, torch.nn.Module]) -> str | None:
+    """The name of ``name`` or its closest ancestor holding parameters (``None``: none does)."""
+    parts = name.split(".") if name else []
+    for i in range(len(parts), -1, -1):
+        prefix = ".".join(parts[:i])
+        module = modules.get(prefix)
+        if module is not None and next(module.parameters(), None) is not None:
+            return prefix
+    return None
+
+
+def check_train_mode(
+    named_modules: Iterable[tuple[str, torch.nn.Module]],
+    trainable: Collection[int] | None = None,
+) -> CheckResult:
+    """During the training step every module that trains is in train mode (``named_modules``:
+    the whole model, ``""`` its root; ``trainable``: ids of the parameters meant to train,
+    default those with ``requires_grad``). The rule: docs/phase-table.md, ``train_mode``.
+
+    A module in eval mode is *kept frozen* when it, or (for one without parameters, such as a
+    dropout) its closest ancestor with parameters, holds no trainable parameter: a frozen
+    BatchNorm or tower kept in eval mode on purpose passes, named.
+
+    Example:
+        >>> import torch
+        >>> model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout(0.1))
+        >>> result = check_train_mode(model.eval().named_modules())
+        >>> result.verdict, result.detail.split("; ")[0]  # doctest: +NORMALIZE_WHITESPACE
+        ('fail', '1 module(s) whose outputs change with the mode are in eval mode during the
+                  training step: 1 (Dropout)')
+        >>> check_train_mode(model.train().named_modules())
+        CheckResult(name='train_mode', verdict='pass', detail='')
+    """
+    modules = dict(named_modules)
+    asleep = [name for name, module in modules.items() if not module.training]
+    if not asleep:
+        return CheckResult("train_mode", "pass", "")
+
+    def is_trainable(param: torch.nn.Parameter) -> bool:
+        return param.requires_grad if trainable is None else id(param) in trainable
+
+    owners: dict[str, bool] = {}  # owner -> holds a trainable parameter
+    kept: list[str] = []
+    tiers: list[list[tuple[str, str]]] = [[], [], []]
+    for name in asleep:
+        owner = _owner(name, modules)
+        if owner is not None and owner not in owners:
+            owners[owner] = any(is_trainable(p) for p in modules[owner].parameters())
+        if owner is not None and not owners[owner]:
+            kept.append(name)
+            continue
+        tier, label = _train_mode_kind(modules[name])
+        tiers[tier].append((name or "<root>", label))
+    changing, unknown, inert = tiers
+    parts = []
+    if changing:
+        parts.append(
+            f"{len(changing)} module(s) whose outputs change with the mode are in eval mode"
+            f" during the training step: {shown_names(_labelled(changing))}"
+        )
+    others = unknown + inert
+    if others:
+        parts.append(
+            f"{len(others)} {'more ' if changing else ''}module(s) in eval mode during the"
+            " training step, none of a type known to change the outputs (containers,"
+            f" mode-independent layers, unknown leaf types): {shown_names(_labelled(others))}"
+        )
+    if kept:
+        held = set(kept)
+        roots = [n for n in kept if not any(a in held for a in _ancestors(n))]
+        parts.append(
+            f"{len(kept)} module(s) in eval mode hold (or sit in a module holding) only frozen"
+            " parameters, kept in eval mode on purpose (a frozen BatchNorm or tower):"
+            f" {shown_names([r or '<root>' for r in roots])}"
+        )
+    remedy = (
+        "call .train() on them, or do not call .eval() in on_train_start or another hook"
+        " (Lightning does not switch modules back to train mode when training starts)"
+    )
+    if changing:
+        parts.append(f"{len(asleep)} module(s) in eval mode in all; {remedy}")
+        return CheckResult("train_mode", "fail", "; ".join(parts))
+    if others:
+        parts.append(
+            "code that branches on `self.training` (dropout rates read in forward, gradient"
+            f" checkpointing) takes its eval path; if not intended, {remedy}"
+        )
+        return CheckResult("train_mode", "warn", "; ".join(parts))
+    return CheckResult("train_mode", "pass", "; ".join(parts))
 
 
 def check_sample_count(seen: int, expected: int | None, why_unknown: str = "") -> CheckResult:

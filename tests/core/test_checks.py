@@ -12,8 +12,10 @@ from lightning_pilot.core.checks import (
     check_gradients,
     check_loss,
     check_sample_count,
+    check_train_mode,
     check_update,
     fingerprint,
+    frozen_regions,
     shown_names,
     zero_gradients,
 )
@@ -61,20 +63,122 @@ def test_gradients_pass_for_a_plain_backward() -> None:
     }
 
 
-def test_gradients_name_frozen_missing_nonfinite_and_stray_parameters() -> None:
+def test_gradients_name_missing_nonfinite_and_stray_parameters() -> None:
     model = nn.ModuleDict({"used": nn.Linear(2, 1), "unused": nn.Linear(2, 1)})
-    frozen = nn.Parameter(torch.ones(1), requires_grad=False)
-    model.register_parameter("frozen", frozen)
     model["used"](torch.ones(1, 2)).sum().backward()
     model["used"].bias.grad = torch.tensor([float("nan")])
-    optimized = {id(frozen), id(model["unused"].weight), id(model["used"].bias)}
+    optimized = {id(model["unused"].weight), id(model["used"].bias)}
     results = {r.name: r for r in check_gradients(model.named_parameters(), optimized)}
-    assert results["trainable_params_require_grad"].verdict == "fail"
-    assert results["trainable_params_require_grad"].detail.endswith(": frozen")
+    assert results["trainable_params_require_grad"] == CheckResult(
+        "trainable_params_require_grad", "pass", ""
+    )
     assert results["grads_reach_params"].detail.endswith(": unused.weight")
     assert results["grads_finite"].detail == "non-finite gradients in 1 parameter(s): used.bias"
     assert results["grads_without_optimizer"].verdict == "warn"
     assert results["grads_without_optimizer"].detail.endswith(": used.weight")
+
+
+class _Encoder(nn.Module):
+    """An encoder with a fixed position table (frozen by the model itself) and a head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.positions = nn.Embedding(4, 8)
+        self.positions.requires_grad_(False)
+        self.layer = nn.Linear(8, 8)
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.layer(x + self.positions.weight)))  # type: ignore[no-any-return]
+
+
+def _backward_encoder(model: _Encoder) -> set[int]:
+    model(torch.ones(4, 8)).sum().backward()
+    return {id(p) for p in model.parameters()}
+
+
+def test_a_lone_tensor_frozen_before_the_fit_passes_named() -> None:
+    model = _Encoder()  # positions: 32 of 584 optimized elements, the only tensor of its module
+    model.layer = nn.Linear(8, 32)
+    model.head = nn.Linear(32, 8)
+    optimized = _backward_encoder(model)
+    result = check_gradients(model.named_parameters(), optimized)[0]
+    assert result == CheckResult(
+        "trainable_params_require_grad",
+        "pass",
+        "1 lone parameter(s) frozen before the fit (requires_grad=False) are in the optimizer,"
+        " which skips them: positions.weight",
+    )
+
+
+def test_a_frozen_submodule_or_a_large_share_warns_naming_it() -> None:
+    model = _Encoder()  # positions: 32 of 131 elements = 24.4%: a large share of the model
+    optimized = _backward_encoder(model)
+    large = check_gradients(model.named_parameters(), optimized)[0]
+    assert large.verdict == "warn"
+    assert large.detail.startswith(
+        "1 parameter(s) frozen before the fit (requires_grad=False, 24.4% of the optimized"
+        " elements) are in the optimizer, in 1 frozen submodule(s): positions; torch skips them;"
+    )
+    model.head.requires_grad_(False)  # a whole layer (weight and bias) frozen
+    optimized = _backward_encoder(model)
+    head = check_gradients(model.named_parameters(), optimized)[0]
+    assert head.verdict == "warn"
+    assert "3 parameter(s) frozen before the fit (requires_grad=False, 45.0% of" in head.detail
+    assert "in 2 frozen submodule(s): positions, head;" in head.detail
+    assert head.detail.endswith(
+        "if intended (adapter training, a frozen tower) nothing to do; otherwise set"
+        " requires_grad=True before the fit"
+    )
+
+
+def test_a_parameter_frozen_mid_fit_fails() -> None:
+    model = _Encoder()
+    at_start = {id(p) for p in model.parameters() if p.requires_grad}
+    model.layer.requires_grad_(False)  # after the first backward: it stops learning
+    optimized = _backward_encoder(model)
+    result = check_gradients(model.named_parameters(), optimized, trainable_at_start=at_start)[0]
+    assert result.verdict == "fail"
+    assert result.detail.startswith(
+        "2 parameter(s) were trainable at the first backward of the fit, are in the optimizer"
+        " and now have requires_grad=False, so they stopped learning mid-fit: layer.weight,"
+        " layer.bias; find the hook or callback that froze them, or, if freezing them was"
+        " meant, take them out of the optimizer; "
+    )
+    # The position table was frozen before the first backward: reported, not failed.
+    assert "1 parameter(s) frozen before the fit" in result.detail
+    # Switched off for this backward only (a toggle): skipped, not failed.
+    toggled = check_gradients(
+        model.named_parameters(), optimized, intended=at_start, trainable_at_start=at_start
+    )[0]
+    assert toggled.verdict == "warn"
+    assert "2 parameter(s) switched off for this backward" in toggled.detail
+
+
+def test_an_optimizer_with_nothing_that_learns_fails() -> None:
+    model = _Encoder()
+    model.layer.requires_grad_(False)
+    model(torch.ones(4, 8)).sum().backward()
+    frozen = {id(p) for p in (model.positions.weight, *model.layer.parameters())}
+    head = {id(p) for p in model.head.parameters()}
+    result = check_gradients(model.named_parameters(), frozen | head, optimizers=[head, frozen])[0]
+    assert result.verdict == "fail"
+    assert result.detail.startswith(
+        "every parameter of optimizer(s) 1 has requires_grad=False: nothing it updates can"
+        " learn; set requires_grad=True on what should train before the fit"
+    )
+    alone = check_gradients(model.named_parameters(), frozen)[0]
+    assert alone.detail.startswith("every parameter of the optimizer has requires_grad=False")
+
+
+def test_frozen_regions_are_the_largest_frozen_modules() -> None:
+    names = ["a.x.weight", "a.x.bias", "a.y.weight", "b.weight"]
+    assert frozen_regions(names, {"a.x.weight", "a.x.bias", "a.y.weight"}) == {
+        "a": ["a.x.weight", "a.x.bias", "a.y.weight"]
+    }
+    assert frozen_regions(names, {"a.x.weight"}) == {"a.x.weight": ["a.x.weight"]}
+    assert frozen_regions(names, set(names)) == {"": names}
+    assert frozen_regions(["ab.weight", "a.weight"], {"a.weight"}) == {"a": ["a.weight"]}
 
 
 def test_gradients_skip_parameters_switched_off_for_one_backward() -> None:
@@ -152,6 +256,63 @@ def test_eval_mode_reads_dropout_rates_kept_as_attributes() -> None:
     assert "attn (MultiheadAttention, dropout=0.1)" in result.detail
     off = check_eval_mode([("drop", nn.Dropout(0.0))], grad_enabled=False)[0]
     assert off.verdict == "warn"
+
+
+def test_train_mode_fails_on_mode_dependent_modules_in_eval_mode() -> None:
+    model = nn.Sequential(nn.Linear(2, 4), nn.BatchNorm1d(4), nn.Dropout(0.1), nn.Linear(4, 1))
+    assert check_train_mode(model.named_modules()) == CheckResult("train_mode", "pass", "")
+    model.eval()
+    result = check_train_mode(model.named_modules())
+    assert result.verdict == "fail"
+    assert result.detail == (
+        "2 module(s) whose outputs change with the mode are in eval mode during the training"
+        " step: 1 (BatchNorm1d), 2 (Dropout); 3 more module(s) in eval mode during the training"
+        " step, none of a type known to change the outputs (containers, mode-independent"
+        " layers, unknown leaf types): <root> (Sequential), 0 (Linear), 3 (Linear); 5 module(s)"
+        " in eval mode in all; call .train() on them, or do not call .eval() in on_train_start"
+        " or another hook (Lightning does not switch modules back to train mode when training"
+        " starts)"
+    )
+
+
+def test_train_mode_passes_frozen_modules_kept_in_eval_mode() -> None:
+    tower = nn.Sequential(nn.Linear(2, 4), nn.BatchNorm1d(4), nn.Dropout(0.1))
+    model = nn.ModuleDict({"tower": tower, "head": nn.Linear(4, 1)})
+    tower.requires_grad_(False)
+    tower.eval()  # a frozen tower kept in eval mode on purpose: its dropout included
+    result = check_train_mode(model.named_modules())
+    assert result == CheckResult(
+        "train_mode",
+        "pass",
+        "4 module(s) in eval mode hold (or sit in a module holding) only frozen parameters,"
+        " kept in eval mode on purpose (a frozen BatchNorm or tower): tower",
+    )
+    # The usual fine-tuning idiom: each BatchNorm frozen and in eval mode, the rest training.
+    tower.requires_grad_(True).train()
+    tower[1].requires_grad_(False).eval()
+    assert check_train_mode(model.named_modules()).verdict == "pass"
+    # ``trainable`` (what is meant to train) overrides requires_grad: a trainable BatchNorm fails.
+    trainable = {id(p) for p in model.parameters()}
+    assert check_train_mode(model.named_modules(), trainable).verdict == "fail"
+    # A dropout switched off in a trainable block still fails.
+    tower[1].train()
+    tower[2].eval()
+    failed = check_train_mode(model.named_modules())
+    assert failed.detail.startswith(
+        "1 module(s) whose outputs change with the mode are in eval mode during the training"
+        " step: tower.2 (Dropout);"
+    )
+
+
+def test_train_mode_warns_on_mode_independent_modules_in_eval_mode() -> None:
+    model = nn.Sequential(nn.Linear(2, 4), nn.Dropout(0.0), nn.Linear(4, 1)).eval()
+    result = check_train_mode(model.named_modules())
+    assert result.verdict == "warn"
+    assert result.detail.startswith(
+        "4 module(s) in eval mode during the training step, none of a type known to change"
+        " the outputs"
+    )
+    assert "code that branches on `self.training`" in result.detail
 
 
 def test_check_sample_count() -> None:
