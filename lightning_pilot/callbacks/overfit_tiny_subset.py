@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import os
@@ -14,6 +15,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from lightning_utilities.core.apply_func import apply_to_collection
 from torch.utils.data import DataLoader, IterableDataset, default_collate
+from torch.utils.hooks import RemovableHandle
 from typing_extensions import override
 
 from lightning_pilot.core import validate
@@ -21,13 +23,15 @@ from lightning_pilot.core.batches import BatchAdapter
 from lightning_pilot.core.checks import CheckResult
 from lightning_pilot.core.data_checks import infer_output_size
 from lightning_pilot.core.overfit import (
+    Notes,
     Recovery,
+    align_predictions,
     check_initial_loss,
     check_loss_finite,
     check_loss_target,
     check_recovery,
+    logits_of,
     loss_target,
-    predictions_from_logits,
     recovery,
     select_indices,
 )
@@ -39,6 +43,7 @@ __all__ = ["OVERFIT_SCHEMA", "OVERFIT_SCHEMA_VERSION", "OVERFIT_TABLE", "Overfit
 PredictFn = Callable[[pl.LightningModule, Any], torch.Tensor]
 _HOOK: Final = "on_before_batch_transfer"
 _ABSENT: Final = object()  # the owner held no instance attribute of that name
+_REMEDY: Final = "give predict_fn=fn(pl_module, batch) -> logits"
 
 
 class _Installed(NamedTuple):
@@ -71,6 +76,9 @@ class OverfitTinySubset(PilotCallback):
             LMs); ``False`` for token classification.
         init_tolerance: accepted factor between the initial loss and ``-log(1/C)``.
         predict_fn: ``fn(pl_module, batch) -> logits or predictions`` on a device batch.
+            Default: the module's ``forward``; without one (``self.model = HFModel(...)``
+            wrappers), the ``logits`` a child module returns inside the training step
+            (docs/data-and-overfit.md, "Predictions").
         adapter: how to read batches (default :class:`BatchAdapter`).
         out_dir: the output folder; default ``<trainer.default_root_dir>/pilot``.
 
@@ -154,7 +162,15 @@ class OverfitTinySubset(PilotCallback):
         self._last: Recovery | None = None
         self._last_step: int | None = None
         self._done = False
-        self._notes: list[str] = []
+        self._notes = Notes()
+        # Where the predictions come from: "predict_fn", "forward" or "training_step" (the
+        # logits a submodule returned inside the user's training step, read by forward hooks).
+        self._source: str | None = None
+        self._handles: list[RemovableHandle] = []
+        self._captured: tuple[str, torch.Tensor] | None = None
+        self._seen: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._masked = False  # the forward was called with the attention mask
+        self._problem: str | None = None  # why the last attempt to predict gave nothing
         self.subset_ids: list[str] = []
         self.verdict: str | None = None
         self.checks: dict[str, CheckResult] = {}
@@ -212,6 +228,9 @@ class OverfitTinySubset(PilotCallback):
 
     def _restore(self) -> None:
         """Put back the hook and ``limit_val_batches`` (unless replaced since by someone else)."""
+        handles, self._handles = self._handles, []
+        for handle in handles:
+            handle.remove()
         installed, self._installed = self._installed, None
         if installed is None:
             return
@@ -227,14 +246,14 @@ class OverfitTinySubset(PilotCallback):
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         loader = trainer.train_dataloader
         if not isinstance(loader, DataLoader):
-            self._notes.append("no single training DataLoader: the subset could not be built")
+            self._notes.add("no single training DataLoader: the subset could not be built")
             return
         dataset = loader.dataset
         with torch.random.fork_rng(devices=[]):
             if isinstance(dataset, IterableDataset) or not hasattr(dataset, "__len__"):
                 items = list(itertools.islice(iter(dataset), self.num_examples))
                 indices = list(range(len(items)))
-                self._notes.append("iterable dataset: the subset is its first examples")
+                self._notes.add("iterable dataset: the subset is its first examples")
             else:
                 indices = select_indices(len(dataset), self.num_examples, seed=self.seed)
                 items = [dataset[i] for i in indices]
@@ -246,8 +265,61 @@ class OverfitTinySubset(PilotCallback):
             self.subset_ids = [str(i) for batch_ids in ids for i in batch_ids]  # type: ignore[union-attr]
         else:
             self.subset_ids = [str(i) for i in indices]
-            self._notes.append("ids are dataset indices: the batches carry no ids")
+            self._notes.add("ids are dataset indices: the batches carry no ids")
         rank_zero_info(f"OverfitTinySubset: subset ids {self.subset_ids}")
+        if self.predict_fn is not None:
+            self._source = "predict_fn"
+        elif _has_forward(pl_module):
+            self._source = "forward"
+        else:
+            self._capture(pl_module, "the module has no forward")
+
+    def _capture(self, pl_module: pl.LightningModule, why: str) -> None:
+        """Read the predictions from the user's own training step from now on: a forward hook
+        on each child of the module keeps the argmax of the last ``logits`` one returns."""
+        self._source = "training_step"
+        self._problem = why
+        self._notes.add(
+            f"predictions: {why}, so they are the argmax of the logits that a submodule returned"
+            " in the training step (the last one called), before that update, in training mode"
+        )
+        for name, child in pl_module.named_children():
+            hook = functools.partial(self._on_child_output, name)
+            self._handles.append(child.register_forward_hook(hook))
+
+    def _on_child_output(self, name: str, module: Any, args: Any, output: Any) -> None:
+        trainer = self._trainer
+        if trainer is None or not trainer.training or trainer.sanity_checking:
+            return
+        if isinstance(output, torch.Tensor):
+            return  # a bare tensor may be anything (hidden states): only a named ``logits``
+        try:
+            logits = logits_of(output)
+            if logits is not None and logits.is_floating_point() and logits.ndim >= 2:
+                self._captured = (name, logits.detach().argmax(dim=-1))
+        except Exception as err:  # reading predictions must never break the user's step
+            self._notes.add(f"reading the logits of submodule '{name}' raised {_error(err)}")
+
+    def _keep_captured(self, batch: Any) -> None:
+        """Pair the predictions captured in this training step with this batch's targets."""
+        captured, self._captured = self._captured, None
+        if captured is None:
+            return
+        name, predicted = captured
+        targets = self.adapter.view(batch, count_tokens=False).targets
+        if not isinstance(targets, torch.Tensor):
+            self._notes.add("the training batches have no targets the adapter can read")
+            return
+        aligned = align_predictions(
+            predicted, targets, shift=self.shift_labels, ignore_index=self.adapter.ignore_index
+        )
+        if aligned is None:
+            self._notes.add(
+                f"the logits of submodule '{name}' predict shape {tuple(predicted.shape)}, the"
+                f" targets have shape {tuple(targets.shape)}"
+            )
+            return
+        self._seen[(self._cursor["train"] - 1) % len(self._batches)] = aligned
 
     @override
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -255,10 +327,17 @@ class OverfitTinySubset(PilotCallback):
 
     @override
     def on_train_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, *_: Any
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        *_: Any,
     ) -> None:
         if not self._batches:
             return
+        if self._source == "training_step":
+            self._keep_captured(batch)
         loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
         if isinstance(loss, torch.Tensor) and loss.numel() == 1:
             value = float(loss.detach()) * trainer.accumulate_grad_batches
@@ -271,6 +350,8 @@ class OverfitTinySubset(PilotCallback):
         mean = sum(self._micro) / len(self._micro)
         micro, self._micro = len(self._micro), []
         self._curve.append((step, mean))
+        if step >= self.max_steps:
+            trainer.should_stop = True  # first: the budget holds whatever follows
         result = self._evaluate(trainer, pl_module) if step % self.check_every == 0 else None
         self._append(step, mean, micro, result)
         target = self._target()
@@ -283,7 +364,7 @@ class OverfitTinySubset(PilotCallback):
         stop = trainer.strategy.reduce_boolean_decision(
             bool(met) or not math.isfinite(mean), all=False
         )
-        if stop or step >= self.max_steps:
+        if stop:
             trainer.should_stop = True
 
     def _target(self) -> float | None:
@@ -292,32 +373,29 @@ class OverfitTinySubset(PilotCallback):
         )
 
     def _evaluate(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> Recovery | None:
-        if self._installed is None:
+        if self._installed is None or not self._batches:
             return None
-        original = self._installed.original
-        predictions, targets, ids = [], [], []
-        was_training = pl_module.training
-        pl_module.eval()
-        try:
-            with torch.no_grad():
-                for index, cpu_batch in enumerate(self._batches):
-                    batch = original(apply_to_collection(cpu_batch, torch.Tensor, torch.clone), 0)
-                    batch = trainer.strategy.batch_to_device(batch)
-                    view = self.adapter.view(batch, count_tokens=False)
-                    predicted = self._predict(pl_module, batch, view)
-                    if predicted is None or not isinstance(view.targets, torch.Tensor):
-                        return None
-                    predictions.append(predicted.cpu())
-                    targets.append(view.targets.cpu())
-                    size = self.batch_size or len(self.subset_ids)
-                    ids += self.subset_ids[index * size : (index + 1) * size]
-        finally:
-            pl_module.train(was_training)
-        if not predictions:
-            return None
+        if self._source == "training_step":
+            if len(self._seen) < len(self._batches):
+                return None  # a subset batch not trained yet (or no logits captured)
+            pairs = [self._seen[index] for index in range(len(self._batches))]
+            scored = [(p.cpu(), t.cpu()) for p, t in pairs]
+        else:
+            try:
+                subset = self._predict_subset(trainer, pl_module)
+            except Exception as err:  # recorded (targets_recovered says it), never the fit's
+                self._problem = f"predicting the subset raised {_error(err)}"
+                self._notes.add(self._problem)
+                return None
+            if subset is None:
+                return None
+            scored = subset
+        predictions, targets = [p for p, _ in scored], [t for _, t in scored]
+        size = self.batch_size or len(self.subset_ids)
+        ids = [i for index in range(len(scored)) for i in self.subset_ids[index * size :][:size]]
         if any(p.shape[1:] != predictions[0].shape[1:] for p in predictions):
             if any(p.ndim != 2 for p in predictions):
-                self._notes.append("the subset's batches predict shapes that cannot be joined")
+                self._notes.add("the subset's batches predict shapes that cannot be joined")
                 return None
             # Batches padded to their own longest example: widen them, the added positions
             # at ignore_index (they do not count).
@@ -334,23 +412,106 @@ class OverfitTinySubset(PilotCallback):
         )
         return self._last
 
-    def _predict(self, pl_module: pl.LightningModule, batch: Any, view: Any) -> Any:
+    def _predict_subset(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule
+    ) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+        """Predict every subset batch in eval mode without gradients (``predict_fn`` or the
+        module's forward): ``(predictions, targets)`` per batch, on the CPU."""
+        assert self._installed is not None
+        original = self._installed.original
+        scored = []
+        was_training = pl_module.training
+        pl_module.eval()
+        try:
+            with torch.no_grad():
+                for cpu_batch in self._batches:
+                    batch = original(apply_to_collection(cpu_batch, torch.Tensor, torch.clone), 0)
+                    batch = trainer.strategy.batch_to_device(batch)
+                    view = self.adapter.view(batch, count_tokens=False)
+                    if not isinstance(view.targets, torch.Tensor):
+                        self._notes.add("the subset's batches have no targets the adapter can read")
+                        return None
+                    aligned = self._predict(pl_module, batch, view)
+                    if aligned is None:
+                        return None
+                    scored.append((aligned[0].cpu(), aligned[1].cpu()))
+        finally:
+            pl_module.train(was_training)
+        return scored
+
+    def _predict(
+        self, pl_module: pl.LightningModule, batch: Any, view: Any
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
         targets = view.targets
-        if self.predict_fn is not None:
-            out: Any = self.predict_fn(pl_module, batch)
-        elif view.attention_mask is not None:
-            out = pl_module(view.inputs, view.attention_mask)
-        else:
-            out = pl_module(view.inputs)
-        if isinstance(out, Mapping):
-            out = out.get("logits")
-        out = getattr(out, "logits", out)
-        if not isinstance(out, torch.Tensor) or not isinstance(targets, torch.Tensor):
-            self._notes.append("the model's output is not a logits tensor: give predict_fn=")
+        try:
+            if self.predict_fn is not None:
+                out: Any = self.predict_fn(pl_module, batch)
+            else:
+                self._masked = view.attention_mask is not None
+                masked = (view.attention_mask,) if self._masked else ()
+                out = pl_module(view.inputs, *masked)
+        except Exception as err:  # the user's forward or predict_fn: recorded, not raised
+            self._fall_back(pl_module, f"{self._call_name(pl_module)} raised {_error(err)}")
             return None
-        if out.shape == targets.shape:
-            return out.long()
-        return predictions_from_logits(out, targets, shift=self.shift_labels)
+        logits = logits_of(out)
+        if logits is None:
+            found = type(out).__name__
+            self._fall_back(
+                pl_module, f"{self._call_name(pl_module)} returned a {found} without logits"
+            )
+            return None
+        if logits.shape == targets.shape:  # predictions already (from predict_fn)
+            return logits.long(), targets
+        aligned = align_predictions(
+            logits.argmax(dim=-1),
+            targets,
+            shift=self.shift_labels,
+            ignore_index=self.adapter.ignore_index,
+        )
+        if aligned is None:
+            self._fall_back(
+                pl_module,
+                f"{self._call_name(pl_module)} returned logits of shape {tuple(logits.shape)}"
+                f" for targets of shape {tuple(targets.shape)}",
+            )
+        return aligned
+
+    def _call_name(self, pl_module: pl.LightningModule) -> str:
+        if self._source == "predict_fn":
+            return "predict_fn(pl_module, batch)"
+        return "forward(inputs, attention_mask)" if self._masked else "forward(inputs)"
+
+    def _fall_back(self, pl_module: pl.LightningModule, problem: str) -> None:
+        """``predict_fn`` failed: say so (the check is ``not_checked``). The forward failed:
+        read the predictions from the training step from now on."""
+        if self._source == "forward":
+            self._capture(pl_module, problem)
+        else:
+            self._problem = problem
+            self._notes.add(problem)
+
+    def _unavailable(self) -> str | None:
+        """Why ``targets_recovered`` has no predictions, with the remedy (said once)."""
+        if self._last is not None or not self._batches:
+            return None
+        if self._source == "training_step" and not self._seen:
+            return (
+                f"no predictions on the subset: {self._problem}, and no submodule called in the"
+                f" training step returned logits (a tensor named logits); {_REMEDY}"
+            )
+        if self._source == "training_step":
+            return (
+                f"no predictions on the subset: the training step predicted {len(self._seen)} of"
+                f" its {len(self._batches)} batch(es) before the fit ended"
+            )
+        if self._source == "predict_fn" and self._problem is not None:
+            return (
+                f"no predictions on the subset: {self._problem}; predict_fn must return logits"
+                " or predictions shaped like the targets"
+            )
+        if self._problem is not None:
+            return f"no predictions on the subset: {self._problem}"
+        return None
 
     def _classes(self, pl_module: pl.LightningModule) -> int | None:
         return self.num_classes or infer_output_size(pl_module)[0]
@@ -370,9 +531,11 @@ class OverfitTinySubset(PilotCallback):
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self._batches and self._curve and self._last_step != trainer.global_step:
-            self._evaluate(trainer, pl_module)
-        self._finish(pl_module)
+        try:
+            if self._batches and self._curve and self._last_step != trainer.global_step:
+                self._evaluate(trainer, pl_module)
+        finally:
+            self._finish(pl_module)
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -385,7 +548,7 @@ class OverfitTinySubset(PilotCallback):
     ) -> None:
         self._restore()
         if self._run is not None and not self._run.closed:
-            self._notes.append(f"the fit failed: {type(exception).__name__}: {exception}")
+            self._notes.add(f"the fit failed: {type(exception).__name__}: {exception}")
             self._finish(pl_module)
         super().on_exception(trainer, pl_module, exception)
 
@@ -399,7 +562,12 @@ class OverfitTinySubset(PilotCallback):
                 self._initial, self._classes(pl_module), tolerance=self.init_tolerance
             ),
             check_loss_target(self._curve, self._target(), budget=self.max_steps),
-            check_recovery(self._last, required=self.required_recovery, step=self._last_step),
+            check_recovery(
+                self._last,
+                required=self.required_recovery,
+                step=self._last_step,
+                unavailable=self._unavailable(),
+            ),
         ]
         steps_done = self._curve[-1][0] if self._curve else 0
         if self._batches and steps_done < self.max_steps:
@@ -443,3 +611,14 @@ class OverfitTinySubset(PilotCallback):
 def _widen(values: torch.Tensor, width: int, fill: int) -> torch.Tensor:
     """``[B, T]`` values padded on the right to ``[B, width]`` with ``fill``."""
     return torch.nn.functional.pad(values, (0, width - values.shape[1]), value=fill)
+
+
+def _has_forward(module: torch.nn.Module) -> bool:
+    """``module`` defines a ``forward`` of its own (Lightning's and torch's raise)."""
+    return type(module).forward not in (pl.LightningModule.forward, torch.nn.Module.forward)
+
+
+def _error(err: BaseException) -> str:
+    """``Type: message``, the message cut to 300 characters."""
+    text = str(err)
+    return f"{type(err).__name__}: {text[:300]}{'...' if len(text) > 300 else ''}"

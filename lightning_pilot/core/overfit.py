@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -142,14 +142,90 @@ def predictions_from_logits(logits: torch.Tensor, targets: torch.Tensor, *, shif
         >>> predictions_from_logits(logits, torch.zeros(1, 3, dtype=torch.long), shift=True)
         tensor([[-1,  1,  0]])
     """
-    predicted = logits.detach().argmax(dim=-1)
-    if predicted.shape == targets.shape and (targets.ndim == 1 or not shift):
-        return predicted
-    if targets.ndim == 2 and predicted.shape == targets.shape and shift:
-        shifted = torch.full_like(predicted, -1)
-        shifted[:, 1:] = predicted[:, :-1]
-        return shifted
-    return None
+    aligned = align_predictions(logits.detach().argmax(dim=-1), targets, shift=shift)
+    return None if aligned is None else aligned[0]
+
+
+def align_predictions(
+    predicted: torch.Tensor, targets: torch.Tensor, *, shift: bool, ignore_index: int = -100
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Predicted classes paired with the targets the way the loss pairs them, as
+    ``(predictions, targets)`` of the targets' shape, or ``None`` when the shapes differ.
+
+    ``[B]`` targets (one label per example) and ``shift=False`` pair position ``t`` with ``t``.
+    ``shift=True`` with ``[B, T]`` targets is a causal LM that shifts inside its loss (the
+    Hugging Face ``*ForCausalLM`` convention): the class predicted at ``t - 1`` scores the label
+    at ``t``, and position 0, which no prediction scores, is set to ``ignore_index`` in the
+    returned targets (its prediction is ``-1``), so it never counts.
+
+    Example:
+        >>> predicted = torch.tensor([[7, 8, 9]])
+        >>> align_predictions(predicted, torch.tensor([[5, 7, 8]]), shift=True)
+        (tensor([[-1,  7,  8]]), tensor([[-100,    7,    8]]))
+        >>> align_predictions(predicted, torch.tensor([[7, 8, 9]]), shift=False)[0]
+        tensor([[7, 8, 9]])
+        >>> align_predictions(torch.tensor([1, 0]), torch.tensor([1, 1]), shift=True)[0]
+        tensor([1, 0])
+        >>> align_predictions(predicted, torch.tensor([1]), shift=True) is None
+        True
+    """
+    predicted = predicted.detach()
+    if predicted.shape != targets.shape:
+        return None
+    if not shift or targets.ndim != 2:
+        return predicted, targets
+    shifted = torch.full_like(predicted, -1)
+    shifted[:, 1:] = predicted[:, :-1]
+    counted = targets.clone()
+    counted[:, 0] = ignore_index
+    return shifted, counted
+
+
+def logits_of(output: Any) -> torch.Tensor | None:
+    """The logits in a model's output: the tensor itself, ``output["logits"]`` of a mapping (a
+    Hugging Face ``ModelOutput`` is one), or ``output.logits``; ``None`` when there are none.
+
+    Example:
+        >>> logits_of({"loss": torch.tensor(1.0), "logits": torch.zeros(2, 3)}).shape
+        torch.Size([2, 3])
+        >>> logits_of(torch.ones(2)), logits_of({"loss": torch.tensor(1.0)})
+        (tensor([1., 1.]), None)
+    """
+    if isinstance(output, torch.Tensor):
+        return output
+    found = output.get("logits") if isinstance(output, Mapping) else getattr(output, "logits", None)
+    return found if isinstance(found, torch.Tensor) else None
+
+
+class Notes:
+    """Messages kept in the order first seen, each once, with how many times it was added:
+    ``"... (seen N times)"`` when more than once.
+
+    Example:
+        >>> notes = Notes()
+        >>> for _ in range(1000):
+        ...     notes.add("forward raised TypeError")
+        >>> notes.add("ids are dataset indices")
+        >>> list(notes)
+        ['forward raised TypeError (seen 1000 times)', 'ids are dataset indices']
+    """
+
+    def __init__(self) -> None:
+        self._counts: dict[str, int] = {}
+
+    def add(self, message: str) -> None:
+        """Count one more ``message``."""
+        self._counts[message] = self._counts.get(message, 0) + 1
+
+    def __iter__(self) -> Iterator[str]:
+        for message, count in self._counts.items():
+            yield message if count == 1 else f"{message} (seen {count} times)"
+
+    def __len__(self) -> int:
+        return len(self._counts)
+
+    def __contains__(self, message: object) -> bool:
+        return message in self._counts
 
 
 @dataclass(frozen=True)
@@ -212,11 +288,16 @@ def recovery(
     return Recovery("exact_match", score, scored, wrong)
 
 
-def check_recovery(result: Recovery | None, *, required: float, step: int | None) -> CheckResult:
-    """The model recovers at least ``required`` of the subset's targets."""
+def check_recovery(
+    result: Recovery | None, *, required: float, step: int | None, unavailable: str | None = None
+) -> CheckResult:
+    """The model recovers at least ``required`` of the subset's targets (``unavailable``: why
+    there are no predictions, said when ``result`` is ``None``)."""
     name = "targets_recovered"
     if result is None:
-        return CheckResult(name, "not_checked", "no predictions could be made on the subset")
+        return CheckResult(
+            name, "not_checked", unavailable or "no predictions could be made on the subset"
+        )
     if result.examples == 0 or not math.isfinite(result.score):
         return CheckResult(name, "not_checked", "no example has a position counted in the loss")
     at = f" at step {step}" if step is not None else ""

@@ -313,3 +313,29 @@ def test_invalid_arguments(kwargs: dict[str, Any], error: type[Exception], match
 def test_float_options_must_be_finite(name: str, value: float) -> None:
     with pytest.raises(ValueError, match=rf"OverfitTinySubset\({name}=.*finite"):
         OverfitTinySubset(**{name: value})
+
+
+def test_a_predict_fn_that_raises_is_said_once_and_the_budget_holds(make_trainer: Any) -> None:
+    def predict_fn(module: pl.LightningModule, batch: Any) -> Tensor:
+        raise ValueError("no such head")
+
+    overfit = OverfitTinySubset(max_steps=12, predict_fn=predict_fn)
+    trainer = make_trainer(callbacks=[overfit], max_steps=-1, max_epochs=50)
+    with pytest.warns(UserWarning, match="changes training"):
+        trainer.fit(TinyClassifier(), datamodule=ClassificationDataModule(dataset_size=128))
+
+    assert trainer.global_step == 12  # the budget, whatever happened to the predictions
+    assert overfit.verdict == "not_checked"  # the recovery is essential to a pass
+    recovered = overfit.checks["targets_recovered"]
+    assert recovered.verdict == "not_checked"
+    assert recovered.detail == (
+        "no predictions on the subset: predict_fn(pl_module, batch) raised ValueError: no such"
+        " head; predict_fn must return logits or predictions shaped like the targets"
+    )
+    assert overfit.checks["loss_target"].verdict == "pass"
+    table = read_phase_table(overfit.run.run_dir)
+    assert set(table["phase"]) == {"overfit"}  # no hook of the callback raised
+    notes = _overfit_row(overfit)["notes"]
+    # 12 updates and the last look at on_train_end: one message, counted.
+    assert notes.count("no such head") == 1
+    assert "predict_fn(pl_module, batch) raised ValueError: no such head (seen 13 times)" in notes

@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from lightning_pilot.core.overfit import (
+    Notes,
     Recovery,
+    align_predictions,
     check_initial_loss,
     check_loss_finite,
     check_loss_target,
     check_recovery,
     expected_initial_loss,
+    logits_of,
     loss_target,
     predictions_from_logits,
     recovery,
@@ -133,3 +137,59 @@ def test_check_recovery() -> None:
     assert check_recovery(None, required=1.0, step=None).verdict == "not_checked"
     empty = check_recovery(Recovery("exact_match", math.nan, 0), required=1.0, step=1)
     assert empty.verdict == "not_checked"
+
+
+def test_check_recovery_says_why_there_are_no_predictions() -> None:
+    why = "no predictions on the subset: the module has no forward; give predict_fn="
+    check = check_recovery(None, required=1.0, step=None, unavailable=why)
+    assert (check.verdict, check.detail) == ("not_checked", why)
+
+
+def test_shifted_labels_that_include_position_zero_are_scored_like_the_loss() -> None:
+    # A causal LM trained on labels = input_ids: the loss scores labels[1:] with logits[:-1];
+    # labels[0] has no prediction and must not count against the example.
+    labels = torch.tensor([[11, 12, 13, -100], [21, 22, 23, 24]])
+    predicted = torch.tensor([[12, 13, 99, 99], [22, 23, 24, 99]])  # argmax at t: label t+1
+    aligned = align_predictions(predicted, labels, shift=True, ignore_index=-100)
+    assert aligned is not None
+    predictions, targets = aligned
+    assert predictions.tolist() == [[-1, 12, 13, 99], [-1, 22, 23, 24]]
+    assert targets.tolist() == [[-100, 12, 13, -100], [-100, 22, 23, 24]]
+    assert labels[0, 0] == 11  # the caller's labels are left alone
+    rec = recovery(predictions, targets, ["a", "b"], ignore_index=-100)
+    assert (rec.metric, rec.score, rec.wrong_ids) == ("exact_match", 1.0, [])
+    # Without the shift (token classification) position t scores label t.
+    unshifted = align_predictions(predicted, labels, shift=False)
+    assert unshifted is not None
+    assert unshifted[0] is predicted or torch.equal(unshifted[0], predicted)
+    assert unshifted[1] is labels
+    assert align_predictions(predicted, labels[:, :3], shift=True) is None
+
+
+def test_logits_of_model_outputs() -> None:
+    transformers = pytest.importorskip("transformers")
+    logits = torch.randn(2, 3, 5)
+    output = transformers.modeling_outputs.CausalLMOutput(loss=torch.tensor(1.0), logits=logits)
+    assert logits_of(output) is logits
+    assert logits_of({"logits": logits}) is logits
+    assert logits_of(SimpleNamespace(logits=logits)) is logits
+    assert logits_of(logits) is logits
+    assert (
+        logits_of(transformers.modeling_outputs.BaseModelOutput(last_hidden_state=logits)) is None
+    )
+    assert logits_of({"loss": torch.tensor(1.0)}) is None
+    assert logits_of(SimpleNamespace(logits=[1, 2])) is None
+
+
+def test_notes_keep_each_message_once_with_a_count() -> None:
+    notes = Notes()
+    for _ in range(1000):
+        notes.add("forward(inputs) raised TypeError: bad")
+    notes.add("ids are dataset indices")
+    assert list(notes) == [
+        "forward(inputs) raised TypeError: bad (seen 1000 times)",
+        "ids are dataset indices",
+    ]
+    assert len(notes) == 2
+    assert "ids are dataset indices" in notes
+    assert len("; ".join(notes)) < 100
