@@ -46,6 +46,59 @@ class UsageError(Exception):
     """Bad input to a subcommand: printed as one line, exit code 2."""
 
 
+class _UserCodeError(UsageError):
+    """The user's own code (a ``FACTORY`` of ``estimate``, or the module it is in) raised:
+    printed as theirs, the exception's type and message on the one line and the last frames
+    of its traceback below it (``tail``), exit code 2; never "unexpected error"."""
+
+    def __init__(self, message: str, tail: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.tail = list(tail)
+
+
+#: How many frames of the user's traceback are printed under a :class:`_UserCodeError`.
+_USER_FRAMES = 6
+
+
+def _user_code_error(what: str, err: BaseException) -> _UserCodeError:
+    """``err`` raised by the user's code that ``what`` names: the frames from the first one
+    past this module, ``pkgutil`` and the import machinery, the last few of them printed."""
+    import pkgutil
+    import traceback
+
+    def ours(frame: traceback.FrameSummary) -> bool:
+        name = frame.filename
+        return name in (__file__, pkgutil.__file__) or name.startswith("<frozen ")
+
+    frames = traceback.extract_tb(err.__traceback__)
+    start = 0
+    while start < len(frames) and ours(frames[start]):
+        start += 1
+    theirs = [f for f in frames[start:] if not f.filename.startswith("<frozen ")]
+    shown = traceback.StackSummary.from_list(theirs[-_USER_FRAMES:]).format()
+    tail = [line for block in shown for line in block.rstrip("\n").split("\n")]
+    if len(theirs) > _USER_FRAMES:
+        tail.insert(0, f"  ... {len(theirs) - _USER_FRAMES} earlier frame(s)")
+    kind, message = type(err), str(err)
+    name = (
+        kind.__qualname__
+        if kind.__module__ == "builtins"
+        else f"{kind.__module__}.{kind.__qualname__}"
+    )
+    said = f"{what} raised {name}{': ' + message if message else ''}"
+    if tail:
+        said += (
+            " (from your code, not a lightning-pilot bug; the last frames of its traceback follow)"
+        )
+    return _UserCodeError(said, tail)
+
+
+def _has_user_frames(err: BaseException) -> bool:
+    """Whether ``err`` came from the user's module (an exception raised while it imported)
+    rather than from finding it (no such module or attribute: only the import machinery)."""
+    return bool(_user_code_error("", err).tail)
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line (exit 2), never the usage block on stderr."""
 
@@ -192,14 +245,20 @@ def _cmd_estimate(args: argparse.Namespace, reads: Reads) -> int:
 
     from lightning_pilot.report.analysis import on_target
     from lightning_pilot.report.tables import render_table
+    from lightning_pilot.report.units import as_text
 
     try:
         factory = pkgutil.resolve_name(args.factory)
-    except (ImportError, AttributeError, ValueError) as err:
-        raise UsageError(f"FACTORY {args.factory!r} could not be imported: {err}") from None
+    except Exception as err:  # the user's module runs as it is imported
+        if isinstance(err, ImportError | AttributeError | ValueError) and not _has_user_frames(err):
+            raise UsageError(f"FACTORY {args.factory!r} could not be imported: {err}") from None
+        raise _user_code_error(f"importing FACTORY {args.factory!r}", err) from None
     if not callable(factory):
         raise UsageError(f"FACTORY {args.factory!r} is not callable")
-    built = factory()
+    try:
+        built = factory()
+    except Exception as err:  # the user's exception, reported as theirs
+        raise _user_code_error(f"FACTORY {args.factory!r}", err) from None
     if not isinstance(built, tuple) or len(built) != 2:
         raise UsageError(
             f"FACTORY {args.factory!r} returned {type(built).__name__}: expected a tuple"
@@ -242,38 +301,62 @@ def _cmd_estimate(args: argparse.Namespace, reads: Reads) -> int:
                "memory per GPU", "peak phase", "fits", "step time", "status"]  # fmt: skip
     _out(render_table(headers, [_estimate_row(c) for c in configs]))
     for row in result.largest:
-        where = f"{row['target']} ({row['precision']}, checkpointing" + (
-            f" {'on' if row['checkpointing'] else 'off'})"
-        )
-        longest = row.get("largest_seq_len")
-        if longest is not None and longest == row.get("max_seq_len"):
-            longest = f"{longest} (the model's maximum)"
-        _out(
-            f"largest on {where}: micro-batch {row.get('largest_micro_batch')} at seq"
-            f" {row['seq_len']}; seq {longest} at micro-batch {row.get('seq_len_micro_batch')}"
-            f" ({row['status']})"
-        )
+        _out(_largest_line(row))
     failed = [c for c in configs if c["status"] != "ok"]
     for c in failed:
         _out(f"not estimated: {c['target']} {c['precision']} micro-batch {c['micro_batch']}:"
-             f" {c['reason']}")  # fmt: skip
+             f" {as_text(c['reason'])}")  # fmt: skip
     for path in result.paths:
         _out(f"written: {path}")
     _out(f"{len(result.rows)} row(s) in {result.seconds:.1f} s")
     return EXIT_CHECK_FAILED if failed else EXIT_OK
 
 
+def _largest_line(row: dict[str, Any]) -> str:
+    """One row of the largest table: the largest micro-batch at the sequence length given
+    and the largest sequence length at the smallest micro-batch; ``n/m`` where not found."""
+    from lightning_pilot.report.units import NO_SEQUENCE, is_null, seq_text, size_text
+
+    where = f"{row['target']} ({row['precision']}, checkpointing" + (
+        f" {'on' if row['checkpointing'] else 'off'})"
+    )
+    batch = f"micro-batch {size_text(row.get('largest_micro_batch'))} at seq"
+    batch += f" {seq_text(row.get('seq_len'))}"
+    if is_null(row.get("largest_micro_batch")) and not is_null(row.get("reason")):
+        batch += f" ({row['reason']})"
+    longest = row.get("largest_seq_len")
+    if is_null(longest):
+        why = row.get("seq_len_reason")
+        if is_null(why):
+            why = NO_SEQUENCE if row.get("status") == "ok" else "not searched"
+        length = f"seq n/m ({why})"
+    else:
+        length = f"seq {size_text(longest)}"
+        if longest == row.get("max_seq_len"):
+            length += " (the model's maximum)"
+        length += f" at micro-batch {size_text(row.get('seq_len_micro_batch'))}"
+    return f"largest on {where}: {batch}; {length} ({row['status']})"
+
+
 def _estimate_row(c: dict[str, Any]) -> list[str]:
-    from lightning_pilot.report.units import format_bytes, format_duration, is_null
+    from lightning_pilot.report.units import (
+        as_text,
+        format_bytes,
+        format_duration,
+        is_null,
+        seq_text,
+        size_text,
+    )
 
     step = "n/m"
     if not is_null(c["step_low_s"]):
         step = f"{format_duration(c['step_low_s'])}-{format_duration(c['step_high_s'])}"
     memory = "n/m" if is_null(c["reserved_bytes"]) else format_bytes(int(c["reserved_bytes"]))
     fits = {True: "fits", False: "NO"}.get(c["fits"], "n/m")
-    return [str(c["target"]), str(c["precision"]), str(c["micro_batch"]), str(c["seq_len"]),
-            "on" if c["checkpointing"] else "off", str(c["strategy"]), memory, str(c["phase"]),
-            fits, step, str(c["status"])]  # fmt: skip
+    return [as_text(c["target"]), as_text(c["precision"]), size_text(c["micro_batch"]),
+            seq_text(c["seq_len"]), "on" if c["checkpointing"] else "off",
+            as_text(c["strategy"]), memory, as_text(c["phase"]), fits, step,
+            as_text(c["status"])]  # fmt: skip
 
 
 def _gpu_memory(text: str | None) -> int | None:
@@ -619,6 +702,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     reads = Reads()
     error = None
+    tail: list[str] = []
     code = EXIT_USAGE
     # Readers' warnings (a skipped unreadable file) are collected; the demo trains, and
     # Lightning's own warnings are shown as they happen.
@@ -628,6 +712,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             code = handler(args, reads)
     except UsageError as err:
         error = str(err)
+        tail = err.tail if isinstance(err, _UserCodeError) else []
     except OSError as err:
         error = _os_error(err)
     except Exception as err:  # a bug: still one line, never a traceback
@@ -648,4 +733,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     extra += [f"note: {note}" for note in notes]
     _err(error + (f" [{'; '.join(extra)}]" if extra else ""))
+    if tail:
+        from lightning_pilot.report.units import TEXT_LIMIT, terminal_safe
+
+        for line in tail:  # the user's frames, each line made safe as every other line is
+            sys.stderr.write(terminal_safe(line, limit=TEXT_LIMIT) + "\n")
     return EXIT_USAGE

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import warnings
 from pathlib import Path
@@ -21,6 +22,7 @@ from lightning_pilot import (
     read_phase_table,
 )
 from lightning_pilot.demo import ClassificationDataModule, TinyClassifier
+from lightning_pilot.estimate import estimate
 from lightning_pilot.report import (
     GATE_STATUSES,
     NOT_MEASURED,
@@ -37,6 +39,10 @@ from lightning_pilot.report import (
     sampled_out,
     write_choice_sheet,
 )
+from lightning_pilot.report.analysis import campaign_variants, on_target, target_campaign
+from lightning_pilot.report.load import load_run
+from lightning_pilot.report.sheet import render_choice_sheet
+from lightning_pilot.report.units import amount_range, format_amount
 
 
 class UnusedParameterClassifier(TinyClassifier):
@@ -128,6 +134,14 @@ def test_parse_size_rejects(text: str) -> None:
 
 
 def test_formats() -> None:
+    assert [format_amount(v) for v in (0.0042, 0.00612, 0.042, 0.5, 1.8, 42.125, 12_345.6)] == [
+        "0.0042", "0.0061", "0.042", "0.50", "1.80", "42.12", "12,346",
+    ]  # fmt: skip
+    assert format_amount(0.00004) == "< 0.0001"
+    assert format_amount(0) == "0"
+    assert format_amount(None) == format_amount(float("nan")) == NOT_MEASURED
+    assert amount_range(0.0042, 0.0061) == "0.0042 to 0.0061"
+    assert amount_range(0.00001, 0.00003) == "< 0.0001"
     assert format_bytes(0) == "0 B"
     assert format_bytes(1536) == "1.5 KiB"
     assert format_bytes(80 * 1024**3) == "80.0 GiB"
@@ -397,3 +411,84 @@ def test_sheet_counts_an_update_run_again_by_a_later_attempt_once(tmp_path: Path
         " replicas (2 update(s) run again by a later attempt resumed from an earlier checkpoint"
         " counted once, 32 with them)"
     ) in sheet
+
+
+# -- the choice sheet on the target GPU, from a real estimate --------------------------------
+
+
+@pytest.fixture(scope="module")
+def on_l4(pilot: dict[str, Any]) -> dict[str, Any]:
+    """The control run with two real estimates of its module on an L4: one that fits, its
+    batch without a sequence dimension, and one whose every configuration fails."""
+    data = ClassificationDataModule(dataset_size=256, batch_size=8, seed=0)
+    data.setup("fit")
+    batch = next(iter(data.train_dataloader()))
+    common: dict[str, Any] = {"targets": ["L4-24GB"], "micro_batches": [4], "workers": 1}
+    fits = estimate(TinyClassifier(hidden=8), batch, **common)
+    # Activation checkpointing with no block classes to wrap: no configuration is estimated.
+    failed = estimate(
+        TinyClassifier(hidden=8), batch, checkpointing=[True], largest=False, **common
+    )
+    run = load_run(pilot["ctl"])
+    return {"run": run, "fits": fits, "failed": failed}
+
+
+def on_target_section(run: Any, result: Any, **options: Any) -> str:
+    largest = result.largest_frame() if result.largest else None
+    loaded = dataclasses.replace(run, estimate=result.frame(), largest=largest)
+    text = render_choice_sheet(loaded, **options)
+    return text.split("## On the target GPU (estimated)")[1].split("## Plots")[0]
+
+
+def test_sheet_on_target_prints_no_nan_or_none(on_l4: dict[str, Any]) -> None:
+    section = on_target_section(on_l4["run"], on_l4["fits"])
+    assert not re.search(r"\b(None|nan|NaN)\b", section), section
+    assert "| L4-24GB | bf16-mixed | 4 x as given | off | single |" in section
+    (largest,) = [line for line in section.splitlines() if line.startswith("- L4-24GB bf16")]
+    assert largest == (
+        "- L4-24GB bf16-mixed, act. ckpt off, single: micro-batch 1024 at seq as given (fits at"
+        " max_micro_batch=1024, the end of the search); sequence length n/m (the batch has no"
+        " sequence dimension)"
+    )
+
+
+def test_sheet_prices_a_short_pilot_in_figures_that_are_not_zero(on_l4: dict[str, Any]) -> None:
+    run, result = on_l4["run"], on_l4["fits"]
+    (config,) = on_target(result.frame()).to_dict("records")
+    variants = campaign_variants(run.runs, run.experiment)
+    assert list(variants["planned_updates"]) == [6, 6, 6]  # ctl, hot and broken: 6 updates each
+
+    def priced(price: float) -> str:
+        section = on_target_section(run, result, gpu_prices={"L4-24GB": price})
+        (line,) = [line for line in section.splitlines() if line.startswith("- L4-24GB x1")]
+        return line
+
+    # At 1.8 per GPU-hour, 18 updates of well under a millisecond cost far below a cent.
+    line = priced(1.8)
+    assert "0 to 0" not in line
+    assert "all variants < 0.0001 GPU-hours, < 0.0001 at 1.8/GPU-hour." in line
+    # At a price that makes the figure visible, its two significant digits are the table's.
+    table, _ = target_campaign(
+        variants, config["step_low_s"], config["step_high_s"], devices=1, reserve=0.25,
+        price_per_gpu_hour=20_000.0,
+    )  # fmt: skip
+    low, high = table["cost_low"].sum(), table["cost_high"].sum()
+    assert 0.0001 < low < high < 1, (low, high)
+    expected = f"{format_amount(low)} to {format_amount(high)} at 20000/GPU-hour"
+    assert expected in priced(20_000.0)
+    assert re.fullmatch(r"0\.0*[1-9]\d", format_amount(low))  # two significant digits
+
+
+def test_sheet_says_nothing_was_estimated_not_that_nothing_fits(on_l4: dict[str, Any]) -> None:
+    section = on_target_section(on_l4["run"], on_l4["failed"])
+    assert "| L4-24GB | bf16-mixed | 4 x as given | on | single | n/m | n/m | not estimated |" in (
+        section
+    )
+    assert "no configuration fits" not in section
+    assert (
+        "- Campaign package on the target: not priced: nothing was estimated (all 1 failed: the"
+        " reasons are above; fix what they name, then estimate with `lightning-pilot estimate"
+        " package.module:build --target NAME --micro-batch B` (docs/cli.md) or TargetEstimator"
+        " in the pilot)."
+    ) in section
+    assert "activation checkpointing needs checkpoint_classes" in section

@@ -20,15 +20,20 @@ from lightning_pilot.report.load import RunFolder, load_run
 from lightning_pilot.report.tables import sampled_line, status_counts
 from lightning_pilot.report.units import (
     CELL_LIMIT,
+    NO_SEQUENCE,
     NOT_MEASURED,
+    amount_range,
     as_number,
     as_text,
+    format_amount,
     format_bytes,
     format_duration,
     is_null,
     joined,
     occurrence,
+    seq_text,
     shown,
+    size_text,
     terminal_safe,
 )
 
@@ -322,9 +327,9 @@ def _campaign(run: RunFolder, step: StepTime, reserve: float) -> list[str]:
             as_text(r.variant),
             as_text(r.status),
             f"{r.planned_updates:,}",
-            f"{r.hours:.3g}",
-            f"{r.device_hours:.3g}",
-            f"{r.cumulative_hours:.3g}" if r.packaged else "not packaged",
+            format_amount(r.hours, 3),
+            format_amount(r.device_hours, 3),
+            format_amount(r.cumulative_hours, 3) if r.packaged else "not packaged",
         ]
         for r in plan.variants.itertuples()
     ]
@@ -366,8 +371,7 @@ def _on_target(run: RunFolder, reserve: float, gpu_prices: Mapping[str, float] |
     variants = analysis.campaign_variants(run.runs, run.experiment)
     fitting = [c for c in configs if c["fits"] is True and not is_null(c["step_low_s"])]
     if variants.empty or not fitting:
-        why = "no variant with planned updates" if variants.empty else "no configuration fits"
-        return [*lines, f"- Campaign package on the target: not priced ({why})."]
+        return [*lines, f"- Campaign package on the target: not priced: {_unpriced(configs)}."]
     lines.append(
         "Campaign package on the target (training updates only, at the slow end of the band;"
         f" {reserve:.0%} of each package kept back), per fitting configuration:"
@@ -383,18 +387,45 @@ def _on_target(run: RunFolder, reserve: float, gpu_prices: Mapping[str, float] |
             variants, float(c["step_low_s"]), float(c["step_high_s"]),
             devices=int(c["devices"]), reserve=reserve, price_per_gpu_hour=price,
         )  # fmt: skip
-        hours = f"{table['gpu_hours_low'].sum():.3g} to {table['gpu_hours_high'].sum():.3g}"
+        hours = amount_range(table["gpu_hours_low"].sum(), table["gpu_hours_high"].sum(), 3)
         cost = "" if price is None else (
-            f", {table['cost_low'].sum():,.0f} to {table['cost_high'].sum():,.0f} at"
+            f", {amount_range(table['cost_low'].sum(), table['cost_high'].sum())} at"
             f" {price:g}/GPU-hour"
         )  # fmt: skip
         fits = "; ".join(f"{d} days: {', '.join(as_text(m) for m in ms) or 'none'}"
                          for d, ms in packages.items())  # fmt: skip
         lines.append(
-            f"- {as_text(c['target'])} x{c['devices']} {as_text(c['precision'])} micro-batch"
-            f" {c['micro_batch']}: all variants {hours} GPU-hours{cost}. {fits}."
+            f"- {as_text(c['target'])} x{size_text(c['devices'])} {as_text(c['precision'])}"
+            f" micro-batch {size_text(c['micro_batch'])}: all variants {hours} GPU-hours{cost}."
+            f" {fits}."
         )
     return lines
+
+
+def _unpriced(configs: Sequence[Mapping[str, Any]]) -> str:
+    """Why the package on the target is not priced, for configurations with nothing fitting
+    or no planned updates: what was estimated, and how to estimate it when nothing was."""
+    estimated = [c for c in configs if c["fits"] is True or c["fits"] is False]
+    if not estimated:
+        failed = (
+            f"all {len(configs)} failed: the reasons are above; fix what they name, then"
+            if configs
+            else "the estimate table holds no configuration;"
+        )
+        return (
+            f"nothing was estimated ({failed} estimate with `lightning-pilot estimate"
+            " package.module:build --target NAME --micro-batch B` (docs/cli.md) or"
+            " TargetEstimator in the pilot)"
+        )
+    if not any(c["fits"] is True for c in estimated):
+        return (
+            f"no configuration fits: none of the {len(estimated)} estimated fits its target;"
+            " try a smaller micro-batch, activation checkpointing, a sharded strategy or a"
+            " larger GPU"
+        )
+    if not any(c["fits"] is True and not is_null(c["step_low_s"]) for c in estimated):
+        return "no fitting configuration has an estimated step time"
+    return "no variant with planned updates in the ledger"
 
 
 def _largest(frame: pd.DataFrame | None) -> list[str]:
@@ -408,29 +439,34 @@ def _largest(frame: pd.DataFrame | None) -> list[str]:
         where = (f"{as_text(c['target'])} {as_text(c['precision'])}, act. ckpt"
                  f" {'on' if c['checkpointing'] else 'off'}, {as_text(c['strategy'])}")  # fmt: skip
         batch, seq = c.get("largest_micro_batch"), c.get("largest_seq_len")
+        at = seq_text(c.get("seq_len"))
         batch_text = ("micro-batch not found" if is_null(batch)
-                      else f"micro-batch {batch} at seq {c['seq_len']}")  # fmt: skip
+                      else f"micro-batch {size_text(batch)} at seq {at}")  # fmt: skip
         if not is_null(c.get("reason")):
             batch_text += f" ({as_text(c['reason'])})"
-        if is_null(seq):
-            seq_text = "sequence length not found"
+        if not is_null(seq):
+            longest = (
+                f"seq {size_text(seq)} at micro-batch {size_text(c.get('seq_len_micro_batch'))}"
+            )
+        elif is_null(c.get("seq_len_reason")) and c.get("status") == "ok":
+            longest = f"sequence length {NOT_MEASURED} ({NO_SEQUENCE})"
         else:
-            seq_text = f"seq {seq} at micro-batch {c.get('seq_len_micro_batch')}"
+            longest = "sequence length not found"
         if not is_null(c.get("seq_len_reason")):
-            seq_text += f" ({as_text(c['seq_len_reason'])})"
-        lines.append(f"- {where}: {batch_text}; {seq_text}")
+            longest += f" ({as_text(c['seq_len_reason'])})"
+        lines.append(f"- {where}: {batch_text}; {longest}")
     return [*lines, ""]
 
 
 def _target_row(c: Mapping[str, Any]) -> list[str]:
-    seq = "as given" if is_null(c["seq_len"]) else c["seq_len"]
+    seq = seq_text(c["seq_len"])
     step = "n/m"
     if not is_null(c["step_low_s"]):
         step = f"{format_duration(c['step_low_s'])} to {format_duration(c['step_high_s'])}"
     return [
         as_text(c["target"]),
         as_text(c["precision"]),
-        f"{c['micro_batch']} x {seq}",
+        f"{size_text(c['micro_batch'])} x {seq}",
         "on" if c["checkpointing"] else "off",
         as_text(c["strategy"]),
         "n/m" if is_null(c["reserved_bytes"]) else _bytes(int(c["reserved_bytes"])),

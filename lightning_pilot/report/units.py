@@ -120,6 +120,75 @@ def as_number(value: Any) -> str:
     return f"{int(value):,}"
 
 
+#: Why a largest-size row has no sequence length: the batch has no dimension to grow.
+NO_SEQUENCE: Final = "the batch has no sequence dimension"
+#: Below this, an amount prints as ``< 0.0001``: further digits say nothing a reader can use.
+SMALLEST_AMOUNT: Final = 0.0001
+
+
+def format_amount(value: Any, digits: int = 2) -> str:
+    """An amount of money or GPU-hours a reader can act on, never ``0`` for a small non-zero
+    one: from 100 up whole and thousands-separated, from 1 up with ``digits`` decimals, below
+    1 with ``digits`` significant digits down to :data:`SMALLEST_AMOUNT`, below that
+    ``< 0.0001``; ``n/m`` when null.
+
+    Example:
+        >>> [format_amount(v) for v in (12345.6, 42.125, 0.0042, 0.00612, 0.00000057, 0.0, None)]
+        ['12,346', '42.12', '0.0042', '0.0061', '< 0.0001', '0', 'n/m']
+        >>> format_amount(0.000123456, digits=3)
+        '0.000123'
+    """
+    if is_null(value):
+        return NOT_MEASURED
+    amount = float(value)
+    if math.isinf(amount):
+        return "inf" if amount > 0 else "-inf"
+    size = abs(amount)
+    if size == 0:
+        return "0"
+    if size >= 100:
+        return f"{amount:,.0f}"
+    if size >= 1:
+        return f"{amount:,.{digits}f}"
+    if size < SMALLEST_AMOUNT:
+        return f"{'> -' if amount < 0 else '< '}{SMALLEST_AMOUNT:g}"
+    decimals = digits - 1 - math.floor(math.log10(size))
+    return f"{amount:.{decimals}f}"
+
+
+def amount_range(low: Any, high: Any, digits: int = 2) -> str:
+    """``low to high`` with :func:`format_amount`; one figure when both print the same.
+
+    Example:
+        >>> amount_range(0.0042, 0.0061), amount_range(0.00001, 0.00002), amount_range(3, None)
+        ('0.0042 to 0.0061', '< 0.0001', '3.00 to n/m')
+    """
+    first, second = format_amount(low, digits), format_amount(high, digits)
+    return first if first == second else f"{first} to {second}"
+
+
+def size_text(value: Any) -> str:
+    """A micro-batch or a sequence length as written in a configuration (``2048``, no
+    separator, even from a float column); ``n/m`` when null.
+
+    Example:
+        >>> size_text(2048), size_text(32.0), size_text(None), size_text(float("nan"))
+        ('2048', '32', 'n/m', 'n/m')
+    """
+    return NOT_MEASURED if is_null(value) else str(int(value))
+
+
+def seq_text(value: Any) -> str:
+    """A configuration's sequence length: ``as given`` when null (the batch was used at its
+    own length, or has no sequence dimension), else :func:`size_text`.
+
+    Example:
+        >>> seq_text(2048), seq_text(None), seq_text(float("nan")), seq_text(32.0)
+        ('2048', 'as given', 'as given', '32')
+    """
+    return "as given" if is_null(value) else size_text(value)
+
+
 def joined(values: Iterable[Any]) -> str:
     """Distinct non-null values from a file, sorted and joined; ``n/m`` when there are none."""
     return ", ".join(sorted({as_text(v) for v in values if not is_null(v)})) or NOT_MEASURED
