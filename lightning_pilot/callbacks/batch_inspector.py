@@ -20,6 +20,7 @@ from lightning_pilot.core.data_checks import (
     CausalLMWatch,
     DataInspection,
     DatasetScan,
+    PromptSpec,
     SplitInspection,
     find_encoder_decoder,
     infer_output_size,
@@ -45,6 +46,15 @@ class BatchInspector(PilotCallback):
         max_length: the maximum sequence length, for truncation.
         pad_token_id: the padding token, to check that masked positions hold it.
         padding_warn: warn above this fraction of padding positions.
+        response_mask_key: where each prompt is, for ``instruction_masked``: a per-example
+            field of the batch, 1 on response tokens and 0 on prompt tokens.
+        prompt_length_key: or a per-example field of the batch giving the prompt's length in
+            tokens (counted from the row's first real token).
+        response_template: or the token ids that start the response: each row's tokens up to
+            and including its first occurrence are the prompt. Give one of the three at most:
+            a prompt with a label other than the ignore index then ``fail``s, naming the rows;
+            without any, labels equal to ``input_ids`` on every token only ``warn``.
+        adapter: how to read batches (default :class:`BatchAdapter`).
         out_dir: the output folder; default ``<trainer.default_root_dir>/pilot``.
 
     Example:
@@ -62,6 +72,20 @@ class BatchInspector(PilotCallback):
         >>> print(inspector.checks["split_leakage"].detail)
         11 group(s) found in more than one split: 0 (train+val+test), ...; split by group, not
         by example
+
+        Where the prompt is, so that an unmasked prompt fails (the demo's batches carry no such
+        field here, so the check says what it looked for):
+
+        >>> from lightning_pilot.demo import InstructionDataModule, TinyCausalLM
+        >>> inspector = BatchInspector(prompt_length_key="prompt_length")
+        >>> trainer = pl.Trainer(max_steps=1, callbacks=[inspector], logger=False,
+        ...                      enable_checkpointing=False, enable_progress_bar=False,
+        ...                      enable_model_summary=False, default_root_dir=tempfile.mkdtemp())
+        >>> trainer.fit(TinyCausalLM(d_model=16, n_heads=2, n_layers=1),
+        ...             datamodule=InstructionDataModule(dataset_size=32, batch_size=8))
+        >>> print(inspector.checks["train/instruction_masked"].detail)  # doctest: +ELLIPSIS
+        field 'prompt_length' (prompt_length_key='prompt_length') not found in the batch (the
+        batch's keys: ...)
     """
 
     def __init__(
@@ -77,6 +101,9 @@ class BatchInspector(PilotCallback):
         max_length: int | None = None,
         pad_token_id: int | None = None,
         padding_warn: float = 0.5,
+        response_mask_key: str | None = None,
+        prompt_length_key: str | None = None,
+        response_template: Sequence[int] | None = None,
         adapter: BatchAdapter | None = None,
         out_dir: str | os.PathLike[str] | None = None,
     ) -> None:
@@ -112,6 +139,7 @@ class BatchInspector(PilotCallback):
         self.padding_warn = validate.number(
             owner, "padding_warn", padding_warn, minimum=0, maximum=1, hint="a fraction"
         )
+        self.prompt = _prompt_spec(response_mask_key, prompt_length_key, response_template)
         validate.instance(owner, "adapter", adapter, BatchAdapter)
         self.adapter = adapter or BatchAdapter()
         self._watch: CausalLMWatch | None = None
@@ -160,6 +188,7 @@ class BatchInspector(PilotCallback):
             padding_warn=self.padding_warn,
             causal_lm=None if self._watch is None else self._watch.name,
             encoder_decoder=find_encoder_decoder(pl_module),
+            prompt=self.prompt,
         )
         self._inspection = DataInspection(
             {split: inspect_split(split) for split in ("train", "val")},
@@ -280,6 +309,51 @@ class BatchInspector(PilotCallback):
             rank_zero_warn(f"{line}; {raised}")
         else:
             rank_zero_info(line)
+
+
+_PROMPT_OPTIONS = ("response_mask_key", "prompt_length_key", "response_template")
+
+
+def _prompt_spec(
+    response_mask_key: object, prompt_length_key: object, response_template: object
+) -> PromptSpec | None:
+    """Where each prompt is, from the options checked (one at most), or ``None``."""
+    owner = "BatchInspector"
+    keys = {
+        name: validate.text(owner, name, value, optional=True, hint="a key of the batch dict")
+        for name, value in (
+            ("response_mask_key", response_mask_key),
+            ("prompt_length_key", prompt_length_key),
+        )
+    }
+    template = None
+    if response_template is not None:
+        expected = "a non-empty list of token ids (integers >= 0), or None"
+        if isinstance(response_template, str | bytes) or not isinstance(
+            response_template, Sequence
+        ):
+            raise TypeError(
+                validate.invalid(owner, "response_template", response_template, expected)
+            )
+        if not response_template:
+            raise ValueError(
+                validate.invalid(owner, "response_template", response_template, expected)
+            )
+        for index, token in enumerate(response_template):
+            name = f"response_template[{index}]"
+            validate.integer(owner, name, token, minimum=0, hint="a token id")
+        template = tuple(int(token) for token in response_template)
+    given = {**keys, "response_template": template}
+    named = [name for name in _PROMPT_OPTIONS if given[name] is not None]
+    if len(named) > 1:
+        shown = ", ".join(f"{name}={given[name]!r}" for name in named)
+        raise ValueError(
+            f"BatchInspector({shown}) is invalid: expected one of {', '.join(_PROMPT_OPTIONS)}"
+            " at most (each says where the prompt is)."
+        )
+    if not named:
+        return None
+    return PromptSpec(keys["response_mask_key"], keys["prompt_length_key"], template)
 
 
 def _loaders(value: Any) -> list[DataLoader[Any]]:

@@ -8,6 +8,7 @@ import itertools
 import random
 from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 import torch
@@ -15,22 +16,26 @@ from torch import nn
 from torch.utils.data import IterableDataset
 from torch.utils.hooks import RemovableHandle
 
-from lightning_pilot.core.batches import BatchAdapter, BatchView, is_int_tensor
+from lightning_pilot.core.batches import INPUT_KEYS, BatchAdapter, BatchView, is_int_tensor
 from lightning_pilot.core.checks import CheckResult, shown_names
 from lightning_pilot.core.phases import worst_verdict
 
 __all__ = [
+    "DECODER_RELATIONS",
     "HEAD_NAMES",
     "LABEL_RELATIONS",
+    "PROMPT_OPTIONS_ADVICE",
     "SHIFTED_LABELS_ADVICE",
     "CausalLMWatch",
     "DataInspection",
     "DatasetScan",
+    "PromptSpec",
     "SplitInspection",
     "TargetKind",
     "check_attention_mask",
     "check_causal_lm_labels",
     "check_class_histograms",
+    "check_decoder_label_shift",
     "check_duplicates",
     "check_ids",
     "check_instruction_masking",
@@ -42,6 +47,7 @@ __all__ = [
     "check_targets_present",
     "check_truncation",
     "class_histogram",
+    "decoder_label_relations",
     "example_rows",
     "find_causal_lm",
     "find_encoder_decoder",
@@ -50,6 +56,7 @@ __all__ = [
     "infer_output_size",
     "input_fingerprint",
     "label_relations",
+    "prompt_label_counts",
     "row_lengths",
     "target_kind",
 ]
@@ -59,6 +66,17 @@ HEAD_NAMES: Final = ("lm_head", "head", "classifier", "fc", "output_layer", "out
 TargetKind = Literal["classification", "sequence", "regression", "unknown"]
 #: How a row's token labels relate to its ``input_ids`` (:func:`label_relations`).
 LABEL_RELATIONS: Final = ("identical", "shifted by 1", "shifted by -1", "other")
+#: How a row's labels relate to an encoder-decoder's ``decoder_input_ids``
+#: (:func:`decoder_label_relations`); ``shifted by 1`` (``labels[t] == decoder_input_ids[t+1]``)
+#: is the convention.
+DECODER_RELATIONS: Final = ("shifted by 1", "shifted by 2", "identical", "other")
+#: How to turn the ``instruction_masked`` warning into a check (BatchInspector's options).
+PROMPT_OPTIONS_ADVICE: Final = (
+    "to check the masking instead, tell BatchInspector where each prompt is: response_mask_key="
+    " (a batch field, 1 on response tokens, 0 on prompt tokens), prompt_length_key= (a batch"
+    " field, the prompt's length in tokens) or response_template= (the token ids that start"
+    " the response)"
+)
 #: The advice of ``label_shift`` when the labels are ``input_ids`` shifted left by one.
 SHIFTED_LABELS_ADVICE: Final = (
     "labels are input_ids shifted left by 1; Hugging Face *ForCausalLM models shift labels"
@@ -186,7 +204,8 @@ def check_targets_present(targets: Any) -> CheckResult:
     if targets is None:
         detail = (
             "field 'targets' not found in the batch (looked for labels/label/targets/target/y):"
-            " give BatchAdapter(targets=...) if they are elsewhere"
+            " give BatchAdapter(targets=...) if they are elsewhere (a model trained without"
+            " targets, such as diffusion or contrastive training, has none to check)"
         )
         return CheckResult("targets_present", "not_checked", detail)
     empty = isinstance(targets, torch.Tensor) and targets.numel() == 0
@@ -212,7 +231,15 @@ def check_label_range(
     """
     name = "label_range"
     if not isinstance(targets, torch.Tensor):
-        return CheckResult(name, "not_checked", "no targets tensor to check")
+        detail = "no targets tensor to check"
+        if isinstance(targets, Sequence | Mapping) and not isinstance(targets, str | bytes):
+            detail = (
+                f"the targets are a {type(targets).__name__}, not a tensor (detection or"
+                " segmentation targets, one dict per image?): to check the class range give"
+                " BatchAdapter(targets=lambda batch: torch.cat([t['class_labels'] for t in"
+                " batch['labels']])) and num_classes="
+            )
+        return CheckResult(name, "not_checked", detail)
     if not is_int_tensor(targets):
         return CheckResult(
             name, "not_checked", f"targets are {targets.dtype} (regression or soft labels)"
@@ -374,8 +401,131 @@ def _masking(total: int, equal: int, ignored: int, ignore_index: int) -> CheckRe
     problem = (
         f"labels equal input_ids on all {total} real tokens: the instruction (prompt) is a"
         f" target too; set its labels to {ignore_index} if only the response should count"
+        " (expected for pretraining data or training on whole sequences); " + PROMPT_OPTIONS_ADVICE
     )
     return _judged(name, problem if equal == total else None, "warn", masked)
+
+
+@dataclass(frozen=True)
+class PromptSpec:
+    """Where each row's prompt is, so that ``instruction_masked`` checks it is out of the loss:
+    one of ``response_mask_key`` (a batch field, 1 on response tokens, 0 on prompt tokens),
+    ``prompt_length_key`` (a batch field, each prompt's length in tokens, counted from the
+    row's first real token) or ``response_template`` (the token ids that start the response:
+    everything up to and including its first occurrence is prompt).
+
+    Example:
+        >>> spec = PromptSpec(response_template=(9, 9))
+        >>> ids = torch.tensor([[5, 9, 9, 7, 8], [5, 6, 7, 8, 0]])
+        >>> prompt, without, why = spec.locate({"input_ids": ids}, ids, None)
+        >>> prompt.long().tolist(), without, why, str(spec)
+        ([[1, 1, 1, 0, 0], [0, 0, 0, 0, 0]], [1], None, 'response_template=(9, 9)')
+    """
+
+    response_mask_key: str | None = None
+    prompt_length_key: str | None = None
+    response_template: tuple[int, ...] | None = None
+
+    def __str__(self) -> str:
+        given = (
+            ("response_mask_key", self.response_mask_key),
+            ("prompt_length_key", self.prompt_length_key),
+            ("response_template", self.response_template),
+        )
+        return ", ".join(f"{name}={value!r}" for name, value in given if value is not None)
+
+    def locate(
+        self, batch: Any, inputs: Any, mask: Any
+    ) -> tuple[torch.Tensor | None, list[int], str | None]:
+        """``(prompt, rows without one, why)``: the prompt positions of each row as a bool
+        ``[batch, length]`` tensor (real tokens only), the rows whose prompt was not found (no
+        response template), or ``None`` and why the batch cannot say."""
+        if not is_int_tensor(inputs) or inputs.ndim != 2:
+            return None, [], "the inputs are not token ids [batch, length]"
+        tokens = inputs.detach().cpu()
+        real = torch.ones(tokens.shape, dtype=torch.bool)
+        if isinstance(mask, torch.Tensor) and mask.shape == tokens.shape:
+            real = mask.detach().cpu() != 0
+        if self.response_template is not None:
+            return (*_template_prompt(tokens, real, self.response_template), None)
+        key = self.response_mask_key or self.prompt_length_key
+        field = batch.get(key) if isinstance(batch, Mapping) else None
+        if field is None:
+            keys = ", ".join(map(repr, batch)) if isinstance(batch, Mapping) else None
+            found = f"the batch's keys: {keys}" if keys else "the batch is not a dict"
+            return None, [], f"field {key!r} ({self}) not found in the batch ({found})"
+        try:
+            values = torch.as_tensor(field).detach().cpu()
+        except (TypeError, ValueError, RuntimeError) as err:
+            why = f"field {key!r} ({self}) is not a tensor or a list of numbers ({err})"
+            return None, [], why
+        if self.response_mask_key is not None:
+            if values.shape != tokens.shape:
+                return (
+                    None,
+                    [],
+                    (
+                        f"field {key!r} ({self}) has shape {tuple(values.shape)}, the inputs"
+                        f" {tuple(tokens.shape)}: it needs one 0/1 value per token"
+                    ),
+                )
+            return real & (values == 0), [], None
+        lengths = values.reshape(-1)
+        if lengths.numel() != tokens.shape[0] or lengths.is_floating_point():
+            return (
+                None,
+                [],
+                (
+                    f"field {key!r} ({self}) holds {tuple(values.shape)} {values.dtype} values for"
+                    f" {tokens.shape[0]} rows: it needs one integer length per row"
+                ),
+            )
+        rank = real.to(torch.int64).cumsum(dim=1)  # the position among the row's real tokens
+        return real & (rank <= lengths.to(torch.int64)[:, None]), [], None
+
+
+def _template_prompt(
+    tokens: torch.Tensor, real: torch.Tensor, template: Sequence[int]
+) -> tuple[torch.Tensor, list[int]]:
+    """Each row's positions up to the end of the first occurrence of ``template`` in its real
+    tokens, and the rows that hold none."""
+    rows, width, size = int(tokens.shape[0]), int(tokens.shape[1]), len(template)
+    if size > width:
+        return torch.zeros(tokens.shape, dtype=torch.bool), list(range(rows))
+    windows = tokens.unfold(1, size, 1) == torch.tensor(template, dtype=tokens.dtype)
+    found = windows.all(dim=2) & real.unfold(1, size, 1).all(dim=2)
+    has = found.any(dim=1)
+    end = found.to(torch.int64).argmax(dim=1) + size
+    prompt = real & has[:, None] & (torch.arange(width)[None, :] < end[:, None])
+    return prompt, [int(i) for i in torch.nonzero(~has).flatten().tolist()]
+
+
+def prompt_label_counts(
+    prompt: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    ignore_index: int,
+    shifted: Sequence[bool] | None = None,
+) -> tuple[list[int], list[int]]:
+    """Per row: its prompt positions, and those whose label is not ``ignore_index`` (the prompt
+    in the loss). ``shifted``: rows whose labels are shifted left by one (``labels[t]`` is the
+    target of input position ``t + 1``), whose prompt labels sit one position earlier.
+
+    Example:
+        >>> prompt = torch.tensor([[True, True, False, False]])
+        >>> prompt_label_counts(prompt, torch.tensor([[5, -100, 7, 8]]), ignore_index=-100)
+        ([2], [1])
+    """
+    labelled = prompt.clone()
+    if shifted is not None and any(shifted):
+        moved = torch.cat([prompt[:, 1:], torch.zeros_like(prompt[:, :1])], dim=1)
+        rows = torch.tensor(list(shifted), dtype=torch.bool)[:, None]
+        labelled = torch.where(rows, moved, prompt)
+    counted = targets.detach().cpu() != ignore_index
+    return (
+        [int(n) for n in labelled.sum(dim=1).tolist()],
+        [int(n) for n in (labelled & counted).sum(dim=1).tolist()],
+    )
 
 
 def check_loss_positions(targets: Any, *, ignore_index: int) -> CheckResult:
@@ -428,14 +578,122 @@ def label_relations(inputs: Any, targets: Any, *, ignore_index: int) -> list[str
     ]
 
 
-def _tally(counts: Mapping[str, int]) -> tuple[str | None, int, str]:
+def _agree(
+    labels: torch.Tensor, tokens: torch.Tensor, counted: torch.Tensor, offset: int
+) -> list[bool]:
+    """Per row: ``labels[t] == tokens[t + offset]`` on every counted position that has a token
+    there, and at least one such position."""
+    width = int(labels.shape[1])
+    if abs(offset) >= width:
+        return [False] * int(labels.shape[0])
+    if offset >= 0:
+        lab, tok, cnt = (
+            labels[:, : width - offset],
+            tokens[:, offset:],
+            counted[:, : width - offset],
+        )
+    else:
+        lab, tok, cnt = labels[:, -offset:], tokens[:, : width + offset], counted[:, -offset:]
+    return list((((lab == tok) | ~cnt).all(dim=1) & cnt.any(dim=1)).tolist())
+
+
+def decoder_label_relations(
+    decoder_inputs: Any, targets: Any, *, ignore_index: int
+) -> list[str | None] | None:
+    """How each row's labels relate to an encoder-decoder's ``decoder_input_ids`` on the
+    positions counted: one of :data:`DECODER_RELATIONS`, the first that holds. ``shifted by 1``
+    (``labels[t] == decoder_input_ids[t + 1]``: the decoder inputs are the labels shifted right)
+    is the convention; ``shifted by 2``: the labels were shifted once more; ``identical``: the
+    decoder is shown the token it must predict. ``None`` for a row with nothing counted, and
+    for the whole list when the two are not integer tensors of one shape.
+
+    Example:
+        >>> decoder = torch.tensor([[0, 5, 6, 7], [0, 5, 6, 7]])
+        >>> decoder_label_relations(decoder, torch.tensor([[5, 6, 7, 1], [6, 7, 1, -100]]),
+        ...                         ignore_index=-100)
+        ['shifted by 1', 'shifted by 2']
+    """
+    if not (is_int_tensor(decoder_inputs) and is_int_tensor(targets)):
+        return None
+    if targets.ndim != 2 or decoder_inputs.shape != targets.shape:
+        return None
+    labels, tokens = targets.detach().cpu(), decoder_inputs.detach().cpu()
+    counted = labels != ignore_index
+    flags = [_agree(labels, tokens, counted, offset) for offset in (1, 2, 0)]
+    return [
+        next((r for r, agree in zip(DECODER_RELATIONS, row, strict=False) if agree), "other")
+        if seen
+        else None
+        for seen, *row in zip(counted.any(dim=1).tolist(), *flags, strict=True)
+    ]
+
+
+def _tally(
+    counts: Mapping[str, int], relations: Sequence[str] = LABEL_RELATIONS
+) -> tuple[str | None, int, str]:
     """The relation of at least half the rows (``None``: none), the rows, and the counts."""
     total = sum(counts.values())
-    text = ", ".join(f"{counts[r]} {r}" for r in LABEL_RELATIONS if counts.get(r))
-    for relation in LABEL_RELATIONS:
+    text = ", ".join(f"{counts[r]} {r}" for r in relations if counts.get(r))
+    for relation in relations:
         if total and 2 * counts.get(relation, 0) >= total:
             return relation, total, text
     return None, total, text
+
+
+def check_decoder_label_shift(
+    counts: Mapping[str, int], *, encoder_decoder: str | None = None
+) -> CheckResult:
+    """What relation an encoder-decoder batch's labels bear to its ``decoder_input_ids``
+    (``counts``: rows per :data:`DECODER_RELATIONS`); ``fail`` when the labels run two tokens
+    ahead (shifted twice) or equal the decoder inputs (docs/data-and-overfit.md).
+    ``encoder_decoder``: the model found in the module, named.
+
+    Example:
+        >>> check_decoder_label_shift({"shifted by 1": 8}).verdict
+        'pass'
+        >>> print(check_decoder_label_shift({"shifted by 2": 8}).detail)
+        labels run 2 tokens ahead of decoder_input_ids (labels[t] == decoder_input_ids[t+2] in
+        rows: 8 shifted by 2): the labels were shifted twice (decoder_input_ids are already the
+        labels shifted right), so the decoder learns to predict the token after next; give the
+        unshifted target sequence as labels and build decoder_input_ids from it (the model's
+        prepare_decoder_input_ids_from_labels), or give labels only
+    """
+    name = "decoder_label_shift"
+    relation, total, text = _tally(counts, DECODER_RELATIONS)
+    if total == 0:
+        return CheckResult(name, "not_checked", "no row has a position counted in the loss")
+    rows = f"rows: {text}"
+    held = "" if encoder_decoder is None else f"; the module holds {encoder_decoder}"
+    remedy = (
+        "give the unshifted target sequence as labels and build decoder_input_ids from it (the"
+        " model's prepare_decoder_input_ids_from_labels), or give labels only"
+    )
+    verdict, detail = {
+        "shifted by 1": (
+            "pass",
+            "labels[t] == decoder_input_ids[t+1] where counted: decoder_input_ids are the labels"
+            f" shifted right, the Hugging Face convention ({rows}{held})",
+        ),
+        "shifted by 2": (
+            "fail",
+            "labels run 2 tokens ahead of decoder_input_ids (labels[t] =="
+            f" decoder_input_ids[t+2] in {rows}{held}): the labels were shifted twice"
+            " (decoder_input_ids are already the labels shifted right), so the decoder learns to"
+            f" predict the token after next; {remedy}",
+        ),
+        "identical": (
+            "fail",
+            f"labels equal decoder_input_ids ({rows}{held}): the decoder is shown the token it"
+            f" must predict, so it learns to copy; decoder_input_ids must be the labels shifted"
+            f" right by 1: {remedy}",
+        ),
+        "other": (
+            "not_checked",
+            f"labels are not decoder_input_ids shifted by 0, 1 or 2 ({rows}{held}): not"
+            " teacher-forced targets",
+        ),
+    }[relation or "other"]
+    return CheckResult(name, verdict, detail)
 
 
 def check_label_shift(counts: Mapping[str, int], *, causal_lm: str | None = None) -> CheckResult:
@@ -623,7 +881,16 @@ def check_leakage(
 
 
 def input_fingerprint(value: Any) -> str | None:
-    """A stable digest of one example's input (tensor bytes with dtype and shape, or its repr)."""
+    """A stable digest of one example's input: tensor bytes with dtype and shape; for a dict
+    (several inputs, e.g. ``{"input_ids": ..., "pixel_values": ...}``) or a list or tuple, the
+    digests of its parts with their keys; else its repr.
+
+    Example:
+        >>> caption, image = torch.tensor([5, 6]), torch.zeros(3, 2, 2)
+        >>> pair = input_fingerprint({"input_ids": caption, "pixel_values": image})
+        >>> pair == input_fingerprint({"input_ids": caption, "pixel_values": image + 1})
+        False
+    """
     if value is None:
         return None
     digest = hashlib.blake2b(digest_size=16)
@@ -631,6 +898,13 @@ def input_fingerprint(value: Any) -> str | None:
         tensor = value.detach().cpu().contiguous()
         digest.update(f"{tensor.dtype}{tuple(tensor.shape)}".encode())
         digest.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+    elif isinstance(value, Mapping):
+        for key in sorted(value, key=repr):
+            digest.update(f"{key!r}={input_fingerprint(value[key])};".encode())
+    elif isinstance(value, list | tuple) and any(isinstance(v, torch.Tensor) for v in value):
+        # A tensor's repr shortens it: each part by its own digest.
+        parts = ",".join(str(input_fingerprint(part)) for part in value)
+        digest.update(f"{type(value).__name__}({parts})".encode())
     else:
         digest.update(repr(value).encode())
     return digest.hexdigest()
@@ -639,12 +913,22 @@ def input_fingerprint(value: Any) -> str | None:
 def check_duplicates(
     fingerprints_by_split: Mapping[str, Sequence[str | None]], *, scanned: Mapping[str, int]
 ) -> CheckResult:
-    """Report exact duplicate inputs found in more than one split (a warning)."""
+    """Report exact duplicate inputs found in more than one split (a warning); a fingerprint
+    covers everything that identifies an example (:meth:`BatchAdapter.example_inputs`)."""
     name = "duplicate_inputs_across_splits"
     known = {s: [f for f in fps if f is not None] for s, fps in fingerprints_by_split.items()}
     known = {s: fps for s, fps in known.items() if fps}
+    if len(fingerprints_by_split) < 2:
+        detail = f"{len(fingerprints_by_split)} split(s) scanned: nothing to compare"
+        return CheckResult(name, "not_checked", detail)
     if len(known) < 2:
-        return CheckResult(name, "not_checked", "the inputs of fewer than two splits could be read")
+        unread = [split for split in fingerprints_by_split if split not in known]
+        detail = (
+            f"the inputs of {', '.join(unread)} could not be read (a dict item needs one of the"
+            f" keys {', '.join(INPUT_KEYS)}): give BatchAdapter(inputs=...) if they are"
+            " elsewhere"
+        )
+        return CheckResult(name, "not_checked", detail)
     shared = find_shared(known)
     scope = ", ".join(f"{split} {n}" for split, n in scanned.items())
     if not shared:
@@ -660,7 +944,9 @@ def check_duplicates(
 
 class SplitInspection:
     """Run the batch checks over the first batches of one split, each check keeping its worst
-    verdict (with an ``encoder_decoder``, those comparing labels with inputs are ``not_checked``).
+    verdict (with an ``encoder_decoder``, those comparing labels with inputs are ``not_checked``
+    and the labels are compared with the decoder inputs instead; ``prompt``: where each prompt
+    is, for ``instruction_masked``).
 
     Example:
         >>> inspection = SplitInspection("train", ignore_index=-100, output_size=3)
@@ -684,16 +970,28 @@ class SplitInspection:
         padding_warn: float = 0.5,
         causal_lm: str | None = None,
         encoder_decoder: str | None = None,
+        prompt: PromptSpec | None = None,
     ) -> None:
         self.split, self.ignore_index, self.max_length = split, ignore_index, max_length
         self.output_size, self.size_source = output_size, size_source
         self.pad_token_id, self.padding_warn, self.causal_lm = pad_token_id, padding_warn, causal_lm
+        self.encoder_decoder, self.prompt = encoder_decoder, prompt
         self.unaligned = (
             None
             if encoder_decoder is None
             else f"{encoder_decoder} is an encoder-decoder model: its labels are decoder targets,"
             " which the encoder's input_ids and attention_mask do not describe"
         )
+        # The adapter's inputs are the decoder inputs (BatchAdapter(inputs="decoder_input_ids")).
+        self._inputs_are_decoder = False
+        self._decoder: Counter[str] = Counter()
+        self._decoder_problem: CheckResult | None = None
+        # instruction_masked with a prompt: rows checked, prompt positions, unmasked positions,
+        # the rows with an unmasked prompt and those without a prompt found; or why not.
+        self._prompt = [0, 0, 0]
+        self._prompt_rows: list[str] = []
+        self._prompt_missing: list[str] = []
+        self._prompt_problem: str | None = None
         self.batches = self.examples = 0
         self._worst: dict[str, CheckResult] = {}
         self._lengths: list[int] = []
@@ -711,12 +1009,24 @@ class SplitInspection:
         ):
             self._worst[result.name] = result
 
-    def add(self, view: BatchView) -> None:
-        """Check one batch, as a :class:`~lightning_pilot.core.batches.BatchAdapter` read it."""
+    def add(self, view: BatchView, batch: Any = None) -> None:
+        """Check one batch, as a :class:`~lightning_pilot.core.batches.BatchAdapter` read it
+        (``batch``: the batch itself, where the ``prompt`` fields are read)."""
         self.batches += 1
         self.examples += view.batch_size or 0
         inputs, targets, mask = view.inputs, view.targets, view.attention_mask
+        decoder = view.decoder_inputs
+        if decoder is not None and inputs is decoder:
+            self._inputs_are_decoder = True
+        if decoder is not None and targets is not None:
+            self._add_decoder(decoder, targets)
         self._keep(check_ids(view.ids_list(), view.batch_size))
+        if inputs is None:
+            detail = (
+                f"field 'inputs' not found in the batch (looked for {', '.join(INPUT_KEYS)}):"
+                " give BatchAdapter(inputs=...) to check the inputs, lengths and masks"
+            )
+            self._keep(CheckResult("inputs_present", "not_checked", detail))
         self._keep(check_targets_present(targets))
         if targets is not None:
             self._keep(
@@ -727,7 +1037,16 @@ class SplitInspection:
                     source=self.size_source,
                 )
             )
-        if isinstance(mask, torch.Tensor):
+        encoder_mask = isinstance(batch, Mapping) and mask is batch.get("attention_mask")
+        if isinstance(mask, torch.Tensor) and self._inputs_are_decoder and encoder_mask:
+            # The decoder inputs are read as the inputs, the attention mask is the encoder's.
+            detail = (
+                "the inputs read are decoder_input_ids, the attention_mask is the encoder's:"
+                " give BatchAdapter(attention_mask='decoder_attention_mask') to check the"
+                " decoder's mask"
+            )
+            self._keep(CheckResult("attention_mask", "not_checked", detail))
+        elif isinstance(mask, torch.Tensor):
             for result in check_attention_mask(
                 inputs,
                 mask,
@@ -747,19 +1066,109 @@ class SplitInspection:
             self._masking = [a + b for a, b in zip(self._masking, counts, strict=True)]
             relations = label_relations(inputs, targets, ignore_index=self.ignore_index) or []
             self._relations.update(r for r in relations if r is not None)
+            if self.prompt is not None and self.unaligned is None:
+                self._add_prompt(batch, inputs, targets, mask, relations)
+
+    def _add_decoder(self, decoder: Any, targets: Any) -> None:
+        relations = decoder_label_relations(decoder, targets, ignore_index=self.ignore_index)
+        if relations is not None:
+            self._decoder.update(r for r in relations if r is not None)
+            return
+        shapes = " and ".join(
+            f"{name} {tuple(v.shape)} {v.dtype}"
+            if isinstance(v, torch.Tensor)
+            else f"{name} a {type(v).__name__}"
+            for name, v in (("decoder_input_ids", decoder), ("labels", targets))
+        )
+        detail = f"{shapes}: labels and decoder inputs need one integer shape to be compared"
+        self._decoder_problem = CheckResult("decoder_label_shift", "not_checked", detail)
+
+    def _add_prompt(
+        self, batch: Any, inputs: Any, targets: Any, mask: Any, relations: Sequence[str | None]
+    ) -> None:
+        assert self.prompt is not None
+        prompt, without, why = self.prompt.locate(batch, inputs, mask)
+        if prompt is None:
+            self._prompt_problem = self._prompt_problem or why
+            return
+        shifted = [r == "shifted by 1" for r in relations] if relations else None
+        positions, unmasked = prompt_label_counts(
+            prompt, targets, ignore_index=self.ignore_index, shifted=shifted
+        )
+        index = self.batches - 1
+        skipped = set(without)
+        for row, (n, bad) in enumerate(zip(positions, unmasked, strict=True)):
+            if row in skipped:
+                self._prompt_missing.append(f"batch {index} row {row}")
+                continue
+            self._prompt = [self._prompt[0] + 1, self._prompt[1] + n, self._prompt[2] + bad]
+            if bad:
+                self._prompt_rows.append(f"batch {index} row {row} ({bad} of {n})")
+
+    def _prompt_check(self) -> CheckResult:
+        name, spec = "instruction_masked", str(self.prompt)
+        rows, positions, unmasked = self._prompt
+        missing = self._prompt_missing
+        if rows == 0:
+            why = self._prompt_problem or "no row to check"
+            if missing:
+                why = (
+                    f"{spec} was found in none of {len(missing)} row(s): truncated before the"
+                    " response, or the template tokenizes differently inside a text than alone"
+                    " (take its ids from a tokenized example)"
+                )
+            return CheckResult(name, "not_checked", why)
+        if unmasked:
+            detail = (
+                f"the prompt is in the loss: {unmasked} of {positions} prompt position(s), in"
+                f" {len(self._prompt_rows)} of {rows} row(s), have a label other than"
+                f" {self.ignore_index} ({shown_names(self._prompt_rows)}; the prompt from {spec}):"
+                f" set the labels of prompt tokens to {self.ignore_index} if only the response"
+                " should count"
+            )
+            return CheckResult(name, "fail", detail)
+        detail = (
+            f"all {positions} prompt position(s) of {rows} row(s) are masked out of the loss"
+            f" (labels {self.ignore_index}; the prompt from {spec})"
+        )
+        if missing:
+            problem = (
+                f"{detail}; {len(missing)} row(s) hold no response template"
+                f" ({shown_names(missing)}): truncated before the response, or the template"
+                " tokenizes differently inside a text than alone; their prompt is not checked"
+            )
+            return CheckResult(name, "warn", problem)
+        return CheckResult(name, "pass", detail)
 
     def checks(self) -> list[CheckResult]:
         """The folded checks, names prefixed with ``<split>/``."""
         if self.batches == 0:
             return [CheckResult(f"{self.split}/batches", "not_checked", "no batch was inspected")]
         results = list(self._worst.values())
-        if self._sequence and self.unaligned is not None:
-            results.append(CheckResult("instruction_masked", "not_checked", self.unaligned))
-            results.append(CheckResult("label_shift", "not_checked", self.unaligned))
+        if self._sequence and (self.unaligned is not None or self._inputs_are_decoder):
+            unaligned = self.unaligned or ""
+            if self._inputs_are_decoder:
+                held = f" of {self.encoder_decoder}" if self.encoder_decoder else ""
+                unaligned = (
+                    f"the inputs read are the decoder_input_ids{held}, the labels shifted right"
+                    " (the decoder's inputs, not a prompt followed by its response): the labels"
+                    " are compared with them in decoder_label_shift"
+                )
+            results.append(CheckResult("instruction_masked", "not_checked", unaligned))
+            results.append(CheckResult("label_shift", "not_checked", unaligned))
         elif self._sequence:
-            total, equal, ignored = self._masking
-            results.append(_masking(total, equal, ignored, self.ignore_index))
+            if self.prompt is not None:
+                results.append(self._prompt_check())
+            else:
+                total, equal, ignored = self._masking
+                results.append(_masking(total, equal, ignored, self.ignore_index))
             results.append(check_label_shift(self._relations, causal_lm=self.causal_lm))
+        if self._decoder:
+            results.append(
+                check_decoder_label_shift(self._decoder, encoder_decoder=self.encoder_decoder)
+            )
+        elif self._decoder_problem is not None:
+            results.append(self._decoder_problem)
         if self._lengths:
             results.append(check_truncation(self._lengths, self.max_length))
         if self._positions:
@@ -828,8 +1237,10 @@ def example_rows(
                 row["target"] = _decoded(decode, labels[counted], notes, errors)
             if relations is not None and i < len(relations):
                 row["label_relation"] = relations[i]
-        elif y is None:
+        elif view.targets is None:
             notes.append("no target in the batch")
+        elif y is None:
+            notes.append(f"target a {type(view.targets).__name__}, not a tensor: not stored")
         if lengths is not None:
             row["length"] = lengths[i]
             row["seq_len"] = view.seq_len
@@ -975,6 +1386,9 @@ class DatasetScan:
                     try:
                         items = [i for d in sets for i in first_items(d, self.max_examples)]
                         views = [self.adapter.view(item, count_tokens=False) for item in items]
+                        # Everything that identifies an example: a CLIP pair is its caption and
+                        # its image together (a caption shared by two images is no duplicate).
+                        found = [self.adapter.example_inputs(item) for item in items]
                     except Exception as err:  # the user's dataset or adapter: report it
                         detail = (
                             f"reading the {split} dataset raised {type(err).__name__}: {err};"
@@ -988,7 +1402,7 @@ class DatasetScan:
                     if not items:
                         continue
                     scanned[split] = len(items)
-                    prints[split] = [input_fingerprint(v.inputs) for v in views]
+                    prints[split] = [input_fingerprint(value) for value in found]
                     labels[split] = class_histogram(
                         (v.targets for v in views), ignore_index=self.adapter.ignore_index
                     )
@@ -1069,7 +1483,7 @@ class DataInspection:
                     decode=self.decode,
                     errors=self._decode_errors,
                 )
-            inspection.add(view)
+            inspection.add(view, batch)
             self.rows += rows
         except Exception as err:  # a field function of the adapter, an odd batch: not the fit
             detail = (
