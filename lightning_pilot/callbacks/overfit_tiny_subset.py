@@ -171,6 +171,7 @@ class OverfitTinySubset(PilotCallback):
         self._seen: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._masked = False  # the forward was called with the attention mask
         self._problem: str | None = None  # why the last attempt to predict gave nothing
+        self._misaligned: str | None = None  # captured logits that do not fit the targets
         self.subset_ids: list[str] = []
         self.verdict: str | None = None
         self.checks: dict[str, CheckResult] = {}
@@ -314,10 +315,11 @@ class OverfitTinySubset(PilotCallback):
             predicted, targets, shift=self.shift_labels, ignore_index=self.adapter.ignore_index
         )
         if aligned is None:
-            self._notes.add(
+            self._misaligned = (
                 f"the logits of submodule '{name}' predict shape {tuple(predicted.shape)}, the"
                 f" targets have shape {tuple(targets.shape)}"
             )
+            self._notes.add(self._misaligned)
             return
         self._seen[(self._cursor["train"] - 1) % len(self._batches)] = aligned
 
@@ -373,20 +375,25 @@ class OverfitTinySubset(PilotCallback):
         )
 
     def _evaluate(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> Recovery | None:
+        """Score the subset's predictions; ``None`` when there are none (the reason noted:
+        nothing here raises, so the loss checks and the budget go on)."""
         if self._installed is None or not self._batches:
             return None
+        try:
+            return self._score(trainer, pl_module)
+        except Exception as err:  # recorded (targets_recovered says it), never the fit's
+            self._problem = f"scoring the subset raised {_error(err)}"
+            self._notes.add(self._problem)
+            return None
+
+    def _score(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> Recovery | None:
         if self._source == "training_step":
             if len(self._seen) < len(self._batches):
                 return None  # a subset batch not trained yet (or no logits captured)
             pairs = [self._seen[index] for index in range(len(self._batches))]
             scored = [(p.cpu(), t.cpu()) for p, t in pairs]
         else:
-            try:
-                subset = self._predict_subset(trainer, pl_module)
-            except Exception as err:  # recorded (targets_recovered says it), never the fit's
-                self._problem = f"predicting the subset raised {_error(err)}"
-                self._notes.add(self._problem)
-                return None
+            subset = self._predict_subset(trainer, pl_module)
             if subset is None:
                 return None
             scored = subset
@@ -495,11 +502,11 @@ class OverfitTinySubset(PilotCallback):
         if self._last is not None or not self._batches:
             return None
         if self._source == "training_step" and not self._seen:
-            return (
-                f"no predictions on the subset: {self._problem}, and no submodule called in the"
-                f" training step returned logits (a tensor named logits); {_REMEDY}"
+            found = self._misaligned or (
+                "no submodule called in the training step returned logits (a tensor named logits)"
             )
-        if self._source == "training_step":
+            return f"no predictions on the subset: {self._problem}, and {found}; {_REMEDY}"
+        if self._source == "training_step" and len(self._seen) < len(self._batches):
             return (
                 f"no predictions on the subset: the training step predicted {len(self._seen)} of"
                 f" its {len(self._batches)} batch(es) before the fit ended"
