@@ -67,9 +67,9 @@ from lightning_pilot.core.progress import Reporter
 from lightning_pilot.estimate.reference import PHASE_ORDER
 from lightning_pilot.estimate.roofline import (
     DEFAULT_EFFICIENCY,
-    band,
+    DEFAULT_MEMORY_EFFICIENCY,
     collective_seconds,
-    ideal_seconds,
+    split_seconds,
 )
 from lightning_pilot.estimate.targets import Target, target
 from lightning_pilot.estimate.trace import (
@@ -468,6 +468,9 @@ def _strategy_memory(
         return extra, extra, "analytic: DDP gradient buckets, one copy of the gradients"
     cats = trace.categories
     sharded = cats["weights"] + cats["gradients"] + cats["optimizer_state"]
+    if trace.phase.startswith("optimizer_step"):
+        # Each GPU steps its own shard: the optimizer's temporaries shrink with it.
+        sharded += cats["temporaries"]
     saved = sharded - -(-sharded // devices)
     largest, root = traces.units
     phase = trace.phase
@@ -479,10 +482,11 @@ def _strategy_memory(
     elif phase == "checkpoint_save":
         gathered = largest
     extra = gathered - saved
+    stepped = " (and the optimizer's temporaries)" if trace.phase.startswith("optimizer") else ""
     note = (
-        f"analytic: FSDP full shard over {devices}: weights, gradients and optimizer state / "
-        f"{devices}, plus {gathered} bytes of gathered units (largest unit {largest}, outside"
-        f" units {root})"
+        f"analytic: FSDP full shard over {devices}: weights, gradients and optimizer state"
+        f"{stepped} / {devices}, plus {gathered} bytes of gathered units (largest unit"
+        f" {largest}, outside units {root})"
     )
     return extra, extra, note
 
@@ -498,6 +502,67 @@ def _comm_seconds(strategy: Strategy, traces: _Traces, tgt: Target, itemsize: in
     return 0.75 * collective_seconds(2 * params + grads, strategy.devices, tgt)
 
 
+#: The precision FSDP's mixed-precision policy computes in, per mixed precision: Lightning's
+#: ``FSDPStrategy`` gives FSDP ``MixedPrecision(param_dtype=...)`` of the precision's low
+#: dtype (FSDP2: ``MixedPrecisionPolicy(param_dtype=...)``), so the gathered parameters and
+#: the activations are in that dtype, without autocast's copies of the weights, while the
+#: sharded parameters, their gradients and the optimizer state stay float32. The batch's
+#: phases are traced in ``bf16-true`` for both (float16 has bfloat16's size and speed).
+FSDP_COMPUTE: Final = {"bf16-mixed": "bf16-true", "16-mixed": "bf16-true"}
+_STATE: Final = ("weights", "gradients", "optimizer_state")
+
+
+def _fsdp_mixed(
+    phases: dict[str, tuple[PhaseTrace, str]],
+    traces: _Traces,
+    low: _Traces,
+    key: tuple[bool, int | None, int],
+    base: Sequence[int],
+) -> dict[str, tuple[PhaseTrace, str]]:
+    """The phases of FSDP's mixed-precision policy: ``forward``, ``backward`` and
+    ``validation`` from ``low`` (the low-precision trace: activations in that dtype, no
+    autocast weight copies) with its weights, gradients and optimizer state counted at
+    ``traces``' (float32) size; the optimizer steps and the save from ``traces``."""
+    lowered = _phase_traces(low, key, base)
+    scale = {
+        name: traces.state[name] / low.state[name] if low.state.get(name) else 1.0
+        for name in _STATE
+    }
+    note = (
+        f"FSDP mixed precision (param_dtype={low.precision.split('-')[0]}): the batch's phases"
+        f" traced in {low.precision} (no autocast copies of the weights), the sharded weights,"
+        " gradients and optimizer state in float32"
+    )
+    made = dict(phases)
+    for phase in ("forward", "backward", "validation"):
+        trace, method = lowered[phase]
+        extra = {name: round(trace.categories[name] * (scale[name] - 1)) for name in _STATE}
+        made[phase] = (trace.shifted(extra, note), method)
+    return made
+
+
+def _band_seconds(
+    update: Sequence[PhaseTrace],
+    tgt: Target,
+    efficiency: tuple[float, float],
+    memory_efficiency: tuple[float, float],
+    allow_tf32: bool,
+    shards: int,
+) -> tuple[float, float, float, float]:
+    """(fast, slow, compute, memory) seconds of one update: the compute-bound operators' ideal
+    (``compute``) divided by
+    ``efficiency``, the memory-bound ones' by ``memory_efficiency``; the optimizer step's
+    divided by ``shards`` (FSDP: each GPU steps its own shard)."""
+    compute = memory = 0.0
+    for trace in update:
+        c, m = split_seconds(trace.flops, trace.moved, trace.kinds, tgt, allow_tf32=allow_tf32)
+        share = 1 / shards if trace.phase.startswith("optimizer_step") else 1.0
+        compute, memory = compute + c * share, memory + m * share
+    fast = compute / efficiency[1] + memory / memory_efficiency[1]
+    slow = compute / efficiency[0] + memory / memory_efficiency[0]
+    return fast, slow, compute, memory
+
+
 def _rows_for(
     traces: _Traces,
     tgt: Target,
@@ -507,7 +572,11 @@ def _rows_for(
     efficiency: tuple[float, float],
     allow_tf32: bool,
     fragmentation: float,
+    low: _Traces | None = None,
+    memory_efficiency: tuple[float, float] = DEFAULT_MEMORY_EFFICIENCY,
 ) -> list[dict[str, Any]]:
+    """The rows of one target, strategy and configuration; ``low``: the low-precision traces
+    FSDP's mixed-precision policy computes with (:data:`FSDP_COMPUTE`)."""
     checkpointing, seq_len, micro_batch = key
     common = {
         "target": tgt.name,
@@ -521,21 +590,36 @@ def _rows_for(
         "efficiency_low": efficiency[0],
         "efficiency_high": efficiency[1],
     }
+    mixed = low is not None and strategy.kind == "fsdp"
     failure = traces.error or traces.failed.get(checkpointing)
+    if failure is None and mixed:
+        assert low is not None
+        failure = low.error or low.failed.get(checkpointing)
+        if failure is not None:
+            failure = (failure[0], failure[1], f"{low.precision} (FSDP's compute): {failure[2]}")
     if failure is not None:
         status, phase, reason = failure
         return [{**common, "phase": phase, "status": status, "reason": reason}]
     phases = _phase_traces(traces, key, base)
+    if mixed:
+        assert low is not None
+        phases = _fsdp_mixed(phases, traces, low, key, base)
     update = [phases[p][0] for p in ("forward", "backward", "optimizer_step")]
     flops = int(sum(int(t.flops.sum()) for t in update))
     moved = int(sum(int(t.moved.sum()) for t in update))
-    ideal = sum(
-        ideal_seconds(t.flops, t.moved, t.kinds, tgt, allow_tf32=allow_tf32) for t in update
+    # FSDP: each GPU steps the optimizer over its own shard only.
+    shards = strategy.devices if strategy.kind == "fsdp" else 1
+    fast, slow, compute, memory = _band_seconds(
+        update, tgt, efficiency, memory_efficiency, allow_tf32, shards
     )
-    low, high = band(ideal, efficiency)
     itemsize = torch.empty((), dtype=compute_dtype(traces.precision)).element_size()
     comm = _comm_seconds(strategy, traces, tgt, itemsize)
-    low, high = max(low, comm), high + comm
+    fast, slow = max(fast, comm), slow + comm
+    roofline = (
+        f"roofline: {compute:.4g} s compute-bound, {memory:.4g} s memory-bound, {comm:.4g} s"
+        f" collectives at 100 %; efficiency {efficiency[0]:g} to {efficiency[1]:g} (compute),"
+        f" {memory_efficiency[0]:g} to {memory_efficiency[1]:g} (memory)"
+    )
     rows = []
     for phase in PHASE_ORDER:
         trace, method = phases[phase]
@@ -546,7 +630,7 @@ def _rows_for(
         )
         reserved = max(reserved, allocated)
         headroom = tgt.memory_bytes - reserved - tgt.overhead_bytes
-        notes = [*trace.notes]
+        notes = [*trace.notes, roofline]
         if strategy_note:
             notes.append(strategy_note)
         if phase == "optimizer_step" or phase == "optimizer_step_first":
@@ -568,8 +652,8 @@ def _rows_for(
                 "headroom_bytes": headroom,
                 "flops_per_update": flops,
                 "bytes_per_update": moved,
-                "step_time_low_s": low,
-                "step_time_high_s": high,
+                "step_time_low_s": fast,
+                "step_time_high_s": slow,
                 "notes": "; ".join(notes) or None,
             }
         )
@@ -1122,7 +1206,7 @@ def _precision_job(
             job["cap"],
             job["seq"],
         )
-        if job["largest"]
+        if job["largest"] and precision not in job["extra"]
         else None
     )
     traces = _trace_precision(
@@ -1137,7 +1221,7 @@ def _precision_job(
         search,
         blocks=job["blocks"],
     )
-    if traces.error is not None and job["largest"]:
+    if traces.error is not None and job["largest"] and precision not in job["extra"]:
         status, _, reason = traces.error
         for tgt, ckpt in itertools.product(job["targets"], job["checkpointing"]):
             found.append(
@@ -1171,6 +1255,7 @@ def estimate(
     checkpoint_classes: Sequence[type[torch.nn.Module]] = (),
     wrap_classes: Sequence[type[torch.nn.Module] | str] = (),
     efficiency: tuple[float, float] = DEFAULT_EFFICIENCY,
+    memory_efficiency: tuple[float, float] = DEFAULT_MEMORY_EFFICIENCY,
     allow_tf32: bool = False,
     fragmentation: float = FRAGMENTATION,
     largest: bool = True,
@@ -1195,22 +1280,22 @@ def estimate(
     overwriting).
 
     ``checkpoint_classes``: the module classes activation checkpointing wraps (default: the
-    Hugging Face models inside switch it on themselves). ``wrap_classes``: FSDP's units
-    (classes or class names; default: the Hugging Face ``_no_split_modules``).
-    ``efficiency``: the fraction of the roofline reached, low and high. ``allow_tf32``: fp32
-    matrix products on TF32 tensor cores. ``fragmentation``: reserved bytes allowed above the
-    allocator's segments. ``largest``: search the largest micro-batch per target, precision
-    and checkpointing at the longest sequence, up to ``max_micro_batch`` (``verify_largest``:
+    Hugging Face models inside switch it on themselves). ``wrap_classes``: FSDP's units (classes
+    or class names; default: the Hugging Face ``_no_split_modules``). ``efficiency``: the
+    fraction of the roofline compute-bound operators reach, low and high; ``memory_efficiency``:
+    the fraction of the bandwidth memory-bound ones reach. ``allow_tf32``: fp32 matrix products
+    on TF32 tensor cores. ``fragmentation``: reserved bytes allowed above the allocator's
+    segments. ``largest``: search the largest micro-batch per target, precision and
+    checkpointing at the longest sequence, up to ``max_micro_batch`` (``verify_largest``:
     confirmed by tracing), and the largest sequence length at the smallest micro-batch, a
-    multiple of ``seq_step`` (halved until the bound holds 8 steps) up to the module's
-    declared maximum (:func:`sequence_bound`) or ``max_seq_len``. ``blocks``: trace the
-    batch's phases with the repeated block list cut and extrapolated (see
+    multiple of ``seq_step`` (halved until the bound holds 8 steps) up to the module's declared
+    maximum (:func:`sequence_bound`) or ``max_seq_len``. ``blocks``: trace the batch's phases
+    with the repeated block list cut and extrapolated (see
     :class:`~lightning_pilot.estimate.Session`). ``progress``: a
-    :class:`lightning_pilot.core.progress.Reporter`
-    told as each precision's traces start and finish (default: none). ``timeout``: seconds
-    the worker processes may take together (``None``: no limit); past it they are stopped
-    and a ``TimeoutError`` says so (each worker computes on one thread, so a parent's
-    OpenMP threads cannot leave them waiting).
+    :class:`lightning_pilot.core.progress.Reporter` told as each precision's traces start and
+    finish (default: none). ``timeout``: seconds the worker processes may take together
+    (``None``: no limit); past it they are stopped and a ``TimeoutError`` says so (each worker
+    computes on one thread, so a parent's OpenMP threads cannot leave them waiting).
     """
     started = time.perf_counter()
     if (module is None) == (factory is None):
@@ -1248,6 +1333,7 @@ def estimate(
             )
     wrap = tuple(sequence_argument(wrap_classes, "wrap_classes", empty=True))
     _efficiency(efficiency)
+    _efficiency(memory_efficiency, "memory_efficiency")
     validate.boolean(_OWNER, "allow_tf32", allow_tf32)
     validate.number(_OWNER, "fragmentation", fragmentation, minimum=0, maximum=1)
     validate.boolean(_OWNER, "largest", largest)
@@ -1262,6 +1348,14 @@ def estimate(
     validate.boolean(_OWNER, "blocks", blocks)
 
     base = _base(mbs)
+    # FSDP's mixed-precision policy computes in the low precision: traced too (no rows).
+    lows = (
+        {p: FSDP_COMPUTE[p] for p in precs if p in FSDP_COMPUTE}
+        if any(s.kind == "fsdp" for s in strats)
+        else {}
+    )
+    extra = sorted(set(lows.values()) - set(precs))
+    traced = [*precs, *extra]
     configs = [(c, s, b) for c in ckpts for s in seqs for b in mbs]
     longest = max(seqs, key=lambda s: s or 0)
     # The largest micro-batch is predicted from two traced micro-batches from 2 up.
@@ -1296,47 +1390,65 @@ def estimate(
         "base": base,
         "classes": classes,
         "wrap": wrap,
+        "extra": extra,
     }
     try:
         stack.enter_context(_not_logging(module))
-        count = min(len(precs), workers or os.cpu_count() or 1)
+        count = min(len(traced), workers or os.cpu_count() or 1)
         # A forked child must not touch CUDA once the parent has initialised it (a live
         # module on a GPU: its buffers' values are read): trace in this process then.
         forkable = "fork" in multiprocessing.get_all_start_methods()
         shown = progress if progress is not None else Reporter()
         total = f"{len(configs)} configuration(s) x {len(tgts)} target(s)"
         if count > 1 and forkable and not torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
-            shown.update(f"tracing {', '.join(precs)} in {count} processes: {total}", done=0)
+            shown.update(f"tracing {', '.join(traced)} in {count} processes: {total}", done=0)
             with multiprocessing.get_context("fork").Pool(count, _worker_start) as pool:
                 deadline = time.monotonic() + (timeout if timeout is not None else math.inf)
-                results = pool.imap(_precision_job, precs, chunksize=1)
-                for _ in precs:
+                results = pool.imap(_precision_job, traced, chunksize=1)
+                for _ in traced:
                     left = deadline - time.monotonic()
                     try:
                         finished = results.next(timeout=None if math.isinf(left) else left)
                     except multiprocessing.TimeoutError:
                         raise TimeoutError(
-                            _timeout_message(timeout, count, len(done), precs)
+                            _timeout_message(timeout, count, len(done), traced)
                         ) from None
                     done.append(finished)
-                    shown.update(f"{len(done)} of {len(precs)} precision(s) traced", done=len(done))
+                    shown.update(
+                        f"{len(done)} of {len(traced)} precision(s) traced", done=len(done)
+                    )
         else:
-            for index, precision in enumerate(precs):
+            for index, precision in enumerate(traced):
                 shown.update(f"tracing {precision}: {total}", done=index)
                 done.append(_precision_job(precision, keep_exception=True))
     finally:
         _JOB = None
         stack.close()
+    by_precision = {traces.precision: traces for traces, _ in done}
     for traces, found in done:
+        if traces.precision in extra:
+            continue
         largest_rows.extend(found)
+        low = by_precision.get(lows.get(traces.precision, ""))
         for tgt, strategy, key in itertools.product(
             tgts, strats, [(c, s, b) for c in ckpts for s in seqs for b in mbs]
         ):
             rows.extend(
-                _rows_for(traces, tgt, strategy, key, base, efficiency, allow_tf32, fragmentation)
+                _rows_for(
+                    traces,
+                    tgt,
+                    strategy,
+                    key,
+                    base,
+                    efficiency,
+                    allow_tf32,
+                    fragmentation,
+                    low,
+                    memory_efficiency,
+                )
             )
     result = Estimate(rows, largest_rows, time.perf_counter() - started)
-    shown.close(f"{len(rows)} row(s) in {result.seconds:.1f} s", done=len(precs))
+    shown.close(f"{len(rows)} row(s) in {result.seconds:.1f} s", done=len(traced))
     if out_dir is not None:
         result.paths = _publish(result, out_dir)
     return result
@@ -1377,16 +1489,14 @@ def sequence_argument(
     return list(value)
 
 
-def _efficiency(value: object) -> None:
+def _efficiency(value: object, name: str = "efficiency") -> None:
     expected = "a pair (low, high) with 0 < low <= high <= 1"
     if not isinstance(value, tuple) or len(value) != 2:
-        raise TypeError(validate.invalid(_OWNER, "efficiency", value, expected))
-    low = validate.number(_OWNER, "efficiency", value[0], minimum=0, maximum=1, allow_minimum=False)
-    high = validate.number(
-        _OWNER, "efficiency", value[1], minimum=0, maximum=1, allow_minimum=False
-    )
+        raise TypeError(validate.invalid(_OWNER, name, value, expected))
+    low = validate.number(_OWNER, name, value[0], minimum=0, maximum=1, allow_minimum=False)
+    high = validate.number(_OWNER, name, value[1], minimum=0, maximum=1, allow_minimum=False)
     if low > high:
-        raise ValueError(validate.invalid(_OWNER, "efficiency", value, expected))
+        raise ValueError(validate.invalid(_OWNER, name, value, expected))
 
 
 def _publish(result: Estimate, out_dir: Any) -> list[str]:

@@ -38,10 +38,21 @@ import numpy as np
 from lightning_pilot.core import validate
 from lightning_pilot.estimate.targets import Target
 
-__all__ = ["DEFAULT_EFFICIENCY", "KERNEL_FLOOR_S", "band", "collective_seconds", "ideal_seconds"]
+__all__ = [
+    "DEFAULT_EFFICIENCY",
+    "DEFAULT_MEMORY_EFFICIENCY",
+    "KERNEL_FLOOR_S",
+    "band",
+    "collective_seconds",
+    "ideal_seconds",
+    "split_seconds",
+]
 
-#: The fraction of the roofline real kernels reach, low to high (see the module docstring).
+#: The fraction of the roofline compute-bound operators reach, low to high (see the module
+#: docstring).
 DEFAULT_EFFICIENCY: Final = (0.35, 0.65)
+#: The fraction of the memory bandwidth memory-bound operators reach, low to high.
+DEFAULT_MEMORY_EFFICIENCY: Final = (0.35, 0.65)
 #: The least time one operator takes on a GPU (a kernel launch and its gap), seconds.
 KERNEL_FLOOR_S: Final = 2e-6
 
@@ -62,6 +73,26 @@ def ideal_seconds(
     work = (flops > 0) | (moved > 0)
     per_op = np.maximum(np.maximum(compute, memory), KERNEL_FLOOR_S) * work
     return float(per_op.sum())
+
+
+def split_seconds(
+    flops: np.ndarray,
+    moved: np.ndarray,
+    kinds: np.ndarray,
+    target: Target,
+    *,
+    allow_tf32: bool = False,
+) -> tuple[float, float]:
+    """``(compute-bound, memory-bound)`` ideal seconds: each operator's
+    ``max(flops / peak, bytes / bandwidth, floor)`` summed into the first when its arithmetic
+    takes longer than its memory traffic, else into the second (views cost nothing)."""
+    peaks = np.array([np.inf, target.tf32 if allow_tf32 else target.fp32, target.bf16, target.fp16])
+    compute = flops / peaks[kinds.astype(np.int64)]
+    memory = moved / target.bandwidth
+    work = (flops > 0) | (moved > 0)
+    per_op = np.maximum(np.maximum(compute, memory), KERNEL_FLOOR_S) * work
+    bound = compute >= memory
+    return float(per_op[bound].sum()), float(per_op[~bound].sum())
 
 
 def band(ideal: float, efficiency: tuple[float, float] = DEFAULT_EFFICIENCY) -> tuple[float, float]:

@@ -453,3 +453,48 @@ def test_workers_past_the_timeout_stop_with_a_clear_error(batch: Any) -> None:
             timeout=1.0,
         )
     assert time.perf_counter() - started < 20
+
+
+def test_fsdp_mixed_precision_computes_in_bf16_without_autocast_copies() -> None:
+    """FSDP under bf16-mixed follows FSDP's MixedPrecision(param_dtype=bf16): the batch's
+    phases as bf16-true traces them (no autocast copies of the weights), the sharded state
+    in float32; DDP keeps autocast."""
+    result = estimate(
+        HFCausalLM("llama"),
+        token_batch(),
+        precisions=["bf16-mixed", "bf16-true"],
+        micro_batches=[2],
+        seq_lens=[32],
+        checkpointing=[False, True],
+        strategies=["single", "fsdp:1", "fsdp:4"],
+        largest=False,
+        workers=1,
+    )
+    frame = result.frame()
+    rows = frame.set_index(["precision", "strategy", "devices", "checkpointing", "phase"])
+    params = sum(p.numel() for p in HFCausalLM("llama").parameters())
+    for ckpt in (False, True):
+        mixed = rows.loc[("bf16-mixed", "single", 1, ckpt, "forward")]
+        true = rows.loc[("bf16-true", "single", 1, ckpt, "forward")]
+        fsdp = rows.loc[("bf16-mixed", "fsdp", 1, ckpt, "forward")]
+        # The activations and temporaries are bf16-true's: autocast's bf16 copies of the
+        # weights (held by its cache through the forward pass) are gone ...
+        assert fsdp.activations_bytes == true.activations_bytes
+        assert fsdp.temporaries_bytes == true.temporaries_bytes
+        assert mixed.activations_bytes + mixed.temporaries_bytes > (
+            true.activations_bytes + true.temporaries_bytes
+        )
+        # ... while the weights, gradients and optimizer state stay float32.
+        assert fsdp.weights_bytes == mixed.weights_bytes
+        assert fsdp.optimizer_state_bytes == mixed.optimizer_state_bytes >= 8 * params
+        assert "param_dtype=bf16" in fsdp.notes
+        sharded = rows.loc[("bf16-mixed", "fsdp", 4, ckpt, "forward")]
+        assert sharded.peak_allocated_bytes < fsdp.peak_allocated_bytes
+    # bf16-true's own FSDP rows and DDP are unchanged: no policy note.
+    assert "param_dtype" not in rows.loc[("bf16-true", "fsdp", 4, False, "forward")].notes
+    assert "param_dtype" not in rows.loc[("bf16-mixed", "single", 1, False, "forward")].notes
+    # FSDP steps the optimizer on each GPU's shard: its temporaries are divided too.
+    step = rows.loc[("bf16-mixed", "fsdp", 4, False, "optimizer_step")]
+    single_step = rows.loc[("bf16-mixed", "single", 1, False, "optimizer_step")]
+    own = step.peak_allocated_bytes - step.workspace_bytes
+    assert own < (single_step.peak_allocated_bytes - single_step.workspace_bytes) / 2
