@@ -253,6 +253,15 @@ def test_detr_backbone_is_named_frozen(zoo: Callable[[str], PilotFit]) -> None:
     assert not any(p.requires_grad for p in backbone.parameters())  # what transformers did
 
 
+def test_the_compiled_network_ran(zoo: Callable[[str], PilotFit]) -> None:
+    fit = zoo("torch_compile")
+    assert fit.model is not None
+    assert hasattr(fit.model.net, "_orig_mod"), "configure_model did not compile the network"
+    forward = fit.table().query("phase == 'forward'")
+    assert len(forward) == 2, fit.describe()  # the first (compiling) and the later forwards
+    assert set(forward["verdict"]) == {"pass"}, fit.describe()
+
+
 def test_bf16_rows_and_a_per_step_schedule(zoo: Callable[[str], PilotFit]) -> None:
     fit = zoo("bf16_clipping_onecycle")
     table = fit.table()

@@ -87,8 +87,8 @@ def _padded(values: Tensor, length: int, fill: int) -> Tensor:
 
 
 class ZooDataModule(pl.LightningDataModule):
-    """Train and validation splits of :meth:`examples`; ``loader="plain"`` (planted) trains on a
-    plain shuffled ``DataLoader``, which cannot resume mid-epoch."""
+    """Train and validation splits of :meth:`examples`, built in ``setup``; a shuffled
+    ``StatefulDataLoader`` for training (it resumes mid-epoch exactly)."""
 
     collate_fn: Callable[[list[Any]], Any] | None = None
 
@@ -97,7 +97,6 @@ class ZooDataModule(pl.LightningDataModule):
         train_size: int = 16,
         val_size: int = 8,
         batch_size: int = BATCH,
-        loader: str = "stateful",
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -110,8 +109,7 @@ class ZooDataModule(pl.LightningDataModule):
         self.val_set = Examples(self.examples(self.hparams["val_size"], seed=12))
 
     def train_dataloader(self) -> DataLoader[Any]:
-        cls = DataLoader if self.hparams["loader"] == "plain" else StatefulDataLoader
-        return cls(
+        return StatefulDataLoader(
             self.train_set,
             batch_size=self.hparams["batch_size"],
             shuffle=True,
@@ -145,10 +143,9 @@ class InstructionDataModule(ZooDataModule):
         train_size: int = 16,
         val_size: int = 8,
         batch_size: int = BATCH,
-        loader: str = "stateful",
         labels: str = "masked",
     ) -> None:
-        super().__init__(train_size, val_size, batch_size, loader)
+        super().__init__(train_size, val_size, batch_size)
         if labels not in ("masked", "unmasked"):
             raise ValueError(f"labels={labels!r}: expected 'masked' or 'unmasked'")
         self.save_hyperparameters()
@@ -320,10 +317,9 @@ class SpeechDataModule(ZooDataModule):
         train_size: int = 16,
         val_size: int = 8,
         batch_size: int = BATCH,
-        loader: str = "stateful",
         labels: str = "aligned",
     ) -> None:
-        super().__init__(train_size, val_size, batch_size, loader)
+        super().__init__(train_size, val_size, batch_size)
         if labels not in ("aligned", "shifted_twice"):
             raise ValueError(f"labels={labels!r}: expected 'aligned' or 'shifted_twice'")
         self.save_hyperparameters()
