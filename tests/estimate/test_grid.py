@@ -498,3 +498,48 @@ def test_fsdp_mixed_precision_computes_in_bf16_without_autocast_copies() -> None
     single_step = rows.loc[("bf16-mixed", "single", 1, False, "optimizer_step")]
     own = step.peak_allocated_bytes - step.workspace_bytes
     assert own < (single_step.peak_allocated_bytes - single_step.workspace_bytes) / 2
+
+
+class _OneCycle(TinyCausalLM):
+    """The OneCycleLR idiom: the schedule's length from the Trainer."""
+
+    def __init__(self, reads: str = "estimated_stepping_batches", **opt: Any) -> None:
+        super().__init__(max_length=32)
+        self.reads, self.opt = reads, opt
+
+    def configure_optimizers(self) -> Any:
+        optimizer = torch.optim.AdamW(self.parameters(), lr=1e-3, **self.opt)
+        steps = getattr(self.trainer, self.reads)
+        scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, 1e-3, total_steps=steps)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler}}
+
+
+@pytest.mark.parametrize(
+    ("opt", "says"),
+    [
+        ({}, "foreach implementation"),
+        ({"foreach": False}, "for-loop implementation (foreach=False)"),
+        ({"fused": True}, "fused implementation"),
+    ],
+)
+def test_one_cycle_without_a_trainer_and_the_optimizer_named(
+    batch: Any, opt: dict[str, Any], says: str
+) -> None:
+    module = _OneCycle(**opt)
+    result = estimate(module, batch, micro_batches=[2], seq_lens=[32], largest=False, workers=1)
+    assert {row["status"] for row in result.rows} == {"ok"}
+    step = next(row for row in result.rows if row["phase"] == "optimizer_step")
+    assert f"optimizer: AdamW, {says}" in step["notes"]
+    assert "estimated_stepping_batches=1000" in step["notes"]
+    assert module._trainer is None  # the stand-in is gone
+
+
+def test_configure_optimizers_failing_names_its_phase_and_a_remedy(batch: Any) -> None:
+    result = estimate(
+        _OneCycle("datamodule"), batch, micro_batches=[2], seq_lens=[32], largest=False, workers=1
+    )
+    (row,) = result.rows
+    assert row["status"] == "error"
+    assert row["phase"] == "optimizer_step_first"
+    assert "configure_optimizers() failed: AttributeError: trainer.datamodule" in row["reason"]
+    assert "TargetEstimator" in row["reason"]
