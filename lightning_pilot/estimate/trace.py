@@ -76,6 +76,7 @@ __all__ = [
     "Session",
     "UntraceableError",
     "balanced_routes",
+    "causal_fraction",
     "cuda_attention",
     "cuda_autocast",
     "cuda_autocast_policy",
@@ -167,6 +168,72 @@ def _flop_registry() -> dict[Any, Callable[..., int]]:
 
 
 _FLOPS: dict[Any, Callable[..., int]] | None = None
+
+# Operators that alias their input without marking it (``func.is_view`` is false): no bytes
+# move. ``aten._unsafe_view`` is what every ``F.linear`` on a 3-D input returns (the 2-D
+# product reshaped back).
+_ALIASES: Final = frozenset({torch.ops.aten._unsafe_view.default})
+
+# Fused attention kernels (forward and backward) and the dimension of their query/key
+# holding the sequence: with a causal mask they skip the masked blocks (FlashAttention and the
+# memory-efficient kernel iterate only over the key blocks at or before each query block).
+_ATTENTION_SEQ_DIM: Final = {
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: -2,
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward: -2,
+    torch.ops.aten._scaled_dot_product_flash_attention: -2,
+    torch.ops.aten._scaled_dot_product_flash_attention_backward: -2,
+    torch.ops.aten._scaled_dot_product_efficient_attention: -2,
+    torch.ops.aten._scaled_dot_product_efficient_attention_backward: -2,
+    torch.ops.aten._scaled_dot_product_cudnn_attention: -2,
+    torch.ops.aten._scaled_dot_product_cudnn_attention_backward: -2,
+    torch.ops.aten._flash_attention_forward: 1,
+    torch.ops.aten._flash_attention_backward: 1,
+    torch.ops.aten._efficient_attention_forward: 1,
+    torch.ops.aten._efficient_attention_backward: 1,
+}
+
+
+def _argument(func: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any], name: str) -> Any:
+    for index, argument in enumerate(func._schema.arguments):
+        if argument.name == name:
+            if argument.kwarg_only or index >= len(args):
+                return kwargs.get(name, argument.default_value)
+            return args[index]
+    return None
+
+
+def causal_fraction(queries: int, keys: int) -> float:
+    """The share of the query x key pairs a causal mask (top-left aligned, as
+    ``is_causal=True``) keeps: the work a causal fused attention kernel does, against the full
+    product.
+
+    Example:
+        >>> causal_fraction(4, 4), causal_fraction(2048, 2048)
+        (0.625, 0.500244140625)
+    """
+    if queries <= 0 or keys <= 0:
+        return 1.0
+    if queries <= keys:
+        kept = queries * (queries + 1) // 2
+    else:
+        kept = keys * (keys + 1) // 2 + (queries - keys) * keys
+    return kept / (queries * keys)
+
+
+def _causal_fraction(func: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> float:
+    """:func:`causal_fraction` for a fused attention call with ``is_causal`` (or the
+    memory-efficient kernel's ``custom_mask_type`` 1, causal from the top left); 1 else."""
+    causal = _argument(func, args, kwargs, "is_causal")
+    if causal is None:
+        causal = _argument(func, args, kwargs, "custom_mask_type") == 1
+    if not causal:
+        return 1.0
+    query = _argument(func, args, kwargs, "query")
+    key = _argument(func, args, kwargs, "key")
+    if not isinstance(query, torch.Tensor) or not isinstance(key, torch.Tensor):
+        return 1.0
+    dim = _ATTENTION_SEQ_DIM[func.overloadpacket]
+    return causal_fraction(int(query.shape[dim]), int(key.shape[dim]))
 
 
 def _tensors(values: Any) -> list[torch.Tensor]:
@@ -488,7 +555,7 @@ class Recorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
         flops = 0
         moved = 0
         kind = 0
-        if not func.is_view:
+        if not func.is_view and func not in _ALIASES:
             moved = sum(t.numel() * t.element_size() for t in inputs) + sum(
                 t.numel() * t.element_size() for t in outputs
             )
@@ -498,6 +565,8 @@ class Recorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
                     flops = int(counter(*args, **kwargs, out_val=out))
                 except Exception:  # a counter that does not know this overload: no FLOPs
                     flops = 0
+                if flops and func.overloadpacket in _ATTENTION_SEQ_DIM:
+                    flops = int(flops * _causal_fraction(func, args, kwargs))
                 if flops and inputs:
                     kind = _DTYPE_KIND.get(inputs[0].dtype, 1)
         self._curve.append(self.current)
