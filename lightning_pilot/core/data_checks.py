@@ -1067,7 +1067,7 @@ class SplitInspection:
             relations = label_relations(inputs, targets, ignore_index=self.ignore_index) or []
             self._relations.update(r for r in relations if r is not None)
             if self.prompt is not None and self.unaligned is None:
-                self._add_prompt(batch, inputs, targets, mask, relations)
+                self._add_prompt(self.prompt, batch, inputs, targets, mask, relations)
 
     def _add_decoder(self, decoder: Any, targets: Any) -> None:
         relations = decoder_label_relations(decoder, targets, ignore_index=self.ignore_index)
@@ -1084,10 +1084,15 @@ class SplitInspection:
         self._decoder_problem = CheckResult("decoder_label_shift", "not_checked", detail)
 
     def _add_prompt(
-        self, batch: Any, inputs: Any, targets: Any, mask: Any, relations: Sequence[str | None]
+        self,
+        spec: PromptSpec,
+        batch: Any,
+        inputs: Any,
+        targets: Any,
+        mask: Any,
+        relations: Sequence[str | None],
     ) -> None:
-        assert self.prompt is not None
-        prompt, without, why = self.prompt.locate(batch, inputs, mask)
+        prompt, without, why = spec.locate(batch, inputs, mask)
         if prompt is None:
             self._prompt_problem = self._prompt_problem or why
             return
@@ -1117,6 +1122,9 @@ class SplitInspection:
                     " response, or the template tokenizes differently inside a text than alone"
                     " (take its ids from a tokenized example)"
                 )
+            return CheckResult(name, "not_checked", why)
+        if positions == 0:
+            why = f"none of {rows} row(s) has a prompt position ({spec}): nothing to check"
             return CheckResult(name, "not_checked", why)
         if unmasked:
             detail = (

@@ -386,6 +386,22 @@ def test_a_prompt_field_that_cannot_be_read_is_not_checked(
     assert reason in check.detail
 
 
+def test_rows_without_a_prompt_are_not_a_pass() -> None:
+    # Pretraining rows described with a response mask of ones: no prompt, nothing proven.
+    batch = _instruction_batch(masked=False)
+    batch["response_mask"] = batch["attention_mask"].clone()
+    inspection = SplitInspection(
+        "train", ignore_index=-100, prompt=PromptSpec(response_mask_key="response_mask")
+    )
+    inspection.add(BatchAdapter().view(batch), batch)
+    check = _named(inspection.checks())["train/instruction_masked"]
+    assert (check.verdict, check.detail) == (
+        "not_checked",
+        "none of 4 row(s) has a prompt position (response_mask_key='response_mask'): nothing to"
+        " check",
+    )
+
+
 def test_without_a_prompt_option_the_warning_says_how_to_check() -> None:
     batch = _instruction_batch(masked=False)
     result = check_instruction_masking(
