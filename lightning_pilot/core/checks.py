@@ -109,12 +109,19 @@ def frozen_regions(names: Sequence[str], frozen: Collection[str]) -> dict[str, l
 
 
 def _frozen_before_fit(
-    names: Sequence[str], frozen: Sequence[str], sizes: Mapping[str, int], optimized_elements: int
+    names: Sequence[str], cold: Collection[str], frozen: Sequence[str], sizes: Mapping[str, int]
 ) -> CheckResult:
-    """``pass`` for lone frozen tensors holding a small share, else ``warn`` naming the frozen
-    submodules and the share (the parameters are skipped by torch's optimizers)."""
-    regions = frozen_regions(names, set(frozen))
-    share = sum(sizes[n] for n in frozen) / optimized_elements if optimized_elements else 1.0
+    """``pass`` for lone ``frozen`` tensors holding a small share of the optimized elements
+    (``sizes``), else ``warn`` naming the frozen submodules (those of ``cold``, every frozen
+    parameter of the model, that hold one of ``frozen``) and the share."""
+    held = set(frozen)
+    regions = {
+        region: members
+        for region, members in frozen_regions(names, cold).items()
+        if held.intersection(members)
+    }
+    total = sum(sizes.values())
+    share = sum(sizes[n] for n in frozen) / total if total else 1.0
     lone = all(len(members) == 1 for members in regions.values())
     name = "trainable_params_require_grad"
     if lone and share < FROZEN_SHARE_WARN:
@@ -172,17 +179,17 @@ def check_gradients(
     frozen, switched_off, lost, missing, stray = [], [], [], [], []
     with_grad: list[tuple[str, torch.Tensor]] = []
     sizes: dict[str, int] = {}
-    cold: set[int] = set()
+    cold: set[int] = set()  # frozen now, and not switched off for this backward
     for name, param in named:
         in_optimizer = id(param) in optimized
         if in_optimizer:
             sizes[name] = param.numel()
+        if not (param.requires_grad or id(param) in off):
+            cold.add(id(param))
         if in_optimizer and not param.requires_grad:
             if id(param) in off:
                 switched_off.append(name)
-                continue
-            cold.add(id(param))
-            if trainable_at_start is not None and id(param) in trainable_at_start:
+            elif trainable_at_start is not None and id(param) in trainable_at_start:
                 lost.append(name)
             else:
                 frozen.append(name)
@@ -197,8 +204,10 @@ def check_gradients(
     seen = {id(param) for _, param in named}
     groups = [set(g) & seen for g in (optimizers or [optimized])]
     dead = [i for i, group in enumerate(groups) if group and group <= cold]
+    names = [name for name, _ in named]
+    frozen_names = [name for name, param in named if id(param) in cold]
     results = [
-        _requires_grad(named, frozen, switched_off, lost, dead, len(groups), sizes),
+        _requires_grad(names, frozen_names, frozen, switched_off, lost, dead, len(groups), sizes),
         _unless(
             "grads_reach_params",
             missing,
@@ -226,7 +235,8 @@ def check_gradients(
 
 
 def _requires_grad(
-    named: Sequence[tuple[str, torch.nn.Parameter]],
+    names: Sequence[str],
+    cold: Collection[str],
     frozen: Sequence[str],
     switched_off: Sequence[str],
     lost: Sequence[str],
@@ -234,8 +244,9 @@ def _requires_grad(
     n_optimizers: int,
     sizes: Mapping[str, int],
 ) -> CheckResult:
-    """``trainable_params_require_grad`` from the parameters of the optimizers that cannot
-    learn now, by cause (``dead``: indices of optimizers with nothing that can learn)."""
+    """``trainable_params_require_grad``: one part per cause (``dead``: the indices of the
+    optimizers with nothing that can learn; ``lost``: frozen mid-fit; ``frozen``: before the
+    fit; ``switched_off``: for this backward), the worst verdict of the parts."""
     name = "trainable_params_require_grad"
     parts: list[CheckResult] = []
     if dead:
@@ -265,8 +276,7 @@ def _requires_grad(
             )
         )
     if frozen:
-        names = [n for n, _ in named]
-        parts.append(_frozen_before_fit(names, frozen, sizes, sum(sizes.values())))
+        parts.append(_frozen_before_fit(names, set(cold), frozen, sizes))
     if switched_off:
         parts.append(
             CheckResult(

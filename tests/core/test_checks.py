@@ -132,6 +132,20 @@ def test_a_frozen_submodule_or_a_large_share_warns_naming_it() -> None:
     )
 
 
+def test_a_frozen_submodule_is_named_though_part_of_it_is_not_optimized() -> None:
+    model = nn.ModuleDict({"body": nn.Linear(32, 32), "head": nn.Linear(32, 2)})
+    model["head"].requires_grad_(False)
+    model["head"](model["body"](torch.ones(1, 32))).sum().backward()
+    # The head's weight only (64 of 1,120 optimized elements): the frozen head is still a layer.
+    optimized = {id(model["head"].weight), *(id(p) for p in model["body"].parameters())}
+    result = check_gradients(model.named_parameters(), optimized)[0]
+    assert result.verdict == "warn"
+    assert result.detail.startswith(
+        "1 parameter(s) frozen before the fit (requires_grad=False, 5.7% of the optimized"
+        " elements) are in the optimizer, in 1 frozen submodule(s): head;"
+    )
+
+
 def test_a_parameter_frozen_mid_fit_fails() -> None:
     model = _Encoder()
     at_start = {id(p) for p in model.parameters() if p.requires_grad}
