@@ -647,10 +647,9 @@ class PilotCallback(Callback):
         counts = self.__dict__.setdefault("_hook_errors", {})
         counts[hook] = counts.get(hook, 0) + 1
         name = f"{type(self).__name__}.{hook}"
-        detail = (
-            f"raised {type(err).__name__}: {str(err)[:500]} ({counts[hook]} time(s)); the fit"
-            " went on without what this hook would have checked or written"
-        )
+        what = f"raised {type(err).__name__}: {str(err)[:500]}"
+        went_on = "the fit went on without what this hook would have checked or written"
+        detail = f"{what} ({counts[hook]} time(s)); {went_on}"
         if counts[hook] == 1:
             _warn(f"{name} {detail} (phase table row 'pilot')", stacklevel=3)
         run = self._run
@@ -658,7 +657,10 @@ class PilotCallback(Callback):
             return
         try:
             check = CheckResult(name, "not_checked", detail)
-            self._put_checks("pilot", [check], counter="none", reason=f"{name} {detail}")
+            # The count lives in the check (replaced at each repeat); the row's reason stays the
+            # same text, so a hook failing at every update leaves one reason, not one per update.
+            reason = f"{name} {what}; {went_on} (count: check {name})"
+            self._put_checks("pilot", [check], counter="none", reason=reason)
             if run.closed:
                 run.flush()
         except (OSError, ValueError) as inner:  # recording must not break the fit either

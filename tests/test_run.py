@@ -424,3 +424,27 @@ def test_a_symlinked_folder_inside_out_dir_stops_the_fit_at_setup(
         trainer.fit(BoringModel())
     assert trainer.global_step == 0
     assert list(elsewhere.iterdir()) == []
+
+
+class _RaisesEveryUpdate(PilotCallback):
+    """A pilot callback whose per-update hook raises at every update (the guard catches it)."""
+
+    def on_train_batch_end(self, *args: Any) -> None:
+        raise RuntimeError("no such head")
+
+
+def test_a_hook_failing_at_every_update_leaves_one_reason_and_a_count(
+    make_trainer: Any, tmp_path: Path
+) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        make_trainer(max_steps=40, callbacks=[_RaisesEveryUpdate(out_dir=tmp_path / "pilot")]).fit(
+            BoringModel()
+        )
+    row = read_phase_table(tmp_path / "pilot").set_index("phase").loc["pilot"]
+    (check,) = row["checks"]
+    assert check["verdict"] == "not_checked"
+    assert "raised RuntimeError: no such head (40 time(s))" in check["detail"]
+    # One reason however many updates failed (it grew by a sentence per update before).
+    assert row["reason"].count("no such head") == 1, row["reason"]
+    assert len(row["reason"]) < 300, row["reason"]
