@@ -82,6 +82,7 @@ __all__ = [
     "cuda_autocast_policy",
     "cuda_dropout",
     "cuda_optimizer_defaults",
+    "optimizer_implementation",
     "optimizer_of",
     "precision_context",
     "repeated_blocks",
@@ -942,6 +943,35 @@ def cuda_optimizer_defaults(optimizer: torch.optim.Optimizer) -> torch.optim.Opt
     return optimizer
 
 
+def optimizer_implementation(optimizer: torch.optim.Optimizer) -> str:
+    """``"fused"``, ``"foreach"`` or ``"for-loop"``: how ``optimizer.step()`` runs as its
+    groups are set now (an unset ``foreach`` is the for-loop on CPU tensors; see
+    :func:`cuda_optimizer_defaults` for CUDA's default); ``"single"`` for an optimizer with
+    neither option; groups that differ are joined with ``"+"``.
+
+    Example:
+        >>> import torch
+        >>> params = [torch.nn.Parameter(torch.ones(2))]
+        >>> optimizer_implementation(torch.optim.AdamW(params, fused=True))
+        'fused'
+        >>> optimizer_implementation(cuda_optimizer_defaults(torch.optim.AdamW(params)))
+        'foreach'
+    """
+    found: list[str] = []
+    for group in optimizer.param_groups:
+        if group.get("fused"):
+            kind = "fused"
+        elif group.get("foreach"):
+            kind = "foreach"
+        elif "foreach" in group or "foreach" in optimizer.defaults:
+            kind = "for-loop"
+        else:
+            kind = "single"
+        if kind not in found:
+            found.append(kind)
+    return "+".join(found) or "single"
+
+
 def _loss_of(output: Any) -> torch.Tensor | None:
     if isinstance(output, torch.Tensor):
         return output
@@ -1354,6 +1384,8 @@ class Session:
         self._cut: tuple[Any, int] | None = None
         # (phase kind, checkpointing) -> why cutting failed for it: traced in full after.
         self._uncut: dict[tuple[Any, ...], str] = {}
+        #: The optimizer's implementation, for the notes of the optimizer phases.
+        self.optimizer_note = ""
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -1704,9 +1736,21 @@ class Session:
         """Call the module's ``configure_optimizers`` (CUDA's ``foreach`` default applied when
         ``cuda``)."""
         optimizer = optimizer_of(self.module.configure_optimizers())
+        asked = optimizer_implementation(optimizer)
         if self.cuda:
             cuda_optimizer_defaults(optimizer)
         self.optimizer = optimizer
+        used = optimizer_implementation(optimizer)
+        self.optimizer_note = f"optimizer: {type(optimizer).__name__}, {used} implementation"
+        if used == asked:
+            self.optimizer_note += " (as configure_optimizers asked)"
+        else:
+            self.optimizer_note += " (PyTorch's default on CUDA; left unset by the module)"
+        self.optimizer_note += {
+            "foreach": ": temporaries for a whole parameter group at once",
+            "fused": ": one kernel per group, no temporaries",
+            "for-loop": ": one parameter's temporaries at a time",
+        }.get(used, "")
         return optimizer
 
     def optimizer_phases(self) -> dict[str, PhaseTrace]:
@@ -1725,6 +1769,7 @@ class Session:
             with precision_context("32-true"):
                 self.optimizer.step()
             traces[phase] = self.recorder.end(self._classes((), {}))
+            traces[phase].notes.append(self.optimizer_note)
         return traces
 
     def validation_phase(

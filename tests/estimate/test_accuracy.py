@@ -132,3 +132,17 @@ def test_categories_add_up_and_name_the_state() -> None:
     forward = traced["forward"].categories
     assert forward["activations"] > forward["temporaries"] > 0
     assert traced["optimizer_step"].categories["activations"] == 0
+
+
+def test_a_batch_of_the_traced_size_is_not_reshaped_and_still_matches() -> None:
+    # The batch already has the micro-batch's rows: reshape_batch hands back the caller's own
+    # tensors. The reference must own its copy (the caller keeps the batch alive through
+    # validation and the save, which the tracker would count).
+    batch = image_batch(rows=8)
+    torch.manual_seed(0)
+    real = measure_cpu(ConvNet(), batch, micro_batch=8)
+    torch.manual_seed(0)
+    traced = trace_configuration(ConvNet(), batch, micro_batch=8)
+    for phase in PHASE_ORDER:
+        estimate, measured = traced[phase].peak_bytes, real[phase]
+        assert abs(estimate - measured) <= TOLERANCE * measured, (phase, estimate, measured)
