@@ -21,21 +21,26 @@ from typing import Any, TextIO
 
 import lightning.pytorch as pl
 import pandas as pd
+import torch
 
 from lightning_pilot.callbacks.divergence_ledger import DivergenceLedger, Heartbeat
 from lightning_pilot.callbacks.overfit_tiny_subset import OverfitTinySubset
 from lightning_pilot.core.progress import BarReporter, Reporter, is_terminal, tqdm_available
 from lightning_pilot.demo.lm import PAD_ID, VOCAB_SIZE, InstructionDataModule, TinyCausalLM, decode
+from lightning_pilot.estimate import TARGETS, Estimate, estimate
 from lightning_pilot.ledger import Ledger
 from lightning_pilot.pilot import pilot_callbacks
 from lightning_pilot.run import PilotRun
 from lightning_pilot.storage import read_phase_table
 
 __all__ = [
+    "LARGE_MODEL",
     "DemoSize",
     "FitMeter",
     "LrVariant",
     "fit_meter",
+    "large_estimate",
+    "large_table",
     "lr_variants",
     "run_demo",
     "write_plots",
@@ -121,6 +126,10 @@ MICRO_BATCH = 2
 ACCUMULATE = 8
 MAX_LENGTH = 20
 _MODEL: dict[str, Any] = {"d_model": 32, "n_heads": 2, "n_layers": 1, "max_length": MAX_LENGTH}
+#: The demo LM's architecture at about a billion parameters (1.01e9): the shape the demo
+#: estimates on the catalogue's GPUs, at micro-batch 8 x 2048 tokens, bf16-mixed.
+LARGE_MODEL: dict[str, Any] = {"d_model": 2048, "n_heads": 16, "n_layers": 20, "max_length": 2048}
+LARGE_MICRO_BATCH = 8
 
 
 class FitMeter(pl.Callback):
@@ -238,6 +247,15 @@ def _pilot_fit(out_dir: Path, size: DemoSize, meter: FitMeter) -> tuple[PilotRun
         },
         resume={"at_step": 2, "compare_steps": 2},
         ledger={"params": {"lr": 3e-3}},
+        # The pilot's own model on every GPU of the catalogue: the choice sheet prices the
+        # campaign on the ones it fits.
+        estimate={
+            "targets": list(TARGETS),
+            "precisions": ["bf16-mixed"],
+            "micro_batches": [MICRO_BATCH],
+            "largest": False,
+            "options": {"workers": 1},
+        },
     )
     took = _fit(
         out_dir,
@@ -251,6 +269,56 @@ def _pilot_fit(out_dir: Path, size: DemoSize, meter: FitMeter) -> tuple[PilotRun
         limit_val_batches=size.val_batches,
     )
     return callbacks[0].run, took
+
+
+def large_estimate(batch: Any) -> Estimate:
+    """The demo LM's architecture at :data:`LARGE_MODEL` (about 1e9 parameters), built on
+    fake tensors and estimated on every GPU of the catalogue at micro-batch
+    :data:`LARGE_MICRO_BATCH` x 2048 tokens, bf16-mixed, activation checkpointing off and on
+    (each ``_Block``), on one GPU and sharded over 8 with FSDP."""
+    from lightning_pilot.demo.lm import _Block
+
+    return estimate(
+        factory=lambda: TinyCausalLM(**LARGE_MODEL),
+        batch=batch,
+        targets=list(TARGETS),
+        precisions=["bf16-mixed"],
+        micro_batches=[LARGE_MICRO_BATCH],
+        seq_lens=[LARGE_MODEL["max_length"]],
+        checkpointing=[False, True],
+        checkpoint_classes=[_Block],
+        wrap_classes=[_Block],
+        strategies=["single", "fsdp:8"],
+        largest=False,
+        workers=1,
+    )
+
+
+def large_table(result: Estimate) -> str:
+    """One line per target, checkpointing and strategy: memory per GPU (the estimated
+    reserved bytes of the phase that peaks), the phase, fits, and the step-time band."""
+    frame = result.frame()
+    ok = frame[frame["status"] == "ok"]
+    keys = ["target", "checkpointing", "strategy", "devices"]
+    rows = []
+    for key, group in ok.groupby(keys, sort=False):
+        peak = group.loc[group["estimated_reserved_bytes"].idxmax()]
+        rows.append(
+            {
+                "target": key[0],
+                "act. ckpt": "on" if key[1] else "off",
+                "strategy": key[2] if key[2] == "single" else f"{key[2]}:{key[3]}",
+                "memory per GPU": _fmt_bytes(peak["estimated_reserved_bytes"]),
+                "peak phase": peak["phase"],
+                "fits": "yes" if bool(peak["fits"]) and bool(group["fits"].all()) else "no",
+                "update": f"{peak['step_time_low_s']:.2f}-{peak['step_time_high_s']:.2f} s",
+            }
+        )
+    failed = frame[frame["status"] != "ok"]
+    text = _table(pd.DataFrame(rows)) if rows else "(nothing estimated)"
+    for row in failed.itertuples():
+        text += f"\n  {row.target}: {row.status}: {row.reason}"
+    return text
 
 
 def _comparison_fit(
@@ -401,6 +469,23 @@ def run_demo(out_dir: Path, *, quick: bool = False, stream: TextIO | None = None
     )
 
     plots = write_plots(out / "plots", ledger.curves(), ours, table, write)
+
+    # Before renting: the same architecture at a billion parameters, on the catalogue's GPUs.
+    started = time.perf_counter()
+    data = InstructionDataModule(batch_size=MICRO_BATCH, max_length=MAX_LENGTH, seed=0)
+    data.setup("fit")
+    with _quiet():
+        large = large_estimate(next(iter(data.train_dataloader())))
+    seconds["estimate"] = time.perf_counter() - started
+    with torch.device("meta"):
+        params = sum(p.numel() for p in TinyCausalLM(**LARGE_MODEL).parameters())
+    write(
+        f"\nThe demo LM's architecture at {params / 1e9:.2f}B parameters (d_model"
+        f" {LARGE_MODEL['d_model']}, {LARGE_MODEL['n_layers']} layers), micro-batch"
+        f" {LARGE_MICRO_BATCH} x {LARGE_MODEL['max_length']} tokens, bf16-mixed, AdamW:"
+        f" estimated on fake tensors in {seconds['estimate']:.1f} s (docs/estimate.md):\n"
+    )
+    write(large_table(large) + "\n")
     seconds["total"] = time.perf_counter() - start
 
     write(
@@ -425,5 +510,6 @@ def run_demo(out_dir: Path, *, quick: bool = False, stream: TextIO | None = None
         "control": control,
         "comparison": comparison,
         "plots": plots,
+        "large_estimate": large,
         "seconds": seconds,
     }

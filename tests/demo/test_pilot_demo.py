@@ -178,3 +178,32 @@ def test_phase_peaks_skips_unmeasured_phases() -> None:
     )
     peaks = phase_peaks(table)
     assert peaks.to_dict() == {"forward": 20.0, "backward": 30.0}
+
+
+def test_demo_estimates_and_its_sheet_prices_the_campaign_on_the_catalogue(
+    demo: tuple[dict[str, Any], str],
+) -> None:
+    """The demo estimates its own model (the sheet prices the campaign on the GPUs it fits)
+    and its architecture at a billion parameters on every GPU of the catalogue."""
+    from lightning_pilot.estimate import TARGETS
+    from lightning_pilot.report.sheet import choice_sheet
+
+    result, text = demo
+    assert "The demo LM's architecture at 1.01B parameters" in text
+    frame = result["large_estimate"].frame()
+    assert set(frame["status"]) == {"ok"}
+    assert set(frame["target"]) == set(TARGETS)
+    # A billion parameters with AdamW: one 24 GB GPU is too small, an 80 GB one is not.
+    forward = frame[(frame.phase == "forward") & (frame.strategy == "single")].set_index(
+        ["target", "checkpointing"]
+    )
+    assert not forward.loc[("L4-24GB", False), "fits"]
+    assert forward.loc[("H100-SXM-80GB", True), "fits"]
+    assert "H100-SXM-80GB" in text
+    assert "fsdp:8" in text
+    sheet = choice_sheet(
+        result["pilot_run_dir"], experiment=result["experiment"], control=result["control"]
+    )
+    assert "Not estimated" not in sheet
+    assert "Campaign package on the target" in sheet
+    assert "H100-SXM-80GB x1 bf16-mixed micro-batch 2: all variants" in sheet
