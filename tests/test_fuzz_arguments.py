@@ -74,6 +74,7 @@ BOOL, FUNC, TEXT, NAME, PATH = Kind("bool"), Kind("func"), Kind("text"), Kind("n
 INSTANCE, PARAMS, STRINGS = Kind("instance"), Kind("params"), Kind("strings")
 SPEC, FACTORY, RUN_ID, SCHEDULE = Kind("spec"), Kind("factory"), Kind("run_id"), Kind("schedule")
 OPTION, OVERFIT = Kind("option"), Kind("overfit")
+TOKENS = Kind("tokens")
 
 Bad = tuple[object, type[Exception]]
 
@@ -134,6 +135,9 @@ _VALUES: dict[Kind, list[Bad]] = {
     OPTION: [(3, TypeError), ("yes", TypeError), ([], TypeError), (1.0, TypeError),
              ({"no_such_option": 1}, ValueError), ({"out_dir": "x"}, ValueError)],
     OVERFIT: [(True, ValueError), ({}, ValueError), ({"max_steps": 30}, ValueError)],
+    TOKENS: [("### Response:", TypeError), (b"x", TypeError), (3, TypeError), ([], ValueError),
+             ([-1], ValueError), ([True], TypeError), ([1.5], TypeError),
+             ([HUGE_INT], ValueError)],
 }  # fmt: skip
 
 
@@ -186,6 +190,9 @@ KINDS: dict[Target, dict[str, object]] = {
         "max_length": Int(1),
         "pad_token_id": Int(0),
         "padding_warn": Float(0, 1),
+        "response_mask_key": TEXT,
+        "prompt_length_key": TEXT,
+        "response_template": TOKENS,
         "adapter": INSTANCE,
         "out_dir": PATH,
     },
@@ -253,6 +260,7 @@ KINDS: dict[Target, dict[str, object]] = {
         "inputs": SPEC,
         "targets": SPEC,
         "attention_mask": SPEC,
+        "decoder_inputs": SPEC,
         "ignore_index": Int(),
     },
     pilot_callbacks: {
