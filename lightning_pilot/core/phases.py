@@ -73,7 +73,7 @@ def worst_verdict(verdicts: Iterable[str]) -> str:
 #: What to do when a check of the phase fails (the end of a failing row's ``reason``).
 REMEDIES: Final[dict[str, str]] = {
     "data": "fix the dataset or the transform",
-    "forward": "inspect the reduced batch and the values",
+    "forward": "inspect the reduced batch and the values, and the modules' train mode",
     "backward": "check the graph, precision and normalisation",
     "optimizer_step": "inspect the optimizer and accumulation",
     "validation": "separate its settings from training's",
@@ -119,8 +119,9 @@ def judge(phase: str, checks: Iterable[tuple[str, str, str]]) -> tuple[str, str 
         >>> verdict, reason = judge("forward", [("loss_finite", "fail", "loss is nan")])
         >>> verdict
         'fail'
-        >>> reason
-        'loss_finite: loss is nan. If the check fails: inspect the reduced batch and the values'
+        >>> print(reason)
+        loss_finite: loss is nan. If the check fails: inspect the reduced batch and the values,
+        and the modules' train mode
         >>> judge("forward", [("loss_finite", "pass", "")])
         ('pass', None)
         >>> judge("overfit", [("loss_finite", "pass", ""),
