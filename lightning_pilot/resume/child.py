@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import os
+import pickle
 import sys
 import threading
 import time
@@ -112,9 +113,41 @@ def _build(
     return model, (datamodule if datamodule_first else build_datamodule())
 
 
-def run_resume(task: ResumeTask, result: TaskResult, progress: Progress = _silent) -> None:
+def unpickle_loaders(payload: bytes | None, result: TaskResult) -> Any:
+    """The training loaders the training process pickled and sent on this process's stdin (a
+    fresh copy per call), or ``None`` with the reason in ``result.loader_error``.
+
+    Safe to unpickle, unlike a file: the bytes come through the anonymous pipe the training
+    process opened when it started this one (no name on any file system: nothing else can open,
+    write or replace it), and they are that process's own pickle of the objects the user passed
+    to ``fit`` in the same session, so unpickling runs only the code building them already ran.
+
+    Example:
+        >>> result = TaskResult(kind="resume")
+        >>> unpickle_loaders(pickle.dumps([1, 2]), result)
+        [1, 2]
+        >>> unpickle_loaders(b"", result), result.loader_error
+        (None, 'no loaders came on stdin')
+    """
+    if not payload:
+        result.loader_error = "no loaders came on stdin"
+        return None
+    try:
+        return pickle.loads(payload)  # the parent's own pickle, on a private pipe
+    except Exception as err:  # a class this process cannot import, ...: the parent falls back
+        result.loader_error = f"{type(err).__name__}: {str(err)[:300]}"
+        return None
+
+
+def run_resume(
+    task: ResumeTask,
+    result: TaskResult,
+    progress: Progress = _silent,
+    loaders_payload: bytes | None = None,
+) -> None:
     """Rebuild the module and data as the script probably did (seed, module, data) and resume;
     when the data differ from the fit's after a seed, build the data first and resume again.
+    With ``task.fit_loaders`` the training data are the loaders in ``loaders_payload``.
     """
     progress("loading the checkpoint")
     checkpoint = load_checkpoint(task.checkpoint, result)
@@ -128,13 +161,19 @@ def run_resume(task: ResumeTask, result: TaskResult, progress: Progress = _silen
             if datamodule_first
             else "rebuilding the module and data"
         )
+        loaders = None
+        if task.fit_loaders:
+            progress("unpickling the training loaders passed to fit")
+            loaders = unpickle_loaders(loaders_payload, result)
+            if loaders is None:
+                return
         try:
             model, datamodule = _build(task, checkpoint, datamodule_first)
         except Exception as err:  # reported to the parent as "cannot rebuild"
             result.build_error = f"{type(err).__name__}: {err}"
             return
         progress(resuming)
-        replay(task, result, model, datamodule)
+        replay(task, result, model, datamodule, loaders)
         if (
             datamodule_first
             or task.dataset_fingerprint is None
@@ -197,12 +236,16 @@ def _exit_with_parent(poll_s: float = 0.5) -> None:
     threading.Thread(target=watch, name="lightning-pilot-parent-watch", daemon=True).start()
 
 
-def run_task(task: ResumeTask | ArtifactTask, progress: Progress = _silent) -> TaskResult:
+def run_task(
+    task: ResumeTask | ArtifactTask,
+    progress: Progress = _silent,
+    loaders_payload: bytes | None = None,
+) -> TaskResult:
     """One task's result; an exception of the user's code becomes its ``crash``."""
     result = TaskResult(kind=task.kind)
     try:
         if isinstance(task, ResumeTask):
-            run_resume(task, result, progress)
+            run_resume(task, result, progress, loaders_payload)
         else:
             run_artifact(task, result, progress)
     except Exception as err:  # the user's code: reported whole
@@ -220,6 +263,9 @@ def main(argv: list[str] | None = None) -> int:
     """
     args = sys.argv[1:] if argv is None else argv
     request = Request.from_dict(storage.read_json(args[0], max_bytes=MAX_REQUEST_BYTES))
+    # The training loaders passed to fit, pickled by the training process (unpickle_loaders).
+    sent = any(isinstance(t, ResumeTask) and t.fit_loaders for t in request.tasks)
+    payload = sys.stdin.buffer.read() if sent else None
     warnings.simplefilter("ignore")
     _exit_with_parent()
     torch.set_num_threads(request.num_threads)
@@ -231,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
         def progress(phase: str, done: int = index, where: str = where) -> None:
             announce(done, total, f"{where}: {phase}")
 
-        results.append(run_task(task, progress))
+        results.append(run_task(task, progress, payload))
     announce(total, total, "writing the answer")
     storage.publish_json(Result(tasks=tuple(results)).to_dict(), request.result)
     return 0

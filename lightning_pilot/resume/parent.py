@@ -8,8 +8,10 @@ import copy
 import dataclasses
 import functools
 import inspect
+import io
 import itertools
 import os
+import pickle
 import queue
 import socket
 import subprocess
@@ -27,6 +29,7 @@ import torch
 from lightning.pytorch.callbacks import TQDMProgressBar
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.utilities.model_helpers import is_overridden
+from torch.utils.data import DataLoader
 
 from lightning_pilot import storage
 from lightning_pilot.core.checks import CheckResult
@@ -71,9 +74,10 @@ def _takes_arguments(cls: type) -> bool:
 
 
 def rebuild_blocker(
-    factory: str | None, pl_module: Any, datamodule: Any, *, needs_data: bool
+    factory: str | None, pl_module: Any, datamodule: Any, *, loaders_passed: bool = False
 ) -> str | None:
-    """Why a new process cannot rebuild the module (and data), or ``None`` if it can."""
+    """Why a new process cannot rebuild the module (and data), or ``None`` if it can;
+    ``loaders_passed``: the training loaders were passed to ``fit`` and cannot be sent."""
     if factory:
         return None
     objects = [o for o in (pl_module, datamodule) if o is not None]
@@ -91,11 +95,104 @@ def rebuild_blocker(
                 " which may be another model or other data; call self.save_hyperparameters() in"
                 " its __init__"
             )
-    if needs_data and datamodule is None and not is_overridden("train_dataloader", pl_module):
+    if loaders_passed:
         return (
-            "the training data was passed to fit() as loaders, which a new process cannot rebuild"
+            "the training data was passed to fit() as loaders, which are not sent to the"
+            " per-rank new processes"
         )
     return None
+
+
+def fit_loaders(trainer: pl.Trainer) -> Any:
+    """The training loaders passed straight to ``fit`` (as the fit used them), or ``None`` when a
+    DataModule or the module's ``train_dataloader()`` gave the data."""
+    source = getattr(trainer.fit_loop, "_data_source", None)
+    if source is None:  # not Lightning 2.x's data source: judged from the public attributes
+        passed = getattr(trainer, "datamodule", None) is None and not is_overridden(
+            "train_dataloader", trainer.lightning_module
+        )
+    else:
+        instance = getattr(source, "instance", None)
+        passed = instance is not None and not isinstance(
+            instance, pl.LightningModule | pl.LightningDataModule
+        )
+    if not passed:
+        return None
+    loaders = trainer.train_dataloader
+    return loaders if loaders is not None else getattr(source, "instance", None)
+
+
+#: What a loader gains by being iterated (a StatefulDataLoader keeps its iterator after a fit;
+#: persistent workers' iterators hold processes): reset in the copies sent or compared.
+_ITERATION_STATE: Final = {
+    "_iterator": None,
+    "_initial_iter_for_state_dict": False,
+    "next_iter_state": None,
+}
+
+
+def as_built(loaders: Any) -> Any:
+    """Shallow copies of ``loaders`` (a DataLoader, or a list, tuple or dict of them) without
+    what iterating them left behind, as the script built them; other objects as they are.
+
+    Example:
+        >>> from torch.utils.data import DataLoader
+        >>> loader = DataLoader(range(8), batch_size=2, persistent_workers=False)
+        >>> loader._iterator = iter(loader)
+        >>> [copy._iterator for copy in as_built([loader])], loader._iterator is not None
+        ([None], True)
+    """
+    if isinstance(loaders, DataLoader):
+        clone = copy.copy(loaders)
+        state = vars(clone)
+        state.update({k: v for k, v in _ITERATION_STATE.items() if k in state})
+        return clone
+    if isinstance(loaders, Mapping):
+        return {key: as_built(value) for key, value in loaders.items()}
+    if isinstance(loaders, list | tuple):
+        copies = [as_built(value) for value in loaders]
+        return copies if isinstance(loaders, list) else tuple(copies)
+    return loaders
+
+
+class _Pickler(pickle.Pickler):
+    """A pickler that notes the first class or function defined in ``__main__``: it pickles
+    here, but a new process (whose ``__main__`` is the child module) cannot find it."""
+
+    in_main: str | None = None
+
+    def reducer_override(self, obj: Any) -> Any:
+        if self.in_main is None and getattr(obj, "__module__", None) == "__main__":
+            name = getattr(obj, "__qualname__", None)
+            if isinstance(name, str) and (isinstance(obj, type) or callable(obj)):
+                self.in_main = f"__main__.{name}"
+        return NotImplemented
+
+
+def pickle_loaders(loaders: Any) -> tuple[bytes | None, str | None]:
+    """``loaders`` pickled for a new process, or ``None`` and why they cannot go there.
+
+    Example:
+        >>> from torch.utils.data import DataLoader
+        >>> payload, why = pickle_loaders(DataLoader(range(8), batch_size=2, shuffle=True))
+        >>> (len(payload) > 0, why)
+        (True, None)
+        >>> print(pickle_loaders(DataLoader(range(8), collate_fn=lambda batch: batch))[1])
+        the loader is not picklable (PicklingError: Can't pickle <function <lambda> ...)
+    """
+    buffer = io.BytesIO()
+    pickler = _Pickler(buffer, protocol=pickle.HIGHEST_PROTOCOL)
+    try:
+        pickler.dump(as_built(loaders))
+    except Exception as err:  # the user's objects: any type (PicklingError, TypeError, ...)
+        first = str(err).splitlines()[0][:300] if str(err) else ""
+        return None, f"the loader is not picklable ({type(err).__name__}: {first})"
+    if pickler.in_main is not None:
+        return None, (
+            f"the loader holds {pickler.in_main}, defined in __main__, which a new process"
+            " cannot import"
+        )
+    return buffer.getvalue(), None
 
 
 def launch(
@@ -106,12 +203,15 @@ def launch(
     tag: str = "",
     env: dict[str, str] | None = None,
     progress: Reporter | None = None,
+    stdin: bytes | None = None,
 ) -> list[TaskResult]:
     """Run ``tasks`` in one new process (request and answer in ``folder``): one result per task,
-    a ``crash`` for each when the process fails to answer; its progress goes to ``progress``."""
+    a ``crash`` for each when the process fails to answer; its progress goes to ``progress``;
+    ``stdin``: what its standard input reads (the pickled loaders of tasks with
+    ``fit_loaders``)."""
     reporter = progress if progress is not None else Reporter()
     with reporter:
-        results = _launch(tasks, folder, timeout_s, tag, env, reporter)
+        results = _launch(tasks, folder, timeout_s, tag, env, reporter, stdin)
         failed = next((r.crash for r in results if r.crash is not None), None)
         reporter.close(
             "new process done" if failed is None else f"new process ended: {failed}",
@@ -127,6 +227,7 @@ def _launch(
     tag: str,
     env: dict[str, str] | None,
     progress: Reporter,
+    stdin: bytes | None = None,
 ) -> list[TaskResult]:
     request_path = folder / f"spec-tasks{tag}.json"
     result_path = folder / f"result-tasks{tag}.json"
@@ -147,7 +248,7 @@ def _launch(
     command = [sys.executable, "-m", "lightning_pilot.resume.child", str(request_path)]
     progress.update(f"new process starting for {len(tasks)} task(s)", done=0)
     try:
-        done = run_streaming(command, env, timeout_s, progress)
+        done = run_streaming(command, env, timeout_s, progress, stdin=stdin)
     except subprocess.TimeoutExpired:
         return _crashed(tasks, f"the new process did not finish within {timeout_s:.0f} s")
     if not result_path.exists():
@@ -190,13 +291,30 @@ def _show(marks: queue.SimpleQueue[Mark], progress: Reporter) -> None:
         progress.update(f"new process: {mark.message}", done=mark.done)
 
 
+def _feed(pipe: Any, data: bytes) -> None:
+    """Write ``data`` to the text-mode ``pipe``'s byte stream and close it; a process that ended
+    before reading it all (its crash is the answer) is no error here."""
+    try:
+        with pipe:
+            pipe.buffer.write(data)
+    except (OSError, ValueError):
+        pass
+
+
 def run_streaming(
-    command: Sequence[str], env: Mapping[str, str], timeout_s: float, progress: Reporter
+    command: Sequence[str],
+    env: Mapping[str, str],
+    timeout_s: float,
+    progress: Reporter,
+    *,
+    stdin: bytes | None = None,
 ) -> Finished:
     """Run ``command`` as ``subprocess.run(capture_output=True, text=True, timeout=timeout_s)``
-    does (killed on any exception here), its stderr's progress markers sent to ``progress``."""
+    does (killed on any exception here), its stderr's progress markers sent to ``progress``;
+    ``stdin`` (bytes) goes to its standard input through a pipe only the two processes hold."""
     process = subprocess.Popen(
         list(command),
+        stdin=None if stdin is None else subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -205,6 +323,8 @@ def run_streaming(
     )
     assert process.stdout is not None
     assert process.stderr is not None
+    if stdin is not None:
+        threading.Thread(target=_feed, args=(process.stdin, stdin), daemon=True).start()
     stdout: deque[str] = deque(maxlen=KEPT_LINES)
     stderr: deque[str] = deque(maxlen=KEPT_LINES)
     marks: queue.SimpleQueue[Mark] = queue.SimpleQueue()
@@ -288,34 +408,66 @@ class Launcher:
     timeout_s: float
 
     def run(self, tasks: Sequence[Task], trainer: pl.Trainer, pl_module: Any) -> list[TaskResult]:
-        """Run every task in one new process (in this one when asked to and a new one cannot)."""
+        """Run every task in one new process (in this one when asked to and a new one cannot).
+
+        Training loaders passed straight to ``fit`` go to the new process pickled, on its stdin;
+        loaders that cannot (not picklable, or unpicklable there) are compared in this process.
+        """
         datamodule = getattr(trainer, "datamodule", None)
+        loaders = fit_loaders(trainer) if any(isinstance(t, ResumeTask) for t in tasks) else None
+        payload, unsent = pickle_loaders(loaders) if loaders is not None else (None, None)
         results: list[TaskResult | None] = []
         runnable: list[Task] = []
         for task in tasks:
             if isinstance(task, ArtifactTask):
-                blocker = rebuild_blocker(self.factory, pl_module, None, needs_data=False)
+                blocker = rebuild_blocker(self.factory, pl_module, None)
                 hint = "; or pass factory=..."
             else:
-                blocker = rebuild_blocker(self.factory, pl_module, datamodule, needs_data=True)
+                blocker = rebuild_blocker(self.factory, pl_module, datamodule)
                 hint = (
                     ": pass ResumeVerifier(factory='package.module:function'), or"
                     " fallback='in_process' to compare in this process (weaker: shared globals)"
                 )
+            if blocker is None and isinstance(task, ResumeTask) and loaders is not None:
+                if unsent is not None:  # the loaders cannot travel: compared here
+                    results.append(_in_process(task, trainer, pl_module, _IN_HERE, unsent))
+                    continue
+                task = dataclasses.replace(task, fit_loaders=True)
             if blocker is None:
                 runnable.append(task)
                 results.append(None)
             elif isinstance(task, ResumeTask) and self.fallback == "in_process":
-                results.append(_in_process(task, trainer, pl_module))
+                why = "the module cannot be rebuilt in a new process (fallback='in_process')"
+                results.append(
+                    _in_process(task, trainer, pl_module, why=why if loaders is not None else None)
+                )
             else:
                 results.append(TaskResult(kind=task.kind, blocked=blocker + hint))
         if runnable:
             folder = Path(runnable[0].checkpoint).parent
             progress = trainer_progress(trainer, len(runnable))
-            answers = iter(
-                launch(runnable, folder, self.timeout_s * len(runnable), progress=progress)
+            sent = any(isinstance(t, ResumeTask) and t.fit_loaders for t in runnable)
+            answers = launch(
+                runnable,
+                folder,
+                self.timeout_s * len(runnable),
+                progress=progress,
+                stdin=payload if sent else None,
             )
-            results = [r if r is not None else next(answers) for r in results]
+            for index, (task, answer) in enumerate(zip(runnable, answers, strict=True)):
+                if not isinstance(task, ResumeTask) or not task.fit_loaders:
+                    continue
+                if answer.loader_error is not None:  # e.g. a class the new process cannot import
+                    why = f"the new process could not unpickle the loader ({answer.loader_error})"
+                    answers[index] = _in_process(task, trainer, pl_module, _IN_HERE, why)
+                    continue
+                built = answer.crash is None and answer.build_error is None
+                answer.data_source = (
+                    f"loaders passed to fit: {'rebuilt in' if built else 'sent to'} the new"
+                    f" process from a private pickle ({len(payload or b'')} bytes, on its stdin)"
+                )
+            remaining = iter(answers)
+            results = [r if r is not None else next(remaining) for r in results]
         return [r for r in results if r is not None]
 
     def run_per_rank(
@@ -326,7 +478,10 @@ class Launcher:
         """
         port = trainer.strategy.broadcast(_free_port() if trainer.is_global_zero else 0, src=0)
         datamodule = getattr(trainer, "datamodule", None)
-        blocker = rebuild_blocker(self.factory, pl_module, datamodule, needs_data=True)
+        loaders_passed = self.factory is None and fit_loaders(trainer) is not None
+        blocker = rebuild_blocker(
+            self.factory, pl_module, datamodule, loaders_passed=loaders_passed
+        )
         if blocker is not None:  # the same on every rank: no rank waits for another
             why = (
                 f"{blocker}: pass ResumeVerifier(factory='package.module:function'); under"
@@ -379,18 +534,33 @@ class Launcher:
         return results
 
 
-def _in_process(task: ResumeTask, trainer: pl.Trainer, pl_module: Any) -> TaskResult:
-    """The in-process fallback: copies of the live objects, this process's RNG put back after."""
-    result = TaskResult(kind="resume", where="the in-process fallback")
+#: Where a comparison of loaders passed to ``fit`` that cannot travel runs.
+_IN_HERE: Final = "this process (in-process comparison)"
+
+
+def _in_process(
+    task: ResumeTask,
+    trainer: pl.Trainer,
+    pl_module: Any,
+    where: str = "the in-process fallback",
+    why: str | None = None,
+) -> TaskResult:
+    """The in-process comparison: copies of the live objects, this process's RNG put back after;
+    ``why``: the reason the loaders passed to ``fit`` are compared here."""
+    result = TaskResult(kind="resume", where=where)
+    if why is not None:
+        result.data_source = f"loaders passed to fit: compared in-process: {why}"
     live = getattr(trainer, "datamodule", None)
     datamodule = copy.copy(live) if live is not None else None
     loaders = None
-    if datamodule is None and not is_overridden("train_dataloader", pl_module):
+    passed = fit_loaders(trainer) if datamodule is None else None
+    if passed is not None:
         try:
-            loaders = copy.deepcopy(trainer.train_dataloader)
-        except (TypeError, NotImplementedError, RuntimeError) as err:
+            loaders = copy.deepcopy(as_built(passed))
+        except Exception as err:  # the user's objects: any type
             result.crash = (
-                f"cannot copy the training loader for the in-process fallback ({err}): pass"
+                f"cannot copy the training loader for the in-process comparison"
+                f" ({type(err).__name__}: {err}): pass"
                 " ResumeVerifier(factory='package.module:function')"
             )
             return result

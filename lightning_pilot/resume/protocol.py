@@ -51,7 +51,8 @@ class ResumeTask(_Message):
     """Resume ``fit`` from ``checkpoint`` in a module (and datamodule) rebuilt by ``factory`` or
     from their classes, and record what follows. ``trainer`` holds the Trainer's keyword
     arguments, ``adapter`` the BatchAdapter's key and index fields, ``ddp`` the ``DDPStrategy``
-    options when the new process is one rank of a DDP group like the fit's.
+    options when the new process is one rank of a DDP group like the fit's; ``fit_loaders``:
+    the training loaders passed to ``fit`` come pickled on the new process's stdin.
 
     Example:
         >>> task = ResumeTask(checkpoint="a.ckpt", state_key="k", module_class="m:Net",
@@ -70,6 +71,7 @@ class ResumeTask(_Message):
     dataset_fingerprint: str | None = None
     adapter: dict[str, str | int] = field(default_factory=dict)
     ddp: dict[str, Any] | None = None
+    fit_loaders: bool = False
     kind: Literal["resume"] = "resume"
 
 
@@ -134,7 +136,8 @@ class State(_Message):
 @dataclass
 class TaskResult(_Message):
     """What one task found: failures that are the answer are fields, never exceptions
-    (``blocked`` and ``where``: the training process's notes).
+    (``blocked``, ``where`` and ``data_source``: the training process's notes;
+    ``loader_error``: the loaders passed to ``fit`` did not unpickle in the new process).
 
     Example:
         >>> TaskResult(kind="resume", crash="the new process exited with 1").where
@@ -153,6 +156,8 @@ class TaskResult(_Message):
     file_bytes: int | None = None
     build_error: str | None = None
     build_order: str | None = None
+    loader_error: str | None = None
+    data_source: str | None = None
     dataset_fingerprint: str | None = None
     restored: State | None = None
     steps: list[StepRecord] = field(default_factory=list)

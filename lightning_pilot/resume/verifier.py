@@ -455,8 +455,12 @@ class ResumeVerifier(PilotCallback):
             return [CheckResult("rebuild", "not_checked", result.blocked)]
         results = [CheckResult("weights_only_load", "pass", f"loaded in {where}")]
         failure = result.build_error or result.crash
+        source = result.data_source  # how loaders passed to fit were rebuilt, or compared here
         if failure is not None:
-            return [*results, CheckResult("rebuild", "fail", f"{failure} ({where})")]
+            detail = f"{failure} ({where}{'; ' + source if source else ''})"
+            return [*results, CheckResult("rebuild", "fail", detail)]
+        if source is not None:
+            results.append(CheckResult("rebuild", "pass", source))
         if self._load_row is None:
             self._load_row = result
         rows = []
