@@ -33,6 +33,7 @@ from lightning_pilot.core.memory import TensorTracker, state_tensors
 from lightning_pilot.estimate.trace import (
     PRECISIONS,
     BalancedRouting,
+    _checkpointing_choice,
     _loss_of,
     activation_checkpointing,
     cuda_attention,
@@ -65,7 +66,7 @@ def measure_cpu(
     micro_batch: int,
     seq_len: int | None = None,
     precision: str = "32-true",
-    checkpointing: bool = False,
+    checkpointing: bool | str = False,
     checkpoint_classes: Sequence[type[torch.nn.Module]] = (),
     cuda: bool = False,
     balanced_routing: bool = False,
@@ -82,6 +83,7 @@ def measure_cpu(
     validate.integer(owner, "micro_batch", micro_batch, minimum=1)
     validate.integer(owner, "seq_len", seq_len, minimum=1, optional=True)
     validate.choice(owner, "precision", precision, PRECISIONS)
+    _checkpointing_choice(owner, checkpointing)
     validate.boolean(owner, "cuda", cuda)
     validate.boolean(owner, "balanced_routing", balanced_routing)
     if precision == "bf16-true":
@@ -110,7 +112,11 @@ def measure_cpu(
             stack.enter_context(cuda_autocast())
             stack.enter_context(cuda_dropout())
         if checkpointing:
-            stack.enter_context(activation_checkpointing(module, tuple(checkpoint_classes)))
+            stack.enter_context(
+                activation_checkpointing(
+                    module, tuple(checkpoint_classes), checkpointing == "selective"
+                )
+            )
         optimizer = optimizer_of(module.configure_optimizers())
         if cuda:
             cuda_optimizer_defaults(optimizer)

@@ -69,6 +69,7 @@ from lightning_pilot.core import validate
 
 __all__ = [
     "CATEGORIES",
+    "CHECKPOINTING",
     "PRECISIONS",
     "BalancedRouting",
     "PhaseTrace",
@@ -87,6 +88,7 @@ __all__ = [
     "precision_context",
     "repeated_blocks",
     "reshape_batch",
+    "selective_checkpoint_context",
 ]
 
 #: The precisions of Lightning's ``Trainer(precision=...)`` the estimate models.
@@ -996,15 +998,84 @@ def _hf_models(module: torch.nn.Module) -> list[torch.nn.Module]:
     return found
 
 
+#: The activation checkpointing choices: off, every block's activations recomputed, or
+#: per-operator selective checkpointing (:func:`selective_checkpoint_context`).
+CHECKPOINTING: Final = (False, True, "selective")
+
+
+def _saved_by_selective() -> frozenset[Any]:
+    aten = torch.ops.aten
+    return frozenset(
+        {
+            aten.mm.default,
+            aten._scaled_dot_product_flash_attention.default,
+            aten._scaled_dot_product_efficient_attention.default,
+            aten._scaled_dot_product_cudnn_attention.default,
+            aten._scaled_dot_product_flash_attention_for_cpu.default,
+            aten.max.default,
+        }
+    )
+
+
+def selective_checkpoint_context() -> Any:
+    """The ``context_fn`` of ``torch.utils.checkpoint.checkpoint`` for per-operator selective
+    activation checkpointing as torchtitan's ``op`` mode does it
+    (``torch.utils.checkpoint.create_selective_checkpoint_contexts``): the outputs of matrix
+    products (``aten.mm``, every other one: odd ones saved, even ones recomputed), of fused
+    attention (flash, memory-efficient, cuDNN and the CPU stand-in :func:`cuda_attention`
+    uses) and of ``aten.max`` are saved; everything else is recomputed in the backward pass.
+
+    Example:
+        >>> import torch
+        >>> from torch.utils.checkpoint import checkpoint
+        >>> x = torch.randn(4, 4, requires_grad=True)
+        >>> y = checkpoint(
+        ...     lambda t: (t @ t).relu() @ t,
+        ...     x,
+        ...     use_reentrant=False,
+        ...     context_fn=selective_checkpoint_context,
+        ... )
+        >>> y.shape
+        torch.Size([4, 4])
+    """
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+    saved = _saved_by_selective()
+    counts = {"forward": 0, "recompute": 0}
+    mm = torch.ops.aten.mm.default
+
+    def policy(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
+        if func is mm:
+            key = "recompute" if ctx.is_recompute else "forward"
+            counts[key] += 1
+            if counts[key] % 2 == 0:
+                return CheckpointPolicy.PREFER_RECOMPUTE
+        if func in saved:
+            return CheckpointPolicy.MUST_SAVE
+        return CheckpointPolicy.PREFER_RECOMPUTE
+
+    return create_selective_checkpoint_contexts(policy)  # type: ignore[no-untyped-call]
+
+
+def _checkpointing_choice(owner: str, value: Any) -> bool | str:
+    if isinstance(value, bool) or (isinstance(value, str) and value == "selective"):
+        return value
+    raise ValueError(validate.invalid(owner, "checkpointing", value, "False, True or 'selective'"))
+
+
 @contextlib.contextmanager
 def activation_checkpointing(
-    module: torch.nn.Module, classes: tuple[type[torch.nn.Module], ...]
+    module: torch.nn.Module,
+    classes: tuple[type[torch.nn.Module], ...],
+    selective: bool = False,
 ) -> Iterator[str]:
     """Activation checkpointing on ``module`` for the duration, then exactly what was there.
 
     ``classes`` given: every instance's ``forward`` runs under ``torch.utils.checkpoint``
     (non-reentrant). Else the Hugging Face models inside are switched with their own
-    ``gradient_checkpointing_enable`` (non-reentrant) and switched back. Yields how.
+    ``gradient_checkpointing_enable`` (non-reentrant) and switched back. ``selective``:
+    per-operator selective checkpointing inside each (:func:`selective_checkpoint_context`).
+    Yields how.
     """
     undo: list[Callable[[], None]] = []
     try:
@@ -1012,7 +1083,7 @@ def activation_checkpointing(
             how = "torch.utils.checkpoint around " + ", ".join(c.__name__ for c in classes)
             for sub in module.modules():
                 if isinstance(sub, classes):
-                    undo.append(_wrap_forward(sub))
+                    undo.append(_wrap_forward(sub, selective))
             if not undo:
                 raise ValueError(f"no submodule is an instance of {[c.__name__ for c in classes]}")
         else:
@@ -1032,7 +1103,12 @@ def activation_checkpointing(
                 undo.append(restore)
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
-                    _hf_call(model, "enable")
+                    _hf_call(model, "enable", selective)
+        if selective:
+            how += (
+                ", selective per operator (matrix products, every other one, and attention"
+                " saved; the rest recomputed)"
+            )
         yield how
     finally:
         for step in reversed(undo):
@@ -1060,7 +1136,7 @@ def _hf_checkpointing(model: torch.nn.Module) -> bool:
     return False
 
 
-def _hf_call(model: Any, what: str) -> None:
+def _hf_call(model: Any, what: str, selective: bool = False) -> None:
     """Switch checkpointing on (non-reentrant) or off, with the newer name where it exists
     (transformers 5: ``activation_checkpointing_*``), else ``gradient_checkpointing_*``."""
     new = getattr(model, f"activation_checkpointing_{what}", None)
@@ -1069,6 +1145,8 @@ def _hf_call(model: Any, what: str) -> None:
     if what == "enable":
         key = "activation_checkpointing_kwargs" if new else "gradient_checkpointing_kwargs"
         kwargs[key] = {"use_reentrant": False}
+        if selective:
+            kwargs[key]["context_fn"] = selective_checkpoint_context
     (new or old)(**kwargs)
 
 
@@ -1099,15 +1177,16 @@ def _hf_disable(model: torch.nn.Module) -> Callable[[], None]:
     return disable
 
 
-def _wrap_forward(sub: torch.nn.Module) -> Callable[[], None]:
-    from torch.utils.checkpoint import checkpoint
+def _wrap_forward(sub: torch.nn.Module, selective: bool = False) -> Callable[[], None]:
+    from torch.utils.checkpoint import checkpoint, noop_context_fn
 
     had = "forward" in sub.__dict__
     before = sub.__dict__.get("forward")
     inner = sub.forward
+    context_fn = selective_checkpoint_context if selective else noop_context_fn
 
     def forward(*args: Any, **kwargs: Any) -> Any:
-        return checkpoint(inner, *args, use_reentrant=False, **kwargs)
+        return checkpoint(inner, *args, use_reentrant=False, context_fn=context_fn, **kwargs)
 
     sub.forward = forward
 
@@ -1665,12 +1744,15 @@ class Session:
         *,
         micro_batch: int,
         seq_len: int | None = None,
-        checkpointing: bool = False,
+        checkpointing: bool | str = False,
     ) -> dict[str, PhaseTrace]:
         """Trace ``forward`` (``training_step``, loss included) and ``backward`` of one
         micro-batch, from no gradients (as the first update; later updates add the gradients
         and the optimizer state, live throughout). With a repeated block list (and
-        ``blocks=True``), traced on the list cut to :data:`CUTS` blocks and extrapolated."""
+        ``blocks=True``), traced on the list cut to :data:`CUTS` blocks and extrapolated.
+        ``checkpointing``: one of :data:`CHECKPOINTING` (``"selective"``: per operator, see
+        :func:`selective_checkpoint_context`)."""
+        checkpointing = _checkpointing_choice("Session.train_phases", checkpointing)
         return self._by_blocks(
             lambda: self._train_traced(batch, micro_batch, seq_len, checkpointing),
             ("train", micro_batch, seq_len, checkpointing),
@@ -1678,7 +1760,7 @@ class Session:
         )
 
     def _train_traced(
-        self, batch: Any, micro_batch: int, seq_len: int | None, checkpointing: bool
+        self, batch: Any, micro_batch: int, seq_len: int | None, checkpointing: bool | str
     ) -> dict[str, PhaseTrace]:
         recorder = self.recorder
         module = self.module
@@ -1696,7 +1778,11 @@ class Session:
         traces: dict[str, PhaseTrace] = {}
         with contextlib.ExitStack() as stack:
             if checkpointing:
-                stack.enter_context(activation_checkpointing(module, self.checkpoint_classes))
+                stack.enter_context(
+                    activation_checkpointing(
+                        module, self.checkpoint_classes, checkpointing == "selective"
+                    )
+                )
             recorder.saved = set()
             recorder.held = set()
             recorder.begin("forward")
