@@ -129,8 +129,23 @@ def json_id(value: Any) -> ExampleId:
 
 def content_keys(inputs: Any) -> list[str] | None:
     """One key per example from the bytes of its inputs, for batches that carry no ids (``None``
-    when the inputs are not a tensor with a batch dimension).
+    when the inputs are not a tensor with a batch dimension). ``inputs`` may also be a mapping
+    of such tensors (``BatchAdapter.example_inputs``: a caption and an image of one CLIP pair),
+    keyed by all of them together, so two pairs sharing a caption stay two examples.
+
+    Example:
+        >>> captions = torch.tensor([[5, 6], [5, 6]])
+        >>> images = torch.stack([torch.zeros(2, 2), torch.ones(2, 2)])
+        >>> len(set(content_keys(captions))), len(set(content_keys({"c": captions, "i": images})))
+        (1, 2)
     """
+    if isinstance(inputs, Mapping):
+        parts = [content_keys(inputs[key]) for key in sorted(inputs)]
+        if not parts or any(p is None for p in parts) or len({len(p or []) for p in parts}) != 1:
+            return None
+        keyed = zip(*(p or [] for p in parts), strict=True)
+        return [CONTENT_KEY_PREFIX + "|".join(k.removeprefix(CONTENT_KEY_PREFIX) for k in row)
+                for row in keyed]  # fmt: skip
     if not isinstance(inputs, torch.Tensor) or inputs.dim() < 1 or inputs.shape[0] == 0:
         return None
     rows = inputs.detach().cpu()  # one device read for the batch, then one digest per row
