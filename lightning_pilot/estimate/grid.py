@@ -240,8 +240,7 @@ class _Traces:
     resolved_validation: dict[tuple[int | None, int], tuple[PhaseTrace, str]] = field(
         default_factory=dict
     )
-    #: What every row of this precision says in ``notes`` (the optimizer's implementation,
-    #: a stand-in Trainer).
+    #: What every row of this precision says in ``notes`` (a stand-in Trainer).
     notes: list[str] = field(default_factory=list)
 
 
@@ -313,19 +312,6 @@ def _stand_in_trainer(module: Any, notes: list[str]) -> Iterator[None]:
         f" estimated_stepping_batches={STAND_IN_STEPS} (a schedule's length changes neither"
         " memory nor step time)"
     )
-
-
-def _implementation(optimizer: Any) -> str:
-    """The optimizer's implementation, as its parameter groups ask for it."""
-    groups = getattr(optimizer, "param_groups", [])
-    name = type(optimizer).__name__
-    if any(group.get("fused") for group in groups):
-        return f"optimizer: {name}, fused implementation"
-    if groups and all(group.get("foreach") is False for group in groups):
-        return f"optimizer: {name}, for-loop implementation (foreach=False)"
-    if any(group.get("foreach") for group in groups):
-        return f"optimizer: {name}, foreach implementation (PyTorch's default on CUDA)"
-    return f"optimizer: {name}"
 
 
 def _base(micro_batches: Sequence[int]) -> list[int]:
@@ -482,7 +468,6 @@ def _trace_precision(
                     session.build_optimizer()
             except Exception as err:
                 raise _ConfigureError(err) from err
-            traces.notes.append(_implementation(session.optimizer))
             traces.optimizer = session.optimizer_phases()
             traces.state = session.measure_state()
             phase = "validation"
@@ -728,9 +713,7 @@ def _rows_for(
         notes = [*trace.notes, roofline]
         if strategy_note:
             notes.append(strategy_note)
-        if phase == "optimizer_step" or phase == "optimizer_step_first":
-            notes.extend(n for n in traces.notes if n.startswith("optimizer:"))
-        notes.extend(n for n in traces.notes if not n.startswith("optimizer:"))
+        notes.extend(traces.notes)
         rows.append(
             {
                 **common,

@@ -518,7 +518,7 @@ class _OneCycle(TinyCausalLM):
     ("opt", "says"),
     [
         ({}, "foreach implementation"),
-        ({"foreach": False}, "for-loop implementation (foreach=False)"),
+        ({"foreach": False}, "for-loop implementation"),
         ({"fused": True}, "fused implementation"),
     ],
 )
