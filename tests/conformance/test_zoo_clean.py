@@ -262,6 +262,20 @@ def test_the_compiled_network_ran(zoo: Callable[[str], PilotFit]) -> None:
     assert set(forward["verdict"]) == {"pass"}, fit.describe()
 
 
+# On CPU, PhaseMemoryMonitor's tensor tracker is a TorchDispatchMode; dynamo does not compile a
+# frame while one is active ("non-infra torch dispatch mode present") and, having skipped the
+# training forward once, runs it eagerly for the rest of the process: the pilot measures the
+# uncompiled network. Strict: the test reports when it is fixed.
+@pytest.mark.xfail(
+    strict=True,
+    reason="the CPU tensor tracker (a TorchDispatchMode) keeps dynamo from compiling the step",
+)
+def test_the_training_step_runs_compiled(zoo: Callable[[str], PilotFit]) -> None:
+    fit = zoo("torch_compile")
+    assert fit.model is not None
+    assert "train" in fit.model.compiled_graphs, fit.model.compiled_graphs
+
+
 def test_bf16_rows_and_a_per_step_schedule(zoo: Callable[[str], PilotFit]) -> None:
     fit = zoo("bf16_clipping_onecycle")
     table = fit.table()

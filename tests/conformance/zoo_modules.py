@@ -759,7 +759,11 @@ class VectorDataModule(ZooDataModule):
 
 class CompiledClassifier(pl.LightningModule):
     """A two-layer MLP with dropout on ``(x, y)`` batches, compiled with ``torch.compile``
-    (default mode) in ``configure_model``, the hook Lightning's docs compile a model in."""
+    (default mode) in ``configure_model``, the hook Lightning's docs compile a model in.
+
+    ``compiled_graphs`` lists each graph dynamo handed to the backend: ``"train"`` when it was
+    captured with gradients on (the training step), ``"eval"`` otherwise.
+    """
 
     def __init__(self, hidden: int = 32, lr: float = 1e-2, backend: str = "inductor") -> None:
         super().__init__()
@@ -767,10 +771,20 @@ class CompiledClassifier(pl.LightningModule):
         self.net: nn.Module = nn.Sequential(
             nn.Linear(16, hidden), nn.ReLU(), nn.Dropout(0.1), nn.Linear(hidden, 4)
         )
+        self.compiled_graphs: list[str] = []
 
     def configure_model(self) -> None:
-        if not hasattr(self.net, "_orig_mod"):
-            self.net = torch.compile(self.net, backend=self.hparams["backend"])
+        if hasattr(self.net, "_orig_mod"):
+            return
+        from torch._dynamo.backends.registry import lookup_backend
+
+        compile_graph = lookup_backend(self.hparams["backend"])
+
+        def backend(graph: torch.fx.GraphModule, example_inputs: list[Tensor]) -> Any:
+            self.compiled_graphs.append("train" if torch.is_grad_enabled() else "eval")
+            return compile_graph(graph, example_inputs)
+
+        self.net = torch.compile(self.net, backend=backend)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.net(x)
