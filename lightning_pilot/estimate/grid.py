@@ -88,6 +88,9 @@ __all__ = ["Estimate", "Strategy", "estimate", "extrapolate"]
 #: shapes settle at a few percent; varying sequence lengths fragment more.
 FRAGMENTATION: Final = 0.05
 _OWNER: Final = "estimate"
+#: Activation checkpointing: off, every block (``True``) or per operator (``"selective"``).
+Ckpt = bool | str
+_CKPT_ORDER: Final[dict[Ckpt, int]] = {False: 0, True: 1, "selective": 2}
 _TRAIN: Final = ("forward", "backward")
 
 
@@ -219,7 +222,7 @@ class _Traces:
     """Everything traced for one precision."""
 
     precision: str
-    train: dict[tuple[bool, int | None, int], dict[str, PhaseTrace]] = field(default_factory=dict)
+    train: dict[tuple[Ckpt, int | None, int], dict[str, PhaseTrace]] = field(default_factory=dict)
     validation: dict[tuple[int | None, int], PhaseTrace] = field(default_factory=dict)
     optimizer: dict[str, PhaseTrace] = field(default_factory=dict)
     save: PhaseTrace | None = None
@@ -228,13 +231,13 @@ class _Traces:
     error: tuple[str, str, str] | None = None  # (status, phase, reason)
     #: checkpointing -> (status, phase, reason): what failed only with activation
     #: checkpointing on; the configurations without it are estimated.
-    failed: dict[bool, tuple[str, str, str]] = field(default_factory=dict)
+    failed: dict[Ckpt, tuple[str, str, str]] = field(default_factory=dict)
     #: (checkpointing, sequence length, micro-batch) -> the phases the searches traced.
-    searched: dict[tuple[bool, int | None, int], tuple[dict[str, PhaseTrace], PhaseTrace]] = field(
+    searched: dict[tuple[Ckpt, int | None, int], tuple[dict[str, PhaseTrace], PhaseTrace]] = field(
         default_factory=dict
     )
     exception: BaseException | None = None
-    resolved_train: dict[tuple[bool, int | None, int], tuple[dict[str, PhaseTrace], str]] = field(
+    resolved_train: dict[tuple[Ckpt, int | None, int], tuple[dict[str, PhaseTrace], str]] = field(
         default_factory=dict
     )
     resolved_validation: dict[tuple[int | None, int], tuple[PhaseTrace, str]] = field(
@@ -341,7 +344,7 @@ def _train_at(
     session: Session,
     batch: Any,
     traces: _Traces,
-    key: tuple[bool, int | None, int],
+    key: tuple[Ckpt, int | None, int],
 ) -> tuple[dict[str, PhaseTrace], str]:
     """The training phases at ``key``: extrapolated from two smaller traced micro-batches
     that ran the same operators, or traced."""
@@ -423,7 +426,7 @@ def _trace_precision(
     module: Any,
     factory: Callable[[], Any] | None,
     batch: Any,
-    configs: Sequence[tuple[bool, int | None, int]],
+    configs: Sequence[tuple[Ckpt, int | None, int]],
     base: Sequence[int],
     checkpoint_classes: tuple[type[torch.nn.Module], ...],
     wrap: tuple[Any, ...],
@@ -448,7 +451,7 @@ def _trace_precision(
             itemsize = torch.empty((), dtype=compute_dtype(precision)).element_size()
             traces.units = _unit_bytes(session.module, wrap, itemsize)
             phase = "forward"
-            ordered = sorted(configs, key=lambda c: (c[0], c[1] or 0, c[2]))
+            ordered = sorted(configs, key=lambda c: (_CKPT_ORDER[c[0]], c[1] or 0, c[2]))
             for key in ordered:
                 if key[0] in traces.failed:
                     continue
@@ -461,7 +464,7 @@ def _trace_precision(
                     # say why, the others are estimated.
                     status = "untraceable" if isinstance(err, UntraceableError) else "error"
                     reason = f"activation checkpointing: {type(err).__name__}: {err}"
-                    traces.failed[True] = (status, "forward", reason)
+                    traces.failed[key[0]] = (status, "forward", reason)
             phase = "optimizer_step_first"
             try:
                 with _stand_in_trainer(session.module, traces.notes):
@@ -505,7 +508,7 @@ def _later_extra(trace: PhaseTrace, traces: _Traces) -> dict[str, int]:
 
 
 def _phase_traces(
-    traces: _Traces, key: tuple[bool, int | None, int], base: Sequence[int]
+    traces: _Traces, key: tuple[Ckpt, int | None, int], base: Sequence[int]
 ) -> dict[str, tuple[PhaseTrace, str]]:
     """The six phases of one configuration (later-update passes derived)."""
     train, how = traces.resolved_train[key]
@@ -596,7 +599,7 @@ def _fsdp_mixed(
     phases: dict[str, tuple[PhaseTrace, str]],
     traces: _Traces,
     low: _Traces,
-    key: tuple[bool, int | None, int],
+    key: tuple[Ckpt, int | None, int],
     base: Sequence[int],
 ) -> dict[str, tuple[PhaseTrace, str]]:
     """The phases of FSDP's mixed-precision policy: ``forward``, ``backward`` and
@@ -647,7 +650,7 @@ def _rows_for(
     traces: _Traces,
     tgt: Target,
     strategy: Strategy,
-    key: tuple[bool, int | None, int],
+    key: tuple[Ckpt, int | None, int],
     base: Sequence[int],
     efficiency: tuple[float, float],
     allow_tf32: bool,
@@ -763,7 +766,7 @@ def _fixed_phases_need(traces: _Traces, tgt: Target, batch_bytes: int, fragmenta
 def _predicted_need(
     traces: _Traces,
     tgt: Target,
-    checkpointing: bool,
+    checkpointing: Ckpt,
     seq_len: int | None,
     base: Sequence[int],
     micro_batch: int,
@@ -812,7 +815,7 @@ def _predicted_need(
 
 def _largest_search(
     targets: Sequence[Target],
-    checkpointing: Sequence[bool],
+    checkpointing: Sequence[Ckpt],
     seq_len: int | None,
     base: Sequence[int],
     batch: Any,
@@ -827,7 +830,7 @@ def _largest_search(
     (micro-batch, step, limit), the largest sequence length too (:func:`_seq_search`)."""
 
     def run(session: Session, traces: _Traces) -> None:
-        by_seq: dict[bool, dict[str, dict[str, Any]]] = {}
+        by_seq: dict[Ckpt, dict[str, dict[str, Any]]] = {}
         for tgt, ckpt in itertools.product(targets, checkpointing):
             if seq is not None and ckpt not in by_seq and ckpt not in traces.failed:
                 by_seq[ckpt] = _seq_search(
@@ -838,7 +841,7 @@ def _largest_search(
             for row in rows[start:]:
                 row.update(by_seq.get(ckpt, {}).get(tgt.name, {}))
 
-    def _largest_row(session: Session, traces: _Traces, tgt: Target, ckpt: bool) -> None:
+    def _largest_row(session: Session, traces: _Traces, tgt: Target, ckpt: Ckpt) -> None:
         row: dict[str, Any] = {
             "target": tgt.name,
             "precision": traces.precision,
@@ -864,7 +867,7 @@ def _largest_search(
         base = list(pair)
 
         def need(
-            b: int, tgt: Target = tgt, ckpt: bool = ckpt, base: list[int] = base
+            b: int, tgt: Target = tgt, ckpt: Ckpt = ckpt, base: list[int] = base
         ) -> int | None:
             return _predicted_need(traces, tgt, ckpt, seq_len, base, b, fragmentation)
 
@@ -947,7 +950,7 @@ def _phases_at(
     session: Session,
     batch: Any,
     traces: _Traces,
-    ckpt: bool,
+    ckpt: Ckpt,
     seq_len: int | None,
     micro_batch: int,
 ) -> tuple[dict[str, PhaseTrace], PhaseTrace]:
@@ -974,7 +977,7 @@ def _traced_need(
     batch: Any,
     traces: _Traces,
     tgt: Target,
-    ckpt: bool,
+    ckpt: Ckpt,
     seq_len: int | None,
     micro_batch: int,
     fragmentation: float,
@@ -1034,7 +1037,7 @@ def _verify(
     batch: Any,
     traces: _Traces,
     tgt: Target,
-    ckpt: bool,
+    ckpt: Ckpt,
     seq_len: int | None,
     micro_batch: int,
     fragmentation: float,
@@ -1123,7 +1126,7 @@ def _seq_search(
     batch: Any,
     traces: _Traces,
     targets: Sequence[Target],
-    ckpt: bool,
+    ckpt: Ckpt,
     micro_batch: int,
     step: int,
     limit: int,
@@ -1218,7 +1221,7 @@ def trace_configuration(
     precision: str = "32-true",
     micro_batch: int = 1,
     seq_len: int | None = None,
-    checkpointing: bool = False,
+    checkpointing: Ckpt = False,
     checkpoint_classes: Sequence[type[torch.nn.Module]] = (),
     device: str = "cpu",
     blocks: bool = True,
@@ -1241,7 +1244,7 @@ def trace_configuration(
     validate.choice(owner, "precision", precision, PRECISIONS)
     validate.integer(owner, "micro_batch", micro_batch, minimum=1)
     validate.integer(owner, "seq_len", seq_len, minimum=1, optional=True)
-    validate.boolean(owner, "checkpointing", checkpointing)
+    _checkpointing(checkpointing, owner)
     validate.choice(owner, "device", device, ("cpu", "cuda"))
     key = (checkpointing, seq_len, micro_batch)
     traces = _trace_precision(
@@ -1329,7 +1332,7 @@ def estimate(
     precisions: Sequence[str] = ("bf16-mixed",),
     micro_batches: Sequence[int] = (1,),
     seq_lens: Sequence[int | None] = (None,),
-    checkpointing: Sequence[bool] = (False,),
+    checkpointing: Sequence[Ckpt] = (False,),
     strategies: Sequence[str | Strategy] = ("single",),
     checkpoint_classes: Sequence[type[torch.nn.Module]] = (),
     wrap_classes: Sequence[type[torch.nn.Module] | str] = (),
@@ -1399,10 +1402,7 @@ def estimate(
         validate.integer(_OWNER, "seq_lens", s, minimum=1, optional=True)
         for s in sequence_argument(seq_lens, "seq_lens")
     ]
-    ckpts = [
-        validate.boolean(_OWNER, "checkpointing", c)
-        for c in sequence_argument(checkpointing, "checkpointing")
-    ]
+    ckpts = [_checkpointing(c) for c in sequence_argument(checkpointing, "checkpointing")]
     strats = [Strategy.parse(s) for s in sequence_argument(strategies, "strategies")]
     classes = tuple(sequence_argument(checkpoint_classes, "checkpoint_classes", empty=True))
     for cls in classes:
@@ -1549,6 +1549,13 @@ def _timeout_message(timeout: float | None, count: int, finished: int, precs: Se
     )
 
 
+def _checkpointing(value: object, owner: str = _OWNER) -> Ckpt:
+    """``False``, ``True`` or ``"selective"``, else a clear error."""
+    if isinstance(value, bool) or value == "selective":
+        return value
+    raise ValueError(validate.invalid(owner, "checkpointing", value, "False, True or 'selective'"))
+
+
 def _has_sequence(batch: Any) -> bool:
     from lightning_pilot.estimate.trace import _sequence_length
 
@@ -1585,12 +1592,26 @@ def _publish(result: Estimate, out_dir: Any) -> list[str]:
     folder = storage.make_folder(out_dir)
     paths = []
     for rows, schema, name in (
-        (result.rows, ESTIMATE_SCHEMA, "estimate.parquet"),
-        (result.largest, LARGEST_SCHEMA, "estimate_largest.parquet"),
+        (_boolean_checkpointing(result.rows), ESTIMATE_SCHEMA, "estimate.parquet"),
+        (_boolean_checkpointing(result.largest), LARGEST_SCHEMA, "estimate_largest.parquet"),
     ):
         table = storage.rows_to_table(rows, schema)
         paths.append(str(storage.publish_table(table, folder / name)))
     return paths
+
+
+def _boolean_checkpointing(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows as the Parquet schema holds them: its ``checkpointing`` column is boolean, so
+    ``"selective"`` is written ``True`` and ``notes`` (or ``reason``) starts with what it was."""
+    made = []
+    for row in rows:
+        if row.get("checkpointing") == "selective" and not isinstance(row["checkpointing"], bool):
+            row = {**row, "checkpointing": True}
+            key = "notes" if "notes" in row or "reason" not in row else "reason"
+            said = "activation checkpointing: selective, per operator"
+            row[key] = f"{said}; {row[key]}" if row.get(key) else said
+        made.append(row)
+    return made
 
 
 @contextlib.contextmanager

@@ -543,3 +543,31 @@ def test_configure_optimizers_failing_names_its_phase_and_a_remedy(batch: Any) -
     assert row["phase"] == "optimizer_step_first"
     assert "configure_optimizers() failed: AttributeError: trainer.datamodule" in row["reason"]
     assert "TargetEstimator" in row["reason"]
+
+
+def test_selective_checkpointing_sits_between_none_and_full(batch: Any, tmp_path: Path) -> None:
+    result = estimate(
+        HFCausalLM("llama"),
+        token_batch(),
+        precisions=["bf16-mixed"],
+        micro_batches=[2],
+        seq_lens=[32],
+        checkpointing=[False, True, "selective"],
+        largest=False,
+        workers=1,
+        out_dir=tmp_path,
+    )
+    frame = result.frame()
+    backward = frame[frame.phase == "backward"].set_index("checkpointing")
+    assert set(frame["status"]) == {"ok"}
+    none, full, selective = (
+        backward.loc[k, "activations_bytes"] for k in (False, True, "selective")
+    )
+    assert full < selective < none
+    # The Parquet column is boolean: selective is written True and said in notes.
+    written = pd.read_parquet(result.paths[0])
+    said = written[written.notes.str.startswith("activation checkpointing: selective")]
+    assert len(said) == 6
+    assert said.checkpointing.all()
+    with pytest.raises(ValueError, match=r"checkpointing='some'\) is invalid"):
+        estimate(HFCausalLM("llama"), token_batch(), checkpointing=["some"], largest=False)
