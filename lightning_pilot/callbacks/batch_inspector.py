@@ -16,15 +16,15 @@ from typing_extensions import override
 from lightning_pilot.core import validate
 from lightning_pilot.core.batches import BatchAdapter
 from lightning_pilot.core.checks import CheckResult
-from lightning_pilot.core.data_checks import (
+from lightning_pilot.core.data_checks import DataInspection
+from lightning_pilot.core.label_checks import (
     CausalLMWatch,
-    DataInspection,
-    DatasetScan,
-    PromptSpec,
-    SplitInspection,
     find_encoder_decoder,
     infer_output_size,
 )
+from lightning_pilot.core.prompt_checks import PromptSpec
+from lightning_pilot.core.split_inspection import SplitInspection
+from lightning_pilot.core.split_scan import DatasetScan
 from lightning_pilot.run import PilotCallback
 from lightning_pilot.schemas import EXAMPLES_SCHEMA, EXAMPLES_SCHEMA_VERSION, EXAMPLES_TABLE
 

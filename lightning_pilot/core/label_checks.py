@@ -1,0 +1,491 @@
+"""Pure checks of the labels against the model and the inputs: the label range against the
+output size, how labels relate to ``input_ids`` or ``decoder_input_ids`` (shifted or not), and
+what a Hugging Face causal LM is given as ``labels=`` (docs/data-and-overfit.md)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+import torch
+from torch import nn
+from torch.utils.hooks import RemovableHandle
+
+from lightning_pilot.core.batch_checks import target_kind
+from lightning_pilot.core.batches import is_int_tensor
+from lightning_pilot.core.checks import CheckResult, shown_names
+
+__all__ = [
+    "DECODER_RELATIONS",
+    "HEAD_NAMES",
+    "LABEL_RELATIONS",
+    "SHIFTED_LABELS_ADVICE",
+    "CausalLMWatch",
+    "check_causal_lm_labels",
+    "check_decoder_label_shift",
+    "check_label_range",
+    "check_label_shift",
+    "decoder_label_relations",
+    "find_causal_lm",
+    "find_encoder_decoder",
+    "infer_output_size",
+    "label_relations",
+]
+
+
+#: Child-module names tried first when looking for a model's output layer.
+HEAD_NAMES: Final = ("lm_head", "head", "classifier", "fc", "output_layer", "out")
+
+
+#: How a row's token labels relate to its ``input_ids`` (:func:`label_relations`).
+LABEL_RELATIONS: Final = ("identical", "shifted by 1", "shifted by -1", "other")
+
+
+#: How a row's labels relate to an encoder-decoder's ``decoder_input_ids``
+#: (:func:`decoder_label_relations`); ``shifted by 1`` (``labels[t] == decoder_input_ids[t+1]``)
+#: is the convention.
+DECODER_RELATIONS: Final = ("shifted by 1", "shifted by 2", "identical", "other")
+
+
+#: The advice of ``label_shift`` when the labels are ``input_ids`` shifted left by one.
+SHIFTED_LABELS_ADVICE: Final = (
+    "labels are input_ids shifted left by 1; Hugging Face *ForCausalLM models shift labels"
+    " internally, so this trains to predict 2 tokens ahead; pass labels = input_ids (with -100"
+    " on masked positions) to such models, or ignore this warning if your loss does not shift"
+)
+
+
+def infer_output_size(module: nn.Module) -> tuple[int | None, str]:
+    """Guess how many outputs the targets index into, as ``(size or None, where it came from)``
+    (the order tried: docs/data-and-overfit.md).
+
+    Example:
+        >>> infer_output_size(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3)))
+        (3, "out_features of the last nn.Linear '2'")
+    """
+    getter = getattr(module, "get_output_embeddings", None)
+    if callable(getter):
+        try:
+            head = getter()
+        except (NotImplementedError, AttributeError, TypeError):
+            head = None
+        if isinstance(head, nn.Linear):
+            return head.out_features, "out_features of get_output_embeddings()"
+        if isinstance(head, nn.Embedding):
+            return head.num_embeddings, "num_embeddings of get_output_embeddings()"
+    children = dict(module.named_children())
+    for name in HEAD_NAMES:
+        child = children.get(name)
+        if isinstance(child, nn.Linear):
+            return child.out_features, f"out_features of the head '{name}'"
+    linear = [(name, sub) for name, sub in module.named_modules() if isinstance(sub, nn.Linear)]
+    if linear:
+        return linear[-1][1].out_features, f"out_features of the last nn.Linear '{linear[-1][0]}'"
+    return None, "no nn.Linear head found in the module"
+
+
+#: Hugging Face causal LMs whose loss does not shift the labels it is given.
+_NOT_SHIFTING: Final = frozenset({"XLNetLMHeadModel"})
+
+
+def find_causal_lm(module: nn.Module) -> tuple[str, nn.Module] | None:
+    """The first Hugging Face causal LM in ``module`` as ``(path, model)`` (``""``: the module
+    itself), or ``None``; matched by class name (docs/data-and-overfit.md)."""
+    for name, sub in module.named_modules():
+        cls = type(sub)
+        if cls.__name__ in _NOT_SHIFTING or not cls.__name__.endswith(
+            ("ForCausalLM", "LMHeadModel")
+        ):
+            continue
+        if any(
+            base.__name__ == "PreTrainedModel" and base.__module__.startswith("transformers.")
+            for base in cls.__mro__
+        ):
+            return name, sub
+    return None
+
+
+def find_encoder_decoder(module: nn.Module) -> str | None:
+    """The first submodule whose ``config.is_encoder_decoder`` is true (T5, BART), named as
+    ``Class at 'path'`` (its labels are decoder targets); ``None`` when there is none.
+
+    Example:
+        >>> find_encoder_decoder(nn.Sequential(nn.Linear(2, 2))) is None
+        True
+    """
+    for name, sub in module.named_modules():
+        if getattr(getattr(sub, "config", None), "is_encoder_decoder", False) is True:
+            cls = type(sub).__name__
+            return f"{cls} at '{name}'" if name else cls
+    return None
+
+
+def check_label_range(
+    targets: Any,
+    *,
+    output_size: int | None,
+    ignore_index: int,
+    source: str = "the caller",
+) -> CheckResult:
+    """Every counted label is a valid output index ``0 <= label < output_size``; ``source``
+    says where ``output_size`` came from.
+
+    Example:
+        >>> check_label_range(torch.tensor([0, 3, -100]), output_size=4, ignore_index=-100).verdict
+        'pass'
+        >>> print(check_label_range(torch.tensor([1, 4]), output_size=4, ignore_index=-100).detail)
+        1 of 2 label value(s) outside [0, 3] (the model has 4 outputs, from the caller): values 4;
+        labels look shifted by one class (1-based?)
+    """
+    name = "label_range"
+    if not isinstance(targets, torch.Tensor):
+        detail = "no targets tensor to check"
+        if isinstance(targets, Sequence | Mapping) and not isinstance(targets, str | bytes):
+            detail = (
+                f"the targets are a {type(targets).__name__}, not a tensor (detection or"
+                " segmentation targets, one dict per image?): to check the class range give"
+                " BatchAdapter(targets=lambda batch: torch.cat([t['class_labels'] for t in"
+                " batch['labels']])) and num_classes="
+            )
+        return CheckResult(name, "not_checked", detail)
+    if not is_int_tensor(targets):
+        return CheckResult(
+            name, "not_checked", f"targets are {targets.dtype} (regression or soft labels)"
+        )
+    counted = targets[targets != ignore_index]
+    if counted.numel() == 0:
+        return CheckResult(name, "not_checked", f"every target is the ignore index {ignore_index}")
+    low, high = int(counted.min()), int(counted.max())
+    if output_size is None:
+        detail = (
+            f"labels span [{low}, {high}] but the model's output size is unknown ({source}):"
+            " give num_classes= or vocab_size="
+        )
+        return CheckResult(name, "not_checked", detail)
+    bad = counted[(counted < 0) | (counted >= output_size)]
+    if bad.numel() == 0:
+        return CheckResult(
+            name, "pass", f"labels in [{low}, {high}] within {output_size} outputs ({source})"
+        )
+    values = sorted({int(v) for v in bad.tolist()})
+    hint = ""
+    if low >= 1 and high == output_size:
+        hint = "; labels look shifted by one class (1-based?)"
+    elif any(v < 0 for v in values):
+        hint = f"; negative labels other than the ignore index {ignore_index}"
+    detail = (
+        f"{bad.numel()} of {counted.numel()} label value(s) outside [0, {output_size - 1}] (the"
+        f" model has {output_size} outputs, from {source}): values {shown_names(values)}{hint}"
+    )
+    return CheckResult(name, "fail", detail)
+
+
+def label_relations(inputs: Any, targets: Any, *, ignore_index: int) -> list[str | None] | None:
+    """How each row's token labels relate to its ``input_ids`` on the positions counted: one of
+    :data:`LABEL_RELATIONS` (``shifted by 1``: ``labels[t] == input_ids[t + 1]``), the first
+    whose every comparable counted position agrees; ``None`` for a row with no counted position,
+    and for the whole list when the targets are not token sequences aligned with the inputs.
+
+    Example:
+        >>> ids = torch.tensor([[5, 6, 7, 0], [5, 6, 7, 8]])
+        >>> label_relations(ids, torch.tensor([[5, 6, 7, -100], [6, 7, 8, -100]]),
+        ...                 ignore_index=-100)
+        ['identical', 'shifted by 1']
+    """
+    if target_kind(inputs, targets) != "sequence":
+        return None
+    labels, tokens = targets.detach().cpu(), inputs.detach().cpu()
+    counted = labels != ignore_index
+
+    def holds(lab: torch.Tensor, tok: torch.Tensor, cnt: torch.Tensor) -> list[bool]:
+        return list((((lab == tok) | ~cnt).all(dim=1) & cnt.any(dim=1)).tolist())
+
+    same = holds(labels, tokens, counted)
+    left = right = [False] * int(labels.shape[0])
+    if labels.shape[1] > 1:
+        left = holds(labels[:, :-1], tokens[:, 1:], counted[:, :-1])
+        right = holds(labels[:, 1:], tokens[:, :-1], counted[:, 1:])
+    rows = zip(counted.any(dim=1).tolist(), same, left, right, strict=True)
+    # Each row's first relation that holds, in LABEL_RELATIONS order ("other" when none does).
+    return [
+        next((r for r, agree in zip(LABEL_RELATIONS, flags, strict=False) if agree), "other")
+        if seen
+        else None
+        for seen, *flags in rows
+    ]
+
+
+def _agree(
+    labels: torch.Tensor, tokens: torch.Tensor, counted: torch.Tensor, offset: int
+) -> list[bool]:
+    """Per row: ``labels[t] == tokens[t + offset]`` on every counted position that has a token
+    there, and at least one such position."""
+    width = int(labels.shape[1])
+    if abs(offset) >= width:
+        return [False] * int(labels.shape[0])
+    if offset >= 0:
+        lab, tok, cnt = (
+            labels[:, : width - offset],
+            tokens[:, offset:],
+            counted[:, : width - offset],
+        )
+    else:
+        lab, tok, cnt = labels[:, -offset:], tokens[:, : width + offset], counted[:, -offset:]
+    return list((((lab == tok) | ~cnt).all(dim=1) & cnt.any(dim=1)).tolist())
+
+
+def decoder_label_relations(
+    decoder_inputs: Any, targets: Any, *, ignore_index: int
+) -> list[str | None] | None:
+    """How each row's labels relate to an encoder-decoder's ``decoder_input_ids`` on the
+    positions counted: one of :data:`DECODER_RELATIONS`, the first that holds. ``shifted by 1``
+    (``labels[t] == decoder_input_ids[t + 1]``: the decoder inputs are the labels shifted right)
+    is the convention; ``shifted by 2``: the labels were shifted once more; ``identical``: the
+    decoder is shown the token it must predict. ``None`` for a row with nothing counted, and
+    for the whole list when the two are not integer tensors of one shape.
+
+    Example:
+        >>> decoder = torch.tensor([[0, 5, 6, 7], [0, 5, 6, 7]])
+        >>> decoder_label_relations(decoder, torch.tensor([[5, 6, 7, 1], [6, 7, 1, -100]]),
+        ...                         ignore_index=-100)
+        ['shifted by 1', 'shifted by 2']
+    """
+    if not (is_int_tensor(decoder_inputs) and is_int_tensor(targets)):
+        return None
+    if targets.ndim != 2 or decoder_inputs.shape != targets.shape:
+        return None
+    labels, tokens = targets.detach().cpu(), decoder_inputs.detach().cpu()
+    counted = labels != ignore_index
+    flags = [_agree(labels, tokens, counted, offset) for offset in (1, 2, 0)]
+    return [
+        next((r for r, agree in zip(DECODER_RELATIONS, row, strict=False) if agree), "other")
+        if seen
+        else None
+        for seen, *row in zip(counted.any(dim=1).tolist(), *flags, strict=True)
+    ]
+
+
+def _tally(
+    counts: Mapping[str, int], relations: Sequence[str] = LABEL_RELATIONS
+) -> tuple[str | None, int, str]:
+    """The relation of at least half the rows (``None``: none), the rows, and the counts."""
+    total = sum(counts.values())
+    text = ", ".join(f"{counts[r]} {r}" for r in relations if counts.get(r))
+    for relation in relations:
+        if total and 2 * counts.get(relation, 0) >= total:
+            return relation, total, text
+    return None, total, text
+
+
+def check_decoder_label_shift(
+    counts: Mapping[str, int], *, encoder_decoder: str | None = None
+) -> CheckResult:
+    """What relation an encoder-decoder batch's labels bear to its ``decoder_input_ids``
+    (``counts``: rows per :data:`DECODER_RELATIONS`); ``fail`` when the labels run two tokens
+    ahead (shifted twice) or equal the decoder inputs (docs/data-and-overfit.md).
+    ``encoder_decoder``: the model found in the module, named.
+
+    Example:
+        >>> check_decoder_label_shift({"shifted by 1": 8}).verdict
+        'pass'
+        >>> print(check_decoder_label_shift({"shifted by 2": 8}).detail)
+        labels run 2 tokens ahead of decoder_input_ids (labels[t] == decoder_input_ids[t+2] in
+        rows: 8 shifted by 2): the labels were shifted twice (decoder_input_ids are already the
+        labels shifted right), so the decoder learns to predict the token after next; give the
+        unshifted target sequence as labels and build decoder_input_ids from it (the model's
+        prepare_decoder_input_ids_from_labels), or give labels only
+    """
+    name = "decoder_label_shift"
+    relation, total, text = _tally(counts, DECODER_RELATIONS)
+    if total == 0:
+        return CheckResult(name, "not_checked", "no row has a position counted in the loss")
+    rows = f"rows: {text}"
+    held = "" if encoder_decoder is None else f"; the module holds {encoder_decoder}"
+    remedy = (
+        "give the unshifted target sequence as labels and build decoder_input_ids from it (the"
+        " model's prepare_decoder_input_ids_from_labels), or give labels only"
+    )
+    verdict, detail = {
+        "shifted by 1": (
+            "pass",
+            "labels[t] == decoder_input_ids[t+1] where counted: decoder_input_ids are the labels"
+            f" shifted right, the Hugging Face convention ({rows}{held})",
+        ),
+        "shifted by 2": (
+            "fail",
+            "labels run 2 tokens ahead of decoder_input_ids (labels[t] =="
+            f" decoder_input_ids[t+2] in {rows}{held}): the labels were shifted twice"
+            " (decoder_input_ids are already the labels shifted right), so the decoder learns to"
+            f" predict the token after next; {remedy}",
+        ),
+        "identical": (
+            "fail",
+            f"labels equal decoder_input_ids ({rows}{held}): the decoder is shown the token it"
+            f" must predict, so it learns to copy; decoder_input_ids must be the labels shifted"
+            f" right by 1: {remedy}",
+        ),
+        "other": (
+            "not_checked",
+            f"labels are not decoder_input_ids shifted by 0, 1 or 2 ({rows}{held}): not"
+            " teacher-forced targets",
+        ),
+    }[relation or "other"]
+    return CheckResult(name, verdict, detail)
+
+
+def check_label_shift(counts: Mapping[str, int], *, causal_lm: str | None = None) -> CheckResult:
+    """What relation the labels bear to ``input_ids`` (``counts``: rows per relation); warns when
+    they are already shifted (docs/data-and-overfit.md). ``causal_lm``: a Hugging Face causal LM
+    found in the module, named.
+
+    Example:
+        >>> check_label_shift({"identical": 8}).verdict
+        'pass'
+        >>> check_label_shift({"shifted by 1": 8}).detail.startswith(SHIFTED_LABELS_ADVICE)
+        True
+    """
+    relation, total, text = _tally(counts)
+    if total == 0:
+        return CheckResult(
+            "label_shift", "not_checked", "no row has a position counted in the loss"
+        )
+    rows = f"rows: {text}"
+    held = "" if causal_lm is None else f"; the module holds {causal_lm}, which shifts labels"
+    verdict, detail = {
+        "shifted by 1": (
+            "warn",
+            f"{SHIFTED_LABELS_ADVICE} (labels[t] == input_ids[t+1] in {rows}{held})",
+        ),
+        "shifted by -1": (
+            "warn",
+            "labels are input_ids shifted right by 1 (labels[t] == input_ids[t-1]): every"
+            " target is a token the model has already seen, so it learns to copy; pass labels"
+            " = input_ids to a model that shifts internally, or input_ids shifted left by 1 to"
+            f" a loss that does not ({rows}{held})",
+        ),
+        "identical": (
+            "pass",
+            "labels equal input_ids where counted (the Hugging Face convention: the model or"
+            f" the loss shifts them; {rows}{held})",
+        ),
+        "other": (
+            "not_checked",
+            f"labels are not input_ids, shifted or not ({rows}): not next-token targets",
+        ),
+    }[relation or "other"]
+    return CheckResult("label_shift", verdict, detail)
+
+
+def check_causal_lm_labels(causal_lm: str, counts: Mapping[str, int], calls: int) -> CheckResult:
+    """What a Hugging Face causal LM was given as ``labels=`` in ``calls`` forward calls
+    (``counts``: rows per relation); ``fail`` for labels already shifted left by one
+    (docs/data-and-overfit.md).
+
+    Example:
+        >>> check_causal_lm_labels("GPT2LMHeadModel at 'model'", {"shifted by 1": 4}, 1).verdict
+        'fail'
+    """
+    relation, total, text = _tally(counts)
+    seen = f"{calls} forward call(s) seen"
+    if calls == 0:
+        detail = f"{causal_lm} was not called before the verdict"
+        return CheckResult("causal_lm_labels", "not_checked", detail)
+    if total == 0:
+        detail = (
+            f"{causal_lm} was given no labels= comparable with its input_ids ({seen}): the"
+            " loss is computed outside it, see label_shift"
+        )
+        return CheckResult("causal_lm_labels", "not_checked", detail)
+    verdict, detail = {
+        "shifted by 1": (
+            "fail",
+            f"{causal_lm} was given labels equal to its input_ids shifted left by 1"
+            f" (labels[t] == input_ids[t+1]; rows: {text}; {seen}); it shifts labels"
+            " internally, so this trains to predict 2 tokens ahead: pass labels = input_ids"
+            " (with -100 on masked positions)",
+        ),
+        "shifted by -1": (
+            "warn",
+            f"{causal_lm} was given labels equal to its input_ids shifted right by 1 (rows:"
+            f" {text}; {seen}); it shifts labels internally, so it learns to copy its current"
+            " token: pass labels = input_ids (with -100 on masked positions)",
+        ),
+        "identical": (
+            "pass",
+            f"{causal_lm} was given labels = input_ids where counted and shifts them"
+            f" internally: next-token targets (rows: {text}; {seen})",
+        ),
+        "other": (
+            "not_checked",
+            f"the labels given to {causal_lm} are not its input_ids, shifted or not (rows:"
+            f" {text}; {seen})",
+        ),
+    }[relation or "other"]
+    return CheckResult("causal_lm_labels", verdict, detail)
+
+
+class CausalLMWatch:
+    """A forward pre-hook on a Hugging Face causal LM: the ``labels=`` its first ``max_calls`` calls
+    get (never raising into the user's forward; a copy of the model carries an inert watch).
+
+    Example:
+        >>> CausalLMWatch.attach(nn.Linear(2, 2), ignore_index=-100, max_calls=8) is None
+        True
+        >>> watch = CausalLMWatch("GPT2LMHeadModel", -100, max_calls=8)
+        >>> ids = torch.tensor([[5, 6, 7]])
+        >>> watch(nn.Identity(), (), {"input_ids": ids, "labels": ids})
+        >>> watch.check().verdict
+        'pass'
+    """
+
+    def __init__(self, name: str, ignore_index: int, max_calls: int) -> None:
+        self.name, self.ignore_index, self.max_calls = name, ignore_index, max_calls
+        self.calls = 0
+        self.relations: Counter[str] = Counter()
+        self.error: str | None = None
+        self._handle: RemovableHandle | None = None
+
+    @classmethod
+    def attach(
+        cls, module: nn.Module, *, ignore_index: int, max_calls: int
+    ) -> CausalLMWatch | None:
+        """Watch the first Hugging Face causal LM of ``module``; ``None`` when it holds none."""
+        found = find_causal_lm(module)
+        if found is None:
+            return None
+        path, model = found
+        name = f"{type(model).__name__} at '{path}'" if path else type(model).__name__
+        watch = cls(name, ignore_index, max_calls)
+        watch._handle = model.register_forward_pre_hook(watch, with_kwargs=True)
+        return watch
+
+    def remove(self) -> None:
+        """Stop watching (the counts are kept)."""
+        if self._handle is not None:
+            self._handle.remove()
+            self._handle = None
+
+    def __call__(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        if self.calls >= self.max_calls:
+            return
+        try:
+            self.calls += 1
+            labels = kwargs.get("labels")
+            if labels is None:
+                return
+            ids = kwargs.get("input_ids", args[0] if args else None)
+            relations = label_relations(ids, labels, ignore_index=self.ignore_index)
+            self.relations.update(r for r in relations or [] if r is not None)
+        except Exception as err:  # inside the user's forward: record, never raise
+            self.error = f"{type(err).__name__}: {err}"
+
+    def __reduce__(self) -> tuple[type[CausalLMWatch], tuple[str, int, int]]:
+        return CausalLMWatch, (self.name, self.ignore_index, 0)
+
+    def check(self) -> CheckResult:
+        """``causal_lm_labels`` (:func:`check_causal_lm_labels`), or the error that stopped it."""
+        if self.error is not None:
+            detail = f"reading the labels given to {self.name} raised {self.error}"
+            return CheckResult("causal_lm_labels", "not_checked", detail)
+        return check_causal_lm_labels(self.name, self.relations, self.calls)
