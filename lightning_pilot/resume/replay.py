@@ -41,7 +41,7 @@ def started(trainer: pl.Trainer, adapter: BatchAdapter, batch: Any, batch_idx: i
     view = adapter.view(batch, count_tokens=False)
     ids = view.ids_list()
     if ids is None:
-        ids = content_keys(view.inputs)
+        ids = content_keys(adapter.example_inputs(batch))
     return StepRecord(
         step=trainer.global_step,
         batch_idx=batch_idx,

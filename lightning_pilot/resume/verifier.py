@@ -241,7 +241,11 @@ class ResumeVerifier(PilotCallback):
             view = self.adapter.view(batch, count_tokens=False)
             # No id field: the examples are told apart by their content (a device read, only
             # until the probes have what they need).
-            ids = view.ids if view.ids is not None else content_keys(view.inputs)
+            ids = (
+                view.ids
+                if view.ids is not None
+                else content_keys(self.adapter.example_inputs(batch))
+            )
         if ids is not None:
             chunk = ids.detach() if isinstance(ids, torch.Tensor) else ids
             if keep_all:

@@ -87,6 +87,28 @@ def test_content_keys_follow_the_inputs() -> None:
     assert content_keys([[1, 2]]) is None
 
 
+def test_content_keys_of_pairs_use_every_input() -> None:
+    # CLIP-style pairs: one caption shared by two images are two examples, and the same pair
+    # gives the same key; an adapter's example_inputs gives such a mapping.
+    from lightning_pilot.core.batches import BatchAdapter
+
+    batch = {
+        "input_ids": torch.tensor([[5, 6], [5, 6], [7, 8]]),
+        "pixel_values": torch.stack(
+            [torch.zeros(3, 2, 2), torch.ones(3, 2, 2), torch.zeros(3, 2, 2)]
+        ),
+        "attention_mask": torch.ones(3, 2, dtype=torch.long),
+    }
+    keys = content_keys(BatchAdapter().example_inputs(batch))
+    assert keys is not None
+    assert len(set(keys)) == 3
+    assert keys == content_keys(BatchAdapter().example_inputs(dict(batch)))
+    assert content_keys(batch["input_ids"])[0] == content_keys(batch["input_ids"])[1]
+    assert (
+        content_keys({"a": torch.zeros(2, 1), "b": torch.zeros(3, 1)}) is None
+    )  # row counts differ
+
+
 def test_dataset_fingerprint_reads_with_a_fixed_seed_and_restores_the_callers_rng() -> None:
     class Augmented:
         def __len__(self) -> int:
