@@ -86,7 +86,7 @@ FAMILIES: dict[str, Family] = {
         pilot={**NO_RESUME, "batch_inspector": {"response_template": RESPONSE_TEMPLATE}},
     ),
     # 6. diffusers UNet2DModel + DDPMScheduler: noise prediction, images without labels.
-    "diffusers_unet_ddpm": Family(Denoiser, ImageDataModule),
+    "diffusers_unet_ddpm": Family(Denoiser, ImageDataModule, trainer={"max_steps": 4}),
     # 7. CLIP: contrastive loss over (input_ids, pixel_values); captions repeat across examples
     # and splits (a caption describes many images), and that is not a duplicate example.
     "clip_contrastive": Family(ContrastiveImageText, CaptionDataModule),
