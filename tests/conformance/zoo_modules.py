@@ -689,7 +689,8 @@ class DetectionDataModule(ZooDataModule):
 class Detector(pl.LightningModule):
     """``DetrForObjectDetection`` with a transformers ResNet backbone built from its config
     (``use_timm_backbone=False``, nothing pretrained); the loss is DETR's Hungarian-matched
-    classification, L1 and GIoU loss."""
+    classification, L1 and GIoU loss (the matcher is ``scipy.optimize.linear_sum_assignment``:
+    transformers needs scipy for it)."""
 
     def __init__(self, lr: float = 1e-4) -> None:
         super().__init__()
