@@ -7,14 +7,23 @@ ones ``FlopCounterMode`` uses: matrix products, convolutions, attention) and mov
     max(flops / peak_flops(dtype), bytes / memory_bandwidth, KERNEL_FLOOR_S)
 
 and the ideal update time is the sum over the update's operators (forward, backward, the
-optimizer step). Real kernels reach a fraction of the roofline: the band divides the ideal by
-an efficiency range, by default :data:`DEFAULT_EFFICIENCY` (0.35 to 0.65). Why that range:
-model FLOPs utilisation reported for well-tuned large-model training on A100/H100 sits around
-40 to 55 % (PaLM reports 46 % on TPU v4, Megatron-LM reports 40 to 52 % on A100 clusters),
-eager PyTorch without fused kernels sits at the low end or below, and single large matrix
-products reach 70 to 80 % of peak: 0.35 to 0.65 brackets eager training of transformer-sized
-layers. Small layers are slower than any roofline (launch-bound): :data:`KERNEL_FLOOR_S` is a
-floor per operator for that, and the band says nothing finer.
+optimizer step; under FSDP each GPU steps only its shard, so the optimizer step's share is
+divided by the number of GPUs). Operators whose arithmetic takes longer than their memory
+traffic are compute-bound, the others memory-bound; real kernels reach a fraction of the
+roofline, and the band divides each part by its own efficiency range:
+:data:`DEFAULT_EFFICIENCY` (compute-bound) and :data:`DEFAULT_MEMORY_EFFICIENCY`
+(memory-bound), both 0.40 to 0.85.
+
+Where the range comes from (``docs/estimate-validation.md``): three published step times of
+FSDP training on A100 80GB (torchtitan's Llama 2 13B without checkpointing, Llama 2 70B and
+Llama 3 70B with full checkpointing) ran at 0.67 to 0.69 of this roofline's ideal; the high
+end, 0.85, leaves room above them for better-tuned runs (``torch.compile``, fused kernels); the
+low end, 0.40, keeps eager training without fused kernels inside. The published runs cannot
+separate the two efficiencies (the memory-bound operators are 10 to 16 % of each calibration
+run's ideal), so both ranges are the same until measurements that separate them exist; pass
+your own (``estimate(efficiency=..., memory_efficiency=...)``). Small layers are slower than
+any roofline (launch-bound): :data:`KERNEL_FLOOR_S` is a floor per operator for that, and the
+band says nothing finer.
 
 Collectives (DDP's gradient all-reduce, FSDP's all-gathers and reduce-scatters) cost
 ``2 (N - 1) / N * bytes / link`` (a ring); the band's low end assumes they overlap compute
@@ -50,9 +59,9 @@ __all__ = [
 
 #: The fraction of the roofline compute-bound operators reach, low to high (see the module
 #: docstring).
-DEFAULT_EFFICIENCY: Final = (0.35, 0.65)
+DEFAULT_EFFICIENCY: Final = (0.40, 0.85)
 #: The fraction of the memory bandwidth memory-bound operators reach, low to high.
-DEFAULT_MEMORY_EFFICIENCY: Final = (0.35, 0.65)
+DEFAULT_MEMORY_EFFICIENCY: Final = (0.40, 0.85)
 #: The least time one operator takes on a GPU (a kernel launch and its gap), seconds.
 KERNEL_FLOOR_S: Final = 2e-6
 
