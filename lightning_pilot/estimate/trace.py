@@ -2191,6 +2191,11 @@ def cuda_autocast_policy() -> dict[str, str]:
         >>> policy["mm"], policy["softmax.int"], policy["layer_norm"], policy["cat"]
         ('lower', 'fp32_set_opt_dtype', 'fp32', 'none')
     """
+    return dict(_cuda_autocast_policy())
+
+
+@functools.lru_cache(maxsize=1)
+def _cuda_autocast_policy() -> tuple[tuple[str, str], ...]:
     cuda = _autocast_ops("AutocastCUDA")
     policy: dict[str, str] = {}
     for name in cuda | _autocast_ops("AutocastCPU"):
@@ -2206,7 +2211,7 @@ def cuda_autocast_policy() -> dict[str, str]:
             policy[name] = "banned"
         else:
             policy[name] = "fp32"
-    return policy
+    return tuple(sorted(policy.items()))
 
 
 _NO_AUTOCAST_CPU: Final = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)

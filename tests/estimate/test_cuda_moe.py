@@ -24,6 +24,7 @@ def test_mixtral_rows_name_the_routing(experts: str | None) -> None:
         precisions=["bf16-mixed"],
         micro_batches=[2],
         seq_lens=[16],
+        largest=False,
         workers=1,
     )
     frame = result.frame()
