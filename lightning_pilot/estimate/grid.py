@@ -1553,7 +1553,8 @@ def _checkpointing(value: object, owner: str = _OWNER) -> Ckpt:
     """``False``, ``True`` or ``"selective"``, else a clear error."""
     if isinstance(value, bool) or value == "selective":
         return value
-    raise ValueError(validate.invalid(owner, "checkpointing", value, "False, True or 'selective'"))
+    error = ValueError if isinstance(value, str) else TypeError
+    raise error(validate.invalid(owner, "checkpointing", value, "False, True or 'selective'"))
 
 
 def _has_sequence(batch: Any) -> bool:
