@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import os
+import pickle
 import subprocess
 import sys
 import time
@@ -69,7 +71,7 @@ def test_disk_full_during_publish_leaves_nothing_visible(
         real_write(table.slice(0, 1), where)  # some bytes reach the temp file first
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(storage.pq, "write_table", half_write_then_fail)
+    monkeypatch.setattr(pq, "write_table", half_write_then_fail)
     with pytest.raises(OSError, match="No space left"):
         publish_table(pa.table({"x": [1, 2]}), tmp_path / "bad.parquet")
     monkeypatch.undo()
@@ -467,7 +469,8 @@ def test_index_segments_are_cut_within_their_limits(
 ) -> None:
     # A backlog larger than one segment may hold is cut into several (3 records each here; 10,000
     # in real use, well inside LEDGER_SEGMENT_LIMITS), and every record still reads once.
-    monkeypatch.setattr(storage, "_SEGMENT_CUT", (3, *storage._SEGMENT_CUT[1:]))
+    cut = storage.ledger_store._SEGMENT_CUT
+    monkeypatch.setattr(storage.ledger_store, "_SEGMENT_CUT", (3, *cut[1:]))
     for seed in range(7):
         write_ledger_record(tmp_path, _record(seed=seed))
     last = storage.index_ledger(tmp_path)
@@ -560,3 +563,38 @@ def test_memory_location_publishes_once_and_reads_back() -> None:
         frame = storage.read_phase_table(out)
     assert len(frame) == 1
     assert frame.attrs["skipped"] == [str(folder / "part-zz-00000001.parquet")]
+
+
+def test_a_name_set_on_the_package_reaches_every_part_that_uses_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # storage is a package of modules; a test that replaces storage.publish_file (a full disk,
+    # say) must reach publish_json and write_ledger_record too, as on one module, and undo.
+    refused: list[str] = []
+
+    def refuse(path: object, write: object, *, replace: bool = False) -> Path:
+        refused.append(str(path))
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    real = storage.publish_file
+    monkeypatch.setattr(storage, "publish_file", refuse)
+    for publish in (
+        lambda: storage.publish_json({"ok": True}, tmp_path / "result.json"),
+        lambda: write_ledger_record(tmp_path, _record(seed=1)),
+    ):
+        with pytest.raises(OSError, match="No space left"):
+            publish()
+    assert [Path(path).suffix for path in refused] == [".json", ".parquet"]
+    limits = storage.LEDGER_RECORD_LIMITS
+    monkeypatch.setattr(storage, "LEDGER_RECORD_LIMITS", dataclasses.replace(limits, max_rows=0))
+    with pytest.raises(ValueError, match=r"1 rows > LEDGER_RECORD_LIMITS.max_rows=0"):
+        write_ledger_record(tmp_path, _record(seed=2))
+    monkeypatch.undo()
+    assert storage.publish.publish_file is real
+    assert storage.ledger_store.LEDGER_RECORD_LIMITS is limits
+    assert storage.publish_json({"ok": True}, tmp_path / "result.json").exists()
+    assert list(tmp_path.iterdir()) == [tmp_path / "result.json"]
+    # The public classes keep their public name: in tracebacks, reprs and pickles.
+    assert storage.UnsafePathError.__module__ == "lightning_pilot.storage"
+    remote = storage.location("memory://pickle-test/out")
+    assert pickle.loads(pickle.dumps(remote)) == remote

@@ -1,0 +1,165 @@
+"""Every file lightning-pilot writes and reads: atomic publish, snapshots, tolerant readers
+(docs/architecture.md, "Output folder", "Storage rules"; docs/ledger.md, "What the readers
+refuse").
+
+One module per concern, each importing only those listed before it:
+
+- ``paths``: safe names, locations (a local ``Path`` or a :class:`RemotePath` on an fsspec
+  filesystem), folders, symbolic links refused;
+- ``publish``: atomic, never-overwriting publication of bytes, JSON and Parquet; the disk
+  reserve;
+- ``limits``: what a reader agrees to decode (:class:`ReadLimits`) and the bounded Parquet
+  readers;
+- ``tables``: rows to tables, snapshots, the phase table;
+- ``ledger_store``: ledger record files, index segments and compaction.
+
+The rest of the package uses them as ``storage.<name>``, as this package re-exports them.
+Setting one of its names (``monkeypatch.setattr(storage, "publish_file", ...)`` in a test) sets
+it too in every part that uses that name, as on a single module.
+
+Example:
+    >>> from lightning_pilot import storage
+    >>> storage.publish_json is storage.publish.publish_json
+    True
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+
+from lightning_pilot.schemas import (
+    LEDGER_SCHEMA,
+    LEDGER_SCHEMA_VERSION,
+    PHASE_SCHEMA,
+    PHASE_SCHEMA_VERSION,
+    STATUSES,
+)
+from lightning_pilot.storage import ledger_store, limits, paths, publish, tables
+from lightning_pilot.storage.ledger_store import _PENDING_JOIN as _PENDING_JOIN
+from lightning_pilot.storage.ledger_store import _SEGMENT_CUT as _SEGMENT_CUT
+from lightning_pilot.storage.ledger_store import LEDGER_GRACE_SECONDS as LEDGER_GRACE_SECONDS
+from lightning_pilot.storage.ledger_store import LEDGER_INDEX_DIR as LEDGER_INDEX_DIR
+from lightning_pilot.storage.ledger_store import TEMPORARY_GRACE_SECONDS as TEMPORARY_GRACE_SECONDS
+from lightning_pilot.storage.ledger_store import _ledger_files as _ledger_files
+from lightning_pilot.storage.ledger_store import _ledger_folder as _ledger_folder
+from lightning_pilot.storage.ledger_store import _read_segments as _read_segments
+from lightning_pilot.storage.ledger_store import (
+    compact_ledger,
+    index_ledger,
+    read_ledger_records,
+    read_ledger_table,
+    write_ledger_record,
+)
+from lightning_pilot.storage.limits import (
+    DETAIL_FILE_LIMITS,
+    LEDGER_RECORD_LIMITS,
+    LEDGER_SEGMENT_LIMITS,
+    PHASE_FILE_LIMITS,
+    ReadLimits,
+    SkippedFileWarning,
+    conform,
+    read_parquet_files,
+)
+from lightning_pilot.storage.paths import _LOCAL_URL as _LOCAL_URL
+from lightning_pilot.storage.paths import (
+    Location,
+    RemotePath,
+    UnsafePathError,
+    is_remote,
+    location,
+    make_folder,
+    remove_work_folder,
+    safe_join,
+    safe_path_component,
+    sanitize_name,
+    work_folder,
+)
+from lightning_pilot.storage.paths import PathLike as PathLike
+from lightning_pilot.storage.paths import _location_argument as _location_argument
+from lightning_pilot.storage.publish import EXCLUSIVE_CREATE_PROTOCOLS as EXCLUSIVE_CREATE_PROTOCOLS
+from lightning_pilot.storage.publish import (
+    publish_bytes,
+    publish_file,
+    publish_json,
+    publish_table,
+    read_json,
+)
+from lightning_pilot.storage.publish import reserve_file as reserve_file
+from lightning_pilot.storage.tables import SNAPSHOT_METADATA_KEY as SNAPSHOT_METADATA_KEY
+from lightning_pilot.storage.tables import _to_pandas as _to_pandas
+from lightning_pilot.storage.tables import (
+    list_snapshot_files,
+    read_phase_table,
+    read_snapshot_table,
+    rows_to_table,
+    run_folders,
+    validate_phase_row,
+    write_snapshot,
+)
+
+__all__ = [
+    "DETAIL_FILE_LIMITS",
+    "LEDGER_RECORD_LIMITS",
+    "LEDGER_SCHEMA",
+    "LEDGER_SCHEMA_VERSION",
+    "LEDGER_SEGMENT_LIMITS",
+    "PHASE_FILE_LIMITS",
+    "PHASE_SCHEMA",
+    "PHASE_SCHEMA_VERSION",
+    "STATUSES",
+    "Location",
+    "ReadLimits",
+    "RemotePath",
+    "SkippedFileWarning",
+    "UnsafePathError",
+    "compact_ledger",
+    "conform",
+    "index_ledger",
+    "is_remote",
+    "list_snapshot_files",
+    "location",
+    "make_folder",
+    "publish_bytes",
+    "publish_file",
+    "publish_json",
+    "publish_table",
+    "read_json",
+    "read_ledger_records",
+    "read_ledger_table",
+    "read_parquet_files",
+    "read_phase_table",
+    "read_snapshot_table",
+    "remove_work_folder",
+    "rows_to_table",
+    "run_folders",
+    "safe_join",
+    "safe_path_component",
+    "sanitize_name",
+    "validate_phase_row",
+    "work_folder",
+    "write_ledger_record",
+    "write_snapshot",
+]
+
+# The public classes keep the name they are known by (in tracebacks, pickles and reprs).
+for _public in (RemotePath, UnsafePathError, ReadLimits, SkippedFileWarning):
+    _public.__module__ = __name__
+del _public
+
+_PARTS = (paths, publish, limits, tables, ledger_store)
+
+
+class _Storage(types.ModuleType):
+    """This package, whose names set from outside are set where its parts look them up."""
+
+    def __setattr__(self, name: str, value: object) -> None:
+        if name in vars(self):
+            current = vars(self)[name]
+            for part in _PARTS:
+                if name in vars(part) and vars(part)[name] is current:
+                    setattr(part, name, value)
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Storage

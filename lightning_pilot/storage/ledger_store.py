@@ -1,0 +1,497 @@
+"""The run ledger's files: one immutable Parquet file per record, index segments under
+``_index/`` that hold records whole, compaction (copy, merge, remove after a grace period) and
+the readers that take each record once while writers and compactors run (docs/ledger.md)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import uuid
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Final, NamedTuple
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute
+
+from lightning_pilot.core import validate
+from lightning_pilot.core.ids import new_run_id, validate_run_id
+from lightning_pilot.schemas import LEDGER_EVENTS, LEDGER_SCHEMA, LEDGER_SCHEMA_VERSION, STATUSES
+from lightning_pilot.storage.limits import (
+    _MIB,
+    LEDGER_RECORD_LIMITS,
+    LEDGER_SEGMENT_LIMITS,
+    _check_writable,
+    _OverLimitError,
+    _read_limited,
+    _skip,
+    _visible_parquet_files,
+)
+from lightning_pilot.storage.paths import (
+    Location,
+    PathLike,
+    RemotePath,
+    _location_argument,
+    _refuse_link,
+    safe_path_component,
+)
+from lightning_pilot.storage.publish import publish_table
+from lightning_pilot.storage.tables import _check_columns, _to_pandas, rows_to_table
+
+__all__ = [
+    "LEDGER_GRACE_SECONDS",
+    "LEDGER_INDEX_DIR",
+    "TEMPORARY_GRACE_SECONDS",
+    "compact_ledger",
+    "index_ledger",
+    "read_ledger_records",
+    "read_ledger_table",
+    "write_ledger_record",
+]
+
+#: Ledger index segments live here, hidden from pandas and pyarrow dataset readers.
+LEDGER_INDEX_DIR: Final = "_index"
+_SOURCE_COLUMN: Final = "source_file"  # segments written before compaction named their files
+#: How long a compacted record file (or a merged segment) stays after the segment holding it
+#: was published, by default (docs/ledger.md, "Compaction").
+LEDGER_GRACE_SECONDS: Final = 3600.0
+#: ``<written_at>-<run_id>-<event>-<record_id>.parquet``: run ids are hex after the time, so
+#: the first ``-<event>-`` is the event and the rest the record id.
+_RECORD_NAME: Final = re.compile(
+    r"\d{8}T\d+Z-\d{8}T\d{9}Z-[0-9a-f]{16}-(?:start|heartbeat|end)-(?P<record_id>.+)\.parquet"
+)
+_SEGMENT_STAMP: Final = re.compile(r"segment-(\d{8}T\d{12}Z)-")
+_STAMP_FORMAT: Final = "%Y%m%dT%H%M%S%fZ"
+_READ_TRIES: Final = 3
+#: Compaction merges small segments (under half a segment's records) once there are this many
+#: (the new records counting as one): each record is rewritten a few times, not at every run.
+_MERGE_AT: Final = 4
+#: Index segments are cut well inside :data:`LEDGER_SEGMENT_LIMITS`: rows, values, bytes.
+_SEGMENT_CUT: Final = (10_000, 2_000_000, 128 * _MIB)
+
+#: A hidden temporary file of :func:`publish_file`: ``.<name>.<uuid hex>.tmp``.
+_TEMPORARY_NAME: Final = re.compile(r"\..+\.[0-9a-f]{32}\.tmp")
+#: A hidden temporary file younger than this is never removed by a compaction, whatever its
+#: ``grace``: a live writer may still publish it (one takes milliseconds; docs/ledger.md).
+TEMPORARY_GRACE_SECONDS: Final = 600.0
+
+
+def _utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def write_ledger_record(ledger_dir: PathLike, record: Mapping[str, Any]) -> Location:
+    """Publish one immutable run-ledger record as its own Parquet file.
+
+    ``run_id`` and ``event`` are required; ``schema_version``, ``record_id`` and ``written_at``
+    are filled in when absent. The file name starts with the time, so a listing is in write
+    order. A record the readers would skip (over :data:`LEDGER_RECORD_LIMITS`) is refused.
+
+    Example:
+        >>> import tempfile
+        >>> folder = tempfile.mkdtemp()
+        >>> path = write_ledger_record(folder, {"run_id": new_run_id(), "event": "start",
+        ...                                      "status": "running"})
+        >>> read_ledger_records(folder)["status"].tolist()
+        ['running']
+    """
+    folder = _location_argument("write_ledger_record", "ledger_dir", ledger_dir, "a folder")
+    _check_columns(record, LEDGER_SCHEMA, "ledger record")
+    run_id = validate_run_id(record.get("run_id"), "record['run_id']")
+    owner = "write_ledger_record"
+    event = validate.choice(owner, "record['event']", record.get("event"), LEDGER_EVENTS)
+    validate.choice(owner, "record['status']", record.get("status"), STATUSES, optional=True)
+    full = dict(record)
+    full.setdefault("schema_version", LEDGER_SCHEMA_VERSION)
+    full.setdefault("record_id", new_run_id())
+    full.setdefault("written_at", _utcnow())
+    record_id = safe_path_component(full["record_id"], "record['record_id']")
+    stamp = full["written_at"].strftime("%Y%m%dT%H%M%S%fZ")
+    name = f"{stamp}-{run_id}-{event}-{record_id}.parquet"
+    table = rows_to_table([full], LEDGER_SCHEMA)
+    _check_writable(table, LEDGER_RECORD_LIMITS, "a ledger record")
+    _refuse_link(folder)
+    return publish_table(table, folder / name)
+
+
+class _VanishedError(Exception):
+    """A file listed a moment ago is gone (a compactor removed it): list again."""
+
+
+def _ledger_folder(path: PathLike, owner: str) -> Location:
+    root = _location_argument(owner, "path", path, "the ledger folder")
+    if not root.exists():
+        raise FileNotFoundError(f"path={str(root)!r} does not exist.")
+    return root / "ledger" if (root / "ledger").is_dir() else root
+
+
+def _ledger_files(folder: Location) -> list[Location]:
+    """The visible Parquet files of one ledger folder, by name (one listing, no stat per file:
+    a ledger folder may hold hundreds of thousands before compaction)."""
+    if isinstance(folder, RemotePath):
+        if not folder.is_dir():
+            return []
+        return _visible_parquet_files(folder)
+    try:
+        with os.scandir(folder) as entries:
+            names = [
+                entry.name
+                for entry in entries
+                if entry.name.endswith(".parquet")
+                and not entry.name.startswith((".", "_"))
+                and entry.is_file()
+            ]
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    return [folder / name for name in sorted(names)]
+
+
+def _record_id_of(name: str) -> str | None:
+    """The record id a record file's name carries (None for a name the writer did not make)."""
+    match = _RECORD_NAME.fullmatch(name)
+    return match.group("record_id") if match else None
+
+
+def _segment_time(name: str) -> datetime | None:
+    match = _SEGMENT_STAMP.match(name)
+    if not match:
+        return None
+    return datetime.strptime(match.group(1), _STAMP_FORMAT).replace(tzinfo=timezone.utc)
+
+
+class _Segment(NamedTuple):
+    path: Location
+    table: pa.Table
+
+    @property
+    def ids(self) -> frozenset[str]:
+        """The record ids this segment holds (built when asked: readers seldom need them)."""
+        return frozenset(i for i in self.table.column("record_id").to_pylist() if i is not None)
+
+
+def _read_segments(
+    folder: Location,
+    schema: pa.Schema,
+    *,
+    vanish: bool = True,
+    skipped: list[str] | None = None,
+) -> list[_Segment]:
+    """The readable index segments of a ledger, conformed to ``schema``; a bad one is skipped
+    with a warning and listed in ``skipped`` (a reader's; a compactor passes none): while its
+    record files are there it costs speed only, but once a compaction removed them its records
+    are lost with it. A segment gone since the listing: :class:`_VanishedError`."""
+    segments = []
+    for segment in _ledger_files(folder / LEDGER_INDEX_DIR):
+        try:
+            table = _read_limited(segment, LEDGER_SEGMENT_LIMITS, schema)
+        except FileNotFoundError:
+            if vanish:
+                raise _VanishedError(str(segment)) from None
+            if skipped is not None:  # a reader's last try: its records may be missing
+                _skip(f"skipped ledger index {segment}: removed while read", segment, skipped)
+        except _OverLimitError as err:
+            message = f"skipped oversized ledger index {segment}: {err} (not decoded)"
+            _skip(message, segment, skipped)
+        except (OSError, pa.ArrowException, ValueError) as err:
+            _skip(f"skipped unreadable ledger index {segment}: {err}", segment, skipped)
+        else:
+            segments.append(_Segment(segment, table))
+    return segments
+
+
+def _cut_table(table: pa.Table) -> list[pa.Table]:
+    """Cut ``table`` into consecutive slices, each within :data:`_SEGMENT_CUT`."""
+    rows = table.num_rows
+    if rows == 0:
+        return []
+    values = np.ones(rows, dtype=np.int64)  # a list cell counts itself and its elements
+    for column in table.columns:
+        if pa.types.is_list(column.type):
+            lengths = pa.compute.list_value_length(column).fill_null(0)
+            values = np.maximum(values, 1 + lengths.to_numpy(zero_copy_only=False))
+    per_row = max(1, table.nbytes // rows)
+    slices, start, total_values = [], 0, 0
+    for end in range(rows):
+        total_values += int(values[end])
+        count = end - start + 1
+        if count > 1 and (
+            count > _SEGMENT_CUT[0]
+            or total_values > _SEGMENT_CUT[1]
+            or count * per_row > _SEGMENT_CUT[2]
+        ):
+            slices.append(table.slice(start, end - start))
+            start, total_values = end, int(values[end])
+    slices.append(table.slice(start))
+    return slices
+
+
+def _sorted_records(table: pa.Table) -> pa.Table:
+    return table.sort_by([("written_at", "ascending"), ("record_id", "ascending")])
+
+
+def _publish_segments(folder: Location, table: pa.Table) -> list[_Segment]:
+    written = []
+    for part in _cut_table(_sorted_records(_unique_records(table))):
+        part = part.combine_chunks()
+        name = f"segment-{_utcnow().strftime(_STAMP_FORMAT)}-{uuid.uuid4().hex[:12]}.parquet"
+        path = publish_table(part, folder / LEDGER_INDEX_DIR / name)
+        written.append(_Segment(path, part))
+    return written
+
+
+#: Record files read for compaction are joined into one table this many at a time: a table
+#: read from a file carries about 75 KB of Arrow objects, so 290,000 of them held apart took
+#: 22 GB; joined, the records take what their values take.
+_PENDING_JOIN: Final = 2_000
+
+
+def _read_pending(files: Sequence[Location]) -> list[pa.Table]:
+    """Read record files for compaction, joined :data:`_PENDING_JOIN` at a time: unreadable,
+    oversized or vanished ones stay out (the readers report what they cannot read; a vanished
+    one is in a segment already)."""
+    tables: list[pa.Table] = []
+    batch: list[pa.Table] = []
+    for position, file in enumerate(files, 1):
+        with contextlib.suppress(OSError, pa.ArrowException, ValueError):
+            batch.append(_read_limited(file, LEDGER_RECORD_LIMITS, LEDGER_SCHEMA))
+        if batch and (position % _PENDING_JOIN == 0 or position == len(files)):
+            tables.append(pa.concat_tables(batch).combine_chunks())
+            batch = []
+    return tables
+
+
+def compact_ledger(path: PathLike, *, grace: float | None = LEDGER_GRACE_SECONDS) -> list[Location]:
+    """Compact a ledger: copy the records no segment holds into new index segments, merge
+    small segments, and remove what a segment has held for ``grace`` seconds.
+
+    Safe with any number of writers, readers and compactors at once, on any machine: nothing
+    is renamed or locked. A segment holds whole records (:data:`LEDGER_SCHEMA`, each with its
+    ``record_id``), so readers take every segment plus the record files no segment holds, and
+    read a record found twice once. A record file is removed only once a segment published at
+    least ``grace`` seconds earlier holds its record; a segment only once larger segments at
+    least that old hold all its records (so a copy always remains). The hidden temporary
+    files of publications killed half-way (in the ledger folder and ``_index/``) are removed
+    once older than ``grace`` and :data:`TEMPORARY_GRACE_SECONDS`. ``grace=None`` removes
+    nothing and merges nothing (:func:`index_ledger`). Returns the new segments.
+
+    Example:
+        >>> import tempfile
+        >>> folder = tempfile.mkdtemp()
+        >>> _ = write_ledger_record(folder, {"run_id": new_run_id(), "event": "start"})
+        >>> [p.parent.name for p in compact_ledger(folder, grace=0)]
+        ['_index']
+        >>> len(list(Path(folder).glob("*.parquet"))), len(read_ledger_records(folder))
+        (0, 1)
+    """
+    if grace is not None:
+        grace = validate.number("compact_ledger", "grace", grace, minimum=0, hint="seconds")
+    folder = _ledger_folder(path, "compact_ledger")
+    _refuse_link(folder)
+    _refuse_link(folder / LEDGER_INDEX_DIR, folder)
+    files = _ledger_files(folder)  # records first, then segments: see read_ledger_records
+    segments = _read_segments(folder, LEDGER_SCHEMA, vanish=False)
+    ids = {s.path.name: s.ids for s in segments}
+    covered = set().union(*ids.values())
+    pending = [f for f in files if _record_id_of(f.name) not in covered]
+    tables = _read_pending(pending)
+    # A segment whose records a larger one holds is waiting to be removed: never merged again.
+    order = sorted(segments, key=lambda s: (s.table.num_rows, s.path.name), reverse=True)
+    held: set[str] = set()
+    superseded = set()
+    for segment in order:
+        if ids[segment.path.name] <= held:
+            superseded.add(segment.path.name)
+        held |= ids[segment.path.name]
+    if grace is not None:
+        small = [
+            s
+            for s in segments
+            if s.table.num_rows < _SEGMENT_CUT[0] // 2 and s.path.name not in superseded
+        ]
+        if len(small) + bool(tables) >= _MERGE_AT:
+            tables.extend(s.table for s in small)
+    written = _publish_segments(folder, pa.concat_tables(tables)) if tables else []
+    if grace is None:
+        return [s.path for s in written]
+    segments += written
+    ids.update({s.path.name: s.ids for s in written})
+    cutoff = _utcnow().timestamp() - grace
+    for where in (folder, folder / LEDGER_INDEX_DIR):
+        _remove_stale_temporaries(where, cutoff - max(0.0, TEMPORARY_GRACE_SECONDS - grace))
+
+    def settled(segment: _Segment) -> bool:
+        made = _segment_time(segment.path.name)
+        return made is not None and made.timestamp() <= cutoff
+
+    kept: set[str] = set()  # records held by settled segments kept so far, largest first
+    for segment in sorted(segments, key=lambda s: (s.table.num_rows, s.path.name), reverse=True):
+        held_here = ids[segment.path.name]
+        if held_here and held_here <= kept:
+            with contextlib.suppress(FileNotFoundError):
+                segment.path.unlink()
+        elif settled(segment):
+            kept |= held_here
+    for file in files:
+        if _record_id_of(file.name) in kept:
+            with contextlib.suppress(FileNotFoundError):
+                file.unlink()
+    return [s.path for s in written]
+
+
+def _remove_stale_temporaries(folder: Location, cutoff: float) -> list[Path]:
+    """Remove the hidden temporary files a killed :func:`publish_file` left in a local
+    ``folder`` (plain files named ``.<name>.<uuid hex>.tmp``) last modified before ``cutoff``
+    (a POSIX time); return them. Readers never see them; an object store has none (a remote
+    publication is one whole-object write)."""
+    removed: list[Path] = []
+    if not isinstance(folder, Path):
+        return removed
+    try:
+        with os.scandir(folder) as entries:
+            stale = [entry for entry in entries if _TEMPORARY_NAME.fullmatch(entry.name)]
+    except (FileNotFoundError, NotADirectoryError):
+        return removed
+    for entry in stale:
+        try:
+            if not entry.is_file(follow_symlinks=False):
+                continue
+            if entry.stat(follow_symlinks=False).st_mtime >= cutoff:
+                continue
+            os.unlink(entry.path)
+        except FileNotFoundError:
+            continue  # its writer (or another compactor) removed it meanwhile
+        removed.append(Path(entry.path))
+    return removed
+
+
+def index_ledger(path: PathLike) -> Location | None:
+    """Copy the ledger's not-yet-indexed records into new index segments.
+
+    Readers then open only the files written since (about 1 ms each). The record files stay,
+    nothing is removed (:func:`compact_ledger` removes them after a grace period); segments of
+    processes indexing at once may overlap (records are read once, by ``record_id``). Returns
+    the last new segment, or ``None`` when nothing was new.
+    """
+    folder = _ledger_folder(path, "index_ledger")
+    written = compact_ledger(folder, grace=None)
+    return written[-1] if written else None
+
+
+def _unique_records(table: pa.Table) -> pa.Table:
+    """Keep the first copy of every ``record_id`` (records without one are all kept)."""
+    ids = table.column("record_id")
+    if ids.null_count == 0 and len(pa.compute.unique(ids)) == len(ids):
+        return table
+    series = ids.to_pandas()
+    duplicate = series.duplicated(keep="first") & series.notna()
+    return table.filter(pa.array(~duplicate.to_numpy(dtype=bool)))
+
+
+def _read_record_files(
+    files: Sequence[Location], schema: pa.Schema, skipped: list[str], *, vanish: bool
+) -> list[pa.Table]:
+    tables = []
+    for path in files:
+        try:
+            tables.append(_read_limited(path, LEDGER_RECORD_LIMITS, schema))
+        except FileNotFoundError as err:
+            if vanish:
+                raise _VanishedError(str(path)) from None
+            _skip(
+                f"skipped unreadable file {path}: {type(err).__name__}: {err}",
+                path,
+                skipped,
+                stacklevel=4,
+            )
+        except _OverLimitError as err:
+            _skip(
+                f"skipped oversized file {path}: {err} (not decoded)", path, skipped, stacklevel=4
+            )
+        except (OSError, pa.ArrowException, ValueError) as err:
+            message = f"skipped unreadable file {path}: {type(err).__name__}: {err}"
+            _skip(message, path, skipped, stacklevel=4)
+    return tables
+
+
+def read_ledger_table(
+    path: PathLike,
+    *,
+    events: Sequence[str] | None = None,
+    columns: Sequence[str] | None = None,
+    skipped: list[str] | None = None,
+) -> pa.Table:
+    """Every record of a run ledger as an Arrow table, oldest first, each record once
+    (:func:`read_ledger_records`); ``columns`` reads only those (``record_id``, ``written_at``
+    and ``run_id`` always)."""
+    if events is not None and not set(events) <= set(LEDGER_EVENTS):
+        raise ValueError(f"events={events!r} is invalid; expected a subset of {LEDGER_EVENTS}.")
+    schema = LEDGER_SCHEMA
+    if columns is not None:
+        unknown = sorted(set(columns) - set(LEDGER_SCHEMA.names))
+        if unknown:
+            raise ValueError(f"columns={unknown!r} are not ledger columns; valid: {schema.names}.")
+        wanted = {"record_id", "written_at", "run_id", *columns, *(["event"] if events else [])}
+        schema = pa.schema([f for f in LEDGER_SCHEMA if f.name in wanted])
+    folder = _ledger_folder(path, "read_ledger_records")
+    for attempt in range(_READ_TRIES):
+        last = attempt == _READ_TRIES - 1
+        found: list[str] = []
+        try:
+            table = _read_ledger_once(folder, schema, events, found, vanish=not last)
+        except _VanishedError:
+            continue  # a compactor moved records into a segment meanwhile: list again
+        if skipped is not None:
+            skipped.extend(found)
+        return table
+    raise AssertionError("unreachable")  # pragma: no cover - the last try never raises
+
+
+def _read_ledger_once(
+    folder: Location,
+    schema: pa.Schema,
+    events: Sequence[str] | None,
+    skipped: list[str],
+    *,
+    vanish: bool,
+) -> pa.Table:
+    # Records first, then segments: a record compacted between the two listings is found in
+    # its segment; one removed after both is found missing (_VanishedError) and the read restarts.
+    files = _ledger_files(folder)
+    segments = _read_segments(folder, schema, vanish=vanish, skipped=skipped)
+    tables = [s.table for s in segments]
+    pending = files
+    if files and segments:
+        named = pa.array([_record_id_of(f.name) for f in files], type=pa.string())
+        held = pa.chunked_array([t.column("record_id") for t in tables], type=pa.string())
+        covered = pa.compute.is_in(
+            named, value_set=held.combine_chunks(), skip_nulls=True
+        ).to_pylist()
+        pending = [f for f, hit in zip(files, covered, strict=True) if not hit]
+    if events is not None:
+        # Names read <time>-<run_id>-<event>-<record_id>.parquet; ids are hex, so the event
+        # word cannot occur inside them.
+        pending = [f for f in pending if any(f"-{event}-" in f.name for event in events)]
+        wanted = pa.array(list(events))
+        tables = [t.filter(pa.compute.is_in(t.column("event"), value_set=wanted)) for t in tables]
+    tables += _read_record_files(pending, schema, skipped, vanish=vanish)
+    if not tables:
+        return schema.empty_table()
+    return _sorted_records(_unique_records(pa.concat_tables(tables).combine_chunks()))
+
+
+def read_ledger_records(path: PathLike, *, events: Sequence[str] | None = None) -> pd.DataFrame:
+    """Read every record of a run ledger, oldest first, each record once.
+
+    ``path`` is the ledger folder or an output folder holding ``ledger/``; records held by
+    index segments are read from them, the others from their files. ``events`` reads only
+    those events (their file names say which). Skipped files are warned about and listed in
+    ``attrs["skipped"]``. A compaction running meanwhile is tolerated (docs/ledger.md).
+    """
+    skipped: list[str] = []
+    frame = _to_pandas(read_ledger_table(path, events=events, skipped=skipped))
+    frame.attrs["skipped"] = skipped
+    return frame
