@@ -37,7 +37,6 @@ from lightning_pilot.schemas import (
 )
 from lightning_pilot.storage import ledger_store, limits, paths, publish, tables
 from lightning_pilot.storage.ledger_store import _PENDING_JOIN as _PENDING_JOIN
-from lightning_pilot.storage.ledger_store import _SEGMENT_CUT as _SEGMENT_CUT
 from lightning_pilot.storage.ledger_store import LEDGER_GRACE_SECONDS as LEDGER_GRACE_SECONDS
 from lightning_pilot.storage.ledger_store import LEDGER_INDEX_DIR as LEDGER_INDEX_DIR
 from lightning_pilot.storage.ledger_store import TEMPORARY_GRACE_SECONDS as TEMPORARY_GRACE_SECONDS
