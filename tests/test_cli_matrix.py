@@ -181,7 +181,8 @@ class Env:
         def refuse(path: Any, write: Any) -> Path:
             raise OSError(code, os.strerror(code), str(path))
 
-        self.monkeypatch.setattr(storage, "publish_file", refuse)
+        for where in (storage, storage.publish):  # callers of storage.publish_file; publishers
+            self.monkeypatch.setattr(where, "publish_file", refuse)
 
 
 @pytest.fixture

@@ -167,7 +167,7 @@ def test_the_writer_refuses_a_record_the_readers_would_skip(
 ) -> None:
     # A smaller limit keeps the test cheap; the rule is the same at 2 million values.
     small = dataclasses.replace(storage.LEDGER_RECORD_LIMITS, max_values=1_000)
-    monkeypatch.setattr(storage, "LEDGER_RECORD_LIMITS", small)
+    monkeypatch.setattr(storage.ledger_store, "LEDGER_RECORD_LIMITS", small)
     points = [{"step": s, "value": 0.0} for s in range(1_000)]
     record = {"run_id": new_run_id(), "event": "end", "train_loss": points}
     with pytest.raises(ValueError, match=r"1,001 values in one column > LEDGER_RECORD_LIMITS"):

@@ -253,12 +253,12 @@ def test_a_record_file_removed_after_the_reader_listed_it_is_found_in_its_segmen
         calls.append(options)
         if len(calls) == 1:
             with monkeypatch.context() as inner:
-                inner.setattr(storage, "_read_segments", original)
+                inner.setattr(storage.ledger_store, "_read_segments", original)
                 compact_ledger(folder, grace=0)
             return []
         return original(folder, schema, **options)
 
-    monkeypatch.setattr(storage, "_read_segments", compact_between)
+    monkeypatch.setattr(storage.ledger_store, "_read_segments", compact_between)
     with warnings.catch_warnings():
         warnings.simplefilter("error", SkippedFileWarning)
         records = read_ledger_records(tmp_path)
@@ -322,7 +322,7 @@ def test_compaction_joins_what_it_reads_in_batches_and_loses_nothing(
     # Record files are joined a few thousand at a time (each read table alone carries about
     # 75 KB of Arrow objects: 290,000 held apart took 22 GB). Batches of 4 over 3 x 3 records
     # plus one unreadable file: a batch boundary inside, a short last batch, a skipped file.
-    monkeypatch.setattr(storage, "_PENDING_JOIN", 4)
+    monkeypatch.setattr(storage.ledger_store, "_PENDING_JOIN", 4)
     ids = _write_runs(tmp_path, 3)
     damaged = tmp_path / f"20990101T000000000000Z-{new_run_id()}-end-{new_run_id()}.parquet"
     damaged.write_bytes(b"PAR1 not really")

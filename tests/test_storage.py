@@ -565,11 +565,11 @@ def test_memory_location_publishes_once_and_reads_back() -> None:
     assert frame.attrs["skipped"] == [str(folder / "part-zz-00000001.parquet")]
 
 
-def test_a_name_set_on_the_package_reaches_every_part_that_uses_it(
+def test_a_refused_publish_reaches_every_publisher_and_the_ledger_writer(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # storage is a package of modules; a test that replaces storage.publish_file (a full disk,
-    # say) must reach publish_json and write_ledger_record too, as on one module, and undo.
+    # storage is a package of modules: publish_json and write_ledger_record publish through
+    # storage.publish.publish_file, and the ledger writer reads its limits from ledger_store.
     refused: list[str] = []
 
     def refuse(path: object, write: object, *, replace: bool = False) -> Path:
@@ -577,7 +577,8 @@ def test_a_name_set_on_the_package_reaches_every_part_that_uses_it(
         raise OSError(errno.ENOSPC, "No space left on device", str(path))
 
     real = storage.publish_file
-    monkeypatch.setattr(storage, "publish_file", refuse)
+    for where in (storage, storage.publish):  # callers of storage.publish_file; the publishers
+        monkeypatch.setattr(where, "publish_file", refuse)
     for publish in (
         lambda: storage.publish_json({"ok": True}, tmp_path / "result.json"),
         lambda: write_ledger_record(tmp_path, _record(seed=1)),
@@ -586,7 +587,8 @@ def test_a_name_set_on_the_package_reaches_every_part_that_uses_it(
             publish()
     assert [Path(path).suffix for path in refused] == [".json", ".parquet"]
     limits = storage.LEDGER_RECORD_LIMITS
-    monkeypatch.setattr(storage, "LEDGER_RECORD_LIMITS", dataclasses.replace(limits, max_rows=0))
+    smaller = dataclasses.replace(limits, max_rows=0)
+    monkeypatch.setattr(storage.ledger_store, "LEDGER_RECORD_LIMITS", smaller)
     with pytest.raises(ValueError, match=r"1 rows > LEDGER_RECORD_LIMITS.max_rows=0"):
         write_ledger_record(tmp_path, _record(seed=2))
     monkeypatch.undo()

@@ -13,9 +13,9 @@ One module per concern, each importing only those listed before it:
 - ``tables``: rows to tables, snapshots, the phase table;
 - ``ledger_store``: ledger record files, index segments and compaction.
 
-The rest of the package uses them as ``storage.<name>``, as this package re-exports them.
-Setting one of its names (``monkeypatch.setattr(storage, "publish_file", ...)`` in a test) sets
-it too in every part that uses that name, as on a single module.
+The rest of the package uses them as ``storage.<name>``, as this package re-exports them. A
+test that patches a name patches it where it is looked up: ``storage.publish.publish_file`` for
+the publishers built on it, ``storage.ledger_store.LEDGER_RECORD_LIMITS`` for the ledger.
 
 Example:
     >>> from lightning_pilot import storage
@@ -25,9 +25,6 @@ Example:
 
 from __future__ import annotations
 
-import sys
-import types
-
 from lightning_pilot.schemas import (
     LEDGER_SCHEMA,
     LEDGER_SCHEMA_VERSION,
@@ -35,7 +32,6 @@ from lightning_pilot.schemas import (
     PHASE_SCHEMA_VERSION,
     STATUSES,
 )
-from lightning_pilot.storage import ledger_store, limits, paths, publish, tables
 from lightning_pilot.storage.ledger_store import _PENDING_JOIN as _PENDING_JOIN
 from lightning_pilot.storage.ledger_store import LEDGER_GRACE_SECONDS as LEDGER_GRACE_SECONDS
 from lightning_pilot.storage.ledger_store import LEDGER_INDEX_DIR as LEDGER_INDEX_DIR
@@ -145,20 +141,3 @@ __all__ = [
 for _public in (RemotePath, UnsafePathError, ReadLimits, SkippedFileWarning):
     _public.__module__ = __name__
 del _public
-
-_PARTS = (paths, publish, limits, tables, ledger_store)
-
-
-class _Storage(types.ModuleType):
-    """This package, whose names set from outside are set where its parts look them up."""
-
-    def __setattr__(self, name: str, value: object) -> None:
-        if name in vars(self):
-            current = vars(self)[name]
-            for part in _PARTS:
-                if name in vars(part) and vars(part)[name] is current:
-                    setattr(part, name, value)
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Storage
