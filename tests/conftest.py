@@ -23,8 +23,13 @@ torch.set_num_threads(1)
 _LONGEST_FIRST = (
     "tests/resume/test_resume_verifier.py",
     "tests/resume/test_resume_ddp.py",
+    "tests/resume/test_fit_loaders.py",
     "tests/conformance/test_conformance_clean.py",
+    "tests/estimate/test_validation.py",
     "tests/resume/test_child_progress.py",
+    "tests/conformance/test_zoo_planted.py",
+    "tests/estimate/test_cuda_transformers_import.py",
+    "tests/conformance/test_zoo_clean.py",
     "tests/callbacks/test_divergence_ledger.py",
     "tests/conformance/test_lifecycle.py",
     "tests/test_never_breaks_the_fit.py",
