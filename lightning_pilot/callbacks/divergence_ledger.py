@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import math
 import os
-import time
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Final, Literal, NamedTuple
+from typing import Any, Final, Literal
 
 import lightning.pytorch as pl
 import torch
@@ -17,31 +15,29 @@ from typing_extensions import override
 
 from lightning_pilot import storage
 from lightning_pilot.core import validate
-from lightning_pilot.core.config import canonical_params_json, config_hash, environment, variant_key
-from lightning_pilot.core.divergence import (
-    FATAL_CAUSES,
-    Curves,
-    DivergenceDetector,
-    DivergenceRules,
-    exception_outcome,
-    normal_outcome,
+from lightning_pilot.core.config import canonical_params_json
+from lightning_pilot.core.divergence import Curves, DivergenceDetector, DivergenceRules
+from lightning_pilot.core.ledger_records import (
+    Heartbeat,
+    PendingUpdates,
+    RecordSchedule,
+    Stop,
+    derived_from_id,
+    failed_matches,
+    failure_outcome,
+    ledger_record,
+    limit_reached,
+    normal_end,
+    repeat_message,
+    run_facts,
+    unwritten_outcome,
 )
-from lightning_pilot.core.ids import validate_run_id
 from lightning_pilot.core.scalars import read_scalars
 from lightning_pilot.ledger import find_failed_runs
 from lightning_pilot.run import PilotCallback, PilotRefusalError
 from lightning_pilot.schemas import EVENTS_SCHEMA, EVENTS_TABLE
 
 __all__ = ["DivergenceLedger", "Heartbeat", "RepeatedVariantError", "RepeatedVariantWarning"]
-
-# Columns the ledger callback owns; facts other callbacks hand over never replace them.
-_OWN_FIELDS: Final = frozenset(
-    {"run_id", "attempt", "attempt_id", "experiment", "variant", "seed", "derived_from_run_id",
-     "params_json", "config_hash", "variant_key", "event", "status", "stop_cause", "stop_step",
-     "stop_detail", "exception_type", "exception_message", "curves_delta", "train_loss", "lr_curve",
-     "val_points"}
-)  # fmt: skip
-_MESSAGE_CHARS: Final = 2000
 
 
 class RepeatedVariantWarning(UserWarning):
@@ -63,62 +59,6 @@ class RepeatedVariantError(PilotRefusalError):
         >>> DivergenceLedger(experiment="e", variant="v", on_repeat="error").on_repeat
         'error'
     """
-
-
-@dataclass(frozen=True)
-class Heartbeat:
-    """How often :class:`DivergenceLedger` writes a ``heartbeat`` record (at rule evaluations).
-
-    Example:
-        >>> Heartbeat(updates=50)
-        Heartbeat(seconds=60.0, updates=50)
-        >>> Heartbeat(seconds=-1)
-        Traceback (most recent call last):
-        ...
-        ValueError: Heartbeat(seconds=-1) is invalid: expected a finite number >= 0 (seconds).
-    """
-
-    # Keep seconds well below the ``stale_after`` of :class:`~lightning_pilot.Ledger` (30 min).
-    seconds: float = 60.0  # seconds between heartbeats
-    updates: int | None = None  # also a heartbeat every this many updates (None: by time only)
-
-    def __post_init__(self) -> None:
-        seconds = validate.number("Heartbeat", "seconds", self.seconds, minimum=0, hint="seconds")
-        updates = validate.integer(
-            "Heartbeat", "updates", self.updates, minimum=1, optional=True, hint="updates"
-        )
-        object.__setattr__(self, "seconds", seconds)
-        object.__setattr__(self, "updates", updates)
-
-
-class _Update(NamedTuple):
-    """One optimizer update not evaluated yet (its tensors still on the device)."""
-
-    step: int
-    losses: list[torch.Tensor]  # the micro-batch losses, divided by the factor
-    factor: int  # K: Lightning divided each micro-batch loss by it
-    lr: float | None
-    norms: list[torch.Tensor]
-
-
-class _Stop(NamedTuple):
-    """The fatal rule that stops (or, with ``action="record"``, marks) the run."""
-
-    cause: str
-    step: int
-    detail: str
-
-
-def _run_id(value: object) -> str | None:
-    """``derived_from``: ``None`` or a run id (:func:`~lightning_pilot.core.ids.new_run_id`)."""
-    owner, expected = "DivergenceLedger", "a run id such as '20261130T092309763Z-a1fe91cb433ec8b4'"
-    run_id = validate.text(owner, "derived_from", value, optional=True, hint=expected)
-    if run_id is None:
-        return None
-    try:
-        return validate_run_id(run_id, "derived_from")
-    except ValueError:
-        raise ValueError(validate.invalid(owner, "derived_from", value, expected)) from None
 
 
 class DivergenceLedger(PilotCallback):
@@ -190,7 +130,7 @@ class DivergenceLedger(PilotCallback):
         self.seed = validate.integer(owner, "seed", seed, minimum=0, optional=True)
         self.params = validate.mapping_of_scalars(owner, "params", params)
         self.params_json = canonical_params_json(self.params)
-        self.derived_from = _run_id(derived_from)
+        self.derived_from = derived_from_id(derived_from)
         validate.instance(owner, "rules", rules, DivergenceRules)
         self.detector = DivergenceDetector(rules)
         self.action: Literal["stop", "record"] = validate.choice(
@@ -222,20 +162,10 @@ class DivergenceLedger(PilotCallback):
         self._closing = False  # the end record's closer is registered with the run
         self._failure: dict[str, Any] | None = None  # the end record of an exception
         self._facts: dict[str, Any] | None = None
-        self._last_step = 0
-        self._last_heartbeat = 0
-        self._last_eval = 0
-        self._norm_at: float = 0  # the update whose gradient norm is read next (the first)
-        self._norm_every = 1
-        self._last_record_at = time.monotonic()
+        self._schedule = RecordSchedule(self.check_every, self.heartbeat)
+        self._pending = PendingUpdates()
         self._mark: tuple[int, int, int] | None = None
-        self._updates: list[_Update] = []
-        self._micro: list[torch.Tensor] = []
-        self._factor = 1
-        self._grad_norms: list[torch.Tensor] = []
-        self._lr: float | None = None
-        self._overflow = False
-        self._stop: _Stop | None = None
+        self._stop: Stop | None = None
 
     @override
     def _state_key_fields(self) -> dict[str, Any]:
@@ -253,36 +183,15 @@ class DivergenceLedger(PilotCallback):
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if not self._active:
-            return
-        self._last_step = self._last_heartbeat = self._last_eval = trainer.global_step
-        self._overflow = str(trainer.precision) in ("16-mixed", "16")
-        # Under a gradient scaler every update: each overflow is a skipped step worth recording.
-        self._norm_every = 1 if self._overflow else self.grad_norm_every
-        self._norm_at = 0 if self.detector.rules.check_grad_norm else math.inf
-        self.curves.truncate(trainer.global_step)
-        self._facts = self._read_facts(trainer, full=True)
-        self._check_repeat(trainer)
-        self.run.register_table(EVENTS_TABLE, EVENTS_SCHEMA)
-        if self.run.is_global_zero:
-            self.run.reserve_space()  # held until the run closes (a disk may fill meanwhile)
-            self._write(trainer, "start", failing=False, status="running")
+        if self._active:
+            self._start(trainer)
 
     @override
     def on_before_optimizer_step(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: torch.optim.Optimizer
     ) -> None:
-        if not self._active:
-            return
-        if self._lr is None and optimizer.param_groups:
-            self._lr = float(optimizer.param_groups[0]["lr"])
-        step = trainer.global_step + 1
-        if step >= self._norm_at:
-            self._norm_at = step + self._norm_every
-            params = (p for group in optimizer.param_groups for p in group["params"])
-            grads = [p.grad for p in params if p.grad is not None]
-            if grads:
-                self._grad_norms.append(torch.nn.utils.get_total_norm(grads).detach())
+        if self._active:
+            self._read_update(trainer, optimizer)
 
     @override
     def on_train_batch_end(
@@ -293,42 +202,18 @@ class DivergenceLedger(PilotCallback):
         batch: Any,
         batch_idx: int,
     ) -> None:
-        if not self._active:
-            return
-        # type() first: Lightning hands a plain dict, and an ABC isinstance check is slower.
-        is_map = type(outputs) is dict or isinstance(outputs, Mapping)
-        loss = outputs.get("loss") if is_map else outputs
-        if isinstance(loss, torch.Tensor) and loss.numel() == 1:
-            # Lightning divides the loss by K (automatic optimisation) before outputs reach us;
-            # the multiplication back waits for the evaluation, like the read.
-            automatic = pl_module.automatic_optimization
-            self._factor = trainer.accumulate_grad_batches if automatic else 1
-            self._micro.append(loss.detach() if loss.requires_grad else loss)
-        step = trainer.global_step
-        if step != self._last_step:
-            self._last_step = step
-            self._after_update(trainer)
+        if self._active:
+            self._read_batch(trainer, pl_module, outputs)
 
     @override
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if not self._active or trainer.sanity_checking:
-            return
-        names = self.val_metrics
-        for name, value in sorted(trainer.callback_metrics.items()):
-            wanted = name in names if names is not None else name.startswith("val")
-            if wanted and isinstance(value, torch.Tensor) and value.numel() == 1:
-                self.curves.add_val(trainer.global_step, name, float(value))
+        if self._active and not trainer.sanity_checking:
+            self._read_validation(trainer)
 
     @override
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if not self._active or self._ended:
-            return
-        self._end_at_close(trainer)  # before the last evaluation: its error cannot cost it
-        self._evaluate()  # the updates since the last evaluation
-        if trainer.world_size > 1:
-            # Every rank ends here on a normal exit: a rule that fired on another rank after
-            # the last evaluation (or with action="record") reaches rank 0's end record.
-            self._agree(trainer, trainer.global_step)
+        if self._active and not self._ended:
+            self._finish(trainer)
 
     @override
     def on_exception(
@@ -337,20 +222,12 @@ class DivergenceLedger(PilotCallback):
         try:
             if not self._active or self._refused or self._ended or self._failure is not None:
                 return
-            pending, unread = len(self._updates), None
+            pending, unread = len(self._pending.updates), None
             try:
                 self._evaluate()  # no collective: other ranks may be gone
             except Exception as err:  # e.g. a device-side assert: its tensors are unreadable
                 unread = f"the losses of the last {pending} update(s) could not be read: {err}"
-            status, cause = exception_outcome(exception)
-            self._failure = {
-                "status": status,
-                "stop_cause": cause,
-                "stop_step": trainer.global_step,
-                "stop_detail": unread,
-                "exception_type": type(exception).__name__,
-                "exception_message": str(exception)[:_MESSAGE_CHARS] or None,
-            }
+            self._failure = failure_outcome(exception, trainer.global_step, unread)
             self._end_at_close(trainer)
         except Exception as err:  # ours must never replace the user's exception
             warnings.warn(
@@ -378,50 +255,77 @@ class DivergenceLedger(PilotCallback):
         self.detector.load_state_dict(state_dict.get("detector", {}))
         self.curves.load_state_dict(state_dict.get("curves", {}))
 
+    def _start(self, trainer: pl.Trainer) -> None:
+        self._schedule.start(trainer.global_step)
+        self._pending.start(
+            trainer.global_step,
+            overflow=str(trainer.precision) in ("16-mixed", "16"),
+            grad_norm_every=self.grad_norm_every,
+            check_grad_norm=self.detector.rules.check_grad_norm,
+        )
+        self.curves.truncate(trainer.global_step)
+        self._facts = self._read_facts(trainer, full=True)
+        self._check_repeat(trainer)
+        self.run.register_table(EVENTS_TABLE, EVENTS_SCHEMA)
+        if self.run.is_global_zero:
+            self.run.reserve_space()  # held until the run closes (a disk may fill meanwhile)
+            self._write(trainer, "start", failing=False, status="running")
+
+    def _read_update(self, trainer: pl.Trainer, optimizer: torch.optim.Optimizer) -> None:
+        if optimizer.param_groups:
+            self._pending.add_lr(float(optimizer.param_groups[0]["lr"]))
+        if self._pending.norm_due(trainer.global_step + 1):
+            params = (p for group in optimizer.param_groups for p in group["params"])
+            grads = [p.grad for p in params if p.grad is not None]
+            if grads:
+                self._pending.add_grad_norm(torch.nn.utils.get_total_norm(grads).detach())
+
+    def _read_batch(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any) -> None:
+        # type() first: Lightning hands a plain dict, and an ABC isinstance check is slower.
+        is_map = type(outputs) is dict or isinstance(outputs, Mapping)
+        loss = outputs.get("loss") if is_map else outputs
+        if isinstance(loss, torch.Tensor) and loss.numel() == 1:
+            # Lightning divides the loss by K (automatic optimisation) before outputs reach us;
+            # the multiplication back waits for the evaluation, like the read.
+            automatic = pl_module.automatic_optimization
+            self._pending.add_loss(loss, factor=trainer.accumulate_grad_batches if automatic else 1)
+        if self._pending.close(trainer.global_step):
+            self._after_update(trainer)
+
+    def _read_validation(self, trainer: pl.Trainer) -> None:
+        names = self.val_metrics
+        for name, value in sorted(trainer.callback_metrics.items()):
+            wanted = name in names if names is not None else name.startswith("val")
+            if wanted and isinstance(value, torch.Tensor) and value.numel() == 1:
+                self.curves.add_val(trainer.global_step, name, float(value))
+
+    def _finish(self, trainer: pl.Trainer) -> None:
+        self._end_at_close(trainer)  # before the last evaluation: its error cannot cost it
+        self._evaluate()  # the updates since the last evaluation
+        if trainer.world_size > 1:
+            # Every rank ends here on a normal exit: a rule that fired on another rank after
+            # the last evaluation (or with action="record") reaches rank 0's end record.
+            self._agree(trainer, trainer.global_step)
+
     def _after_update(self, trainer: pl.Trainer) -> None:
         step = trainer.global_step
-        self._updates.append(_Update(step, self._micro, self._factor, self._lr, self._grad_norms))
-        self._micro, self._grad_norms, self._lr = [], [], None
-        # By distance, not step % check_every: several optimizers step global_step by more
-        # than one per batch. Every rank sees the same steps, so they agree.
-        if step - self._last_eval < self.check_every:
+        # Every rank sees the same steps, so they agree on when to evaluate.
+        if not self._schedule.evaluation_due(step):
             return
-        self._last_eval = step
         self._evaluate()
         if self.action == "stop" and self._agree(trainer, step):
             trainer.should_stop = True
-        if self.run.is_global_zero and self._heartbeat_due(step):
-            self._last_heartbeat = step
+        if self.run.is_global_zero and self._schedule.take_heartbeat(step):
             self._write(trainer, "heartbeat", failing=True, status="running")
-
-    def _heartbeat_due(self, step: int) -> bool:
-        every = self.heartbeat.updates
-        if every is not None and step - self._last_heartbeat >= every:
-            return True
-        return time.monotonic() - self._last_record_at >= self.heartbeat.seconds
 
     def _evaluate(self) -> None:
         """Read the pending updates' losses and norms (one host sync) and apply the rules."""
-        updates, self._updates = self._updates, []
-        if not updates:
-            return
-        values = iter(read_scalars([t for u in updates for t in (*u.losses, *u.norms)]))
-        overflow = self._overflow
-        for step, micro, factor, lr, norms in updates:
-            losses = [next(values) for _ in micro]
-            squares = [next(values) ** 2 for _ in norms]
-            loss = factor * math.fsum(losses) / len(losses) if losses else None
-            grad = math.sqrt(math.fsum(squares)) if squares else None
-            self.curves.add_train(step, loss, lr=lr)
-            decision = self.detector.update(step, loss, grad, grad_may_overflow=overflow)
+        for decision in self._pending.evaluate(self.detector, self.curves, read=read_scalars):
             if decision.events:
                 self.run.append_rows(
                     EVENTS_TABLE, [e.as_row() | {"action": self.action} for e in decision.events]
                 )
-            cause = decision.cause
-            if cause is not None and self._stop is None:
-                found = (e.detail for e in decision.events if e.event == cause)
-                self._stop = _Stop(cause, step, next(found, cause))
+            self._stop = self._stop or Stop.of(decision)
 
     def _agree(self, trainer: pl.Trainer, step: int) -> bool:
         """Whether a fatal rule fired on any rank (a collective); a rank that did not see it takes
@@ -431,49 +335,37 @@ class DivergenceLedger(PilotCallback):
             return False
         if trainer.world_size > 1:
             device = trainer.strategy.root_device
-            code = len(FATAL_CAUSES) - FATAL_CAUSES.index(mine.cause) if mine else 0
+            code = mine.code if mine else 0
             agreed = trainer.strategy.reduce(torch.tensor(code, device=device), reduce_op="max")
             fired = trainer.strategy.reduce(
                 torch.tensor(mine.step if mine else step, device=device), reduce_op="min"
             )
             if mine is None:
-                other, at = FATAL_CAUSES[len(FATAL_CAUSES) - int(agreed)], int(fired)
-                self._stop = _Stop(other, at, f"{other} fired on another rank at step {at}")
+                self._stop = Stop.from_code(int(agreed), int(fired))
         return True
 
     def _normal_outcome(self, trainer: pl.Trainer) -> tuple[str, str, str | None]:
         early = trainer.early_stopping_callbacks
-        stopped_early = [c for c in early if c.stopping_reason.name != "NOT_STOPPED"]
         timers = [c for c in getattr(trainer, "callbacks", []) if isinstance(c, Timer)]
         remaining = [c.time_remaining() for c in timers]
-        timed_out = any(r is not None and r <= 0 for r in remaining)
-        facts = self._facts or {}
-        limit: str | None = None
-        if trainer.max_steps != -1 and trainer.global_step >= trainer.max_steps:
-            limit = "max_steps"
-        elif trainer.max_epochs not in (None, -1) and trainer.current_epoch >= trainer.max_epochs:
-            limit = "max_epochs"
-        status, cause = normal_outcome(
-            divergence=self._stop.cause if self._stop else None,
-            early_stopping=bool(stopped_early),
-            time_limit=timed_out,
-            limit_reached=limit,
+        return normal_end(
+            stop=self._stop,
+            action=self.action,
+            stopped_early=[
+                (c.stopping_reason.name, c.stopping_reason_message)
+                for c in early
+                if c.stopping_reason.name != "NOT_STOPPED"
+            ],
+            time_limit=any(r is not None and r <= 0 for r in remaining),
+            limit=limit_reached(
+                max_steps=trainer.max_steps,
+                global_step=trainer.global_step,
+                max_epochs=trainer.max_epochs,
+                current_epoch=trainer.current_epoch,
+            ),
             updates_done=trainer.global_step,
-            planned_updates=facts.get("planned_updates"),
+            planned_updates=(self._facts or {}).get("planned_updates"),
         )
-        detail = None
-        if status == "diverged" and self._stop is not None:
-            detail = self._stop.detail + (
-                " (action='record': training went on)" if self.action == "record" else ""
-            )
-        elif cause == "early_stopping":
-            detail = "; ".join(
-                f"{c.stopping_reason.name.lower()}: {c.stopping_reason_message}"
-                for c in stopped_early
-            )
-        elif cause == "step_shortfall":
-            detail = f"{trainer.global_step} of {facts.get('planned_updates')} planned updates done"
-        return status, cause, detail
 
     def _check_repeat(self, trainer: pl.Trainer) -> None:
         if self.on_repeat == "ignore" or self._facts is None:
@@ -481,20 +373,14 @@ class DivergenceLedger(PilotCallback):
         matches: list[str] = []
         if self.run.is_global_zero:
             found = find_failed_runs(self.run.ledger_dir, self._facts["variant_key"])
-            matches = [
-                f"{row.run_id} ({row.status}: {row.stop_cause} at step {row.stop_step})"
-                for row in found.itertuples(index=False)
-                if row.run_id not in (self.run.run_id, self.derived_from)
-            ]
+            exclude = (self.run.run_id, self.derived_from)
+            matches = failed_matches(found.itertuples(index=False), exclude=exclude)
         if trainer.world_size > 1:
             matches = trainer.strategy.broadcast(matches, src=0)
         if not matches:
             return
-        message = (
-            f"{self.experiment}/{self.variant} (variant_key {self._facts['variant_key']}) repeats"
-            f" a configuration that already ended badly in this ledger: {', '.join(matches)}."
-            " Change the configuration, or pass derived_from=<run id> to relaunch it knowingly."
-        )
+        key = self._facts["variant_key"]
+        message = repeat_message(self.experiment, self.variant, key, matches)
         if self.on_repeat == "error":
             self._refused = True
             raise RepeatedVariantError(message)
@@ -502,73 +388,52 @@ class DivergenceLedger(PilotCallback):
             warnings.warn(message, RepeatedVariantWarning, stacklevel=2)
 
     def _read_facts(self, trainer: pl.Trainer, *, full: bool) -> dict[str, Any]:
-        fields = self.run.ledger_fields
-        strategy = type(trainer.strategy).__name__
-        loader_size = getattr(trainer.train_dataloader, "batch_size", None) if full else None
-        micro = fields.get(
-            "micro_batch_size", loader_size if isinstance(loader_size, int) else None
-        )
-        accumulate = fields.get("accumulate_grad_batches", trainer.accumulate_grad_batches)
-        # Model-parallel ranks do not multiply the batch; every other strategy is data parallel.
-        dp = fields.get("dp_replicas", None if "ModelParallel" in strategy else trainer.world_size)
-        effective = micro * accumulate * dp if micro and dp else None
-        estimate = trainer.estimated_stepping_batches if full else math.nan
-        planned = int(estimate) if math.isfinite(estimate) and estimate >= 0 else None
-        setup = {
-            "micro_batch_size": micro,
-            "accumulate_grad_batches": accumulate,
-            "dp_replicas": dp,
-            "precision": str(trainer.precision),
-        }
-        lr = self.params.get("lr")
-        if not isinstance(lr, int | float) or isinstance(lr, bool):
+        def optimizer_lr() -> float | None:
             groups = trainer.optimizers[0].param_groups if trainer.optimizers else []
-            lr = float(groups[0].get("initial_lr", groups[0]["lr"])) if groups else None
+            return float(groups[0].get("initial_lr", groups[0]["lr"])) if groups else None
+
         device = trainer.strategy.root_device
         model = f" {torch.cuda.get_device_name(device)}" if device.type == "cuda" else ""
-        return {
-            **setup,
-            **environment(),
-            "variant_key": variant_key(self.experiment, self.params, setup),
-            "config_hash": config_hash(self.experiment, self.params, self.seed, setup),
-            "lr": float(lr) if lr is not None else None,
-            "effective_batch_size": fields.get("effective_batch_size", effective),
-            "planned_updates": fields.get("planned_updates", planned),
-            "strategy": strategy,
-            "devices": trainer.world_size,
-            "device_name": f"{device}{model}",
-        }
+        return run_facts(
+            experiment=self.experiment,
+            params=self.params,
+            seed=self.seed,
+            fields=self.run.ledger_fields,
+            strategy=type(trainer.strategy).__name__,
+            loader_size=getattr(trainer.train_dataloader, "batch_size", None) if full else None,
+            accumulate=trainer.accumulate_grad_batches,
+            world_size=trainer.world_size,
+            estimate=trainer.estimated_stepping_batches if full else math.nan,
+            precision=str(trainer.precision),
+            optimizer_lr=optimizer_lr,
+            device_name=f"{device}{model}",
+        )
 
     def _write(self, trainer: pl.Trainer, event: str, *, failing: bool, **outcome: Any) -> None:
         if event == "end":  # for the Trainer's loggers, when the run closes
             self.run.summary.add(
                 **{f"ledger/{k}": outcome.get(k) for k in ("status", "stop_cause", "stop_step")}
             )
-        self._last_record_at = time.monotonic()
+        self._schedule.recorded()
         run = self.run
         try:
-            fields = run.ledger_fields.items()
-            record: dict[str, Any] = dict(self._facts or {})
-            record.update((k, v) for k, v in fields if k not in _OWN_FIELDS and v is not None)
             phases = run.run_dir / "phases.parquet"
-            record.update(
-                run_id=run.run_id,
-                attempt=run.attempt,
-                attempt_id=run.attempt_id,
-                experiment=self.experiment,
-                variant=self.variant,
-                seed=self.seed,
-                derived_from_run_id=self.derived_from,
-                params_json=self.params_json,
-                event=event,
+            identity = {
+                "run_id": run.run_id,
+                "attempt": run.attempt,
+                "attempt_id": run.attempt_id,
+                "experiment": self.experiment,
+                "variant": self.variant,
+                "seed": self.seed,
+                "derived_from_run_id": self.derived_from,
+                "params_json": self.params_json,
+            }
+            record = ledger_record(
+                self._facts, run.ledger_fields, identity, event=event,
                 updates_done=trainer.global_step,
                 phase_table_uri=str(phases) if phases.exists() else None,
-                # Heartbeats carry the points since the attempt's previous record; start and end
-                # the whole curves.
-                curves_delta=event == "heartbeat" and self._mark is not None,
-                **self.curves.as_record(since=self._mark if event == "heartbeat" else None),
-            )
-            record.update(outcome)
+                curves=self.curves, mark=self._mark, outcome=outcome,
+            )  # fmt: skip
             storage.write_ledger_record(run.ledger_dir, record)
             self._mark = self.curves.mark()
         except (OSError, ValueError) as err:
@@ -613,16 +478,5 @@ class DivergenceLedger(PilotCallback):
             )  # fmt: skip
             return
         # A run whose files could not be written is not recorded as a clean one.
-        failed, failed_cause = exception_outcome(error)
-        self._write(
-            trainer,
-            "end",
-            failing=True,
-            status=failed,
-            stop_cause=failed_cause,
-            stop_step=trainer.global_step,
-            stop_detail=f"training ended ({status}: {cause}) after {trainer.global_step}"
-            f" update(s); then the run's tables could not be written: {error}",
-            exception_type=type(error).__name__,
-            exception_message=str(error)[:_MESSAGE_CHARS],
-        )
+        outcome = unwritten_outcome(status, cause, trainer.global_step, error)
+        self._write(trainer, "end", failing=True, **outcome)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import itertools
 import math
 import os
 from collections.abc import Callable, Mapping
@@ -14,26 +13,33 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from lightning_utilities.core.apply_func import apply_to_collection
-from torch.utils.data import DataLoader, IterableDataset, default_collate
+from torch.utils.data import DataLoader, default_collate
 from torch.utils.hooks import RemovableHandle
 from typing_extensions import override
 
 from lightning_pilot.core import validate
 from lightning_pilot.core.batches import BatchAdapter
 from lightning_pilot.core.checks import CheckResult
-from lightning_pilot.core.data_checks import infer_output_size
+from lightning_pilot.core.label_checks import infer_output_size
 from lightning_pilot.core.overfit import (
+    LossCurve,
     Notes,
     Recovery,
     align_predictions,
-    check_initial_loss,
-    check_loss_finite,
-    check_loss_target,
-    check_recovery,
-    logits_of,
+    capture_note,
+    captured_prediction,
+    error_text,
+    join_scored,
     loss_target,
+    overfit_checks,
+    overfit_done,
+    overfit_row,
+    phase_columns,
+    predicted_pair,
     recovery,
-    select_indices,
+    subset_batches,
+    subset_ids,
+    unavailable_reason,
 )
 from lightning_pilot.run import PilotCallback
 from lightning_pilot.schemas import OVERFIT_SCHEMA, OVERFIT_SCHEMA_VERSION, OVERFIT_TABLE
@@ -43,7 +49,6 @@ __all__ = ["OVERFIT_SCHEMA", "OVERFIT_SCHEMA_VERSION", "OVERFIT_TABLE", "Overfit
 PredictFn = Callable[[pl.LightningModule, Any], torch.Tensor]
 _HOOK: Final = "on_before_batch_transfer"
 _ABSENT: Final = object()  # the owner held no instance attribute of that name
-_REMEDY: Final = "give predict_fn=fn(pl_module, batch) -> logits"
 
 
 class _Installed(NamedTuple):
@@ -156,9 +161,7 @@ class OverfitTinySubset(PilotCallback):
         self._installed: _Installed | None = None
         self._batches: list[Any] = []
         self._cursor = {"train": 0, "val": 0}
-        self._micro: list[float] = []
-        self._curve: list[tuple[int, float]] = []
-        self._initial: float | None = None
+        self._loss = LossCurve()
         self._last: Recovery | None = None
         self._last_step: int | None = None
         self._done = False
@@ -183,8 +186,11 @@ class OverfitTinySubset(PilotCallback):
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         super().setup(trainer, pl_module, stage)
-        if stage != "fit":
-            return
+        if stage == "fit":
+            self._install(trainer, pl_module)
+
+    def _install(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Start afresh and put the subset in place of every batch (the hook wrapped)."""
         self._restore()
         self._reset()
         self._trainer = trainer
@@ -245,28 +251,18 @@ class OverfitTinySubset(PilotCallback):
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        loader = trainer.train_dataloader
+        self._build_subset(trainer.train_dataloader, pl_module)
+
+    def _build_subset(self, loader: Any, pl_module: pl.LightningModule) -> None:
         if not isinstance(loader, DataLoader):
             self._notes.add("no single training DataLoader: the subset could not be built")
             return
-        dataset = loader.dataset
-        with torch.random.fork_rng(devices=[]):
-            if isinstance(dataset, IterableDataset) or not hasattr(dataset, "__len__"):
-                items = list(itertools.islice(iter(dataset), self.num_examples))
-                indices = list(range(len(items)))
-                self._notes.add("iterable dataset: the subset is its first examples")
-            else:
-                indices = select_indices(len(dataset), self.num_examples, seed=self.seed)
-                items = [dataset[i] for i in indices]
-        collate = loader.collate_fn or default_collate
-        size = self.batch_size or len(items)
-        self._batches = [collate(items[i : i + size]) for i in range(0, len(items), size)]
-        ids = [self.adapter.view(b, count_tokens=False).ids_list() for b in self._batches]
-        if all(batch_ids is not None for batch_ids in ids):
-            self.subset_ids = [str(i) for batch_ids in ids for i in batch_ids]  # type: ignore[union-attr]
-        else:
-            self.subset_ids = [str(i) for i in indices]
-            self._notes.add("ids are dataset indices: the batches carry no ids")
+        self._batches, indices = subset_batches(
+            loader.dataset, self.num_examples, seed=self.seed,
+            collate=loader.collate_fn or default_collate, batch_size=self.batch_size,
+            notes=self._notes,
+        )  # fmt: skip
+        self.subset_ids = subset_ids(self._batches, indices, self.adapter, self._notes)
         rank_zero_info(f"OverfitTinySubset: subset ids {self.subset_ids}")
         if self.predict_fn is not None:
             self._source = "predict_fn"
@@ -280,10 +276,7 @@ class OverfitTinySubset(PilotCallback):
         on each child of the module keeps the argmax of the last ``logits`` one returns."""
         self._source = "training_step"
         self._problem = why
-        self._notes.add(
-            f"predictions: {why}, so they are the argmax of the logits that a submodule returned"
-            " in the training step (the last one called), before that update, in training mode"
-        )
+        self._notes.add(capture_note(why))
         for name, child in pl_module.named_children():
             hook = functools.partial(self._on_child_output, name)
             self._handles.append(child.register_forward_hook(hook))
@@ -292,14 +285,12 @@ class OverfitTinySubset(PilotCallback):
         trainer = self._trainer
         if trainer is None or not trainer.training or trainer.sanity_checking:
             return
-        if isinstance(output, torch.Tensor):
-            return  # a bare tensor may be anything (hidden states): only a named ``logits``
         try:
-            logits = logits_of(output)
-            if logits is not None and logits.is_floating_point() and logits.ndim >= 2:
-                self._captured = (name, logits.detach().argmax(dim=-1))
+            predicted = captured_prediction(output)
+            if predicted is not None:
+                self._captured = (name, predicted)
         except Exception as err:  # reading predictions must never break the user's step
-            self._notes.add(f"reading the logits of submodule '{name}' raised {_error(err)}")
+            self._notes.add(f"reading the logits of submodule '{name}' raised {error_text(err)}")
 
     def _keep_captured(self, batch: Any) -> None:
         """Pair the predictions captured in this training step with this batch's targets."""
@@ -336,42 +327,36 @@ class OverfitTinySubset(PilotCallback):
         batch: Any,
         *_: Any,
     ) -> None:
-        if not self._batches:
-            return
+        if self._batches:
+            self._after_batch(trainer, pl_module, outputs, batch)
+
+    def _after_batch(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any
+    ) -> None:
         if self._source == "training_step":
             self._keep_captured(batch)
         loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
         if isinstance(loss, torch.Tensor) and loss.numel() == 1:
-            value = float(loss.detach()) * trainer.accumulate_grad_batches
-            self._micro.append(value)
-            if self._initial is None:
-                self._initial = value
+            self._loss.add(float(loss.detach()) * trainer.accumulate_grad_batches)
         step = trainer.global_step
-        if step == (self._curve[-1][0] if self._curve else 0) or not self._micro:
+        closed = self._loss.close(step)
+        if closed is None:
             return
-        mean = sum(self._micro) / len(self._micro)
-        micro, self._micro = len(self._micro), []
-        self._curve.append((step, mean))
+        mean, micro = closed
         if step >= self.max_steps:
             trainer.should_stop = True  # first: the budget holds whatever follows
         result = self._evaluate(trainer, pl_module) if step % self.check_every == 0 else None
-        self._append(step, mean, micro, result)
-        target = self._target()
-        met = (
-            result is not None
-            and target is not None
-            and mean <= target
-            and result.score >= self.required_recovery
+        row = overfit_row(
+            step, mean, micro, target=self._target(), ids=self.subset_ids, result=result
         )
-        stop = trainer.strategy.reduce_boolean_decision(
-            bool(met) or not math.isfinite(mean), all=False
-        )
-        if stop:
+        self.run.append_rows(OVERFIT_TABLE, [{"schema_version": OVERFIT_SCHEMA_VERSION, **row}])
+        done = overfit_done(mean, self._target(), result, required=self.required_recovery)
+        if trainer.strategy.reduce_boolean_decision(done, all=False):
             trainer.should_stop = True
 
     def _target(self) -> float | None:
         return loss_target(
-            self._initial, target_loss=self.target_loss, target_fraction=self.target_fraction
+            self._loss.initial, target_loss=self.target_loss, target_fraction=self.target_fraction
         )
 
     def _evaluate(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> Recovery | None:
@@ -382,7 +367,7 @@ class OverfitTinySubset(PilotCallback):
         try:
             return self._score(trainer, pl_module)
         except Exception as err:  # recorded (targets_recovered says it), never the fit's
-            self._problem = f"scoring the subset raised {_error(err)}"
+            self._problem = f"scoring the subset raised {error_text(err)}"
             self._notes.add(self._problem)
             return None
 
@@ -397,25 +382,15 @@ class OverfitTinySubset(PilotCallback):
             if subset is None:
                 return None
             scored = subset
-        predictions, targets = [p for p, _ in scored], [t for _, t in scored]
-        size = self.batch_size or len(self.subset_ids)
-        ids = [i for index in range(len(scored)) for i in self.subset_ids[index * size :][:size]]
-        if any(p.shape[1:] != predictions[0].shape[1:] for p in predictions):
-            if any(p.ndim != 2 for p in predictions):
-                self._notes.add("the subset's batches predict shapes that cannot be joined")
-                return None
-            # Batches padded to their own longest example: widen them, the added positions
-            # at ignore_index (they do not count).
-            width = max(p.shape[1] for p in predictions)
-            predictions = [_widen(p, width, 0) for p in predictions]
-            targets = [_widen(t, width, self.adapter.ignore_index) for t in targets]
+        joined = join_scored(
+            scored, self.subset_ids, batch_size=self.batch_size,
+            ignore_index=self.adapter.ignore_index, notes=self._notes,
+        )  # fmt: skip
+        if joined is None:
+            return None
         self._last_step = trainer.global_step
         self._last = recovery(
-            torch.cat(predictions),
-            torch.cat(targets),
-            ids,
-            ignore_index=self.adapter.ignore_index,
-            num_classes=self._classes(pl_module),
+            *joined, ignore_index=self.adapter.ignore_index, num_classes=self._classes(pl_module)
         )
         return self._last
 
@@ -458,29 +433,14 @@ class OverfitTinySubset(PilotCallback):
                 masked = (view.attention_mask,) if self._masked else ()
                 out = pl_module(view.inputs, *masked)
         except Exception as err:  # the user's forward or predict_fn: recorded, not raised
-            self._fall_back(pl_module, f"{self._call_name(pl_module)} raised {_error(err)}")
+            self._fall_back(pl_module, f"{self._call_name(pl_module)} raised {error_text(err)}")
             return None
-        logits = logits_of(out)
-        if logits is None:
-            found = type(out).__name__
-            self._fall_back(
-                pl_module, f"{self._call_name(pl_module)} returned a {found} without logits"
-            )
-            return None
-        if logits.shape == targets.shape:  # predictions already (from predict_fn)
-            return logits.long(), targets
-        aligned = align_predictions(
-            logits.argmax(dim=-1),
-            targets,
-            shift=self.shift_labels,
-            ignore_index=self.adapter.ignore_index,
-        )
-        if aligned is None:
-            self._fall_back(
-                pl_module,
-                f"{self._call_name(pl_module)} returned logits of shape {tuple(logits.shape)}"
-                f" for targets of shape {tuple(targets.shape)}",
-            )
+        aligned, problem = predicted_pair(
+            out, targets, shift=self.shift_labels, ignore_index=self.adapter.ignore_index,
+            call=self._call_name(pl_module),
+        )  # fmt: skip
+        if problem is not None:
+            self._fall_back(pl_module, problem)
         return aligned
 
     def _call_name(self, pl_module: pl.LightningModule) -> str:
@@ -501,45 +461,18 @@ class OverfitTinySubset(PilotCallback):
         """Why ``targets_recovered`` has no predictions, with the remedy (said once)."""
         if self._last is not None or not self._batches:
             return None
-        if self._source == "training_step" and not self._seen:
-            found = self._misaligned or (
-                "no submodule called in the training step returned logits (a tensor named logits)"
-            )
-            return f"no predictions on the subset: {self._problem}, and {found}; {_REMEDY}"
-        if self._source == "training_step" and len(self._seen) < len(self._batches):
-            return (
-                f"no predictions on the subset: the training step predicted {len(self._seen)} of"
-                f" its {len(self._batches)} batch(es) before the fit ended"
-            )
-        if self._source == "predict_fn" and self._problem is not None:
-            return (
-                f"no predictions on the subset: {self._problem}; predict_fn must return logits"
-                " or predictions shaped like the targets"
-            )
-        if self._problem is not None:
-            return f"no predictions on the subset: {self._problem}"
-        return None
+        return unavailable_reason(
+            self._source, seen=len(self._seen), batches=len(self._batches),
+            problem=self._problem, misaligned=self._misaligned,
+        )  # fmt: skip
 
     def _classes(self, pl_module: pl.LightningModule) -> int | None:
         return self.num_classes or infer_output_size(pl_module)[0]
 
-    def _append(self, step: int, loss: float, micro: int, result: Recovery | None) -> None:
-        row: dict[str, Any] = {
-            "schema_version": OVERFIT_SCHEMA_VERSION,
-            "step": step,
-            "loss": loss,
-            "micro_batches": micro,
-            "target_loss": self._target(),
-            "subset_ids": self.subset_ids,
-        }
-        if result is not None:
-            row.update(metric=result.metric, score=result.score, wrong_ids=result.wrong_ids)
-        self.run.append_rows(OVERFIT_TABLE, [row])
-
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         try:
-            if self._batches and self._curve and self._last_step != trainer.global_step:
+            if self._batches and self._loss.points and self._last_step != trainer.global_step:
                 self._evaluate(trainer, pl_module)
         finally:
             self._finish(pl_module)
@@ -563,50 +496,18 @@ class OverfitTinySubset(PilotCallback):
         if self._done or self._trainer is None:
             return
         self._done = True
-        results = [
-            check_loss_finite(self._curve),
-            check_initial_loss(
-                self._initial, self._classes(pl_module), tolerance=self.init_tolerance
-            ),
-            check_loss_target(self._curve, self._target(), budget=self.max_steps),
-            check_recovery(
-                self._last,
-                required=self.required_recovery,
-                step=self._last_step,
-                unavailable=self._unavailable(),
-            ),
-        ]
-        steps_done = self._curve[-1][0] if self._curve else 0
-        if self._batches and steps_done < self.max_steps:
-            # Cut short (the user's exception, the Trainer's own max_steps/max_epochs): a target
-            # not reached yet says nothing about whether the loop can learn.
-            cause = next(
-                (note for note in self._notes if note.startswith("the fit failed")),
-                f"the Trainer stopped the fit after {steps_done} update(s) (max_steps ="
-                f" {self._trainer.max_steps}, max_epochs = {self._trainer.max_epochs})",
-            )
-            results = [
-                CheckResult(
-                    c.name,
-                    "not_checked",
-                    f"{cause}, before the overfit budget of {self.max_steps}: {c.detail}; let the"
-                    " overfit run to its budget",
-                )
-                if c.name in ("loss_target", "targets_recovered") and c.verdict == "fail"
-                else c
-                for c in results
-            ]
-        if not self._batches:
-            results = [CheckResult("subset", "not_checked", "; ".join(self._notes))]
+        results = overfit_checks(
+            self._loss, target=self._target(), last=self._last, last_step=self._last_step,
+            num_classes=self._classes(pl_module), tolerance=self.init_tolerance,
+            budget=self.max_steps, required=self.required_recovery,
+            unavailable=self._unavailable(), subset=bool(self._batches), notes=self._notes,
+            trainer_limits=(self._trainer.max_steps, self._trainer.max_epochs),
+        )  # fmt: skip
         self.checks = {c.name: c for c in results}
         self.verdict, reason = self._put_checks(
             "overfit",
             results,
-            occurrences=len(self._curve),
-            step_first=self._curve[0][0] if self._curve else None,
-            step_last=self._curve[-1][0] if self._curve else None,
-            batch_size=self.batch_size or len(self.subset_ids) or None,
-            notes="; ".join([f"subset ids {self.subset_ids}", *self._notes]),
+            **phase_columns(self._loss, self.subset_ids, self._notes, batch_size=self.batch_size),
         )
         line = f"OverfitTinySubset: overfit verdict {self.verdict}"
         if self.verdict in ("fail", "warn"):
@@ -615,17 +516,6 @@ class OverfitTinySubset(PilotCallback):
             rank_zero_info(f"{line}: {'; '.join(c.detail for c in results)}")
 
 
-def _widen(values: torch.Tensor, width: int, fill: int) -> torch.Tensor:
-    """``[B, T]`` values padded on the right to ``[B, width]`` with ``fill``."""
-    return torch.nn.functional.pad(values, (0, width - values.shape[1]), value=fill)
-
-
 def _has_forward(module: torch.nn.Module) -> bool:
     """``module`` defines a ``forward`` of its own (Lightning's and torch's raise)."""
     return type(module).forward not in (pl.LightningModule.forward, torch.nn.Module.forward)
-
-
-def _error(err: BaseException) -> str:
-    """``Type: message``, the message cut to 300 characters."""
-    text = str(err)
-    return f"{type(err).__name__}: {text[:300]}{'...' if len(text) > 300 else ''}"

@@ -13,15 +13,18 @@ Example:
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 import torch
+from torch.utils.data import IterableDataset
 from torchmetrics.functional.classification import multiclass_accuracy
 
+from lightning_pilot.core.batches import BatchAdapter
 from lightning_pilot.core.checks import CheckResult, shown_names
 
 
@@ -309,3 +312,380 @@ def check_recovery(
         "fail",
         f"{detail}, required {required:.3f}; ids still wrong: {shown_names(result.wrong_ids)}",
     )
+
+
+#: What ``targets_recovered`` tells a user whose model gives no predictions.
+PREDICT_REMEDY: Final = "give predict_fn=fn(pl_module, batch) -> logits"
+
+
+def error_text(err: BaseException) -> str:
+    """``Type: message``, the message cut to 300 characters.
+
+    Example:
+        >>> error_text(ValueError("x" * 301))[-8:]
+        'xxxxx...'
+    """
+    text = str(err)
+    return f"{type(err).__name__}: {text[:300]}{'...' if len(text) > 300 else ''}"
+
+
+def subset_batches(
+    dataset: Any,
+    count: int,
+    *,
+    seed: int,
+    collate: Callable[[list[Any]], Any],
+    batch_size: int | None,
+    notes: Notes,
+) -> tuple[list[Any], list[int]]:
+    """The subset of ``count`` seeded examples (:func:`select_indices`; the first ones of an
+    iterable dataset, noted), collated in batches of ``batch_size`` (``None``: one batch), and
+    their dataset indices; the torch random state is left as it was.
+
+    Example:
+        >>> batches, indices = subset_batches(list(range(100)), 4, seed=0, collate=list,
+        ...                                   batch_size=3, notes=Notes())
+        >>> batches, indices
+        ([[5, 49, 53], [97]], [5, 49, 53, 97])
+    """
+    with torch.random.fork_rng(devices=[]):
+        if isinstance(dataset, IterableDataset) or not hasattr(dataset, "__len__"):
+            items = list(itertools.islice(iter(dataset), count))
+            indices = list(range(len(items)))
+            notes.add("iterable dataset: the subset is its first examples")
+        else:
+            indices = select_indices(len(dataset), count, seed=seed)
+            items = [dataset[i] for i in indices]
+    size = batch_size or len(items)
+    return [collate(items[i : i + size]) for i in range(0, len(items), size)], indices
+
+
+def subset_ids(
+    batches: Sequence[Any], indices: Sequence[int], adapter: BatchAdapter, notes: Notes
+) -> list[str]:
+    """The ids the subset's batches carry, else their dataset indices (noted).
+
+    Example:
+        >>> subset_ids([{"x": torch.zeros(2, 3), "ids": ["a", "b"]}], [4, 9], BatchAdapter(),
+        ...            Notes())
+        ['a', 'b']
+    """
+    ids = [adapter.view(batch, count_tokens=False).ids_list() for batch in batches]
+    if all(batch_ids is not None for batch_ids in ids):
+        return [str(i) for batch_ids in ids for i in batch_ids or []]
+    notes.add("ids are dataset indices: the batches carry no ids")
+    return [str(i) for i in indices]
+
+
+class LossCurve:
+    """The overfit run's training loss per update: the mean of its micro-batch losses (each
+    multiplied back by the accumulation factor), the first micro-batch loss kept as the initial
+    loss.
+
+    Example:
+        >>> curve = LossCurve()
+        >>> for value in (2.0, 1.8):
+        ...     curve.add(value)
+        >>> curve.close(1), curve.close(1), curve.points, curve.initial
+        ((1.9, 2), None, [(1, 1.9)], 2.0)
+    """
+
+    def __init__(self) -> None:
+        self.points: list[tuple[int, float]] = []
+        self.initial: float | None = None
+        self._micro: list[float] = []
+
+    def add(self, value: float) -> None:
+        """One micro-batch's loss."""
+        self._micro.append(value)
+        if self.initial is None:
+            self.initial = value
+
+    @property
+    def last_step(self) -> int:
+        """The step of the last point (0 before the first)."""
+        return self.points[-1][0] if self.points else 0
+
+    def close(self, step: int) -> tuple[float, int] | None:
+        """``(mean loss, micro-batches)`` of the update that finished at ``step``, added to the
+        curve; ``None`` when no update finished (the same step) or no loss was read."""
+        if step == self.last_step or not self._micro:
+            return None
+        mean = sum(self._micro) / len(self._micro)
+        micro, self._micro = len(self._micro), []
+        self.points.append((step, mean))
+        return mean, micro
+
+
+def overfit_done(
+    mean: float, target: float | None, result: Recovery | None, *, required: float
+) -> bool:
+    """Whether the overfit run stops: the loss target and the required recovery reached, or a
+    loss that is not finite.
+
+    Example:
+        >>> overfit_done(0.05, 0.1, Recovery("accuracy", 1.0, 8), required=1.0)
+        True
+        >>> overfit_done(0.05, 0.1, None, required=1.0), overfit_done(math.nan, 0.1, None,
+        ...                                                           required=1.0)
+        (False, True)
+    """
+    met = result is not None and target is not None and mean <= target and result.score >= required
+    return bool(met) or not math.isfinite(mean)
+
+
+def overfit_row(
+    step: int,
+    loss: float,
+    micro: int,
+    *,
+    target: float | None,
+    ids: list[str],
+    result: Recovery | None,
+) -> dict[str, Any]:
+    """A row of ``overfit.parquet`` (without its schema version): the update's loss, and the
+    subset's score when it was scored.
+
+    Example:
+        >>> overfit_row(4, 0.3, 2, target=0.2, ids=["a"], result=None)
+        {'step': 4, 'loss': 0.3, 'micro_batches': 2, 'target_loss': 0.2, 'subset_ids': ['a']}
+    """
+    row: dict[str, Any] = {
+        "step": step,
+        "loss": loss,
+        "micro_batches": micro,
+        "target_loss": target,
+        "subset_ids": ids,
+    }
+    if result is not None:
+        row.update(metric=result.metric, score=result.score, wrong_ids=result.wrong_ids)
+    return row
+
+
+def _widen(values: torch.Tensor, width: int, fill: int) -> torch.Tensor:
+    """``[B, T]`` values padded on the right to ``[B, width]`` with ``fill``."""
+    return torch.nn.functional.pad(values, (0, width - values.shape[1]), value=fill)
+
+
+def join_scored(
+    scored: Sequence[tuple[torch.Tensor, torch.Tensor]],
+    ids: Sequence[str],
+    *,
+    batch_size: int | None,
+    ignore_index: int,
+    notes: Notes,
+) -> tuple[torch.Tensor, torch.Tensor, list[str]] | None:
+    """The ``(predictions, targets)`` of the subset's batches joined, with their ids; token
+    batches padded to their own longest example are widened (the added positions at
+    ``ignore_index``, which do not count); ``None`` when they cannot be joined (noted).
+
+    Example:
+        >>> pair = (torch.tensor([[1, 2]]), torch.tensor([[1, 2]]))
+        >>> wider = (torch.tensor([[1, 2, 3]]), torch.tensor([[1, 2, 3]]))
+        >>> predictions, targets, ids = join_scored([pair, wider], ["a", "b"], batch_size=1,
+        ...                                         ignore_index=-100, notes=Notes())
+        >>> targets.tolist(), ids
+        ([[1, 2, -100], [1, 2, 3]], ['a', 'b'])
+    """
+    predictions, targets = [p for p, _ in scored], [t for _, t in scored]
+    size = batch_size or len(ids)
+    joined = [i for index in range(len(scored)) for i in ids[index * size :][:size]]
+    if any(p.shape[1:] != predictions[0].shape[1:] for p in predictions):
+        if any(p.ndim != 2 for p in predictions):
+            notes.add("the subset's batches predict shapes that cannot be joined")
+            return None
+        width = max(p.shape[1] for p in predictions)
+        predictions = [_widen(p, width, 0) for p in predictions]
+        targets = [_widen(t, width, ignore_index) for t in targets]
+    return torch.cat(predictions), torch.cat(targets), joined
+
+
+def predicted_pair(
+    out: Any, targets: torch.Tensor, *, shift: bool, ignore_index: int, call: str
+) -> tuple[tuple[torch.Tensor, torch.Tensor] | None, str | None]:
+    """``((predictions, targets), None)`` from what ``call`` returned (logits, or predictions
+    shaped like the targets), or ``(None, the problem)``.
+
+    Example:
+        >>> logits = torch.tensor([[0.1, 0.9], [0.8, 0.2]])
+        >>> predicted_pair(logits, torch.tensor([1, 1]), shift=False, ignore_index=-100,
+        ...                call="forward(inputs)")[0]
+        (tensor([1, 0]), tensor([1, 1]))
+        >>> predicted_pair((1, 2), torch.tensor([1]), shift=False, ignore_index=-100,
+        ...                call="forward(inputs)")[1]
+        'forward(inputs) returned a tuple without logits'
+    """
+    logits = logits_of(out)
+    if logits is None:
+        return None, f"{call} returned a {type(out).__name__} without logits"
+    if logits.shape == targets.shape:  # predictions already (from predict_fn)
+        return (logits.long(), targets), None
+    aligned = align_predictions(
+        logits.argmax(dim=-1), targets, shift=shift, ignore_index=ignore_index
+    )
+    if aligned is None:
+        return None, (
+            f"{call} returned logits of shape {tuple(logits.shape)} for targets of shape"
+            f" {tuple(targets.shape)}"
+        )
+    return aligned, None
+
+
+def captured_prediction(output: Any) -> torch.Tensor | None:
+    """The classes predicted by the ``logits`` a submodule returned (a named output, never a
+    bare tensor: that may be anything, hidden states), or ``None``.
+
+    Example:
+        >>> captured_prediction({"logits": torch.tensor([[0.2, 0.7, 0.1]])})
+        tensor([1])
+        >>> captured_prediction(torch.zeros(1, 3)) is None
+        True
+    """
+    if isinstance(output, torch.Tensor):
+        return None
+    logits = logits_of(output)
+    if logits is not None and logits.is_floating_point() and logits.ndim >= 2:
+        return logits.detach().argmax(dim=-1)
+    return None
+
+
+def capture_note(why: str) -> str:
+    """The note of a run whose predictions are read from the training step (``why``: the
+    forward gave none)."""
+    return (
+        f"predictions: {why}, so they are the argmax of the logits that a submodule returned"
+        " in the training step (the last one called), before that update, in training mode"
+    )
+
+
+def unavailable_reason(
+    source: str | None,
+    *,
+    seen: int,
+    batches: int,
+    problem: str | None,
+    misaligned: str | None,
+) -> str | None:
+    """Why ``targets_recovered`` has no predictions, with the remedy (``source``: where they
+    come from, ``predict_fn``, ``forward`` or ``training_step``; ``seen``: the subset batches
+    predicted in the training step; ``problem``: why the last attempt gave nothing).
+
+    Example:
+        >>> unavailable_reason("training_step", seen=1, batches=2, problem=None, misaligned=None)
+        'no predictions on the subset: the training step predicted 1 of its 2 batch(es) before
+        the fit ended'
+    """
+    if source == "training_step" and not seen:
+        found = misaligned or (
+            "no submodule called in the training step returned logits (a tensor named logits)"
+        )
+        return f"no predictions on the subset: {problem}, and {found}; {PREDICT_REMEDY}"
+    if source == "training_step" and seen < batches:
+        return (
+            f"no predictions on the subset: the training step predicted {seen} of"
+            f" its {batches} batch(es) before the fit ended"
+        )
+    if source == "predict_fn" and problem is not None:
+        return (
+            f"no predictions on the subset: {problem}; predict_fn must return logits"
+            " or predictions shaped like the targets"
+        )
+    if problem is not None:
+        return f"no predictions on the subset: {problem}"
+    return None
+
+
+def cut_short(results: Sequence[CheckResult], cause: str, *, budget: int) -> list[CheckResult]:
+    """The checks of a run cut short by ``cause`` before its ``budget`` of updates: a target not
+    reached yet says nothing about whether the loop can learn (``not_checked``).
+
+    Example:
+        >>> [c.verdict for c in cut_short([CheckResult("loss_target", "fail", "x"),
+        ...                                CheckResult("loss_finite", "pass", "")], "stopped",
+        ...                               budget=200)]
+        ['not_checked', 'pass']
+    """
+    return [
+        CheckResult(
+            c.name,
+            "not_checked",
+            f"{cause}, before the overfit budget of {budget}: {c.detail}; let the overfit run to"
+            " its budget",
+        )
+        if c.name in ("loss_target", "targets_recovered") and c.verdict == "fail"
+        else c
+        for c in results
+    ]
+
+
+def overfit_checks(
+    curve: LossCurve,
+    *,
+    target: float | None,
+    last: Recovery | None,
+    last_step: int | None,
+    num_classes: int | None,
+    tolerance: float,
+    budget: int,
+    required: float,
+    unavailable: str | None,
+    subset: bool,
+    notes: Notes,
+    trainer_limits: tuple[int | None, int | None],
+) -> list[CheckResult]:
+    """The overfit phase's checks: ``loss_finite``, ``initial_loss``, ``loss_target`` and
+    ``targets_recovered`` (:func:`cut_short` when the run stopped before its ``budget``:
+    the user's exception, noted, or the Trainer's ``(max_steps, max_epochs)``); only
+    ``subset``, ``not_checked`` with the notes, when no subset was built.
+
+    Example:
+        >>> curve = LossCurve(); curve.add(1.1); _ = curve.close(1)
+        >>> curve.add(0.05); _ = curve.close(2)
+        >>> checks = overfit_checks(curve, target=0.11, last=Recovery("accuracy", 1.0, 8),
+        ...                         last_step=2, num_classes=3, tolerance=2.0, budget=2,
+        ...                         required=1.0, unavailable=None, subset=True, notes=Notes(),
+        ...                         trainer_limits=(-1, 100))
+        >>> [(c.name, c.verdict) for c in checks]
+        [('loss_finite', 'pass'), ('initial_loss', 'pass'), ('loss_target', 'pass'),
+         ('targets_recovered', 'pass')]
+    """
+    if not subset:
+        return [CheckResult("subset", "not_checked", "; ".join(notes))]
+    results = [
+        check_loss_finite(curve.points),
+        check_initial_loss(curve.initial, num_classes, tolerance=tolerance),
+        check_loss_target(curve.points, target, budget=budget),
+        check_recovery(last, required=required, step=last_step, unavailable=unavailable),
+    ]
+    steps_done = curve.last_step
+    if steps_done >= budget:
+        return results
+    max_steps, max_epochs = trainer_limits
+    cause = next(
+        (note for note in notes if note.startswith("the fit failed")),
+        f"the Trainer stopped the fit after {steps_done} update(s) (max_steps ="
+        f" {max_steps}, max_epochs = {max_epochs})",
+    )
+    return cut_short(results, cause, budget=budget)
+
+
+def phase_columns(
+    curve: LossCurve, ids: Sequence[str], notes: Notes, *, batch_size: int | None
+) -> dict[str, Any]:
+    """The overfit phase row's columns: the updates recorded, the first and last step, the
+    subset's batch size and the notes (the subset's ids first).
+
+    Example:
+        >>> curve = LossCurve(); curve.add(1.1); _ = curve.close(3)
+        >>> phase_columns(curve, ["a", "b"], Notes(), batch_size=None)
+        {'occurrences': 1, 'step_first': 3, 'step_last': 3, 'batch_size': 2,
+         'notes': "subset ids ['a', 'b']"}
+    """
+    points = curve.points
+    return {
+        "occurrences": len(points),
+        "step_first": points[0][0] if points else None,
+        "step_last": points[-1][0] if points else None,
+        "batch_size": batch_size or len(ids) or None,
+        "notes": "; ".join([f"subset ids {list(ids)}", *notes]),
+    }
