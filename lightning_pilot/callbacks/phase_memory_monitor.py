@@ -29,11 +29,12 @@ from lightning_pilot.core.memory import (
     NoCounter,
     TensorTracker,
     TrackerCounter,
+    compiled_code,
     host_memory,
     state_bytes,
     state_tensors,
 )
-from lightning_pilot.core.phases import Occurrence, PhaseAggregator
+from lightning_pilot.core.phases import Occurrence, PhaseAggregator, judge, worst_verdict
 from lightning_pilot.run import ExportFn, PilotCallback, PilotRefusalError
 from lightning_pilot.schemas import MODEL_SCHEMA
 
@@ -108,6 +109,8 @@ class _Update:
     trainable: set[str]
     zero_grad: set[str]
     zero_lr: set[str]
+    without_grad: set[str]
+    first: bool  # the fit's first measured update: on the phase's first row
 
 
 @dataclass
@@ -271,6 +274,15 @@ class PhaseMemoryMonitor(PilotCallback):
         # while still optimized stopped learning mid-fit (docs/phase-table.md).
         self._trainable_at_start: set[int] | None = None
         self._placed = False
+        self._backward_first = True
+        # Missing gradients are judged over the measured updates (docs/phase-table.md, "Missing
+        # gradients"): the names that received a gradient in a measured backward, the names
+        # without one per row and check, and whether the evidence is complete (settled).
+        self._reached: set[str] = set()
+        self._never: set[str] = set()  # judged as never reached: stays so
+        self._evidence = {"backward": 0, "optimizer_step": 0}
+        self._deferred: dict[tuple[str, bool, str], dict[str, None]] = {}
+        self._settled = False
 
     @override
     def _state_key_fields(self) -> dict[str, Any]:
@@ -321,6 +333,7 @@ class PhaseMemoryMonitor(PilotCallback):
         """Take back everything installed for the fit: tracker, optimizer hooks, checkpoint IO."""
         self._stop_tracker()
         self._detach_update_hooks()
+        self._settle(may_raise=False)
         io, self._io = self._io, None
         if io is not None and trainer.strategy.checkpoint_io is io:
             trainer.strategy.checkpoint_io = io.inner
@@ -339,6 +352,8 @@ class PhaseMemoryMonitor(PilotCallback):
         if device.type == "cuda":
             counter = CudaCounter(device)
             self._device = f"{device} {torch.cuda.get_device_name(device)}"
+        elif device.type == "cpu" and self.track_cpu and (compiled := self._compiled()):
+            counter = _compiled_counter(compiled)
         elif device.type == "cpu" and self.track_cpu:
             self._tracker = TensorTracker()
             counter = TrackerCounter(self._tracker)
@@ -353,12 +368,21 @@ class PhaseMemoryMonitor(PilotCallback):
         self._synchronized = device.type == "cpu" or not isinstance(counter, NoCounter)
         return counter
 
+    def _compiled(self) -> list[str]:
+        """The compiled code in the module (see :func:`compiled_code`)."""
+        return compiled_code(self._require_module())
+
     def _begin(self, phase: str, *, track: bool = True) -> None:
         """Start measuring ``phase``; the CPU tracker (a dispatch mode, left in the context it was
         entered in) runs within one hook span, and not for ``track=False`` phases."""
         counter = self._ensure_counter()
         self._open = None  # a phase interrupted by another (e.g. a save mid-step) is dropped
         tracked = track or not isinstance(counter, TrackerCounter)
+        if tracked and self._tracker is not None and not self._tracker.active:
+            compiled = self._compiled()  # compiled since the counter was made (on_train_start)
+            if compiled:
+                self._tracker = None
+                self._counter = counter = _compiled_counter(compiled)
         if tracked and self._tracker is not None and not self._tracker.active:
             self._tracker.start()
             # Tensors that exist already (weights, gradients, optimizer state) count from now.
@@ -573,6 +597,7 @@ class PhaseMemoryMonitor(PilotCallback):
             self._quiet.backward += 1  # manual optimisation only: muted under automatic
             return
         step = trainer.global_step
+        self._backward_first = not self.aggregator.has("backward")
         self.aggregator.count("backward", step)
         occurrence = self._end("forward", step, self._view)
         # The modes the forward ran in: the training step is over (automatic optimisation) or
@@ -601,7 +626,12 @@ class PhaseMemoryMonitor(PilotCallback):
             trainable_at_start=self._trainable_at_start,
             optimizers=per_optimizer,
         )
-        self._add(occurrence, results)
+        # grads_reach_params is judged over the measured backwards (see _deferred_results).
+        reached, missing = checks.gradient_reach(pl_module.named_parameters(), optimized)
+        self._reached.update(reached)
+        self._evidence["backward"] += 1
+        self._add(occurrence, [r for r in results if r.name != "grads_reach_params"])
+        self._defer(("backward", self._backward_first, "grads_reach_params"), missing)
 
     def _flush_pending(self, results: Iterable[checks.CheckResult] = ()) -> None:
         pending, self._pending = self._pending, None
@@ -617,6 +647,7 @@ class PhaseMemoryMonitor(PilotCallback):
         # Manual optimisation may step several optimizers in one batch (a GAN's discriminator,
         # then its generator): the previous step is judged now, before this one moves anything.
         before = self._check_pending_update(trainer, pl_module)
+        first = not self.aggregator.has("optimizer_step")
         self.aggregator.count("optimizer_step", step)
         optimized = {id(p) for group in optimizer.param_groups for p in group["params"]}
         # Meant to move: in this optimizer and intended to train (see _intended_trainable).
@@ -634,6 +665,8 @@ class PhaseMemoryMonitor(PilotCallback):
             trainable={n for n, _ in trainable},
             zero_grad=checks.zero_gradients(trainable),
             zero_lr={n for n, p in trainable if id(p) in resting},
+            without_grad={n for n, p in trainable if p.grad is None},
+            first=first,
         )
         self._begin("optimizer_step", track=self._tracking)
 
@@ -646,9 +679,89 @@ class PhaseMemoryMonitor(PilotCallback):
         if not (self._measuring and update and pending and pending.phase == "optimizer_step"):
             return None
         after = checks.fingerprint(pl_module.named_parameters())
-        step_after = trainer.global_step
-        self._flush_pending(checks.check_update(after=after, step_after=step_after, **vars(update)))
+        results = checks.check_update(
+            update.before,
+            after,
+            trainable=update.trainable,
+            step_before=update.step_before,
+            step_after=trainer.global_step,
+            zero_grad=update.zero_grad,
+            zero_lr=update.zero_lr,
+            without_grad=update.without_grad,
+            reached=None,  # judged over the measured updates (see _deferred_results)
+        )
+        before = update.before
+        skipped = [n for n in before if n in update.without_grad and before[n] == after.get(n)]
+        self._evidence["optimizer_step"] += 1
+        self._flush_pending(results)
+        self._defer(("optimizer_step", update.first, "trainable_params_changed"), skipped)
         return after
+
+    def _defer(self, key: tuple[str, bool, str], names: Iterable[str]) -> None:
+        """Note ``names`` for the check ``key`` (phase, first row, check) of a measured
+        occurrence; once settled, one never reached fails now (and raises under ``raise``)."""
+        held = self._deferred.setdefault(key, {})
+        held.update(dict.fromkeys(names))
+        if self._settled and self.on_fail == "raise":
+            self._raise_deferred()
+
+    def _settle(self, *, may_raise: bool) -> None:
+        """The evidence is complete (the pilot window is over, or the fit ended): the deferred
+        checks join the rows from now on."""
+        if self._settled:
+            return
+        self._settled = True
+        if may_raise and self.on_fail == "raise":
+            self._raise_deferred()
+
+    def _raise_deferred(self) -> None:
+        failed = [
+            (key, result)
+            for key, result in self._deferred_results().items()
+            if result.verdict == "fail"
+        ]
+        if failed:
+            self._publish()
+            named = dict.fromkeys(f"{phase} {r.name}: {r.detail}" for (phase, _, _), r in failed)
+            raise PhaseCheckError("failed over the measured updates: " + "; ".join(named))
+
+    def _deferred_results(self) -> dict[tuple[str, bool, str], checks.CheckResult]:
+        """The checks judged over the measured updates, one per (phase, first row, check): a
+        name missing in a measured occurrence passes when it received a gradient in another
+        measured backward; one judged as never reached keeps failing."""
+        reached = self._reached - self._never
+        results: dict[tuple[str, bool, str], checks.CheckResult] = {}
+        for key, held in self._deferred.items():
+            names = list(held)
+            if key[2] == "grads_reach_params":
+                result = checks.check_reached(names, reached, self._evidence["backward"])
+            else:
+                updates = self._evidence["optimizer_step"]
+                result = checks.check_changed_without_gradient(names, reached, updates)
+            self._never.update(n for n in names if n not in reached)
+            results[key] = result
+        return results
+
+    def _with_deferred(
+        self, row: dict[str, Any], deferred: Mapping[tuple[str, bool, str], checks.CheckResult]
+    ) -> dict[str, Any]:
+        """``row`` with its deferred checks merged into the checks of the same name (the worst
+        verdict, both details) and its verdict and reason judged again."""
+        phase, first = row["phase"], bool(row["first"])
+        extra = {k[2]: r for k, r in deferred.items() if k[:2] == (phase, first)}
+        if not extra:
+            return row
+        found = {c["name"]: c for c in row["checks"]}
+        for name, result in extra.items():
+            own = found.get(name)
+            if own is not None:
+                verdict = worst_verdict([own["verdict"], result.verdict])
+                detail = "; ".join(d for d in (own["detail"], result.detail) if d)
+                result = checks.CheckResult(name, verdict, detail)
+            found[name] = result.as_row()
+        merged = list(found.values())
+        verdict, reason = judge(phase, ((c["name"], c["verdict"], c["detail"]) for c in merged))
+        return row | {"checks": merged, "verdict": verdict, "reason": reason or row["reason"]}
 
     def _quietly(self, hook: str, measure: Callable[..., None], *args: Any) -> None:
         """Run ``measure`` inside the user's own work (an optimizer step, a checkpoint save or
@@ -698,6 +811,7 @@ class PhaseMemoryMonitor(PilotCallback):
             self._due = self._next_measured(step)
         if not self._window_done and step - self._start_step >= self.pilot_updates:
             self._window_done = True
+            self._settle(may_raise=True)
             self._flush_during_fit("after the pilot window")  # it survives a later crash
         self._stop_tracker()
         self._restart_data_clock(trainer, step)
@@ -822,6 +936,7 @@ class PhaseMemoryMonitor(PilotCallback):
     @override
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._flush_pending()
+        self._settle(may_raise=False)
         self._stop_tracker()
         if self.export is not None:
             path, error = self.run.export(self.export, trainer, pl_module)
@@ -840,7 +955,9 @@ class PhaseMemoryMonitor(PilotCallback):
         if self._run is None:
             return
         self._quiet.fold_into(self.aggregator)
+        deferred = self._deferred_results() if self._settled else {}
         for row in self.aggregator.rows():
+            row = self._with_deferred(row, deferred)
             row.update(
                 device=self._device,
                 precision=self._precision,
@@ -851,6 +968,15 @@ class PhaseMemoryMonitor(PilotCallback):
             self._run.put_phase_row(row, source="PhaseMemoryMonitor")
         if flush:
             self._run.flush()
+
+
+def _compiled_counter(compiled: list[str]) -> NoCounter:
+    """No memory counter for a CPU fit with compiled code: the tensor tracker, a dispatch mode,
+    would keep dynamo from compiling the user's training step."""
+    return NoCounter(
+        "not measured: the CPU tensor tracker would stop torch.compile from compiling; measured"
+        f" on CUDA by the allocator (compiled: {checks.shown_names(compiled)})"
+    )
 
 
 def _intended_trainable(pl_module: pl.LightningModule) -> set[int]:

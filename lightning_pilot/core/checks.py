@@ -142,6 +142,119 @@ def _frozen_before_fit(
     )
 
 
+#: What explains a trainable parameter that gets a gradient in some measured updates only.
+SKIPPED_SOME_STEPS = (
+    "a layer skipped by LayerDrop or stochastic depth, or an expert no token was routed to, in"
+    " those steps"
+)
+
+
+def gradient_reach(
+    named_parameters: Iterable[tuple[str, torch.nn.Parameter]], optimized: Collection[int]
+) -> tuple[list[str], list[str]]:
+    """``(reached, missing)``: the names of the parameters an optimizer updates (``id`` in
+    ``optimized``) with ``requires_grad`` that have a gradient now, and those that have none.
+
+    Example:
+        >>> import torch
+        >>> model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 1))
+        >>> model[1](torch.ones(1, 2)).sum().backward()  # the first layer is not used
+        >>> gradient_reach(model.named_parameters(), {id(p) for p in model.parameters()})
+        (['1.weight', '1.bias'], ['0.weight', '0.bias'])
+    """
+    reached: list[str] = []
+    missing: list[str] = []
+    for name, param in named_parameters:
+        if id(param) in optimized and param.requires_grad:
+            (missing if param.grad is None else reached).append(name)
+    return reached, missing
+
+
+def _over_updates(
+    name: str,
+    missing: Sequence[str],
+    reached: Collection[str],
+    fail: Callable[[list[str]], str],
+    skipped: Callable[[list[str]], str],
+) -> CheckResult:
+    """``fail`` naming the ``missing`` parameters that are not in ``reached``; ``pass`` noting
+    (``skipped``) those that are."""
+    never = [n for n in missing if n not in reached]
+    some = [n for n in missing if n in reached]
+    note = skipped(some) if some else ""
+    if never:
+        return CheckResult(name, "fail", fail(never) + (f"; {note}" if note else ""))
+    return CheckResult(name, "pass", note)
+
+
+def check_reached(
+    missing: Sequence[str], reached: Collection[str], backwards: int = 1
+) -> CheckResult:
+    """``grads_reach_params`` over the measured backwards of a fit (``backwards`` of them):
+    each trainable parameter without a gradient in one of them (``missing``) fails unless it
+    received one in another (``reached``); those pass, named (docs/phase-table.md, "Missing
+    gradients").
+
+    Example:
+        >>> check_reached(["head.weight"], reached=[]).detail  # doctest: +NORMALIZE_WHITESPACE
+        '1 trainable parameter(s) received no gradient in any of 1 measured backward(s) (not in
+         the graph of the loss, or detached): head.weight'
+        >>> result = check_reached(["layers.1.fc.weight"], ["layers.1.fc.weight"], backwards=3)
+        >>> result.verdict, result.detail.split(" (")[0]  # doctest: +NORMALIZE_WHITESPACE
+        ('pass', '1 trainable parameter(s) received no gradient in some of 3 measured backward(s)
+         and one in another')
+    """
+    return _over_updates(
+        "grads_reach_params",
+        missing,
+        reached,
+        lambda never: (
+            f"{len(never)} trainable parameter(s) received no gradient in any of {backwards}"
+            f" measured backward(s) (not in the graph of the loss, or detached):"
+            f" {shown_names(never)}"
+        ),
+        lambda some: (
+            f"{len(some)} trainable parameter(s) received no gradient in some of {backwards}"
+            f" measured backward(s) and one in another ({SKIPPED_SOME_STEPS}):"
+            f" {shown_names(some)}"
+        ),
+    )
+
+
+def check_changed_without_gradient(
+    unchanged: Sequence[str], reached: Collection[str], updates: int = 1
+) -> CheckResult:
+    """``trainable_params_changed`` for the trainable parameters that had no gradient at a
+    measured update and did not change in it (``unchanged``; ``updates`` measured in all): torch's
+    optimizers skip a parameter without a gradient, so one that received a gradient in another
+    measured backward (``reached``) passes, named; one that never did fails.
+
+    Example:
+        >>> check_changed_without_gradient(["head.weight"], reached=[]).verdict
+        'fail'
+        >>> check_changed_without_gradient(["layers.0.fc.weight"], ["layers.0.fc.weight"]).verdict
+        'pass'
+    """
+    return _over_updates(
+        "trainable_params_changed",
+        unchanged,
+        reached,
+        lambda never: (
+            f"{len(never)} trainable parameter(s) that received no gradient in any measured"
+            f" backward did not change in the update: {shown_names(never)}"
+        ),
+        lambda some: _skipped_updates(some, updates),
+    )
+
+
+def _skipped_updates(names: Sequence[str], updates: int) -> str:
+    return (
+        f"{len(names)} trainable parameter(s) had no gradient at some of {updates} measured"
+        f" update(s), so the optimizer skipped them there, and received one in another"
+        f" ({SKIPPED_SOME_STEPS}): {shown_names(names)}"
+    )
+
+
 def check_gradients(
     named_parameters: Iterable[tuple[str, torch.nn.Parameter]],
     optimized: Collection[int],
@@ -149,9 +262,14 @@ def check_gradients(
     *,
     trainable_at_start: Collection[int] | None = None,
     optimizers: Sequence[Collection[int]] = (),
+    reached: Collection[str] = (),
+    backwards: int = 1,
 ) -> list[CheckResult]:
     """Every parameter an optimizer updates (``id`` in ``optimized``) can learn, received a
     gradient, and it is finite (docs/phase-table.md, "Frozen parameters in the optimizer").
+
+    A parameter without a gradient passes, named, when ``reached`` (names) says it received one
+    in another of the ``backwards`` measured backwards of the fit (see :func:`check_reached`).
 
     A parameter with ``requires_grad=False`` is skipped when ``intended`` (ids) holds it (switched
     off for one backward, e.g. by ``toggle_optimizer``); fails when ``trainable_at_start`` (ids
@@ -208,13 +326,7 @@ def check_gradients(
     frozen_names = [name for name, param in named if id(param) in cold]
     results = [
         _requires_grad(names, frozen_names, frozen, switched_off, lost, dead, len(groups), sizes),
-        _unless(
-            "grads_reach_params",
-            missing,
-            "fail",
-            f"{len(missing)} trainable parameter(s) received no gradient (not in the graph of"
-            f" the loss, or detached): {shown_names(missing)}",
-        ),
+        check_reached(missing, reached, backwards),
         _unless(
             "grads_finite",
             nonfinite,
@@ -332,10 +444,30 @@ def check_update(
     step_after: int,
     zero_grad: Collection[str] = (),
     zero_lr: Collection[str] = (),
+    without_grad: Collection[str] = (),
+    reached: Collection[str] | None = (),
+    updates: int = 1,
 ) -> list[CheckResult]:
     """Trainable parameters changed, the others did not, and the step advanced by one;
-    ``zero_lr`` and ``zero_grad`` parameters are named, never failed (docs/phase-table.md)."""
+    ``zero_lr`` and ``zero_grad`` parameters are named, never failed (docs/phase-table.md).
+
+    A trainable parameter that had no gradient at this update (``without_grad``) and did not
+    change is judged by :func:`check_changed_without_gradient` over the ``updates`` measured
+    updates (``reached``: the names that received a gradient in a measured backward), or left
+    out when ``reached`` is ``None`` (the caller judges it once more updates are measured).
+
+    Example:
+        >>> fp = {"a": (1.0, 1.0), "b": (2.0, 2.0)}
+        >>> [r.verdict for r in check_update(fp, fp, trainable={"a", "b"}, step_before=0,
+        ...                                  step_after=1, without_grad={"a"}, reached={"a"})]
+        ['fail', 'pass', 'pass']
+    """
     unchanged = [n for n in before if n in trainable and before[n] == after.get(n)]
+    skipped = [n for n in unchanged if n in without_grad]
+    unchanged = [n for n in unchanged if n not in without_grad]
+    if reached is not None:
+        unchanged += [n for n in skipped if n not in reached]
+        skipped = [n for n in skipped if n in reached]
     resting = [n for n in unchanged if n in zero_lr]
     excused = [n for n in unchanged if n in zero_grad and n not in zero_lr]
     unchanged = [n for n in unchanged if n not in zero_grad and n not in zero_lr]
@@ -352,6 +484,8 @@ def check_update(
             " down-projection while its zero-initialised up-projection is still zero) and were"
             f" not expected to change: {shown_names(excused)}"
         )
+    if reached is not None and skipped:
+        notes.append(_skipped_updates(skipped, updates))
     note = "; ".join(notes)
     return [
         _unless(

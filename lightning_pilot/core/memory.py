@@ -19,6 +19,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import sys
 import weakref
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -27,6 +28,47 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
+
+
+def compiled_code(module: torch.nn.Module) -> list[str]:
+    """Where ``module`` holds code compiled by ``torch.compile``, by name (``<root>``: the module
+    itself): a compiled submodule (an ``OptimizedModule``), a module compiled in place
+    (``nn.Module.compile``), a LightningModule compiled whole (Lightning unwraps
+    ``torch.compile(module)`` and keeps its ``_compiler_ctx``), or a method replaced by a compiled
+    function (``self.forward = torch.compile(self.forward)``). ``[]`` when nothing is.
+
+    Dynamo does not compile a frame while a :class:`TensorTracker` (a dispatch mode) is active,
+    and then runs that frame uncompiled for the rest of the process: the tracker must stay off
+    for a module this finds compiled code in.
+
+    Example:
+        >>> import torch
+        >>> model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
+        >>> compiled_code(model)
+        []
+        >>> model[0] = torch.compile(model[0], backend="eager")
+        >>> compiled_code(model)
+        ['0']
+    """
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
+    if eval_frame is None:  # torch.compile imports it: nothing was compiled in this process
+        return []
+    found: list[str] = []
+    for name, sub in module.named_modules():
+        label = name or "<root>"
+        if isinstance(sub, eval_frame.OptimizedModule):
+            found.append(label)
+        elif getattr(sub, "_compiled_call_impl", None) is not None:
+            found.append(f"{label} (Module.compile)")
+        elif getattr(sub, "_compiler_ctx", None):
+            found.append(f"{label} (torch.compile of the LightningModule)")
+        else:
+            found.extend(
+                f"{label}.{attribute}"
+                for attribute, value in vars(sub).items()
+                if callable(value) and hasattr(value, "_torchdynamo_orig_callable")
+            )
+    return found
 
 
 class TensorTracker(TorchDispatchMode):  # type: ignore[no-untyped-call]

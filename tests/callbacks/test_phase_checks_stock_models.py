@@ -26,6 +26,11 @@ transformers = pytest.importorskip("transformers")
 
 FitFn = Callable[[pl.LightningModule], pd.DataFrame]
 
+#: A seed at which wav2vec2's LayerDrop skips a layer in a measured update and runs it in another.
+SKIP_SEED = 2
+#: The model of each fit, by name (the fixture's fits).
+MODELS: dict[str, pl.LightningModule] = {}
+
 
 class _Tensors(Dataset[dict[str, torch.Tensor]]):
     """Examples as dicts of tensors, made once from a seed."""
@@ -177,6 +182,54 @@ class UNetDenoiser(_Module):
         return nn.functional.mse_loss(predicted, batch["noise"])
 
 
+class Wav2Vec2LayerDrop(_Module):
+    """A stock ``Wav2Vec2ForCTC`` with LayerDrop (``layerdrop=0.5`` over 2 encoder layers; the
+    released checkpoints use 0.1): a skipped layer gets no gradient in that step. The random
+    streams are seeded at train start, so the same layers are skipped in every run; ``ran``
+    lists the encoder layers that ran in each training step. ``detach_head=True`` (planted)
+    feeds the CTC head a detached encoder output: the whole encoder never learns."""
+
+    def __init__(self, detach_head: bool = False, seed: int = SKIP_SEED) -> None:
+        super().__init__()
+        config = transformers.Wav2Vec2Config(
+            vocab_size=12,
+            hidden_size=16,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=32,
+            conv_dim=(8, 8),
+            conv_stride=(5, 2),
+            conv_kernel=(10, 3),
+            num_conv_pos_embeddings=8,
+            num_conv_pos_embedding_groups=2,
+            pad_token_id=0,
+            ctc_loss_reduction="mean",
+            layerdrop=0.5,
+        )
+        self.model = transformers.Wav2Vec2ForCTC(config)
+        if detach_head:  # what lm_head reads is cut from the graph (the same random draws)
+            self.model.lm_head.register_forward_pre_hook(lambda _, args: (args[0].detach(),))
+        self.seed = seed
+        self.ran: list[list[int]] = []
+        for index, layer in enumerate(self.model.wav2vec2.encoder.layers):
+            layer.register_forward_hook(lambda *_, index=index: self.ran[-1].append(index))
+        generator = _generator()
+        self.data = _Tensors(
+            input_values=torch.randn(12, 400, generator=generator),
+            labels=torch.randint(1, 12, (12, 8), generator=generator),
+        )
+
+    def on_train_start(self) -> None:
+        import numpy
+
+        torch.manual_seed(self.seed)  # LayerDrop draws torch.rand per layer and step
+        numpy.random.seed(self.seed)  # SpecAugment's time mask draws from numpy
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        self.ran.append([])
+        return super().training_step(batch, batch_idx)
+
+
 @pytest.fixture(scope="module")
 def fit(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], pd.DataFrame]:
     """The phase table of one short fit per model, made when a test first asks for it."""
@@ -187,6 +240,8 @@ def fit(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], pd.DataFram
         "frozen_bn": FrozenBatchNormBackbone,
         "unet_eval": lambda: UNetDenoiser(eval_in_training=True),
         "unet_train": lambda: UNetDenoiser(eval_in_training=False),
+        "wav2vec2_layerdrop": Wav2Vec2LayerDrop,
+        "wav2vec2_detached_head": lambda: Wav2Vec2LayerDrop(detach_head=True),
     }
     done: dict[str, pd.DataFrame] = {}
 
@@ -208,7 +263,8 @@ def fit(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], pd.DataFram
             )
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                trainer.fit(makers[name]())
+                MODELS[name] = model = makers[name]()
+                trainer.fit(model)
             done[name] = read_phase_table(monitor.run.run_dir)
         return done[name]
 
@@ -317,3 +373,51 @@ def test_unet_trained_in_train_mode_passes(fit: Callable[[str], Any]) -> None:
             "verdict": "pass",
             "detail": "",
         }
+
+
+def test_wav2vec2_layerdrop_skipping_a_layer_passes_named(fit: Callable[[str], Any]) -> None:
+    frame = fit("wav2vec2_layerdrop")
+    model = MODELS["wav2vec2_layerdrop"]
+    assert isinstance(model, Wav2Vec2LayerDrop)
+    # The encoder layers that ran in each of the 3 measured updates: layer 0 was skipped in the
+    # first (the first backward row) and ran in the second; the third skipped both.
+    assert model.ran == [[1], [0, 1], []]
+    assert _not_passed(frame) == {}
+    layer0 = "model.wav2vec2.encoder.layers.0."
+    for first in (True, False):
+        reach = _check(frame, "backward", "grads_reach_params", first)
+        assert reach["verdict"] == "pass"
+        assert (
+            " measured backward(s) and one in another (a layer skipped by LayerDrop"
+            in (reach["detail"])
+        )
+        assert layer0 + "attention.k_proj.weight" in reach["detail"]
+        changed = _check(frame, "optimizer_step", "trainable_params_changed", first)
+        assert changed["verdict"] == "pass"
+        assert (
+            "so the optimizer skipped them there, and received one in another"
+            in (changed["detail"])
+        )
+    # The first row names layer 0 only (16 tensors); the later rows both layers (32).
+    assert _check(frame, "backward", "grads_reach_params")["detail"].startswith(
+        "16 trainable parameter(s) received no gradient in some of 3 measured backward(s)"
+    )
+    assert _check(frame, "backward", "grads_reach_params", False)["detail"].startswith("32 ")
+
+
+def test_wav2vec2_detached_head_still_fails(fit: Callable[[str], Any]) -> None:
+    frame = fit("wav2vec2_detached_head")
+    assert MODELS["wav2vec2_detached_head"].ran == [[1], [0, 1], []]  # type: ignore[attr-defined]
+    for first in (True, False):
+        reach = _check(frame, "backward", "grads_reach_params", first)
+        assert reach["verdict"] == "fail"
+        assert reach["detail"].startswith(
+            "trainable parameter(s) received no gradient in any of 3 measured backward(s) (not"
+            " in the graph of the loss, or detached): model.wav2vec2.",
+            reach["detail"].index(" ") + 1,
+        )
+        changed = _check(frame, "optimizer_step", "trainable_params_changed", first)
+        assert changed["verdict"] == "fail"
+        assert "received no gradient in any measured backward did not change" in changed["detail"]
+    # The head itself learns: only the encoder side is named.
+    assert "lm_head" not in _check(frame, "backward", "grads_reach_params")["detail"]

@@ -890,3 +890,155 @@ def test_a_failing_export_fails_the_export_row(make_trainer: Any) -> None:
     check = _check(row, "export_written")
     assert check["detail"] == "export(pl_module, directory) raised ValueError: disk says no"
     assert row["reason"].endswith("If the check fails: fix the export function before the campaign")
+
+
+class CompiledWhole(pl.LightningModule):
+    """A small regression fitted the way Lightning's docs compile a module,
+    ``trainer.fit(torch.compile(module))``; ``logs=True`` calls ``self.log`` in the training
+    step, which dynamo cannot trace on torch 2.13 / Lightning 2.6.6."""
+
+    def __init__(self, logs: bool) -> None:
+        super().__init__()
+        self.net = nn.Linear(4, 4)
+        self.logs = logs
+
+    def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+        loss = nn.functional.mse_loss(self.net(batch), batch.flip(-1))
+        if self.logs:
+            self.log("train_loss", loss)
+        return loss
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    def train_dataloader(self) -> DataLoader[Any]:
+        return DataLoader(VectorData(size=16), batch_size=4)
+
+
+def _fit_compiled(
+    make_trainer: Any, logs: bool, monitor: PhaseMemoryMonitor | None
+) -> tuple[str | None, list[str]]:
+    """``trainer.fit(torch.compile(CompiledWhole(logs)))`` (backend aot_eager): the exception
+    it raised (type and first line, or ``None``) and the graphs dynamo compiled (``"train"``:
+    with gradients on)."""
+    from torch._dynamo.backends.registry import lookup_backend
+
+    torch._dynamo.reset()  # each fit compiles afresh
+    graphs: list[str] = []
+
+    def backend(graph: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> Any:
+        graphs.append("train" if torch.is_grad_enabled() else "eval")
+        return lookup_backend("aot_eager")(graph, example_inputs)
+
+    trainer = make_trainer(callbacks=[monitor] if monitor else [], max_steps=3)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer.fit(torch.compile(CompiledWhole(logs), backend=backend))
+    except Exception as err:
+        return f"{type(err).__name__}: {str(err).splitlines()[0]}", graphs
+    return None, graphs
+
+
+@pytest.mark.parametrize("logs", [True, False], ids=["self.log", "no_log"])
+def test_a_compiled_module_fits_as_it_does_without_the_monitor(
+    make_trainer: Any, logs: bool
+) -> None:
+    bare = _fit_compiled(make_trainer, logs, None)
+    monitor = PhaseMemoryMonitor()
+    assert _fit_compiled(make_trainer, logs, monitor) == bare  # the same exception, or none
+    if logs:
+        return
+    assert "train" in bare[1]  # the training step was compiled, with the monitor too
+    frame = read_phase_table(monitor.run.run_dir)
+    forward = _row(frame, "forward")
+    # The CPU tensor tracker stayed off: no memory column, said why; the timings are kept.
+    assert forward["counter"] == "none"
+    assert pd.isna(forward["peak_allocated_bytes"])
+    assert forward["notes"] == (
+        "not measured: the CPU tensor tracker would stop torch.compile from compiling; measured"
+        " on CUDA by the allocator (compiled: <root> (torch.compile of the LightningModule))"
+    )
+    assert forward["duration_s"] > 0
+    assert set(frame["verdict"]) == {"pass"}
+
+
+class SkipsHiddenAtFirstUpdate(TokenModel):
+    """Stochastic depth made deterministic: the hidden layer is skipped (the identity of its
+    32 leading features) in the first update only, so it gets no gradient there."""
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        embedded = self.embed(tokens)
+        if self.training and self.global_step == 0:
+            hidden = torch.cat([embedded, embedded], dim=-1)  # the skipped layer
+        else:
+            hidden = self.hidden(embedded)
+        return self.head(torch.relu(hidden))
+
+
+def test_a_layer_skipped_at_the_first_update_passes_named(make_trainer: Any) -> None:
+    # A validation after every update publishes the rows before the evidence is complete; the
+    # 3 updates of the pilot window are measured (the 4th is not: sample_every=100).
+    monitor = PhaseMemoryMonitor(on_fail="raise")
+    frame = _fit(
+        make_trainer, SkipsHiddenAtFirstUpdate(), monitor=monitor, max_steps=4, val_check_interval=1
+    )
+    assert set(frame["verdict"]) == {"pass"}, frame[["phase", "first", "verdict", "reason"]]
+    first = _row(frame, "backward")
+    assert _check(first, "grads_reach_params") == {
+        "name": "grads_reach_params",
+        "verdict": "pass",
+        "detail": "2 trainable parameter(s) received no gradient in some of 3 measured"
+        " backward(s) and one in another (a layer skipped by LayerDrop or stochastic depth, or"
+        " an expert no token was routed to, in those steps): hidden.weight, hidden.bias",
+    }
+    assert pd.isna(first["reason"])
+    assert _check(_row(frame, "backward", first=False), "grads_reach_params")["detail"] == ""
+    update = _check(_row(frame, "optimizer_step"), "trainable_params_changed")
+    assert update["verdict"] == "pass"
+    assert update["detail"] == (
+        "2 trainable parameter(s) had no gradient at some of 3 measured update(s), so the"
+        " optimizer skipped them there, and received one in another (a layer skipped by"
+        " LayerDrop or stochastic depth, or an expert no token was routed to, in those steps):"
+        " hidden.weight, hidden.bias"
+    )
+
+
+def test_a_layer_skipped_in_every_measured_update_fails(make_trainer: Any) -> None:
+    # A fit of one update, shorter than the pilot window: judged over that one at the fit end.
+    frame = _fit(make_trainer, SkipsHiddenAtFirstUpdate(), max_steps=1, limit_val_batches=0)
+    check = _check(_row(frame, "backward"), "grads_reach_params")
+    assert check["verdict"] == "fail"
+    assert check["detail"] == (
+        "2 trainable parameter(s) received no gradient in any of 1 measured backward(s) (not in"
+        " the graph of the loss, or detached): hidden.weight, hidden.bias"
+    )
+
+
+def test_on_fail_raise_stops_a_detached_layer_when_the_window_ends(make_trainer: Any) -> None:
+    monitor = PhaseMemoryMonitor(on_fail="raise")
+    trainer = make_trainer(callbacks=[monitor], max_steps=6, limit_val_batches=0)
+    with pytest.raises(
+        PhaseCheckError,
+        match=r"failed over the measured updates: backward grads_reach_params: 3 trainable"
+        r" parameter\(s\) received no gradient in any of 3 measured backward\(s\) \(not in the"
+        r" graph of the loss, or detached\): embed.weight, hidden.weight, hidden.bias;"
+        r" optimizer_step trainable_params_changed: 3 trainable parameter\(s\) that received no"
+        r" gradient in any measured backward did not change in the update: embed.weight,"
+        r" hidden.weight, hidden.bias$",
+    ):
+        trainer.fit(DetachedHead())
+    assert trainer.global_step == 3  # the pilot window, then the stop
+    frame = read_phase_table(monitor.run.run_dir)
+    assert _row(frame, "backward")["verdict"] == "fail"
+
+
+def test_compiled_code_is_found_wherever_torch_compile_put_it() -> None:
+    from lightning_pilot.core.memory import compiled_code
+
+    model = TokenModel()
+    assert compiled_code(model) == []
+    model.hidden = torch.compile(model.hidden, backend="eager")  # type: ignore[assignment]
+    model.head.compile(backend="eager")
+    model.forward = torch.compile(model.forward, backend="eager")  # type: ignore[method-assign]
+    assert compiled_code(model) == ["<root>.forward", "hidden", "head (Module.compile)"]

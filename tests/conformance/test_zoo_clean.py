@@ -117,19 +117,8 @@ FAMILIES: dict[str, Family] = {
 }
 RESUMED = [name for name, spec in FAMILIES.items() if spec.pilot.get("resume") is not False]
 
-# wav2vec2's LayerDrop (config.layerdrop=0.1, as in the released checkpoints) skips a whole
-# encoder layer in some training steps: that layer gets no gradient in that step, legitimately.
-# grads_reach_params judges each measured backward alone (lightning_pilot/core/checks.py,
-# check_gradients) and fails it. Not strict: whether a skip falls on a measured update depends
-# on the random stream (here it skips the only encoder layer at the first update).
-LAYERDROP = pytest.mark.xfail(
-    strict=False,
-    reason="grads_reach_params fails a layer skipped by LayerDrop (a legitimate missing gradient)",
-)
-KNOWN: dict[str, dict[str, pytest.MarkDecorator]] = {
-    "no_fail": {"wav2vec2_ctc": LAYERDROP},
-    "show": {"wav2vec2_ctc": LAYERDROP},
-}
+# Known defects, by test: {test: {family: pytest mark}} (none at present).
+KNOWN: dict[str, dict[str, pytest.MarkDecorator]] = {}
 
 
 def families(test: str) -> list[Any]:
@@ -278,14 +267,8 @@ def test_the_compiled_network_ran(zoo: Callable[[str], PilotFit]) -> None:
     assert set(forward["verdict"]) == {"pass"}, fit.describe()
 
 
-# On CPU, PhaseMemoryMonitor's tensor tracker is a TorchDispatchMode; dynamo does not compile a
-# frame while one is active ("non-infra torch dispatch mode present") and, having skipped the
-# training forward once, runs it eagerly for the rest of the process: the pilot measures the
-# uncompiled network. Strict: the test reports when it is fixed.
-@pytest.mark.xfail(
-    strict=True,
-    reason="the CPU tensor tracker (a TorchDispatchMode) keeps dynamo from compiling the step",
-)
+# On CPU, PhaseMemoryMonitor's tensor tracker is a TorchDispatchMode: dynamo does not compile a
+# frame while one is active, so the monitor leaves it off for a module with compiled code.
 def test_the_training_step_runs_compiled(zoo: Callable[[str], PilotFit]) -> None:
     fit = zoo("torch_compile")
     assert fit.model is not None

@@ -8,14 +8,17 @@ from torch import nn
 
 from lightning_pilot.core.checks import (
     CheckResult,
+    check_changed_without_gradient,
     check_eval_mode,
     check_gradients,
     check_loss,
+    check_reached,
     check_sample_count,
     check_train_mode,
     check_update,
     fingerprint,
     frozen_regions,
+    gradient_reach,
     shown_names,
     zero_gradients,
 )
@@ -336,3 +339,68 @@ def test_check_sample_count() -> None:
     assert short.verdict == "fail"
     assert short.detail.endswith("check drop_last)")
     assert check_sample_count(9, 8).detail == "9 samples validated, expected 8"
+
+
+def test_missing_gradients_are_judged_over_the_measured_backwards() -> None:
+    # Two layers; the second is skipped (LayerDrop) in the first backward, runs in the second.
+    model = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2), nn.Linear(2, 1))
+    optimized = {id(p) for p in model.parameters()}
+    model[2](model[0](torch.ones(1, 2))).sum().backward()  # layer 1 skipped
+    reached_first, missing = gradient_reach(model.named_parameters(), optimized)
+    assert missing == ["1.weight", "1.bias"]
+    model.zero_grad()
+    model(torch.ones(1, 2)).sum().backward()
+    reached_second, _ = gradient_reach(model.named_parameters(), optimized)
+    reached = {*reached_first, *reached_second}
+    assert check_reached(missing, reached, backwards=2) == CheckResult(
+        "grads_reach_params",
+        "pass",
+        "2 trainable parameter(s) received no gradient in some of 2 measured backward(s) and one"
+        " in another (a layer skipped by LayerDrop or stochastic depth, or an expert no token was"
+        " routed to, in those steps): 1.weight, 1.bias",
+    )
+    # Judged over the first backward alone, or by check_gradients without the evidence: a fail.
+    assert check_reached(missing, reached_first).verdict == "fail"
+    model.zero_grad()
+    model[2](model[0](torch.ones(1, 2))).sum().backward()
+    alone = {r.name: r for r in check_gradients(model.named_parameters(), optimized)}
+    assert alone["grads_reach_params"].detail == (
+        "2 trainable parameter(s) received no gradient in any of 1 measured backward(s) (not in"
+        " the graph of the loss, or detached): 1.weight, 1.bias"
+    )
+    given = check_gradients(model.named_parameters(), optimized, reached=reached, backwards=2)
+    assert _verdicts(given)["grads_reach_params"] == "pass"
+
+
+def test_a_parameter_never_reached_fails_beside_one_skipped_in_some_steps() -> None:
+    result = check_reached(["head.weight", "layers.3.fc.weight"], {"layers.3.fc.weight"}, 3)
+    assert result.verdict == "fail"
+    assert result.detail.startswith(
+        "1 trainable parameter(s) received no gradient in any of 3 measured backward(s) (not in"
+        " the graph of the loss, or detached): head.weight; 1 trainable parameter(s) received no"
+        " gradient in some of 3 measured backward(s)"
+    )
+
+
+def test_unchanged_without_a_gradient_is_judged_over_the_measured_updates() -> None:
+    before = {"skipped": (1.0, 1.0), "detached": (2.0, 2.0), "w": (3.0, 3.0)}
+    after = {"skipped": (1.0, 1.0), "detached": (2.0, 2.0), "w": (3.5, 3.5)}
+    common = {"trainable": set(before), "step_before": 0, "step_after": 1}
+    gone = {"skipped", "detached"}
+    # Received a gradient in another measured backward: named; never: failed.
+    changed = check_update(before, after, **common, without_grad=gone, reached={"skipped", "w"})
+    assert changed[0].verdict == "fail"
+    assert changed[0].detail.startswith(
+        "1 trainable parameter(s) with a nonzero or missing gradient did not change in the"
+        " update: detached; 1 trainable parameter(s) had no gradient at some of 1 measured"
+        " update(s), so the optimizer skipped them there, and received one in another"
+    )
+    # reached=None: left to the caller, who judges them once more updates are measured.
+    deferred = check_update(before, after, **common, without_grad=gone, reached=None)
+    assert deferred[0] == CheckResult("trainable_params_changed", "pass", "")
+    later = check_changed_without_gradient(["skipped", "detached"], {"skipped"}, updates=3)
+    assert later.verdict == "fail"
+    assert later.detail.startswith(
+        "1 trainable parameter(s) that received no gradient in any measured backward did not"
+        " change in the update: detached; 1 trainable parameter(s) had no gradient at some of 3"
+    )
