@@ -30,21 +30,13 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from lightning_pilot.core import validate
 from lightning_pilot.core.memory import TensorTracker, state_tensors
-from lightning_pilot.estimate.trace import (
-    PRECISIONS,
-    BalancedRouting,
-    _checkpointing_choice,
-    _loss_of,
-    activation_checkpointing,
-    cuda_attention,
-    cuda_autocast,
-    cuda_dropout,
-    cuda_optimizer_defaults,
-    optimizer_of,
-    param_dtype,
-    precision_context,
-    reshape_batch,
-)
+from lightning_pilot.estimate.batches import reshape_batch
+from lightning_pilot.estimate.checkpointing import _checkpointing_choice, activation_checkpointing
+from lightning_pilot.estimate.cuda import cuda_attention, cuda_autocast, cuda_dropout
+from lightning_pilot.estimate.optimizers import cuda_optimizer_defaults, optimizer_of
+from lightning_pilot.estimate.precision import PRECISIONS, param_dtype, precision_context
+from lightning_pilot.estimate.routing import BalancedRouting
+from lightning_pilot.estimate.session import _loss_of
 
 __all__ = ["PHASE_ORDER", "measure_cpu"]
 
@@ -77,7 +69,7 @@ def measure_cpu(
     target (``Session(cuda=True)``): CUDA autocast's lists, CUDA's fused dropout, fused
     attention and the ``foreach`` optimizer default; the same code paths, on real tensors.
     ``balanced_routing=True``: a router's ``topk`` picks experts as the estimate assumes
-    (:class:`~lightning_pilot.estimate.trace.BalancedRouting`).
+    (:class:`~lightning_pilot.estimate.routing.BalancedRouting`).
     """
     owner = "measure_cpu"
     validate.integer(owner, "micro_batch", micro_batch, minimum=1)

@@ -14,7 +14,8 @@ from estimate_models import HFCausalLM, token_batch, transformer_batch
 from torch import nn
 
 from lightning_pilot.demo import InstructionDataModule, TinyCausalLM
-from lightning_pilot.estimate import PHASE_ORDER, Session, estimate, trace
+from lightning_pilot.estimate import PHASE_ORDER, Session, estimate
+from lightning_pilot.estimate import blocks as estimate_blocks
 
 # Cut to 3, 4 and 5 blocks and extrapolated to 6 (kept small for CI; at 32 and 80 blocks,
 # `python benchmarks/estimate.py case 7b-blocks-check` / `70b-blocks-check` compare the rows).
@@ -70,7 +71,7 @@ def _demo_batch() -> Any:
 
 
 def _block_class(module: nn.Module) -> list[type[nn.Module]]:
-    found = trace.repeated_blocks(module)
+    found = estimate_blocks.repeated_blocks(module)
     assert found is not None
     return [type(next(iter(found[1]._modules.values())))]
 
@@ -88,13 +89,13 @@ MODELS: dict[str, tuple[Callable[[], Any], Callable[[], Any], int, bool]] = {
 def test_block_extrapolation_equals_the_full_trace(
     name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(trace, "MIN_BLOCKS", LAYERS)
+    monkeypatch.setattr(estimate_blocks, "MIN_BLOCKS", LAYERS)
     make, batch_of, seq_len, needs_classes = MODELS[name]
     batch = batch_of()
     module = make()
-    container = trace.repeated_blocks(module)
+    container = estimate_blocks.repeated_blocks(module)
     assert container is not None
-    assert len(container[1]._modules) > max(trace.CUTS)
+    assert len(container[1]._modules) > max(estimate_blocks.CUTS)
     blocks_before = container[1].__dict__["_modules"]
     order_before = list(blocks_before.items())
     classes = _block_class(module) if needs_classes else []

@@ -1,0 +1,108 @@
+"""Third-party patches a session needs: modules imported during a session run outside the
+fake mode and the recorder (:class:`_ImportsOutsideTheTrace`), and ``transformers`` reads the
+real values of shadowed fake tensors.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.abc
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any, Final
+
+from torch.utils._python_dispatch import _disable_current_modes
+
+from lightning_pilot.estimate.shadows import _SHADOW
+
+__all__: list[str] = []
+
+_IMPORT_UTILS: Final = "transformers.utils.import_utils"
+
+
+class _ImportsOutsideTheTrace(importlib.abc.MetaPathFinder):
+    """A meta path finder for a session: a module imported during it (a factory importing
+    ``transformers``, a step importing a helper) runs its body outside the fake mode and the
+    recorder, as an import before the session would (its module-level tensors are real and
+    not counted), and ``on_import(name, module)`` is called after. It lets the other finders
+    find the module and wraps only that loader's ``exec_module``."""
+
+    def __init__(self, on_import: Callable[[str, Any], None]) -> None:
+        self.on_import = on_import
+        self.active = True
+        self._finding: set[str] = set()
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if not self.active or fullname in self._finding:
+            return None
+        self._finding.add(fullname)
+        try:
+            spec = None
+            for finder in sys.meta_path:
+                if finder is self or not hasattr(finder, "find_spec"):
+                    continue
+                spec = finder.find_spec(fullname, path, target)
+                if spec is not None:
+                    break
+        finally:
+            self._finding.discard(fullname)
+        loader = getattr(spec, "loader", None)
+        execute = getattr(loader, "exec_module", None)
+        if spec is None or execute is None:
+            return spec
+        finder = self
+
+        def exec_module(module: Any) -> None:
+            if not finder.active:
+                execute(module)
+                return
+            with _disable_current_modes():
+                execute(module)
+            finder.on_import(fullname, module)
+
+        # A loader that takes no attribute: imported as it is.
+        with contextlib.suppress(AttributeError):
+            loader.exec_module = exec_module  # type: ignore[union-attr]
+        return spec
+
+
+@contextlib.contextmanager
+def _transformers_sees_real_values() -> Iterator[None]:
+    """Hugging Face transformers takes another path when it sees a ``FakeTensor`` (it builds
+    the causal mask a real run skips after ``attention_mask.all()``): for the session, a fake
+    tensor that carries its real values is not fake to it, whether ``transformers`` was
+    imported before the session or is imported during it (a factory that imports it). Every
+    module imported during the session is imported as before it (see
+    :class:`_ImportsOutsideTheTrace`); nothing imports ``transformers`` here."""
+    patched: list[tuple[Any, Any]] = []
+
+    def patch(utils: Any) -> None:
+        original = getattr(utils, "is_fake_tensor", None)
+        if original is None or any(u is utils for u, _ in patched):
+            return
+
+        def is_fake_tensor(value: Any) -> bool:
+            return bool(original(value)) and getattr(value, _SHADOW, None) is None
+
+        utils.is_fake_tensor = is_fake_tensor
+        patched.append((utils, original))
+
+    def on_import(name: str, module: Any) -> None:
+        if name == _IMPORT_UTILS:
+            patch(module)
+
+    utils: Any = sys.modules.get(_IMPORT_UTILS)
+    if utils is not None:
+        patch(utils)
+    with _disable_current_modes():  # imports what it needs now, not from the hook
+        pass
+    hook = _ImportsOutsideTheTrace(on_import)
+    sys.meta_path.insert(0, hook)
+    try:
+        yield
+    finally:
+        hook.active = False
+        if hook in sys.meta_path:
+            sys.meta_path.remove(hook)
+        for module, original in reversed(patched):
+            module.is_fake_tensor = original

@@ -1,0 +1,353 @@
+"""The step as it behaves on CUDA, traced on CPU: attention through a fused kernel that saves
+no T x T matrix (:func:`cuda_attention`), CUDA autocast's lists under the mixed precisions
+(:func:`cuda_autocast`) and CUDA's fused dropout (:func:`cuda_dropout`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Any, Final
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_map
+
+__all__ = ["cuda_attention", "cuda_autocast", "cuda_autocast_policy", "cuda_dropout"]
+
+
+def _fused_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> torch.Tensor:
+    """``scaled_dot_product_attention`` through PyTorch's fused CPU kernel (see
+    :func:`cuda_attention`)."""
+    if query.dim() != 4:
+        return _SDPA(query, key, value, attn_mask, dropout_p, is_causal, scale=scale)
+    if enable_gqa and key.shape[1] != query.shape[1]:
+        repeat = query.shape[1] // key.shape[1]
+        key = key.repeat_interleave(repeat, dim=1)
+        value = value.repeat_interleave(repeat, dim=1)
+    if torch.is_autocast_enabled("cpu"):
+        # scaled_dot_product_attention is on autocast's lower-precision list (CPU and CUDA);
+        # the kernel called directly here is not, so cast as autocast would.
+        dtype = torch.get_autocast_dtype("cpu")
+        query, key, value = (
+            t.to(dtype) if t.is_floating_point() else t for t in (query, key, value)
+        )
+    if attn_mask is not None and attn_mask.dtype == torch.bool:
+        attn_mask = torch.zeros(attn_mask.shape, dtype=query.dtype).masked_fill(
+            ~attn_mask, float("-inf")
+        )
+    out, _ = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        query, key, value, 0.0, is_causal, attn_mask=attn_mask, scale=scale
+    )
+    return out  # type: ignore[no-any-return]
+
+
+_SDPA: Final = torch.nn.functional.scaled_dot_product_attention
+
+
+@contextlib.contextmanager
+def cuda_attention() -> Iterator[None]:
+    """Attention as CUDA runs it, on CPU fake tensors, for the duration.
+
+    On CUDA, ``scaled_dot_product_attention`` in training picks the flash or memory-efficient
+    kernel (dropout included, applied inside the kernel): they save the inputs, the output and
+    one log-sum-exp row per query, never the T x T weights. On CPU, dropout (or some masks)
+    sends it to the math path, which saves several T x T matrices. Here every call of
+    ``torch.nn.functional.scaled_dot_product_attention`` (the function is swapped for the
+    duration and put back, so the recomputation of activation checkpointing sees it too) goes
+    to PyTorch's fused CPU kernel (``_scaled_dot_product_flash_attention_for_cpu``: the same
+    inputs, outputs and saved tensors as the CUDA kernels); dropout's randomness is not
+    modelled (no memory). Grouped-query attention repeats the key and value heads first.
+    """
+    functional = torch.nn.functional
+    before = functional.scaled_dot_product_attention
+    functional.scaled_dot_product_attention = _fused_attention
+    try:
+        yield
+    finally:
+        functional.scaled_dot_product_attention = before
+
+
+# -- CUDA's autocast lists and dropout, on CPU ------------------------------------------------
+
+# CUDA autocast's policy per operator (PyTorch's aten/src/ATen/autocast_mode.h, the lists
+# documented under "CUDA Ops that can autocast to float16 / float32" in
+# https://pytorch.org/docs/stable/amp.html). Every other operator with a CUDA autocast kernel
+# in the installed torch is ``fp32``. CPU autocast's lists differ (softmax, log_softmax,
+# layer_norm, exp, pow, ... stay in the lower precision there).
+_CUDA_LOWER: Final = frozenset(
+    {
+        "_convolution",
+        "_convolution.deprecated",
+        "conv1d",
+        "conv2d",
+        "conv3d",
+        "conv_tbc",
+        "conv_transpose1d",
+        "conv_transpose2d.input",
+        "conv_transpose3d.input",
+        "convolution",
+        "cudnn_convolution",
+        "cudnn_convolution_transpose",
+        "prelu",
+        "addmm",
+        "addmv",
+        "addr",
+        "matmul",
+        "einsum",
+        "mm",
+        "mv",
+        "linalg_vecdot",
+        "linear",
+        "addbmm",
+        "baddbmm",
+        "bmm",
+        "chain_matmul",
+        "linalg_multi_dot",
+        "_thnn_fused_lstm_cell",
+        "_thnn_fused_gru_cell",
+        "lstm_cell",
+        "gru_cell",
+        "rnn_tanh_cell",
+        "rnn_relu_cell",
+        "_scaled_dot_product_flash_attention",
+        "scaled_dot_product_attention",
+    }
+)
+_CUDA_SET_OPT_DTYPE: Final = frozenset(
+    {
+        "prod",
+        "prod.dim_int",
+        "softmax.int",
+        "log_softmax.int",
+        "cumprod",
+        "cumsum",
+        "linalg_vector_norm",
+        "linalg_matrix_norm",
+        "linalg_matrix_norm.str_ord",
+        "sum",
+        "sum.dim_IntList",
+    }
+)
+_CUDA_PROMOTE: Final = frozenset(
+    {
+        "addcdiv",
+        "addcmul",
+        "atan2",
+        "bilinear",
+        "cross",
+        "dot",
+        "vdot",
+        "grid_sampler",
+        "index_put",
+        "tensordot",
+        "scatter_add",
+    }
+)
+# CUDA autocast refuses it (the message is CUDA autocast's own).
+_CUDA_BANNED: Final = frozenset({"binary_cross_entropy"})
+_BANNED_MESSAGE: Final = (
+    "torch.nn.functional.binary_cross_entropy and torch.nn.BCELoss are unsafe to autocast."
+    " Many models use a sigmoid layer right before the binary cross entropy layer. In this"
+    " case, combine the two layers using torch.nn.functional.binary_cross_entropy_with_logits"
+    " or torch.nn.BCEWithLogitsLoss (CUDA autocast refuses binary_cross_entropy)"
+)
+_LOWER_DTYPES: Final = (torch.float16, torch.bfloat16)
+
+
+def _autocast_ops(key: str) -> set[str]:
+    names = torch._C._dispatch_get_all_op_names()
+    return {
+        name[len("aten::") :]
+        for name in names
+        if name.startswith("aten::") and torch._C._dispatch_has_kernel_for_dispatch_key(name, key)
+    }
+
+
+def cuda_autocast_policy() -> dict[str, str]:
+    """``operator -> policy`` of CUDA autocast in the installed torch, for every operator with
+    an autocast kernel on CPU or CUDA: ``lower`` (cast to the autocast dtype), ``fp32``,
+    ``fp32_set_opt_dtype`` (``dtype=float32`` when unset: softmax, log_softmax, sum, cumsum,
+    ...), ``promote`` (the widest input type), ``banned`` (CUDA autocast refuses it) or
+    ``none`` (CUDA autocast leaves it alone; CPU autocast casts it).
+
+    Example:
+        >>> policy = cuda_autocast_policy()
+        >>> policy["mm"], policy["softmax.int"], policy["layer_norm"], policy["cat"]
+        ('lower', 'fp32_set_opt_dtype', 'fp32', 'none')
+    """
+    return dict(_cuda_autocast_policy())
+
+
+@functools.lru_cache(maxsize=1)
+def _cuda_autocast_policy() -> tuple[tuple[str, str], ...]:
+    cuda = _autocast_ops("AutocastCUDA")
+    policy: dict[str, str] = {}
+    for name in cuda | _autocast_ops("AutocastCPU"):
+        if name not in cuda:
+            policy[name] = "none"
+        elif name in _CUDA_LOWER:
+            policy[name] = "lower"
+        elif name in _CUDA_SET_OPT_DTYPE:
+            policy[name] = "fp32_set_opt_dtype"
+        elif name in _CUDA_PROMOTE:
+            policy[name] = "promote"
+        elif name in _CUDA_BANNED:
+            policy[name] = "banned"
+        else:
+            policy[name] = "fp32"
+    return tuple(sorted(policy.items()))
+
+
+_NO_AUTOCAST_CPU: Final = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)
+
+
+def _eligible(value: Any) -> bool:
+    return (
+        isinstance(value, torch.Tensor)
+        and value.is_floating_point()
+        and value.dtype is not torch.float64
+    )
+
+
+def _cast_all(values: Any, dtype: torch.dtype) -> Any:
+    def cast(value: Any) -> Any:
+        return value.to(dtype) if _eligible(value) and value.dtype is not dtype else value
+
+    return tree_map(cast, values)
+
+
+def _autocast_kernel(op: Any, policy: str) -> Callable[..., Any]:
+    """A CPU autocast kernel for ``op`` that casts as CUDA autocast does (``policy``), then
+    runs ``op`` with autocast off for the call (as autocast's own kernels do)."""
+    dtype_index = next((i for i, a in enumerate(op._schema.arguments) if a.name == "dtype"), None)
+
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        if policy == "banned":
+            raise RuntimeError(_BANNED_MESSAGE)
+        if policy == "lower":
+            args, kwargs = _cast_all((args, kwargs), torch.get_autocast_dtype("cpu"))
+        elif policy == "fp32":
+            args, kwargs = _cast_all((args, kwargs), torch.float32)
+        elif policy == "promote":
+            found = [v for v in tree_flatten((args, kwargs))[0] if _eligible(v)]
+            if found:
+                widest = functools.reduce(torch.promote_types, (v.dtype for v in found))
+                args, kwargs = _cast_all((args, kwargs), widest)
+        elif policy == "fp32_set_opt_dtype" and args and _eligible(args[0]):
+            if dtype_index is not None and dtype_index < len(args):
+                if args[dtype_index] is None:
+                    args = (*args[:dtype_index], torch.float32, *args[dtype_index + 1 :])
+            elif kwargs.get("dtype") is None:
+                kwargs = {**kwargs, "dtype": torch.float32}
+        with torch._C._ExcludeDispatchKeyGuard(_NO_AUTOCAST_CPU):
+            return op(*args, **kwargs)
+
+    return kernel
+
+
+def _op(name: str) -> Any:
+    base, _, overload = name.partition(".")
+    return getattr(getattr(torch.ops.aten, base), overload or "default")
+
+
+@contextlib.contextmanager
+def cuda_autocast() -> Iterator[None]:
+    """CPU autocast follows CUDA autocast's lists for the duration (process-wide), then its
+    own again.
+
+    ``torch.autocast("cpu", dtype)`` then casts each operator's inputs as
+    ``torch.autocast("cuda", dtype)`` would (:func:`cuda_autocast_policy`): matrix products,
+    convolutions and attention in the lower precision; ``softmax``, ``log_softmax``,
+    ``layer_norm``, ``exp``, ``pow``, ``rsqrt``, ``sum``, the losses and the others of CUDA's
+    float32 list in float32 (their outputs, and what autograd saves of them, are float32 as on
+    CUDA); the operators CPU autocast casts and CUDA's does not run in their inputs' types.
+    The matrix products keep CPU autocast's own kernels (the same policy, and its cache of
+    the parameters' casts); every other listed operator gets a kernel here, registered with
+    ``torch.library`` for the ``AutocastCPU`` key and removed on exit.
+
+    Example:
+        >>> import torch
+        >>> x = torch.randn(4, 4)
+        >>> with cuda_autocast(), torch.autocast("cpu", dtype=torch.bfloat16):
+        ...     (x @ x).dtype, torch.softmax(x @ x, -1).dtype
+        (torch.bfloat16, torch.float32)
+        >>> with torch.autocast("cpu", dtype=torch.bfloat16):
+        ...     torch.softmax(x @ x, -1).dtype
+        torch.bfloat16
+    """
+    cpu_lower = {
+        name
+        for name in _CUDA_LOWER
+        if torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{name}", "AutocastCPU")
+    }
+    library = torch.library.Library("aten", "IMPL")  # type: ignore[no-untyped-call]
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "Overriding a previously registered kernel"
+            for name, policy in cuda_autocast_policy().items():
+                if name in cpu_lower:
+                    continue  # CPU autocast's own kernel does the same
+                library.impl(name, _autocast_kernel(_op(name), policy), "AutocastCPU")  # type: ignore[no-untyped-call]
+        yield
+    finally:
+        library._destroy()  # type: ignore[no-untyped-call]
+
+
+def _cuda_dropout(input: torch.Tensor, p: float, train: bool) -> torch.Tensor:
+    """``aten::dropout`` as CUDA runs it (``aten/src/ATen/native/Dropout.cpp``): in training,
+    with ``0 < p < 1`` and a non-empty input, the fused ``native_dropout`` (its backward
+    keeps a boolean mask, one byte per element; ``native_functions.yaml``: ``native_dropout(Tensor
+    input, float p, bool? train) -> (Tensor, Tensor)``, derivative
+    ``native_dropout_backward(grad, result1, ...)``); else as on CPU."""
+    if train and 0 < p < 1 and input.numel() > 0:
+        return torch.ops.aten.native_dropout.default(input, p, train)[0]  # type: ignore[no-any-return]
+    if p == 0 or not train or input.numel() == 0:
+        return input
+    return input * torch.zeros((), dtype=input.dtype, device=input.device)
+
+
+@contextlib.contextmanager
+def cuda_dropout() -> Iterator[None]:
+    """``torch.nn.functional.dropout`` (``aten::dropout``) runs CUDA's fused kernel for the
+    duration (process-wide): ``native_dropout``, whose backward saves a boolean mask (one byte
+    per element), where CPU's dropout saves a noise tensor of the input's dtype. Registered
+    with ``torch.library`` for the ``AutogradCPU`` key and removed on exit.
+
+    Example:
+        >>> import torch
+        >>> x = torch.randn(1000, requires_grad=True)
+        >>> saved = []
+        >>> hooks = torch.autograd.graph.saved_tensors_hooks(
+        ...     lambda t: saved.append(t.dtype) or t, lambda t: t
+        ... )
+        >>> with cuda_dropout(), hooks:
+        ...     y = torch.nn.functional.dropout(x, 0.1)
+        >>> saved
+        [torch.bool]
+    """
+    library = torch.library.Library("aten", "IMPL")  # type: ignore[no-untyped-call]
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            library.impl("dropout", _cuda_dropout, "AutogradCPU")  # type: ignore[no-untyped-call]
+        yield
+    finally:
+        library._destroy()  # type: ignore[no-untyped-call]
+
+
+def _putter(table: dict[str, Any], name: str, value: Any) -> Callable[[], None]:
+    def put() -> None:
+        table[name] = value
+
+    return put

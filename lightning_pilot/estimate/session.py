@@ -1,0 +1,593 @@
+"""The :class:`Session`: the user's module on fake tensors with its optimizer, for one
+precision, and its phases (train, validation, optimizer step, checkpoint save) traced under a
+:class:`~lightning_pilot.estimate.recorder.Recorder`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch._subclasses.fake_tensor import (
+    FakeTensorMode,
+    unset_fake_temporarily,
+)
+from torch.utils._pytree import tree_flatten
+
+from lightning_pilot.core import validate
+from lightning_pilot.estimate.batches import _fake_batch, reshape_batch
+from lightning_pilot.estimate.blocks import (
+    CUTS,
+    MIN_BLOCKS,
+    cut_blocks,
+    extrapolate_blocks,
+    repeated_blocks,
+)
+from lightning_pilot.estimate.checkpointing import _checkpointing_choice, activation_checkpointing
+from lightning_pilot.estimate.compat import _transformers_sees_real_values
+from lightning_pilot.estimate.cuda import _putter, cuda_attention, cuda_autocast, cuda_dropout
+from lightning_pilot.estimate.optimizers import (
+    cuda_optimizer_defaults,
+    optimizer_implementation,
+    optimizer_of,
+)
+from lightning_pilot.estimate.precision import PRECISIONS, param_dtype, precision_context
+from lightning_pilot.estimate.recorder import PhaseTrace, Recorder, UntraceableError
+from lightning_pilot.estimate.shadows import _SHADOW, _is_fake, _shadow_of, _shadowable
+
+__all__ = ["Session"]
+
+
+def _loss_of(output: Any) -> torch.Tensor | None:
+    if isinstance(output, torch.Tensor):
+        return output
+    if isinstance(output, Mapping):
+        loss = output.get("loss")
+        return loss if isinstance(loss, torch.Tensor) else None
+    return None
+
+
+class Session:
+    """The user's module on fake tensors, with its optimizer, for one precision.
+
+    ``module`` is a live LightningModule (its parameters and buffers are replaced by fake ones
+    for the session and given back, with its training flags, when it ends) or ``factory``, a
+    callable building one (called under the fake mode: a 70B shape never allocates). Use it as
+    a context manager; trace phases inside. ``round_to`` is the allocator's rounding (512 for
+    CUDA). ``cuda=True`` makes the step behave as on CUDA: the optimizer's ``foreach``
+    implementation where the user left it unset (PyTorch's default there), attention
+    (``scaled_dot_product_attention``) through a fused kernel that saves no T x T matrix
+    (CUDA's flash and memory-efficient kernels; see :func:`cuda_attention`), CUDA autocast's
+    lists under the mixed precisions (:func:`cuda_autocast`: softmax, layer_norm, the losses
+    ... in float32) and CUDA's fused dropout (:func:`cuda_dropout`: a one-byte mask saved).
+    ``blocks=True`` (the default): with a repeated block list (:func:`repeated_blocks`: Llama's
+    ``model.layers``, GPT-2's ``transformer.h``, at least :data:`MIN_BLOCKS` blocks), the
+    phases that run the batch (``train_phases``, ``validation_phase``) trace the list cut to
+    :data:`CUTS` blocks and extrapolate to all (:func:`extrapolate_blocks`), falling back to a
+    full trace, with a note, when the pattern does not hold.
+
+    Example:
+        >>> from lightning_pilot.demo import TinyCausalLM
+        >>> model = TinyCausalLM(max_length=32)
+        >>> before = model.token_embedding.weight
+        >>> with Session(model, precision="bf16-true") as session:
+        ...     session.module.token_embedding.weight.dtype
+        torch.bfloat16
+        >>> model.token_embedding.weight is before
+        True
+    """
+
+    def __init__(
+        self,
+        module: Any = None,
+        *,
+        factory: Callable[[], Any] | None = None,
+        precision: str = "32-true",
+        round_to: int = 1,
+        cuda: bool = False,
+        checkpoint_classes: Sequence[type[torch.nn.Module]] = (),
+        blocks: bool = True,
+        capacity_factor: float = 1.0,
+    ) -> None:
+        owner = "Session"
+        if (module is None) == (factory is None):
+            raise ValueError(
+                validate.invalid(owner, "module", module, "a LightningModule, or None with factory")
+            )
+        if module is not None:
+            validate.instance(owner, "module", module, torch.nn.Module, optional=False)
+        validate.callable_or_none(owner, "factory", factory, "factory() -> LightningModule")
+        self.precision = validate.choice(owner, "precision", precision, PRECISIONS)
+        self.round_to = validate.integer(owner, "round_to", round_to, minimum=1)
+        self.cuda = validate.boolean(owner, "cuda", cuda)
+        self.checkpoint_classes = tuple(checkpoint_classes)
+        self.by_blocks = validate.boolean(owner, "blocks", blocks)
+        #: ``(name, container)`` of the repeated block list the phases are cut to, or ``None``.
+        self.blocks: tuple[str, torch.nn.Module] | None = None
+        self._hidden: list[torch.nn.Module] = []
+        self._live = module
+        self._factory = factory
+        self.mode = FakeTensorMode(allow_non_fake_inputs=True)
+        self.recorder = Recorder(round_to, fake_only=True)
+        self.recorder.capacity_factor = validate.number(
+            owner, "capacity_factor", capacity_factor, minimum=1.0
+        )
+        self.module: Any = None
+        self.optimizer: torch.optim.Optimizer | None = None
+        self._restore: list[Callable[[], None]] = []
+        self._stack = contextlib.ExitStack()
+        self.state: dict[str, int] = {}
+        self._warm: set[tuple[int | None, int | None]] = set()
+        self._cut: tuple[Any, int] | None = None
+        # (phase kind, checkpointing) -> why cutting failed for it: traced in full after.
+        self._uncut: dict[tuple[Any, ...], str] = {}
+        #: The optimizer's implementation, for the notes of the optimizer phases.
+        self.optimizer_note = ""
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    def __enter__(self) -> Session:
+        stack = self._stack
+        stack.__enter__()
+        try:
+            stack.enter_context(warnings.catch_warnings())
+            warnings.simplefilter("ignore")
+            stack.enter_context(self.mode)
+            stack.enter_context(self.recorder)
+            stack.enter_context(_transformers_sees_real_values())
+            if self.cuda:
+                stack.enter_context(cuda_attention())
+                stack.enter_context(cuda_autocast())
+                stack.enter_context(cuda_dropout())
+            stack.callback(self._give_back)
+            if self._factory is not None:
+                self.module = self._factory()
+            else:
+                self.module = self._live
+                self._restore.append(_keeper(self.module))
+            self._fake_parameters()
+            # What exists now lives through the session: later collections skip it (fast).
+            gc.freeze()
+            stack.callback(gc.unfreeze)
+            if self.by_blocks:
+                self.blocks = repeated_blocks(self.module)
+        except BaseException:
+            stack.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.optimizer = None
+        self._stack.__exit__(*exc)
+
+    def _give_back(self) -> None:
+        for step in reversed(self._restore):
+            step()
+        self._restore.clear()
+
+    def _fake_parameters(self) -> None:
+        """Replace every parameter and buffer by a fake one of the precision's dtype."""
+        dtype = param_dtype(self.precision)
+        made: dict[int, torch.Tensor] = {}
+        recorder = self.recorder
+        for sub in self.module.modules():
+            for table in (sub._parameters, sub._buffers):
+                for name, value in list(table.items()):
+                    if value is None:
+                        continue
+                    if _is_fake(value) and (value.dtype == dtype or not value.is_floating_point()):
+                        continue  # built by the factory under the fake mode: already fake
+                    is_param = table is sub._parameters
+                    table[name] = self._fake_like(value, dtype, made, is_param)
+                    if not _is_fake(value):  # the live module's own tensor: given back
+                        self._restore.append(_putter(table, name, value))
+        for value in made.values():
+            recorder.record(value)
+        for value in [*self.module.parameters(), *self.module.buffers()]:
+            recorder.record(value)
+
+    def _fake_like(
+        self, value: torch.Tensor, dtype: torch.dtype, made: dict[int, torch.Tensor], param: bool
+    ) -> torch.Tensor:
+        fake = made.get(id(value))
+        if fake is not None:
+            return fake
+        want = dtype if value.is_floating_point() else value.dtype
+        fake = torch.empty(value.shape, dtype=want, device="cpu")
+        if not param:
+            # Buffers keep their values where the step may read them (position ids, token
+            # type ids, step counters): integer and small tensors get a real copy.
+            shadow = _shadow_of(value) if _is_fake(value) else value.detach().to("cpu", want)
+            if shadow is not None and _shadowable(shadow):
+                with unset_fake_temporarily():
+                    setattr(fake, _SHADOW, shadow.clone())
+        if param:
+            fake = torch.nn.Parameter(fake, requires_grad=value.requires_grad)
+        made[id(value)] = fake
+        return fake
+
+    # -- classes ----------------------------------------------------------------------------
+
+    def _serials(self, tensors: Any) -> set[int]:
+        serials: set[int] = set()
+        for tensor in tensors:
+            if isinstance(tensor, torch.Tensor):
+                serial = self.recorder.serial(tensor)
+                if serial is not None:
+                    serials.add(serial)
+        return serials
+
+    def _state_tensors(self) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
+        module = self.module
+        weights = [*module.parameters(), *module.buffers()]
+        for block in self._hidden:  # left out of a cut block list: still on the device
+            weights.extend([*block.parameters(), *block.buffers()])
+        grads = [p.grad for p in self._parameters() if p.grad is not None]
+        state: list[torch.Tensor] = []
+        if self.optimizer is not None:
+            for per_param in self.optimizer.state.values():
+                state.extend(v for v in per_param.values() if isinstance(v, torch.Tensor))
+        return weights, grads, state
+
+    def _classes(self, batch: Any, extra: Mapping[str, set[int]]) -> dict[str, set[int]]:
+        weights, grads, state = self._state_tensors()
+        classes = {
+            "weights": self._serials(weights),
+            "gradients": self._serials(grads) | extra.get("gradients", set()),
+            "optimizer_state": self._serials(state) | extra.get("optimizer_state", set()),
+            "batch": self._serials(tree_flatten(batch)[0]),
+            "activations": self.recorder.saved | self.recorder.held,
+        }
+        return classes
+
+    def measure_state(self) -> dict[str, int]:
+        """Bytes of weights (parameters and buffers), gradients and optimizer state now live."""
+        weights, grads, state = self._state_tensors()
+        live = self.recorder.live
+
+        def total(tensors: list[torch.Tensor]) -> int:
+            seen: dict[int, int] = {}
+            for tensor in tensors:
+                self.recorder.record(tensor)
+                key = id(tensor.untyped_storage())
+                seen[key] = live[key][1]
+            return sum(seen.values())
+
+        return {
+            "weights": total(weights),
+            "gradients": total(grads),
+            "optimizer_state": total(state),
+        }
+
+    # -- phases -----------------------------------------------------------------------------
+
+    def _parameters(self) -> list[torch.nn.Parameter]:
+        """The module's parameters, those of the blocks a cut leaves out included."""
+        params = list(self.module.parameters())
+        for block in self._hidden:
+            params.extend(block.parameters())
+        return params
+
+    def _zero_grad(self) -> None:
+        if self.optimizer is not None:
+            self.optimizer.zero_grad(set_to_none=True)
+        for param in self._parameters():
+            param.grad = None
+
+    def _mirror_gradients(self, container: torch.nn.Module, kept: int) -> None:
+        """After a backward pass through the first ``kept`` blocks: the other blocks get the
+        gradients the first one got (as a backward pass through all of them leaves)."""
+        blocks = [b for b in container._modules.values() if b is not None]
+        first = list(blocks[0].parameters())
+        for block in blocks[kept:]:
+            for model, param in zip(first, block.parameters(), strict=True):
+                if model.grad is not None and param.grad is None:
+                    param.grad = torch.empty_like(param)
+
+    def _batch(self, batch: Any, micro_batch: int, seq_len: int | None) -> Any:
+        with unset_fake_temporarily():
+            real = reshape_batch(batch, micro_batch, seq_len)
+        fake = _fake_batch(real, self.mode, self.precision)
+        for tensor in tree_flatten(fake)[0]:
+            if isinstance(tensor, torch.Tensor):
+                self.recorder.record(tensor)
+        return fake
+
+    def _run(self, run: Callable[[], dict[str, PhaseTrace]]) -> dict[str, PhaseTrace]:
+        """``run()`` with Python's cyclic garbage collected first and none collected during:
+        a storage is then freed exactly when its last reference goes, never at the moment a
+        collection happens to run (which would make two traces of the same step differ)."""
+        gc.collect()
+        enabled = gc.isenabled()
+        gc.disable()
+        self.recorder.routed = set()
+        try:
+            traced = run()
+        finally:
+            if enabled:
+                gc.enable()
+        note = self.routing_note()
+        if note:
+            for trace in traced.values():
+                trace.notes.append(note)
+        return traced
+
+    def routing_note(self) -> str | None:
+        """What the last trace assumed of a router (a ``topk`` over the model's floats):
+        ``None`` when nothing was routed."""
+        routed = sorted(self.recorder.routed)
+        if not routed:
+            return None
+        which = ", ".join(f"top-{k} of {e} experts" for e, k in routed)
+        factor = self.recorder.capacity_factor
+        if factor > 1.0:
+            how = (
+                f"the busiest expert given {factor:g} x the balanced share (tokens x top-k /"
+                " experts), the others the rest evenly"
+            )
+        else:
+            how = "balanced: each expert given tokens x top-k / experts of the tokens"
+        return (
+            f"routing: assumed, {how} ({which}); the router's real choice depends on the"
+            " model's floats"
+        )
+
+    def _by_blocks(
+        self, run: Callable[[], dict[str, PhaseTrace]], key: Any, *, train: bool = False
+    ) -> dict[str, PhaseTrace]:
+        """``run()`` on the whole module, or, with a repeated block list, on the list cut to 1,
+        2 and 3 blocks, extrapolated to all (:func:`extrapolate_blocks`); traced in full, with a
+        note saying why, when the cut traces do not follow the pattern or fail."""
+        if self.blocks is None:
+            traced = self._run(run)
+            if self.by_blocks:
+                for trace in traced.values():
+                    trace.notes.append(
+                        f"blocks: traced in full (no repeated block list of {MIN_BLOCKS} or"
+                        " more blocks of one class)"
+                    )
+            return traced
+        if key[:1] + key[3:] in self._uncut:  # cut once without the pattern: trace in full
+            full = self._run(run)
+            for trace in full.values():
+                trace.notes.append(self._uncut[key[:1] + key[3:]])
+            return full
+        name, container = self.blocks
+        count = len(container._modules)
+        kind = type(next(iter(container._modules.values()))).__name__
+        cut: list[dict[str, PhaseTrace]] = []
+        reason: str | None = None
+        try:
+            for k in CUTS:
+                with cut_blocks(container, k) as hidden:
+                    self._hidden = hidden
+                    self._cut = (key, k)
+                    cut.append(self._run(run))
+        except UntraceableError:
+            raise
+        except Exception as err:  # the cut module fails where the whole may not
+            reason = f"the trace cut to {len(cut) + 1} blocks failed ({type(err).__name__}: {err})"
+        finally:
+            self._hidden = []
+            self._cut = None
+        if train and len(cut) == len(CUTS):
+            self._mirror_gradients(container, CUTS[-1])
+        made: dict[str, PhaseTrace] = {}
+        if reason is None:
+            for phase in cut[0]:
+                extrapolated, reason = extrapolate_blocks([c[phase] for c in cut], count)
+                if extrapolated is None:
+                    break
+                made[phase] = extrapolated
+        if reason is None:
+            note = (
+                f"blocks: traced with {name} cut to {', '.join(map(str, CUTS))} of its {count}"
+                f" {kind} blocks;"
+                " every operator's live bytes, FLOPs and bytes moved extrapolated to"
+                f" {count} (affine in the block count, checked on the three)"
+            )
+            for trace in made.values():
+                trace.notes.append(note)
+            return made
+        note = f"blocks: traced in full ({count} blocks of {name}): {reason}"
+        self._uncut[key[:1] + key[3:]] = note
+        full = self._run(run)
+        for trace in full.values():
+            trace.notes.append(note)
+        return full
+
+    def train_phases(
+        self,
+        batch: Any,
+        *,
+        micro_batch: int,
+        seq_len: int | None = None,
+        checkpointing: bool | str = False,
+    ) -> dict[str, PhaseTrace]:
+        """Trace ``forward`` (``training_step``, loss included) and ``backward`` of one
+        micro-batch, from no gradients (as the first update; later updates add the gradients
+        and the optimizer state, live throughout). With a repeated block list (and
+        ``blocks=True``), traced on the list cut to :data:`CUTS` blocks and extrapolated.
+        ``checkpointing``: one of :data:`CHECKPOINTING` (``"selective"``: per operator, see
+        :func:`selective_checkpoint_context`)."""
+        checkpointing = _checkpointing_choice("Session.train_phases", checkpointing)
+        return self._by_blocks(
+            lambda: self._train_traced(batch, micro_batch, seq_len, checkpointing),
+            ("train", micro_batch, seq_len, checkpointing),
+            train=True,
+        )
+
+    def _train_traced(
+        self, batch: Any, micro_batch: int, seq_len: int | None, checkpointing: bool | str
+    ) -> dict[str, PhaseTrace]:
+        recorder = self.recorder
+        module = self.module
+        if not getattr(module, "automatic_optimization", True):
+            raise ValueError(
+                "the module uses manual optimization (automatic_optimization=False): the"
+                " estimate runs training_step, backward and the optimizer step itself"
+            )
+        self._zero_grad()
+        # What of a later update's state is already live (the optimizer state, once built).
+        included = {"gradients": 0, "optimizer_state": self.measure_state()["optimizer_state"]}
+        fake = self._batch(batch, micro_batch, seq_len)
+        module.train()
+        before = _cached_attributes(module)
+        traces: dict[str, PhaseTrace] = {}
+        with contextlib.ExitStack() as stack:
+            if checkpointing:
+                stack.enter_context(
+                    activation_checkpointing(
+                        module, self.checkpoint_classes, checkpointing == "selective"
+                    )
+                )
+            recorder.saved = set()
+            recorder.held = set()
+            recorder.begin("forward")
+            with recorder.saved_hooks(), precision_context(self.precision):
+                output = module.training_step(fake, 0)
+            loss = _loss_of(output)
+            if loss is None:
+                raise ValueError(
+                    "training_step returned no loss (a tensor, or a dict with 'loss'): nothing"
+                    " to back-propagate"
+                )
+            recorder.held = recorder.live_serials() - self._serials(
+                [*self._state_tensors()[0], *tree_flatten(fake)[0]]
+            )
+            traces["forward"] = recorder.end(self._classes(fake, {}))
+            del output
+            recorder.begin("backward")
+            with recorder.saved_hooks():
+                loss.backward()  # type: ignore[no-untyped-call]
+            del loss
+            traces["backward"] = recorder.end(self._classes(fake, {}))
+        recorder.saved = set()
+        recorder.held = set()
+        del fake
+        warm = (seq_len, self._cut[1] if self._cut else None)
+        if _cached_attributes(module) != before and warm not in self._warm:
+            # The first forward pass built a cache on the module (a mask, a positional
+            # table) a later update reuses: trace again, as a later update does.
+            self._warm.add(warm)
+            return self._train_traced(batch, micro_batch, seq_len, checkpointing)
+        self._warm.add(warm)
+        for trace in traces.values():
+            trace.included = dict(included)
+        return traces
+
+    def build_optimizer(self) -> torch.optim.Optimizer:
+        """Call the module's ``configure_optimizers`` (CUDA's ``foreach`` default applied when
+        ``cuda``)."""
+        optimizer = optimizer_of(self.module.configure_optimizers())
+        asked = optimizer_implementation(optimizer)
+        if self.cuda:
+            cuda_optimizer_defaults(optimizer)
+        self.optimizer = optimizer
+        used = optimizer_implementation(optimizer)
+        self.optimizer_note = f"optimizer: {type(optimizer).__name__}, {used} implementation"
+        if used == asked:
+            self.optimizer_note += " (as configure_optimizers asked)"
+        else:
+            self.optimizer_note += " (PyTorch's default on CUDA; left unset by the module)"
+        self.optimizer_note += {
+            "foreach": ": temporaries for a whole parameter group at once",
+            "fused": ": one kernel per group, no temporaries",
+            "for-loop": ": one parameter's temporaries at a time",
+        }.get(used, "")
+        return optimizer
+
+    def optimizer_phases(self) -> dict[str, PhaseTrace]:
+        """Trace the first optimizer step (state allocated) and a later one, with gradients
+        of every trainable parameter live (as after a backward pass)."""
+        module = self.module
+        if self.optimizer is None:
+            self.build_optimizer()
+        assert self.optimizer is not None
+        for param in module.parameters():
+            if param.requires_grad and param.grad is None:
+                param.grad = torch.empty_like(param)
+        traces: dict[str, PhaseTrace] = {}
+        for phase in ("optimizer_step_first", "optimizer_step"):
+            self.recorder.begin(phase)
+            with precision_context("32-true"):
+                self.optimizer.step()
+            traces[phase] = self.recorder.end(self._classes((), {}))
+            traces[phase].notes.append(self.optimizer_note)
+        return traces
+
+    def validation_phase(
+        self, batch: Any, *, micro_batch: int, seq_len: int | None = None
+    ) -> PhaseTrace:
+        """Trace ``validation_step`` in eval mode under ``torch.no_grad()`` (cut to blocks as
+        :meth:`train_phases`)."""
+        traced = self._by_blocks(
+            lambda: {"validation": self._validation_traced(batch, micro_batch, seq_len)},
+            ("validation", micro_batch, seq_len),
+        )
+        return traced["validation"]
+
+    def _validation_traced(self, batch: Any, micro_batch: int, seq_len: int | None) -> PhaseTrace:
+        module = self.module
+        fake = self._batch(batch, micro_batch, seq_len)
+        module.eval()
+        try:
+            self.recorder.begin("validation")
+            with torch.no_grad(), precision_context(self.precision):
+                module.validation_step(fake, 0)
+            trace = self.recorder.end(self._classes(fake, {}))
+        finally:
+            module.train()
+        return trace
+
+    def save_phase(self) -> PhaseTrace:
+        """Trace the state dicts a checkpoint holds (model and optimizer). Serializing them
+        copies each storage to host memory one at a time on CUDA: no device memory."""
+        self.recorder.begin("checkpoint_save")
+        state = {"state_dict": self.module.state_dict()}
+        if self.optimizer is not None:
+            state["optimizer"] = self.optimizer.state_dict()
+        trace = self.recorder.end(self._classes((), {}))
+        del state
+        trace.notes.append(
+            "checkpoint_save: state_dict() traced; torch.save copies storages to host memory"
+            " one at a time (no device memory), modelled, not traced"
+        )
+        return trace
+
+
+def _cached_attributes(module: torch.nn.Module) -> dict[tuple[int, str], int]:
+    """``(submodule, name) -> id(value)`` of the tensor attributes (not parameters or
+    buffers) of every submodule: what a forward pass that caches a tensor changes."""
+    found: dict[tuple[int, str], int] = {}
+    for sub in module.modules():
+        for name, value in vars(sub).items():
+            if isinstance(value, torch.Tensor):
+                found[(id(sub), name)] = id(value)
+    return found
+
+
+def _keeper(module: torch.nn.Module) -> Callable[[], None]:
+    """What gives back the training flags and the tensor (or ``None``) attributes of every
+    submodule as they are now: a ``forward`` that caches a mask on ``self`` leaves no fake
+    tensor behind."""
+    kept = []
+    for sub in module.modules():
+        values = {k: v for k, v in vars(sub).items() if v is None or isinstance(v, torch.Tensor)}
+        kept.append((sub, sub.training, values))
+
+    def give_back() -> None:
+        for sub, training, values in kept:
+            sub.training = training
+            for name, value in list(vars(sub).items()):
+                if name in values:
+                    if value is not values[name]:
+                        setattr(sub, name, values[name])
+                elif _is_fake(value):
+                    delattr(sub, name)
+
+    return give_back
