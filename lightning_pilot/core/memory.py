@@ -34,8 +34,10 @@ def compiled_code(module: torch.nn.Module) -> list[str]:
     """Where ``module`` holds code compiled by ``torch.compile``, by name (``<root>``: the module
     itself): a compiled submodule (an ``OptimizedModule``), a module compiled in place
     (``nn.Module.compile``), a LightningModule compiled whole (Lightning unwraps
-    ``torch.compile(module)`` and keeps its ``_compiler_ctx``), or a method replaced by a compiled
-    function (``self.forward = torch.compile(self.forward)``). ``[]`` when nothing is.
+    ``torch.compile(module)`` and keeps its ``_compiler_ctx``), a method replaced by a compiled
+    function (``self.forward = torch.compile(self.forward)``, or ``@torch.compile`` on a method),
+    or a compiled function at the top level of the Python module defining one of the module
+    classes (``@torch.compile`` on a helper the forward calls). ``[]`` when nothing is.
 
     Dynamo does not compile a frame while a :class:`TensorTracker` (a dispatch mode) is active,
     and then runs that frame uncompiled for the rest of the process: the tracker must stay off
@@ -53,21 +55,39 @@ def compiled_code(module: torch.nn.Module) -> list[str]:
     eval_frame = sys.modules.get("torch._dynamo.eval_frame")
     if eval_frame is None:  # torch.compile imports it: nothing was compiled in this process
         return []
+
+    def compiled(namespace: Mapping[str, Any]) -> list[str]:
+        return [
+            name
+            for name, value in list(namespace.items())
+            # Dynamo's own entries (__compiled_fn_*, __resume_at_*) are what it made, not code.
+            if not name.startswith("__")
+            and callable(value)
+            and hasattr(value, "_torchdynamo_orig_callable")
+        ]
+
     found: list[str] = []
+    seen: set[Any] = set()  # classes and Python modules already searched
     for name, sub in module.named_modules():
         label = name or "<root>"
         if isinstance(sub, eval_frame.OptimizedModule):
             found.append(label)
-        elif getattr(sub, "_compiled_call_impl", None) is not None:
+            continue
+        if getattr(sub, "_compiled_call_impl", None) is not None:
             found.append(f"{label} (Module.compile)")
-        elif getattr(sub, "_compiler_ctx", None):
+        elif getattr(sub, "_compiler_ctx", None):  # its compiled methods come with it
             found.append(f"{label} (torch.compile of the LightningModule)")
         else:
-            found.extend(
-                f"{label}.{attribute}"
-                for attribute, value in vars(sub).items()
-                if callable(value) and hasattr(value, "_torchdynamo_orig_callable")
-            )
+            found.extend(f"{label}.{attribute}" for attribute in compiled(vars(sub)))
+        for cls in type(sub).__mro__:
+            if cls in seen or cls.__module__.startswith(("torch.", "lightning.", "builtins")):
+                continue
+            seen.add(cls)
+            found.extend(f"{cls.__qualname__}.{attribute}" for attribute in compiled(vars(cls)))
+            home = sys.modules.get(cls.__module__)
+            if home is not None and home not in seen:
+                seen.add(home)
+                found.extend(f"{home.__name__}.{function}" for function in compiled(vars(home)))
     return found
 
 

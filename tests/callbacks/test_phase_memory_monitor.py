@@ -1042,3 +1042,27 @@ def test_compiled_code_is_found_wherever_torch_compile_put_it() -> None:
     model.head.compile(backend="eager")
     model.forward = torch.compile(model.forward, backend="eager")  # type: ignore[method-assign]
     assert compiled_code(model) == ["<root>.forward", "hidden", "head (Module.compile)"]
+
+    # @torch.compile on a method, and on a helper at the top level of the model's own module.
+    import sys
+    import types
+
+    home = types.ModuleType("compiled_helpers")
+    home.gelu = torch.compile(nn.functional.gelu, backend="eager")  # type: ignore[attr-defined]
+
+    class Block(nn.Module):
+        @torch.compile(backend="eager")
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x
+
+    class Helped(nn.Module):
+        __module__ = "compiled_helpers"
+
+    sys.modules["compiled_helpers"] = home
+    try:
+        assert compiled_code(nn.Sequential(Block(), Helped())) == [
+            "test_compiled_code_is_found_wherever_torch_compile_put_it.<locals>.Block.forward",
+            "compiled_helpers.gelu",
+        ]
+    finally:
+        del sys.modules["compiled_helpers"]
