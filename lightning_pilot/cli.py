@@ -267,7 +267,7 @@ def _cmd_estimate(args: argparse.Namespace, reads: Reads) -> int:
     from lightning_pilot.core.progress import LineReporter
     from lightning_pilot.estimate import estimate  # torch: only this command needs it
 
-    checkpointing = {"off": [False], "on": [True], "both": [False, True]}[args.checkpointing]
+    checkpointing = _CHECKPOINTING[args.checkpointing]
     classes = []
     for name in args.checkpoint_class or ():
         try:
@@ -289,6 +289,8 @@ def _cmd_estimate(args: argparse.Namespace, reads: Reads) -> int:
             max_seq_len=args.max_seq_len,
             blocks=not args.no_blocks,
             checkpoint_classes=classes,
+            capacity_factor=args.capacity_factor,
+            **({} if args.timeout is None else {"timeout": args.timeout}),
             out_dir=args.out,
             progress=LineReporter("lightning-pilot estimate", min_interval_s=1.0),
         )
@@ -312,14 +314,24 @@ def _cmd_estimate(args: argparse.Namespace, reads: Reads) -> int:
     return EXIT_CHECK_FAILED if failed else EXIT_OK
 
 
+#: ``--checkpointing``: what :func:`~lightning_pilot.estimate.estimate` is asked for.
+_CHECKPOINTING: dict[str, list[bool | str]] = {
+    "off": [False],
+    "on": [True],
+    "both": [False, True],
+    "selective": ["selective"],
+    "all": [False, True, "selective"],
+}
+
+
 def _largest_line(row: dict[str, Any]) -> str:
     """One row of the largest table: the largest micro-batch at the sequence length given
     and the largest sequence length at the smallest micro-batch; ``n/m`` where not found."""
+    from lightning_pilot.report.analysis import checkpointing_name
     from lightning_pilot.report.units import NO_SEQUENCE, is_null, seq_text, size_text
 
-    where = f"{row['target']} ({row['precision']}, checkpointing" + (
-        f" {'on' if row['checkpointing'] else 'off'})"
-    )
+    mode = checkpointing_name(row["checkpointing"])
+    where = f"{row['target']} ({row['precision']}, checkpointing {mode})"
     batch = f"micro-batch {size_text(row.get('largest_micro_batch'))} at seq"
     batch += f" {seq_text(row.get('seq_len'))}"
     if is_null(row.get("largest_micro_batch")) and not is_null(row.get("reason")):
@@ -354,7 +366,7 @@ def _estimate_row(c: dict[str, Any]) -> list[str]:
     memory = "n/m" if is_null(c["reserved_bytes"]) else format_bytes(int(c["reserved_bytes"]))
     fits = {True: "fits", False: "NO"}.get(c["fits"], "n/m")
     return [as_text(c["target"]), as_text(c["precision"]), size_text(c["micro_batch"]),
-            seq_text(c["seq_len"]), "on" if c["checkpointing"] else "off",
+            seq_text(c["seq_len"]), as_text(c["checkpointing"]),
             as_text(c["strategy"]), memory, as_text(c["phase"]), fits, step,
             as_text(c["status"])]  # fmt: skip
 
@@ -630,7 +642,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     est.add_argument("--micro-batch", action="append", type=int, metavar="B")
     est.add_argument("--seq-len", action="append", type=int, metavar="T")
-    est.add_argument("--checkpointing", choices=("off", "on", "both"), default="off")
+    est.add_argument(
+        "--checkpointing",
+        choices=tuple(_CHECKPOINTING),
+        default="off",
+        help="activation checkpointing: off, on (every block), both (off and on), selective"
+        " (per operator), all (off, on and selective)",
+    )
     est.add_argument(
         "--checkpoint-class",
         action="append",
@@ -656,6 +674,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-blocks",
         action="store_true",
         help="trace every repeated block instead of three and rebuilding the rest",
+    )
+    est.add_argument(
+        "--capacity-factor",
+        type=float,
+        default=1.0,
+        metavar="F",
+        help="a mixture of experts' busiest expert gets F times its share of the tokens"
+        " (default 1: balanced routing; at least 1)",
+    )
+    est.add_argument(
+        "--timeout",
+        type=float,
+        metavar="SECONDS",
+        help="stop the worker processes after SECONDS together (default 3600)",
     )
     est.add_argument("--out", metavar="DIR", help="write estimate.parquet and its largest table")
     est.set_defaults(handler=_cmd_estimate)

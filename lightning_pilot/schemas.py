@@ -308,18 +308,46 @@ PREDICTIONS_SCHEMA: Final = detail_schema(
     ],
 )
 
+#: The names the estimate tables give activation checkpointing (``checkpointing`` column):
+#: off, every block (``estimate(checkpointing=[True])``) or per operator (``"selective"``).
+CHECKPOINTING_MODES: Final = ("off", "full", "selective")
+
+
+def checkpointing_mode(value: object) -> str | None:
+    """The name an estimate table gives ``value`` of activation checkpointing: ``"off"``,
+    ``"full"`` or ``"selective"``. Takes what ``estimate(checkpointing=...)`` takes (``False``,
+    ``True``, ``"selective"``), the names themselves, and the boolean column of files written
+    before version 2 (``True``: full); ``None`` (a null) stays ``None``.
+
+    Example:
+        >>> [checkpointing_mode(v) for v in (False, True, "selective", "full", None)]
+        ['off', 'full', 'selective', 'full', None]
+    """
+    if value is None or (isinstance(value, float) and value != value):  # None or NaN
+        return None
+    if isinstance(value, bool) or type(value).__name__ == "bool_":  # numpy's too
+        return "full" if value else "off"
+    if isinstance(value, str) and value in CHECKPOINTING_MODES:
+        return value
+    raise ValueError(
+        f"checkpointing={value!r} is not a checkpointing mode; valid: False, True,"
+        f" {', '.join(repr(m) for m in CHECKPOINTING_MODES)}"
+    )
+
+
 #: The estimate of memory per GPU and step time on target GPUs (``lightning_pilot.estimate``):
 #: one row per target x configuration x phase. ``docs/estimate.md`` documents the columns.
+#: Version 2: ``checkpointing`` is a string (:data:`CHECKPOINTING_MODES`), not a boolean.
 ESTIMATE_SCHEMA: Final = detail_schema(
     "estimate",
-    1,
+    2,
     [
         ("target", pa.string()),
         ("gpu_memory_bytes", pa.int64()),
         ("precision", pa.string()),
         ("micro_batch", pa.int64()),
         ("seq_len", pa.int64()),
-        ("checkpointing", pa.bool_()),
+        ("checkpointing", pa.string()),
         ("strategy", pa.string()),
         ("devices", pa.int64()),
         ("phase", pa.string()),
@@ -351,13 +379,14 @@ ESTIMATE_SCHEMA: Final = detail_schema(
 
 #: The largest micro-batch (at the longest sequence) and the largest sequence length (at the
 #: smallest micro-batch) that fit one target GPU (``lightning_pilot.estimate``).
+#: Version 3: ``checkpointing`` is a string (:data:`CHECKPOINTING_MODES`), not a boolean.
 LARGEST_SCHEMA: Final = detail_schema(
     "estimate_largest",
-    2,
+    3,
     [
         ("target", pa.string()),
         ("precision", pa.string()),
-        ("checkpointing", pa.bool_()),
+        ("checkpointing", pa.string()),
         ("strategy", pa.string()),
         ("devices", pa.int64()),
         ("seq_len", pa.int64()),

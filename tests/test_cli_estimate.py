@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
+import pandas as pd
 import pytest
 
 from lightning_pilot.cli import EXIT_OK, EXIT_USAGE, main
@@ -97,3 +99,55 @@ def test_a_module_that_raises_on_import_is_the_users_a_missing_one_is_usage(
         "lightning-pilot: FACTORY 'cli_estimate_factories:missing' could not be imported:"
         " module 'cli_estimate_factories' has no attribute 'missing'\n"
     )
+
+
+def lm() -> tuple[Any, Any]:
+    """FACTORY of the tests below: the demo LM (one block) and one real batch of its data."""
+    from lightning_pilot.demo import InstructionDataModule, TinyCausalLM
+
+    data = InstructionDataModule(dataset_size=8, batch_size=2, max_length=16)
+    data.setup("fit")
+    module = TinyCausalLM(d_model=16, n_heads=2, n_layers=1, max_length=16)
+    return module, next(iter(data.train_dataloader()))
+
+
+def test_checkpointing_all_prints_and_writes_each_mode_by_name(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(
+        ["estimate", "test_cli_estimate:lm", "--target", "L4-24GB", "--micro-batch", "2",
+         "--seq-len", "16", "--checkpointing", "all", "--no-largest",
+         "--checkpoint-class", "lightning_pilot.demo.lm:_Block", "--timeout", "600",
+         "--capacity-factor", "1.25", "--out", str(tmp_path)]
+    )  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == EXIT_OK, out
+    rows = [line.split() for line in out.splitlines() if line.startswith("L4-24GB")]
+    # target, precision, micro-batch, seq, ckpt, ...
+    assert [row[4] for row in rows] == ["off", "full", "selective"], out
+    written = pd.read_parquet(tmp_path / "estimate.parquet")
+    assert set(written["status"]) == {"ok"}
+    assert list(dict.fromkeys(written["checkpointing"])) == ["off", "full", "selective"]
+    backward = written[written["phase"] == "backward"].set_index("checkpointing")
+    saved = backward["activations_bytes"]
+    assert saved["full"] < saved["selective"] < saved["off"], saved.to_dict()
+
+
+@pytest.mark.parametrize(
+    ("argument", "said"),
+    [
+        (["--capacity-factor", "0.5"], "estimate(capacity_factor=0.5) is invalid"),
+        (["--timeout", "0"], "estimate(timeout=0.0) is invalid"),
+        (["--checkpointing", "some"], "argument --checkpointing: invalid choice: 'some'"),
+        (["--capacity-factor", "many"], "argument --capacity-factor: invalid float value"),
+    ],
+)
+def test_bad_estimate_options_are_usage_errors(
+    argument: list[str], said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(["estimate", "test_cli_estimate:lm", "--no-largest", *argument])
+    err = capsys.readouterr().err
+    assert code == EXIT_USAGE
+    (line,) = err.splitlines()
+    assert line.startswith("lightning-pilot: "), err
+    assert said in line, err

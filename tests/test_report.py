@@ -481,8 +481,9 @@ def test_sheet_prices_a_short_pilot_in_figures_that_are_not_zero(on_l4: dict[str
 
 def test_sheet_says_nothing_was_estimated_not_that_nothing_fits(on_l4: dict[str, Any]) -> None:
     section = on_target_section(on_l4["run"], on_l4["failed"])
-    assert "| L4-24GB | bf16-mixed | 4 x as given | on | single | n/m | n/m | not estimated |" in (
-        section
+    assert (
+        "| L4-24GB | bf16-mixed | 4 x as given | full | single | n/m | n/m | not estimated |"
+        in (section)
     )
     assert "no configuration fits" not in section
     assert (
@@ -492,3 +493,43 @@ def test_sheet_says_nothing_was_estimated_not_that_nothing_fits(on_l4: dict[str,
         " in the pilot)."
     ) in section
     assert "activation checkpointing needs checkpoint_classes" in section
+
+
+def test_an_estimate_with_the_boolean_checkpointing_column_still_reads(
+    pilot: dict[str, Any], on_l4: dict[str, Any], tmp_path: Path
+) -> None:
+    """Estimate files of schema version 1 (largest: version 2) hold ``checkpointing`` as a
+    boolean: the report reads True as ``full`` and False as ``off``."""
+    import json
+    import shutil
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from lightning_pilot.schemas import ESTIMATE_SCHEMA, LARGEST_SCHEMA, SCHEMA_METADATA_KEY
+
+    def old(schema: pa.Schema, version: int) -> pa.Schema:
+        index = schema.get_field_index("checkpointing")
+        made = schema.set(index, pa.field("checkpointing", pa.bool_()))
+        meta = json.dumps({"name": "estimate", "version": version}).encode()
+        return made.with_metadata({SCHEMA_METADATA_KEY: meta})
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(pilot["ctl"], run_dir)
+    fits, failed = on_l4["fits"], on_l4["failed"]
+    for name, rows, schema in (
+        ("estimate", fits.rows + failed.rows, old(ESTIMATE_SCHEMA, 1)),
+        ("estimate_largest", fits.largest, old(LARGEST_SCHEMA, 2)),
+    ):
+        (run_dir / f"{name}.parquet").mkdir()
+        table = pa.Table.from_pylist([{k: r.get(k) for k in schema.names} for r in rows], schema)
+        assert table.schema.field("checkpointing").type == pa.bool_()
+        pq.write_table(table, run_dir / f"{name}.parquet" / "written-by-hand.parquet")
+    run = load_run(run_dir)
+    assert run.estimate is not None
+    assert [bool(v) for v in sorted(set(run.estimate["checkpointing"]))] == [False, True]
+    assert sorted(on_target(run.estimate)["checkpointing"]) == ["full", "off"]
+    text = render_choice_sheet(run)
+    assert "| L4-24GB | bf16-mixed | 4 x as given | off | single |" in text
+    assert "| L4-24GB | bf16-mixed | 4 x as given | full | single | n/m |" in text
+    assert "- L4-24GB bf16-mixed, act. ckpt off, single: micro-batch 1024" in text

@@ -14,7 +14,7 @@ from typing_extensions import override
 
 from lightning_pilot.core import validate
 from lightning_pilot.run import PilotCallback
-from lightning_pilot.schemas import ESTIMATE_SCHEMA, LARGEST_SCHEMA
+from lightning_pilot.schemas import ESTIMATE_SCHEMA, LARGEST_SCHEMA, checkpointing_mode
 
 _OWNER = "TargetEstimator"
 
@@ -43,7 +43,8 @@ class TargetEstimator(PilotCallback):
             the Trainer's when it is one of these, else ``"bf16-mixed"``).
         micro_batches: micro-batch sizes (default: the pilot's first batch's).
         seq_lens: sequence lengths (``None``: the pilot batch's own).
-        checkpointing: activation checkpointing off and/or on.
+        checkpointing: activation checkpointing: ``False`` (off), ``True`` (every block),
+            ``"selective"`` (per operator), one or more.
         strategies: ``"single"``, ``"ddp:N"``, ``"fsdp:N"``.
         largest: also search the largest micro-batch and sequence length that fit each target.
         options: further keyword arguments of :func:`~lightning_pilot.estimate.estimate`
@@ -76,7 +77,7 @@ class TargetEstimator(PilotCallback):
         precisions: Sequence[str] | None = None,
         micro_batches: Sequence[int] | None = None,
         seq_lens: Sequence[int | None] = (None,),
-        checkpointing: Sequence[bool] = (False,),
+        checkpointing: Sequence[bool | str] = (False,),
         strategies: Sequence[str] = ("single",),
         largest: bool = True,
         options: Mapping[str, Any] | None = None,
@@ -84,6 +85,7 @@ class TargetEstimator(PilotCallback):
     ) -> None:
         super().__init__(out_dir=out_dir)
         from lightning_pilot.estimate import PRECISIONS, Strategy, target
+        from lightning_pilot.estimate.grid import _checkpointing
 
         self.targets = [target(value) for value in _list(targets, "targets")]
         self.precisions = (
@@ -107,8 +109,7 @@ class TargetEstimator(PilotCallback):
             for s in _list(seq_lens, "seq_lens")
         ]
         self.checkpointing = [
-            validate.boolean(_OWNER, "checkpointing", c)
-            for c in _list(checkpointing, "checkpointing")
+            _checkpointing(c, _OWNER) for c in _list(checkpointing, "checkpointing")
         ]
         self.strategies = [Strategy.parse(s) for s in _list(strategies, "strategies")]
         self.largest = validate.boolean(_OWNER, "largest", largest)
@@ -166,10 +167,10 @@ class TargetEstimator(PilotCallback):
             **self.options,
         )
         self.run.register_table("estimate", ESTIMATE_SCHEMA)
-        self.run.append_rows("estimate", result.rows)
+        self.run.append_rows("estimate", _named(result.rows))
         if result.largest:
             self.run.register_table("estimate_largest", LARGEST_SCHEMA)
-            self.run.append_rows("estimate_largest", result.largest)
+            self.run.append_rows("estimate_largest", _named(result.largest))
         self._summarize(result)
         rank_zero_info(f"{_OWNER}: {len(result.rows)} row(s) in {result.seconds:.1f} s")
 
@@ -179,7 +180,7 @@ class TargetEstimator(PilotCallback):
         for c in on_target(result.frame()).to_dict("records"):
             key = (
                 f"estimate/{c['target']}/{c['precision']}/{c['strategy']}/mb{c['micro_batch']}"
-                f"{'/ckpt' if c['checkpointing'] else ''}"
+                f"{_KEY_SUFFIX.get(str(c['checkpointing']), '/' + str(c['checkpointing']))}"
             )
             self.run.summary.add(
                 **{
@@ -188,6 +189,17 @@ class TargetEstimator(PilotCallback):
                     f"{key}/step_high_s": c["step_high_s"],
                 }
             )
+
+
+#: The logger keys' end per checkpointing mode: none when off, ``/ckpt`` for every block,
+#: ``/sac`` for selective (per operator).
+_KEY_SUFFIX: dict[str, str] = {"off": "", "full": "/ckpt", "selective": "/sac"}
+
+
+def _named(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows with ``checkpointing`` by name, as the tables hold it (``off``, ``full``,
+    ``selective``)."""
+    return [{**row, "checkpointing": checkpointing_mode(row["checkpointing"])} for row in rows]
 
 
 #: ``estimate`` arguments this callback sets itself (not through ``options``).

@@ -434,6 +434,7 @@ def _trace_precision(
     *,
     device: str = "cuda",
     blocks: bool = True,
+    capacity_factor: float = 1.0,
 ) -> _Traces:
     traces = _Traces(precision)
     session = Session(
@@ -444,6 +445,7 @@ def _trace_precision(
         cuda=device == "cuda",
         checkpoint_classes=checkpoint_classes,
         blocks=blocks,
+        capacity_factor=capacity_factor,
     )
     phase = "setup"
     try:
@@ -1302,6 +1304,7 @@ def _precision_job(
         job["wrap"],
         search,
         blocks=job["blocks"],
+        capacity_factor=job["capacity_factor"],
     )
     if traces.error is not None and job["largest"] and precision not in job["extra"]:
         status, _, reason = traces.error
@@ -1348,6 +1351,7 @@ def estimate(
     blocks: bool = True,
     workers: int | None = None,
     timeout: float | None = 3600.0,
+    capacity_factor: float = 1.0,
     out_dir: str | Any = None,
     progress: Any = None,
 ) -> Estimate:
@@ -1378,6 +1382,9 @@ def estimate(
     finish (default: none). ``timeout``: seconds the worker processes may take together
     (``None``: no limit); past it they are stopped and a ``TimeoutError`` says so (each worker
     computes on one thread, so a parent's OpenMP threads cannot leave them waiting).
+    ``capacity_factor``: a mixture of experts' routing, traced balanced (``1``: every expert
+    gets its share of the tokens) or with the busiest expert given that many times its share
+    (:class:`~lightning_pilot.estimate.Session`'s, at least 1).
     """
     started = time.perf_counter()
     if (module is None) == (factory is None):
@@ -1425,6 +1432,7 @@ def estimate(
     validate.integer(_OWNER, "seq_step", seq_step, minimum=1)
     validate.integer(_OWNER, "max_seq_len", max_seq_len, minimum=1)
     validate.boolean(_OWNER, "blocks", blocks)
+    validate.number(_OWNER, "capacity_factor", capacity_factor, minimum=1.0)
 
     base = _base(mbs)
     # FSDP's mixed-precision policy computes in the low precision: traced too (no rows).
@@ -1462,6 +1470,7 @@ def estimate(
         # batch with a sequence dimension (token ids).
         "seq": (min(mbs), seq_step, max_seq_len) if _has_sequence(batch) else None,
         "blocks": blocks,
+        "capacity_factor": capacity_factor,
         "largest": largest,
         "module": module,
         "factory": factory,
@@ -1593,26 +1602,20 @@ def _publish(result: Estimate, out_dir: Any) -> list[str]:
     folder = storage.make_folder(out_dir)
     paths = []
     for rows, schema, name in (
-        (_boolean_checkpointing(result.rows), ESTIMATE_SCHEMA, "estimate.parquet"),
-        (_boolean_checkpointing(result.largest), LARGEST_SCHEMA, "estimate_largest.parquet"),
+        (_named_checkpointing(result.rows), ESTIMATE_SCHEMA, "estimate.parquet"),
+        (_named_checkpointing(result.largest), LARGEST_SCHEMA, "estimate_largest.parquet"),
     ):
         table = storage.rows_to_table(rows, schema)
         paths.append(str(storage.publish_table(table, folder / name)))
     return paths
 
 
-def _boolean_checkpointing(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The rows as the Parquet schema holds them: its ``checkpointing`` column is boolean, so
-    ``"selective"`` is written ``True`` and ``notes`` (or ``reason``) starts with what it was."""
-    made = []
-    for row in rows:
-        if row.get("checkpointing") == "selective" and not isinstance(row["checkpointing"], bool):
-            row = {**row, "checkpointing": True}
-            key = "notes" if "notes" in row or "reason" not in row else "reason"
-            said = "activation checkpointing: selective, per operator"
-            row[key] = f"{said}; {row[key]}" if row.get(key) else said
-        made.append(row)
-    return made
+def _named_checkpointing(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows as the Parquet schema holds them: ``checkpointing`` by its name (``"off"``,
+    ``"full"`` or ``"selective"``, :func:`~lightning_pilot.schemas.checkpointing_mode`)."""
+    from lightning_pilot.schemas import checkpointing_mode
+
+    return [{**row, "checkpointing": checkpointing_mode(row.get("checkpointing"))} for row in rows]
 
 
 @contextlib.contextmanager

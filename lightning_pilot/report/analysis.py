@@ -22,7 +22,7 @@ import pandas as pd
 from lightning_pilot.core.compare import FAILED_STATUSES, Comparison
 from lightning_pilot.core.phases import PHASES
 from lightning_pilot.report.units import as_text, format_bytes, is_null
-from lightning_pilot.schemas import STATUSES
+from lightning_pilot.schemas import STATUSES, checkpointing_mode
 
 #: Ledger statuses that fail the command line's exit code (the CI gate): the run did not train
 #: to its end (``diverged``, ``oom``, ``failed``).
@@ -457,12 +457,28 @@ TARGET_KEYS: Final = (
 )  # fmt: skip
 
 
+def checkpointing_name(value: object) -> str | None:
+    """An estimate table's ``checkpointing`` value by its name (``off``, ``full``,
+    ``selective``; the boolean of schema version 1 too); a value of no known mode as it is.
+
+    Example:
+        >>> [checkpointing_name(v) for v in (True, "selective", "later")]
+        ['full', 'selective', 'later']
+    """
+    try:
+        return checkpointing_mode(value)
+    except ValueError:
+        return str(value)
+
+
 def on_target(estimate: pd.DataFrame) -> pd.DataFrame:
     """One row per target x configuration of an estimate table (``estimate.parquet``): the
     largest estimated reserved bytes per GPU over its phases and the phase that sets it,
     ``fits`` (every phase fits; ``None`` when a phase could not be estimated), the smallest
     ``headroom_bytes``, the training step-time band (``step_low_s``, ``step_high_s``) and
-    ``status`` (``ok``, or the first other status with its ``reason``).
+    ``status`` (``ok``, or the first other status with its ``reason``). ``checkpointing`` is
+    named ``off``, ``full`` or ``selective`` (:func:`~lightning_pilot.schemas.checkpointing_mode`:
+    an ``Estimate``'s own rows, and files with the boolean column of schema version 1, too).
 
     Example:
         >>> rows = pd.DataFrame({"target": ["L4-24GB"] * 2, "precision": ["bf16-mixed"] * 2,
@@ -472,13 +488,14 @@ def on_target(estimate: pd.DataFrame) -> pd.DataFrame:
         ...     "estimated_reserved_bytes": [3 << 30, 5 << 30], "fits": [True, True],
         ...     "headroom_bytes": [21 << 30, 19 << 30], "step_time_low_s": [None, 0.2],
         ...     "step_time_high_s": [None, 0.4]})
-        >>> on_target(rows)[["phase", "fits", "step_low_s", "step_high_s"]].to_dict("records")
-        [{'phase': 'backward', 'fits': True, 'step_low_s': 0.2, 'step_high_s': 0.4}]
+        >>> on_target(rows)[["checkpointing", "phase", "fits", "step_high_s"]].to_dict("records")
+        [{'checkpointing': 'off', 'phase': 'backward', 'fits': True, 'step_high_s': 0.4}]
     """
     columns = [*TARGET_KEYS, "reserved_bytes", "phase", "fits", "headroom_bytes",
                "step_low_s", "step_high_s", "status", "reason"]  # fmt: skip
     rows = []
-    for key, group in estimate.groupby(list(TARGET_KEYS), sort=False, dropna=False):
+    named = estimate.assign(checkpointing=estimate["checkpointing"].map(checkpointing_name))
+    for key, group in named.groupby(list(TARGET_KEYS), sort=False, dropna=False):
         ok = group[group["status"] == "ok"]
         bad = group[group["status"] != "ok"]
         reserved = ok["estimated_reserved_bytes"].dropna()

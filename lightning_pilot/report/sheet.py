@@ -437,7 +437,8 @@ def _largest(frame: pd.DataFrame | None) -> list[str]:
              " the smallest micro-batch):"]  # fmt: skip
     for c in ({str(k): v for k, v in row.items()} for row in frame.to_dict("records")):
         where = (f"{as_text(c['target'])} {as_text(c['precision'])}, act. ckpt"
-                 f" {'on' if c['checkpointing'] else 'off'}, {as_text(c['strategy'])}")  # fmt: skip
+                 f" {as_text(analysis.checkpointing_name(c['checkpointing']))},"
+                 f" {as_text(c['strategy'])}")  # fmt: skip
         batch, seq = c.get("largest_micro_batch"), c.get("largest_seq_len")
         at = seq_text(c.get("seq_len"))
         batch_text = ("micro-batch not found" if is_null(batch)
@@ -467,7 +468,7 @@ def _target_row(c: Mapping[str, Any]) -> list[str]:
         as_text(c["target"]),
         as_text(c["precision"]),
         f"{size_text(c['micro_batch'])} x {seq}",
-        "on" if c["checkpointing"] else "off",
+        as_text(c["checkpointing"]),
         as_text(c["strategy"]),
         "n/m" if is_null(c["reserved_bytes"]) else _bytes(int(c["reserved_bytes"])),
         as_text(c["phase"]),

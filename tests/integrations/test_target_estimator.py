@@ -158,3 +158,48 @@ def test_the_estimate_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert main(["estimate", "estimate_factory:not_a_pair"]) == 2
     assert main(["estimate", "estimate_factory:missing"]) == 2
     assert "expected a tuple (LightningModule, batch)" in capsys.readouterr().err
+
+
+def test_selective_checkpointing_in_a_pilot(tmp_path: Path) -> None:
+    import lightning.pytorch as pl
+
+    from lightning_pilot.demo.lm import _Block
+
+    grid: dict[str, Any] = {
+        "targets": ["L4-24GB"],
+        "precisions": ["bf16-mixed"],
+        "micro_batches": [4],
+        "seq_lens": [32],
+        "checkpointing": [True, "selective"],
+        "largest": False,
+        "options": {"checkpoint_classes": [_Block]},
+    }
+    # The phase table and the estimate only: the other pilot callbacks have their own tests.
+    others = dict.fromkeys(("batch_inspector", "effective_batch", "resume", "ledger"), False)
+    callbacks = pilot_callbacks(tmp_path / "pilot", experiment="lm", estimate=grid, **others)
+    (estimator,) = [c for c in callbacks if isinstance(c, TargetEstimator)]
+    assert estimator.checkpointing == [True, "selective"]
+    logger = CSVLogger(tmp_path / "logs", name="run")
+    trainer = pl.Trainer(
+        max_steps=2, logger=logger, callbacks=callbacks, default_root_dir=tmp_path,
+        enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
+        limit_val_batches=0,
+    )  # fmt: skip
+    module = TinyCausalLM(d_model=16, n_heads=2, n_layers=1, max_length=32)
+    data = InstructionDataModule(dataset_size=16, batch_size=4, max_length=32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(module, datamodule=data)
+    run = load_run(estimator.run.run_dir)
+    assert run.estimate is not None
+    assert set(run.estimate["status"]) == {"ok"}
+    assert list(dict.fromkeys(run.estimate["checkpointing"])) == ["full", "selective"]
+    sheet = choice_sheet(estimator.run.run_dir)
+    assert "| L4-24GB | bf16-mixed | 4 x 32 | selective | single |" in sheet
+    assert "| L4-24GB | bf16-mixed | 4 x 32 | full | single |" in sheet
+    with (Path(logger.log_dir) / "metrics.csv").open(newline="") as handle:
+        header = set(next(csv.reader(handle)))
+    key = "pilot/estimate/L4-24GB/bf16-mixed/single/mb4"
+    assert {f"{key}/ckpt/reserved_bytes", f"{key}/sac/reserved_bytes"} <= header
+    with pytest.raises(ValueError, match=r"TargetEstimator\(checkpointing='some'\) is invalid"):
+        TargetEstimator(checkpointing=["some"])
