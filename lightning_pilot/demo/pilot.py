@@ -30,6 +30,7 @@ from lightning_pilot.demo.lm import PAD_ID, VOCAB_SIZE, InstructionDataModule, T
 from lightning_pilot.estimate import TARGETS, Estimate, estimate
 from lightning_pilot.ledger import Ledger
 from lightning_pilot.pilot import pilot_callbacks
+from lightning_pilot.report.analysis import checkpointing_name
 from lightning_pilot.run import PilotRun
 from lightning_pilot.storage import read_phase_table
 
@@ -306,7 +307,7 @@ def large_table(result: Estimate) -> str:
         rows.append(
             {
                 "target": key[0],
-                "act. ckpt": "on" if key[1] else "off",
+                "act. ckpt": checkpointing_name(key[1]),
                 "strategy": key[2] if key[2] == "single" else f"{key[2]}:{key[3]}",
                 "memory per GPU": _fmt_bytes(peak["estimated_reserved_bytes"]),
                 "peak phase": peak["phase"],
