@@ -85,7 +85,9 @@ __all__ = ["Estimate", "Strategy", "estimate", "extrapolate"]
 
 #: The share of reserved memory above the allocator's segments the estimate allows for
 #: fragmentation (freed blocks too small for the next request). Training loops with fixed
-#: shapes settle at a few percent; varying sequence lengths fragment more.
+#: shapes settle at a few percent; varying sequence lengths fragment more. It sizes
+#: ``estimated_reserved_bytes`` only: the allocator frees cached blocks before it raises
+#: out-of-memory, so ``fits`` rests on the live blocks (:func:`_need`).
 FRAGMENTATION: Final = 0.05
 _OWNER: Final = "estimate"
 #: Activation checkpointing: off, every block (``True``) or per operator (``"selective"``).
@@ -710,12 +712,12 @@ def _rows_for(
         trace, method = phases[phase]
         analytic, segments, strategy_note = _strategy_memory(trace, strategy, traces)
         allocated = trace.peak_bytes + tgt.workspace_bytes + analytic
-        reserved = math.ceil(
-            (trace.segment_bytes + tgt.workspace_bytes + segments) * (1 + fragmentation)
-        )
-        reserved = max(reserved, allocated)
-        headroom = tgt.memory_bytes - reserved - tgt.overhead_bytes
+        live = trace.segment_bytes + tgt.workspace_bytes + segments
+        reserved = max(math.ceil(live * (1 + fragmentation)), allocated)
+        headroom = tgt.memory_bytes - _need(allocated, live - tgt.workspace_bytes, tgt)
         notes = [*trace.notes, roofline]
+        if headroom >= 0 and reserved + tgt.overhead_bytes > tgt.memory_bytes:
+            notes.append(_tight_note(reserved, tgt))
         if strategy_note:
             notes.append(strategy_note)
         notes.extend(traces.notes)
@@ -744,9 +746,30 @@ def _rows_for(
     return rows
 
 
-def _need(peak: int, segments: int, tgt: Target, fragmentation: float) -> int:
-    reserved = max(math.ceil((segments + tgt.workspace_bytes) * (1 + fragmentation)), peak)
-    return reserved + tgt.overhead_bytes
+def _need(peak: int, segments: int, tgt: Target) -> int:
+    """The bytes a phase needs so as not to run out of memory: its live blocks as CUDA's caching
+    allocator holds them (``segments``: each block rounded to 512 bytes and packed into its
+    segment, :func:`~lightning_pilot.estimate.trace.segment_bytes`; plus the workspace), never
+    less than ``peak`` allocated, plus the target's overhead outside the allocator.
+
+    Cached blocks nobody uses are not counted: when ``cudaMalloc`` fails, the allocator frees
+    its cached unsplit blocks and retries before it raises out-of-memory (PyTorch,
+    ``c10/cuda/CUDACachingAllocator.cpp``), so reserved memory above the live segments (the
+    ``fragmentation`` allowance of ``estimated_reserved_bytes``) costs time, not a failure.
+    """
+    return max(segments + tgt.workspace_bytes, peak) + tgt.overhead_bytes
+
+
+def _tight_note(reserved: int, tgt: Target) -> str:
+    """The note of a row whose live blocks fit but whose estimated reserved memory does not."""
+    gib = 2**30
+    return (
+        f"tight: the estimated reserved {reserved / gib:.2f} GiB plus"
+        f" {tgt.overhead_bytes / gib:.2f} GiB overhead exceed the"
+        f" {tgt.memory_bytes / gib:.2f} GiB of {tgt.name}; the live"
+        " blocks fit, so the allocator will free its cache and retry cudaMalloc (slower steps;"
+        " an allocation larger than any free piece of a segment still in use can still fail)"
+    )
 
 
 def _affine(low: int, high: int, low_x: int, high_x: int, x: int) -> int:
@@ -758,10 +781,10 @@ def _fixed_phases_need(traces: _Traces, tgt: Target, batch_bytes: int, fragmenta
     worst = 0
     for trace in traces.optimizer.values():
         peak = trace.peak_bytes + batch_bytes + tgt.workspace_bytes
-        worst = max(worst, _need(peak, trace.segment_bytes + batch_bytes, tgt, fragmentation))
+        worst = max(worst, _need(peak, trace.segment_bytes + batch_bytes, tgt))
     if traces.save is not None:
         peak = traces.save.peak_bytes + tgt.workspace_bytes
-        worst = max(worst, _need(peak, traces.save.segment_bytes, tgt, fragmentation))
+        worst = max(worst, _need(peak, traces.save.segment_bytes, tgt))
     return worst
 
 
@@ -804,7 +827,7 @@ def _predicted_need(
         start = _affine(low.start_bytes, high.start_bytes, low_x, high_x, micro_batch)
         peak = max(int(curve.max()), start) + extra + tgt.workspace_bytes
         segments = _affine(low.segment_bytes, high.segment_bytes, low_x, high_x, micro_batch)
-        worst = max(worst, _need(peak, segments + extra, tgt, fragmentation))
+        worst = max(worst, _need(peak, segments + extra, tgt))
     batch_bytes = _affine(
         train_low["forward"].categories["batch"],
         train_high["forward"].categories["batch"],
@@ -993,7 +1016,7 @@ def _traced_need(
         (val, 0),
     ):
         peak = trace.peak_bytes + extra + tgt.workspace_bytes
-        worst = max(worst, _need(peak, trace.segment_bytes + extra, tgt, fragmentation))
+        worst = max(worst, _need(peak, trace.segment_bytes + extra, tgt))
     batch_bytes = train["forward"].categories["batch"]
     return max(worst, _fixed_phases_need(traces, tgt, batch_bytes, fragmentation))
 
@@ -1118,7 +1141,7 @@ def _seq_need(
         extra = sum(_later_extra(phases[0], traces).values()) if index < 2 else 0
         peak = _ceil(max(float(curve.max(initial=0)), float(start))) + extra
         segments = _ceil(_lagrange(xs, [p.segment_bytes for p in phases], seq_len))
-        worst = max(worst, _need(peak + tgt.workspace_bytes, segments + extra, tgt, fragmentation))
+        worst = max(worst, _need(peak + tgt.workspace_bytes, segments + extra, tgt))
     batch_bytes = _ceil(_lagrange(xs, [points[x][0].categories["batch"] for x in xs], seq_len))
     return max(worst, _fixed_phases_need(traces, tgt, batch_bytes, fragmentation))
 
@@ -1371,7 +1394,9 @@ def estimate(
     fraction of the roofline compute-bound operators reach, low and high; ``memory_efficiency``:
     the fraction of the bandwidth memory-bound ones reach. ``allow_tf32``: fp32 matrix products
     on TF32 tensor cores. ``fragmentation``: reserved bytes allowed above the allocator's
-    segments. ``largest``: search the largest micro-batch per target, precision and
+    segments, in ``estimated_reserved_bytes`` only: ``fits`` rests on the live blocks (a
+    ``tight`` note says when the reserved estimate exceeds the GPU). ``largest``: search the
+    largest micro-batch per target, precision and
     checkpointing at the longest sequence, up to ``max_micro_batch`` (``verify_largest``:
     confirmed by tracing), and the largest sequence length at the smallest micro-batch, a
     multiple of ``seq_step`` (halved until the bound holds 8 steps) up to the module's declared

@@ -1,7 +1,7 @@
 """The estimate against published, measured GPU runs (``docs/estimate-validation.md``; the
 whole table: ``python benchmarks/estimate_validation.py``). A few of its runs, the cheapest
-to trace of each kind: a memory figure, a published out-of-memory, and a step time that did
-not calibrate the band."""
+to trace of each kind: a memory figure, a published out-of-memory, a run that ran with
+its reserved estimate over the GPU's memory, and a step time that did not calibrate the band."""
 
 from __future__ import annotations
 
@@ -31,9 +31,20 @@ def test_published_memory_within_ten_percent(name: str) -> None:
 
 
 def test_published_out_of_memory_is_predicted() -> None:
-    row = _compared("litgpt-llama2-7b-lora-mb4")  # 7B LoRA, 4 x 1304 tokens, A100 40GB
+    row = _compared("litgpt-llama2-13b-lora-mb2")  # 13B LoRA, 2 x 1304 tokens, A100 40GB
     assert row["published_memory"] == "OOM"
     assert row["oom_predicted"], row
+
+
+def test_a_run_that_ran_is_not_called_out_of_memory_when_only_its_cache_overflows() -> None:
+    """torchtitan's Llama 2 13B without checkpointing, 2 x 4096 over 64 A100 80GB, ran: its
+    live blocks fit in 80 GiB less the overhead, its reserved estimate (with the 5 %
+    fragmentation allowance) does not: it fits, tight (the allocator frees its cache and
+    retries before it raises out-of-memory)."""
+    row = _compared("titan-llama2-13b-noac")
+    assert row["fits"], row
+    assert row["tight"], row
+    assert row["in_band"], row
 
 
 def test_fsdp_7b_bf16_mixed_fits_and_its_step_time_is_in_the_band() -> None:
