@@ -749,7 +749,7 @@ def _rows_for(
 def _need(peak: int, segments: int, tgt: Target) -> int:
     """The bytes a phase needs so as not to run out of memory: its live blocks as CUDA's caching
     allocator holds them (``segments``: each block rounded to 512 bytes and packed into its
-    segment, :func:`~lightning_pilot.estimate.trace.segment_bytes`; plus the workspace), never
+    segment, :func:`~lightning_pilot.estimate.recorder.segment_bytes`; plus the workspace), never
     less than ``peak`` allocated, plus the target's overhead outside the allocator.
 
     Cached blocks nobody uses are not counted: when ``cudaMalloc`` fails, the allocator frees
