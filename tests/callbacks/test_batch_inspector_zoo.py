@@ -18,6 +18,7 @@ from lightning_pilot.core.batches import BatchAdapter
 from lightning_pilot.storage import read_snapshot_table
 
 transformers = pytest.importorskip("transformers")
+from tiny_models import detr, llama, mixtral, wav2vec2_ctc, whisper  # noqa: E402
 from transformers.models.bart.modeling_bart import shift_tokens_right  # noqa: E402
 
 VOCAB, PAD, START, EOS = 48, 0, 1, 2
@@ -173,16 +174,9 @@ def test_decoder_inputs_read_as_inputs_are_not_called_the_encoders(make_trainer:
 
 
 def _whisper() -> Any:
-    config = transformers.WhisperConfig(
+    return whisper(
         vocab_size=VOCAB,
         num_mel_bins=8,
-        encoder_layers=1,
-        decoder_layers=1,
-        encoder_attention_heads=2,
-        decoder_attention_heads=2,
-        d_model=16,
-        encoder_ffn_dim=32,
-        decoder_ffn_dim=32,
         max_source_positions=8,
         max_target_positions=16,
         decoder_start_token_id=START,
@@ -192,7 +186,6 @@ def _whisper() -> Any:
         suppress_tokens=[],
         begin_suppress_tokens=[],
     )
-    return transformers.WhisperForConditionalGeneration(config)
 
 
 def _speech(n: int, seed: int) -> list[Item]:
@@ -228,21 +221,13 @@ def test_a_stock_whisper_fine_tune_is_read_and_passes(make_trainer: Any) -> None
 
 
 def _wav2vec2() -> Any:
-    config = transformers.Wav2Vec2Config(
+    return wav2vec2_ctc(
         vocab_size=16,
-        hidden_size=16,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=32,
-        conv_dim=(8, 8),
         conv_stride=(4, 4),
         conv_kernel=(8, 4),
         num_conv_pos_embeddings=4,
-        num_conv_pos_embedding_groups=2,
         pad_token_id=PAD,
-        ctc_loss_reduction="mean",
     )
-    return transformers.Wav2Vec2ForCTC(config)
 
 
 def _waveforms(n: int, seed: int) -> list[Item]:
@@ -339,24 +324,8 @@ def test_the_same_clip_pair_in_train_and_val_warns(make_trainer: Any) -> None:
 
 
 def _detr() -> Any:
-    backbone = transformers.ResNetConfig(
-        embedding_size=8, hidden_sizes=[8, 8], depths=[1, 1], out_features=["stage2"]
-    )
-    config = transformers.DetrConfig(
-        use_timm_backbone=False,
-        use_pretrained_backbone=False,
-        backbone_config=backbone,
-        d_model=16,
-        encoder_layers=1,
-        decoder_layers=1,
-        encoder_attention_heads=2,
-        decoder_attention_heads=2,
-        encoder_ffn_dim=32,
-        decoder_ffn_dim=32,
-        num_queries=5,
-        num_labels=3,
-    )
-    return transformers.DetrForObjectDetection(config)
+    backbone = {"embedding_size": 8, "hidden_sizes": [8, 8], "depths": [1, 1]}
+    return detr(backbone | {"out_features": ["stage2"]}, num_labels=3)
 
 
 def _detections(n: int, seed: int) -> list[Item]:
@@ -484,31 +453,11 @@ class CausalModule(HFModule):
 
 
 def _llama() -> Any:
-    config = transformers.LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=32,
-    )
-    return transformers.LlamaForCausalLM(config)
+    return llama(vocab_size=VOCAB, num_key_value_heads=1)
 
 
 def test_a_mixture_of_experts_lm_passes(make_trainer: Any) -> None:
-    config = transformers.MixtralConfig(
-        vocab_size=VOCAB,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        num_local_experts=4,
-        num_experts_per_tok=2,
-        max_position_embeddings=32,
-    )
-    model = transformers.MixtralForCausalLM(config)
+    model = mixtral(vocab_size=VOCAB)
     inspector = _fit(make_trainer, CausalModule(model), _chat(16, 0))
 
     assert _bad(inspector) == {}

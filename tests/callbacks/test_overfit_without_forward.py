@@ -11,6 +11,7 @@ from typing import Any
 import lightning.pytorch as pl
 import pytest
 import torch
+from tiny_models import bert_config
 from torch import Tensor
 from torch.nn.functional import cross_entropy
 from torch.utils.data import DataLoader
@@ -105,16 +106,7 @@ def _gpt2() -> Any:
 
 def _bert() -> Any:
     torch.manual_seed(0)
-    config = transformers.BertConfig(
-        vocab_size=VOCAB,
-        hidden_size=16,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=32,
-        max_position_embeddings=32,
-        num_labels=4,
-    )
-    return transformers.BertForSequenceClassification(config)
+    return transformers.BertForSequenceClassification(bert_config(vocab_size=VOCAB, num_labels=4))
 
 
 def _fit(

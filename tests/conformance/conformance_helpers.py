@@ -12,7 +12,7 @@ import os
 import time
 import traceback
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +20,7 @@ from typing import Any
 import lightning.pytorch as pl
 import pandas as pd
 import torch
+from torch.utils.data import DataLoader
 
 from lightning_pilot import Ledger, pilot_callbacks, read_phase_table
 from lightning_pilot.cli import main as cli_main
@@ -96,6 +97,49 @@ def run_pilot(
 
     ``after(fit)`` runs once the fit returned (e.g. ``trainer.test``) under the same capture.
     """
+
+    def build(fit: PilotFit) -> dict[str, Any]:
+        fit.model = model()
+        fit.datamodule = datamodule() if datamodule is not None else None
+        return {"datamodule": fit.datamodule}
+
+    return _seeded_fit(name, root, build, pilot=pilot, trainer=trainer, after=after, seed=seed)
+
+
+def run_pilot_on_loaders(
+    name: str,
+    root: Path,
+    model: Callable[[], pl.LightningModule],
+    loaders: Callable[[], tuple[DataLoader[Any], DataLoader[Any]]],
+    *,
+    pilot: dict[str, Any] | None = None,
+    trainer: dict[str, Any] | None = None,
+    seed: int = 0,
+) -> PilotFit:
+    """:func:`run_pilot` for ``trainer.fit(model, train_loader, val_loader)``: seeded, one
+    thread, the exception kept in the returned :class:`PilotFit`."""
+
+    def build(fit: PilotFit) -> dict[str, Any]:
+        fit.model = model()
+        train_loader, val_loader = loaders()
+        return {"train_dataloaders": train_loader, "val_dataloaders": val_loader}
+
+    return _seeded_fit(name, root, build, pilot=pilot, trainer=trainer, after=None, seed=seed)
+
+
+def _seeded_fit(
+    name: str,
+    root: Path,
+    build: Callable[[PilotFit], dict[str, Any]],
+    *,
+    pilot: dict[str, Any] | None,
+    trainer: dict[str, Any] | None,
+    after: Callable[[PilotFit], None] | None,
+    seed: int,
+) -> PilotFit:
+    """Seed, ``build(fit)`` (it sets ``fit.model`` and returns the rest of ``trainer.fit``'s
+    arguments), fit with the pilot's callbacks on one thread, then ``after(fit)``; the
+    exception is kept in the returned :class:`PilotFit`, the seed variables restored."""
     fit = PilotFit(name=name, out_dir=root / name)
     threads = torch.get_num_threads()
     environ = {key: os.environ.get(key) for key in _SEED_VARIABLES}
@@ -105,8 +149,7 @@ def run_pilot(
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             pl.seed_everything(seed, verbose=False)
-            fit.model = model()
-            fit.datamodule = datamodule() if datamodule is not None else None
+            fit_inputs = build(fit)
             fit.callbacks = pilot_callbacks(fit.out_dir, seed=seed, **(pilot or {}))
             fit.trainer = pl.Trainer(
                 **{
@@ -116,7 +159,7 @@ def run_pilot(
                     **(trainer or {}),
                 }
             )
-            fit.trainer.fit(fit.model, datamodule=fit.datamodule)
+            fit.trainer.fit(fit.model, **fit_inputs)
             if after is not None:
                 after(fit)
     except Exception as err:
@@ -131,6 +174,64 @@ def run_pilot(
                 os.environ[key] = value
         fit.seconds = time.perf_counter() - start
     return fit
+
+
+def shared_fits(root: Path, specs: Mapping[str, Any]) -> Callable[[str], PilotFit]:
+    """One fit per spec of ``specs``, made when a test first asks for it, shared by the others.
+
+    A spec is a dict or an object with ``model`` and, where it has them, ``datamodule`` or
+    ``loaders`` (then :func:`run_pilot_on_loaders`), ``pilot``, ``trainer`` and ``after``.
+    """
+    done: dict[str, PilotFit] = {}
+
+    def get(name: str) -> PilotFit:
+        if name not in done:
+            spec = specs[name]
+
+            def field(key: str) -> Any:
+                return spec.get(key) if isinstance(spec, Mapping) else getattr(spec, key, None)
+
+            options = {"pilot": field("pilot"), "trainer": field("trainer")}
+            if field("loaders") is not None:
+                done[name] = run_pilot_on_loaders(
+                    name, root, field("model"), field("loaders"), **options
+                )
+            else:
+                done[name] = run_pilot(
+                    name, root, field("model"), field("datamodule"), after=field("after"), **options
+                )
+        return done[name]
+
+    return get
+
+
+def worst_check(fit: PilotFit, name: str | Callable[[str], bool], phase: str) -> dict[str, Any]:
+    """The check ``name`` of ``phase`` (its first failing one if any); the message shows what
+    was written instead."""
+    table = fit.table()
+    found = check_named(table, name, phase=phase)
+    assert found, (
+        f"[{fit.name}] no check {name!r} in phase {phase!r}; the {phase} checks:\n"
+        f"{checks_text(checks(table, phase))}\n{fit.describe()}"
+    )
+    return ([c for c in found if c["verdict"] == "fail"] or found)[0]
+
+
+def assert_check(
+    fit: PilotFit,
+    name: str | Callable[[str], bool],
+    phase: str,
+    verdicts: set[str],
+    *causes: str,
+) -> dict[str, Any]:
+    """The worst check ``name`` of ``phase`` has a verdict in ``verdicts`` and names ``causes``."""
+    check = worst_check(fit, name, phase)
+    message = f"[{fit.name}] {checks_text([check])}\n{fit.describe()}"
+    assert check["verdict"] in verdicts, message
+    detail = str(check.get("detail") or "").lower()
+    for cause in causes:
+        assert cause.lower() in detail, f"{cause!r} not in the reason: {message}"
+    return check
 
 
 def tail(text: str, lines: int) -> str:

@@ -22,11 +22,11 @@ import lightning.pytorch as pl
 import torch
 import torch.nn.functional as F  # noqa: N812
 from lightning.pytorch.demos import Transformer
+from tiny_models import LoggedLossSteps, bert_config
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 from transformers import (
-    BertConfig,
     BertForSequenceClassification,
     GPT2Config,
     GPT2LMHeadModel,
@@ -135,7 +135,25 @@ class PromptResponseDataModule(pl.LightningDataModule):
         return DataLoader(self.val_set, batch_size=self.hparams["batch_size"])
 
 
-class CausalLM(pl.LightningModule):
+class HFCausalLMSteps(LoggedLossSteps, pl.LightningModule):
+    """The steps of a Hugging Face causal LM in ``self.model``: its own loss (``labels=``, the
+    model shifts), logged as ``train_loss`` and ``val_loss``."""
+
+    model: nn.Module
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+        return self.model(input_ids=input_ids, attention_mask=attention_mask).logits
+
+    def _loss(self, batch: dict[str, Tensor]) -> Tensor:
+        out = self.model(
+            input_ids=batch["input_ids"],
+            attention_mask=batch["attention_mask"],
+            labels=batch["labels"],
+        )
+        return out.loss
+
+
+class CausalLM(HFCausalLMSteps):
     """``GPT2LMHeadModel`` fine-tuned the Hugging Face way: the loss comes from the model."""
 
     def __init__(
@@ -161,25 +179,6 @@ class CausalLM(pl.LightningModule):
             pad_token_id=PAD,
         )
         self.model = GPT2LMHeadModel(config)
-
-    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
-        return self.model(input_ids=input_ids, attention_mask=attention_mask).logits
-
-    def _loss(self, batch: dict[str, Tensor]) -> Tensor:
-        out = self.model(
-            input_ids=batch["input_ids"],
-            attention_mask=batch["attention_mask"],
-            labels=batch["labels"],
-        )
-        return out.loss
-
-    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
-        loss = self._loss(batch)
-        self.log("train_loss", loss)
-        return loss
-
-    def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
-        self.log("val_loss", self._loss(batch))
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         if self.hparams["optimizer"] == "sgd":
@@ -278,19 +277,11 @@ class GroupedTextDataModule(pl.LightningDataModule):
         return DataLoader(self.test_set, batch_size=self.hparams["batch_size"])
 
 
-def _bert_config(num_labels: int) -> BertConfig:
-    return BertConfig(
-        vocab_size=VOCAB,
-        hidden_size=16,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=32,
-        max_position_embeddings=32,
-        num_labels=num_labels,
-    )
+def _bert_config(num_labels: int) -> Any:
+    return bert_config(vocab_size=VOCAB, num_labels=num_labels)
 
 
-class EncoderClassifier(pl.LightningModule):
+class EncoderClassifier(LoggedLossSteps, pl.LightningModule):
     """``BertForSequenceClassification`` on dict batches with one label per example.
 
     ``detach_head=True`` (planted) feeds the classifier a detached pooled output: the encoder
@@ -318,14 +309,6 @@ class EncoderClassifier(pl.LightningModule):
             labels=batch["labels"],
         )
         return out.loss
-
-    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
-        loss = self._loss(batch)
-        self.log("train_loss", loss)
-        return loss
-
-    def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
-        self.log("val_loss", self._loss(batch))
 
     def test_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
         self.log("test_loss", self._loss(batch))
@@ -584,7 +567,7 @@ class TinyGAN(pl.LightningModule):
 # ------------------------------------------------------------------------------------------------
 
 
-class LoRAClassifier(pl.LightningModule):
+class LoRAClassifier(LoggedLossSteps, pl.LightningModule):
     """A frozen ``BertForSequenceClassification`` plus a rank-2 adapter on its classifier.
 
     As LoRA does: the adapter's down-projection is random and its up-projection starts at zero,
@@ -608,14 +591,6 @@ class LoRAClassifier(pl.LightningModule):
 
     def _loss(self, batch: dict[str, Tensor]) -> Tensor:
         return F.cross_entropy(self(batch["input_ids"], batch["attention_mask"]), batch["labels"])
-
-    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
-        loss = self._loss(batch)
-        self.log("train_loss", loss)
-        return loss
-
-    def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
-        self.log("val_loss", self._loss(batch))
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         adapter = [*self.lora_a.parameters(), *self.lora_b.parameters()]

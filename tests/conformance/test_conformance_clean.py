@@ -11,11 +11,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pytest
-from conformance_helpers import PilotFit, check_named, checks_text, rows_text, run_pilot, runs_text
+from conformance_helpers import (
+    PilotFit,
+    check_named,
+    checks_text,
+    rows_text,
+    runs_text,
+    shared_fits,
+)
 from conformance_modules import (
     CausalLM,
     DemoTransformerLM,
@@ -87,24 +93,7 @@ RESUMED = [name for name, spec in CLEAN.items() if spec.pilot.get("resume") is n
 @pytest.fixture(scope="module")
 def clean_fits(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], PilotFit]:
     """One fit per module, made when a test first asks for it, shared by the others."""
-    root: Path = tmp_path_factory.mktemp("conformance-clean")
-    done: dict[str, PilotFit] = {}
-
-    def get(name: str) -> PilotFit:
-        if name not in done:
-            spec = CLEAN[name]
-            done[name] = run_pilot(
-                name,
-                root,
-                spec.model,
-                spec.datamodule,
-                pilot=spec.pilot,
-                trainer=spec.trainer,
-                after=spec.after,
-            )
-        return done[name]
-
-    return get
+    return shared_fits(tmp_path_factory.mktemp("conformance-clean"), CLEAN)
 
 
 @pytest.fixture(params=list(CLEAN))

@@ -8,18 +8,18 @@ reason names the cause; the message prints the check and the rows that did not p
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
 from conformance_helpers import (
     PilotFit,
+    assert_check,
     check_named,
-    checks,
     checks_text,
     rows_text,
-    run_pilot,
     runs_text,
+    shared_fits,
+    worst_check,
 )
 from conformance_modules import (
     CausalLM,
@@ -81,50 +81,7 @@ PLANTED: dict[str, dict[str, Any]] = {
 @pytest.fixture(scope="module")
 def planted(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], PilotFit]:
     """One fit per planted case, made when a test first asks for it, shared by the others."""
-    root: Path = tmp_path_factory.mktemp("conformance-planted")
-    done: dict[str, PilotFit] = {}
-
-    def get(name: str) -> PilotFit:
-        if name not in done:
-            spec = PLANTED[name]
-            done[name] = run_pilot(
-                name,
-                root,
-                spec["model"],
-                spec.get("datamodule"),
-                pilot=spec.get("pilot"),
-                trainer=spec.get("trainer"),
-            )
-        return done[name]
-
-    return get
-
-
-def _one(fit: PilotFit, name: str | Callable[[str], bool], phase: str) -> dict[str, Any]:
-    """The single check ``name`` of ``phase``; the message shows what was written instead."""
-    table = fit.table()
-    found = check_named(table, name, phase=phase)
-    assert found, (
-        f"[{fit.name}] no check {name!r} in phase {phase!r}; the {phase} checks:\n"
-        f"{checks_text(checks(table, phase))}\n{fit.describe()}"
-    )
-    worst = [c for c in found if c["verdict"] == "fail"] or found
-    return worst[0]
-
-
-def _assert_check(
-    fit: PilotFit,
-    name: str | Callable[[str], bool],
-    phase: str,
-    verdicts: set[str],
-    *causes: str,
-) -> None:
-    check = _one(fit, name, phase)
-    message = f"[{fit.name}] {checks_text([check])}\n{fit.describe()}"
-    assert check["verdict"] in verdicts, message
-    detail = str(check.get("detail") or "").lower()
-    for cause in causes:
-        assert cause.lower() in detail, f"{cause!r} not in the reason: {message}"
+    return shared_fits(tmp_path_factory.mktemp("conformance-planted"), PLANTED)
 
 
 # -- data: what the loss is fed ------------------------------------------------------------------
@@ -132,12 +89,12 @@ def _assert_check(
 
 def test_unmasked_prompt_is_flagged(planted: Callable[[str], PilotFit]) -> None:
     fit = planted("lm_unmasked_prompt_diverging_lr")
-    _assert_check(fit, "train/instruction_masked", "data", {"warn"}, "prompt")
+    assert_check(fit, "train/instruction_masked", "data", {"warn"}, "prompt")
 
 
 def test_all_labels_ignored_is_flagged(planted: Callable[[str], PilotFit]) -> None:
     fit = planted("lm_all_labels_ignored")
-    _assert_check(
+    assert_check(
         fit,
         "train/loss_positions_present",
         "data",
@@ -145,7 +102,7 @@ def test_all_labels_ignored_is_flagged(planted: Callable[[str], PilotFit]) -> No
         "no position counted in the loss",
     )
     # Nothing counts, so the mean over no position is NaN: the forward check says so.
-    _assert_check(fit, "loss_finite", "forward", {"fail"}, "nan")
+    assert_check(fit, "loss_finite", "forward", {"fail"}, "nan")
 
 
 def test_labels_outside_the_head_fail_the_data_check(planted: Callable[[str], PilotFit]) -> None:
@@ -155,7 +112,7 @@ def test_labels_outside_the_head_fail_the_data_check(planted: Callable[[str], Pi
     assert not type(fit.error).__module__.startswith("lightning_pilot"), fit.error_text
     # ...and the data row written on the way out explains it.
     in_range = "label_range"
-    _assert_check(
+    assert_check(
         fit, lambda name: name.endswith(in_range), "data", {"fail"}, "outside [0, 2]", "3 outputs"
     )
 
@@ -163,14 +120,12 @@ def test_labels_outside_the_head_fail_the_data_check(planted: Callable[[str], Pi
 def test_double_shift_is_flagged(planted: Callable[[str], PilotFit]) -> None:
     # GPT2LMHeadModel shifts labels itself: labels shifted by hand train token t+2 from t.
     fit = planted("lm_double_shift_plain_loader")
-    _assert_check(
-        fit, "train/label_shift", "data", {"warn"}, "shifted left by 1", "GPT2LMHeadModel"
-    )
+    assert_check(fit, "train/label_shift", "data", {"warn"}, "shifted left by 1", "GPT2LMHeadModel")
 
 
 def test_split_leakage_is_flagged(planted: Callable[[str], PilotFit]) -> None:
     fit = planted("encoder_leak_detached_partial_window")
-    _assert_check(
+    assert_check(
         fit, "split_leakage", "data", {"fail"}, "found in more than one split", "train+val"
     )
 
@@ -180,14 +135,14 @@ def test_split_leakage_is_flagged(planted: Callable[[str], PilotFit]) -> None:
 
 def test_detached_head_is_flagged(planted: Callable[[str], PilotFit]) -> None:
     fit = planted("encoder_leak_detached_partial_window")
-    _assert_check(fit, "grads_reach_params", "backward", {"fail"}, "detached", "model.bert.")
+    assert_check(fit, "grads_reach_params", "backward", {"fail"}, "detached", "model.bert.")
 
 
 def test_frozen_head_in_the_optimizer_is_flagged(planted: Callable[[str], PilotFit]) -> None:
     fit = planted("vision_frozen_head_train_mode_validation")
     # Frozen before the fit: torch skips it, so the run is not failed, but the whole head is
     # named as a warning (a frozen submodule may be a mistake; the remedy says how to tell).
-    _assert_check(
+    assert_check(
         fit,
         "trainable_params_require_grad",
         "backward",
@@ -203,8 +158,8 @@ def test_train_mode_validation_is_flagged(planted: Callable[[str], PilotFit]) ->
     fit = planted("vision_frozen_head_train_mode_validation")
     # The modules whose outputs depend on the mode (ResNet's BatchNorm layers, "normalization"),
     # not the containers that hold them.
-    _assert_check(fit, "eval_mode", "validation", {"fail"}, "train mode", "normalization")
-    detail = _one(fit, "eval_mode", "validation")["detail"]
+    assert_check(fit, "eval_mode", "validation", {"fail"}, "train mode", "normalization")
+    detail = worst_check(fit, "eval_mode", "validation")["detail"]
     assert "<root>" not in detail, f"containers listed: {detail}"
     named = detail.rsplit(": ", 1)[-1].split(", ")
     containers = [n for n in named if n in ("model", "model.resnet", "model.classifier")]
@@ -238,7 +193,7 @@ def test_plain_loader_resumed_mid_epoch_fails_data_position(
 ) -> None:
     fit = planted("lm_double_shift_plain_loader")
     assert fit.error is None, fit.describe()
-    _assert_check(
+    assert_check(
         fit, "data_position", "resume", {"fail"}, "cannot resume mid-epoch", "StatefulDataLoader"
     )
 

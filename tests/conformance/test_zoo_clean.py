@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,8 +20,8 @@ from conformance_helpers import (
     checks,
     checks_text,
     rows_text,
-    run_pilot,
     runs_text,
+    shared_fits,
 )
 from conformance_modules import EncoderClassifier
 from zoo_modules import (
@@ -43,7 +42,6 @@ from zoo_modules import (
     SpeechDataModule,
     SpeechSeq2Seq,
     VectorDataModule,
-    run_pilot_on_loaders,
     text_loaders,
 )
 
@@ -130,23 +128,7 @@ def families(test: str) -> list[Any]:
 @pytest.fixture(scope="module")
 def zoo(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], PilotFit]:
     """One fit per family, made when a test first asks for it, shared by the others."""
-    root: Path = tmp_path_factory.mktemp("zoo-clean")
-    done: dict[str, PilotFit] = {}
-
-    def get(name: str) -> PilotFit:
-        if name not in done:
-            spec = FAMILIES[name]
-            if spec.loaders is not None:
-                done[name] = run_pilot_on_loaders(
-                    name, root, spec.model, spec.loaders, pilot=spec.pilot, trainer=spec.trainer
-                )
-            else:
-                done[name] = run_pilot(
-                    name, root, spec.model, spec.datamodule, pilot=spec.pilot, trainer=spec.trainer
-                )
-        return done[name]
-
-    return get
+    return shared_fits(tmp_path_factory.mktemp("zoo-clean"), FAMILIES)
 
 
 @pytest.mark.parametrize("name", families("raises"))

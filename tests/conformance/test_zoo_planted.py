@@ -9,11 +9,10 @@ names the cause; the message prints the check and the rows that did not pass.
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
-from conformance_helpers import PilotFit, check_named, checks, checks_text, run_pilot, runs_text
+from conformance_helpers import PilotFit, assert_check, checks_text, runs_text, shared_fits
 from conformance_modules import EncoderClassifier
 from zoo_modules import (
     RESPONSE_TEMPLATE,
@@ -26,7 +25,6 @@ from zoo_modules import (
     MoECausalLM,
     SpeechDataModule,
     SpeechSeq2Seq,
-    run_pilot_on_loaders,
     text_loaders,
 )
 
@@ -89,33 +87,7 @@ PLANTED: dict[str, dict[str, Any]] = {
 @pytest.fixture(scope="module")
 def planted(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], PilotFit]:
     """One fit per planted case, made when a test first asks for it, shared by the others."""
-    root: Path = tmp_path_factory.mktemp("zoo-planted")
-    done: dict[str, PilotFit] = {}
-
-    def get(name: str) -> PilotFit:
-        if name not in done:
-            spec = PLANTED[name]
-            if "loaders" in spec:
-                done[name] = run_pilot_on_loaders(
-                    name,
-                    root,
-                    spec["model"],
-                    spec["loaders"],
-                    pilot=spec.get("pilot"),
-                    trainer=spec.get("trainer"),
-                )
-            else:
-                done[name] = run_pilot(
-                    name,
-                    root,
-                    spec["model"],
-                    spec.get("datamodule"),
-                    pilot=spec.get("pilot"),
-                    trainer=spec.get("trainer"),
-                )
-        return done[name]
-
-    return get
+    return shared_fits(tmp_path_factory.mktemp("zoo-planted"), PLANTED)
 
 
 def _ends(suffix: str) -> Callable[[str], bool]:
@@ -127,29 +99,6 @@ def LABEL_SHIFT(name: str) -> bool:  # noqa: N802
     return name.endswith("label_shift")
 
 
-def _assert_check(
-    fit: PilotFit,
-    name: str | Callable[[str], bool],
-    phase: str,
-    verdicts: set[str],
-    *causes: str,
-) -> dict[str, Any]:
-    """The worst check ``name`` of ``phase`` has a verdict in ``verdicts`` and names ``causes``."""
-    table = fit.table()
-    found = check_named(table, name, phase=phase)
-    assert found, (
-        f"[{fit.name}] no check {name!r} in phase {phase!r}; the {phase} checks:\n"
-        f"{checks_text(checks(table, phase))}\n{fit.describe()}"
-    )
-    check = ([c for c in found if c["verdict"] == "fail"] or found)[0]
-    message = f"[{fit.name}] {checks_text([check])}\n{fit.describe()}"
-    assert check["verdict"] in verdicts, message
-    detail = str(check.get("detail") or "").lower()
-    for cause in causes:
-        assert cause.lower() in detail, f"{cause!r} not in the reason: {message}"
-    return check
-
-
 # -- modes and gradients -------------------------------------------------------------------------
 
 
@@ -157,12 +106,12 @@ def test_training_in_eval_mode_fails_the_forward(planted: Callable[[str], PilotF
     fit = planted("unet_trained_in_eval_mode")
     assert fit.error is None, fit.describe()
     # The UNet's dropout layers (p=0.1) are the modules whose outputs change with the mode.
-    _assert_check(fit, _ends("train_mode"), "forward", {"fail"}, "eval mode", "dropout")
+    assert_check(fit, _ends("train_mode"), "forward", {"fail"}, "eval mode", "dropout")
 
 
 def test_detached_text_tower_fails_grads_reach_params(planted: Callable[[str], PilotFit]) -> None:
     fit = planted("clip_detached_text_frozen_vision")
-    check = _assert_check(fit, "grads_reach_params", "backward", {"fail"}, "model.text_model.")
+    check = assert_check(fit, "grads_reach_params", "backward", {"fail"}, "model.text_model.")
     # The projection after the no_grad block still learns: it is not named.
     assert "text_projection" not in check["detail"], checks_text([check])
 
@@ -171,7 +120,7 @@ def test_frozen_vision_tower_is_named(planted: Callable[[str], PilotFit]) -> Non
     fit = planted("clip_detached_text_frozen_vision")
     # Frozen before the fit and still in the optimizer: a whole tower, named, as a warning (a
     # frozen tower can be intended; this one is not, and the name says which).
-    check = _assert_check(
+    check = assert_check(
         fit,
         "trainable_params_require_grad",
         "backward",
@@ -187,17 +136,17 @@ def test_frozen_vision_tower_is_named(planted: Callable[[str], PilotFit]) -> Non
 
 def test_seq2seq_labels_shifted_twice_fail(planted: Callable[[str], PilotFit]) -> None:
     fit = planted("whisper_labels_shifted_twice")
-    _assert_check(fit, LABEL_SHIFT, "data", {"fail"}, "decoder_input_ids", "2")
+    assert_check(fit, LABEL_SHIFT, "data", {"fail"}, "decoder_input_ids", "2")
 
 
 def test_unmasked_prompt_with_prompt_length_fails(planted: Callable[[str], PilotFit]) -> None:
     fit = planted("lora_unmasked_prompt_length_given")
-    _assert_check(fit, "train/instruction_masked", "data", {"fail"}, "prompt")
+    assert_check(fit, "train/instruction_masked", "data", {"fail"}, "prompt")
 
 
 def test_unmasked_prompt_with_response_template_fails(planted: Callable[[str], PilotFit]) -> None:
     fit = planted("moe_unmasked_template_diverging_lr")
-    _assert_check(fit, "train/instruction_masked", "data", {"fail"}, "prompt")
+    assert_check(fit, "train/instruction_masked", "data", {"fail"}, "prompt")
 
 
 # -- the loop: divergence, resume ----------------------------------------------------------------
@@ -222,6 +171,6 @@ def test_plain_loader_passed_to_fit_fails_data_position(
     # lm_double_shift_plain_loader: the same check, one new process fewer here.
     fit = planted("plain_loader_passed_to_fit")
     assert fit.error is None, fit.describe()
-    _assert_check(
+    assert_check(
         fit, "data_position", "resume", {"fail"}, "cannot resume mid-epoch", "StatefulDataLoader"
     )

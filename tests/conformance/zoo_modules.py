@@ -26,32 +26,25 @@ The families and their batches:
 * ``ScheduledLM``: GPT-2 under ``bf16-mixed`` with gradient clipping and a per-step
   ``OneCycleLR`` over ``trainer.estimated_stepping_batches``.
 
-:func:`run_pilot_on_loaders` is ``conformance_helpers.run_pilot`` for loaders passed straight to
-``trainer.fit(model, train_loader, val_loader)``.
+``conformance_helpers.run_pilot_on_loaders`` fits these modules on loaders passed straight to
+``trainer.fit(model, train_loader, val_loader)`` (:func:`text_loaders`).
 
 Planted bugs are switched on with constructor arguments; the defaults are the clean modules.
 """
 
 from __future__ import annotations
 
-import os
-import time
-import traceback
-import warnings
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
 import torch.nn.functional as F  # noqa: N812
-from conformance_helpers import _SEED_VARIABLES, QUIET_CPU, PilotFit
-from conformance_modules import CausalLM
+from conformance_modules import CausalLM, HFCausalLMSteps
+from tiny_models import LoggedLossSteps, detr, llama, mixtral, wav2vec2_ctc, whisper
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 from torchdata.stateful_dataloader import StatefulDataLoader
-
-from lightning_pilot import pilot_callbacks
 
 SEQ_LEN = 16
 VOCAB = 64
@@ -178,32 +171,7 @@ class InstructionDataModule(ZooDataModule):
         return items
 
 
-class _HFCausalLM(pl.LightningModule):
-    """Shared steps of the causal LMs: the Hugging Face loss (``labels=``, the model shifts)."""
-
-    model: nn.Module
-
-    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
-        return self.model(input_ids=input_ids, attention_mask=attention_mask).logits
-
-    def _loss(self, batch: dict[str, Tensor]) -> Tensor:
-        out = self.model(
-            input_ids=batch["input_ids"],
-            attention_mask=batch["attention_mask"],
-            labels=batch["labels"],
-        )
-        return out.loss
-
-    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
-        loss = self._loss(batch)
-        self.log("train_loss", loss)
-        return loss
-
-    def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
-        self.log("val_loss", self._loss(batch))
-
-
-class LoRACausalLM(_HFCausalLM):
+class LoRACausalLM(HFCausalLMSteps):
     """A ``LlamaForCausalLM`` with peft LoRA adapters on its attention projections.
 
     ``optimize="all"`` is peft's own idiom, ``AdamW(model.parameters())``: the frozen base goes
@@ -214,25 +182,19 @@ class LoRACausalLM(_HFCausalLM):
     def __init__(self, optimize: str = "all", rank: int = 2, lr: float = 1e-2) -> None:
         super().__init__()
         from peft import LoraConfig, get_peft_model
-        from transformers import LlamaConfig, LlamaForCausalLM
 
         if optimize not in ("all", "trainable"):
             raise ValueError(f"optimize={optimize!r}: expected 'all' or 'trainable'")
         self.save_hyperparameters()
-        config = LlamaConfig(
+        base = llama(
             vocab_size=VOCAB,
-            hidden_size=16,
-            intermediate_size=32,
-            num_hidden_layers=1,
-            num_attention_heads=2,
             num_key_value_heads=2,
-            max_position_embeddings=32,
             pad_token_id=PAD,
             bos_token_id=BOS,
             eos_token_id=EOS,
         )
         lora = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=["q_proj", "v_proj"])
-        self.model = get_peft_model(LlamaForCausalLM(config), lora)
+        self.model = get_peft_model(base, lora)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         params = self.model.parameters()
@@ -241,32 +203,21 @@ class LoRACausalLM(_HFCausalLM):
         return torch.optim.AdamW(params, lr=self.hparams["lr"])
 
 
-class MoECausalLM(_HFCausalLM):
+class MoECausalLM(HFCausalLMSteps):
     """``MixtralForCausalLM``: 4 experts, 2 per token, the router's load-balancing loss added
     to the loss by the model (``output_router_logits=True``)."""
 
     def __init__(self, lr: float = 1e-2, optimizer: str = "adamw") -> None:
         super().__init__()
-        from transformers import MixtralConfig, MixtralForCausalLM
-
         self.save_hyperparameters()
-        config = MixtralConfig(
+        self.model = mixtral(
             vocab_size=VOCAB,
-            hidden_size=16,
-            intermediate_size=32,
             head_dim=8,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            num_key_value_heads=1,
-            num_local_experts=4,
-            num_experts_per_tok=2,
             output_router_logits=True,
-            max_position_embeddings=32,
             pad_token_id=PAD,
             bos_token_id=BOS,
             eos_token_id=EOS,
         )
-        self.model = MixtralForCausalLM(config)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         if self.hparams["optimizer"] == "sgd":
@@ -348,24 +299,15 @@ class SpeechDataModule(ZooDataModule):
         return items
 
 
-class SpeechSeq2Seq(pl.LightningModule):
+class SpeechSeq2Seq(LoggedLossSteps, pl.LightningModule):
     """``WhisperForConditionalGeneration`` given ``decoder_input_ids`` and ``labels``."""
 
     def __init__(self, lr: float = 1e-2) -> None:
         super().__init__()
-        from transformers import WhisperConfig, WhisperForConditionalGeneration
-
         self.save_hyperparameters()
-        config = WhisperConfig(
+        self.model = whisper(
             vocab_size=VOCAB,
             num_mel_bins=MEL_BINS,
-            d_model=16,
-            encoder_layers=1,
-            decoder_layers=1,
-            encoder_attention_heads=2,
-            decoder_attention_heads=2,
-            encoder_ffn_dim=32,
-            decoder_ffn_dim=32,
             max_source_positions=MEL_FRAMES // 2,
             max_target_positions=SEQ_LEN,
             pad_token_id=PAD,
@@ -373,7 +315,6 @@ class SpeechSeq2Seq(pl.LightningModule):
             eos_token_id=EOS,
             decoder_start_token_id=BOS,
         )
-        self.model = WhisperForConditionalGeneration(config)
 
     def forward(self, input_features: Tensor, decoder_input_ids: Tensor) -> Tensor:
         return self.model(input_features=input_features, decoder_input_ids=decoder_input_ids).logits
@@ -384,14 +325,6 @@ class SpeechSeq2Seq(pl.LightningModule):
             decoder_input_ids=batch["decoder_input_ids"],
             labels=batch["labels"],
         ).loss
-
-    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
-        loss = self._loss(batch)
-        self.log("train_loss", loss)
-        return loss
-
-    def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
-        self.log("val_loss", self._loss(batch))
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.AdamW(self.parameters(), lr=self.hparams["lr"])
@@ -422,43 +355,25 @@ class AudioDataModule(ZooDataModule):
         return items
 
 
-class SpeechCTC(pl.LightningModule):
+class SpeechCTC(LoggedLossSteps, pl.LightningModule):
     """``Wav2Vec2ForCTC`` (SpecAugment time masking on, as configured by default)."""
 
     def __init__(self, lr: float = 1e-3) -> None:
         super().__init__()
-        from transformers import Wav2Vec2Config, Wav2Vec2ForCTC
-
         self.save_hyperparameters()
-        config = Wav2Vec2Config(
+        self.model = wav2vec2_ctc(
             vocab_size=CTC_VOCAB,
-            hidden_size=16,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            intermediate_size=32,
-            conv_dim=(8, 8),
             conv_stride=(5, 2),
             conv_kernel=(10, 3),
             num_conv_pos_embeddings=8,
-            num_conv_pos_embedding_groups=2,
             pad_token_id=PAD,
-            ctc_loss_reduction="mean",
         )
-        self.model = Wav2Vec2ForCTC(config)
 
     def forward(self, input_values: Tensor) -> Tensor:
         return self.model(input_values=input_values).logits
 
     def _loss(self, batch: dict[str, Tensor]) -> Tensor:
         return self.model(input_values=batch["input_values"], labels=batch["labels"]).loss
-
-    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
-        loss = self._loss(batch)
-        self.log("train_loss", loss)
-        return loss
-
-    def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
-        self.log("val_loss", self._loss(batch))
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.AdamW(self.parameters(), lr=self.hparams["lr"])
@@ -480,7 +395,7 @@ class ImageDataModule(ZooDataModule):
         return [{"input": image} for image in images]
 
 
-class Denoiser(pl.LightningModule):
+class Denoiser(LoggedLossSteps, pl.LightningModule):
     """diffusers' unconditional training recipe: noise, a random timestep, predict the noise.
 
     ``eval_in_training=True`` (planted) switches the model to eval mode in ``on_train_start``
@@ -522,14 +437,6 @@ class Denoiser(pl.LightningModule):
         noisy = self.scheduler.add_noise(images, noise, timesteps)
         return F.mse_loss(self(noisy, timesteps), noise)
 
-    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
-        loss = self._loss(batch)
-        self.log("train_loss", loss)
-        return loss
-
-    def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
-        self.log("val_loss", self._loss(batch))
-
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.AdamW(self.model.parameters(), lr=self.hparams["lr"])
 
@@ -567,7 +474,7 @@ class CaptionDataModule(ZooDataModule):
         return items
 
 
-class ContrastiveImageText(pl.LightningModule):
+class ContrastiveImageText(LoggedLossSteps, pl.LightningModule):
     """``CLIPModel`` trained with its symmetric contrastive loss.
 
     Planted: ``detach_text=True`` computes the text tower under ``torch.no_grad()`` (only the
@@ -626,14 +533,6 @@ class ContrastiveImageText(pl.LightningModule):
         logits = self._logits(batch["input_ids"], batch["attention_mask"], batch["pixel_values"])
         targets = torch.arange(len(logits), device=logits.device)
         return (F.cross_entropy(logits, targets) + F.cross_entropy(logits.T, targets)) / 2
-
-    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
-        loss = self._loss(batch)
-        self.log("train_loss", loss)
-        return loss
-
-    def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
-        self.log("val_loss", self._loss(batch))
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.AdamW(self.parameters(), lr=self.hparams["lr"])
@@ -694,32 +593,15 @@ class Detector(pl.LightningModule):
 
     def __init__(self, lr: float = 1e-4) -> None:
         super().__init__()
-        from transformers import DetrConfig, DetrForObjectDetection, ResNetConfig
-
         self.save_hyperparameters()
-        backbone = ResNetConfig(
-            embedding_size=8,
-            hidden_sizes=[8, 16],
-            depths=[1, 1],
-            layer_type="basic",
-            out_features=["stage2"],
-        )
-        config = DetrConfig(
-            use_timm_backbone=False,
-            use_pretrained_backbone=False,
-            backbone_config=backbone,
-            d_model=16,
-            encoder_layers=1,
-            decoder_layers=1,
-            encoder_attention_heads=2,
-            decoder_attention_heads=2,
-            encoder_ffn_dim=32,
-            decoder_ffn_dim=32,
-            num_queries=5,
-            num_labels=DETECTION_CLASSES,
-            auxiliary_loss=False,
-        )
-        self.model = DetrForObjectDetection(config)
+        backbone = {
+            "embedding_size": 8,
+            "hidden_sizes": [8, 16],
+            "depths": [1, 1],
+            "layer_type": "basic",
+            "out_features": ["stage2"],
+        }
+        self.model = detr(backbone, num_labels=DETECTION_CLASSES, auxiliary_loss=False)
 
     def forward(self, pixel_values: Tensor, pixel_mask: Tensor | None = None) -> Tensor:
         return self.model(pixel_values=pixel_values, pixel_mask=pixel_mask).logits
@@ -819,50 +701,3 @@ def text_loaders(loader: str = "stateful") -> tuple[DataLoader[Any], DataLoader[
     val = GroupedTextDataset([4, 5], 4, label_values=3)
     cls = DataLoader if loader == "plain" else StatefulDataLoader
     return cls(train, batch_size=BATCH, shuffle=True), DataLoader(val, batch_size=BATCH)
-
-
-def run_pilot_on_loaders(
-    name: str,
-    root: Path,
-    model: Callable[[], pl.LightningModule],
-    loaders: Callable[[], tuple[DataLoader[Any], DataLoader[Any]]],
-    *,
-    pilot: dict[str, Any] | None = None,
-    trainer: dict[str, Any] | None = None,
-    seed: int = 0,
-) -> PilotFit:
-    """``conformance_helpers.run_pilot`` for ``trainer.fit(model, train_loader, val_loader)``:
-    seeded, one thread, the exception kept in the returned :class:`PilotFit`."""
-    fit = PilotFit(name=name, out_dir=root / name)
-    threads = torch.get_num_threads()
-    environ = {key: os.environ.get(key) for key in _SEED_VARIABLES}
-    torch.set_num_threads(1)
-    start = time.perf_counter()
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            pl.seed_everything(seed, verbose=False)
-            fit.model = model()
-            train_loader, val_loader = loaders()
-            fit.callbacks = pilot_callbacks(fit.out_dir, seed=seed, **(pilot or {}))
-            fit.trainer = pl.Trainer(
-                **{
-                    **QUIET_CPU,
-                    "default_root_dir": root / f"{name}-root",
-                    "callbacks": fit.callbacks,
-                    **(trainer or {}),
-                }
-            )
-            fit.trainer.fit(fit.model, train_loader, val_loader)
-    except Exception as err:
-        fit.error = err
-        fit.error_text = traceback.format_exc()
-    finally:
-        torch.set_num_threads(threads)
-        for key, value in environ.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-        fit.seconds = time.perf_counter() - start
-    return fit

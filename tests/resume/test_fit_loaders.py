@@ -16,8 +16,9 @@ import lightning.pytorch as pl
 import pandas as pd
 import pytest
 import torch
+from tiny_models import IdExamples
 from torch import nn
-from torch.utils.data import DataLoader, Dataset, default_collate
+from torch.utils.data import DataLoader, default_collate
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from lightning_pilot import read_phase_table
@@ -25,21 +26,6 @@ from lightning_pilot.resume import ResumeVerifier
 from lightning_pilot.resume.parent import pickle_loaders
 
 pytestmark = pytest.mark.timeout(300)
-
-
-class Examples(Dataset[dict[str, Any]]):
-    """Examples with ids, fixed by a seed."""
-
-    def __init__(self, size: int) -> None:
-        generator = torch.Generator().manual_seed(0)
-        self.x = torch.randn(size, 8, generator=generator)
-        self.y = (self.x.sum(1) > 0).long()
-
-    def __len__(self) -> int:
-        return len(self.x)
-
-    def __getitem__(self, index: int) -> dict[str, Any]:
-        return {"ids": index, "inputs": self.x[index], "labels": self.y[index]}
 
 
 class LoaderNet(pl.LightningModule):
@@ -108,7 +94,7 @@ def _fit(
 @pytest.fixture(scope="module")
 def plain(tmp_path_factory: pytest.TempPathFactory) -> _Fit:
     """A plain shuffled DataLoader passed to fit: one new process."""
-    loader = DataLoader(Examples(64), batch_size=4, shuffle=True)
+    loader = DataLoader(IdExamples(64), batch_size=4, shuffle=True)
     return _fit(tmp_path_factory.mktemp("plain"), loader)
 
 
@@ -116,8 +102,8 @@ def plain(tmp_path_factory: pytest.TempPathFactory) -> _Fit:
 def stateful(tmp_path_factory: pytest.TempPathFactory) -> _Fit:
     """A StatefulDataLoader and a validation loader passed to fit, the artifact checked on the
     validation loader's first batch: one new process for both tasks."""
-    train = StatefulDataLoader(Examples(64), batch_size=4, shuffle=True)
-    val = DataLoader(Examples(16), batch_size=4)
+    train = StatefulDataLoader(IdExamples(64), batch_size=4, shuffle=True)
+    val = DataLoader(IdExamples(16), batch_size=4)
     return _fit(tmp_path_factory.mktemp("stateful"), train, val, artifact=True)
 
 
@@ -125,7 +111,7 @@ def stateful(tmp_path_factory: pytest.TempPathFactory) -> _Fit:
 def unpicklable(tmp_path_factory: pytest.TempPathFactory) -> _Fit:
     """A plain shuffled DataLoader whose collate_fn is a lambda: no new process at all."""
     loader = DataLoader(
-        Examples(64), batch_size=4, shuffle=True, collate_fn=lambda b: default_collate(b)
+        IdExamples(64), batch_size=4, shuffle=True, collate_fn=lambda b: default_collate(b)
     )
     return _fit(tmp_path_factory.mktemp("lambda"), loader)
 
@@ -194,7 +180,7 @@ def unimportable(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_Fit]:
     """A StatefulDataLoader over a Dataset of a module only this process has (built at run
     time): it pickles here, the new process cannot unpickle it. One new process."""
     ghost = types.ModuleType("pilot_ghost_data")
-    ghost.GhostData = type("GhostData", (Examples,), {"__module__": ghost.__name__})  # type: ignore[attr-defined]
+    ghost.GhostData = type("GhostData", (IdExamples,), {"__module__": ghost.__name__})  # type: ignore[attr-defined]
     sys.modules[ghost.__name__] = ghost
     try:
         loader = StatefulDataLoader(ghost.GhostData(64), batch_size=4, shuffle=True)
@@ -227,7 +213,7 @@ def test_a_loader_holding_a_class_of_the_main_script_stays_in_this_process(
     # __main__ is another module, could not find it.
     script = types.ModuleType("__main__")
     monkeypatch.setitem(sys.modules, "__main__", script)
-    scripted = type("ScriptData", (Examples,), {"__module__": "__main__"})
+    scripted = type("ScriptData", (IdExamples,), {"__module__": "__main__"})
     script.ScriptData = scripted  # type: ignore[attr-defined]
     payload, why = pickle_loaders(DataLoader(scripted(8), batch_size=4))
     assert payload is None
@@ -235,6 +221,6 @@ def test_a_loader_holding_a_class_of_the_main_script_stays_in_this_process(
         "the loader holds __main__.ScriptData, defined in __main__, which a new process cannot"
         " import"
     )
-    payload, why = pickle_loaders(DataLoader(Examples(8), batch_size=4))
+    payload, why = pickle_loaders(DataLoader(IdExamples(8), batch_size=4))
     assert why is None
     assert payload is not None

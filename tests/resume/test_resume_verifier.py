@@ -13,8 +13,9 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from tiny_models import IdExamples
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from lightning_pilot import read_phase_table
@@ -22,21 +23,6 @@ from lightning_pilot.demo import InstructionDataModule, TinyCausalLM
 from lightning_pilot.resume import ResumeVerifier
 
 pytestmark = pytest.mark.timeout(300)
-
-
-class IdData(Dataset[dict[str, Any]]):
-    """Examples with ids, fixed by a seed."""
-
-    def __init__(self, size: int) -> None:
-        generator = torch.Generator().manual_seed(0)
-        self.x = torch.randn(size, 8, generator=generator)
-        self.y = (self.x.sum(1) > 0).long()
-
-    def __len__(self) -> int:
-        return len(self.x)
-
-    def __getitem__(self, index: int) -> dict[str, Any]:
-        return {"ids": index, "inputs": self.x[index], "labels": self.y[index]}
 
 
 class Net(pl.LightningModule):
@@ -65,7 +51,7 @@ class Net(pl.LightningModule):
 
     def train_dataloader(self) -> DataLoader[Any]:
         loader = StatefulDataLoader if self.hparams["stateful"] else DataLoader
-        return loader(IdData(64), batch_size=4, shuffle=True)
+        return loader(IdExamples(64), batch_size=4, shuffle=True)
 
     def configure_optimizers(self) -> Any:
         if self.hparams["steps_from_trainer"]:
@@ -394,7 +380,7 @@ class Unsaved(Net):
         self.register_buffer("scale", torch.tensor(3.0))
 
     def train_dataloader(self) -> DataLoader[Any]:
-        return StatefulDataLoader(IdData(64), batch_size=4, shuffle=True)
+        return StatefulDataLoader(IdExamples(64), batch_size=4, shuffle=True)
 
     def configure_optimizers(self) -> Any:
         return torch.optim.SGD(self.parameters(), lr=0.1)
