@@ -91,6 +91,33 @@ def mixtral(**config: Any) -> Any:
     )
 
 
+def t5(**config: Any) -> Any:
+    """``T5ForConditionalGeneration``: d_model 16 (unless ``config`` says), feed-forward 32,
+    one layer each side, two heads of 8, and ``config``."""
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    sizes = {"d_model": 16, "d_ff": 32, "d_kv": 8, "num_layers": 1, "num_decoder_layers": 1}
+    return T5ForConditionalGeneration(T5Config(**{**sizes, "num_heads": 2, **config}))
+
+
+def unet2d(sample_size: int, **config: Any) -> Any:
+    """diffusers' ``UNet2DModel`` on 3-channel ``sample_size`` images: two plain blocks of 8
+    and 16 channels, one layer each, groups of 4, and ``config``."""
+    from diffusers import UNet2DModel
+
+    return UNet2DModel(
+        sample_size=sample_size,
+        in_channels=3,
+        out_channels=3,
+        layers_per_block=1,
+        block_out_channels=(8, 16),
+        down_block_types=("DownBlock2D", "DownBlock2D"),
+        up_block_types=("UpBlock2D", "UpBlock2D"),
+        norm_num_groups=4,
+        **config,
+    )
+
+
 #: The sizes of a one-layer, two-head encoder-decoder (Whisper, DETR): d_model 16, FFN 32.
 ENCODER_DECODER = {
     "d_model": 16,

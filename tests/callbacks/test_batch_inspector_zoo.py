@@ -18,7 +18,7 @@ from lightning_pilot.core.batches import BatchAdapter
 from lightning_pilot.storage import read_snapshot_table
 
 transformers = pytest.importorskip("transformers")
-from tiny_models import detr, llama, mixtral, wav2vec2_ctc, whisper  # noqa: E402
+from tiny_models import detr, llama, mixtral, t5, unet2d, wav2vec2_ctc, whisper  # noqa: E402
 from transformers.models.bart.modeling_bart import shift_tokens_right  # noqa: E402
 
 VOCAB, PAD, START, EOS = 48, 0, 1, 2
@@ -91,18 +91,7 @@ def _targets(n: int, width: int, seed: int) -> torch.Tensor:
 
 
 def _t5() -> Any:
-    config = transformers.T5Config(
-        d_model=16,
-        d_ff=32,
-        d_kv=8,
-        num_layers=1,
-        num_decoder_layers=1,
-        num_heads=2,
-        vocab_size=VOCAB,
-        decoder_start_token_id=PAD,
-        pad_token_id=PAD,
-    )
-    return transformers.T5ForConditionalGeneration(config)
+    return t5(vocab_size=VOCAB, decoder_start_token_id=PAD, pad_token_id=PAD)
 
 
 def _translation(n: int, seed: int, *, double_shift: bool = False) -> list[Item]:
@@ -378,16 +367,7 @@ class DiffusionModule(pl.LightningModule):
     def __init__(self) -> None:
         super().__init__()
         diffusers = pytest.importorskip("diffusers")
-        self.unet = diffusers.UNet2DModel(
-            sample_size=8,
-            in_channels=3,
-            out_channels=3,
-            layers_per_block=1,
-            block_out_channels=(8, 16),
-            down_block_types=("DownBlock2D", "DownBlock2D"),
-            up_block_types=("UpBlock2D", "UpBlock2D"),
-            norm_num_groups=4,
-        )
+        self.unet = unet2d(sample_size=8)
         self.scheduler = diffusers.DDPMScheduler(num_train_timesteps=100)
 
     def training_step(self, batch: Item, batch_idx: int) -> torch.Tensor:

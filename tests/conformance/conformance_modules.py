@@ -22,7 +22,7 @@ import lightning.pytorch as pl
 import torch
 import torch.nn.functional as F  # noqa: N812
 from lightning.pytorch.demos import Transformer
-from tiny_models import LoggedLossSteps, bert_config
+from tiny_models import LoggedLossSteps, bert_config, t5
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 from torchdata.stateful_dataloader import StatefulDataLoader
@@ -32,8 +32,6 @@ from transformers import (
     GPT2LMHeadModel,
     ResNetConfig,
     ResNetForImageClassification,
-    T5Config,
-    T5ForConditionalGeneration,
 )
 
 SEQ_LEN = 16
@@ -654,18 +652,9 @@ class Seq2SeqLM(pl.LightningModule):
     def __init__(self, d_model: int = 16, lr: float = 1e-3) -> None:
         super().__init__()
         self.save_hyperparameters()
-        config = T5Config(
-            d_model=d_model,
-            d_ff=32,
-            d_kv=8,
-            num_layers=1,
-            num_decoder_layers=1,
-            num_heads=2,
-            vocab_size=VOCAB,
-            decoder_start_token_id=PAD,
-            pad_token_id=PAD,
+        self.model = t5(
+            d_model=d_model, vocab_size=VOCAB, decoder_start_token_id=PAD, pad_token_id=PAD
         )
-        self.model = T5ForConditionalGeneration(config)
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor, labels: Tensor) -> Any:
         return self.model(input_ids=input_ids, attention_mask=attention_mask, labels=labels)

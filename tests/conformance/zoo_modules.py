@@ -41,7 +41,7 @@ import lightning.pytorch as pl
 import torch
 import torch.nn.functional as F  # noqa: N812
 from conformance_modules import CausalLM, HFCausalLMSteps
-from tiny_models import LoggedLossSteps, detr, llama, mixtral, wav2vec2_ctc, whisper
+from tiny_models import LoggedLossSteps, detr, llama, mixtral, unet2d, wav2vec2_ctc, whisper
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 from torchdata.stateful_dataloader import StatefulDataLoader
@@ -406,20 +406,10 @@ class Denoiser(LoggedLossSteps, pl.LightningModule):
         self, lr: float = 1e-3, dropout: float = 0.1, eval_in_training: bool = False
     ) -> None:
         super().__init__()
-        from diffusers import DDPMScheduler, UNet2DModel
+        from diffusers import DDPMScheduler
 
         self.save_hyperparameters()
-        self.model = UNet2DModel(
-            sample_size=IMAGE,
-            in_channels=3,
-            out_channels=3,
-            layers_per_block=1,
-            block_out_channels=(8, 16),
-            down_block_types=("DownBlock2D", "DownBlock2D"),
-            up_block_types=("UpBlock2D", "UpBlock2D"),
-            norm_num_groups=4,
-            dropout=dropout,
-        )
+        self.model = unet2d(sample_size=IMAGE, dropout=dropout)
         self.scheduler = DDPMScheduler(num_train_timesteps=100)
 
     def on_train_start(self) -> None:
