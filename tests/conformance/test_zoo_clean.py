@@ -219,9 +219,13 @@ def test_wav2vec2_missing_gradients_are_layers_layerdrop_skipped(
     assert fit.model.model.config.layerdrop == 0.1  # the released checkpoints' value
     found = check_named(fit.table(), "grads_reach_params", phase="backward")
     assert found, fit.describe()
+    # Judged over the measured updates: a layer LayerDrop skipped in some of them passes, named
+    # in the detail (whether a skip lands on a measured update depends on the random stream;
+    # tests/callbacks/test_phase_checks_stock_models.py makes one land for certain).
+    assert {c["verdict"] for c in found} == {"pass"}, checks_text(found)
     for check in found:
-        if check["verdict"] != "pass":  # a layer LayerDrop skipped: nothing else is named
-            named = check["detail"].split(": ", 1)[1].split(", ")
+        if "received no gradient in some of" in check["detail"]:
+            named = check["detail"].rsplit("): ", 1)[1].split(" and ")[0].split(", ")
             stray = [n for n in named if not n.startswith("model.wav2vec2.encoder.layers.")]
             assert not stray, checks_text([check])
 
