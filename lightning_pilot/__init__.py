@@ -20,11 +20,11 @@ from lightning_pilot._version import __version__
 
 if TYPE_CHECKING:
     from lightning_pilot.callbacks import *  # noqa: F403 (the registry's names)
-    from lightning_pilot.core.update_plan import UpdatePlan, plan_updates
     from lightning_pilot.core.batches import BatchAdapter
     from lightning_pilot.core.compare import Comparison, compare_runs
     from lightning_pilot.core.divergence import DivergenceRules
     from lightning_pilot.core.ids import new_run_id
+    from lightning_pilot.core.update_plan import UpdatePlan, plan_updates
     from lightning_pilot.ledger import Ledger
     from lightning_pilot.pilot import pilot_callbacks
     from lightning_pilot.report import choice_sheet, parse_size, write_choice_sheet
