@@ -45,6 +45,11 @@ _LONGEST_FIRST = (
 )
 
 
+# A factory module of tests/test_cli_estimate.py that raises when imported, on purpose (the
+# user's own exception): never collected, doctests included.
+collect_ignore = ["cli_estimate_broken.py"]
+
+
 def pytest_configure(config: pytest.Config) -> None:
     if hasattr(config.option, "loadscopereorder"):  # pytest-xdist's --no-loadscope-reorder
         config.option.loadscopereorder = False

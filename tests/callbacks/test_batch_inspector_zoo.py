@@ -18,7 +18,7 @@ from lightning_pilot.core.batches import BatchAdapter
 from lightning_pilot.storage import read_snapshot_table
 
 transformers = pytest.importorskip("transformers")
-from tiny_models import detr, llama, mixtral, t5, unet2d, wav2vec2_ctc, whisper  # noqa: E402
+from tiny_models import detr, detr_set_loss, llama, mixtral, t5, unet2d, wav2vec2_ctc, whisper  # noqa: E402
 from transformers.models.bart.modeling_bart import shift_tokens_right  # noqa: E402
 
 VOCAB, PAD, START, EOS = 48, 0, 1, 2
@@ -341,10 +341,20 @@ def _collate_detections(items: list[Item]) -> Item:
     }
 
 
+class DetrModule(HFModule):
+    """DETR trained on its set loss, matched without scipy (``tiny_models.detr_set_loss``)."""
+
+    def training_step(self, batch: Item, batch_idx: int) -> torch.Tensor:
+        return detr_set_loss(self.model, batch)
+
+    def validation_step(self, batch: Item, batch_idx: int) -> None:
+        self.log("val_loss", detr_set_loss(self.model, batch))
+
+
 def test_detr_targets_as_a_list_of_dicts_neither_crash_nor_fail(make_trainer: Any) -> None:
     inspector = _fit(
         make_trainer,
-        HFModule(_detr()),
+        DetrModule(_detr()),
         _detections(8, 0),
         _detections(4, 1),
         collate=_collate_detections,

@@ -41,7 +41,16 @@ import lightning.pytorch as pl
 import torch
 import torch.nn.functional as F  # noqa: N812
 from conformance_modules import CausalLM, HFCausalLMSteps
-from tiny_models import LoggedLossSteps, detr, llama, mixtral, unet2d, wav2vec2_ctc, whisper
+from tiny_models import (
+    LoggedLossSteps,
+    detr,
+    detr_set_loss,
+    llama,
+    mixtral,
+    unet2d,
+    wav2vec2_ctc,
+    whisper,
+)
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 from torchdata.stateful_dataloader import StatefulDataLoader
@@ -577,9 +586,8 @@ class DetectionDataModule(ZooDataModule):
 
 class Detector(pl.LightningModule):
     """``DetrForObjectDetection`` with a transformers ResNet backbone built from its config
-    (``use_timm_backbone=False``, nothing pretrained); the loss is DETR's Hungarian-matched
-    classification, L1 and GIoU loss (the matcher is ``scipy.optimize.linear_sum_assignment``:
-    transformers needs scipy for it)."""
+    (``use_timm_backbone=False``, nothing pretrained); the loss is a DETR set loss matched
+    exactly without scipy (``tiny_models.detr_set_loss``)."""
 
     def __init__(self, lr: float = 1e-4) -> None:
         super().__init__()
@@ -597,11 +605,7 @@ class Detector(pl.LightningModule):
         return self.model(pixel_values=pixel_values, pixel_mask=pixel_mask).logits
 
     def _loss(self, batch: dict[str, Any]) -> Tensor:
-        return self.model(
-            pixel_values=batch["pixel_values"],
-            pixel_mask=batch["pixel_mask"],
-            labels=batch["labels"],
-        ).loss
+        return detr_set_loss(self.model, batch)
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
         loss = self._loss(batch)
