@@ -139,17 +139,24 @@ def content_keys(inputs: Any) -> list[str] | None:
         >>> len(set(content_keys(captions))), len(set(content_keys({"c": captions, "i": images})))
         (1, 2)
     """
-    if isinstance(inputs, Mapping):
-        parts = [content_keys(inputs[key]) for key in sorted(inputs)]
-        if not parts or any(p is None for p in parts) or len({len(p or []) for p in parts}) != 1:
-            return None
-        keyed = zip(*(p or [] for p in parts), strict=True)
-        return [CONTENT_KEY_PREFIX + "|".join(k.removeprefix(CONTENT_KEY_PREFIX) for k in row)
-                for row in keyed]  # fmt: skip
-    if not isinstance(inputs, torch.Tensor) or inputs.dim() < 1 or inputs.shape[0] == 0:
+    parts = dict(inputs) if isinstance(inputs, Mapping) else {None: inputs}
+    if not parts or not all(
+        isinstance(part, torch.Tensor) and part.dim() >= 1 and part.shape[0] > 0
+        for part in parts.values()
+    ):
         return None
-    rows = inputs.detach().cpu()  # one device read for the batch, then one digest per row
-    return [f"{CONTENT_KEY_PREFIX}{input_fingerprint(row)}" for row in rows]
+    if len({part.shape[0] for part in parts.values()}) != 1:
+        return None
+    # One device read per input for the batch, then one digest per row (input_fingerprint takes
+    # a mapping's parts with their keys).
+    rows = {key: part.detach().cpu() for key, part in parts.items()}
+    count = next(iter(rows.values())).shape[0]
+    if None in rows:
+        return [f"{CONTENT_KEY_PREFIX}{input_fingerprint(row)}" for row in rows[None]]
+    return [
+        f"{CONTENT_KEY_PREFIX}{input_fingerprint({k: v[i] for k, v in rows.items()})}"
+        for i in range(count)
+    ]
 
 
 def dataset_fingerprint(dataset: Any, count: int = 4) -> str | None:
