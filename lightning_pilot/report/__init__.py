@@ -1,7 +1,11 @@
 """Reports on what the callbacks wrote, without a Trainer, torch or Lightning: ``units`` (human
-units, :func:`terminal_safe`), ``analysis`` (pure functions over DataFrames), ``load`` (what run
-folders and ledgers hold), ``tables`` (console), ``sheet`` (the Markdown choice sheet) and
-``plots`` (PNG, optional matplotlib; imported on its own). See docs/cli.md.
+units, :func:`terminal_safe`), ``load`` (what run folders and ledgers hold), the pure functions
+over DataFrames (``analysis``: one run's phases, updates and gate; ``variants``: the variants
+side by side; ``campaign``: costing and packages; ``target``: the estimate per configuration;
+``plot_data``: the data behind the plots; with ``order`` and ``measured``, the sort order of
+phases and verdicts and the null-aware reductions they share), ``tables`` (console), ``sheet``
+(the Markdown choice sheet) and ``plots`` (PNG, optional matplotlib; imported on its own). See
+docs/cli.md.
 
 Example:
     >>> from lightning_pilot.report import format_bytes, format_duration, parse_size

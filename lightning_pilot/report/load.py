@@ -24,8 +24,8 @@ from lightning_pilot import storage
 from lightning_pilot.core.compare import Comparison
 from lightning_pilot.core.ids import validate_run_id
 from lightning_pilot.ledger import Ledger
-from lightning_pilot.report.analysis import run_costs, summarize_costs
 from lightning_pilot.report.units import is_null, terminal_safe
+from lightning_pilot.report.variants import run_costs, summarize_costs
 
 
 class Reads:
@@ -290,7 +290,7 @@ def variant_costs(
     """Each variant's memory, step time and data shape next to its quality, from the phase
     tables and BatchInspector's examples of ``runs`` (``Ledger.runs()``) under
     ``<out_dir>/runs``, one row per variant
-    (:func:`~lightning_pilot.report.analysis.summarize_costs`).
+    (:func:`~lightning_pilot.report.variants.summarize_costs`).
     """
     rows = []
     for run in runs.to_dict("records"):

@@ -2,24 +2,20 @@
 diverged, stopped or failed; per-phase peak memory stacked by category; the variant comparison
 with every seed's point and the control marked.
 
-The data behind each plot comes from a pure function of :mod:`lightning_pilot.report.analysis`
-tested on its own (``curve_marks``, ``memory_stack``, ``comparison_points``); this module only
-lays it out.
+The data behind each plot comes from a pure function of :mod:`lightning_pilot.report.plot_data`
+tested on its own (:func:`~lightning_pilot.report.plot_data.loss_curves`,
+:func:`~lightning_pilot.report.plot_data.memory_stack`,
+:func:`~lightning_pilot.report.plot_data.comparison_plot`); this module only lays it out.
 matplotlib is optional (extra ``lightning-pilot[plots]``), imported only to draw, through the
 Agg canvas directly: no global backend is switched and no window opens. Nothing here imports
 torch or Lightning.
 
 Example:
-    >>> import pandas as pd
-    >>> phases = pd.DataFrame({
-    ...     "phase": ["forward", "data"], "device": ["cpu", "cpu"], "rank": [0, 0],
-    ...     "attempt": [1, 1], "peak_allocated_bytes": [10_000, None],
-    ...     "param_bytes": [2_000, 2_000], "buffer_bytes": [0, 0], "grad_bytes": [2_000, 2_000],
-    ...     "optimizer_state_bytes": [4_000, 4_000]})
-    >>> memory_stack(phases)[["phase", "weights", "activations_other", "peak_bytes"]]
-         phase  weights  activations_other  peak_bytes
-    0     data      NaN                NaN         NaN
-    1  forward   2000.0             2000.0     10000.0
+    >>> for name, shows in PLOT_FILES.items():
+    ...     print(f"{name}: {shows}")
+    loss_curves.png: training loss per run; where runs diverged, stopped or failed
+    phase_memory.png: peak memory per phase, stacked by category
+    comparison.png: the variant comparison: every seed's value, the control marked
 """
 
 from __future__ import annotations
@@ -27,7 +23,6 @@ from __future__ import annotations
 import io
 import math
 import os
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
@@ -36,12 +31,14 @@ import pandas as pd
 
 from lightning_pilot import storage
 from lightning_pilot.core.compare import Comparison
-from lightning_pilot.report.analysis import (
+from lightning_pilot.report.plot_data import (
     CATEGORIES,
     OTHER,
-    comparison_points,
-    curve_marks,
-    drawable_points,
+    ComparisonPlot,
+    LossCurves,
+    comparison_plot,
+    experiment_runs,
+    loss_curves,
     memory_stack,
 )
 from lightning_pilot.report.units import as_text, format_bytes, is_null, terminal_safe
@@ -62,7 +59,8 @@ PLOT_FILES: Final = {
     PHASE_MEMORY: "peak memory per phase, stacked by category",
     COMPARISON: "the variant comparison: every seed's value, the control marked",
 }
-#: How each mark of :func:`curve_marks` is drawn: marker, colour, legend text.
+#: How each mark of :func:`~lightning_pilot.report.plot_data.curve_marks` is drawn: marker,
+#: colour, legend text.
 _MARK_STYLE: Final = {
     "diverged": ("X", "red", "diverged here (the divergence rule fired)"),
     "stopped": ("s", "black", "training stopped here"),
@@ -122,55 +120,41 @@ def _byte_axis(axes: Axes, largest: float) -> float:
     return divisor
 
 
-def _counts(statuses: Iterable[Any]) -> str:
-    counts = pd.Series([as_text(s) for s in statuses], dtype=object).value_counts(sort=False)
-    return ", ".join(f"{n} {status}" for status, n in counts.items())
-
-
-def _loss_figure(
-    curves: pd.DataFrame, runs: pd.DataFrame, *, title: str, val_metric: str
-) -> Figure:
+def _loss_figure(data: LossCurves, *, title: str, val_metric: str) -> Figure:
     from matplotlib.lines import Line2D
     from matplotlib.ticker import MaxNLocator
 
     figure = _figure(12.0, 5.4)
     axes = figure.add_subplot()
-    train = curves[curves["curve"] == "train_loss"] if len(curves) else curves
-    values = train["value"].astype("float64") if len(train) else pd.Series(dtype="float64")
-    finite = values[values.map(math.isfinite)]
-    log = bool(len(finite)) and bool((finite > 0).all())
-    variants = [as_text(v) for v in runs["variant"]]
+    log = data.log
+    variants = [run.variant for run in data.runs]
     colors = {v: f"C{i % 10}" for i, v in enumerate(dict.fromkeys(variants))}
     handles: list[Any] = []
     no_points: list[str] = []
     named: set[str] = set()
-    for variant, run in zip(variants, runs.to_dict("records"), strict=True):
-        color = colors[variant]
-        own = curves[curves["run_id"] == run["run_id"]] if len(curves) else curves
-        line = own[own["curve"] == "train_loss"].sort_values("step", kind="stable")
-        shown = drawable_points(line, log)
-        if line.empty:
-            no_points.append(f"{_label(variant, 20)} s{_label(run.get('seed'))}")
+    for run in data.runs:
+        color = colors[run.variant]
+        if not run.recorded:
+            no_points.append(f"{_label(run.variant, 20)} s{_label(run.seed)}")
         drawn = axes.plot(
-            shown["step"].astype(float), shown["value"], color=color, linewidth=1.0, alpha=0.8
-        )
-        if variant not in named:
-            named.add(variant)
-            n = variants.count(variant)
-            drawn[0].set_label(f"{_label(variant)} ({n} run{'s' if n > 1 else ''})")
+            run.train["step"].astype(float), run.train["value"], color=color, linewidth=1.0,
+            alpha=0.8,
+        )  # fmt: skip
+        if run.variant not in named:
+            named.add(run.variant)
+            n = variants.count(run.variant)
+            drawn[0].set_label(f"{_label(run.variant)} ({n} run{'s' if n > 1 else ''})")
             handles.append(drawn[0])
-        val = own[(own["curve"] == "val") & (own["name"] == val_metric)]
-        val = drawable_points(val, log)
         axes.plot(
-            val["step"].astype(float), val["value"], "o", color=color, markersize=5,
+            run.val["step"].astype(float), run.val["value"], "o", color=color, markersize=5,
             markeredgecolor="black", markeredgewidth=0.5,
         )  # fmt: skip
-    if len(curves) and ((curves["curve"] == "val") & (curves["name"] == val_metric)).any():
+    if data.validated:
         handles.append(
             Line2D([], [], marker="o", linestyle="", color="grey", markeredgecolor="black",
                    label=f"{_label(val_metric)} (validation)")
         )  # fmt: skip
-    marks = curve_marks(runs, curves)
+    marks = data.marks
     for i, mark in enumerate(marks.to_dict("records")):
         marker, color, text = _MARK_STYLE.get(mark["kind"], ("X", "purple", mark["kind"]))
         if i < _ANNOTATED:  # each mark named in the legend; past that, one entry per kind
@@ -200,9 +184,9 @@ def _loss_figure(
         axes.set_yscale("log")
     axes.set_xlabel("optimizer update (step)")
     axes.set_ylabel(f"training loss{' (log scale)' if log else ''}")
-    counts = _counts(runs["status"])
+    counts = ", ".join(f"{n} {status}" for status, n in data.statuses.items())
     missing = f"; no loss points: {', '.join(no_points[:4])}" if no_points else ""
-    axes.set_title(f"{title}\n{len(runs)} run(s): {counts}{missing}", fontsize="medium")
+    axes.set_title(f"{title}\n{len(data.runs)} run(s): {counts}{missing}", fontsize="medium")
     axes.grid(True, which="both", alpha=0.3)
     axes.xaxis.set_major_locator(MaxNLocator(integer=True))
     if handles:
@@ -220,10 +204,11 @@ def plot_loss_curves(
 ) -> Path:
     """Draw the training loss of each of ``runs`` (``Ledger.runs()`` rows; their
     ``Ledger.curves()``), one colour per variant, the ``val_metric`` points, and the marks of
-    :func:`curve_marks` (diverged, stopped, failed), into the PNG file ``path``; return it.
-    The y axis is logarithmic when every loss is positive, so a blown-up run stays readable;
-    non-finite losses cannot be drawn (the mark then sits on the last finite one)."""
-    figure = _loss_figure(curves, runs, title=title, val_metric=val_metric)
+    :func:`~lightning_pilot.report.plot_data.curve_marks` (diverged, stopped, failed), into the
+    PNG file ``path``; return it. The y axis is logarithmic when every loss is positive, so a
+    blown-up run stays readable; non-finite losses cannot be drawn (the mark then sits on the
+    last finite one): :func:`~lightning_pilot.report.plot_data.loss_curves`."""
+    figure = _loss_figure(loss_curves(curves, runs, val_metric), title=title, val_metric=val_metric)
     _publish(_png(figure), path)
     return Path(path)
 
@@ -277,23 +262,22 @@ def plot_phase_memory(
     placement: pd.DataFrame | None = None,
 ) -> Path:
     """Draw each phase's highest peak allocated memory of a phase table, stacked by category
-    (:func:`memory_stack`; ``placement`` is the run's ``placement.parquet``, ``None`` when
-    absent), into the PNG file ``path`` and return it. The y axis is in the binary unit that
-    fits the largest peak; a phase whose memory was not measured gets no bar, only the words
-    "not measured"."""
+    (:func:`~lightning_pilot.report.plot_data.memory_stack`; ``placement`` is the run's
+    ``placement.parquet``, ``None`` when absent), into the PNG file ``path`` and return it.
+    The y axis is in the binary unit that fits the largest peak; a phase whose memory was not
+    measured gets no bar, only the words "not measured"."""
     figure = _memory_figure(memory_stack(table, placement), title=title)
     _publish(_png(figure), path)
     return Path(path)
 
 
-def _comparison_figure(comparison: Comparison, *, control: str | None, title: str) -> Figure:
+def _comparison_figure(data: ComparisonPlot, *, title: str) -> Figure:
     from matplotlib.lines import Line2D
 
     figure = _figure(12.0, 5.4)
     axes = figure.add_subplot()
-    points = comparison_points(comparison, control)
-    by = str(comparison.summary.columns[0])
-    groups = list(comparison.summary[by])
+    points = data.points
+    groups = list(data.medians.index)
     measured = points[points["place"] == "measured"]
     low, high = (measured["y"].min(), measured["y"].max()) if len(measured) else (0.0, 1.0)
     span = (high - low) or abs(high) or 1.0
@@ -304,7 +288,7 @@ def _comparison_figure(comparison: Comparison, *, control: str | None, title: st
                label="one run (s = seed)"),
         Line2D([], [], color="black", linewidth=2, label="median over the group's runs"),
     ]  # fmt: skip
-    for index, group in enumerate(groups):
+    for index, (group, median) in enumerate(data.medians.items()):
         own = points[points["group"] == group]
         color = "C1" if own["control"].any() else "C0"
         if own["control"].any():
@@ -314,7 +298,6 @@ def _comparison_figure(comparison: Comparison, *, control: str | None, title: st
             mine["x"], mine["y"], "o", color=color, markeredgecolor="black", markersize=7,
             zorder=3,
         )  # fmt: skip
-        median = comparison.summary.loc[comparison.summary[by] == group, "median"].iloc[0]
         if not is_null(median) and math.isfinite(median):
             axes.hlines(median, index - 0.3, index + 0.3, color="black", linewidth=2, zorder=4)
         elif not is_null(median):  # the median run diverged or failed: the worst value
@@ -356,7 +339,7 @@ def _comparison_figure(comparison: Comparison, *, control: str | None, title: st
             Line2D([], [], marker="o", linestyle="", color="none", markeredgecolor="black",
                    label="no value (running, interrupted, or metric not logged)")
         )  # fmt: skip
-    control_name = control if control is not None else comparison.control
+    control_name = data.control
     if points["control"].any():
         handles.append(
             Line2D([], [], marker="s", linestyle="", color="C1", alpha=0.4, markersize=12,
@@ -369,9 +352,9 @@ def _comparison_figure(comparison: Comparison, *, control: str | None, title: st
     ]  # fmt: skip
     axes.set_xticks(list(range(len(groups))), ticks)
     axes.set_xlim(-0.6, len(groups) - 0.4)
-    better = "lower" if comparison.mode == "min" else "higher"
-    axes.set_ylabel(f"{_label(comparison.metric)} ({better} is better)")
-    axes.set_xlabel(_label(by))
+    better = "lower" if data.mode == "min" else "higher"
+    axes.set_ylabel(f"{_label(data.metric)} ({better} is better)")
+    axes.set_xlabel(_label(data.by))
     if control_name is None:
         note = "no control given"
     elif points["control"].any():
@@ -394,10 +377,10 @@ def plot_comparison(
     """Draw a comparison (``Ledger.compare``) into the PNG file ``path`` and return it: one
     point per run at its group (every seed, labelled ``s<seed>``), each group's median, runs
     counted as the worst value in a strip at the top and runs without a value at the bottom
-    (:func:`comparison_points`), and the ``control`` group (default: the comparison's) shaded
-    and named."""
+    (:func:`~lightning_pilot.report.plot_data.comparison_plot`), and the ``control`` group
+    (default: the comparison's) shaded and named."""
     text = title or f"{_label(comparison.metric)} per variant, every seed"
-    figure = _comparison_figure(comparison, control=control, title=text)
+    figure = _comparison_figure(comparison_plot(comparison, control), title=text)
     _publish(_png(figure), path)
     return Path(path)
 
@@ -446,12 +429,13 @@ def _experiment_plots(
     control: str | None,
 ) -> tuple[dict[str, bytes], dict[str, str]]:
     """The loss-curve and comparison PNGs of one experiment's runs, drawn once."""
-    chosen = runs if is_null(experiment) else runs[runs["experiment"] == experiment]
+    chosen = experiment_runs(runs, experiment)
     name = "runs without an experiment" if is_null(experiment) else f"experiment {experiment}"
     pngs: dict[str, bytes] = {}
     skipped: dict[str, str] = {}
     title = f"training loss per run, {_label(name)}"
-    pngs[LOSS_CURVES] = _png(_loss_figure(curves, chosen, title=title, val_metric=metric))
+    data = loss_curves(curves, chosen, metric)
+    pngs[LOSS_CURVES] = _png(_loss_figure(data, title=title, val_metric=metric))
     if is_null(experiment):
         skipped[COMPARISON] = "the run has no experiment in the ledger"
         return pngs, skipped
@@ -464,7 +448,7 @@ def _experiment_plots(
         skipped[COMPARISON] = terminal_safe(err)
         return pngs, skipped
     text = f"{_label(metric)} per variant, every seed; {_label(name)}"
-    pngs[COMPARISON] = _png(_comparison_figure(comparison, control=control, title=text))
+    pngs[COMPARISON] = _png(_comparison_figure(comparison_plot(comparison, control), title=text))
     return pngs, skipped
 
 

@@ -16,8 +16,11 @@ from lightning_pilot.core import validate
 from lightning_pilot.core.accounting import effective_batch_text
 from lightning_pilot.report import analysis
 from lightning_pilot.report.analysis import Peak, StepTime, memory_peak, sampled_out
+from lightning_pilot.report.campaign import campaign, campaign_variants, target_campaign
 from lightning_pilot.report.load import RunFolder, load_run
+from lightning_pilot.report.order import VERDICT_RANK
 from lightning_pilot.report.tables import sampled_line, status_counts
+from lightning_pilot.report.target import checkpointing_name, on_target
 from lightning_pilot.report.units import (
     CELL_LIMIT,
     NO_SEQUENCE,
@@ -36,6 +39,7 @@ from lightning_pilot.report.units import (
     size_text,
     terminal_safe,
 )
+from lightning_pilot.report.variants import standing
 
 #: The choice sheet's file name in the run folder (``sheet-2.md``, ... when it exists).
 SHEET_NAME: Final = "sheet.md"
@@ -91,7 +95,7 @@ def _verdicts(phases: pd.DataFrame, summary: pd.DataFrame) -> list[str]:
     """Blocking failures first, then warnings and unchecked rows, then every phase's verdict."""
     skipped = sampled_out(phases)
     not_passed = phases[(phases["verdict"] != "pass") & ~skipped]
-    rank = not_passed["verdict"].map(analysis.VERDICT_RANK).fillna(9)
+    rank = not_passed["verdict"].map(VERDICT_RANK).fillna(9)
     failures = int((phases["verdict"] == "fail").sum())
     lines = [
         f"**{failures} blocking failure(s)**: fix these before renting GPUs."
@@ -286,7 +290,7 @@ def _standing(run: RunFolder, control: str | None) -> list[str]:
         f"- Agreed metric: {as_text(comparison.metric)} ({better} is better), experiment"
         f" {as_text(run.experiment)}; the median over each variant's runs:"
     ]
-    for row in analysis.standing(comparison).to_dict("records"):
+    for row in standing(comparison).to_dict("records"):
         mark = " [the control]" if control is not None and row["variant"] == control else ""
         counts = status_counts(row)
         lines.append(f"  - {as_text(row['variant'])}{mark}: {as_number(row['median'])} ({counts})")
@@ -303,8 +307,8 @@ def _campaign(run: RunFolder, step: StepTime, reserve: float) -> list[str]:
     devices = 1
     if record is not None and not is_null(record.get("devices")):
         devices = max(1, int(record["devices"]))
-    variants = analysis.campaign_variants(run.runs, run.experiment)
-    plan = analysis.campaign(run.phases, variants, step.seconds, reserve=reserve, devices=devices)
+    variants = campaign_variants(run.runs, run.experiment)
+    plan = campaign(run.phases, variants, step.seconds, reserve=reserve, devices=devices)
     (val_rate, val_time), (ckpt_rate, ckpt_time) = plan.validation, plan.checkpoint
     lines = [
         f"- Time per update, validation and checkpoints included at this run's rate:"
@@ -350,8 +354,7 @@ def _on_target(run: RunFolder, reserve: float, gpu_prices: Mapping[str, float] |
             " estimate`) to see memory and step time on the GPU you are about to rent."
         ]
     configs = [
-        {str(k): v for k, v in c.items()}
-        for c in analysis.on_target(run.estimate).to_dict("records")
+        {str(k): v for k, v in c.items()} for c in on_target(run.estimate).to_dict("records")
     ]
     headers = ["target", "precision", "micro-batch x seq", "act. ckpt", "strategy",
                "memory per GPU (est. reserved)", "peak phase", "fits", "step time"]  # fmt: skip
@@ -368,7 +371,7 @@ def _on_target(run: RunFolder, reserve: float, gpu_prices: Mapping[str, float] |
             lines.append(f"- {as_text(c['target'])} {as_text(c['precision'])}:"
                          f" {as_text(c['status'])}: {as_text(c['reason'])}")  # fmt: skip
     lines += _largest(run.largest)
-    variants = analysis.campaign_variants(run.runs, run.experiment)
+    variants = campaign_variants(run.runs, run.experiment)
     fitting = [c for c in configs if c["fits"] is True and not is_null(c["step_low_s"])]
     if variants.empty or not fitting:
         return [*lines, f"- Campaign package on the target: not priced: {_unpriced(configs)}."]
@@ -383,7 +386,7 @@ def _on_target(run: RunFolder, reserve: float, gpu_prices: Mapping[str, float] |
             continue
         seen.add(key)
         price = (gpu_prices or {}).get(str(c["target"]))
-        table, packages = analysis.target_campaign(
+        table, packages = target_campaign(
             variants, float(c["step_low_s"]), float(c["step_high_s"]),
             devices=int(c["devices"]), reserve=reserve, price_per_gpu_hour=price,
         )  # fmt: skip
@@ -437,7 +440,7 @@ def _largest(frame: pd.DataFrame | None) -> list[str]:
              " the smallest micro-batch):"]  # fmt: skip
     for c in ({str(k): v for k, v in row.items()} for row in frame.to_dict("records")):
         where = (f"{as_text(c['target'])} {as_text(c['precision'])}, act. ckpt"
-                 f" {as_text(analysis.checkpointing_name(c['checkpointing']))},"
+                 f" {as_text(checkpointing_name(c['checkpointing']))},"
                  f" {as_text(c['strategy'])}")  # fmt: skip
         batch, seq = c.get("largest_micro_batch"), c.get("largest_seq_len")
         at = seq_text(c.get("seq_len"))

@@ -17,7 +17,8 @@ import pandas as pd
 
 from lightning_pilot.core.accounting import UpdatePlan
 from lightning_pilot.core.compare import STATUS_ORDER, Comparison
-from lightning_pilot.report.analysis import VERDICT_RANK, gate, sampled_out
+from lightning_pilot.report.analysis import gate, sampled_out
+from lightning_pilot.report.order import verdict_rank
 from lightning_pilot.report.units import (
     CELL_LIMIT,
     NOT_MEASURED,
@@ -197,7 +198,7 @@ def _phase_block(key: Any, rows: pd.DataFrame) -> str:
         for row in rows[~skipped].itertuples(index=False)
         if row.verdict != "pass"
     ]
-    reasons.sort(key=lambda line: VERDICT_RANK.get(line.split(":")[0].strip(), 9))
+    reasons.sort(key=lambda line: verdict_rank(line.split(":")[0].strip()))
     if reasons:
         block += ["Not passed:", *reasons]
     if skipped.any():

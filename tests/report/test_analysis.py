@@ -9,8 +9,11 @@ import pandas as pd
 import pytest
 
 from lightning_pilot.report import analysis, gate_result, phase_table_text, terminal_safe
+from lightning_pilot.report.campaign import campaign, campaign_variants, target_campaign
 from lightning_pilot.report.load import RunFolder
 from lightning_pilot.report.sheet import render_choice_sheet
+from lightning_pilot.report.target import on_target
+from lightning_pilot.report.variants import run_costs, standing, summarize_costs
 
 
 def phase_rows(*rows: tuple[Any, ...], run_id: str = "r1") -> pd.DataFrame:
@@ -149,9 +152,9 @@ def test_campaign_variants_of_one_experiment_each_once_with_planned_updates() ->
     runs = runs_frame(("r1", "e", "a", "completed", 10), ("r2", "e", "a", "diverged", 20),
                       ("r3", "e", "", "completed", 30), ("r4", "e", "c", "completed", None),
                       ("r5", "other", "d", "completed", 5))  # fmt: skip
-    variants = analysis.campaign_variants(runs, "e")
+    variants = campaign_variants(runs, "e")
     assert variants.values.tolist() == [["a", 10, "completed"], ["r3", 30, "completed"]]
-    assert analysis.campaign_variants(None, "e").empty
+    assert campaign_variants(None, "e").empty
 
 
 def test_campaign_packages_in_priority_order_never_a_failed_or_unknown_variant() -> None:
@@ -161,7 +164,7 @@ def test_campaign_packages_in_priority_order_never_a_failed_or_unknown_variant()
                              "planned_updates": [3600, 3600, 3600, 36000, 3600],
                              "status": ["completed", "diverged", "new", None, "completed"]},
                             )  # fmt: skip
-    plan = analysis.campaign(phases, variants, 1.0, reserve=0.5, devices=2)
+    plan = campaign(phases, variants, 1.0, reserve=0.5, devices=2)
     assert plan.validation == (1.0, 6.0)  # 4 validations in 4 updates, 6 s each
     assert plan.per_update_s == 7.0
     table = plan.variants.set_index("variant")
@@ -174,7 +177,7 @@ def test_campaign_packages_in_priority_order_never_a_failed_or_unknown_variant()
 def test_standing_best_median_first_unmeasured_last() -> None:
     summary = pd.DataFrame({"variant": ["a", "b", "c"], "median": [2.0, None, 1.0]})
     comparison: Any = type("C", (), {"summary": summary})()
-    assert analysis.standing(comparison)["variant"].tolist() == ["c", "a", "b"]
+    assert standing(comparison)["variant"].tolist() == ["c", "a", "b"]
 
 
 # -- variant costs -----------------------------------------------------------------------------
@@ -183,21 +186,21 @@ def test_standing_best_median_first_unmeasured_last() -> None:
 def test_run_costs_and_a_variant_that_cuts_the_task_is_not_the_same_experiment() -> None:
     examples = pd.DataFrame({"split": ["train", "train", "val"], "truncated": [True, False, True],
                              "loss_tokens": [10, 20, 99]})  # fmt: skip
-    costs = analysis.run_costs(PHASES, examples, accumulate=1)
+    costs = run_costs(PHASES, examples, accumulate=1)
     assert (costs["peak_allocated_bytes"], costs["peak_phase"]) == (400, "backward")
     assert costs["peak_reserved_bytes"] is None
     assert (costs["truncated_fraction"], costs["loss_positions"]) == (0.5, 15.0)
-    assert analysis.run_costs(PHASES.iloc[:0], None, 1) == {}
+    assert run_costs(PHASES.iloc[:0], None, 1) == {}
     per_run = pd.DataFrame([{"variant": "ctl", **costs}, {"variant": "ctl", **costs},
                             {"variant": "short", **costs, "truncated_fraction": 0.9},
                             {"variant": "bare", "step_s": 1.0}])  # fmt: skip
-    summary = analysis.summarize_costs(per_run, control="ctl").set_index("variant")
+    summary = summarize_costs(per_run, control="ctl").set_index("variant")
     assert summary["runs_measured"].tolist() == [2, 1, 1]
     assert summary["same_experiment"].tolist() == [True, False, None]
     assert summary.loc["short", "why"] == "truncated 90% vs 50% in the control"
     assert summary.loc["bare", "why"] == "not measured (no BatchInspector examples)"
-    assert set(analysis.summarize_costs(per_run)["same_experiment"]) == {None}
-    assert analysis.summarize_costs(per_run.iloc[:0]).empty
+    assert set(summarize_costs(per_run)["same_experiment"]) == {None}
+    assert summarize_costs(per_run.iloc[:0]).empty
 
 
 # -- the sheet from a hand-made run ------------------------------------------------------------
@@ -263,7 +266,7 @@ def _estimate_rows() -> pd.DataFrame:
 
 
 def test_on_target_takes_the_worst_phase_and_never_hides_an_untraced_one() -> None:
-    configs = analysis.on_target(_estimate_rows()).set_index("target")
+    configs = on_target(_estimate_rows()).set_index("target")
     l4 = configs.loc["L4-24GB"]
     assert (l4["reserved_bytes"], l4["phase"], l4["fits"]) == (26 << 30, "optimizer_step", False)
     assert l4["headroom_bytes"] == -(2 << 30)
@@ -279,7 +282,7 @@ def test_target_campaign_prices_gpu_hours_and_money_at_the_slow_end() -> None:
         {"variant": ["ctl", "big", "bad"], "planned_updates": [72_000, 720_000, 1_000],
          "status": ["completed", "completed", "diverged"]}
     )  # fmt: skip
-    table, packages = analysis.target_campaign(
+    table, packages = target_campaign(
         variants, 0.1, 0.2, devices=8, reserve=0.25, price_per_gpu_hour=3.0
     )
     ctl = table.set_index("variant").loc["ctl"]
@@ -290,5 +293,5 @@ def test_target_campaign_prices_gpu_hours_and_money_at_the_slow_end() -> None:
     # diverged variant is never packaged.
     assert packages == {3: ["ctl", "big"], 7: ["ctl", "big"], 30: ["ctl", "big"]}
     assert not table.set_index("variant").loc["bad", "packaged"]
-    no_price, _ = analysis.target_campaign(variants, 0.1, 0.2, devices=1, reserve=0.25)
+    no_price, _ = target_campaign(variants, 0.1, 0.2, devices=1, reserve=0.25)
     assert no_price["cost_high"].isna().all()

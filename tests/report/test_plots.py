@@ -29,7 +29,12 @@ from lightning_pilot import (
 from lightning_pilot.cli import main
 from lightning_pilot.demo import ClassificationDataModule, TinyClassifier
 from lightning_pilot.report import plots
-from lightning_pilot.report.analysis import comparison_points, curve_marks, memory_stack
+from lightning_pilot.report.plot_data import (
+    comparison_points,
+    curve_marks,
+    loss_curves,
+    memory_stack,
+)
 from lightning_pilot.report.plots import COMPARISON, LOSS_CURVES, MATPLOTLIB_MISSING, PHASE_MEMORY
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -279,6 +284,25 @@ def test_marks_sit_where_runs_diverged_stopped_and_failed(folder: dict[str, Any]
         own = curves[(curves["run_id"] == run_id) & (curves["curve"] == "train_loss")]
         own = own[(own["step"] <= mark["step"]) & own["value"].map(math.isfinite)]
         assert mark["value"] == own.sort_values("step")["value"].iloc[-1]
+
+
+def test_loss_curves_hold_every_run_and_only_points_that_can_be_drawn(
+    folder: dict[str, Any],
+) -> None:
+    ledger = Ledger(folder["out"])
+    runs, curves = ledger.runs(), ledger.curves()
+    data = loss_curves(curves, runs, "val_loss")
+    assert [run.run_id for run in data.runs] == runs["run_id"].tolist()  # none dropped
+    train = curves[curves["curve"] == "train_loss"]["value"]
+    assert data.log == bool((train[train.map(math.isfinite)] > 0).all())
+    for run in data.runs:
+        points = [*run.train["value"], *run.val["value"]]
+        assert all(math.isfinite(v) and (v > 0 or not data.log) for v in points), run.run_id
+        assert run.train["step"].is_monotonic_increasing
+        assert run.recorded  # every fit of this folder logged a training loss
+    assert data.validated
+    assert data.statuses.to_dict() == {"completed": 2, "diverged": 2, "failed": 1}
+    assert data.marks.equals(curve_marks(runs, curves))
 
 
 def test_runs_without_validation_or_loss_points_are_drawn_and_marked(

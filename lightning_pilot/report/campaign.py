@@ -1,0 +1,158 @@
+"""The campaign priced from a pilot: every variant of the experiment (ledger order is
+priority order) priced at one run's measured speed, or at a target's estimated step-time band,
+and the 3, 7 and 30 day packages filled with the variants that fit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Final
+
+import pandas as pd
+
+from lightning_pilot.report.analysis import GATE_STATUSES, steady_medians
+from lightning_pilot.report.measured import largest, value_at
+from lightning_pilot.report.units import is_null
+from lightning_pilot.schemas import STATUSES
+
+#: The length of each campaign package in days.
+PACKAGE_DAYS: Final = (3, 7, 30)
+
+
+def campaign_variants(runs: pd.DataFrame | None, experiment: Any) -> pd.DataFrame:
+    """The variants of ``experiment`` with planned updates in ledger runs (``None``: no
+    ledger), each once in ledger order: ``variant`` (a run without one: its id),
+    ``planned_updates`` and ``status``."""
+    found: dict[str, tuple[int, Any]] = {}
+    mine = [] if runs is None else runs[runs["experiment"] == experiment].to_dict("records")
+    for row in mine:
+        planned, variant, status = row.get("planned_updates"), row.get("variant"), row["status"]
+        name = str(row["run_id"] if is_null(variant) or variant == "" else variant)
+        if not is_null(planned) and name not in found:
+            found[name] = (int(planned), None if is_null(status) else status)
+    rows = [(name, planned, status) for name, (planned, status) in found.items()]
+    return pd.DataFrame(rows, columns=["variant", "planned_updates", "status"])
+
+
+@dataclass(frozen=True)
+class Campaign:
+    """Every variant priced at one run's speed, and the variants each package holds.
+
+    ``per_update_s`` is the step (``step_s``) with validation and checkpoints at the run's rate
+    (each ``(occurrences per update, seconds)``); ``variants`` holds, in priority order,
+    ``variant``, ``status``, ``planned_updates``, ``hours``, ``device_hours``, ``packaged`` and
+    ``cumulative_hours``; ``packages`` maps 3, 7 and 30 days to the variants that fit.
+
+    Example:
+        >>> phases = pd.DataFrame({"phase": ["optimizer_step"], "first": [False],
+        ...                        "occurrences": [10], "duration_median_s": [1.0]})
+        >>> variants = pd.DataFrame({"variant": ["a", "b"], "planned_updates": [3600, 36000],
+        ...                          "status": ["completed", "diverged"]})
+        >>> plan = campaign(phases, variants, 2.0, reserve=0.5)
+        >>> plan.variants["hours"].tolist(), plan.packages
+        ([2.0, 20.0], {3: ['a'], 7: ['a'], 30: ['a']})
+    """
+
+    step_s: float
+    per_update_s: float
+    validation: tuple[float, float]
+    checkpoint: tuple[float, float]
+    export_s: float
+    variants: pd.DataFrame
+    packages: dict[int, list[str]]
+
+
+def _rate(
+    phases: pd.DataFrame, medians: pd.Series, phase: str, updates: int
+) -> tuple[float, float]:
+    """How often ``phase`` happened per update in this run, and its median duration."""
+    median = value_at(medians, phase)
+    occurrences = phases.loc[phases["phase"] == phase, "occurrences"]
+    if occurrences.empty or median is None or updates <= 0:
+        return 0.0, 0.0
+    return float(occurrences.fillna(0).sum()) / updates, median
+
+
+def _package(
+    packages: dict[int, list[str]],
+    name: str,
+    status: Any,
+    hours: float,
+    cumulative: float,
+    reserve: float,
+) -> tuple[bool, float]:
+    """Add a variant of ``hours`` to every 3/7/30-day package it still fits in (after the
+    ones before it); a variant that diverged, failed or has an unknown status is never
+    packaged. Returns whether it was packaged and the hours packaged so far."""
+    if status in GATE_STATUSES or not (status in STATUSES or is_null(status)):
+        return False, cumulative
+    cumulative += hours
+    for days, members in packages.items():
+        if cumulative <= days * 24.0 * (1.0 - reserve):
+            members.append(name)
+    return True, cumulative
+
+
+def campaign(
+    phases: pd.DataFrame, variants: pd.DataFrame, step_s: float, *, reserve: float, devices: int = 1
+) -> Campaign:
+    """Price the variants (:func:`campaign_variants`) at this run's speed on ``devices`` each,
+    and fill the 3, 7 and 30 day packages in priority order, ``reserve`` of each kept back; a
+    variant that diverged, failed or has an unknown status is never packaged."""
+    medians = steady_medians(phases)
+    updates = largest(phases.loc[phases["phase"] == "optimizer_step", "occurrences"])
+    done = int(updates) if updates is not None else 0
+    validation = _rate(phases, medians, "validation", done)
+    checkpoint = _rate(phases, medians, "checkpoint_save", done)
+    per_update = step_s + validation[0] * validation[1] + checkpoint[0] * checkpoint[1]
+    export = value_at(medians, "export") or 0.0
+    packages: dict[int, list[str]] = {days: [] for days in PACKAGE_DAYS}
+    rows, cumulative = [], 0.0
+    for name, planned, status in variants.itertuples(index=False):
+        hours = (int(planned) * per_update + export) / 3600.0
+        packaged, cumulative = _package(packages, name, status, hours, cumulative, reserve)
+        rows.append((name, status, int(planned), hours, hours * devices, packaged, cumulative))
+    columns = ["variant", "status", "planned_updates", "hours", "device_hours", "packaged",
+               "cumulative_hours"]  # fmt: skip
+    table = pd.DataFrame(rows, columns=columns)
+    return Campaign(step_s, per_update, validation, checkpoint, export, table, packages)
+
+
+def target_campaign(
+    variants: pd.DataFrame,
+    step_low_s: float,
+    step_high_s: float,
+    *,
+    devices: int,
+    reserve: float,
+    price_per_gpu_hour: float | None = None,
+) -> tuple[pd.DataFrame, dict[int, list[str]]]:
+    """Price the variants (:func:`campaign_variants`) at an estimated step-time band on
+    ``devices`` GPUs each: per variant ``hours_low``/``hours_high``, ``gpu_hours_low``/``_high``
+    and, with a price, ``cost_low``/``cost_high``; the 3, 7 and 30 day packages are filled at
+    the slow end of the band (``reserve`` kept back). Training updates only: validation,
+    checkpoints and export are not in the estimate.
+
+    Example:
+        >>> variants = pd.DataFrame({"variant": ["a"], "planned_updates": [36000],
+        ...                          "status": ["completed"]})
+        >>> table, packages = target_campaign(variants, 0.1, 0.2, devices=8, reserve=0.25,
+        ...                                   price_per_gpu_hour=2.0)
+        >>> table[["hours_high", "gpu_hours_high", "cost_high"]].to_dict("records")
+        [{'hours_high': 2.0, 'gpu_hours_high': 16.0, 'cost_high': 32.0}]
+        >>> packages
+        {3: ['a'], 7: ['a'], 30: ['a']}
+    """
+    packages: dict[int, list[str]] = {days: [] for days in PACKAGE_DAYS}
+    rows, cumulative = [], 0.0
+    for name, planned, status in variants.itertuples(index=False):
+        low, high = int(planned) * step_low_s / 3600.0, int(planned) * step_high_s / 3600.0
+        packaged, cumulative = _package(packages, name, status, high, cumulative, reserve)
+        cost = (None, None) if price_per_gpu_hour is None else (
+            low * devices * price_per_gpu_hour, high * devices * price_per_gpu_hour
+        )  # fmt: skip
+        rows.append((name, status, int(planned), low, high, low * devices, high * devices,
+                     *cost, packaged))  # fmt: skip
+    columns = ["variant", "status", "planned_updates", "hours_low", "hours_high",
+               "gpu_hours_low", "gpu_hours_high", "cost_low", "cost_high", "packaged"]  # fmt: skip
+    return pd.DataFrame(rows, columns=columns), packages

@@ -1,0 +1,47 @@
+"""Reductions over what was measured: a null value is left out, and a Series with no value
+left reduces to ``None`` (not measured), never to 0 or NaN.
+
+Example:
+    >>> import pandas as pd
+    >>> values = pd.Series([3.0, None, 1.0])
+    >>> [float(reduce(values)) for reduce in (largest, smallest, median)]
+    [3.0, 1.0, 2.0]
+    >>> largest(values.iloc[[1]]) is None
+    True
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+from lightning_pilot.report.units import is_null
+
+
+def largest(series: pd.Series) -> Any:
+    """The largest value measured; ``None`` when none was."""
+    values = series.dropna()
+    return None if values.empty else values.max()
+
+
+def smallest(series: pd.Series) -> Any:
+    """The smallest value measured; ``None`` when none was."""
+    values = series.dropna()
+    return None if values.empty else values.min()
+
+
+def median(series: pd.Series) -> Any:
+    """The median of the values measured; ``None`` when none was."""
+    return series.dropna().median() if series.notna().any() else None
+
+
+def value_at(series: pd.Series, key: Any) -> float | None:
+    """The value of ``series`` at ``key`` as a float; ``None`` when absent or null.
+
+    Example:
+        >>> value_at(pd.Series({"forward": 0.5, "data": None}), "forward")
+        0.5
+    """
+    value = series.get(key)
+    return None if value is None or is_null(value) else float(value)

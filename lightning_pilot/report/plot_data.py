@@ -1,0 +1,411 @@
+"""The data behind the plots, one pure function per plot over what the readers return
+(:mod:`lightning_pilot.report.plots` only draws it): the loss curves with the marks where runs
+diverged, stopped or failed (:func:`loss_curves`, :func:`curve_marks`), each phase's peak
+memory split by category (:func:`memory_stack`), and every run of a comparison as a point
+(:func:`comparison_points`). What was not measured stays null (NaN), never 0.
+
+Example:
+    >>> phases = pd.DataFrame({
+    ...     "phase": ["forward", "data"], "device": ["cpu", "cpu"], "rank": [0, 0],
+    ...     "attempt": [1, 1], "peak_allocated_bytes": [10_000, None],
+    ...     "param_bytes": [2_000, 2_000], "buffer_bytes": [0, 0], "grad_bytes": [2_000, 2_000],
+    ...     "optimizer_state_bytes": [4_000, 4_000]})
+    >>> memory_stack(phases)[["phase", "weights", "activations_other", "peak_bytes"]]
+         phase  weights  activations_other  peak_bytes
+    0     data      NaN                NaN         NaN
+    1  forward   2000.0             2000.0     10000.0
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Final
+
+import pandas as pd
+
+from lightning_pilot.core.compare import FAILED_STATUSES, Comparison
+from lightning_pilot.report.order import phase_rank
+from lightning_pilot.report.units import as_text, format_bytes, is_null
+
+#: The memory categories stacked in ``report.plots.plot_phase_memory``: column, legend label,
+#: and the kinds of ``placement.parquet`` (and phase-table columns) each one adds up.
+CATEGORIES: Final = (
+    ("weights", "weights (parameters and buffers)", ("param", "buffer")),
+    ("gradients", "gradients", ("grad",)),
+    ("optimizer_state", "optimizer state", ("optimizer_state",)),
+)
+OTHER: Final = ("activations_other", "activations and other tensors")
+_STATE_COLUMNS: Final = {
+    "param": "param_bytes",
+    "buffer": "buffer_bytes",
+    "grad": "grad_bytes",
+    "optimizer_state": "optimizer_state_bytes",
+}
+
+
+def drawable_points(points: pd.DataFrame, log: bool) -> pd.DataFrame:
+    """The points of a curve that can be drawn: finite values (> 0 on a log axis). An empty
+    frame stays a frame with its columns (an empty mask of objects would select columns)."""
+    keep = [
+        not is_null(v) and math.isfinite(float(v)) and (float(v) > 0 or not log)
+        for v in points["value"]
+    ]
+    return points.loc[pd.Series(keep, index=points.index, dtype=bool)]
+
+
+def _step(value: Any) -> int | None:
+    return None if is_null(value) else int(value)
+
+
+def curve_marks(runs: pd.DataFrame, curves: pd.DataFrame) -> pd.DataFrame:
+    """Where each run of ``runs`` (``Ledger.runs()`` rows) is marked on its loss curve
+    (``Ledger.curves()``), one row per mark: ``run_id``, ``variant``, ``seed``, ``kind``,
+    ``step``, ``value`` and ``label``.
+
+    ``kind`` is ``diverged`` at ``stop_step`` (the update where the divergence rule fired),
+    plus ``stopped`` at the last update when training went on after it (``action="record"``);
+    ``failed`` or ``oom`` at ``stop_step``; ``stopped`` (EarlyStopping, a stop request) at
+    ``stop_step``; ``interrupted`` at the last update recorded. A run's last update is
+    ``updates_done``, else its last training-loss point. ``value`` is the last finite
+    training loss at or before ``step`` (NaN when there is none: a loss that was NaN from the
+    start); a completed or running run has no mark.
+
+    Example:
+        >>> runs = pd.DataFrame({"run_id": ["a"], "variant": ["hot"], "seed": [0],
+        ...     "status": ["diverged"], "stop_cause": ["loss_blowup"], "stop_step": [4],
+        ...     "updates_done": [8]})
+        >>> curves = pd.DataFrame({"run_id": ["a"] * 3, "curve": ["train_loss"] * 3,
+        ...     "step": [3, 4, 8], "value": [2.0, float("nan"), 9.0]})
+        >>> curve_marks(runs, curves)[["kind", "step", "value"]]
+               kind  step  value
+        0  diverged     4    2.0
+        1   stopped     8    9.0
+    """
+    columns = ["run_id", "variant", "seed", "kind", "step", "value", "label"]
+    train = curves[curves["curve"] == "train_loss"] if len(curves) else curves
+    rows: list[dict[str, Any]] = []
+    for run in runs.to_dict("records"):
+        status = run.get("status")
+        if is_null(status) or status not in (*FAILED_STATUSES, "stopped", "interrupted"):
+            continue
+        own = train[train["run_id"] == run["run_id"]].sort_values("step", kind="stable")
+        steps = [int(s) for s in own["step"].dropna()]
+        last = _step(run.get("updates_done"))
+        if last is None and steps:
+            last = steps[-1]
+        stop = _step(run.get("stop_step"))
+        at = stop if stop is not None else last
+        cause = "" if is_null(run.get("stop_cause")) else f" ({as_text(run['stop_cause'])})"
+        where = "at an unknown update" if at is None else f"at update {at}"
+        marks = [(str(status), at, f"{status}{cause} {where}")]
+        if status == "diverged" and at is not None and last is not None and last > at:
+            marks.append(("stopped", last, f"stopped at update {last}, after the divergence"))
+        for kind, step, label in marks:
+            finite = drawable_points(own, log=False)
+            before = finite if step is None else finite[finite["step"] <= step]
+            value = float(before["value"].iloc[-1]) if len(before) else math.nan
+            rows.append(
+                {
+                    "run_id": run["run_id"],
+                    "variant": run.get("variant"),
+                    "seed": run.get("seed"),
+                    "kind": kind,
+                    "step": step,
+                    "value": value,
+                    "label": label,
+                }
+            )
+    frame = pd.DataFrame(rows, columns=columns)
+    frame["step"] = frame["step"].astype("Int64")
+    frame["value"] = frame["value"].astype("float64")
+    return frame
+
+
+@dataclass(frozen=True)
+class RunCurve:
+    """One run of a loss plot: its ``variant`` as text (the runs of a variant share a colour),
+    its ``seed``, the training-loss points that can be drawn (``train``, in update order), the
+    validation points that can be drawn (``val``), and ``recorded``: whether the ledger holds
+    any training-loss point of the run (drawable or not).
+
+    Example:
+        >>> none = pd.DataFrame({"step": [], "value": []})
+        >>> RunCurve("r1", "ctl", 0, train=none, val=none, recorded=False).train.empty
+        True
+    """
+
+    run_id: Any
+    variant: str
+    seed: Any
+    train: pd.DataFrame
+    val: pd.DataFrame
+    recorded: bool
+
+
+@dataclass(frozen=True)
+class LossCurves:
+    """The data of a loss plot (:func:`loss_curves`): one :class:`RunCurve` per run in the
+    runs' order, ``log`` (every finite training loss is positive: a logarithmic axis),
+    ``validated`` (some run has a point of the validation metric), the ``marks``
+    (:func:`curve_marks`) and the number of runs per ``statuses`` (as text, first seen first).
+
+    Example:
+        >>> runs = pd.DataFrame({"run_id": ["a"], "variant": ["hot"], "seed": [0],
+        ...     "status": ["completed"]})
+        >>> curves = pd.DataFrame({"run_id": ["a"] * 3, "curve": ["train_loss"] * 2 + ["val"],
+        ...     "name": [None, None, "val_loss"], "step": [2, 1, 2], "value": [0.5, 0.9, 0.7]})
+        >>> data = loss_curves(curves, runs, "val_loss")
+        >>> data.log, data.validated, data.runs[0].train["step"].tolist(), data.statuses.to_dict()
+        (True, True, [1, 2], {'completed': 1})
+    """
+
+    runs: list[RunCurve]
+    log: bool
+    validated: bool
+    marks: pd.DataFrame
+    statuses: pd.Series
+
+
+def loss_curves(curves: pd.DataFrame, runs: pd.DataFrame, val_metric: str) -> LossCurves:
+    """The :class:`LossCurves` of ``runs`` (``Ledger.runs()`` rows) from their curves
+    (``Ledger.curves()``), with ``val_metric`` as the validation points. The axis is
+    logarithmic when every finite training loss is positive, so a blown-up run stays readable;
+    a non-finite loss cannot be drawn."""
+    train = curves[curves["curve"] == "train_loss"] if len(curves) else curves
+    values = train["value"].astype("float64") if len(train) else pd.Series(dtype="float64")
+    finite = values[values.map(math.isfinite)]
+    log = bool(len(finite)) and bool((finite > 0).all())
+    per_run = []
+    for variant, run in zip(runs["variant"], runs.to_dict("records"), strict=True):
+        own = curves[curves["run_id"] == run["run_id"]] if len(curves) else curves
+        line = own[own["curve"] == "train_loss"].sort_values("step", kind="stable")
+        val = own[(own["curve"] == "val") & (own["name"] == val_metric)]
+        per_run.append(
+            RunCurve(
+                run_id=run["run_id"],
+                variant=as_text(variant),
+                seed=run.get("seed"),
+                train=drawable_points(line, log),
+                val=drawable_points(val, log),
+                recorded=not line.empty,
+            )
+        )
+    validated = bool(len(curves)) and bool(
+        ((curves["curve"] == "val") & (curves["name"] == val_metric)).any()
+    )
+    statuses = pd.Series([as_text(s) for s in runs["status"]], dtype=object)
+    return LossCurves(
+        per_run, log, validated, curve_marks(runs, curves), statuses.value_counts(sort=False)
+    )
+
+
+def _on_device_share(
+    placement: pd.DataFrame | None, device: Any, rank: Any, attempt: Any
+) -> tuple[dict[str, float], list[str]]:
+    """The fraction of each state kind that sits on ``device`` (``placement.parquet`` at the
+    fit's end, else after the first update), and a note per kind held elsewhere."""
+    if placement is None or placement.empty or is_null(device):
+        return {}, []
+    rows = placement
+    for column, value in (("rank", rank), ("attempt", attempt)):
+        if column in rows.columns and not is_null(value):
+            rows = rows[rows[column] == value]
+    if "moment" in rows.columns and len(rows):
+        moment = "fit_end" if (rows["moment"] == "fit_end").any() else rows["moment"].iloc[-1]
+        rows = rows[rows["moment"] == moment]
+    measured = str(device).split(" ")[0]
+    shares: dict[str, float] = {}
+    notes = []
+    for kind, group in rows.groupby("kind", sort=True):
+        total = float(group["bytes"].sum())
+        here = float(group.loc[group["device"].astype(str) == measured, "bytes"].sum())
+        if total > 0:
+            shares[str(kind)] = here / total
+        if total > here:
+            elsewhere = ", ".join(sorted({str(d) for d in group["device"] if str(d) != measured}))
+            notes.append(f"{format_bytes(total - here)} of {kind} on {elsewhere}, not in this peak")
+    return shares, notes
+
+
+def memory_stack(phases: pd.DataFrame, placement: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Each phase's highest peak allocated memory, split by category, one row per phase in
+    campaign order: ``phase``, ``peak_bytes``, ``weights``, ``gradients``,
+    ``optimizer_state``, ``activations_other`` (float bytes), ``measured`` and ``note``.
+
+    The row with the highest ``peak_allocated_bytes`` of the phase (over occurrences,
+    attempts and ranks) is split: the training state it held (``param_bytes`` +
+    ``buffer_bytes``, ``grad_bytes``, ``optimizer_state_bytes``), counted only for the share
+    that ``placement`` (``placement.parquet``) puts on the measured device, and the rest of
+    the peak as activations and other tensors, so the categories sum to the peak. The state is
+    read at the phase's end: when it is larger than the peak, ``activations_other`` is 0 and
+    the note says by how much. A phase whose peak was not measured has null values (NaN),
+    never 0, and ``measured`` false.
+    """
+    columns = ["phase", "peak_bytes", *(c for c, _, _ in CATEGORIES), OTHER[0], "measured"]
+    rows: list[dict[str, Any]] = []
+    order = sorted(dict.fromkeys(phases["phase"]), key=phase_rank)
+    for phase in order:
+        own = phases[phases["phase"] == phase]
+        peaks = pd.to_numeric(own["peak_allocated_bytes"], errors="coerce").astype("float64")
+        row: dict[str, Any] = dict.fromkeys(columns[1:-1], math.nan)
+        row |= {"phase": phase, "measured": False, "note": "not measured"}
+        if peaks.notna().any():
+            best = own.loc[peaks.idxmax()]
+            peak = float(peaks.max())
+            shares, notes = _on_device_share(
+                placement, best.get("device"), best.get("rank"), best.get("attempt")
+            )
+            state = 0.0
+            for column, _, kinds in CATEGORIES:
+                total = 0.0
+                for kind in kinds:
+                    value = best.get(_STATE_COLUMNS[kind])
+                    if not is_null(value):
+                        total += float(value) * shares.get(kind, 1.0)
+                row[column] = total
+                state += total
+            if state > peak:
+                notes.append(
+                    f"the state at the phase end ({format_bytes(state)}) exceeds this peak by"
+                    f" {format_bytes(state - peak)}"
+                )
+            row |= {
+                "peak_bytes": peak,
+                OTHER[0]: max(0.0, peak - state),
+                "measured": True,
+                "note": "; ".join(notes) or None,
+            }
+        rows.append(row)
+    frame = pd.DataFrame(rows, columns=[*columns, "note"])
+    frame["measured"] = frame["measured"].astype(bool)
+    return frame
+
+
+def phase_peaks(table: pd.DataFrame) -> pd.Series:
+    """The highest ``peak_allocated_bytes`` of each phase of a phase table, as floats in the
+    order the phases first appear; phases without a measurement left out.
+
+    Example:
+        >>> table = pd.DataFrame(
+        ...     {"phase": ["forward", "backward"], "peak_allocated_bytes": [2**20, None]}
+        ... )
+        >>> phase_peaks(table)
+        phase
+        forward    1048576.0
+        Name: peak_allocated_bytes, dtype: float64
+    """
+    measured = table.dropna(subset=["peak_allocated_bytes"])
+    order = list(dict.fromkeys(measured["phase"]))
+    peaks: pd.Series = (
+        measured.groupby("phase", sort=False)["peak_allocated_bytes"].max().astype(float)
+    )
+    return peaks.reindex(order)
+
+
+def comparison_points(comparison: Comparison, control: str | None = None) -> pd.DataFrame:
+    """Every run of a comparison (``Ledger.compare``) as a point to draw, in the groups'
+    order: ``group``, ``x`` (the group's position, spread a little by seed), ``seed``,
+    ``status``, ``run_id``, ``value`` (the run's metric as read), ``y`` (what is drawn:
+    the value of a measured run, NaN otherwise), ``place`` and ``control``.
+
+    ``place`` is ``measured``; ``worst`` for a run counted as the worst value (diverged, out
+    of memory, failed, or a non-finite metric), drawn in a strip at the top; or ``no value``
+    for a run not in the statistics (still running, interrupted, or the metric never logged),
+    drawn in a strip at the bottom. ``control`` marks the runs of ``control`` (default: the
+    comparison's own).
+
+    Example:
+        >>> from lightning_pilot.core.compare import compare_runs
+        >>> runs = pd.DataFrame({"variant": ["a", "a", "b"], "seed": [0, 1, 0],
+        ...     "status": ["completed", "completed", "diverged"], "value": [1.0, 1.2, 9e9]})
+        >>> points = comparison_points(compare_runs(runs, control="a"))
+        >>> points[["group", "seed", "y", "place", "control"]]
+          group  seed    y     place  control
+        0     a     0  1.0  measured     True
+        1     a     1  1.2  measured     True
+        2     b     0  NaN     worst    False
+    """
+    by = str(comparison.summary.columns[0])
+    control = control if control is not None else comparison.control
+    groups = list(comparison.summary[by])
+    runs = comparison.runs
+    rows = []
+    for index, group in enumerate(groups):
+        own = runs[runs[by] == group]
+        width = 0.5 / max(1, len(own))
+        for i, run in enumerate(own.to_dict("records")):
+            score = run.get("score")
+            value = run.get("value")
+            if is_null(score):
+                place, y = "no value", math.nan
+            elif math.isinf(float(score)):
+                place, y = "worst", math.nan
+            else:
+                place, y = "measured", float(score)
+            rows.append(
+                {
+                    "group": group,
+                    "x": index + (i - (len(own) - 1) / 2) * width,
+                    "seed": run.get("seed"),
+                    "status": run.get("status"),
+                    "run_id": run.get("run_id"),
+                    "value": math.nan if is_null(value) else float(value),
+                    "y": y,
+                    "place": place,
+                    "control": control is not None and group == control,
+                }
+            )
+    columns = ["group", "x", "seed", "status", "run_id", "value", "y", "place", "control"]
+    frame = pd.DataFrame(rows, columns=columns)
+    frame["control"] = frame["control"].astype(bool)
+    return frame
+
+
+@dataclass(frozen=True)
+class ComparisonPlot:
+    """The data of a comparison plot (:func:`comparison_plot`): the column the runs are
+    grouped ``by``, the ``metric`` and its ``mode`` (``min``: lower is better), the ``control``
+    marked (``None``: none), every run's point (``points``, :func:`comparison_points`) and each
+    group's median (``medians``, indexed by group in the comparison's order).
+
+    Example:
+        >>> from lightning_pilot.core.compare import compare_runs
+        >>> runs = pd.DataFrame({"variant": ["a", "b"], "seed": [0, 0], "value": [2.0, 1.0],
+        ...                      "status": ["completed"] * 2})
+        >>> data = comparison_plot(compare_runs(runs), control="b")
+        >>> data.by, data.medians.to_dict(), data.points["control"].tolist()
+        ('variant', {'a': 2.0, 'b': 1.0}, [False, True])
+    """
+
+    by: str
+    metric: str
+    mode: str
+    control: str | None
+    points: pd.DataFrame
+    medians: pd.Series
+
+
+def comparison_plot(comparison: Comparison, control: str | None = None) -> ComparisonPlot:
+    """The :class:`ComparisonPlot` of a comparison (``Ledger.compare``), ``control`` marked
+    (default: the comparison's own)."""
+    by = str(comparison.summary.columns[0])
+    return ComparisonPlot(
+        by=by,
+        metric=comparison.metric,
+        mode=comparison.mode,
+        control=control if control is not None else comparison.control,
+        points=comparison_points(comparison, control),
+        medians=comparison.summary.set_index(by)["median"],
+    )
+
+
+def experiment_runs(runs: pd.DataFrame, experiment: Any) -> pd.DataFrame:
+    """The ledger runs of ``experiment``; a null ``experiment`` keeps every run.
+
+    Example:
+        >>> runs = pd.DataFrame({"run_id": ["r1", "r2"], "experiment": ["e", "f"]})
+        >>> experiment_runs(runs, "f")["run_id"].tolist(), len(experiment_runs(runs, None))
+        (['r2'], 2)
+    """
+    return runs if is_null(experiment) else runs[runs["experiment"] == experiment]

@@ -1,0 +1,78 @@
+"""The estimate on a target GPU (``estimate.parquet``) read per configuration: one row per
+target x configuration with its largest memory per GPU, whether it fits, its headroom and its
+step-time band; ``checkpointing`` by its mode's name.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import pandas as pd
+
+from lightning_pilot.report.measured import largest, smallest
+from lightning_pilot.schemas import checkpointing_mode
+
+#: The columns of an estimate that name one configuration on one target.
+TARGET_KEYS: Final = (
+    "target", "precision", "micro_batch", "seq_len", "checkpointing", "strategy", "devices",
+)  # fmt: skip
+
+
+def checkpointing_name(value: object) -> str | None:
+    """An estimate table's ``checkpointing`` value by its name (``off``, ``full``,
+    ``selective``; the boolean of schema version 1 too); a value of no known mode as it is.
+
+    Example:
+        >>> [checkpointing_name(v) for v in (True, "selective", "later")]
+        ['full', 'selective', 'later']
+    """
+    try:
+        return checkpointing_mode(value)
+    except ValueError:
+        return str(value)
+
+
+def on_target(estimate: pd.DataFrame) -> pd.DataFrame:
+    """One row per target x configuration of an estimate table (``estimate.parquet``): the
+    largest estimated reserved bytes per GPU over its phases and the phase that sets it,
+    ``fits`` (every phase fits; ``None`` when a phase could not be estimated), the smallest
+    ``headroom_bytes``, the training step-time band (``step_low_s``, ``step_high_s``) and
+    ``status`` (``ok``, or the first other status with its ``reason``). ``checkpointing`` is
+    named ``off``, ``full`` or ``selective`` (:func:`~lightning_pilot.schemas.checkpointing_mode`:
+    an ``Estimate``'s own rows, and files with the boolean column of schema version 1, too).
+
+    Example:
+        >>> rows = pd.DataFrame({"target": ["L4-24GB"] * 2, "precision": ["bf16-mixed"] * 2,
+        ...     "micro_batch": [8, 8], "seq_len": [512, 512], "checkpointing": [False] * 2,
+        ...     "strategy": ["single"] * 2, "devices": [1, 1], "phase": ["forward", "backward"],
+        ...     "status": ["ok", "ok"], "reason": [None, None],
+        ...     "estimated_reserved_bytes": [3 << 30, 5 << 30], "fits": [True, True],
+        ...     "headroom_bytes": [21 << 30, 19 << 30], "step_time_low_s": [None, 0.2],
+        ...     "step_time_high_s": [None, 0.4]})
+        >>> on_target(rows)[["checkpointing", "phase", "fits", "step_high_s"]].to_dict("records")
+        [{'checkpointing': 'off', 'phase': 'backward', 'fits': True, 'step_high_s': 0.4}]
+    """
+    columns = [*TARGET_KEYS, "reserved_bytes", "phase", "fits", "headroom_bytes",
+               "step_low_s", "step_high_s", "status", "reason"]  # fmt: skip
+    rows = []
+    named = estimate.assign(checkpointing=estimate["checkpointing"].map(checkpointing_name))
+    for key, group in named.groupby(list(TARGET_KEYS), sort=False, dropna=False):
+        ok = group[group["status"] == "ok"]
+        bad = group[group["status"] != "ok"]
+        reserved = ok["estimated_reserved_bytes"].dropna()
+        top = ok.loc[[reserved.idxmax()]].iloc[0] if len(reserved) else None
+        fits = None if len(bad) or ok["fits"].isna().any() else bool(ok["fits"].all())
+        rows.append(
+            [
+                *key,
+                None if top is None else int(top["estimated_reserved_bytes"]),
+                None if top is None else top["phase"],
+                fits,
+                smallest(ok["headroom_bytes"]),
+                largest(ok["step_time_low_s"]),
+                largest(ok["step_time_high_s"]),
+                "ok" if bad.empty else str(bad.iloc[0]["status"]),
+                None if bad.empty else bad.iloc[0]["reason"],
+            ]
+        )
+    return pd.DataFrame(rows, columns=columns)
