@@ -13,7 +13,10 @@ would, with :class:`~lightning_pilot.Ledger` and :func:`~lightning_pilot.read_ph
 * Eight fits at once into one output folder: eight complete runs, nothing lost or doubled.
 * A damaged record file or index segment: skipped with a warning naming it, the rest read.
 
-The workers run at the same time within each group (two cores: waiting on them is the cost).
+Every drill runs at the same time, each in a process of its own forked by one process that
+imported torch, Lightning and lightning_pilot once (``tests/workers/fault_fork.py``: the imports
+are most of what a drill costs on a CPU); each drill's ResumeVerifier still starts its
+verification as a new Python process.
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ pytestmark = pytest.mark.skipif(
     sys.platform == "win32", reason="SIGKILL and process groups are POSIX"
 )
 
-WORKER = Path(__file__).parent / "workers" / "fault_fit.py"
+SERVER = Path(__file__).parent / "workers" / "fault_fork.py"
 TIMEOUT_S = 300.0
 # "Much later" for staleness: a run whose last record is older than stale_after is lost.
 STALE_AFTER_S = 60.0
@@ -78,12 +81,15 @@ class Drill:
         return found
 
 
-def launch(out: Path, variant: str, *args: str) -> subprocess.Popen[bytes]:
-    """Start one worker in a process group of its own (killing the group takes its children)."""
-    out.mkdir(parents=True, exist_ok=True)
-    with open(out / f"{variant}.log", "wb") as log:
+def launch(spec: Path, drills: list[tuple[Path, str, list[str]]]) -> subprocess.Popen[bytes]:
+    """Start every drill at once (``fault_fork.py``: one import, one forked process each, each
+    drill in a process group of its own, whose killing takes its children)."""
+    spec.write_text(
+        json.dumps([{"out": str(out), "variant": name, "args": args} for out, name, args in drills])
+    )
+    with open(spec.with_suffix(".log"), "wb") as log:
         return subprocess.Popen(
-            [sys.executable, str(WORKER), str(out), "--variant", variant, *args],
+            [sys.executable, str(SERVER), str(spec)],
             stdout=log,
             stderr=subprocess.STDOUT,
             env=dict(os.environ, OMP_NUM_THREADS="1"),
@@ -91,16 +97,41 @@ def launch(out: Path, variant: str, *args: str) -> subprocess.Popen[bytes]:
         )
 
 
-def finish(process: subprocess.Popen[bytes], out: Path, variant: str) -> Drill:
+def drill_pid(server: subprocess.Popen[bytes], out: Path, variant: str) -> int | None:
+    """The pid of a drill's process (its process group), once it has published it."""
+    path = out / f"{variant}.pid"
+    deadline = time.monotonic() + TIMEOUT_S
+    while not path.exists():
+        if server.poll() is not None or time.monotonic() > deadline:
+            return None
+        time.sleep(0.02)
+    return int(path.read_text())
+
+
+def finish(
+    server: subprocess.Popen[bytes], spec: Path, drills: list[tuple[Path, str, list[str]]]
+) -> dict[str, Drill]:
     try:
-        process.wait(timeout=TIMEOUT_S)
+        server.wait(timeout=TIMEOUT_S)
     finally:
-        # A worker killed while its verification process ran leaves that process orphaned.
+        # Drills still running when the wait ran out, and their verification processes.
+        for out, name, _ in drills:
+            if (out / f"{name}.pid").exists() and not (out / f"{name}.status").exists():
+                with suppress(ProcessLookupError):
+                    os.killpg(int((out / f"{name}.pid").read_text()), signal.SIGKILL)
         with suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-    log = (out / f"{variant}.log").read_text(errors="replace")
-    return Drill(out, variant, process.returncode, log)
+            os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
+    assert server.returncode == 0, spec.with_suffix(".log").read_text(errors="replace")
+    return {
+        name: Drill(
+            out,
+            name,
+            int((out / f"{name}.status").read_text()),
+            (out / f"{name}.log").read_text(errors="replace"),
+        )
+        for out, name, _ in drills
+    }
 
 
 def group_processes(pgid: int) -> dict[int, bytes]:
@@ -118,15 +149,19 @@ def group_processes(pgid: int) -> dict[int, bytes]:
     return found
 
 
-def kill_during_verification(process: subprocess.Popen[bytes]) -> bool:
-    """SIGKILL the worker's group once ResumeVerifier's verification process runs in it."""
+def kill_during_verification(server: subprocess.Popen[bytes], out: Path, variant: str) -> bool:
+    """SIGKILL the drill's group once ResumeVerifier's verification process runs in it."""
+    pgid = drill_pid(server, out, variant)
     deadline = time.monotonic() + TIMEOUT_S
-    while process.poll() is None and time.monotonic() < deadline:
-        members = group_processes(process.pid)
+    while pgid is not None and not (out / f"{variant}.status").exists():
+        members = group_processes(pgid)
         if any(b"lightning_pilot.resume.child" in cmd for cmd in members.values()):
-            os.killpg(process.pid, signal.SIGKILL)
+            os.killpg(pgid, signal.SIGKILL)
             return True
-        time.sleep(0.02)
+        if time.monotonic() > deadline:
+            break
+        # The verification process imports torch and Lightning first: seconds, polled at 0.1 s.
+        time.sleep(0.1)
     return False
 
 
@@ -195,21 +230,46 @@ VERIFIED = {"c0", "c1"}
 
 
 @pytest.fixture(scope="module")
-def eight(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Drill]]:
-    shared = tmp_path_factory.mktemp("eight")
-    processes = {
-        name: launch(
-            shared,
+def drills(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Drill]:
+    """Every drill of this module, all at once: the eight fits into one folder, each kill and
+    each full disk into a folder of its own. The verification kill comes from here."""
+    base = tmp_path_factory.mktemp("drills")
+    planned = [
+        (
+            base / "eight",
             name,
-            "--seed",
-            str(seed),
-            "--task",
-            task,
-            *(["--artifact"] if name in VERIFIED else ["--resume-at", "6"]),
+            ["--seed", str(seed), "--task", task]
+            + (["--artifact"] if name in VERIFIED else ["--resume-at", "6"]),
         )
         for name, seed, task in EIGHT
-    }
-    return shared, {name: finish(p, shared, name) for name, p in processes.items()}
+    ]
+    planned += [
+        (base / "kills" / fault, fault, ["--fault", fault])
+        for fault in ["setup", *(f for f in KILLS if f != "verification")]
+    ]
+    planned += [
+        (base / f"full-{n}", f"full{n}", ["--fault", "disk_full", "--full-after", str(n)])
+        for n in (1, 3)
+    ]
+    if HAS_PROC:
+        planned.append((base / "kills" / "verification", "verification", []))
+    server = launch(base / "drills.json", planned)
+    caught = False
+    try:
+        if HAS_PROC:
+            caught = kill_during_verification(
+                server, base / "kills" / "verification", "verification"
+            )
+    finally:
+        done = finish(server, base / "drills.json", planned)
+    if caught:
+        done["verification"].killed_by_test = True
+    return done
+
+
+@pytest.fixture(scope="module")
+def eight(drills: dict[str, Drill]) -> tuple[Path, dict[str, Drill]]:
+    return drills["c0"].out, {name: drills[name] for name, _, _ in EIGHT}
 
 
 @pytest.fixture(scope="module")
@@ -305,18 +365,8 @@ KILLS: dict[str, tuple[list[str], int, str, str | None]] = {
 
 
 @pytest.fixture(scope="module")
-def kills(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Drill]:
-    base = tmp_path_factory.mktemp("kills")
-    faults = ["setup", *(f for f in KILLS if f != "verification")]
-    processes = {f: launch(base / f, f, "--fault", f) for f in faults}
-    caught = False
-    if HAS_PROC:
-        processes["verification"] = launch(base / "verification", "verification")
-        caught = kill_during_verification(processes["verification"])
-    drills = {f: finish(p, base / f, f) for f, p in processes.items()}
-    if caught:
-        drills["verification"].killed_by_test = True
-    return drills
+def kills(drills: dict[str, Drill]) -> dict[str, Drill]:
+    return {fault: drills[fault] for fault in ["setup", *KILLS] if fault in drills}
 
 
 def test_sigkill_in_setup_leaves_nothing_and_readers_say_so(kills: dict[str, Drill]) -> None:
@@ -429,14 +479,9 @@ def test_sigkill_leaves_readable_files_and_an_interrupted_run(
 
 
 @pytest.fixture(scope="module")
-def disk(tmp_path_factory: pytest.TempPathFactory) -> dict[int, Drill]:
+def disk(drills: dict[str, Drill]) -> dict[int, Drill]:
     """Every fsync of a file fails with ENOSPC from the end of update 1, or of update 3."""
-    base = tmp_path_factory.mktemp("disk")
-    processes = {
-        n: launch(base / f"full-{n}", f"full{n}", "--fault", "disk_full", "--full-after", str(n))
-        for n in (1, 3)
-    }
-    return {n: finish(p, base / f"full-{n}", f"full{n}") for n, p in processes.items()}
+    return {n: drills[f"full{n}"] for n in (1, 3)}
 
 
 def check_full_disk_files(drill: Drill, run_id: str, events: list[str]) -> Ledger:
