@@ -1,23 +1,41 @@
 """Target GPUs: memory, peak dense arithmetic per precision, memory and link bandwidth.
 
-Every figure in :data:`TARGETS` is the vendor's datasheet value for dense arithmetic (no 2:4
-sparsity), with the datasheet named beside it. Memory is the datasheet's capacity in GiB (what
-NVIDIA calls "80GB" is 80 GiB of HBM); the driver reports a little less (a few hundred MiB
-held for ECC and the driver), which :attr:`Target.overhead_bytes` covers together with the
-CUDA context.
+Peak FLOP/s and bandwidths in :data:`TARGETS` are the vendor's datasheet values for dense
+arithmetic (no 2:4 sparsity), with the datasheet named in ``source``.
 
-``overhead_bytes`` (the CUDA context, the kernels' module images and the library handles,
-outside PyTorch's allocator and so outside ``torch.cuda.max_memory_allocated``) and
-``workspace_bytes`` (cuBLAS/cuBLASLt workspaces, which PyTorch takes from its caching allocator
-at the first matrix product, so they *are* in the allocated figure) are allowances, not
-measurements: 512 MiB of context is the order of what ``nvidia-smi`` shows for an idle
-PyTorch process with lazy module loading (CUDA 11.7+); the workspace follows PyTorch's default
-``CUBLAS_WORKSPACE_CONFIG`` (``:4096:8``, 32 MiB, on Hopper; ``:4096:2:16:8``, about 8 MiB,
-before). Replace them with your own figures through :class:`Target` when you have them.
+:attr:`Target.memory_bytes` is the memory the device reports, the figure
+``torch.cuda.get_device_properties(i).total_memory`` gives (``cudaDeviceProp.totalGlobalMem``;
+the "total capacity" of PyTorch's out-of-memory message is the same figure, from
+``cudaMemGetInfo``), not the datasheet's: the driver keeps part of the memory for itself, and
+on the GDDR6 cards with ECC on (L4, A10G, L40S) ``nvidia-smi`` already shows only 15/16 of
+the nominal. An A100-SXM4-40GB reports 40,339 MiB of its nominal 40,960 (1.5 % less), an
+A100-SXM4-80GB 81,051 of 81,920. Each entry cites the published device report it uses in
+``memory_source``. The figure moves with the driver by a few hundred MiB (the A100-SXM4-40GB
+reads 40,537 MiB in a 2021 report, 40,339 MiB under an R535 driver), so the catalogue's is
+one reading; pass ``memory=`` (``torch.cuda.get_device_properties(0).total_memory`` on the
+machine) for yours.
+Where only ``nvidia-smi``'s total was found, the entry says so: ``nvidia-smi`` counts memory
+that current drivers keep from CUDA (81,920 MiB against 81,051 on the A100 80GB above), so
+such a figure is an upper bound of the device's.
+
+``overhead_bytes`` is the memory a training process holds outside PyTorch's allocator (so
+outside ``torch.cuda.max_memory_allocated``) on a device that reports ``memory_bytes``: the CUDA
+context, the kernels' module images and the libraries' own allocations. The default, 512 MiB,
+is an allowance, not a measurement, at the top of what PyTorch's own out-of-memory messages
+show for single-GPU processes ("this process has X in use" less the allocator's reserved
+bytes: 0.40 to 0.49 GiB on A100 and L40 cards in the reports cited in
+``docs/estimate-validation.md``); NCCL's buffers in a distributed run come on top of it and
+are not modelled. ``workspace_bytes`` (cuBLAS/cuBLASLt workspaces, which PyTorch takes from its
+caching allocator at the first matrix product, so they *are* in the allocated figure) follows
+PyTorch's default ``CUBLAS_WORKSPACE_CONFIG`` (``:4096:8``, 32 MiB, on Hopper;
+``:4096:2:16:8``, about 8 MiB, before). Replace either with your own figures through
+:class:`Target` when you have them.
 
 Example:
-    >>> TARGETS["H100-SXM-80GB"].memory_bytes // 2**30
-    80
+    >>> TARGETS["A100-40GB"].memory_bytes  # deviceQuery, driver 535 (CUDA 12.2), ECC on
+    42298834944
+    >>> TARGETS["A100-40GB"].memory_bytes < 40 * 2**30  # less than the datasheet's 40 GiB
+    True
     >>> custom = Target("my-gpu", memory="48GiB", fp32=40e12, tf32=80e12, bf16=160e12,
     ...                 fp16=160e12, bandwidth=900e9)
     >>> custom.peak(torch.bfloat16) == 160e12
@@ -43,10 +61,12 @@ _GIB: Final = 2**30
 class Target:
     """One GPU model: what the estimate needs to know about it.
 
-    ``memory`` is bytes (an int) or a size string (``"80GiB"``); ``fp32``, ``tf32``, ``bf16``,
-    ``fp16`` are peak dense FLOP/s; ``bandwidth`` is memory bytes/s; ``link`` is the bytes/s
-    one GPU sends to the others in a collective (NVLink or PCIe, one direction); ``source``
-    names where the figures come from.
+    ``memory`` is bytes (an int) or a size string (``"80GiB"``): what the device reports
+    (``torch.cuda.get_device_properties(i).total_memory``), not the datasheet's capacity;
+    ``fp32``, ``tf32``, ``bf16``, ``fp16`` are peak dense FLOP/s; ``bandwidth`` is memory
+    bytes/s; ``link`` is the bytes/s one GPU sends to the others in a collective (NVLink or
+    PCIe, one direction); ``source`` names where the arithmetic and bandwidth figures come
+    from, ``memory_source`` where the memory figure does.
 
     Example:
         >>> Target("x", memory="24GB", fp32=1e12, tf32=1e12, bf16=2e12, fp16=2e12,
@@ -67,6 +87,7 @@ class Target:
     overhead_bytes: int
     workspace_bytes: int
     source: str
+    memory_source: str
 
     def __init__(
         self,
@@ -82,6 +103,7 @@ class Target:
         overhead_bytes: int = 512 * _MIB,
         workspace_bytes: int = 8 * _MIB + 128 * 1024,
         source: str = "user",
+        memory_source: str = "user",
     ) -> None:
         owner = "Target"
         set_ = object.__setattr__
@@ -107,6 +129,7 @@ class Target:
             validate.integer(owner, "workspace_bytes", workspace_bytes, minimum=0),
         )
         set_(self, "source", validate.text(owner, "source", source))
+        set_(self, "memory_source", validate.text(owner, "memory_source", memory_source))
 
     def peak(self, dtype: torch.dtype, *, allow_tf32: bool = False) -> float:
         """Peak dense FLOP/s of matrix products in ``dtype`` (fp32 runs on TF32 tensor cores
@@ -119,12 +142,16 @@ class Target:
 
 
 def _t(
-    name: str, gib: int, tflops: tuple[float, float, float, float], tb_s: float, **kw: object
+    name: str,
+    memory: int,
+    tflops: tuple[float, float, float, float],
+    tb_s: float,
+    **kw: object,
 ) -> Target:
     fp32, tf32, bf16, fp16 = (value * 1e12 for value in tflops)
     return Target(
         name,
-        memory=gib * _GIB,
+        memory=memory,
         fp32=fp32,
         tf32=tf32,
         bf16=bf16,
@@ -134,94 +161,160 @@ def _t(
     )
 
 
+def _gib(printed: float) -> int:
+    """The bytes of a capacity PyTorch's out-of-memory message prints in GiB to two decimals
+    ("GPU 0 has a total capacity of 79.11 GiB"): within 5 MiB of the device's figure."""
+    return round(printed * _GIB)
+
+
 _HOPPER_WORKSPACE: Final = 32 * _MIB
+#: An 80 GB H100 as PyTorch reports it: "GPU 0 has a total capacity of 79.11 GiB"
+#: (vllm-project/vllm#27508, 2025, running openai/gpt-oss-120b on one "H100"; the thread's
+#: excerpt does not name the form factor, and both the SXM5 and the PCIe card carry 80 GB).
+_H100_80: Final = _gib(79.11)
+_H100_80_SOURCE: Final = (
+    "PyTorch out-of-memory message, 'total capacity of 79.11 GiB', an 80 GB H100 (form factor"
+    " not stated): https://github.com/vllm-project/vllm/issues/27508"
+)
 #: The catalogue. Peak FLOP/s are dense (the datasheets print sparse figures at twice these);
 #: ``link`` is one direction of NVLink (half the datasheet's bidirectional figure) or of a
-#: PCIe x16 link (Gen4 32 GB/s, Gen5 64 GB/s).
+#: PCIe x16 link (Gen4 32 GB/s, Gen5 64 GB/s); ``memory`` is the device's own report (module
+#: docstring), each cited in ``memory_source``.
 TARGETS: Final[dict[str, Target]] = {
     t.name: t
     for t in (
         # NVIDIA H100 Tensor Core GPU datasheet (SXM5): FP32 67 TF, TF32 989 TF sparse,
-        # BF16/FP16 1,979 TF sparse, HBM3 3.35 TB/s, NVLink 900 GB/s.
+        # BF16/FP16 1,979 TF sparse, HBM3 3.35 TB/s, NVLink 900 GB/s; 80 GB.
         _t(
             "H100-SXM-80GB",
-            80,
+            _H100_80,
             (67, 494.5, 989.5, 989.5),
             3.35,
             link=450e9,
             workspace_bytes=_HOPPER_WORKSPACE,
             source="NVIDIA H100 datasheet, SXM5",
+            memory_source=_H100_80_SOURCE,
         ),
-        # Same datasheet, PCIe: FP32 51 TF, TF32 756 sparse, BF16/FP16 1,513 sparse, 2 TB/s.
+        # Same datasheet, PCIe: FP32 51 TF, TF32 756 sparse, BF16/FP16 1,513 sparse, 2 TB/s;
+        # 80 GB. No report naming the PCIe card was found: the 80 GB H100's above.
         _t(
             "H100-PCIe-80GB",
-            80,
+            _H100_80,
             (51, 378, 756.5, 756.5),
             2.0,
             link=64e9,
             workspace_bytes=_HOPPER_WORKSPACE,
             source="NVIDIA H100 datasheet, PCIe",
+            memory_source=_H100_80_SOURCE + " (no report naming the PCIe card found)",
         ),
-        # NVIDIA H200 datasheet (SXM): compute as H100 SXM, 141 GB HBM3e, 4.8 TB/s.
+        # NVIDIA H200 datasheet (SXM): compute as H100 SXM, 141 GB HBM3e, 4.8 TB/s. The device
+        # reports 143,156 MiB (139.8 GiB): "_CudaDeviceProperties(name='NVIDIA H200', ...,
+        # total_memory=143156MB" (PyTorch prints MiB as "MB").
         _t(
             "H200-SXM-141GB",
-            141,
+            143156 * _MIB,
             (67, 494.5, 989.5, 989.5),
             4.8,
             link=450e9,
             workspace_bytes=_HOPPER_WORKSPACE,
             source="NVIDIA H200 datasheet, SXM",
+            memory_source=(
+                "torch get_device_properties, 'NVIDIA H200', total_memory=143156MB:"
+                " https://github.com/ai-bot-pro/achatbot/blob/298019b35ebdd32d4ec0daae998b2308"
+                "099ba77c/deploy/modal/src/llm/vllm/vlm/skywork_r1v.py"
+            ),
         ),
         # NVIDIA A100 Tensor Core GPU datasheet: FP32 19.5, TF32 156, BF16/FP16 312 (dense);
-        # 80GB SXM 2,039 GB/s, 40GB 1,555 GB/s; NVLink 600 GB/s.
+        # 80GB SXM 2,039 GB/s, 40GB 1,555 GB/s; NVLink 600 GB/s. The 80GB reports 81,051 MiB
+        # (Ultralytics prints torch's total_memory in MiB: "CUDA:0 (NVIDIA A100-SXM4-80GB,
+        # 81051MiB)", torch 2.9.1+cu128, CUDA 12.8); nvidia-smi shows 81,920.
         _t(
             "A100-SXM-80GB",
-            80,
+            81051 * _MIB,
             (19.5, 156, 312, 312),
             2.039,
             link=300e9,
             source="NVIDIA A100 datasheet, 80GB SXM",
+            memory_source=(
+                "torch total_memory as Ultralytics prints it, 'NVIDIA A100-SXM4-80GB, 81051MiB',"
+                " torch 2.9.1+cu128: https://github.com/ultralytics/ultralytics/issues/22877"
+            ),
         ),
+        # deviceQuery on eight A100-SXM4-40GB, driver CUDA 12.2 (R535), ECC enabled: "Total
+        # amount of global memory: 40339 MBytes (42298834944 bytes)". A 2021 report under an
+        # older driver read 40,537 MiB (ultralytics/yolov5#3360).
         _t(
             "A100-40GB",
-            40,
+            42298834944,
             (19.5, 156, 312, 312),
             1.555,
             link=300e9,
             source="NVIDIA A100 datasheet, 40GB",
+            memory_source=(
+                "deviceQuery, 'NVIDIA A100-SXM4-40GB', driver CUDA 12.2, ECC enabled,"
+                " 42298834944 bytes: https://github.com/bottlerocket-os/bottlerocket/pull/3873"
+            ),
         ),
         # NVIDIA L40S datasheet: FP32 91.6, TF32 366 sparse, BF16/FP16 733 sparse, 864 GB/s,
-        # 48 GB GDDR6, PCIe Gen4 x16.
+        # 48 GB GDDR6 with ECC, PCIe Gen4 x16. PyTorch reports 44.53 GiB (ECC on GDDR6 takes a
+        # sixteenth: nvidia-smi shows 46,068 MiB of 49,152).
         _t(
             "L40S-48GB",
-            48,
+            _gib(44.53),
             (91.6, 183, 366.5, 366.5),
             0.864,
             link=32e9,
             source="NVIDIA L40S datasheet",
+            memory_source=(
+                "PyTorch out-of-memory message on an 'L40S 48GB', 'total capacity of 44.53 GiB':"
+                " https://github.com/Wan-Video/Wan2.1/issues/205"
+            ),
         ),
         # NVIDIA L4 datasheet: FP32 30.3, TF32 120 sparse, BF16/FP16 242 sparse, 300 GB/s,
-        # 24 GB, PCIe Gen4 x16.
-        _t("L4-24GB", 24, (30.3, 60, 121, 121), 0.300, link=32e9, source="NVIDIA L4 datasheet"),
+        # 24 GB GDDR6, PCIe Gen4 x16. No report of torch's total_memory was found: nvidia-smi's
+        # total, 23,034 MiB (ECC on), an upper bound of it (module docstring).
+        _t(
+            "L4-24GB",
+            23034 * _MIB,
+            (30.3, 60, 121, 121),
+            0.300,
+            link=32e9,
+            source="NVIDIA L4 datasheet",
+            memory_source=(
+                "nvidia-smi total 23034MiB for 'L4' (an upper bound of torch's total_memory; no"
+                " torch report found): https://github.com/modal-labs/modal-client/pull/2797"
+            ),
+        ),
         # AWS's A10G has no NVIDIA datasheet of its own: these are the NVIDIA A10 datasheet's
         # figures (FP32 31.2, TF32 62.5, BF16/FP16 125 dense, 600 GB/s, 24 GB), an upper bound.
+        # PyTorch on a g5.12xlarge (four A10G) reports "22.20 GiB total capacity".
         _t(
             "A10G-24GB",
-            24,
+            _gib(22.20),
             (31.2, 62.5, 125, 125),
             0.600,
             link=32e9,
             source="NVIDIA A10 datasheet (A10G: AWS variant, upper bound)",
+            memory_source=(
+                "PyTorch out-of-memory message on a g5.12xlarge (A10G), '22.20 GiB total"
+                " capacity': https://github.com/XavierXiao/Dreambooth-Stable-Diffusion/issues/18"
+            ),
         ),
         # NVIDIA Ada GPU architecture whitepaper, GeForce RTX 4090: FP32 82.6, TF32 82.6,
         # FP16/BF16 tensor with FP32 accumulate 165.2 (dense), GDDR6X 1,008 GB/s, 24 GB.
+        # deviceQuery, driver CUDA 12.4, ECC off: "24210 MBytes (25386352640 bytes)".
         _t(
             "RTX-4090-24GB",
-            24,
+            25386352640,
             (82.6, 82.6, 165.2, 165.2),
             1.008,
             link=32e9,
             source="NVIDIA Ada Lovelace architecture whitepaper, RTX 4090",
+            memory_source=(
+                "deviceQuery, 'NVIDIA GeForce RTX 4090', driver CUDA 12.4, 25386352640 bytes:"
+                " https://github.com/thamada/nvidia-smi/blob/b09ef139265ffc7e3c78006346981de8e4d"
+                "70499/gls/RTX4090_deviceQuery.py"
+            ),
         ),
     )
 }
