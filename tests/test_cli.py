@@ -432,38 +432,8 @@ def test_python_m_subprocess(pilot: dict[str, Any], tmp_path: Path) -> None:  # 
     assert missing.stderr == f"lightning-pilot: {tmp_path / 'none'} does not exist.\n"
 
 
-def test_demo_command_runs_the_quick_pilot_and_writes_the_sheet(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    code = main(["demo", "--out", str(tmp_path / "demo"), "--quick"])
-    out = capsys.readouterr().out
-    assert code == 0  # a demonstration: its deliberately diverged lr=5 run does not gate it
-    assert result_lines(out) == [CLEAN]
-    sheets = list((tmp_path / "demo" / "runs").glob("*/sheet.md"))
-    assert len(sheets) == 1
-    assert "Choice sheet written to" in out
-    assert (tmp_path / "demo" / "ledger").is_dir()
-    sheet = sheets[0].read_text()
-    assert "- Module: `lightning_pilot.demo.lm.TinyCausalLM`" in sheet
-    assert re.search(r"- Parameters: [\d,]+ \([\d,]+ trainable\)", sheet)
-    assert "- Optimizer: AdamW(lr=0.003)" in sheet
-    assert re.search(
-        r"- One update: [\d.]+ (ms|s|min) \(8 x \(data", sheet
-    )  # K = 8 from the ledger
-    # The comparison is priced at the pilot's speed; the diverged variant is never packaged.
-    assert re.search(r"\| lr=5 \(unstable\) \| diverged \| .* \| not packaged \|", sheet)
-    # Where each variant stands on the agreed metric, the control marked, the diverged one worst.
-    assert "- lr=3e-3 (control) [the control]: " in sheet
-    assert "- lr=5 (unstable): inf (1 diverged)" in sheet
-    package = next(line for line in sheet.splitlines() if line.startswith("- 3-day package"))
-    assert "lr=3e-3 (control)" in package
-    assert "unstable" not in package
-    # `show` on the demo's folder is a gate: the diverged comparison run is in its scope.
-    code = main(["show", str(tmp_path / "demo")])
-    out = capsys.readouterr().out
-    assert code == EXIT_CHECK_FAILED
-    assert result_lines(out)[0] == "Result: 1 run(s) diverged or failed (exit 1):"
-    assert re.search(r"^  run \S+  variant lr=5 \(unstable\)  seed \d+  status diverged", out, re.M)
+# The `demo` command (the quick demo, its sheet and its gate) is tested on the demo tests' shared
+# run: tests/demo/test_pilot_demo.py.
 
 
 # -- what files hold never drives the terminal ----------------------------------------------

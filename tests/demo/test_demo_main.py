@@ -1,5 +1,5 @@
-"""``python -m lightning_pilot.demo``: its arguments (the quick demo itself, run through
-``main``, is test_pilot_demo.py's shared fit)."""
+"""``python -m lightning_pilot.demo``: its arguments (its main on the quick demo is tested in
+test_pilot_demo.py, on the demo run shared there)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,13 @@
-"""``python -m lightning_pilot.demo --quick`` (run_demo): the pilot, the overfit, the
-learning-rate comparison and the plots, run once for the module."""
+"""The quick demo (run_demo): the pilot, the overfit, the learning-rate comparison and the
+plots, run once for the module through ``lightning-pilot demo --quick``, which then writes and
+gates on the choice sheet; ``python -m lightning_pilot.demo`` on the same demo."""
 
 from __future__ import annotations
 
 import contextlib
 import io
 import math
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -14,44 +16,55 @@ import pandas as pd
 import pytest
 
 import lightning_pilot.demo.__main__ as demo_main_module
+import lightning_pilot.demo.pilot as demo_pilot_module
 from lightning_pilot import Ledger, read_phase_table
+from lightning_pilot.cli import EXIT_CHECK_FAILED
+from lightning_pilot.cli import main as cli_main
 from lightning_pilot.demo.pilot import EXPERIMENT, DemoSize, lr_variants, run_demo, write_plots
 from lightning_pilot.report.analysis import phase_peaks
 from lightning_pilot.report.plots import MATPLOTLIB_MISSING, require_matplotlib
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+CLEAN = "Result: no failed check, no diverged or failed run (1 ledger run(s) checked)."
 
 
 @pytest.fixture(scope="module")
-def demo_main(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, dict[str, Any], str]:
-    """``python -m lightning_pilot.demo --out OUT --quick``, once for every test of the demo:
-    its exit code, what its run_demo returned and what it printed."""
+def demo_command(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, dict[str, Any], str, str]:
+    """``lightning-pilot demo --out OUT --quick``, once for every test of the demo: its exit
+    code, what its run_demo returned, what run_demo printed and what the command printed."""
     out = tmp_path_factory.mktemp("demo")
     stream = io.StringIO()
-    returned: list[dict[str, Any]] = []
+    returned: list[tuple[dict[str, Any], str]] = []
 
     def kept(*args: Any, **kwargs: Any) -> dict[str, Any]:
-        returned.append(run_demo(*args, **kwargs))
-        return returned[-1]
+        start = stream.tell()
+        result = run_demo(*args, **kwargs)
+        returned.append((result, stream.getvalue()[start:]))
+        return result
 
     with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(stream):
-        patch.setattr(demo_main_module, "run_demo", kept)
-        code = demo_main_module.main(["--out", str(out), "--quick"])
-    (result,) = returned
-    return code, result, stream.getvalue()
+        patch.setattr(demo_pilot_module, "run_demo", kept)
+        code = cli_main(["demo", "--out", str(out), "--quick"])
+    ((result, printed),) = returned
+    assert result["out_dir"] == out
+    return code, result, printed, stream.getvalue()
 
 
 @pytest.fixture
-def demo(demo_main: tuple[int, dict[str, Any], str]) -> tuple[dict[str, Any], str]:
-    _, result, text = demo_main
-    return result, text
+def demo(demo_command: tuple[int, dict[str, Any], str, str]) -> tuple[dict[str, Any], str]:
+    _, result, printed, _ = demo_command
+    return result, printed
 
 
-def test_quick_demo_passes_and_writes_its_files(
-    demo_main: tuple[int, dict[str, Any], str],
-) -> None:
-    code, result, out = demo_main
-    assert code == 0
+def result_lines(out: str) -> list[str]:
+    """The ``Result:`` summary: its last block, from the ``Result:`` line on."""
+    lines = out.rstrip().splitlines()
+    start = max(i for i, line in enumerate(lines) if line.startswith("Result: "))
+    return lines[start:]
+
+
+def test_quick_demo_passes_and_writes_its_files(demo: tuple[dict[str, Any], str]) -> None:
+    result, out = demo
     table = read_phase_table(result["out_dir"])
     assert {"setup", "forward", "optimizer_step", "validation", "checkpoint_save"} <= set(
         table["phase"]
@@ -60,6 +73,23 @@ def test_quick_demo_passes_and_writes_its_files(
     assert len(Ledger(result["out_dir"]).runs()) == 5  # the pilot and four comparison fits
     assert "Phase table of the pilot run" in out
     assert f"ledger:      {result['out_dir'] / 'ledger'}" in out
+
+
+def test_python_m_demo_runs_the_demo_and_exits_0_when_no_pilot_phase_failed(
+    demo: tuple[dict[str, Any], str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # ``python -m lightning_pilot.demo``'s main on the shared demo: it passes --out and
+    # --quick to run_demo, then reads the pilot run's phase table for its exit code.
+    result, _ = demo
+    calls: list[tuple[Path, bool]] = []
+
+    def recorded(out_dir: Path, *, quick: bool = False) -> dict[str, Any]:
+        calls.append((out_dir, quick))
+        return result
+
+    monkeypatch.setattr(demo_main_module, "run_demo", recorded)
+    assert demo_main_module.main(["--out", str(tmp_path / "out"), "--quick"]) == 0
+    assert calls == [(tmp_path / "out", True)]
 
 
 def test_result_points_to_the_files(demo: tuple[dict[str, Any], str]) -> None:
@@ -207,3 +237,37 @@ def test_demo_estimates_and_its_sheet_prices_the_campaign_on_the_catalogue(
     assert "Not estimated" not in sheet
     assert "Campaign package on the target" in sheet
     assert "H100-SXM-80GB x1 bf16-mixed micro-batch 2: all variants" in sheet
+
+
+def test_demo_command_writes_the_sheet_and_gates_on_the_pilot_run(
+    demo_command: tuple[int, dict[str, Any], str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, result, _, out = demo_command
+    assert code == 0  # a demonstration: its deliberately diverged lr=5 run does not gate it
+    assert result_lines(out) == [CLEAN]
+    sheets = list((result["out_dir"] / "runs").glob("*/sheet.md"))
+    assert len(sheets) == 1
+    assert "Choice sheet written to" in out
+    assert (result["out_dir"] / "ledger").is_dir()
+    sheet = sheets[0].read_text()
+    assert "- Module: `lightning_pilot.demo.lm.TinyCausalLM`" in sheet
+    assert re.search(r"- Parameters: [\d,]+ \([\d,]+ trainable\)", sheet)
+    assert "- Optimizer: AdamW(lr=0.003)" in sheet
+    assert re.search(
+        r"- One update: [\d.]+ (ms|s|min) \(8 x \(data", sheet
+    )  # K = 8 from the ledger
+    # The comparison is priced at the pilot's speed; the diverged variant is never packaged.
+    assert re.search(r"\| lr=5 \(unstable\) \| diverged \| .* \| not packaged \|", sheet)
+    # Where each variant stands on the agreed metric, the control marked, the diverged one worst.
+    assert "- lr=3e-3 (control) [the control]: " in sheet
+    assert "- lr=5 (unstable): inf (1 diverged)" in sheet
+    package = next(line for line in sheet.splitlines() if line.startswith("- 3-day package"))
+    assert "lr=3e-3 (control)" in package
+    assert "unstable" not in package
+    # `show` on the demo's folder is a gate: the diverged comparison run is in its scope.
+    capsys.readouterr()
+    code = cli_main(["show", str(result["out_dir"])])
+    out = capsys.readouterr().out
+    assert code == EXIT_CHECK_FAILED
+    assert result_lines(out)[0] == "Result: 1 run(s) diverged or failed (exit 1):"
+    assert re.search(r"^  run \S+  variant lr=5 \(unstable\)  seed \d+  status diverged", out, re.M)
