@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import sys
-import weakref
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,6 +27,8 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
+
+from lightning_pilot.core.storage_count import StorageCounter
 
 
 def compiled_code(module: torch.nn.Module) -> list[str]:
@@ -91,17 +92,25 @@ def compiled_code(module: torch.nn.Module) -> list[str]:
     return found
 
 
-class TensorTracker(TorchDispatchMode):  # type: ignore[no-untyped-call]
-    """Count live tensor bytes on any device by following every storage operators touch (once
-    each, until freed; older tensors through :meth:`adopt`). A context manager, or
-    :meth:`start` / :meth:`stop` across hooks; one Python call per operator while active."""
+class TensorTracker(StorageCounter, TorchDispatchMode):  # type: ignore[no-untyped-call]
+    """Count live tensor bytes on any device: a :class:`~lightning_pilot.core.storage_count.
+    StorageCounter` fed every tensor operators touch (older tensors through :meth:`adopt`).
+    A context manager, or :meth:`start` / :meth:`stop` across hooks; one Python call per
+    operator while active.
+
+    Example:
+        >>> import torch
+        >>> layer = torch.nn.Linear(10, 10)       # 440 bytes, made before tracking
+        >>> tracker = TensorTracker()
+        >>> tracker.adopt(layer.parameters())
+        >>> with tracker:
+        ...     out = layer(torch.ones(4, 10))    # 160 bytes in, 160 out
+        >>> tracker.current_bytes
+        760
+    """
 
     def __init__(self) -> None:
-        super().__init__()  # type: ignore[no-untyped-call]
-        self._live: dict[int, int] = {}
-        self._refs: dict[int, weakref.ref[Any]] = {}
-        self.current_bytes = 0
-        self.peak_bytes = 0
+        super().__init__()
         self.active = False
 
     def start(self) -> None:
@@ -123,14 +132,10 @@ class TensorTracker(TorchDispatchMode):  # type: ignore[no-untyped-call]
         self.active = False
         super().__exit__(*args)  # type: ignore[no-untyped-call]
 
-    def reset_peak(self) -> None:
-        """Set the peak to the current level (as CUDA's ``reset_peak_memory_stats`` does)."""
-        self.peak_bytes = self.current_bytes
-
     def adopt(self, tensors: Iterable[torch.Tensor]) -> None:
         """Count tensors that already exist (their storages, once)."""
         for tensor in tensors:
-            self._record(tensor)
+            self.count(tensor)
 
     def __torch_dispatch__(
         self,
@@ -142,45 +147,19 @@ class TensorTracker(TorchDispatchMode):  # type: ignore[no-untyped-call]
         out = func(*args, **(kwargs or {}))
         # A hand-written walk of the usual shapes (tensors and flat lists of them) is several
         # times cheaper than a generic pytree flatten on every operator.
-        record = self._record
+        count = self.count
         for value in (*args, out):
             if isinstance(value, torch.Tensor):
-                record(value)
+                count(value)
             elif isinstance(value, list | tuple):
                 for item in value:
                     if isinstance(item, torch.Tensor):
-                        record(item)
+                        count(item)
         if kwargs:
             for value in tree_flatten(kwargs)[0]:
                 if isinstance(value, torch.Tensor):
-                    record(value)
+                    count(value)
         return out
-
-    def _record(self, tensor: torch.Tensor) -> None:
-        try:
-            storage = tensor.untyped_storage()
-        except (RuntimeError, NotImplementedError):
-            return  # sparse, nested or fake tensors have no plain storage
-        key = id(storage)
-        if key in self._live:
-            return
-        nbytes = int(storage.nbytes())
-        self._live[key] = nbytes
-        self._refs[key] = weakref.ref(storage, self._freer(key))
-        self.current_bytes += nbytes
-        self.peak_bytes = max(self.peak_bytes, self.current_bytes)
-
-    def _freer(self, key: int) -> Any:
-        # A plain closure (not a bound method) so the weak reference keeps no tracker alive.
-        tracker = weakref.ref(self)
-
-        def free(_: Any) -> None:
-            owner = tracker()
-            if owner is not None:
-                owner.current_bytes -= owner._live.pop(key, 0)
-                owner._refs.pop(key, None)
-
-        return free
 
 
 @dataclass(frozen=True)

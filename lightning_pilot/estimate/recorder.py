@@ -1,13 +1,13 @@
 """The dispatch recorder: :class:`Recorder` follows every storage the operators of a phase
-touch and records, per operator, the live bytes after it, its FLOPs and the bytes it moves;
-:class:`PhaseTrace` is what one phase leaves (its peak, the categories at the peak, the
-per-operator arrays). Also here: the FLOP registry, the causal share of fused attention and
+touch (a :class:`~lightning_pilot.core.storage_count.StorageCounter`, the count the CPU tensor
+tracker makes too) and records, per operator, the live bytes after it, its FLOPs and the bytes
+it moves; :class:`PhaseTrace` is what one phase leaves (its peak, the categories at the peak,
+the per-operator arrays). Also here: the FLOP registry, the causal share of fused attention and
 the CUDA caching allocator's segment arithmetic.
 """
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -23,6 +23,7 @@ from torch._subclasses.fake_tensor import (
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
+from lightning_pilot.core.storage_count import StorageCounter
 from lightning_pilot.estimate.routing import _GROUPED_MM, _TOPK, _fake_grouped_mm, balanced_routes
 from lightning_pilot.estimate.shadows import (
     _SHADOW,
@@ -240,11 +241,13 @@ class PhaseTrace:
         )
 
 
-class Recorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
+class Recorder(StorageCounter, TorchDispatchMode):  # type: ignore[no-untyped-call]
     """Count live storage bytes, FLOPs and bytes moved per operator; keep the peak's storages.
 
     Enter it inside a ``FakeTensorMode`` (or on real tensors: it counts them the same way).
-    ``round_to`` rounds every storage up as an allocator would (CUDA's caching allocator: 512).
+    ``round_to`` rounds every storage up as an allocator would (CUDA's caching allocator: 512);
+    the storages are counted as :class:`~lightning_pilot.core.storage_count.StorageCounter`
+    counts them, with the storages live at each phase's peak kept.
 
     Example:
         >>> import torch
@@ -259,17 +262,9 @@ class Recorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
     """
 
     def __init__(self, round_to: int = 1, *, fake_only: bool = False) -> None:
-        super().__init__()  # type: ignore[no-untyped-call]
-        self.round_to = round_to
+        super().__init__(round_to, snapshots=True)
         self.fake_only = fake_only
-        self.live: dict[int, tuple[int, int]] = {}
-        self._refs: dict[int, weakref.ref[Any]] = {}
-        self._serial = 0
-        self.current = 0
-        self.peak = 0
         self._peak_op = 0
-        self._snapshot: dict[int, tuple[int, int]] | None = None
-        self._dirty = False
         self.saved: set[int] = set()
         self._phase = ""
         self._start = 0
@@ -294,79 +289,29 @@ class Recorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
 
     # -- storages ---------------------------------------------------------------------------
 
-    def _size(self, nbytes: int) -> int:
-        step = self.round_to
-        if step <= 1 or nbytes == 0:
-            return nbytes
-        return max(step, -(-nbytes // step) * step)
-
     def record(self, tensor: torch.Tensor) -> int | None:
         """Count ``tensor``'s storage (once); return its serial number. With ``fake_only``,
         real tensors (the user's batch, the real copies of values) are not counted."""
         if self.fake_only and not isinstance(tensor, FakeTensor):
             return None
-        try:
-            storage = tensor.untyped_storage()
-        except (RuntimeError, NotImplementedError):
-            return None
-        key = id(storage)
-        known = self.live.get(key)
-        if known is not None:
-            return known[0]
-        nbytes = self._size(int(storage.nbytes()))
-        self._serial += 1
-        self.live[key] = (self._serial, nbytes)
-        self._refs[key] = weakref.ref(storage, self._freer(key))
-        self.current += nbytes
-        if self.current > self.peak:
-            self.peak = self.current
-            self._peak_op = len(self._curve)
-            self._dirty = True
-        return self._serial
+        return self.count(tensor)
 
     def serial(self, tensor: torch.Tensor) -> int | None:
         """The serial number of ``tensor``'s storage, counting it if new."""
         return self.record(tensor)
 
-    def live_serials(self) -> set[int]:
-        """The serial numbers of every live storage."""
-        return {serial for serial, _ in self.live.values()}
-
-    def _freer(self, key: int) -> Callable[[Any], None]:
-        recorder = weakref.ref(self)
-
-        def free(_: Any) -> None:
-            owner = recorder()
-            if owner is None:
-                return
-            if owner._dirty:
-                owner._snapshot = dict(owner.live)
-                owner._dirty = False
-            known = owner.live.pop(key, None)
-            owner._refs.pop(key, None)
-            if known is not None:
-                owner.current -= known[1]
-
-        return free
+    def _peaked(self) -> None:
+        self._peak_op = len(self._curve)  # the operator being counted
 
     # -- phases -----------------------------------------------------------------------------
 
     def begin(self, phase: str) -> None:
         """Start a phase: the peak restarts at the current level."""
         self._phase = phase
-        self.peak = self.current
-        self._start = self.current
+        self.reset_peak()
+        self._start = self.current_bytes
         self._peak_op = 0
-        self._snapshot = None
-        self._dirty = True
         self._curve, self._flops, self._moved, self._kinds, self._names = [], [], [], [], []
-
-    def peak_storages(self) -> dict[int, tuple[int, int]]:
-        """``id(storage) -> (serial, bytes)`` of the storages live at the phase's peak."""
-        if self._dirty or self._snapshot is None:
-            self._snapshot = dict(self.live)
-            self._dirty = False
-        return self._snapshot
 
     def end(self, classes: Mapping[str, set[int]] | None = None) -> PhaseTrace:
         """End the phase: its trace, with the peak's storages sorted into ``classes``
@@ -384,7 +329,7 @@ class Recorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
                 categories["temporaries"] += nbytes
         return PhaseTrace(
             phase=self._phase,
-            peak_bytes=self.peak,
+            peak_bytes=self.peak_bytes,
             categories=categories,
             curve=np.asarray(self._curve, dtype=np.int64),
             flops=np.asarray(self._flops, dtype=np.int64),
@@ -509,7 +454,7 @@ class Recorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
                     flops = int(flops * _causal_fraction(func, args, kwargs))
                 if flops and inputs:
                     kind = _DTYPE_KIND.get(inputs[0].dtype, 1)
-        self._curve.append(self.current)
+        self._curve.append(self.current_bytes)
         self._flops.append(flops)
         self._moved.append(moved)
         self._kinds.append(kind)

@@ -1,0 +1,142 @@
+"""One storage counter for every memory count by storage: the live and peak bytes of the
+storages tensors use, each storage counted once (views share it) from the first tensor counted
+on it until it is freed.
+
+:class:`~lightning_pilot.core.memory.TensorTracker` counts the real tensors of a fit with it,
+:class:`~lightning_pilot.estimate.recorder.Recorder` the fake tensors of the estimate's trace:
+both subclass :class:`StorageCounter`, so the trace and the tracker count the same bytes.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from lightning_pilot.core import validate
+
+__all__ = ["StorageCounter"]
+
+
+class StorageCounter:
+    """Live and peak bytes of the storages behind the tensors given to :meth:`count`.
+
+    A storage counts once, keyed by its identity, from the first tensor counted on it until the
+    storage is freed (a weak reference to it takes its bytes off). ``round_to`` rounds each
+    storage up to a multiple of that many bytes, as an allocator hands out blocks (CUDA's
+    caching allocator: 512); a storage of zero bytes stays zero. ``peak_bytes`` is the most
+    ever live at once since the last :meth:`reset_peak`. With ``snapshots``,
+    :meth:`peak_storages` also tells which storages were live at that peak (the live table is
+    copied at the first free after each new peak).
+
+    Subclasses add how tensors reach :meth:`count` (a dispatch mode counts every tensor an
+    operator touches) and may override :meth:`_peaked`, called at each new peak.
+
+    Example:
+        >>> import torch
+        >>> counter = StorageCounter(round_to=512, snapshots=True)
+        >>> x = torch.ones(1000)                  # 4,000 bytes: eight 512-byte blocks
+        >>> counter.count(x), counter.count(x[10:]), counter.current_bytes  # a view: same storage
+        (1, 1, 4096)
+        >>> y = torch.ones(10)
+        >>> counter.count(y), counter.current_bytes
+        (2, 4608)
+        >>> del x
+        >>> counter.current_bytes, counter.peak_bytes
+        (512, 4608)
+        >>> sorted(serial for serial, _ in counter.peak_storages().values())
+        [1, 2]
+        >>> counter.reset_peak()
+        >>> counter.peak_bytes, counter.live_serials()
+        (512, {2})
+    """
+
+    def __init__(self, round_to: int = 1, *, snapshots: bool = False) -> None:
+        super().__init__()  # the next class of a subclass (a dispatch mode) gets its turn
+        owner = type(self).__name__
+        self.round_to = validate.integer(owner, "round_to", round_to, minimum=1)
+        self.snapshots = validate.boolean(owner, "snapshots", snapshots)
+        #: ``id(storage) -> (serial, bytes)`` of every live storage counted.
+        self.live: dict[int, tuple[int, int]] = {}
+        self.current_bytes = 0
+        self.peak_bytes = 0
+        # The weak references whose callbacks free the storages (kept alive here).
+        self._refs: dict[int, weakref.ref[Any]] = {}
+        self._self_ref = weakref.ref(self)
+        self._serial = 0
+        self._snapshot: dict[int, tuple[int, int]] | None = None
+        # A new peak was reached since the last snapshot (only ever true with snapshots).
+        self._dirty = False
+
+    def count(self, tensor: torch.Tensor) -> int | None:
+        """Count ``tensor``'s storage (once); return its serial number (1, 2, ... in the order
+        storages are first counted), or ``None`` for a tensor without a plain storage (sparse,
+        nested)."""
+        try:
+            storage = tensor.untyped_storage()
+        except (RuntimeError, NotImplementedError):
+            return None
+        key = id(storage)
+        known = self.live.get(key)
+        if known is not None:
+            return known[0]
+        nbytes = int(storage.nbytes())
+        step = self.round_to
+        if step > 1:
+            nbytes = -(-nbytes // step) * step
+        self._serial += 1
+        self.live[key] = (self._serial, nbytes)
+        self._refs[key] = weakref.ref(storage, self._freer(key))
+        self.current_bytes += nbytes
+        if self.current_bytes > self.peak_bytes:
+            self.peak_bytes = self.current_bytes
+            self._dirty = self.snapshots
+            self._peaked()
+        return self._serial
+
+    def _peaked(self) -> None:
+        """Called at each new peak, right after ``peak_bytes`` rose (subclasses mark where)."""
+
+    def _freer(self, key: int) -> Callable[[Any], None]:
+        # A plain closure over a weak reference (not a bound method): a storage outliving the
+        # counter keeps no counter alive.
+        counter = self._self_ref
+
+        def free(_: Any) -> None:
+            owner = counter()
+            if owner is None:
+                return
+            if owner._dirty:  # the first free after a new peak: what was live at it
+                owner._snapshot = dict(owner.live)
+                owner._dirty = False
+            known = owner.live.pop(key, None)
+            owner._refs.pop(key, None)
+            if known is not None:
+                owner.current_bytes -= known[1]
+
+        return free
+
+    def reset_peak(self) -> None:
+        """Restart the peak at the current level (as CUDA's ``reset_peak_memory_stats``)."""
+        self.peak_bytes = self.current_bytes
+        self._snapshot = None
+        self._dirty = self.snapshots
+
+    def live_serials(self) -> set[int]:
+        """The serial numbers of every live storage."""
+        return {serial for serial, _ in self.live.values()}
+
+    def peak_storages(self) -> dict[int, tuple[int, int]]:
+        """``id(storage) -> (serial, bytes)`` of the storages live at the peak (with
+        ``snapshots``)."""
+        if not self.snapshots:
+            raise ValueError(
+                f"{type(self).__name__}.peak_storages() needs the peak's storages kept: create"
+                f" it with snapshots=True"
+            )
+        if self._dirty or self._snapshot is None:
+            self._snapshot = dict(self.live)
+            self._dirty = False
+        return self._snapshot
