@@ -1,0 +1,125 @@
+"""One validation, test or predict loop as a phase: what its batches showed (samples, largest
+batch and sequence, modules left in training mode, gradients enabled), the samples expected
+from its loaders, and its checks. The checks: docs/phase-table.md.
+
+Example:
+    >>> import torch
+    >>> from lightning_pilot.core.batches import BatchAdapter
+    >>> from lightning_pilot.core.eval_phase import EvalLoop
+    >>> model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Dropout()).eval()
+    >>> loop = EvalLoop("validation")
+    >>> for size in (4, 4, 2):
+    ...     loop.add_batch(BatchAdapter().view(torch.ones(size, 3)), model.named_modules(),
+    ...                    grad_enabled=False)
+    >>> [(r.name, r.verdict) for r in loop.results(expected=10, why_unknown="")]
+    [('eval_mode', 'pass'), ('no_grad', 'pass'), ('outputs_complete', 'pass')]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sized
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+
+from lightning_pilot.core import checks
+from lightning_pilot.core.batches import BatchView
+from lightning_pilot.core.phases import Occurrence
+
+
+@dataclass
+class EvalLoop:
+    """What the batches of one evaluation loop showed (``measured=False``: not looked at)."""
+
+    phase: str
+    measured: bool = True
+    samples: int = 0
+    seq_len: int | None = None
+    batch_size: int | None = None
+    training: dict[str, torch.nn.Module] = field(default_factory=dict)
+    grad: bool = False
+
+    def add_batch(
+        self,
+        view: BatchView,
+        named_modules: Iterable[tuple[str, torch.nn.Module]],
+        *,
+        grad_enabled: bool,
+    ) -> None:
+        """One batch (``view``), the module's submodules as it ran, and whether gradients were
+        enabled."""
+        self.samples += view.batch_size or 0
+        if view.seq_len is not None:
+            self.seq_len = max(view.seq_len, self.seq_len or view.seq_len)
+        if view.batch_size is not None:
+            self.batch_size = max(view.batch_size, self.batch_size or view.batch_size)
+        for name, module in named_modules:
+            if module.training:  # kept with its module: the check tells dropout from containers
+                self.training.setdefault(name or "<root>", module)
+        self.grad = self.grad or grad_enabled
+
+    def results(self, expected: int | None, why_unknown: str) -> list[checks.CheckResult]:
+        """The loop's checks: eval mode and no gradients (not for predict), and the samples
+        seen against ``expected`` (``None``: unknown, ``why_unknown``)."""
+        results = (
+            checks.check_eval_mode(list(self.training.items()), self.grad, self.phase)
+            if self.phase != "predict"
+            else []
+        )
+        results.append(checks.check_sample_count(self.samples, expected, why_unknown))
+        return results
+
+    def finish(
+        self, occurrence: Occurrence | None, expected: int | None, why_unknown: str
+    ) -> list[checks.CheckResult]:
+        """The loop's checks, its largest batch and sequence noted on ``occurrence``."""
+        if occurrence is not None:
+            occurrence.values.update(seq_len=self.seq_len, batch_size=self.batch_size)
+        return self.results(expected, why_unknown)
+
+
+def limit_name(phase: str) -> str:
+    """The Trainer argument limiting the batches of ``phase`` (``limit_val_batches``, ...)."""
+    return "limit_val_batches" if phase == "validation" else f"limit_{phase}_batches"
+
+
+def _loaders(value: Any) -> list[Any]:
+    if value is None:
+        return []
+    if isinstance(value, Mapping):
+        return list(value.values())
+    if isinstance(value, list | tuple):
+        return list(value)
+    return [value]
+
+
+def expected_samples(phase: str, loaders: Any, limit: int | float) -> tuple[int | None, str]:
+    """The samples an evaluation of ``phase`` over ``loaders`` (one, a sequence or a mapping)
+    sees with the batch ``limit`` (:func:`limit_name`), per rank; ``None`` and why when that is
+    unknown (a loader without a sized sampler) or partial by design.
+
+    Example:
+        >>> from torch.utils.data import DataLoader
+        >>> loader = DataLoader(list(range(10)), batch_size=4)
+        >>> expected_samples("validation", loader, 1.0), expected_samples("test", [loader], 3)
+        ((10, ''), (10, ''))
+        >>> expected_samples("validation", loader, 2)
+        (None, 'limit_val_batches=2 evaluates part of the data by design')
+    """
+    name = limit_name(phase)
+    total = 0
+    for loader in _loaders(loaders):
+        sampler = getattr(getattr(loader, "batch_sampler", None), "sampler", None)
+        if not (isinstance(loader, DataLoader) and isinstance(sampler, Sized)):
+            return None, f"the {phase} loader has no sized sampler"
+        # An int limit is a number of batches and a float a fraction (the Trainer's reading):
+        # ``1`` is one batch, ``1.0`` is everything.
+        partial = (isinstance(limit, float) and limit < 1.0) or (
+            isinstance(limit, int) and limit < len(loader)
+        )
+        if partial:
+            return None, f"{name}={limit} evaluates part of the data by design"
+        total += len(sampler)  # per rank under a DistributedSampler
+    return total, ""

@@ -1,0 +1,130 @@
+"""Missing gradients judged over the measured updates of a fit, not one update at a time.
+
+A trainable parameter without a gradient in one measured backward (a layer skipped by LayerDrop,
+an expert no token was routed to) is only a failure when it received a gradient in none of
+them; docs/phase-table.md, "Missing gradients". :class:`GradientEvidence` collects the names
+per check and phase row until the evidence is complete (settled), then judges them.
+
+Example:
+    >>> from lightning_pilot.core.gradient_evidence import GradientEvidence
+    >>> evidence = GradientEvidence()
+    >>> evidence.backward(["fc.weight"])  # a measured backward that reached fc only
+    >>> evidence.defer(("backward", True, "grads_reach_params"), ["head.weight"])
+    >>> evidence.failure()
+    'failed over the measured updates: backward grads_reach_params: 1 trainable parameter(s) received no gradient in any of 1 measured backward(s) (not in the graph of the loss, or detached): head.weight'
+"""  # noqa: E501
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from lightning_pilot.core import checks
+from lightning_pilot.core.phases import judge, worst_verdict
+
+#: A deferred check: (phase, whether on the phase's first row, check name).
+Key = tuple[str, bool, str]
+
+
+class GradientEvidence:
+    """The names that received a gradient in a measured backward, and per deferred check the
+    names without one; :meth:`results` judges them with ``checks.check_reached`` (the backward
+    rows' ``grads_reach_params``) or ``checks.check_changed_without_gradient`` (the optimizer
+    rows' ``trainable_params_changed``). A name once judged as never reached stays so.
+
+    Example:
+        >>> evidence = GradientEvidence()
+        >>> evidence.backward(["blocks.0.weight", "head.weight"])
+        >>> evidence.backward(["head.weight"])  # LayerDrop skipped block 0 here
+        >>> evidence.defer(("backward", False, "grads_reach_params"), ["blocks.0.weight"])
+        >>> result = evidence.results()[("backward", False, "grads_reach_params")]
+        >>> result.verdict, result.detail.startswith("1 trainable parameter(s) received no")
+        ('pass', True)
+    """
+
+    def __init__(self) -> None:
+        self.reached: set[str] = set()
+        self.never: set[str] = set()  # judged as never reached: stays so
+        self.backwards = 0
+        self.updates = 0
+        self.deferred: dict[Key, dict[str, None]] = {}
+        #: Whether the evidence is complete (the pilot window is over, or the fit ended): the
+        #: deferred checks join the rows from then on.
+        self.settled = False
+
+    def backward(self, reached: Iterable[str]) -> None:
+        """A measured backward: the names of the parameters that received a gradient in it."""
+        self.reached.update(reached)
+        self.backwards += 1
+
+    def update(self) -> None:
+        """A measured optimizer update was judged."""
+        self.updates += 1
+
+    def defer(self, key: Key, names: Iterable[str]) -> None:
+        """Note ``names`` (without a gradient in a measured occurrence) for the check ``key``."""
+        self.deferred.setdefault(key, {}).update(dict.fromkeys(names))
+
+    def settle(self) -> bool:
+        """The evidence is complete; ``True`` the first time only."""
+        if self.settled:
+            return False
+        self.settled = True
+        return True
+
+    def results(self) -> dict[Key, checks.CheckResult]:
+        """One result per deferred check: a name missing in a measured occurrence passes when it
+        received a gradient in another measured backward; one judged as never reached keeps
+        failing."""
+        reached = self.reached - self.never
+        results: dict[Key, checks.CheckResult] = {}
+        for key, held in self.deferred.items():
+            names = list(held)
+            if key[2] == "grads_reach_params":
+                result = checks.check_reached(names, reached, self.backwards)
+            else:
+                result = checks.check_changed_without_gradient(names, reached, self.updates)
+            self.never.update(n for n in names if n not in reached)
+            results[key] = result
+        return results
+
+    def failure(self) -> str | None:
+        """The message naming the deferred checks that fail now (``None``: none fails)."""
+        failed = [(key, r) for key, r in self.results().items() if r.verdict == "fail"]
+        if not failed:
+            return None
+        named = dict.fromkeys(f"{phase} {r.name}: {r.detail}" for (phase, _, _), r in failed)
+        return "failed over the measured updates: " + "; ".join(named)
+
+
+def merge_deferred(
+    row: dict[str, Any], deferred: Mapping[Key, checks.CheckResult]
+) -> dict[str, Any]:
+    """``row`` (a phase row) with its deferred checks merged into the checks of the same name
+    (the worst verdict, both details), and its verdict and reason judged again.
+
+    Example:
+        >>> row = {"phase": "backward", "first": True, "verdict": "pass", "reason": None,
+        ...        "checks": [{"name": "grads_finite", "verdict": "pass", "detail": ""}]}
+        >>> failed = checks.CheckResult("grads_reach_params", "fail", "head.weight")
+        >>> merged = merge_deferred(row, {("backward", True, "grads_reach_params"): failed})
+        >>> merged["verdict"], [c["name"] for c in merged["checks"]]
+        ('fail', ['grads_finite', 'grads_reach_params'])
+        >>> merge_deferred(row, {("backward", False, "grads_reach_params"): failed}) is row
+        True
+    """
+    phase, first = row["phase"], bool(row["first"])
+    extra = {k[2]: r for k, r in deferred.items() if k[:2] == (phase, first)}
+    if not extra:
+        return row
+    found = {c["name"]: c for c in row["checks"]}
+    for name, result in extra.items():
+        own = found.get(name)
+        if own is not None:
+            verdict = worst_verdict([own["verdict"], result.verdict])
+            detail = "; ".join(d for d in (own["detail"], result.detail) if d)
+            result = checks.CheckResult(name, verdict, detail)
+        found[name] = result.as_row()
+    merged = list(found.values())
+    verdict, reason = judge(phase, ((c["name"], c["verdict"], c["detail"]) for c in merged))
+    return row | {"checks": merged, "verdict": verdict, "reason": reason or row["reason"]}

@@ -1,0 +1,159 @@
+"""Which updates of a fit are measured, and how the others are counted.
+
+The phase table (docs/phase-table.md) measures the first ``pilot_updates`` updates of each fit
+fully, then one update in ``sample_every``; the CPU tensor tracker runs in the first
+``memory_updates`` of them only, so that later measured updates give clean durations. The
+updates in between are not measured: their phases are counted in bulk by :class:`QuietCounts`.
+
+Example:
+    >>> from lightning_pilot.core.measure_schedule import MeasureSchedule
+    >>> schedule = MeasureSchedule(pilot_updates=3, sample_every=4, memory_updates=2)
+    >>> schedule.start(0)
+    >>> [step for step in range(12) if schedule.next_measured(step) == step]
+    [0, 1, 2, 6, 10]
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from lightning_pilot.core.phases import PhaseAggregator
+
+
+class MeasureSchedule:
+    """The measured updates of one fit: the pilot window (the first ``pilot_updates`` updates
+    from the step the fit starts or resumes at), then one in ``sample_every`` (0: none), the
+    first ``memory_updates`` tracked for memory; and the evaluations measured.
+
+    Steps are ``global_step`` values: the update that starts at ``step``. Several optimizers
+    stepping in one batch move ``global_step`` by more than one, so an update counts as measured
+    when it starts at or past the next measured step (:attr:`due`).
+
+    Example:
+        >>> schedule = MeasureSchedule(pilot_updates=2, sample_every=3, memory_updates=1)
+        >>> schedule.start(10)  # a fit resumed at step 10
+        >>> [(s, schedule.restart(s, fitting=True), schedule.tracking) for s in (10, 11)]
+        [(10, True, True), (11, True, False)]
+        >>> schedule.update_ended(11), schedule.update_ended(12), schedule.due
+        (False, True, 14)
+        >>> schedule.restart(12, fitting=True), schedule.quiet_until
+        (False, 14)
+        >>> schedule.measures_eval("validation", first=False), schedule.measures_eval("test", False)
+        (False, True)
+    """
+
+    def __init__(self, pilot_updates: int, sample_every: int, memory_updates: int) -> None:
+        self.pilot_updates = pilot_updates
+        self.sample_every = sample_every
+        self.memory_updates = memory_updates
+        self.start_step = 0
+        #: The first step whose update is measured: an update starting at or past it is.
+        self.due: float = 0
+        #: Below this step every update is unmeasured and the pilot window is over: a batch end
+        #: then only counts (-1: look at every batch end).
+        self.quiet_until: float = -1
+        self.window_done = False
+        self.measuring = False
+        self.tracking = False
+
+    def start(self, step: int) -> None:
+        """The fit's first update starts at ``step`` (restored by then when resuming)."""
+        self.start_step = self.due = step
+
+    def next_measured(self, step: int) -> float:
+        """The first step at or after ``step`` whose update is measured (``inf``: none)."""
+        done = step - self.start_step
+        if done < self.pilot_updates:
+            return step
+        if self.sample_every == 0:
+            return math.inf
+        return step + (-(done - self.pilot_updates + 1)) % self.sample_every
+
+    def restart(self, step: int, *, fitting: bool) -> bool:
+        """An update starts at ``step``: whether it is measured (only while ``fitting``);
+        :attr:`tracking` says whether the CPU tensor tracker runs in it."""
+        self.tracking = step - self.start_step < self.memory_updates
+        self.measuring = fitting and step >= self.due
+        self.quiet_until = self.due if self.window_done and not self.measuring else -1
+        return self.measuring
+
+    def update_ended(self, step: int) -> bool:
+        """An update ended with ``global_step`` at ``step``: the next measured step is found
+        (after a measured update); ``True`` when this update closes the pilot window."""
+        if self.measuring:
+            self.due = self.next_measured(step)
+        if self.window_done or step - self.start_step < self.pilot_updates:
+            return False
+        self.window_done = True
+        return True
+
+    def measures_eval(self, phase: str, first: bool) -> bool:
+        """Whether an evaluation loop is measured: the first of each phase, every test and
+        predict loop, and a validation loop that comes before a measured update."""
+        return first or phase != "validation" or self.measuring
+
+
+@dataclass
+class QuietCounts:
+    """The phases of the training steps between measured updates, counted in bulk (one
+    addition per batch end) and folded into the phase rows with :meth:`fold_into`.
+
+    Example:
+        >>> from lightning_pilot.core.phases import PhaseAggregator
+        >>> quiet, aggregator = QuietCounts(step_now=5), PhaseAggregator()
+        >>> for step in (6, 7, 8):  # three unmeasured updates from step 5, one micro-batch each
+        ...     quiet.batch_end({"loss": 0.5}, step)
+        >>> quiet.fold_into(aggregator)
+        >>> [(r["phase"], r["first"], r["occurrences"], r["step_last"]) for r in aggregator.rows()]
+        ... # doctest: +NORMALIZE_WHITESPACE
+        [('data', True, 1, 5), ('data', False, 2, 7), ('forward', True, 1, 5),
+         ('forward', False, 2, 7), ('backward', True, 1, 5), ('backward', False, 2, 7),
+         ('optimizer_step', True, 1, 5), ('optimizer_step', False, 2, 7)]
+    """
+
+    micro_batches: int = 0
+    backward: int = 0
+    optimizer_steps: int = 0
+    step_first: int | None = None
+    step_last: int | None = None
+    #: ``global_step`` when the current batch started (it moves when an update ends).
+    step_now: int = 0
+    #: The module's ``automatic_optimization``: under manual optimisation the backward passes
+    #: are counted as they happen (``backward += 1``), not at the batch end.
+    automatic: bool = True
+
+    def micro_batch(self, step: int) -> None:
+        """One micro-batch (a data fetch and a forward) at ``step``."""
+        self.micro_batches += 1
+        if self.step_first is None:
+            self.step_first = step
+        self.step_last = step
+
+    def batch_end(self, outputs: Any, step: int) -> None:
+        """Count an unmeasured micro-batch at its end, ``global_step`` now at ``step``.
+
+        ``outputs`` are what the training step returned as the Trainer hands them to the batch
+        end: ``None`` without a forward (a skipped batch), empty without a backward. Optimizer
+        steps are the moves of ``global_step``."""
+        automatic = self.automatic
+        if outputs is not None or not automatic:
+            self.micro_batch(self.step_now)
+            if automatic and outputs:
+                self.backward += 1
+        self.optimizer_steps += step - self.step_now
+        self.step_now = step
+
+    def fold_into(self, aggregator: PhaseAggregator) -> None:
+        """Add the counts to the aggregator and start again from zero."""
+        counts = {
+            "data": self.micro_batches,
+            "forward": self.micro_batches,
+            "backward": self.backward,
+            "optimizer_step": self.optimizer_steps,
+        }
+        for phase, times in counts.items():
+            aggregator.count(phase, self.step_last, times=times, step_first=self.step_first)
+        self.micro_batches = self.backward = self.optimizer_steps = 0
+        self.step_first = self.step_last = None
