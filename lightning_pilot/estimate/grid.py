@@ -71,6 +71,7 @@ from lightning_pilot.estimate.roofline import (
     collective_seconds,
     split_seconds,
 )
+from lightning_pilot.estimate.stand_in import ConfigureError, stand_in_trainer
 from lightning_pilot.estimate.targets import Target, target
 from lightning_pilot.estimate.trace import (
     CATEGORIES,
@@ -249,76 +250,6 @@ class _Traces:
     notes: list[str] = field(default_factory=list)
 
 
-#: ``trainer.estimated_stepping_batches`` (and ``max_steps``) of the stand-in Trainer a module
-#: without one sees in ``configure_optimizers`` (a schedule's length changes neither memory
-#: nor step time).
-STAND_IN_STEPS: Final = 1000
-
-
-class _StandInTrainer:
-    """What ``configure_optimizers`` may read of ``self.trainer`` when the estimate runs
-    without a Trainer: a stated number of steps on one device, epoch and step 0."""
-
-    estimated_stepping_batches = STAND_IN_STEPS
-    max_steps = STAND_IN_STEPS
-    num_training_batches = STAND_IN_STEPS
-    max_epochs = 1
-    current_epoch = 0
-    global_step = 0
-    accumulate_grad_batches = 1
-    num_devices = 1
-    num_nodes = 1
-    world_size = 1
-    global_rank = 0
-    local_rank = 0
-    is_global_zero = True
-
-    def __getattr__(self, name: str) -> Any:
-        raise AttributeError(
-            f"trainer.{name}: estimate() runs without a Trainer, and its stand-in has only"
-            " estimated_stepping_batches, max_steps, num_training_batches (all"
-            f" {STAND_IN_STEPS}), max_epochs (1), current_epoch, global_step, world_size,"
-            " num_devices, num_nodes, global_rank, local_rank, accumulate_grad_batches,"
-            " is_global_zero"
-        )
-
-
-class _ConfigureError(Exception):
-    """``configure_optimizers`` failed: the row names the phase and the remedy."""
-
-    def __init__(self, err: Exception) -> None:
-        super().__init__(
-            f"configure_optimizers() failed: {type(err).__name__}: {err}. The estimate needs"
-            " the optimizer it returns: make configure_optimizers work without a Trainer"
-            " (estimate() stands one in with the attributes above), or estimate at the end"
-            " of a fit with TargetEstimator, where the fit's Trainer is attached"
-        )
-
-
-@contextlib.contextmanager
-def _stand_in_trainer(module: Any, notes: list[str]) -> Iterator[None]:
-    """A LightningModule with no Trainer attached gets :class:`_StandInTrainer` while its
-    ``configure_optimizers`` runs (``self.trainer.estimated_stepping_batches``, OneCycleLR's
-    idiom), and the rows' notes say so. A module with a Trainer (or Fabric) is left alone."""
-    if not hasattr(type(module), "trainer") or getattr(module, "_trainer", True) is not None:
-        yield
-        return
-    if getattr(module, "_fabric", None) is not None:
-        yield
-        return
-    stand_in = _StandInTrainer()
-    module._trainer = stand_in
-    try:
-        yield
-    finally:
-        module._trainer = None
-    notes.append(
-        f"configure_optimizers ran without a Trainer: a stand-in gave"
-        f" estimated_stepping_batches={STAND_IN_STEPS} (a schedule's length changes neither"
-        " memory nor step time)"
-    )
-
-
 def _base(micro_batches: Sequence[int]) -> list[int]:
     """The two micro-batches traced for extrapolation: the two smallest from 2 up (a
     micro-batch of 1 often runs other operators: broadcasts, squeezes), else the smallest."""
@@ -471,10 +402,10 @@ def _trace_precision(
                     traces.failed[key[0]] = (status, "forward", reason)
             phase = "optimizer_step_first"
             try:
-                with _stand_in_trainer(session.module, traces.notes):
+                with stand_in_trainer(session.module, traces.notes):
                     session.build_optimizer()
             except Exception as err:
-                raise _ConfigureError(err) from err
+                raise ConfigureError(err) from err
             traces.optimizer = session.optimizer_phases()
             traces.state = session.measure_state()
             phase = "validation"
@@ -488,7 +419,7 @@ def _trace_precision(
             if largest_at is not None:
                 phase = "forward"
                 largest_at(session, traces)
-    except _ConfigureError as err:
+    except ConfigureError as err:
         cause = err.__cause__
         traces.error = ("error", "optimizer_step_first", str(err))
         traces.exception = cause if isinstance(cause, Exception) else err
