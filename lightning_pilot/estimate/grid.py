@@ -64,6 +64,9 @@ import torch
 
 from lightning_pilot.core import validate
 from lightning_pilot.core.progress import Reporter
+from lightning_pilot.estimate.fits import FRAGMENTATION, fixed_phases_need
+from lightning_pilot.estimate.fits import need as _need
+from lightning_pilot.estimate.fits import tight_note as _tight_note
 from lightning_pilot.estimate.reference import PHASE_ORDER
 from lightning_pilot.estimate.roofline import (
     DEFAULT_EFFICIENCY,
@@ -84,12 +87,6 @@ from lightning_pilot.estimate.trace import (
 
 __all__ = ["Estimate", "Strategy", "estimate", "extrapolate"]
 
-#: The share of reserved memory above the allocator's segments the estimate allows for
-#: fragmentation (freed blocks too small for the next request). Training loops with fixed
-#: shapes settle at a few percent; varying sequence lengths fragment more. It sizes
-#: ``estimated_reserved_bytes`` only: the allocator frees cached blocks before it raises
-#: out-of-memory, so ``fits`` rests on the live blocks (:func:`_need`).
-FRAGMENTATION: Final = 0.05
 _OWNER: Final = "estimate"
 #: Activation checkpointing: off, every block (``True``) or per operator (``"selective"``).
 Ckpt = bool | str
@@ -677,46 +674,8 @@ def _rows_for(
     return rows
 
 
-def _need(peak: int, segments: int, tgt: Target) -> int:
-    """The bytes a phase needs so as not to run out of memory: its live blocks as CUDA's caching
-    allocator holds them (``segments``: each block rounded to 512 bytes and packed into its
-    segment, :func:`~lightning_pilot.estimate.recorder.segment_bytes`; plus the workspace), never
-    less than ``peak`` allocated, plus the target's overhead outside the allocator.
-
-    Cached blocks nobody uses are not counted: when ``cudaMalloc`` fails, the allocator frees
-    its cached unsplit blocks and retries before it raises out-of-memory (PyTorch,
-    ``c10/cuda/CUDACachingAllocator.cpp``), so reserved memory above the live segments (the
-    ``fragmentation`` allowance of ``estimated_reserved_bytes``) costs time, not a failure.
-    """
-    return max(segments + tgt.workspace_bytes, peak) + tgt.overhead_bytes
-
-
-def _tight_note(reserved: int, tgt: Target) -> str:
-    """The note of a row whose live blocks fit but whose estimated reserved memory does not."""
-    gib = 2**30
-    return (
-        f"tight: the estimated reserved {reserved / gib:.2f} GiB plus"
-        f" {tgt.overhead_bytes / gib:.2f} GiB overhead exceed the"
-        f" {tgt.memory_bytes / gib:.2f} GiB of {tgt.name}; the live"
-        " blocks fit, so the allocator will free its cache and retry cudaMalloc (slower steps;"
-        " an allocation larger than any free piece of a segment still in use can still fail)"
-    )
-
-
 def _affine(low: int, high: int, low_x: int, high_x: int, x: int) -> int:
     return low + (high - low) * (x - low_x) // (high_x - low_x)
-
-
-def _fixed_phases_need(traces: _Traces, tgt: Target, batch_bytes: int, fragmentation: float) -> int:
-    """The optimizer steps (with the training batch held) and the save: no activations."""
-    worst = 0
-    for trace in traces.optimizer.values():
-        peak = trace.peak_bytes + batch_bytes + tgt.workspace_bytes
-        worst = max(worst, _need(peak, trace.segment_bytes + batch_bytes, tgt))
-    if traces.save is not None:
-        peak = traces.save.peak_bytes + tgt.workspace_bytes
-        worst = max(worst, _need(peak, traces.save.segment_bytes, tgt))
-    return worst
 
 
 def _predicted_need(
@@ -766,7 +725,7 @@ def _predicted_need(
         high_x,
         micro_batch,
     )
-    return max(worst, _fixed_phases_need(traces, tgt, batch_bytes, fragmentation))
+    return max(worst, fixed_phases_need(traces, tgt, batch_bytes))
 
 
 def _largest_search(
@@ -949,7 +908,7 @@ def _traced_need(
         peak = trace.peak_bytes + extra + tgt.workspace_bytes
         worst = max(worst, _need(peak, trace.segment_bytes + extra, tgt))
     batch_bytes = train["forward"].categories["batch"]
-    return max(worst, _fixed_phases_need(traces, tgt, batch_bytes, fragmentation))
+    return max(worst, fixed_phases_need(traces, tgt, batch_bytes))
 
 
 _VERIFY_TRACES: Final = 12
@@ -1074,7 +1033,7 @@ def _seq_need(
         segments = _ceil(_lagrange(xs, [p.segment_bytes for p in phases], seq_len))
         worst = max(worst, _need(peak + tgt.workspace_bytes, segments + extra, tgt))
     batch_bytes = _ceil(_lagrange(xs, [points[x][0].categories["batch"] for x in xs], seq_len))
-    return max(worst, _fixed_phases_need(traces, tgt, batch_bytes, fragmentation))
+    return max(worst, fixed_phases_need(traces, tgt, batch_bytes))
 
 
 def _seq_search(

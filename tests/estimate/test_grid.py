@@ -586,7 +586,7 @@ def test_fits_rests_on_live_blocks_not_on_the_reserved_cache() -> None:
     An A100 80GB reports less, 79.15 GiB: there the live blocks alone do not fit
     (docs/estimate-validation.md). LitGPT's Llama 2 13B LoRA at 2 x 1,304 tokens on an
     A100 40GB ran out of memory: 44.22 GiB allocated does not fit in 40 GiB."""
-    from lightning_pilot.estimate import grid
+    from lightning_pilot.estimate import fits
 
     gib = 2**30
     a100 = TARGETS["A100-SXM-80GB"]
@@ -600,14 +600,14 @@ def test_fits_rests_on_live_blocks_not_on_the_reserved_cache() -> None:
         bandwidth=a100.bandwidth,
     )
     allocated, live, reserved = int(79.21 * gib), int(79.34 * gib), int(83.31 * gib)
-    need = grid._need(allocated, live - nominal.workspace_bytes, nominal)
+    need = fits.need(allocated, live - nominal.workspace_bytes, nominal)
     assert need == live + nominal.overhead_bytes <= nominal.memory_bytes
     assert reserved + nominal.overhead_bytes > nominal.memory_bytes  # the rule it replaces
-    note = grid._tight_note(reserved, nominal)
+    note = fits.tight_note(reserved, nominal)
     assert note.startswith("tight: the estimated reserved 83.31 GiB plus 0.50 GiB overhead")
-    assert grid._need(allocated, live - a100.workspace_bytes, a100) > a100.memory_bytes
+    assert fits.need(allocated, live - a100.workspace_bytes, a100) > a100.memory_bytes
     small = TARGETS["A100-40GB"]
     allocated = int(44.22 * gib)
-    assert grid._need(allocated, allocated, small) > small.memory_bytes
+    assert fits.need(allocated, allocated, small) > small.memory_bytes
     # Never less than the peak allocated, even when the segments were under-counted.
-    assert grid._need(allocated, 0, small) == allocated + small.overhead_bytes
+    assert fits.need(allocated, 0, small) == allocated + small.overhead_bytes
