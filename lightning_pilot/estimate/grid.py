@@ -71,10 +71,17 @@ from lightning_pilot.estimate.reference import PHASE_ORDER
 from lightning_pilot.estimate.roofline import (
     DEFAULT_EFFICIENCY,
     DEFAULT_MEMORY_EFFICIENCY,
-    collective_seconds,
     split_seconds,
 )
 from lightning_pilot.estimate.stand_in import ConfigureError, stand_in_trainer
+from lightning_pilot.estimate.strategies import (
+    FSDP_COMPUTE,
+    Strategy,
+    communication_seconds,
+    fsdp_mixed,
+)
+from lightning_pilot.estimate.strategies import strategy_memory as _strategy_memory
+from lightning_pilot.estimate.strategies import unit_bytes as _unit_bytes
 from lightning_pilot.estimate.targets import Target, target
 from lightning_pilot.estimate.trace import (
     CATEGORIES,
@@ -92,42 +99,6 @@ _OWNER: Final = "estimate"
 Ckpt = bool | str
 _CKPT_ORDER: Final[dict[Ckpt, int]] = {False: 0, True: 1, "selective": 2}
 _TRAIN: Final = ("forward", "backward")
-
-
-@dataclass(frozen=True)
-class Strategy:
-    """How the campaign spreads over GPUs: ``single``, ``ddp`` or ``fsdp`` (full shard) over
-    ``devices``; ``bucket_view`` is DDP's ``gradient_as_bucket_view``.
-
-    Example:
-        >>> Strategy.parse("fsdp:8")
-        Strategy(kind='fsdp', devices=8, bucket_view=False)
-    """
-
-    kind: str = "single"
-    devices: int = 1
-    bucket_view: bool = False
-
-    def __post_init__(self) -> None:
-        validate.choice("Strategy", "kind", self.kind, ("single", "ddp", "fsdp"))
-        validate.integer("Strategy", "devices", self.devices, minimum=1)
-        if self.kind == "single" and self.devices != 1:
-            raise ValueError(validate.invalid("Strategy", "devices", self.devices, "1 for single"))
-
-    @classmethod
-    def parse(cls, value: object) -> Strategy:
-        """A :class:`Strategy` from itself or ``"single"``, ``"ddp:N"``, ``"fsdp:N"``."""
-        if isinstance(value, Strategy):
-            return value
-        expected = "a Strategy or 'single', 'ddp:N' or 'fsdp:N' (N >= 1)"
-        if not isinstance(value, str):
-            raise TypeError(validate.invalid(_OWNER, "strategies", value, expected))
-        kind, _, count = value.partition(":")
-        if kind == "single" and not count:
-            return cls()
-        if kind in ("ddp", "fsdp") and count.isdigit() and int(count) >= 1:
-            return cls(kind, int(count))
-        raise ValueError(validate.invalid(_OWNER, "strategies", value, expected))
 
 
 @dataclass
@@ -321,36 +292,6 @@ def _validation_at(
     return result, "traced"
 
 
-def _unit_bytes(module: torch.nn.Module, wrap: tuple[Any, ...], itemsize: int) -> tuple[int, int]:
-    """(largest FSDP unit, parameters outside every unit) in bytes of ``itemsize``."""
-    names = set(getattr(module, "_no_split_modules", None) or [])
-    for sub in module.modules():
-        names.update(getattr(sub, "_no_split_modules", None) or [])
-    classes = tuple(c for c in wrap if isinstance(c, type))
-    names.update(c for c in wrap if isinstance(c, str))
-
-    def is_unit(sub: torch.nn.Module) -> bool:
-        return (bool(classes) and isinstance(sub, classes)) or type(sub).__name__ in names
-
-    inside: set[int] = set()
-    largest = 0
-    for sub in module.modules():
-        if sub is module or id(sub) in inside or not is_unit(sub):
-            continue
-        params = list(sub.parameters())
-        inside.update(id(p) for p in params)
-        largest = max(largest, sum(p.numel() for p in params) * itemsize)
-    seen: set[int] = set()
-    root = 0
-    for param in module.parameters():
-        if id(param) not in inside and id(param) not in seen:
-            seen.add(id(param))
-            root += param.numel() * itemsize
-    if largest == 0:  # no unit: the whole module is one
-        return root, 0
-    return largest, root
-
-
 def _trace_precision(
     precision: str,
     module: Any,
@@ -469,93 +410,6 @@ def _phase_traces(
     }
 
 
-def _strategy_memory(
-    trace: PhaseTrace, strategy: Strategy, traces: _Traces
-) -> tuple[int, int, str | None]:
-    """(analytic bytes added per GPU, segment bytes added, note) of ``strategy``."""
-    if strategy.kind == "single":
-        return 0, 0, None
-    devices = strategy.devices
-    if strategy.kind == "ddp":
-        if strategy.bucket_view or devices == 1:
-            return 0, 0, "ddp: gradient_as_bucket_view, no bucket copy" if devices > 1 else None
-        extra = traces.state["gradients"]
-        return extra, extra, "analytic: DDP gradient buckets, one copy of the gradients"
-    cats = trace.categories
-    sharded = cats["weights"] + cats["gradients"] + cats["optimizer_state"]
-    if trace.phase.startswith("optimizer_step"):
-        # Each GPU steps its own shard: the optimizer's temporaries shrink with it.
-        sharded += cats["temporaries"]
-    saved = sharded - -(-sharded // devices)
-    largest, root = traces.units
-    phase = trace.phase
-    gathered = 0
-    if phase in ("forward", "validation"):
-        gathered = 2 * largest + root
-    elif phase == "backward":
-        gathered = 3 * largest + root
-    elif phase == "checkpoint_save":
-        gathered = largest
-    extra = gathered - saved
-    stepped = " (and the optimizer's temporaries)" if trace.phase.startswith("optimizer") else ""
-    note = (
-        f"analytic: FSDP full shard over {devices}: weights, gradients and optimizer state"
-        f"{stepped} / {devices}, plus {gathered} bytes of gathered units (largest unit"
-        f" {largest}, outside units {root})"
-    )
-    return extra, extra, note
-
-
-def _comm_seconds(strategy: Strategy, traces: _Traces, tgt: Target, itemsize: int) -> float:
-    if strategy.kind == "single" or strategy.devices == 1:
-        return 0.0
-    grads = traces.state["gradients"]
-    if strategy.kind == "ddp":
-        return collective_seconds(grads, strategy.devices, tgt)
-    params = sum(traces.units) if traces.units[0] else 0
-    # all-gather twice (forward, backward) and reduce-scatter once: 1.5 all-reduces.
-    return 0.75 * collective_seconds(2 * params + grads, strategy.devices, tgt)
-
-
-#: The precision FSDP's mixed-precision policy computes in, per mixed precision: Lightning's
-#: ``FSDPStrategy`` gives FSDP ``MixedPrecision(param_dtype=...)`` of the precision's low
-#: dtype (FSDP2: ``MixedPrecisionPolicy(param_dtype=...)``), so the gathered parameters and
-#: the activations are in that dtype, without autocast's copies of the weights, while the
-#: sharded parameters, their gradients and the optimizer state stay float32. The batch's
-#: phases are traced in ``bf16-true`` for both (float16 has bfloat16's size and speed).
-FSDP_COMPUTE: Final = {"bf16-mixed": "bf16-true", "16-mixed": "bf16-true"}
-_STATE: Final = ("weights", "gradients", "optimizer_state")
-
-
-def _fsdp_mixed(
-    phases: dict[str, tuple[PhaseTrace, str]],
-    traces: _Traces,
-    low: _Traces,
-    key: tuple[Ckpt, int | None, int],
-    base: Sequence[int],
-) -> dict[str, tuple[PhaseTrace, str]]:
-    """The phases of FSDP's mixed-precision policy: ``forward``, ``backward`` and
-    ``validation`` from ``low`` (the low-precision trace: activations in that dtype, no
-    autocast weight copies) with its weights, gradients and optimizer state counted at
-    ``traces``' (float32) size; the optimizer steps and the save from ``traces``."""
-    lowered = _phase_traces(low, key, base)
-    scale = {
-        name: traces.state[name] / low.state[name] if low.state.get(name) else 1.0
-        for name in _STATE
-    }
-    note = (
-        f"FSDP mixed precision (param_dtype={low.precision.split('-')[0]}): the batch's phases"
-        f" traced in {low.precision} (no autocast copies of the weights), the sharded weights,"
-        " gradients and optimizer state in float32"
-    )
-    made = dict(phases)
-    for phase in ("forward", "backward", "validation"):
-        trace, method = lowered[phase]
-        extra = {name: round(trace.categories[name] * (scale[name] - 1)) for name in _STATE}
-        made[phase] = (trace.shifted(extra, note), method)
-    return made
-
-
 def _band_seconds(
     update: Sequence[PhaseTrace],
     tgt: Target,
@@ -618,7 +472,7 @@ def _rows_for(
     phases = _phase_traces(traces, key, base)
     if mixed:
         assert low is not None
-        phases = _fsdp_mixed(phases, traces, low, key, base)
+        phases = fsdp_mixed(phases, _phase_traces(low, key, base), traces, low)
     update = [phases[p][0] for p in ("forward", "backward", "optimizer_step")]
     flops = int(sum(int(t.flops.sum()) for t in update))
     moved = int(sum(int(t.moved.sum()) for t in update))
@@ -627,8 +481,7 @@ def _rows_for(
     fast, slow, compute, memory = _band_seconds(
         update, tgt, efficiency, memory_efficiency, allow_tf32, shards
     )
-    itemsize = torch.empty((), dtype=compute_dtype(traces.precision)).element_size()
-    comm = _comm_seconds(strategy, traces, tgt, itemsize)
+    comm = communication_seconds(strategy, traces, tgt)
     fast, slow = max(fast, comm), slow + comm
     roofline = (
         f"roofline: {compute:.4g} s compute-bound, {memory:.4g} s memory-bound, {comm:.4g} s"
