@@ -26,14 +26,14 @@ from typing import IO, Any, Final, Literal
 
 import lightning.pytorch as pl
 import torch
-from lightning.pytorch.callbacks import TQDMProgressBar
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch.utils.data import DataLoader
 
 from lightning_pilot import storage
+from lightning_pilot.callbacks.progress import trainer_progress
 from lightning_pilot.core.checks import CheckResult
-from lightning_pilot.core.progress import Mark, Reporter, TrainerBar, choose_reporter, parse_marker
+from lightning_pilot.core.progress import Mark, Reporter, parse_marker
 from lightning_pilot.core.resume import capture_rng, count_tensors, outputs_close, restore_rng
 from lightning_pilot.ledger import file_sha256
 from lightning_pilot.resume.protocol import (
@@ -359,25 +359,6 @@ def run_streaming(
     return Finished(process.returncode, "".join(stdout), "".join(stderr))
 
 
-def trainer_progress(trainer: pl.Trainer, total: int, label: str = PROGRESS_LABEL) -> Reporter:
-    """How the new process's progress is shown after ``trainer``'s fit, as the Trainer shows its
-    own (``core.progress.choose_reporter``)."""
-    bar = trainer.progress_bar_callback
-    shown: TrainerBar = None
-    position = 0
-    if bar is not None and getattr(bar, "is_enabled", True):
-        shown = "tqdm" if isinstance(bar, TQDMProgressBar) else "other"
-        if isinstance(bar, TQDMProgressBar):
-            position = 2 * bar.process_position  # as its own main bar
-    return choose_reporter(
-        label,
-        total=total,
-        global_zero=trainer.is_global_zero,
-        trainer_bar=shown,
-        position=position,
-    )
-
-
 def read_result(path: Path, tasks: Sequence[Task]) -> list[TaskResult]:
     """The new process's answer to ``tasks``; an unusable answer (not JSON, too large, of the
     wrong shape, or for other tasks) gives every task a ``crash`` result that says why."""
@@ -445,7 +426,7 @@ class Launcher:
                 results.append(TaskResult(kind=task.kind, blocked=blocker + hint))
         if runnable:
             folder = Path(runnable[0].checkpoint).parent
-            progress = trainer_progress(trainer, len(runnable))
+            progress = trainer_progress(trainer, len(runnable), PROGRESS_LABEL)
             sent = any(isinstance(t, ResumeTask) and t.fit_loaders for t in runnable)
             answers = launch(
                 runnable,
@@ -527,7 +508,7 @@ class Launcher:
             self.timeout_s * len(tasks),
             tag=f"-rank{rank}",
             env=env,
-            progress=trainer_progress(trainer, len(tasks)),  # rank 0's own process only
+            progress=trainer_progress(trainer, len(tasks), PROGRESS_LABEL),  # rank 0's own process
         )
         for result in results:
             result.where = f"{trainer.world_size} new processes (one per rank, DDP)"
