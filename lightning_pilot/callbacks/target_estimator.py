@@ -12,17 +12,12 @@ from lightning.pytorch.utilities import rank_zero_info
 from lightning_utilities.core.apply_func import apply_to_collection
 from typing_extensions import override
 
+from lightning_pilot.callbacks.progress import trainer_progress
 from lightning_pilot.core import validate
 from lightning_pilot.run import PilotCallback
-from lightning_pilot.schemas import ESTIMATE_SCHEMA, LARGEST_SCHEMA, checkpointing_mode
+from lightning_pilot.schemas import ESTIMATE_SCHEMA, LARGEST_SCHEMA
 
 _OWNER = "TargetEstimator"
-
-
-def _list(value: Any, name: str) -> list[Any]:
-    from lightning_pilot.estimate.grid import sequence_argument
-
-    return sequence_argument(value, name, owner=_OWNER)
 
 
 class TargetEstimator(PilotCallback):
@@ -50,6 +45,9 @@ class TargetEstimator(PilotCallback):
         options: further keyword arguments of :func:`~lightning_pilot.estimate.estimate`
             (``efficiency``, ``checkpoint_classes``, ``wrap_classes``, ``seq_step``,
             ``max_seq_len``, ``blocks``, ...).
+
+    Every argument, ``options`` included, is checked here: a bad one fails at construction,
+    named, before any training.
         out_dir: the output folder (see :class:`~lightning_pilot.PilotCallback`).
 
     Example:
@@ -84,37 +82,28 @@ class TargetEstimator(PilotCallback):
         out_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         super().__init__(out_dir=out_dir)
-        from lightning_pilot.estimate import PRECISIONS, Strategy, target
-        from lightning_pilot.estimate.grid import _checkpointing
+        from lightning_pilot.estimate.job import check_arguments
 
-        self.targets = [target(value) for value in _list(targets, "targets")]
-        self.precisions = (
-            None
-            if precisions is None
-            else [
-                validate.choice(_OWNER, "precisions", p, PRECISIONS)
-                for p in _list(precisions, "precisions")
-            ]
-        )
-        self.micro_batches = (
-            None
-            if micro_batches is None
-            else [
-                validate.integer(_OWNER, "micro_batches", b, minimum=1)
-                for b in _list(micro_batches, "micro_batches")
-            ]
-        )
-        self.seq_lens = [
-            validate.integer(_OWNER, "seq_lens", s, minimum=1, optional=True)
-            for s in _list(seq_lens, "seq_lens")
-        ]
-        self.checkpointing = [
-            _checkpointing(c, _OWNER) for c in _list(checkpointing, "checkpointing")
-        ]
-        self.strategies = [Strategy.parse(s) for s in _list(strategies, "strategies")]
-        self.largest = validate.boolean(_OWNER, "largest", largest)
+        # Checked here, once: the estimate at fit end runs on these as they are.
+        given = {
+            "targets": targets,
+            "precisions": precisions,
+            "micro_batches": micro_batches,
+            "seq_lens": seq_lens,
+            "checkpointing": checkpointing,
+            "strategies": strategies,
+            "largest": largest,
+        }
+        checked = check_arguments(_OWNER, {k: v for k, v in given.items() if v is not None})
+        self.targets = list(checked["targets"])
+        self.precisions = list(checked["precisions"]) if precisions is not None else None
+        self.micro_batches = list(checked["micro_batches"]) if micro_batches is not None else None
+        self.seq_lens = list(checked["seq_lens"])
+        self.checkpointing = list(checked["checkpointing"])
+        self.strategies = list(checked["strategies"])
+        self.largest: bool = checked["largest"]
         # One process: forking traced workers inside a Trainer's process is not safe.
-        self.options = {"workers": 1} | _options(options)
+        self.options = check_arguments(_OWNER, {"workers": 1} | _options(options))
         self.result: Any = None
         self._batch: Any = None
 
@@ -139,7 +128,10 @@ class TargetEstimator(PilotCallback):
         if self._batch is None or not self.run.is_global_zero:
             return
         from lightning_pilot.core.batches import BatchAdapter
-        from lightning_pilot.estimate import PRECISIONS, estimate
+        from lightning_pilot.estimate import PRECISIONS
+        from lightning_pilot.estimate.grid import run_grid
+        from lightning_pilot.estimate.job import GridJob
+        from lightning_pilot.estimate.rows import named_checkpointing
 
         batch, self._batch = self._batch, None
         own = str(trainer.precision)
@@ -150,27 +142,26 @@ class TargetEstimator(PilotCallback):
             f"{_OWNER}: estimating {len(self.targets)} target(s) x {len(precisions)}"
             f" precision(s) x {len(micro_batches)} micro-batch(es) on fake tensors"
         )
-        from lightning_pilot.resume.parent import trainer_progress
-
-        progress = trainer_progress(trainer, len(precisions), label=_OWNER)
-        self.result = result = estimate(
+        job = GridJob(
             pl_module,
+            None,
             batch,
-            targets=self.targets,
-            precisions=precisions,
-            micro_batches=micro_batches,
-            seq_lens=self.seq_lens,
-            checkpointing=self.checkpointing,
-            strategies=self.strategies,
+            targets=tuple(self.targets),
+            precisions=tuple(precisions),
+            micro_batches=tuple(micro_batches),
+            seq_lens=tuple(self.seq_lens),
+            checkpointing=tuple(self.checkpointing),
+            strategies=tuple(self.strategies),
             largest=self.largest,
-            progress=progress,
             **self.options,
         )
+        progress = trainer_progress(trainer, len(precisions), _OWNER)
+        self.result = result = run_grid(job, progress=progress)
         self.run.register_table("estimate", ESTIMATE_SCHEMA)
-        self.run.append_rows("estimate", _named(result.rows))
+        self.run.append_rows("estimate", named_checkpointing(result.rows))
         if result.largest:
             self.run.register_table("estimate_largest", LARGEST_SCHEMA)
-            self.run.append_rows("estimate_largest", _named(result.largest))
+            self.run.append_rows("estimate_largest", named_checkpointing(result.largest))
         self._summarize(result)
         rank_zero_info(f"{_OWNER}: {len(result.rows)} row(s) in {result.seconds:.1f} s")
 
@@ -194,12 +185,6 @@ class TargetEstimator(PilotCallback):
 #: The logger keys' end per checkpointing mode: none when off, ``/ckpt`` for every block,
 #: ``/sac`` for selective (per operator).
 _KEY_SUFFIX: dict[str, str] = {"off": "", "full": "/ckpt", "selective": "/sac"}
-
-
-def _named(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The rows with ``checkpointing`` by name, as the tables hold it (``off``, ``full``,
-    ``selective``)."""
-    return [{**row, "checkpointing": checkpointing_mode(row["checkpointing"])} for row in rows]
 
 
 #: ``estimate`` arguments this callback sets itself (not through ``options``).

@@ -15,14 +15,11 @@ Example:
 
 from __future__ import annotations
 
-from lightning_pilot.estimate.grid import (
-    Estimate,
-    Strategy,
-    estimate,
-    extrapolate,
-    trace_configuration,
-)
+from lightning_pilot.estimate.grid import estimate, trace_configuration
+from lightning_pilot.estimate.precision_traces import extrapolate
 from lightning_pilot.estimate.reference import PHASE_ORDER, measure_cpu
+from lightning_pilot.estimate.rows import Estimate
+from lightning_pilot.estimate.strategies import Strategy
 from lightning_pilot.estimate.targets import TARGETS, Target, target
 from lightning_pilot.estimate.trace import (
     CATEGORIES,

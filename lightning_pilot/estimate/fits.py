@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Final
 from lightning_pilot.estimate.targets import Target
 
 if TYPE_CHECKING:
-    from lightning_pilot.estimate.grid import _Traces as PrecisionTraces
+    from lightning_pilot.estimate.precision_traces import PrecisionTraces
 
 __all__ = ["FRAGMENTATION", "fixed_phases_need", "need", "tight_note"]
 

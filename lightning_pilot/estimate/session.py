@@ -39,7 +39,19 @@ from lightning_pilot.estimate.precision import PRECISIONS, param_dtype, precisio
 from lightning_pilot.estimate.recorder import PhaseTrace, Recorder, UntraceableError
 from lightning_pilot.estimate.shadows import _SHADOW, _is_fake, _shadow_of, _shadowable
 
-__all__ = ["Session"]
+__all__ = ["Session", "check_source"]
+
+
+def check_source(owner: str, module: object, factory: object) -> None:
+    """What a trace runs: a live ``module`` (a ``torch.nn.Module``) or a ``factory`` building
+    one, exactly one of them; else a clear error naming ``owner``."""
+    if (module is None) == (factory is None):
+        raise ValueError(
+            validate.invalid(owner, "module", module, "a LightningModule, or None with factory")
+        )
+    if module is not None:
+        validate.instance(owner, "module", module, torch.nn.Module, optional=False)
+    validate.callable_or_none(owner, "factory", factory, "factory() -> LightningModule")
 
 
 def _loss_of(output: Any) -> torch.Tensor | None:
@@ -94,13 +106,7 @@ class Session:
         capacity_factor: float = 1.0,
     ) -> None:
         owner = "Session"
-        if (module is None) == (factory is None):
-            raise ValueError(
-                validate.invalid(owner, "module", module, "a LightningModule, or None with factory")
-            )
-        if module is not None:
-            validate.instance(owner, "module", module, torch.nn.Module, optional=False)
-        validate.callable_or_none(owner, "factory", factory, "factory() -> LightningModule")
+        check_source(owner, module, factory)
         self.precision = validate.choice(owner, "precision", precision, PRECISIONS)
         self.round_to = validate.integer(owner, "round_to", round_to, minimum=1)
         self.cuda = validate.boolean(owner, "cuda", cuda)

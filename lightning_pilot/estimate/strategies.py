@@ -27,7 +27,7 @@ from lightning_pilot.estimate.roofline import collective_seconds
 from lightning_pilot.estimate.targets import Target
 
 if TYPE_CHECKING:
-    from lightning_pilot.estimate.grid import _Traces as PrecisionTraces
+    from lightning_pilot.estimate.precision_traces import PrecisionTraces
 
 __all__ = [
     "FSDP_COMPUTE",

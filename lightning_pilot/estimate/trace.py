@@ -53,8 +53,6 @@ Example:
 
 from __future__ import annotations
 
-# compute_dtype and _sequence_length: re-exported for grid.py, which imports them from here.
-from lightning_pilot.estimate.batches import _sequence_length as _sequence_length
 from lightning_pilot.estimate.batches import reshape_batch
 from lightning_pilot.estimate.blocks import repeated_blocks
 from lightning_pilot.estimate.checkpointing import CHECKPOINTING, selective_checkpoint_context
@@ -70,7 +68,6 @@ from lightning_pilot.estimate.optimizers import (
     optimizer_of,
 )
 from lightning_pilot.estimate.precision import PRECISIONS, precision_context
-from lightning_pilot.estimate.precision import compute_dtype as compute_dtype
 from lightning_pilot.estimate.recorder import (
     CATEGORIES,
     PhaseTrace,

@@ -197,7 +197,7 @@ def test_checkpointing_without_classes_fails_only_its_own_rows() -> None:
 
 
 def test_memory_in_the_sequence_length_is_the_quadratic_of_three_traces() -> None:
-    from lightning_pilot.estimate.grid import _lagrange
+    from lightning_pilot.estimate.searches import _lagrange
 
     # The demo LM builds T x T masks: memory is not linear in the sequence length.
     batch = _demo_batch()

@@ -17,7 +17,7 @@ import torch
 from estimate_models import HFEncoder, class_batch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from lightning_pilot.estimate import PHASE_ORDER, Session, grid, measure_cpu
+from lightning_pilot.estimate import PHASE_ORDER, Session, measure_cpu, precision_traces
 from lightning_pilot.estimate.grid import trace_configuration
 from lightning_pilot.estimate.trace import Recorder, cuda_autocast, cuda_dropout
 
@@ -134,7 +134,7 @@ def test_encoder_matches_real_tensors_under_the_cuda_policy(
     sizes: dict[str, Any] = {"micro_batch": 4, "seq_len": 24, "precision": precision}
     real = measure_cpu(HFEncoder(), batch, cuda=True, **sizes)
     plain = measure_cpu(HFEncoder(), batch, **sizes)
-    monkeypatch.setattr(grid, "Session", _Exact)
+    monkeypatch.setattr(precision_traces, "Session", _Exact)
     torch.manual_seed(0)
     traced = trace_configuration(
         HFEncoder(), batch, micro_batch=4, seq_len=24, precision=precision, device="cuda"

@@ -1,0 +1,310 @@
+"""The traces of one precision: what the grid traces in one :class:`Session`, what it
+extrapolates in the micro-batch, and the six phases of a configuration derived from them.
+
+:func:`trace_grid` runs in an open session (the module built or converted once):
+
+- ``forward`` and ``backward`` per checkpointing x sequence length at the two smallest
+  micro-batches; every other micro-batch is **extrapolated** from those two when both ran the
+  same operators in the same order (every storage of such a step is either fixed or
+  proportional to the micro-batch, so the live bytes after each operator are affine in it) and
+  the extrapolated peak falls on the operator where both traced peaks fell; otherwise it is
+  traced (:func:`extrapolate`). ``method`` says which.
+- the optimizer steps (first and later) and the checkpoint save once: they do not depend on
+  the batch;
+- ``validation`` per sequence length, the same way as the training phases.
+
+A later update's forward pass holds the previous update's gradients (Lightning zeroes them
+after ``training_step``, before ``backward``) and both passes hold the optimizer state; the
+trace of the first update is **derived** by adding them (live throughout, so every point of
+the phase moves by the same bytes): :func:`phase_traces`.
+
+A failure of the user's code becomes the precision's ``error`` (its rows say why), never a
+crash: :func:`failures_recorded`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import numpy as np
+import torch
+
+from lightning_pilot.estimate.job import Ckpt, Config, GridJob
+from lightning_pilot.estimate.precision import compute_dtype
+from lightning_pilot.estimate.recorder import CATEGORIES, PhaseTrace, UntraceableError
+from lightning_pilot.estimate.session import Session
+from lightning_pilot.estimate.stand_in import ConfigureError, stand_in_trainer
+from lightning_pilot.estimate.strategies import unit_bytes
+
+__all__ = [
+    "PrecisionTraces",
+    "extrapolate",
+    "failures_recorded",
+    "later_extra",
+    "matching_pair",
+    "open_session",
+    "phase_traces",
+    "trace_grid",
+]
+
+_CKPT_ORDER: Final[dict[Ckpt, int]] = {False: 0, True: 1, "selective": 2}
+_TRAIN: Final = ("forward", "backward")
+
+
+def extrapolate(
+    low: PhaseTrace, high: PhaseTrace, low_x: int, high_x: int, x: int
+) -> PhaseTrace | None:
+    """The phase at micro-batch ``x`` from traces at ``low_x`` and ``high_x``: every
+    operator's live bytes, FLOPs, bytes moved and the peak's categories move linearly.
+    ``None`` when the two traces ran different operators or the peak moves to another
+    operator (then trace it).
+
+    Example:
+        >>> import numpy as np
+        >>> def trace(scale):
+        ...     return PhaseTrace("forward", 10 + 2 * scale, {**dict.fromkeys(CATEGORIES, 0),
+        ...         "weights": 10, "activations": 2 * scale}, np.array([10, 10 + 2 * scale]),
+        ...         np.zeros(2, np.int64), np.zeros(2, np.int64), np.zeros(2, np.int8), 1, 7, 10)
+        >>> extrapolate(trace(1), trace(2), 1, 2, 8).peak_bytes
+        26
+    """
+    if low.signature != high.signature or low.curve.shape != high.curve.shape:
+        return None
+    if not len(low.curve) or low.peak_bytes != int(low.curve.max()):
+        return None
+    if high.peak_bytes != int(high.curve.max()):
+        return None
+    span = high_x - low_x
+
+    def line(a: Any, b: Any) -> Any:
+        return a + (b - a) * (x - low_x) // span
+
+    curve = line(low.curve, high.curve)
+    index = int(np.argmax(curve))
+    if index != int(np.argmax(low.curve)) or index != int(np.argmax(high.curve)):
+        return None
+    categories = {
+        name: int(line(low.categories[name], high.categories[name])) for name in CATEGORIES
+    }
+    peak = int(curve[index])
+    categories["temporaries"] += peak - sum(categories.values())
+    return PhaseTrace(
+        phase=low.phase,
+        peak_bytes=peak,
+        categories=categories,
+        curve=curve,
+        flops=line(low.flops, high.flops),
+        moved=line(low.moved, high.moved),
+        kinds=low.kinds,
+        peak_op=index,
+        signature=low.signature,
+        start_bytes=int(line(low.start_bytes, high.start_bytes)),
+        segment_bytes=int(line(low.segment_bytes, high.segment_bytes)),
+        included=dict(low.included),
+        notes=[
+            *low.notes,
+            f"extrapolated from micro-batches {low_x} and {high_x} (same operators, peak at"
+            " the same operator)",
+        ],
+    )
+
+
+@dataclass
+class PrecisionTraces:
+    """Everything traced for one precision."""
+
+    precision: str
+    train: dict[Config, dict[str, PhaseTrace]] = field(default_factory=dict)
+    validation: dict[tuple[int | None, int], PhaseTrace] = field(default_factory=dict)
+    optimizer: dict[str, PhaseTrace] = field(default_factory=dict)
+    save: PhaseTrace | None = None
+    state: dict[str, int] = field(default_factory=dict)
+    units: tuple[int, int] = (0, 0)
+    error: tuple[str, str, str] | None = None  # (status, phase, reason)
+    #: checkpointing -> (status, phase, reason): what failed only with activation
+    #: checkpointing on; the configurations without it are estimated.
+    failed: dict[Ckpt, tuple[str, str, str]] = field(default_factory=dict)
+    #: (checkpointing, sequence length, micro-batch) -> the phases the searches traced.
+    searched: dict[Config, tuple[dict[str, PhaseTrace], PhaseTrace]] = field(default_factory=dict)
+    exception: BaseException | None = None
+    resolved_train: dict[Config, tuple[dict[str, PhaseTrace], str]] = field(default_factory=dict)
+    resolved_validation: dict[tuple[int | None, int], tuple[PhaseTrace, str]] = field(
+        default_factory=dict
+    )
+    #: What every row of this precision says in ``notes`` (a stand-in Trainer).
+    notes: list[str] = field(default_factory=list)
+    #: The phase under way, named by a failure outside the recorder's phases.
+    phase: str = "setup"
+
+
+def matching_pair(traced: Mapping[int, Sequence[PhaseTrace]], below: int) -> tuple[int, int] | None:
+    """The two largest traced micro-batches under ``below`` whose every phase ran the same
+    operators (extrapolation needs them), or ``None``."""
+    sizes = sorted((b for b in traced if b < below), reverse=True)
+    for high_index, high in enumerate(sizes):
+        for low in sizes[high_index + 1 :]:
+            same = all(
+                a.signature == b.signature and a.curve.shape == b.curve.shape
+                for a, b in zip(traced[low], traced[high], strict=True)
+            )
+            if same:
+                return low, high
+    return None
+
+
+def _train_at(
+    session: Session, batch: Any, traces: PrecisionTraces, key: Config
+) -> tuple[dict[str, PhaseTrace], str]:
+    """The training phases at ``key``: extrapolated from two smaller traced micro-batches
+    that ran the same operators, or traced."""
+    if key in traces.train:
+        return traces.train[key], "traced"
+    checkpointing, seq_len, micro_batch = key
+    traced = {
+        k[2]: [v[p] for p in _TRAIN]
+        for k, v in traces.train.items()
+        if k[:2] == (checkpointing, seq_len)
+    }
+    pair = matching_pair(traced, micro_batch)
+    if pair is not None:
+        low, high = (traces.train[(checkpointing, seq_len, b)] for b in pair)
+        made = {p: extrapolate(low[p], high[p], pair[0], pair[1], micro_batch) for p in _TRAIN}
+        if all(value is not None for value in made.values()):
+            return {k: v for k, v in made.items() if v is not None}, "extrapolated"
+    result = session.train_phases(
+        batch, micro_batch=micro_batch, seq_len=seq_len, checkpointing=checkpointing
+    )
+    traces.train[key] = result
+    return result, "traced"
+
+
+def _validation_at(
+    session: Session, batch: Any, traces: PrecisionTraces, key: tuple[int | None, int]
+) -> tuple[PhaseTrace, str]:
+    """Validation at ``key``, as :func:`_train_at`."""
+    if key in traces.validation:
+        return traces.validation[key], "traced"
+    seq_len, micro_batch = key
+    traced = {k[1]: [v] for k, v in traces.validation.items() if k[0] == seq_len}
+    pair = matching_pair(traced, micro_batch)
+    if pair is not None:
+        low, high = (traces.validation[(seq_len, b)] for b in pair)
+        made = extrapolate(low, high, pair[0], pair[1], micro_batch)
+        if made is not None:
+            return made, "extrapolated"
+    result = session.validation_phase(batch, micro_batch=micro_batch, seq_len=seq_len)
+    traces.validation[key] = result
+    return result, "traced"
+
+
+def open_session(job: GridJob, precision: str) -> Session:
+    """The :class:`Session` that traces ``precision`` of ``job`` (not entered yet)."""
+    return Session(
+        job.module,
+        factory=job.factory,
+        precision=precision,
+        round_to=512 if job.device == "cuda" else 1,
+        cuda=job.device == "cuda",
+        checkpoint_classes=job.checkpoint_classes,
+        blocks=job.blocks,
+        capacity_factor=job.capacity_factor,
+    )
+
+
+def trace_grid(session: Session, traces: PrecisionTraces, job: GridJob) -> None:
+    """Trace ``job``'s configurations into ``traces`` in the open ``session``: the training
+    phases (traced or extrapolated), the optimizer steps, validation and the save."""
+    precision = traces.precision
+    itemsize = torch.empty((), dtype=compute_dtype(precision)).element_size()
+    traces.units = unit_bytes(session.module, job.wrap_classes, itemsize)
+    traces.phase = "forward"
+    configs = job.configs
+    ordered = sorted(configs, key=lambda c: (_CKPT_ORDER[c[0]], c[1] or 0, c[2]))
+    for key in ordered:
+        if key[0] in traces.failed:
+            continue
+        try:
+            traces.resolved_train[key] = _train_at(session, job.batch, traces, key)
+        except Exception as err:
+            if not key[0] or not any(not c[0] for c in configs):
+                raise
+            # Only checkpointing failed (the same step without it traced): its rows
+            # say why, the others are estimated.
+            status = "untraceable" if isinstance(err, UntraceableError) else "error"
+            reason = f"activation checkpointing: {type(err).__name__}: {err}"
+            traces.failed[key[0]] = (status, "forward", reason)
+    traces.phase = "optimizer_step_first"
+    try:
+        with stand_in_trainer(session.module, traces.notes):
+            session.build_optimizer()
+    except Exception as err:
+        raise ConfigureError(err) from err
+    traces.optimizer = session.optimizer_phases()
+    traces.state = session.measure_state()
+    traces.phase = "validation"
+    val_keys = sorted({(c[1], c[2]) for c in configs}, key=lambda k: (k[0] or 0, k[1]))
+    for val_key in val_keys:
+        traces.resolved_validation[val_key] = _validation_at(session, job.batch, traces, val_key)
+    traces.phase = "checkpoint_save"
+    traces.save = session.save_phase()
+
+
+@contextlib.contextmanager
+def failures_recorded(traces: PrecisionTraces, session: Session) -> Iterator[None]:
+    """Every failure inside (the user's code, run in ``session``) becomes ``traces.error``
+    (status, phase, reason) and ``traces.exception``, never a crash: the phase is the
+    recorder's, else :attr:`PrecisionTraces.phase`."""
+    try:
+        yield
+    except ConfigureError as err:
+        cause = err.__cause__
+        traces.error = ("error", "optimizer_step_first", str(err))
+        traces.exception = cause if isinstance(cause, Exception) else err
+    except UntraceableError as err:
+        traces.error = ("untraceable", session.recorder._phase or traces.phase, str(err))
+        traces.exception = err
+    except Exception as err:  # the user's code: every failure becomes a row, never a crash
+        where = session.recorder._phase or traces.phase
+        traces.error = ("error", where, f"{type(err).__name__}: {err}")
+        traces.exception = err
+
+
+def later_extra(trace: PhaseTrace, traces: PrecisionTraces) -> dict[str, int]:
+    """What a later update holds during ``trace``'s phase that the trace did not: the previous
+    gradients (forward pass only) and the optimizer state."""
+    extra = {"optimizer_state": traces.state["optimizer_state"]}
+    if trace.phase == "forward":
+        extra["gradients"] = traces.state["gradients"]
+    return {name: value - trace.included.get(name, 0) for name, value in extra.items()}
+
+
+def phase_traces(traces: PrecisionTraces, key: Config) -> dict[str, tuple[PhaseTrace, str]]:
+    """The six phases of one configuration with how each was obtained (later-update passes
+    derived)."""
+    train, how = traces.resolved_train[key]
+    forward = train["forward"].shifted(
+        later_extra(train["forward"], traces),
+        "later update: the previous gradients and the optimizer state added (live throughout)",
+    )
+    backward = train["backward"].shifted(
+        later_extra(train["backward"], traces),
+        "later update: the optimizer state added (live throughout)",
+    )
+    validation, val_how = traces.resolved_validation[(key[1], key[2])]
+    assert traces.save is not None
+    held = {"batch": train["forward"].categories["batch"]}
+    note = "the training batch added (Lightning holds it through the optimizer step)"
+    return {
+        "forward": (forward, "derived" if how == "traced" else how),
+        "backward": (backward, "derived" if how == "traced" else how),
+        "optimizer_step_first": (
+            traces.optimizer["optimizer_step_first"].shifted(held, note),
+            "derived",
+        ),
+        "optimizer_step": (traces.optimizer["optimizer_step"].shifted(held, note), "derived"),
+        "validation": (validation, val_how),
+        "checkpoint_save": (traces.save, "traced"),
+    }

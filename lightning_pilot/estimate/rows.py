@@ -1,0 +1,262 @@
+"""The estimate's rows, and the :class:`Estimate` that holds them.
+
+Every row an estimate returns is made here, with its columns (``ESTIMATE_SCHEMA`` and
+``LARGEST_SCHEMA`` of :mod:`lightning_pilot.schemas`):
+
+- :func:`configuration_rows`: one per target x configuration x phase, from the precision's
+  traces, the strategy's analytic memory and time (:mod:`~lightning_pilot.estimate.strategies`),
+  the roofline's step-time band and the fits rule (:mod:`~lightning_pilot.estimate.fits`); a
+  configuration that failed gets one row that names the phase and why;
+- :func:`largest_row` and :func:`failed_largest_rows`: the ``largest`` table, one row per
+  target x precision x checkpointing, from what the searches found
+  (:mod:`~lightning_pilot.estimate.searches`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from lightning_pilot.estimate.fits import need, tight_note
+from lightning_pilot.estimate.job import Ckpt, Config, GridJob
+from lightning_pilot.estimate.precision_traces import PrecisionTraces, phase_traces
+from lightning_pilot.estimate.recorder import CATEGORIES, PhaseTrace
+from lightning_pilot.estimate.reference import PHASE_ORDER
+from lightning_pilot.estimate.roofline import split_seconds
+from lightning_pilot.estimate.searches import BatchFound, SeqFound
+from lightning_pilot.estimate.strategies import (
+    Strategy,
+    communication_seconds,
+    fsdp_mixed,
+    strategy_memory,
+)
+from lightning_pilot.estimate.targets import Target
+
+__all__ = [
+    "Estimate",
+    "configuration_rows",
+    "failed_largest_rows",
+    "largest_row",
+    "named_checkpointing",
+    "publish",
+]
+
+
+@dataclass
+class Estimate:
+    """What :func:`~lightning_pilot.estimate.estimate` returns: ``rows`` (one per target x
+    configuration x phase) and ``largest`` (per target x precision x checkpointing, one GPU:
+    the largest micro-batch at the longest sequence and the largest sequence length at the
+    smallest micro-batch)."""
+
+    rows: list[dict[str, Any]]
+    largest: list[dict[str, Any]]
+    seconds: float
+    paths: list[str] = field(default_factory=list)
+
+    def frame(self) -> Any:
+        """``rows`` as a pandas DataFrame with every column of :data:`ESTIMATE_SCHEMA` (a row
+        of a step that failed carries only what names it: the rest is null)."""
+        import pandas as pd
+
+        from lightning_pilot.schemas import ESTIMATE_SCHEMA
+
+        return pd.DataFrame(self.rows, columns=ESTIMATE_SCHEMA.names)
+
+    def largest_frame(self) -> Any:
+        """``largest`` as a pandas DataFrame with every column of :data:`LARGEST_SCHEMA`."""
+        import pandas as pd
+
+        from lightning_pilot.schemas import LARGEST_SCHEMA
+
+        return pd.DataFrame(self.largest, columns=LARGEST_SCHEMA.names)
+
+
+def _band_seconds(
+    update: Sequence[PhaseTrace], tgt: Target, job: GridJob, shards: int
+) -> tuple[float, float, float, float]:
+    """(fast, slow, compute, memory) seconds of one update: the compute-bound operators' ideal
+    (``compute``) divided by ``job.efficiency``, the memory-bound ones' by
+    ``job.memory_efficiency``; the optimizer step's divided by ``shards`` (FSDP: each GPU steps
+    its own shard)."""
+    compute = memory = 0.0
+    for trace in update:
+        c, m = split_seconds(trace.flops, trace.moved, trace.kinds, tgt, allow_tf32=job.allow_tf32)
+        share = 1 / shards if trace.phase.startswith("optimizer_step") else 1.0
+        compute, memory = compute + c * share, memory + m * share
+    efficiency, memory_efficiency = job.efficiency, job.memory_efficiency
+    fast = compute / efficiency[1] + memory / memory_efficiency[1]
+    slow = compute / efficiency[0] + memory / memory_efficiency[0]
+    return fast, slow, compute, memory
+
+
+def configuration_rows(
+    traces: PrecisionTraces,
+    tgt: Target,
+    strategy: Strategy,
+    key: Config,
+    job: GridJob,
+    low: PrecisionTraces | None = None,
+) -> list[dict[str, Any]]:
+    """The rows of one target, strategy and configuration; ``low``: the low-precision traces
+    FSDP's mixed-precision policy computes with (:data:`~.strategies.FSDP_COMPUTE`)."""
+    checkpointing, seq_len, micro_batch = key
+    efficiency, memory_efficiency = job.efficiency, job.memory_efficiency
+    common = {
+        "target": tgt.name,
+        "gpu_memory_bytes": tgt.memory_bytes,
+        "precision": traces.precision,
+        "micro_batch": micro_batch,
+        "seq_len": seq_len,
+        "checkpointing": checkpointing,
+        "strategy": strategy.kind,
+        "devices": strategy.devices,
+        "efficiency_low": efficiency[0],
+        "efficiency_high": efficiency[1],
+    }
+    mixed = low is not None and strategy.kind == "fsdp"
+    failure = traces.error or traces.failed.get(checkpointing)
+    if failure is None and mixed:
+        assert low is not None
+        failure = low.error or low.failed.get(checkpointing)
+        if failure is not None:
+            failure = (failure[0], failure[1], f"{low.precision} (FSDP's compute): {failure[2]}")
+    if failure is not None:
+        status, phase, reason = failure
+        return [{**common, "phase": phase, "status": status, "reason": reason}]
+    phases = phase_traces(traces, key)
+    if mixed:
+        assert low is not None
+        phases = fsdp_mixed(phases, phase_traces(low, key), traces, low)
+    update = [phases[p][0] for p in ("forward", "backward", "optimizer_step")]
+    flops = int(sum(int(t.flops.sum()) for t in update))
+    moved = int(sum(int(t.moved.sum()) for t in update))
+    # FSDP: each GPU steps the optimizer over its own shard only.
+    shards = strategy.devices if strategy.kind == "fsdp" else 1
+    fast, slow, compute, memory = _band_seconds(update, tgt, job, shards)
+    comm = communication_seconds(strategy, traces, tgt)
+    fast, slow = max(fast, comm), slow + comm
+    roofline = (
+        f"roofline: {compute:.4g} s compute-bound, {memory:.4g} s memory-bound, {comm:.4g} s"
+        f" collectives at 100 %; efficiency {efficiency[0]:g} to {efficiency[1]:g} (compute),"
+        f" {memory_efficiency[0]:g} to {memory_efficiency[1]:g} (memory)"
+    )
+    rows = []
+    for phase in PHASE_ORDER:
+        trace, method = phases[phase]
+        analytic, segments, strategy_note = strategy_memory(trace, strategy, traces)
+        allocated = trace.peak_bytes + tgt.workspace_bytes + analytic
+        live = trace.segment_bytes + tgt.workspace_bytes + segments
+        reserved = max(math.ceil(live * (1 + job.fragmentation)), allocated)
+        headroom = tgt.memory_bytes - need(allocated, live - tgt.workspace_bytes, tgt)
+        notes = [*trace.notes, roofline]
+        if headroom >= 0 and reserved + tgt.overhead_bytes > tgt.memory_bytes:
+            notes.append(tight_note(reserved, tgt))
+        if strategy_note:
+            notes.append(strategy_note)
+        notes.extend(traces.notes)
+        rows.append(
+            {
+                **common,
+                "phase": phase,
+                "status": "ok",
+                "reason": None,
+                "method": method,
+                "peak_allocated_bytes": allocated,
+                "estimated_reserved_bytes": reserved,
+                **{f"{name}_bytes": trace.categories[name] for name in CATEGORIES},
+                "workspace_bytes": tgt.workspace_bytes,
+                "overhead_bytes": tgt.overhead_bytes,
+                "analytic_bytes": analytic,
+                "fits": headroom >= 0,
+                "headroom_bytes": headroom,
+                "flops_per_update": flops,
+                "bytes_per_update": moved,
+                "step_time_low_s": fast,
+                "step_time_high_s": slow,
+                "notes": "; ".join(notes) or None,
+            }
+        )
+    return rows
+
+
+def _largest_key(precision: str, tgt: Target, ckpt: Ckpt, seq_len: int | None) -> dict[str, Any]:
+    """What names a row of the largest table: one GPU, at the grid's longest sequence."""
+    return {
+        "target": tgt.name,
+        "precision": precision,
+        "checkpointing": ckpt,
+        "strategy": "single",
+        "devices": 1,
+        "seq_len": seq_len,
+    }
+
+
+def largest_row(
+    precision: str,
+    tgt: Target,
+    ckpt: Ckpt,
+    seq_len: int | None,
+    found: BatchFound,
+    seq: SeqFound | None,
+) -> dict[str, Any]:
+    """The largest table's row of one target, precision and checkpointing: what the
+    micro-batch search ``found`` and, for a batch with a sequence dimension, what the
+    sequence length search found (``seq``). A search that did not run leaves its sizes out."""
+    row = {**_largest_key(precision, tgt, ckpt, seq_len), "status": found.status}
+    if found.largest is not None:
+        row.update(largest_micro_batch=found.largest, method=found.method, checked=found.checked)
+    row["reason"] = found.reason
+    if seq is not None:
+        row.update(seq_len_micro_batch=seq.micro_batch, max_seq_len=seq.bound)
+        if seq.largest is not None:
+            row.update(
+                largest_seq_len=seq.largest,
+                seq_len_method=seq.method,
+                seq_len_checked=seq.checked,
+            )
+        row["seq_len_reason"] = seq.reason
+    return row
+
+
+def failed_largest_rows(traces: PrecisionTraces, job: GridJob) -> list[dict[str, Any]]:
+    """The largest table's rows of a precision whose traces failed: each target and
+    checkpointing with the failure's status and reason."""
+    assert traces.error is not None
+    status, _, reason = traces.error
+    return [
+        {
+            **_largest_key(traces.precision, tgt, ckpt, job.longest),
+            "status": status,
+            "reason": reason,
+        }
+        for tgt in job.targets
+        for ckpt in job.checkpointing
+    ]
+
+
+def publish(result: Estimate, out_dir: Any) -> list[str]:
+    """Write ``estimate.parquet`` and ``estimate_largest.parquet`` into ``out_dir`` (through
+    :mod:`lightning_pilot.storage`, never overwriting): their paths."""
+    from lightning_pilot import storage
+    from lightning_pilot.schemas import ESTIMATE_SCHEMA, LARGEST_SCHEMA
+
+    folder = storage.make_folder(out_dir)
+    paths = []
+    for rows, schema, name in (
+        (named_checkpointing(result.rows), ESTIMATE_SCHEMA, "estimate.parquet"),
+        (named_checkpointing(result.largest), LARGEST_SCHEMA, "estimate_largest.parquet"),
+    ):
+        table = storage.rows_to_table(rows, schema)
+        paths.append(str(storage.publish_table(table, folder / name)))
+    return paths
+
+
+def named_checkpointing(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows as the Parquet schema holds them: ``checkpointing`` by its name (``"off"``,
+    ``"full"`` or ``"selective"``, :func:`~lightning_pilot.schemas.checkpointing_mode`)."""
+    from lightning_pilot.schemas import checkpointing_mode
+
+    return [{**row, "checkpointing": checkpointing_mode(row.get("checkpointing"))} for row in rows]

@@ -1,0 +1,430 @@
+"""The largest sizes that fit each target, per precision and checkpointing, on one GPU.
+
+:func:`search_largest` runs in the precision's open :class:`Session`, after the grid's traces:
+
+- the largest micro-batch at the grid's longest sequence: every operator's live bytes are
+  affine in the micro-batch (two traced micro-batches that ran the same operators), so the
+  need at any micro-batch is predicted and bisected up to ``max_micro_batch``;
+- the largest sequence length at the grid's smallest micro-batch (a batch of token ids): the
+  live bytes are quadratic in the length (attention's T x T terms), predicted from three
+  traced lengths (:func:`_lagrange`) and bisected in steps of ``seq_step`` up to the module's
+  declared bound (:func:`sequence_bound`) or ``max_seq_len``.
+
+With ``verify_largest``, each answer is confirmed by tracing it and the next step
+(:func:`settle`). What a search finds is a :class:`BatchFound` or :class:`SeqFound`; the
+largest table's rows are made of them in :mod:`~lightning_pilot.estimate.rows`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+import numpy as np
+import torch
+
+from lightning_pilot.estimate.fits import fixed_phases_need, need
+from lightning_pilot.estimate.job import Ckpt, GridJob
+from lightning_pilot.estimate.precision_traces import (
+    PrecisionTraces,
+    later_extra,
+    matching_pair,
+)
+from lightning_pilot.estimate.recorder import PhaseTrace
+from lightning_pilot.estimate.session import Session
+from lightning_pilot.estimate.targets import Target
+
+__all__ = [
+    "VERIFY_TRACES",
+    "BatchFound",
+    "SeqFound",
+    "search_largest",
+    "sequence_bound",
+    "settle",
+]
+
+#: The most traces :func:`settle` takes to confirm a predicted largest size.
+VERIFY_TRACES: Final = 12
+#: The module attributes (and their ``config``'s) that bound the sequence length.
+_POSITION_LIMITS: Final = ("max_position_embeddings", "n_positions", "max_seq_len", "max_length")
+
+
+@dataclass(frozen=True)
+class BatchFound:
+    """What the largest micro-batch search found for one target and checkpointing: a
+    ``status`` (``ok``, ``not_estimated``, or the failure's) and its ``reason``; when it ran,
+    the ``largest`` micro-batch, the ``method`` and whether tracing ``checked`` it."""
+
+    status: str
+    reason: str | None
+    largest: int | None = None
+    method: str | None = None
+    checked: bool | None = None
+
+
+@dataclass(frozen=True)
+class SeqFound:
+    """What the largest sequence length search found for one target and checkpointing, at
+    ``micro_batch`` up to ``bound``: its ``reason`` and, when it ran, the ``largest`` length,
+    the ``method`` and whether tracing ``checked`` it."""
+
+    micro_batch: int
+    bound: int
+    reason: str | None
+    largest: int | None = None
+    method: str | None = None
+    checked: bool | None = None
+
+
+def search_largest(
+    session: Session, traces: PrecisionTraces, job: GridJob
+) -> Iterator[tuple[Target, Ckpt, BatchFound, SeqFound | None]]:
+    """Per target and checkpointing of ``job``: the largest micro-batch and, for a batch with a
+    sequence dimension, the largest sequence length (``None`` otherwise), each yielded as it
+    is found."""
+    search = _Search(session, traces, job)
+    by_seq: dict[Ckpt, dict[str, SeqFound]] = {}
+    for tgt, ckpt in itertools.product(job.targets, job.checkpointing):
+        if job.seq_micro_batch is not None and ckpt not in by_seq and ckpt not in traces.failed:
+            by_seq[ckpt] = search.largest_seq_len(ckpt, job.seq_micro_batch)
+        found = search.largest_micro_batch(tgt, ckpt)
+        yield tgt, ckpt, found, by_seq.get(ckpt, {}).get(tgt.name)
+
+
+def settle(fits: Callable[[int], bool], start: int, cap: int) -> tuple[int, bool]:
+    """The largest ``b`` up to ``cap`` with ``fits(b)`` (each call a trace), from the
+    prediction ``start``: it must fit and ``start + 1`` must not; when one disagrees, the
+    boundary is bracketed by doubling steps and bisected (at most :data:`VERIFY_TRACES`
+    calls). ``(largest, settled)``.
+
+    Example:
+        >>> settle(lambda b: b <= 37, 40, 1024)
+        (37, True)
+    """
+    cache: dict[int, bool] = {}
+
+    def check(b: int) -> bool:
+        if b not in cache:
+            cache[b] = fits(b)
+        return cache[b]
+
+    lo, hi = 0, None  # largest known to fit, smallest known not to
+    step = 1
+    b = min(max(start, 1), cap)
+    while len(cache) < VERIFY_TRACES:
+        if hi is not None and hi - lo <= 1:
+            return lo, True
+        if lo >= cap:
+            return cap, True
+        if check(b):
+            lo = max(lo, b)
+            b = min(lo + step, cap) if hi is None else (lo + hi) // 2
+        else:
+            hi = b if hi is None else min(hi, b)
+            if b == 1:
+                return 0, True
+            b = max(hi - step, 1) if lo == 0 and hi - step > 0 else (lo + hi) // 2
+            b = max(b, lo + 1)
+        step *= 2
+    return lo, (hi is not None and hi - lo <= 1) or lo >= cap
+
+
+def sequence_bound(module: torch.nn.Module) -> int | None:
+    """The longest sequence ``module`` declares it accepts: the smallest positive integer
+    ``max_position_embeddings``, ``n_positions``, ``max_seq_len`` or ``max_length`` of any
+    submodule or its ``config``; ``None`` when none declares one.
+
+    Example:
+        >>> from lightning_pilot.demo import TinyCausalLM
+        >>> sequence_bound(TinyCausalLM(max_length=32))
+        32
+    """
+    found: list[int] = []
+    for sub in module.modules():
+        for owner in (sub, getattr(sub, "config", None)):
+            if owner is None:
+                continue
+            for name in _POSITION_LIMITS:
+                value = getattr(owner, name, None)
+                if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                    found.append(value)
+    return min(found) if found else None
+
+
+def _lagrange(xs: Sequence[int], values: Sequence[Any], x: int) -> Any:
+    """The polynomial through ``(xs[i], values[i])`` (arrays element by element) at ``x``."""
+    total: Any = 0
+    for i, xi in enumerate(xs):
+        weight = 1.0
+        for j, xj in enumerate(xs):
+            if j != i:
+                weight *= (x - xj) / (xi - xj)
+        total = total + weight * np.asarray(values[i], dtype=np.float64)
+    return total
+
+
+def _ceil(value: Any) -> int:
+    return math.ceil(float(value) - 1e-6)
+
+
+def _affine(low: int, high: int, low_x: int, high_x: int, x: int) -> int:
+    return low + (high - low) * (x - low_x) // (high_x - low_x)
+
+
+class _Search:
+    """The searches of one precision: its open session, its traces and the job."""
+
+    def __init__(self, session: Session, traces: PrecisionTraces, job: GridJob) -> None:
+        self.session = session
+        self.traces = traces
+        self.job = job
+
+    # -- the largest micro-batch ------------------------------------------------------------
+
+    def largest_micro_batch(self, tgt: Target, ckpt: Ckpt) -> BatchFound:
+        """The largest micro-batch at the longest sequence, predicted from the base traces
+        and checked by tracing it and the next one."""
+        traces, seq_len = self.traces, self.job.longest
+        verify, cap = self.job.verify_largest, self.job.max_micro_batch
+        if ckpt in traces.failed:
+            status, _, failure = traces.failed[ckpt]
+            return BatchFound(status, failure)
+        traced = {
+            b: [t["forward"], t["backward"], traces.validation[(seq_len, b)]]
+            for (c, q, b), t in traces.train.items()
+            if (c, q) == (ckpt, seq_len) and (seq_len, b) in traces.validation
+        }
+        pair = matching_pair(traced, 1 << 62)
+        if pair is None:
+            return BatchFound("not_estimated", "no two traced micro-batches ran the same operators")
+
+        def need_at(b: int) -> int | None:
+            return self._predicted_need(tgt, ckpt, pair, b)
+
+        first = need_at(1)
+        if first is None:
+            why = "the two traced micro-batches ran different operators"
+            return BatchFound("not_estimated", why)
+        if first > tgt.memory_bytes:
+            checked = verify and self._traced_need(tgt, ckpt, seq_len, 1) > tgt.memory_bytes
+            return BatchFound(
+                "ok",
+                "micro-batch 1 does not fit"
+                if checked or not verify
+                else "micro-batch 1 does not fit as predicted, but fits as traced",
+                largest=0,
+                method="predicted, traced" if verify else "predicted",
+                checked=checked,
+            )
+        lo, hi = 1, 2
+        while hi <= cap and (need_at(hi) or 0) <= tgt.memory_bytes:
+            lo, hi = hi, hi * 2
+        if hi > cap and (need_at(cap) or 0) <= tgt.memory_bytes:
+            why = f"fits at max_micro_batch={cap}, the end of the search"
+            return BatchFound("ok", why, largest=cap, method="predicted", checked=False)
+        hi = min(hi, cap + 1)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if (need_at(mid) or 0) <= tgt.memory_bytes:
+                lo = mid
+            else:
+                hi = mid
+        checked = False
+        method = "predicted"
+        if verify:
+
+            def fits(b: int) -> bool:
+                return self._traced_need(tgt, ckpt, seq_len, b) <= tgt.memory_bytes
+
+            found, checked = settle(fits, lo, cap)
+            method = "predicted, traced" if found == lo else "predicted, corrected by tracing"
+            lo = found
+        reason: str | None = None
+        if verify and not checked:
+            reason = f"traces near the prediction did not settle in {VERIFY_TRACES} tries"
+        return BatchFound("ok", reason, largest=lo, method=method, checked=checked)
+
+    def _predicted_need(
+        self, tgt: Target, ckpt: Ckpt, base: tuple[int, int], micro_batch: int
+    ) -> int | None:
+        """The most memory any phase needs at ``micro_batch``: every operator's live bytes
+        moved linearly from the two base traces (``None`` when they ran different
+        operators)."""
+        traces, seq_len = self.traces, self.job.longest
+        low_x, high_x = base
+        train_low = traces.resolved_train[(ckpt, seq_len, low_x)][0]
+        train_high = traces.resolved_train[(ckpt, seq_len, high_x)][0]
+        pairs = [
+            (
+                train_low["forward"],
+                train_high["forward"],
+                sum(later_extra(train_low["forward"], traces).values()),
+            ),
+            (
+                train_low["backward"],
+                train_high["backward"],
+                sum(later_extra(train_low["backward"], traces).values()),
+            ),
+            (
+                traces.resolved_validation[(seq_len, low_x)][0],
+                traces.resolved_validation[(seq_len, high_x)][0],
+                0,
+            ),
+        ]
+        worst = 0
+        for low, high, extra in pairs:
+            if low.signature != high.signature or low.curve.shape != high.curve.shape:
+                return None
+            curve = low.curve + (high.curve - low.curve) * (micro_batch - low_x) // (high_x - low_x)
+            start = _affine(low.start_bytes, high.start_bytes, low_x, high_x, micro_batch)
+            peak = max(int(curve.max()), start) + extra + tgt.workspace_bytes
+            segments = _affine(low.segment_bytes, high.segment_bytes, low_x, high_x, micro_batch)
+            worst = max(worst, need(peak, segments + extra, tgt))
+        batch_bytes = _affine(
+            train_low["forward"].categories["batch"],
+            train_high["forward"].categories["batch"],
+            low_x,
+            high_x,
+            micro_batch,
+        )
+        return max(worst, fixed_phases_need(traces, tgt, batch_bytes))
+
+    # -- traced sizes -----------------------------------------------------------------------
+
+    def _phases_at(
+        self, ckpt: Ckpt, seq_len: int | None, micro_batch: int
+    ) -> tuple[dict[str, PhaseTrace], PhaseTrace]:
+        """The training phases and validation at one size: traced by the grid or an earlier
+        search step, else traced now (and kept for the next step)."""
+        traces, session, batch = self.traces, self.session, self.job.batch
+        key = (ckpt, seq_len, micro_batch)
+        found = traces.searched.get(key)
+        if found is not None:
+            return found
+        train = traces.train.get(key)
+        if train is None:
+            train = session.train_phases(
+                batch, micro_batch=micro_batch, seq_len=seq_len, checkpointing=ckpt
+            )
+        val = traces.validation.get((seq_len, micro_batch))
+        if val is None:
+            val = session.validation_phase(batch, micro_batch=micro_batch, seq_len=seq_len)
+        traces.searched[key] = (train, val)
+        return train, val
+
+    def _traced_need(self, tgt: Target, ckpt: Ckpt, seq_len: int | None, micro_batch: int) -> int:
+        """The most memory any phase needs at ``micro_batch``, traced."""
+        traces = self.traces
+        train, val = self._phases_at(ckpt, seq_len, micro_batch)
+        worst = 0
+        for trace, extra in (
+            (train["forward"], sum(later_extra(train["forward"], traces).values())),
+            (train["backward"], sum(later_extra(train["backward"], traces).values())),
+            (val, 0),
+        ):
+            peak = trace.peak_bytes + extra + tgt.workspace_bytes
+            worst = max(worst, need(peak, trace.segment_bytes + extra, tgt))
+        batch_bytes = train["forward"].categories["batch"]
+        return max(worst, fixed_phases_need(traces, tgt, batch_bytes))
+
+    # -- the largest sequence length --------------------------------------------------------
+
+    def largest_seq_len(self, ckpt: Ckpt, micro_batch: int) -> dict[str, SeqFound]:
+        """Per target name: the largest sequence length (a multiple of the step) that fits at
+        ``micro_batch``, up to the module's declared bound or ``max_seq_len``; predicted from
+        three traced lengths, then settled by tracing it and the next step."""
+        traces, job = self.traces, self.job
+        step, limit = job.seq_step, job.max_seq_len
+        bound = sequence_bound(self.session.module)
+        cap = bound if bound is not None else limit
+        while step > 1 and cap // step < 8:
+            step //= 2
+        top = cap // step
+        why_cap = (
+            f"the module's declared maximum ({bound} positions)"
+            if bound is not None
+            else f"max_seq_len={limit}, the end of the search"
+        )
+        # Three lengths: the bound, and a third and two thirds of it, or a length the grid
+        # traced already at this micro-batch in their place.
+        units = [max(1, top // 3), max(2, 2 * top // 3), top]
+        for known_ckpt, known_seq, known_b in traces.train:
+            if (known_ckpt, known_b) == (ckpt, micro_batch) and known_seq and known_seq % step == 0:
+                unit = known_seq // step
+                if 0 < unit < top and unit not in units:
+                    nearest = min(range(2), key=lambda i: abs(units[i] - unit))
+                    units[nearest] = unit
+        units = sorted(set(units))
+        points: dict[int, list[PhaseTrace]] = {}
+        try:
+            if len(units) < 3:
+                raise ValueError(f"the bound {cap} holds fewer than 3 steps of {step}")
+            for unit in units:
+                seq = unit * step
+                train, val = self._phases_at(ckpt, seq, micro_batch)
+                points[seq] = [train["forward"], train["backward"], val]
+        except Exception as err:  # the module refuses a length: the search cannot run
+            failure = f"sequence lengths could not be traced: {type(err).__name__}: {err}"
+            return {t.name: SeqFound(micro_batch, cap, failure) for t in job.targets}
+        found: dict[str, SeqFound] = {}
+        for tgt in job.targets:
+
+            def need_at(unit: int, tgt: Target = tgt) -> int | None:
+                return self._seq_need(points, tgt, unit * step)
+
+            if need_at(1) is None:
+                different = "the traced sequence lengths ran different operators"
+                found[tgt.name] = SeqFound(micro_batch, cap, different)
+                continue
+            lo, hi = 0, top + 1
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                if (need_at(mid) or 0) <= tgt.memory_bytes:
+                    lo = mid
+                else:
+                    hi = mid
+            method, checked = "predicted (quadratic in the sequence length)", False
+            reason: str | None = None if lo else f"one step ({step}) does not fit"
+            if job.verify_largest:
+
+                def fits(unit: int, tgt: Target = tgt) -> bool:
+                    traced = self._traced_need(tgt, ckpt, unit * step, micro_batch)
+                    return traced <= tgt.memory_bytes
+
+                settled, checked = settle(fits, max(lo, 1), top)
+                method += ", traced" if settled == lo else ", corrected by tracing"
+                lo = settled
+                if not checked:
+                    reason = f"traces near the prediction did not settle in {VERIFY_TRACES} tries"
+            if lo == top and reason is None:
+                reason = f"fits at {why_cap}"
+            found[tgt.name] = SeqFound(
+                micro_batch, cap, reason, largest=lo * step, method=method, checked=checked
+            )
+        return found
+
+    def _seq_need(
+        self, points: Mapping[int, Sequence[PhaseTrace]], tgt: Target, seq_len: int
+    ) -> int | None:
+        """The most memory any phase needs at ``seq_len``: every operator's live bytes (and the
+        start, the allocator's segments and the batch) through the polynomial of the traced
+        sequence lengths ``points`` (three: quadratic, as attention's T x T terms are);
+        ``None`` when they ran different operators."""
+        traces = self.traces
+        xs = sorted(points)
+        worst = 0
+        for index in range(3):  # forward, backward, validation
+            phases = [points[x][index] for x in xs]
+            if len({(p.signature, p.curve.shape) for p in phases}) != 1:
+                return None
+            curve = _lagrange(xs, [p.curve for p in phases], seq_len)
+            start = _lagrange(xs, [p.start_bytes for p in phases], seq_len)
+            extra = sum(later_extra(phases[0], traces).values()) if index < 2 else 0
+            peak = _ceil(max(float(curve.max(initial=0)), float(start))) + extra
+            segments = _ceil(_lagrange(xs, [p.segment_bytes for p in phases], seq_len))
+            worst = max(worst, need(peak + tgt.workspace_bytes, segments + extra, tgt))
+        batch = _ceil(_lagrange(xs, [points[x][0].categories["batch"] for x in xs], seq_len))
+        return max(worst, fixed_phases_need(traces, tgt, batch))
