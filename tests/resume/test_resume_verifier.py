@@ -105,12 +105,24 @@ class _LastBatch(pl.Callback):
         self.at = time.time()
 
 
-def test_verification_runs_once_after_the_fit_in_one_process(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def stateful_fit(tmp_path_factory: pytest.TempPathFactory) -> tuple[pd.DataFrame, Path, float]:
+    """A StatefulDataLoader, probes at update 2 (3 updates compared) and at the end of the
+    first epoch (update 16), the artifact checked: one fit and its one new process, read by
+    the tests below. Its phase table, run folder and when its last training batch ended."""
+    last = _LastBatch()
+    verifier = ResumeVerifier(at_step=2, compare_steps=3)  # mid-epoch, epoch boundary, artifact
+    root = tmp_path_factory.mktemp("stateful")
+    frame = _fit(root, Net(stateful=True), verifier, max_steps=20, callbacks=[last])
+    return frame, verifier.run.run_dir, last.at
+
+
+def test_verification_runs_once_after_the_fit_in_one_process(
+    stateful_fit: tuple[pd.DataFrame, Path, float],
+) -> None:
     """Training never waits for the verification, and the new process never shares the device
     with the fit: it starts after Lightning's teardown, one process for every checkpoint."""
-    last = _LastBatch()
-    verifier = ResumeVerifier(at_step=2, compare_steps=1)  # mid-epoch, epoch boundary, artifact
-    frame = _fit(tmp_path, Net(stateful=True), verifier, max_steps=20, callbacks=[last])
+    frame, run_dir, last_batch_at = stateful_fit
     checks = _checks(frame)
     assert checks["loss_trajectory"][0] == "pass"
     assert checks["epoch_boundary.loss_trajectory"][0] == "pass", checks
@@ -118,14 +130,16 @@ def test_verification_runs_once_after_the_fit_in_one_process(tmp_path: Path) -> 
     # sides: at train start the resumed loop has not moved past the closed epoch yet.
     assert checks["epoch_boundary.epoch"] == ("pass", ""), checks["epoch_boundary.epoch"]
     assert checks["artifact_roundtrip"][0] == "pass"
-    folder = verifier.run.run_dir / "resume"
+    folder = run_dir / "resume"
     specs = sorted(p.name for p in folder.glob("spec-*.json"))
     assert specs == ["spec-tasks.json"]  # one process for two probes and the artifact
-    assert (folder / "spec-tasks.json").stat().st_mtime >= last.at  # after the last batch
+    assert (folder / "spec-tasks.json").stat().st_mtime >= last_batch_at  # after the last batch
 
 
-def test_stateful_loader_resumes_exactly_in_a_new_process(tmp_path: Path) -> None:
-    frame = _fit(tmp_path, Net(stateful=True), ResumeVerifier(at_step=2, compare_steps=3))
+def test_stateful_loader_resumes_exactly_in_a_new_process(
+    stateful_fit: tuple[pd.DataFrame, Path, float],
+) -> None:
+    frame, run_dir, _ = stateful_fit
     checks = _checks(frame)
     for name in (
         "weights_only_load", "global_step", "epoch", "lrs", "optimizer_state",
@@ -139,9 +153,9 @@ def test_stateful_loader_resumes_exactly_in_a_new_process(tmp_path: Path) -> Non
     load = frame[frame["phase"] == "checkpoint_load"].iloc[0]
     assert load["file_bytes"] > 0
     assert load["duration_s"] > 0
-    detail = pd.read_parquet(_run_dir(tmp_path) / "resume.parquet")
-    micro = detail[detail["check"] == "micro_batch"]
-    assert len(micro) == 3
+    detail = pd.read_parquet(run_dir / "resume.parquet")
+    micro = detail[(detail["check"] == "micro_batch") & (detail["checkpoint_step"] == 2)]
+    assert len(micro) == 3  # the 3 compared updates of the mid-epoch probe
     assert micro["equal"].all()
 
 
@@ -150,9 +164,19 @@ def _run_dir(tmp_path: Path) -> Path:
     return run
 
 
-def test_plain_shuffled_loader_replays_data_after_a_mid_epoch_resume(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def plain_checks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[str, str]]:
+    """A plain shuffled DataLoader, probes at update 3 (2 updates compared) and at the end of
+    the first epoch (update 16): one fit and its one new process, read by the tests below."""
     verifier = ResumeVerifier(at_step=3, compare_steps=2, check_artifact=False)
-    checks = _checks(_fit(tmp_path, Net(stateful=False), verifier))
+    root = tmp_path_factory.mktemp("plain")
+    return _checks(_fit(root, Net(stateful=False), verifier, max_steps=20))
+
+
+def test_plain_shuffled_loader_replays_data_after_a_mid_epoch_resume(
+    plain_checks: dict[str, tuple[str, str]],
+) -> None:
+    checks = plain_checks
     verdict, detail = checks["data_position"]
     assert verdict == "fail"
     assert "the DataLoader cannot resume mid-epoch" in detail
@@ -163,13 +187,11 @@ def test_plain_shuffled_loader_replays_data_after_a_mid_epoch_resume(tmp_path: P
 
 
 def test_plain_loader_resumed_from_an_epoch_end_goes_back_into_the_finished_epoch(
-    tmp_path: Path,
+    plain_checks: dict[str, tuple[str, str]],
 ) -> None:
     """Lightning 2.6.6 re-enters the finished epoch of an end-of-epoch checkpoint when the
     loader cannot save its position: the verdict says so, not "the counter was not restored"."""
-    verifier = ResumeVerifier(at_step=2, compare_steps=1, check_artifact=False)
-    checks = _checks(_fit(tmp_path, Net(stateful=False), verifier, max_steps=20))
-    verdict, detail = checks["epoch_boundary.epoch"]
+    verdict, detail = plain_checks["epoch_boundary.epoch"]
     assert verdict == "fail"
     assert detail.startswith(
         "training continued in epoch 1, the resumed run went back into the finished epoch 0"
