@@ -159,11 +159,6 @@ def test_stateful_loader_resumes_exactly_in_a_new_process(
     assert micro["equal"].all()
 
 
-def _run_dir(tmp_path: Path) -> Path:
-    (run,) = (tmp_path / "pilot" / "runs").iterdir()
-    return run
-
-
 @pytest.fixture(scope="module")
 def plain_checks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[str, str]]:
     """A plain shuffled DataLoader, probes at update 3 (2 updates compared) and at the end of
@@ -296,23 +291,6 @@ def test_unimportable_module_says_so_and_the_fallback_runs_in_process(tmp_path: 
     assert checks["loss_trajectory"][0] == "pass"
 
 
-def test_epoch_boundary_checkpoint_is_checked_too(tmp_path: Path) -> None:
-    verifier = ResumeVerifier(at_step=2, compare_steps=2, check_artifact=False)
-    frame = _fit(tmp_path, Net(stateful=True), verifier, max_steps=8, limit_train_batches=4)
-    checks = _checks(frame)
-    # Mid-epoch: the stateful loader resumes exactly.
-    assert checks["data_position"][0] == "pass"
-    assert checks["loss_trajectory"][0] == "pass"
-    # At the end of the (cut) first epoch the loader resumes inside the old permutation.
-    verdict, detail = checks["epoch_boundary.data_position"]
-    assert verdict == "fail"
-    assert "after an end-of-epoch checkpoint" in detail
-    assert checks["epoch_boundary.global_step"][0] == "pass"
-    assert checks["epoch_boundary.updates_after_resume"][0] == "pass"
-    detail_rows = pd.read_parquet(_run_dir(tmp_path) / "resume.parquet")
-    assert set(detail_rows["checkpoint_step"]) == {2, 4}
-
-
 class _HookSpy(pl.Callback):
     """Whether Lightning would still call the verifier's batch hooks, after each batch."""
 
@@ -324,21 +302,50 @@ class _HookSpy(pl.Callback):
         self.live.append(callable(self.verifier.on_train_batch_start))
 
 
-def test_batch_hooks_are_skipped_while_no_probe_needs_them(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def cut_epochs(tmp_path_factory: pytest.TempPathFactory) -> tuple[pd.DataFrame, Path, list[bool]]:
+    """A StatefulDataLoader in epochs cut to 8 batches, probes at update 2 and at the end of
+    the first epoch (update 8), 2 updates compared: one fit and its one new process, read by
+    the tests below. Its phase table, run folder and the hook spy's record."""
     verifier = ResumeVerifier(at_step=2, compare_steps=2, check_artifact=False)
     spy = _HookSpy(verifier)
+    root = tmp_path_factory.mktemp("cut")
     frame = _fit(
-        tmp_path, Net(stateful=True), verifier, max_steps=14, limit_train_batches=8,
-        callbacks=[spy],
-    )  # fmt: skip
+        root, Net(stateful=True), verifier, max_steps=14, limit_train_batches=8, callbacks=[spy]
+    )
+    return frame, verifier.run.run_dir, spy.live
+
+
+def test_epoch_boundary_checkpoint_is_checked_too(
+    cut_epochs: tuple[pd.DataFrame, Path, list[bool]],
+) -> None:
+    frame, run_dir, _ = cut_epochs
+    checks = _checks(frame)
+    # Mid-epoch: the stateful loader resumes exactly.
+    assert checks["data_position"][0] == "pass"
+    assert checks["loss_trajectory"][0] == "pass"
+    # At the end of the (cut) first epoch the loader resumes inside the old permutation.
+    verdict, detail = checks["epoch_boundary.data_position"]
+    assert verdict == "fail"
+    assert "after an end-of-epoch checkpoint" in detail
+    assert checks["epoch_boundary.global_step"][0] == "pass"
+    assert checks["epoch_boundary.updates_after_resume"][0] == "pass"
+    detail_rows = pd.read_parquet(run_dir / "resume.parquet")
+    assert set(detail_rows["checkpoint_step"]) == {2, 8}
+
+
+def test_batch_hooks_are_skipped_while_no_probe_needs_them(
+    cut_epochs: tuple[pd.DataFrame, Path, list[bool]],
+) -> None:
+    frame, run_dir, live = cut_epochs
     # Epoch 1: ids kept up to the probe at update 2, updates 3-4 recorded and compared; from
     # batch 5 on Lightning skips the hooks. Epoch 2 starts them again for the epoch-boundary
     # probe taken at update 8 (updates 9-10), then they are skipped again.
-    assert spy.live == [True] * 4 + [False] * 4 + [True] * 2 + [False] * 4
+    assert live == [True] * 4 + [False] * 4 + [True] * 2 + [False] * 4
     checks = _checks(frame)
     assert checks["global_step"][0] == checks["epoch_boundary.global_step"][0] == "pass"
     assert checks["loss_trajectory"][0] == "pass"
-    detail_rows = pd.read_parquet(_run_dir(tmp_path) / "resume.parquet")
+    detail_rows = pd.read_parquet(run_dir / "resume.parquet")
     assert set(detail_rows["checkpoint_step"]) == {2, 8}
 
 
