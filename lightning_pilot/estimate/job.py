@@ -222,7 +222,7 @@ _CHECKS: Final[dict[str, Callable[[str, str, Any], Any]]] = {
     "micro_batches": _each(lambda o, n, v: validate.integer(o, n, v, minimum=1)),
     "seq_lens": _each(lambda o, n, v: validate.integer(o, n, v, minimum=1, optional=True)),
     "checkpointing": _each(lambda o, n, v: checkpointing_choice(v, o)),
-    "strategies": _each(lambda o, n, v: Strategy.parse(v)),
+    "strategies": _each(lambda o, n, v: Strategy.parse(v, o)),
     "checkpoint_classes": _classes,
     "wrap_classes": lambda o, n, v: tuple(_listed(o, n, v, empty=True)),
     "efficiency": _efficiency,

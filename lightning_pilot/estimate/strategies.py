@@ -70,19 +70,20 @@ class Strategy:
             raise ValueError(validate.invalid("Strategy", "devices", self.devices, "1 for single"))
 
     @classmethod
-    def parse(cls, value: object) -> Strategy:
-        """A :class:`Strategy` from itself or ``"single"``, ``"ddp:N"``, ``"fsdp:N"``."""
+    def parse(cls, value: object, owner: str = _OWNER) -> Strategy:
+        """A :class:`Strategy` from itself or ``"single"``, ``"ddp:N"``, ``"fsdp:N"``; an error
+        names ``owner``'s ``strategies`` argument."""
         if isinstance(value, Strategy):
             return value
         expected = "a Strategy or 'single', 'ddp:N' or 'fsdp:N' (N >= 1)"
         if not isinstance(value, str):
-            raise TypeError(validate.invalid(_OWNER, "strategies", value, expected))
+            raise TypeError(validate.invalid(owner, "strategies", value, expected))
         kind, _, count = value.partition(":")
         if kind == "single" and not count:
             return cls()
         if kind in ("ddp", "fsdp") and count.isdigit() and int(count) >= 1:
             return cls(kind, int(count))
-        raise ValueError(validate.invalid(_OWNER, "strategies", value, expected))
+        raise ValueError(validate.invalid(owner, "strategies", value, expected))
 
 
 def unit_bytes(module: torch.nn.Module, wrap: tuple[Any, ...], itemsize: int) -> tuple[int, int]:
