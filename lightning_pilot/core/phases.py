@@ -1,6 +1,6 @@
-"""The words of the phase table (phases, verdicts, counters), the rule of a verdict and the
-aggregator that folds occurrences into rows, free of Lightning so that storage, callbacks and
-readers agree. See docs/phase-table.md.
+"""The phase table's counters, the rule of a verdict and the aggregator that folds occurrences
+into rows, free of Lightning so that storage, callbacks and readers agree; the phase and
+verdict names come from :mod:`lightning_pilot.vocabulary`. See docs/phase-table.md.
 
 Example:
     >>> from lightning_pilot.core.phases import PHASES, worst_verdict
@@ -16,27 +16,24 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, get_args
 
-Phase = Literal[
-    "setup",
-    "data",
-    "forward",
-    "backward",
-    "optimizer_step",
-    "validation",
-    "test",
-    "predict",
-    "checkpoint_save",
-    "checkpoint_load",
-    "export",
-    "resume",
-    "overfit",
-    "pilot",
+from lightning_pilot.vocabulary import PHASE_RANK, PHASES, VERDICTS, Phase, Verdict, worst_verdict
+
+__all__ = [
+    "COUNTERS",
+    "PHASES",
+    "VERDICTS",
+    "CheckResult",
+    "Counter",
+    "Occurrence",
+    "Phase",
+    "PhaseAggregator",
+    "Verdict",
+    "judge",
+    "worst_verdict",
 ]
-Verdict = Literal["pass", "warn", "fail", "not_checked"]
+
 Counter = Literal["cuda_allocator", "accelerator_allocator", "cpu_tensor_tracker", "none"]
 
-PHASES: Final[tuple[str, ...]] = get_args(Phase)
-VERDICTS: Final[tuple[str, ...]] = get_args(Verdict)
 COUNTERS: Final[tuple[str, ...]] = get_args(Counter)
 
 
@@ -51,23 +48,6 @@ class CheckResult:
     def as_row(self) -> dict[str, str]:
         """The form stored in the phase table's ``checks`` column."""
         return {"name": self.name, "verdict": self.verdict, "detail": self.detail}
-
-
-# A failed check outranks a warning, which outranks a pass. ``not_checked`` only wins when
-# nothing was checked at all: one real measurement says more than an absent one.
-_SEVERITY: Final[dict[str, int]] = {"not_checked": 0, "pass": 1, "warn": 2, "fail": 3}
-
-
-def worst_verdict(verdicts: Iterable[str]) -> str:
-    """The worst of several verdicts: ``fail``, else ``warn``, else ``pass``, else
-    ``not_checked`` (also for none); a verdict outside :data:`VERDICTS` raises ``ValueError``."""
-    worst = "not_checked"
-    for verdict in verdicts:
-        if verdict not in _SEVERITY:
-            raise ValueError(f"verdict={verdict!r} is not a verdict; expected one of {VERDICTS}.")
-        if _SEVERITY[verdict] > _SEVERITY[worst]:
-            worst = verdict
-    return worst
 
 
 #: What to do when a check of the phase fails (the end of a failing row's ``reason``).
@@ -304,6 +284,5 @@ class PhaseAggregator:
 
     def rows(self) -> list[dict[str, Any]]:
         """The phase rows, first occurrences before the rest, in phase order."""
-        order = {phase: index for index, phase in enumerate(PHASES)}
-        keys = sorted(self._groups, key=lambda k: (order[k[0]], not k[1]))
+        keys = sorted(self._groups, key=lambda k: (PHASE_RANK[k[0]], not k[1]))
         return [self._groups[k].row(k[0], k[1]) for k in keys]

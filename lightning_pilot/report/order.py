@@ -1,5 +1,5 @@
-"""The order the reports list phases and verdicts in: phases in campaign order (an unknown
-phase last), verdicts worst first (an unknown verdict last).
+"""The order the reports list phases and verdicts in, from :mod:`lightning_pilot.vocabulary`:
+phases in campaign order (an unknown phase last), verdicts worst first (an unknown verdict last).
 
 Example:
     >>> sorted(["backward", "my_phase", "forward"], key=phase_rank)
@@ -10,21 +10,11 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import Final
 
-from lightning_pilot.core.phases import PHASES
+from lightning_pilot.vocabulary import PHASE_RANK, VERDICT_RANK, phase_rank, verdict_rank
 
-#: Each phase's place in campaign order.
-PHASE_ORDER: Final = {phase: index for index, phase in enumerate(PHASES)}
-#: Each verdict's place, worst first.
-VERDICT_RANK: Final = {"fail": 0, "warn": 1, "not_checked": 2, "pass": 3}
+__all__ = ["PHASE_ORDER", "VERDICT_RANK", "phase_rank", "verdict_rank"]
 
-
-def phase_rank(phase: Any) -> int:
-    """The sort key of a phase in campaign order; a phase of no known name sorts last."""
-    return PHASE_ORDER.get(phase, 99)
-
-
-def verdict_rank(verdict: Any) -> int:
-    """The sort key of a verdict, worst first; a verdict of no known name sorts last."""
-    return VERDICT_RANK.get(verdict, 9)
+#: Each phase's place in campaign order (:data:`lightning_pilot.vocabulary.PHASE_RANK`).
+PHASE_ORDER: Final = PHASE_RANK

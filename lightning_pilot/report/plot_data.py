@@ -27,21 +27,17 @@ import pandas as pd
 from lightning_pilot.core.compare import FAILED_STATUSES, Comparison
 from lightning_pilot.report.order import phase_rank
 from lightning_pilot.report.units import as_text, format_bytes, is_null
+from lightning_pilot.vocabulary import CATEGORY_COLUMNS
 
 #: The memory categories stacked in ``report.plots.plot_phase_memory``: column, legend label,
-#: and the kinds of ``placement.parquet`` (and phase-table columns) each one adds up.
+#: and the categories (:data:`lightning_pilot.vocabulary.CATEGORIES`: the kinds of
+#: ``placement.parquet`` and, by their columns, of the phase table) each one adds up.
 CATEGORIES: Final = (
     ("weights", "weights (parameters and buffers)", ("param", "buffer")),
     ("gradients", "gradients", ("grad",)),
     ("optimizer_state", "optimizer state", ("optimizer_state",)),
 )
 OTHER: Final = ("activations_other", "activations and other tensors")
-_STATE_COLUMNS: Final = {
-    "param": "param_bytes",
-    "buffer": "buffer_bytes",
-    "grad": "grad_bytes",
-    "optimizer_state": "optimizer_state_bytes",
-}
 
 
 def drawable_points(points: pd.DataFrame, log: bool) -> pd.DataFrame:
@@ -260,7 +256,7 @@ def memory_stack(phases: pd.DataFrame, placement: pd.DataFrame | None = None) ->
             for column, _, kinds in CATEGORIES:
                 total = 0.0
                 for kind in kinds:
-                    value = best.get(_STATE_COLUMNS[kind])
+                    value = best.get(CATEGORY_COLUMNS[kind])
                     if not is_null(value):
                         total += float(value) * shares.get(kind, 1.0)
                 row[column] = total

@@ -1,0 +1,159 @@
+"""The words every table, report and plot of lightning-pilot shares (no torch, no pyarrow): the
+phase names, the phases an estimate models, the verdicts worst first and the memory categories
+with their columns. A measured phase row (the phase table) and an estimated row (the estimate)
+name the same quantity by the same column and join on ``("phase", "first")``.
+
+Example:
+    >>> from lightning_pilot.vocabulary import (
+    ...     CATEGORY_COLUMNS, ESTIMATE_PHASES, VERDICT_ORDER, phase_label, worst_verdict)
+    >>> VERDICT_ORDER
+    ('fail', 'warn', 'not_checked', 'pass')
+    >>> worst_verdict(["pass", "not_checked"]), worst_verdict([])
+    ('pass', 'not_checked')
+    >>> [phase_label(p, f) for p, f in ESTIMATE_PHASES][1:4]
+    ['backward', 'optimizer_step_first', 'optimizer_step']
+    >>> CATEGORY_COLUMNS["grad"]
+    'grad_bytes'
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Final, Literal, get_args
+
+__all__ = [
+    "CATEGORIES",
+    "CATEGORY_COLUMNS",
+    "ESTIMATE_PHASES",
+    "MEASURED_CATEGORIES",
+    "PHASES",
+    "PHASE_RANK",
+    "VERDICTS",
+    "VERDICT_ORDER",
+    "VERDICT_RANK",
+    "Phase",
+    "Verdict",
+    "phase_label",
+    "phase_of_label",
+    "phase_rank",
+    "verdict_rank",
+    "worst_verdict",
+]
+
+# -- phases -----------------------------------------------------------------------------------
+
+Phase = Literal[
+    "setup",
+    "data",
+    "forward",
+    "backward",
+    "optimizer_step",
+    "validation",
+    "test",
+    "predict",
+    "checkpoint_save",
+    "checkpoint_load",
+    "export",
+    "resume",
+    "overfit",
+    "pilot",
+]
+#: Every phase a phase row may name, in campaign order.
+PHASES: Final[tuple[str, ...]] = get_args(Phase)
+#: Each phase's place in campaign order.
+PHASE_RANK: Final[dict[str, int]] = {phase: index for index, phase in enumerate(PHASES)}
+
+#: The phases an estimate models, in campaign order, as the phase table's ``(phase, first)``:
+#: ``first`` is true for the phase's first occurrence (the first optimizer step allocates the
+#: optimizer state), false for a later one. Forward and backward are those of a later update;
+#: validation and the save those after training began (optimizer state and gradients held).
+ESTIMATE_PHASES: Final[tuple[tuple[str, bool], ...]] = (
+    ("forward", False),
+    ("backward", False),
+    ("optimizer_step", True),
+    ("optimizer_step", False),
+    ("validation", False),
+    ("checkpoint_save", False),
+)
+
+
+def phase_label(phase: str, first: bool) -> str:
+    """The one-word name of a phase row, as metric names and per-phase dictionaries key it:
+    ``phase``, or ``phase + "_first"`` for a first occurrence."""
+    return f"{phase}_first" if first else phase
+
+
+def phase_of_label(label: str) -> tuple[str, bool]:
+    """``(phase, first)`` of a :func:`phase_label`; a label not of a known phase raises.
+
+    Example:
+        >>> phase_of_label("optimizer_step_first"), phase_of_label("validation")
+        (('optimizer_step', True), ('validation', False))
+    """
+    if label in PHASE_RANK:
+        return label, False
+    stem = label.removesuffix("_first")
+    if stem != label and stem in PHASE_RANK:
+        return stem, True
+    raise ValueError(f"phase label {label!r} is not a phase nor a phase + '_first'; {PHASES}")
+
+
+def phase_rank(phase: object) -> int:
+    """The sort key of a phase in campaign order; a phase of no known name sorts last."""
+    return PHASE_RANK.get(phase, 99) if isinstance(phase, str) else 99
+
+
+# -- verdicts ---------------------------------------------------------------------------------
+
+Verdict = Literal["pass", "warn", "fail", "not_checked"]
+VERDICTS: Final[tuple[str, ...]] = get_args(Verdict)
+#: The verdicts worst first, as reports list them: a failure, a warning, a check that could
+#: not be made, a pass.
+VERDICT_ORDER: Final[tuple[str, ...]] = ("fail", "warn", "not_checked", "pass")
+#: Each verdict's place in :data:`VERDICT_ORDER` (0: the worst).
+VERDICT_RANK: Final[dict[str, int]] = {verdict: i for i, verdict in enumerate(VERDICT_ORDER)}
+
+
+def verdict_rank(verdict: object) -> int:
+    """The sort key of a verdict, worst first; a verdict of no known name sorts last."""
+    return VERDICT_RANK.get(verdict, 9) if isinstance(verdict, str) else 9
+
+
+def worst_verdict(verdicts: Iterable[str]) -> str:
+    """The verdict of several checks together: the worst of them in :data:`VERDICT_ORDER`,
+    except that ``not_checked`` counts only when nothing was checked (one real measurement
+    says more than an absent one): ``fail``, else ``warn``, else ``pass``, else
+    ``not_checked`` (also for none). A verdict outside :data:`VERDICTS` raises ``ValueError``.
+
+    Example:
+        >>> worst_verdict(["pass", "warn", "not_checked"]), worst_verdict(["not_checked"])
+        ('warn', 'not_checked')
+    """
+    # Aggregation order: VERDICT_ORDER with not_checked moved after pass.
+    order = [v for v in VERDICT_ORDER if v != "not_checked"] + ["not_checked"]
+    best = len(order) - 1
+    for verdict in verdicts:
+        if verdict not in VERDICT_RANK:
+            raise ValueError(f"verdict={verdict!r} is not a verdict; expected one of {VERDICTS}.")
+        best = min(best, order.index(verdict))
+    return order[best]
+
+
+# -- memory categories ------------------------------------------------------------------------
+
+#: What the bytes live at a phase's peak are, in the order an estimate assigns them (first
+#: match wins): the module's parameters and buffers, the parameters' gradients, the optimizer
+#: state, the batch, what autograd saves for backward (activations) and the rest (temporaries).
+CATEGORIES: Final[tuple[str, ...]] = (
+    "param",
+    "buffer",
+    "grad",
+    "optimizer_state",
+    "batch",
+    "activations",
+    "temporaries",
+)
+#: The column of each category, in the phase table and the estimate alike.
+CATEGORY_COLUMNS: Final[dict[str, str]] = {name: f"{name}_bytes" for name in CATEGORIES}
+#: The categories the phase table measures (the model's state); the estimate has them all.
+MEASURED_CATEGORIES: Final[tuple[str, ...]] = ("param", "buffer", "grad", "optimizer_state")
