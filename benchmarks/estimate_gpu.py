@@ -24,18 +24,14 @@ from typing import Any
 
 import torch
 
+from lightning_pilot.vocabulary import ESTIMATE_PHASES, phase_label
+
 warnings.simplefilter("ignore")
 
 MICRO_BATCH = 8
 SEQ_LEN = 1024
-PHASES = (
-    "forward",
-    "backward",
-    "optimizer_step_first",
-    "optimizer_step",
-    "validation",
-    "checkpoint_save",
-)
+# The estimate's phases by their labels (the first optimizer step: optimizer_step_first).
+PHASES = tuple(phase_label(phase, first) for phase, first in ESTIMATE_PHASES)
 
 
 def module_class() -> Any:
@@ -97,7 +93,7 @@ def estimate_half(checkpointing: bool) -> dict[str, Any]:
         largest=False,
         workers=1,
     )
-    rows = {row["phase"]: row for row in result.rows}
+    rows = {phase_label(row["phase"], row["first"]): row for row in result.rows}
     first = rows["forward"]
     return {
         "target": target.name,
@@ -137,7 +133,7 @@ def measure_half(checkpointing: bool) -> dict[str, Any]:
         optimizer.zero_grad(set_to_none=True)
         measured("backward", loss.backward)
         del loss
-        measured("optimizer_step_first" if update == 1 else "optimizer_step", optimizer.step)
+        measured(phase_label("optimizer_step", update == 1), optimizer.step)
     val_data = {key: value.clone() for key, value in data.items()}
     module.eval()
 

@@ -652,7 +652,7 @@ def estimate_run(run: Run) -> dict[str, Any]:
         "status": "ok",
         "seconds": round(time.perf_counter() - started, 1),
         "allocated": max(row["peak_allocated_bytes"] for row in rows),
-        "reserved": max(row["estimated_reserved_bytes"] for row in rows),
+        "reserved": max(row["peak_reserved_bytes"] for row in rows),
         "fits": all(row["fits"] for row in rows),
         # What the tightest phase's live blocks and overhead leave of the GPU's reported memory.
         "headroom": min(row["headroom_bytes"] for row in rows),

@@ -12,6 +12,8 @@ from typing import Final
 
 import pyarrow as pa
 
+from lightning_pilot.vocabulary import CATEGORIES, CATEGORY_COLUMNS, phase_of_label
+
 #: Metadata key under which every file records its schema name and version.
 SCHEMA_METADATA_KEY: Final = b"lightning_pilot.schema"
 
@@ -90,10 +92,11 @@ PHASE_SCHEMA: Final = _schema(
         ("device_capacity_bytes", pa.int64()),
         ("alloc_retries", pa.int64()),
         ("host_rss_bytes", pa.int64()),
-        ("param_bytes", pa.int64()),
-        ("grad_bytes", pa.int64()),
-        ("optimizer_state_bytes", pa.int64()),
-        ("buffer_bytes", pa.int64()),
+        # the model's state (lightning_pilot.vocabulary.MEASURED_CATEGORIES)
+        (CATEGORY_COLUMNS["param"], pa.int64()),
+        (CATEGORY_COLUMNS["grad"], pa.int64()),
+        (CATEGORY_COLUMNS["optimizer_state"], pa.int64()),
+        (CATEGORY_COLUMNS["buffer"], pa.int64()),
         ("host_swap_used_bytes", pa.int64()),
         ("file_bytes", pa.int64()),
         # time
@@ -335,12 +338,19 @@ def checkpointing_mode(value: object) -> str | None:
     )
 
 
+ESTIMATE_SCHEMA_VERSION: Final = 3
 #: The estimate of memory per GPU and step time on target GPUs (``lightning_pilot.estimate``):
 #: one row per target x configuration x phase. ``docs/estimate.md`` documents the columns.
 #: Version 2: ``checkpointing`` is a string (:data:`CHECKPOINTING_MODES`), not a boolean.
+#: Version 3: the phase table's names for the same quantities (:mod:`lightning_pilot.vocabulary`),
+#: so a measured and an estimated row join on ``("phase", "first")``: ``phase`` is
+#: ``optimizer_step`` with ``first`` (not ``optimizer_step_first``), ``peak_reserved_bytes``
+#: (was ``estimated_reserved_bytes``), ``param_bytes`` and ``buffer_bytes`` (were one
+#: ``weights_bytes``), ``grad_bytes`` (was ``gradients_bytes``); :func:`upgrade_estimate`
+#: reads a version 2 table with these names.
 ESTIMATE_SCHEMA: Final = detail_schema(
     "estimate",
-    2,
+    ESTIMATE_SCHEMA_VERSION,
     [
         ("target", pa.string()),
         ("gpu_memory_bytes", pa.int64()),
@@ -351,17 +361,13 @@ ESTIMATE_SCHEMA: Final = detail_schema(
         ("strategy", pa.string()),
         ("devices", pa.int64()),
         ("phase", pa.string()),
+        ("first", pa.bool_()),
         ("status", pa.string()),
         ("reason", pa.string()),
         ("method", pa.string()),
         ("peak_allocated_bytes", pa.int64()),
-        ("estimated_reserved_bytes", pa.int64()),
-        ("weights_bytes", pa.int64()),
-        ("gradients_bytes", pa.int64()),
-        ("optimizer_state_bytes", pa.int64()),
-        ("batch_bytes", pa.int64()),
-        ("activations_bytes", pa.int64()),
-        ("temporaries_bytes", pa.int64()),
+        ("peak_reserved_bytes", pa.int64()),
+        *((CATEGORY_COLUMNS[name], pa.int64()) for name in CATEGORIES),
         ("workspace_bytes", pa.int64()),
         ("overhead_bytes", pa.int64()),
         ("analytic_bytes", pa.int64()),
@@ -376,6 +382,94 @@ ESTIMATE_SCHEMA: Final = detail_schema(
         ("notes", pa.string()),
     ],
 )
+
+#: The columns version 3 of the estimate renamed: version 2's name -> version 3's.
+ESTIMATE_V2_RENAMED: Final = {
+    "estimated_reserved_bytes": "peak_reserved_bytes",
+    "gradients_bytes": CATEGORY_COLUMNS["grad"],
+}
+
+
+def upgrade_estimate(table: pa.Table) -> pa.Table:
+    """An estimate table of any version with the columns of :data:`ESTIMATE_SCHEMA` (version
+    3), recognised by its columns: version 2's names renamed (:data:`ESTIMATE_V2_RENAMED`),
+    ``optimizer_step_first`` read as ``phase="optimizer_step"`` with ``first`` true (every other
+    phase: ``first`` false), and ``weights_bytes`` (parameters and buffers together, which
+    version 3 splits) left out: ``param_bytes`` and ``buffer_bytes`` are null and the row's
+    ``notes`` give the old value. ``checkpointing`` of version 1 (a boolean) is named. A
+    column the schema does not have is dropped; one it has that the table lacks is null.
+
+    Example:
+        >>> old = pa.table({"phase": ["optimizer_step_first", "forward"],
+        ...     "estimated_reserved_bytes": [3, 4], "weights_bytes": [2, 2], "notes": [None, "x"]})
+        >>> new = upgrade_estimate(old)
+        >>> new.column("phase").to_pylist(), new.column("first").to_pylist()
+        (['optimizer_step', 'forward'], [True, False])
+        >>> new.column("peak_reserved_bytes").to_pylist(), new.column("param_bytes").to_pylist()
+        ([3, 4], [None, None])
+        >>> new.column("notes").to_pylist()[1]
+        'x; schema version 2: weights_bytes 2 (parameters and buffers, not split)'
+        >>> new.schema.names == ESTIMATE_SCHEMA.names
+        True
+    """
+    names = [ESTIMATE_V2_RENAMED.get(name, name) for name in table.column_names]
+    if len(set(names)) == len(names):  # a table with both names keeps the new one
+        table = table.rename_columns(names)
+    if "first" not in table.column_names and "phase" in table.column_names:
+        labels = table.column("phase").to_pylist()
+        pairs = [(None, None) if p is None else _phase_pair(p) for p in labels]
+        table = table.set_column(
+            table.column_names.index("phase"), "phase", pa.array([p for p, _ in pairs], pa.string())
+        )
+        table = table.append_column("first", pa.array([f for _, f in pairs], pa.bool_()))
+    if "weights_bytes" in table.column_names:
+        weights = table.column("weights_bytes").to_pylist()
+        notes = (
+            table.column("notes").to_pylist()
+            if "notes" in table.column_names
+            else [None] * table.num_rows
+        )
+        merged = [
+            note
+            if value is None
+            else "; ".join(
+                [
+                    *([note] if note else []),
+                    f"schema version 2: weights_bytes {value} (parameters and buffers, not split)",
+                ]
+            )
+            for value, note in zip(weights, notes, strict=True)
+        ]
+        table = table.drop_columns(["weights_bytes"])
+        if "notes" in table.column_names:
+            table = table.drop_columns(["notes"])
+        table = table.append_column("notes", pa.array(merged, pa.string()))
+    if "checkpointing" in table.column_names:
+        modes = [_mode_name(v) for v in table.column("checkpointing").to_pylist()]
+        index = table.column_names.index("checkpointing")
+        table = table.set_column(index, "checkpointing", pa.array(modes, pa.string()))
+    arrays = [
+        table.column(field.name).cast(field.type)
+        if field.name in table.column_names
+        else pa.nulls(table.num_rows, field.type)
+        for field in ESTIMATE_SCHEMA
+    ]
+    return pa.Table.from_arrays(arrays, schema=ESTIMATE_SCHEMA)
+
+
+def _phase_pair(label: str) -> tuple[str, bool | None]:
+    try:
+        return phase_of_label(label)
+    except ValueError:  # a phase of no known name: kept as it is
+        return label, None
+
+
+def _mode_name(value: object) -> str | None:
+    try:
+        return checkpointing_mode(value)
+    except ValueError:
+        return str(value)
+
 
 #: The largest micro-batch (at the longest sequence) and the largest sequence length (at the
 #: smallest micro-batch) that fit one target GPU (``lightning_pilot.estimate``).

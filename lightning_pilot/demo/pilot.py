@@ -303,13 +303,13 @@ def large_table(result: Estimate) -> str:
     keys = ["target", "checkpointing", "strategy", "devices"]
     rows = []
     for key, group in ok.groupby(keys, sort=False):
-        peak = group.loc[group["estimated_reserved_bytes"].idxmax()]
+        peak = group.loc[group["peak_reserved_bytes"].idxmax()]
         rows.append(
             {
                 "target": key[0],
                 "act. ckpt": checkpointing_name(key[1]),
                 "strategy": key[2] if key[2] == "single" else f"{key[2]}:{key[3]}",
-                "memory per GPU": _fmt_bytes(peak["estimated_reserved_bytes"]),
+                "memory per GPU": _fmt_bytes(peak["peak_reserved_bytes"]),
                 "peak phase": peak["phase"],
                 "fits": "yes" if bool(peak["fits"]) and bool(group["fits"].all()) else "no",
                 "update": f"{peak['step_time_low_s']:.2f}-{peak['step_time_high_s']:.2f} s",

@@ -24,7 +24,7 @@ __all__ = ["FRAGMENTATION", "fixed_phases_need", "need", "tight_note"]
 #: The share of reserved memory above the allocator's segments the estimate allows for
 #: fragmentation (freed blocks too small for the next request). Training loops with fixed
 #: shapes settle at a few percent; varying sequence lengths fragment more. It sizes
-#: ``estimated_reserved_bytes`` only: the allocator frees cached blocks before it raises
+#: ``peak_reserved_bytes`` only: the allocator frees cached blocks before it raises
 #: out-of-memory, so ``fits`` rests on the live blocks (:func:`need`).
 FRAGMENTATION: Final = 0.05
 
@@ -38,7 +38,7 @@ def need(peak: int, segments: int, tgt: Target) -> int:
     Cached blocks nobody uses are not counted: when ``cudaMalloc`` fails, the allocator frees
     its cached unsplit blocks and retries before it raises out-of-memory (PyTorch,
     ``c10/cuda/CUDACachingAllocator.cpp``), so reserved memory above the live segments (the
-    ``fragmentation`` allowance of ``estimated_reserved_bytes``) costs time, not a failure.
+    ``fragmentation`` allowance of ``peak_reserved_bytes``) costs time, not a failure.
     """
     return max(segments + tgt.workspace_bytes, peak) + tgt.overhead_bytes
 

@@ -132,7 +132,7 @@ def estimate(
     fraction of the roofline compute-bound operators reach, low and high; ``memory_efficiency``:
     the fraction of the bandwidth memory-bound ones reach. ``allow_tf32``: fp32 matrix products
     on TF32 tensor cores. ``fragmentation``: reserved bytes allowed above the allocator's
-    segments, in ``estimated_reserved_bytes`` only: ``fits`` rests on the live blocks (a
+    segments, in ``peak_reserved_bytes`` only: ``fits`` rests on the live blocks (a
     ``tight`` note says when the reserved estimate exceeds the GPU). ``largest``: search the
     largest micro-batch per target, precision and
     checkpointing at the longest sequence, up to ``max_micro_batch`` (``verify_largest``:

@@ -38,6 +38,10 @@ from lightning_pilot.estimate.recorder import CATEGORIES, PhaseTrace, Untraceabl
 from lightning_pilot.estimate.session import Session
 from lightning_pilot.estimate.stand_in import ConfigureError, stand_in_trainer
 from lightning_pilot.estimate.strategies import unit_bytes
+from lightning_pilot.vocabulary import phase_label
+
+# The label of the first optimizer step (state allocated), as the traces key it.
+_FIRST_STEP: Final = phase_label("optimizer_step", True)
 
 __all__ = [
     "PrecisionTraces",
@@ -66,7 +70,7 @@ def extrapolate(
         >>> import numpy as np
         >>> def trace(scale):
         ...     return PhaseTrace("forward", 10 + 2 * scale, {**dict.fromkeys(CATEGORIES, 0),
-        ...         "weights": 10, "activations": 2 * scale}, np.array([10, 10 + 2 * scale]),
+        ...         "param": 10, "activations": 2 * scale}, np.array([10, 10 + 2 * scale]),
         ...         np.zeros(2, np.int64), np.zeros(2, np.int64), np.zeros(2, np.int8), 1, 7, 10)
         >>> extrapolate(trace(1), trace(2), 1, 2, 8).peak_bytes
         26
@@ -236,7 +240,7 @@ def trace_grid(session: Session, traces: PrecisionTraces, job: GridJob) -> None:
             status = "untraceable" if isinstance(err, UntraceableError) else "error"
             reason = f"activation checkpointing: {type(err).__name__}: {err}"
             traces.failed[key[0]] = (status, "forward", reason)
-    traces.phase = "optimizer_step_first"
+    traces.phase = _FIRST_STEP
     try:
         with stand_in_trainer(session.module, traces.notes):
             session.build_optimizer()
@@ -261,7 +265,7 @@ def failures_recorded(traces: PrecisionTraces, session: Session) -> Iterator[Non
         yield
     except ConfigureError as err:
         cause = err.__cause__
-        traces.error = ("error", "optimizer_step_first", str(err))
+        traces.error = ("error", _FIRST_STEP, str(err))
         traces.exception = cause if isinstance(cause, Exception) else err
     except UntraceableError as err:
         traces.error = ("untraceable", session.recorder._phase or traces.phase, str(err))
@@ -277,13 +281,13 @@ def later_extra(trace: PhaseTrace, traces: PrecisionTraces) -> dict[str, int]:
     gradients (forward pass only) and the optimizer state."""
     extra = {"optimizer_state": traces.state["optimizer_state"]}
     if trace.phase == "forward":
-        extra["gradients"] = traces.state["gradients"]
+        extra["grad"] = traces.state["grad"]
     return {name: value - trace.included.get(name, 0) for name, value in extra.items()}
 
 
 def phase_traces(traces: PrecisionTraces, key: Config) -> dict[str, tuple[PhaseTrace, str]]:
     """The six phases of one configuration with how each was obtained (later-update passes
-    derived)."""
+    derived), keyed by :func:`~lightning_pilot.vocabulary.phase_label`."""
     train, how = traces.resolved_train[key]
     forward = train["forward"].shifted(
         later_extra(train["forward"], traces),
@@ -300,10 +304,7 @@ def phase_traces(traces: PrecisionTraces, key: Config) -> dict[str, tuple[PhaseT
     return {
         "forward": (forward, "derived" if how == "traced" else how),
         "backward": (backward, "derived" if how == "traced" else how),
-        "optimizer_step_first": (
-            traces.optimizer["optimizer_step_first"].shifted(held, note),
-            "derived",
-        ),
+        _FIRST_STEP: (traces.optimizer[_FIRST_STEP].shifted(held, note), "derived"),
         "optimizer_step": (traces.optimizer["optimizer_step"].shifted(held, note), "derived"),
         "validation": (validation, val_how),
         "checkpoint_save": (traces.save, "traced"),

@@ -36,6 +36,7 @@ from lightning_pilot.estimate.shadows import (
     _shadowable,
     _tensors,
 )
+from lightning_pilot.vocabulary import CATEGORIES
 
 __all__ = [
     "CATEGORIES",
@@ -46,15 +47,6 @@ __all__ = [
     "segment_bytes",
 ]
 
-#: The memory categories of a phase, in the order they are assigned (first match wins).
-CATEGORIES: Final = (
-    "weights",
-    "gradients",
-    "optimizer_state",
-    "batch",
-    "activations",
-    "temporaries",
-)
 _DTYPE_KIND: Final = {torch.float32: 1, torch.bfloat16: 2, torch.float16: 3}
 
 _WORKAROUND: Final = (

@@ -37,18 +37,14 @@ from lightning_pilot.estimate.optimizers import cuda_optimizer_defaults, optimiz
 from lightning_pilot.estimate.precision import PRECISIONS, param_dtype, precision_context
 from lightning_pilot.estimate.routing import BalancedRouting
 from lightning_pilot.estimate.session import _loss_of
+from lightning_pilot.vocabulary import ESTIMATE_PHASES, phase_label
 
 __all__ = ["PHASE_ORDER", "measure_cpu"]
 
-#: The phases of an estimate, in campaign order (forward and backward: a later update).
-PHASE_ORDER: Final = (
-    "forward",
-    "backward",
-    "optimizer_step_first",
-    "optimizer_step",
-    "validation",
-    "checkpoint_save",
-)
+#: The phases of an estimate, in campaign order (forward and backward: a later update), by
+#: their :func:`~lightning_pilot.vocabulary.phase_label` (the first optimizer step:
+#: ``optimizer_step_first``): :data:`~lightning_pilot.vocabulary.ESTIMATE_PHASES`.
+PHASE_ORDER: Final = tuple(phase_label(phase, first) for phase, first in ESTIMATE_PHASES)
 
 
 def measure_cpu(
@@ -138,7 +134,7 @@ def measure_cpu(
             loss.backward()  # type: ignore[no-untyped-call]
             del loss
             done("backward")
-            name = "optimizer_step_first" if update == 1 else "optimizer_step"
+            name = phase_label("optimizer_step", update == 1)
             phase(name)
             optimizer.step()
             done(name)

@@ -22,8 +22,7 @@ from typing import Any
 from lightning_pilot.estimate.fits import need, tight_note
 from lightning_pilot.estimate.job import Ckpt, Config, GridJob
 from lightning_pilot.estimate.precision_traces import PrecisionTraces, phase_traces
-from lightning_pilot.estimate.recorder import CATEGORIES, PhaseTrace
-from lightning_pilot.estimate.reference import PHASE_ORDER
+from lightning_pilot.estimate.recorder import PhaseTrace
 from lightning_pilot.estimate.roofline import split_seconds
 from lightning_pilot.estimate.searches import BatchFound, SeqFound
 from lightning_pilot.estimate.strategies import (
@@ -33,6 +32,13 @@ from lightning_pilot.estimate.strategies import (
     strategy_memory,
 )
 from lightning_pilot.estimate.targets import Target
+from lightning_pilot.vocabulary import (
+    CATEGORIES,
+    CATEGORY_COLUMNS,
+    ESTIMATE_PHASES,
+    phase_label,
+    phase_of_label,
+)
 
 __all__ = [
     "Estimate",
@@ -124,8 +130,9 @@ def configuration_rows(
         if failure is not None:
             failure = (failure[0], failure[1], f"{low.precision} (FSDP's compute): {failure[2]}")
     if failure is not None:
-        status, phase, reason = failure
-        return [{**common, "phase": phase, "status": status, "reason": reason}]
+        status, label, reason = failure
+        phase, first = _phase_pair(label)
+        return [{**common, "phase": phase, "first": first, "status": status, "reason": reason}]
     phases = phase_traces(traces, key)
     if mixed:
         assert low is not None
@@ -144,8 +151,8 @@ def configuration_rows(
         f" {memory_efficiency[0]:g} to {memory_efficiency[1]:g} (memory)"
     )
     rows = []
-    for phase in PHASE_ORDER:
-        trace, method = phases[phase]
+    for phase, first in ESTIMATE_PHASES:
+        trace, method = phases[phase_label(phase, first)]
         analytic, segments, strategy_note = strategy_memory(trace, strategy, traces)
         allocated = trace.peak_bytes + tgt.workspace_bytes + analytic
         live = trace.segment_bytes + tgt.workspace_bytes + segments
@@ -161,12 +168,13 @@ def configuration_rows(
             {
                 **common,
                 "phase": phase,
+                "first": first,
                 "status": "ok",
                 "reason": None,
                 "method": method,
                 "peak_allocated_bytes": allocated,
-                "estimated_reserved_bytes": reserved,
-                **{f"{name}_bytes": trace.categories[name] for name in CATEGORIES},
+                "peak_reserved_bytes": reserved,
+                **{CATEGORY_COLUMNS[name]: trace.categories[name] for name in CATEGORIES},
                 "workspace_bytes": tgt.workspace_bytes,
                 "overhead_bytes": tgt.overhead_bytes,
                 "analytic_bytes": analytic,
@@ -180,6 +188,15 @@ def configuration_rows(
             }
         )
     return rows
+
+
+def _phase_pair(label: str) -> tuple[str, bool | None]:
+    """``(phase, first)`` of a failure's phase label; a phase outside the phase table's names
+    (``setup`` of the user's code is one of them) keeps its name, ``first`` null."""
+    try:
+        return phase_of_label(label)
+    except ValueError:
+        return label, None
 
 
 def _largest_key(precision: str, tgt: Target, ckpt: Ckpt, seq_len: int | None) -> dict[str, Any]:

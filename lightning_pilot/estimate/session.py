@@ -38,6 +38,7 @@ from lightning_pilot.estimate.optimizers import (
 from lightning_pilot.estimate.precision import PRECISIONS, param_dtype, precision_context
 from lightning_pilot.estimate.recorder import PhaseTrace, Recorder, UntraceableError
 from lightning_pilot.estimate.shadows import _SHADOW, _is_fake, _shadow_of, _shadowable
+from lightning_pilot.vocabulary import phase_label
 
 __all__ = ["Session", "check_source"]
 
@@ -227,23 +228,26 @@ class Session:
                     serials.add(serial)
         return serials
 
-    def _state_tensors(self) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
+    def _state_tensors(self) -> tuple[list[torch.Tensor], ...]:
+        """The live state by category: parameters, buffers, gradients, optimizer state."""
         module = self.module
-        weights = [*module.parameters(), *module.buffers()]
+        params, buffers = list(module.parameters()), list(module.buffers())
         for block in self._hidden:  # left out of a cut block list: still on the device
-            weights.extend([*block.parameters(), *block.buffers()])
+            params.extend(block.parameters())
+            buffers.extend(block.buffers())
         grads = [p.grad for p in self._parameters() if p.grad is not None]
         state: list[torch.Tensor] = []
         if self.optimizer is not None:
             for per_param in self.optimizer.state.values():
                 state.extend(v for v in per_param.values() if isinstance(v, torch.Tensor))
-        return weights, grads, state
+        return params, buffers, grads, state
 
     def _classes(self, batch: Any, extra: Mapping[str, set[int]]) -> dict[str, set[int]]:
-        weights, grads, state = self._state_tensors()
+        params, buffers, grads, state = self._state_tensors()
         classes = {
-            "weights": self._serials(weights),
-            "gradients": self._serials(grads) | extra.get("gradients", set()),
+            "param": self._serials(params),
+            "buffer": self._serials(buffers),
+            "grad": self._serials(grads) | extra.get("grad", set()),
             "optimizer_state": self._serials(state) | extra.get("optimizer_state", set()),
             "batch": self._serials(tree_flatten(batch)[0]),
             "activations": self.recorder.saved | self.recorder.held,
@@ -251,8 +255,9 @@ class Session:
         return classes
 
     def measure_state(self) -> dict[str, int]:
-        """Bytes of weights (parameters and buffers), gradients and optimizer state now live."""
-        weights, grads, state = self._state_tensors()
+        """Bytes of parameters, buffers, gradients and optimizer state now live (by category:
+        ``param``, ``buffer``, ``grad``, ``optimizer_state``)."""
+        params, buffers, grads, state = self._state_tensors()
         live = self.recorder.live
 
         def total(tensors: list[torch.Tensor]) -> int:
@@ -264,8 +269,9 @@ class Session:
             return sum(seen.values())
 
         return {
-            "weights": total(weights),
-            "gradients": total(grads),
+            "param": total(params),
+            "buffer": total(buffers),
+            "grad": total(grads),
             "optimizer_state": total(state),
         }
 
@@ -439,7 +445,7 @@ class Session:
             )
         self._zero_grad()
         # What of a later update's state is already live (the optimizer state, once built).
-        included = {"gradients": 0, "optimizer_state": self.measure_state()["optimizer_state"]}
+        included = {"grad": 0, "optimizer_state": self.measure_state()["optimizer_state"]}
         fake = self._batch(batch, micro_batch, seq_len)
         module.train()
         before = _cached_attributes(module)
@@ -462,8 +468,9 @@ class Session:
                     "training_step returned no loss (a tensor, or a dict with 'loss'): nothing"
                     " to back-propagate"
                 )
+            params, buffers = self._state_tensors()[:2]
             recorder.held = recorder.live_serials() - self._serials(
-                [*self._state_tensors()[0], *tree_flatten(fake)[0]]
+                [*params, *buffers, *tree_flatten(fake)[0]]
             )
             traces["forward"] = recorder.end(self._classes(fake, {}))
             del output
@@ -509,7 +516,9 @@ class Session:
 
     def optimizer_phases(self) -> dict[str, PhaseTrace]:
         """Trace the first optimizer step (state allocated) and a later one, with gradients
-        of every trainable parameter live (as after a backward pass)."""
+        of every trainable parameter live (as after a backward pass); keyed by their
+        :func:`~lightning_pilot.vocabulary.phase_label` (``optimizer_step_first``,
+        ``optimizer_step``)."""
         module = self.module
         if self.optimizer is None:
             self.build_optimizer()
@@ -518,7 +527,7 @@ class Session:
             if param.requires_grad and param.grad is None:
                 param.grad = torch.empty_like(param)
         traces: dict[str, PhaseTrace] = {}
-        for phase in ("optimizer_step_first", "optimizer_step"):
+        for phase in (phase_label("optimizer_step", True), "optimizer_step"):
             self.recorder.begin(phase)
             with precision_context("32-true"):
                 self.optimizer.step()

@@ -46,7 +46,7 @@ _OWNER: Final = "estimate"
 #: sharded parameters, their gradients and the optimizer state stay float32. The batch's
 #: phases are traced in ``bf16-true`` for both (float16 has bfloat16's size and speed).
 FSDP_COMPUTE: Final = {"bf16-mixed": "bf16-true", "16-mixed": "bf16-true"}
-_STATE: Final = ("weights", "gradients", "optimizer_state")
+_STATE: Final = ("param", "buffer", "grad", "optimizer_state")
 
 
 @dataclass(frozen=True)
@@ -127,10 +127,10 @@ def strategy_memory(
     if strategy.kind == "ddp":
         if strategy.bucket_view or devices == 1:
             return 0, 0, "ddp: gradient_as_bucket_view, no bucket copy" if devices > 1 else None
-        extra = traces.state["gradients"]
+        extra = traces.state["grad"]
         return extra, extra, "analytic: DDP gradient buckets, one copy of the gradients"
     cats = trace.categories
-    sharded = cats["weights"] + cats["gradients"] + cats["optimizer_state"]
+    sharded = sum(cats[name] for name in _STATE)
     if trace.phase.startswith("optimizer_step"):
         # Each GPU steps its own shard: the optimizer's temporaries shrink with it.
         sharded += cats["temporaries"]
@@ -159,7 +159,7 @@ def communication_seconds(strategy: Strategy, traces: PrecisionTraces, tgt: Targ
     gradients; FSDP all-gathers the parameters twice and reduce-scatters the gradients."""
     if strategy.kind == "single" or strategy.devices == 1:
         return 0.0
-    grads = traces.state["gradients"]
+    grads = traces.state["grad"]
     if strategy.kind == "ddp":
         return collective_seconds(grads, strategy.devices, tgt)
     params = sum(traces.units) if traces.units[0] else 0

@@ -15,7 +15,7 @@ Example:
 
 from lightning_pilot.core.validate import parse_size
 from lightning_pilot.report.analysis import GATE_STATUSES, sampled_out
-from lightning_pilot.report.load import variant_costs
+from lightning_pilot.report.load import read_estimate, variant_costs
 from lightning_pilot.report.sheet import choice_sheet, write_choice_sheet
 from lightning_pilot.report.tables import (
     comparison_text,
@@ -40,6 +40,7 @@ __all__ = [
     "parse_size",
     "phase_table_text",
     "plan_text",
+    "read_estimate",
     "render_table",
     "sampled_out",
     "terminal_safe",

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
+import pyarrow as pa
 
 from lightning_pilot import storage
 from lightning_pilot.core.compare import Comparison
@@ -26,6 +27,7 @@ from lightning_pilot.core.ids import validate_run_id
 from lightning_pilot.ledger import Ledger
 from lightning_pilot.report.units import is_null, terminal_safe
 from lightning_pilot.report.variants import run_costs, summarize_costs
+from lightning_pilot.schemas import upgrade_estimate
 
 
 class Reads:
@@ -213,10 +215,27 @@ class RunFolder:
 
 
 def _detail(run: storage.Location, name: str) -> pd.DataFrame | None:
-    """A run's ``<name>.parquet`` snapshot table; ``None`` when absent or empty."""
+    """A run's ``<name>.parquet`` snapshot table; ``None`` when absent or empty. The estimate
+    is read with the columns of the current schema (:func:`read_estimate`)."""
     if not (run / f"{name}.parquet").is_dir():
         return None
+    if name == "estimate":
+        return read_estimate(run / "estimate.parquet")
     frame: pd.DataFrame = storage.read_snapshot_table(run / f"{name}.parquet").to_pandas()
+    return frame if len(frame) else None
+
+
+def read_estimate(path: storage.PathLike) -> pd.DataFrame | None:
+    """An estimate table (an ``estimate.parquet`` folder or file) with the columns of
+    :data:`~lightning_pilot.schemas.ESTIMATE_SCHEMA`, whatever version wrote it: a version 2
+    file's columns are renamed (:func:`~lightning_pilot.schemas.upgrade_estimate`). ``None``
+    when it holds no row."""
+    location = storage.location(path)
+    files = storage.list_snapshot_files(location) if location.is_dir() else [location]
+    tables = [upgrade_estimate(storage.read_parquet_files([file])) for file in files]
+    if not tables:
+        return None
+    frame: pd.DataFrame = pa.concat_tables(tables).to_pandas()
     return frame if len(frame) else None
 
 

@@ -18,7 +18,7 @@ from lightning_pilot.report import analysis
 from lightning_pilot.report.analysis import Peak, StepTime, memory_peak, sampled_out
 from lightning_pilot.report.campaign import campaign, campaign_variants, target_campaign
 from lightning_pilot.report.load import RunFolder, load_run
-from lightning_pilot.report.order import VERDICT_RANK
+from lightning_pilot.report.order import verdict_rank
 from lightning_pilot.report.tables import sampled_line, status_counts
 from lightning_pilot.report.target import checkpointing_name, on_target
 from lightning_pilot.report.units import (
@@ -95,7 +95,7 @@ def _verdicts(phases: pd.DataFrame, summary: pd.DataFrame) -> list[str]:
     """Blocking failures first, then warnings and unchecked rows, then every phase's verdict."""
     skipped = sampled_out(phases)
     not_passed = phases[(phases["verdict"] != "pass") & ~skipped]
-    rank = not_passed["verdict"].map(VERDICT_RANK).fillna(9)
+    rank = not_passed["verdict"].map(verdict_rank)
     failures = int((phases["verdict"] == "fail").sum())
     lines = [
         f"**{failures} blocking failure(s)**: fix these before renting GPUs."

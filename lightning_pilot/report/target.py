@@ -46,7 +46,7 @@ def on_target(estimate: pd.DataFrame) -> pd.DataFrame:
         ...     "micro_batch": [8, 8], "seq_len": [512, 512], "checkpointing": [False] * 2,
         ...     "strategy": ["single"] * 2, "devices": [1, 1], "phase": ["forward", "backward"],
         ...     "status": ["ok", "ok"], "reason": [None, None],
-        ...     "estimated_reserved_bytes": [3 << 30, 5 << 30], "fits": [True, True],
+        ...     "peak_reserved_bytes": [3 << 30, 5 << 30], "fits": [True, True],
         ...     "headroom_bytes": [21 << 30, 19 << 30], "step_time_low_s": [None, 0.2],
         ...     "step_time_high_s": [None, 0.4]})
         >>> on_target(rows)[["checkpointing", "phase", "fits", "step_high_s"]].to_dict("records")
@@ -59,13 +59,13 @@ def on_target(estimate: pd.DataFrame) -> pd.DataFrame:
     for key, group in named.groupby(list(TARGET_KEYS), sort=False, dropna=False):
         ok = group[group["status"] == "ok"]
         bad = group[group["status"] != "ok"]
-        reserved = ok["estimated_reserved_bytes"].dropna()
+        reserved = ok["peak_reserved_bytes"].dropna()
         top = ok.loc[[reserved.idxmax()]].iloc[0] if len(reserved) else None
         fits = None if len(bad) or ok["fits"].isna().any() else bool(ok["fits"].all())
         rows.append(
             [
                 *key,
-                None if top is None else int(top["estimated_reserved_bytes"]),
+                None if top is None else int(top["peak_reserved_bytes"]),
                 None if top is None else top["phase"],
                 fits,
                 smallest(ok["headroom_bytes"]),

@@ -113,8 +113,8 @@ def test_bf16_true_halves_the_weights_and_matches() -> None:
     for phase in PHASE_ORDER:
         assert abs(traced[phase].peak_bytes - real[phase]) <= TOLERANCE * real[phase], phase
     _, full = compare("demo_lm", "32-true")
-    weights = traced["checkpoint_save"].categories["weights"]
-    assert weights * 2 == full["checkpoint_save"].categories["weights"]
+    params = traced["checkpoint_save"].categories["param"]
+    assert params * 2 == full["checkpoint_save"].categories["param"]
 
 
 def test_categories_add_up_and_name_the_state() -> None:
@@ -124,10 +124,10 @@ def test_categories_add_up_and_name_the_state() -> None:
     for phase in PHASE_ORDER:
         trace = traced[phase]
         assert sum(trace.categories[name] for name in CATEGORIES) == trace.peak_bytes, phase
-        weights = expected.param_bytes + expected.buffer_bytes
-        assert trace.categories["weights"] == weights, phase
+        assert trace.categories["param"] == expected.param_bytes, phase
+        assert trace.categories["buffer"] == expected.buffer_bytes, phase
     save = traced["checkpoint_save"].categories
-    assert save["gradients"] == expected.param_bytes
+    assert save["grad"] == expected.param_bytes
     assert save["optimizer_state"] >= 2 * expected.param_bytes  # AdamW: two moments, steps
     forward = traced["forward"].categories
     assert forward["activations"] > forward["temporaries"] > 0

@@ -24,7 +24,7 @@ def later_update(checkpointing: bool | str) -> tuple[int, int, int]:
         train = session.train_phases(batch, micro_batch=4, seq_len=32, checkpointing=checkpointing)
         session.optimizer_phases()
         state = session.measure_state()
-    forward = train["forward"].peak_bytes + state["gradients"] + state["optimizer_state"]
+    forward = train["forward"].peak_bytes + state["grad"] + state["optimizer_state"]
     backward = train["backward"].peak_bytes + state["optimizer_state"]
     return forward, backward, train["forward"].categories["activations"]
 

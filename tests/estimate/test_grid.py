@@ -27,6 +27,7 @@ from lightning_pilot.estimate import (
 )
 from lightning_pilot.estimate.grid import trace_configuration
 from lightning_pilot.schemas import ESTIMATE_SCHEMA, LARGEST_SCHEMA
+from lightning_pilot.vocabulary import phase_label
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +48,9 @@ def test_extrapolated_micro_batches_match_traced_ones(batch: Any) -> None:
         largest=False,
     )
     frame = result.frame()
-    at_16 = frame[frame.micro_batch == 16].set_index("phase")
+    at_16 = frame[frame.micro_batch == 16]
+    labels = [phase_label(p, f) for p, f in zip(at_16.phase, at_16["first"], strict=True)]
+    at_16 = at_16.set_index(pd.Index(labels))
     assert at_16.loc["forward", "method"] == "extrapolated"
     # Validation's peak moves to another operator (the logits outgrow the rest) by 16: then
     # the extrapolation refuses and the grid traces it.
@@ -100,9 +103,9 @@ def test_rows_fit_headroom_and_time_band(batch: Any) -> None:
     assert on_tiny[on_tiny.micro_batch == 1].fits.all()
     # Headroom is what the live blocks leave: between what reserved and allocated leave.
     free = frame.gpu_memory_bytes - frame.overhead_bytes
-    assert (frame.headroom_bytes >= free - frame.estimated_reserved_bytes).all()
+    assert (frame.headroom_bytes >= free - frame.peak_reserved_bytes).all()
     assert (frame.headroom_bytes <= free - frame.peak_allocated_bytes).all()
-    assert (frame.estimated_reserved_bytes >= frame.peak_allocated_bytes).all()
+    assert (frame.peak_reserved_bytes >= frame.peak_allocated_bytes).all()
     assert (frame.step_time_low_s < frame.step_time_high_s).all()
     # Both efficiency ranges are 0.40 to 0.85 by default: the band's ends differ by 0.85/0.40.
     ratio = (frame.step_time_high_s / frame.step_time_low_s).round(6)
@@ -128,7 +131,7 @@ def test_strategies_ddp_adds_buckets_fsdp_shards(batch: Any) -> None:
     single = rows[rows.strategy == "single"].iloc[0]
     ddp = rows[(rows.strategy == "ddp")].sort_values("peak_allocated_bytes")
     assert ddp.iloc[0].peak_allocated_bytes == single.peak_allocated_bytes  # bucket view
-    assert ddp.iloc[1].peak_allocated_bytes == single.peak_allocated_bytes + single.gradients_bytes
+    assert ddp.iloc[1].peak_allocated_bytes == single.peak_allocated_bytes + single.grad_bytes
     fsdp = rows[rows.strategy == "fsdp"].iloc[0]
     assert fsdp.peak_allocated_bytes < single.peak_allocated_bytes
     assert "analytic: FSDP" in fsdp.notes
@@ -473,12 +476,13 @@ def test_fsdp_mixed_precision_computes_in_bf16_without_autocast_copies() -> None
         workers=1,
     )
     frame = result.frame()
-    rows = frame.set_index(["precision", "strategy", "devices", "checkpointing", "phase"])
+    keys = ["precision", "strategy", "devices", "checkpointing", "phase", "first"]
+    rows = frame.set_index(keys)
     params = sum(p.numel() for p in HFCausalLM("llama").parameters())
     for ckpt in (False, True):
-        mixed = rows.loc[("bf16-mixed", "single", 1, ckpt, "forward")]
-        true = rows.loc[("bf16-true", "single", 1, ckpt, "forward")]
-        fsdp = rows.loc[("bf16-mixed", "fsdp", 1, ckpt, "forward")]
+        mixed = rows.loc[("bf16-mixed", "single", 1, ckpt, "forward", False)]
+        true = rows.loc[("bf16-true", "single", 1, ckpt, "forward", False)]
+        fsdp = rows.loc[("bf16-mixed", "fsdp", 1, ckpt, "forward", False)]
         # The activations and temporaries are bf16-true's: autocast's bf16 copies of the
         # weights (held by its cache through the forward pass) are gone ...
         assert fsdp.activations_bytes == true.activations_bytes
@@ -487,17 +491,18 @@ def test_fsdp_mixed_precision_computes_in_bf16_without_autocast_copies() -> None
             true.activations_bytes + true.temporaries_bytes
         )
         # ... while the weights, gradients and optimizer state stay float32.
-        assert fsdp.weights_bytes == mixed.weights_bytes
+        assert fsdp.param_bytes == mixed.param_bytes
+        assert fsdp.buffer_bytes == mixed.buffer_bytes
         assert fsdp.optimizer_state_bytes == mixed.optimizer_state_bytes >= 8 * params
         assert "param_dtype=bf16" in fsdp.notes
-        sharded = rows.loc[("bf16-mixed", "fsdp", 4, ckpt, "forward")]
+        sharded = rows.loc[("bf16-mixed", "fsdp", 4, ckpt, "forward", False)]
         assert sharded.peak_allocated_bytes < fsdp.peak_allocated_bytes
     # bf16-true's own FSDP rows and DDP are unchanged: no policy note.
-    assert "param_dtype" not in rows.loc[("bf16-true", "fsdp", 4, False, "forward")].notes
-    assert "param_dtype" not in rows.loc[("bf16-mixed", "single", 1, False, "forward")].notes
+    assert "param_dtype" not in rows.loc[("bf16-true", "fsdp", 4, False, "forward", False)].notes
+    assert "param_dtype" not in rows.loc[("bf16-mixed", "single", 1, False, "forward", False)].notes
     # FSDP steps the optimizer on each GPU's shard: its temporaries are divided too.
-    step = rows.loc[("bf16-mixed", "fsdp", 4, False, "optimizer_step")]
-    single_step = rows.loc[("bf16-mixed", "single", 1, False, "optimizer_step")]
+    step = rows.loc[("bf16-mixed", "fsdp", 4, False, "optimizer_step", False)]
+    single_step = rows.loc[("bf16-mixed", "single", 1, False, "optimizer_step", False)]
     own = step.peak_allocated_bytes - step.workspace_bytes
     assert own < (single_step.peak_allocated_bytes - single_step.workspace_bytes) / 2
 
@@ -530,7 +535,7 @@ def test_one_cycle_without_a_trainer_and_the_optimizer_named(
     module = _OneCycle(**opt)
     result = estimate(module, batch, micro_batches=[2], seq_lens=[32], largest=False, workers=1)
     assert {row["status"] for row in result.rows} == {"ok"}
-    step = next(row for row in result.rows if row["phase"] == "optimizer_step")
+    step = next(row for row in result.rows if row["phase"] == "optimizer_step" and row["first"])
     assert f"optimizer: AdamW, {says}" in step["notes"]
     assert "estimated_stepping_batches=1000" in step["notes"]
     assert module._trainer is None  # the stand-in is gone
@@ -542,7 +547,7 @@ def test_configure_optimizers_failing_names_its_phase_and_a_remedy(batch: Any) -
     )
     (row,) = result.rows
     assert row["status"] == "error"
-    assert row["phase"] == "optimizer_step_first"
+    assert (row["phase"], row["first"]) == ("optimizer_step", True)
     assert "configure_optimizers() failed: AttributeError: trainer.datamodule" in row["reason"]
     assert "TargetEstimator" in row["reason"]
 

@@ -249,16 +249,16 @@ def _estimate_rows() -> pd.DataFrame:
             "checkpointing": False, "strategy": "single", "devices": 1}  # fmt: skip
     rows = [
         base | {"target": "L4-24GB", "phase": "forward", "status": "ok", "reason": None,
-                "estimated_reserved_bytes": 20 << 30, "fits": True, "headroom_bytes": 4 << 30,
+                "peak_reserved_bytes": 20 << 30, "fits": True, "headroom_bytes": 4 << 30,
                 "step_time_low_s": 0.5, "step_time_high_s": 0.9},
         base | {"target": "L4-24GB", "phase": "optimizer_step", "status": "ok", "reason": None,
-                "estimated_reserved_bytes": 26 << 30, "fits": False,
+                "peak_reserved_bytes": 26 << 30, "fits": False,
                 "headroom_bytes": -(2 << 30), "step_time_low_s": None, "step_time_high_s": None},
         base | {"target": "H100-SXM-80GB", "phase": "forward", "status": "ok", "reason": None,
-                "estimated_reserved_bytes": 20 << 30, "fits": True, "headroom_bytes": 60 << 30,
+                "peak_reserved_bytes": 20 << 30, "fits": True, "headroom_bytes": 60 << 30,
                 "step_time_low_s": 0.1, "step_time_high_s": 0.2},
         base | {"target": "H100-SXM-80GB", "phase": "validation", "status": "untraceable",
-                "reason": "aten.nonzero: data-dependent", "estimated_reserved_bytes": None,
+                "reason": "aten.nonzero: data-dependent", "peak_reserved_bytes": None,
                 "fits": None, "headroom_bytes": None, "step_time_low_s": None,
                 "step_time_high_s": None},
     ]  # fmt: skip
