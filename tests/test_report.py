@@ -528,9 +528,66 @@ def test_an_estimate_with_the_boolean_checkpointing_column_still_reads(
         pq.write_table(table, run_dir / f"{name}.parquet" / "written-by-hand.parquet")
     run = load_run(run_dir)
     assert run.estimate is not None
-    assert [bool(v) for v in sorted(set(run.estimate["checkpointing"]))] == [False, True]
+    # The reader conforms the file to the current schema: the boolean read by its mode's name.
+    assert set(run.estimate["checkpointing"]) == {"full", "off"}
     assert sorted(on_target(run.estimate)["checkpointing"]) == ["full", "off"]
     text = render_choice_sheet(run)
     assert "| L4-24GB | bf16-mixed | 4 x as given | off | single |" in text
     assert "| L4-24GB | bf16-mixed | 4 x as given | full | single | n/m |" in text
     assert "- L4-24GB bf16-mixed, act. ckpt off, single: micro-batch 1024" in text
+
+
+def test_an_estimate_of_schema_version_2_reads_with_the_version_3_names(tmp_path: Path) -> None:
+    """A version 2 estimate file (``estimated_reserved_bytes``, ``weights_bytes``,
+    ``gradients_bytes``, phase ``optimizer_step_first``) reads through the public reader with
+    the current schema's columns; its weights, not split into parameters and buffers, go to
+    the notes, and the split columns are null, never 0."""
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from lightning_pilot.report import read_estimate
+    from lightning_pilot.schemas import ESTIMATE_SCHEMA, SCHEMA_METADATA_KEY
+
+    meta = {SCHEMA_METADATA_KEY: json.dumps({"name": "estimate", "version": 2}).encode()}
+    old = pa.schema(
+        [
+            ("target", pa.string()),
+            ("checkpointing", pa.string()),
+            ("phase", pa.string()),
+            ("status", pa.string()),
+            ("peak_allocated_bytes", pa.int64()),
+            ("estimated_reserved_bytes", pa.int64()),
+            ("weights_bytes", pa.int64()),
+            ("gradients_bytes", pa.int64()),
+            ("optimizer_state_bytes", pa.int64()),
+            ("notes", pa.string()),
+        ],
+        metadata=meta,
+    )
+    rows = [
+        ["L4-24GB", "off", "optimizer_step_first", "ok", 700, 900, 100, 100, 200, None],
+        ["L4-24GB", "off", "optimizer_step", "ok", 650, 800, 100, 100, 200, "later"],
+    ]
+    table = pa.Table.from_pylist([dict(zip(old.names, r, strict=True)) for r in rows], old)
+    (tmp_path / "estimate.parquet").mkdir()
+    pq.write_table(table, tmp_path / "estimate.parquet" / "v2.parquet")
+    frame = read_estimate(tmp_path / "estimate.parquet")
+    assert frame is not None
+    assert list(frame.columns) == ESTIMATE_SCHEMA.names
+    assert not {"estimated_reserved_bytes", "weights_bytes", "gradients_bytes"} & set(frame)
+    assert frame[["phase", "first"]].values.tolist() == [
+        ["optimizer_step", True],
+        ["optimizer_step", False],
+    ]
+    assert frame["peak_reserved_bytes"].tolist() == [900, 800]
+    assert frame["grad_bytes"].tolist() == [100, 100]
+    assert frame["optimizer_state_bytes"].tolist() == [200, 200]
+    assert frame["param_bytes"].isna().all()
+    assert frame["buffer_bytes"].isna().all()
+    assert frame["notes"].tolist() == [
+        "schema version 2: weights_bytes 100 (parameters and buffers, not split)",
+        "later; schema version 2: weights_bytes 100 (parameters and buffers, not split)",
+    ]
+    assert on_target(frame)["reserved_bytes"].tolist() == [900]
