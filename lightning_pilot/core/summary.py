@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from lightning_pilot.core.phases import VERDICTS
+from lightning_pilot.vocabulary import phase_label, verdict_rank
 
 __all__ = ["VERDICT_CODES", "Summary"]
 
@@ -34,9 +35,6 @@ VERDICT_CODES: Final = {"pass": 0.0, "warn": 1.0, "fail": 2.0, "not_checked": -1
 
 #: The phase-row columns logged per phase (first occurrence and later ones apart).
 _PHASE_COLUMNS: Final = ("peak_allocated_bytes", "duration_s")
-
-#: Worst first: the verdict a phase gets when its rows disagree.
-_SEVERITY: Final = ("fail", "warn", "not_checked", "pass")
 
 
 def _number(value: Any) -> float | None:
@@ -61,13 +59,14 @@ class Summary:
         counts = dict.fromkeys(VERDICTS, 0.0)
         for row in rows:
             phase, verdict = str(row.get("phase")), row.get("verdict")
-            key = f"{phase}_first" if row.get("first") else phase
+            key = phase_label(phase, bool(row.get("first")))
             summary.add(**{f"{key}/{c}": row.get(c) for c in _PHASE_COLUMNS})
             if verdict in counts:
                 counts[verdict] += 1
                 verdicts.setdefault(phase, []).append(verdict)
         for phase, found in verdicts.items():
-            worst = min(found, key=_SEVERITY.index)
+            # The worst of its rows in the display order (a row not checked outranks a pass).
+            worst = min(found, key=verdict_rank)
             summary.texts[f"pilot/verdict/{phase}"] = worst
             summary.metrics[f"pilot/verdict_code/{phase}"] = VERDICT_CODES[worst]
         summary.add(**{f"verdicts/{verdict}": n for verdict, n in counts.items()})
