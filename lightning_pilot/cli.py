@@ -4,7 +4,7 @@
 Example:
     >>> from lightning_pilot.cli import main
     >>> main(["--version"])
-    lightning-pilot 0.2.0
+    lightning-pilot 0.3.0
     0
     >>> main(["plan", "--dataset-size", "3200", "--micro-batch", "2", "--accumulate", "8",
     ...       "--epochs", "1"])
