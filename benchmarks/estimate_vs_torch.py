@@ -15,10 +15,11 @@ a LightningModule whose ``training_step`` returns the loss and whose optimizer i
 Each tool runs in its own process, as its docstring in torch 2.13 shows it:
 
 - ``MemTracker`` (``torch.distributed._tools.mem_tracker``): ``track_external(module,
-  optimizer, *batch.values())``, then one update inside the context. The update before it runs outside,
-  so the tracked one holds the optimizer state as every later update does, and the tracked
-  update runs in Lightning's order (``training_step``, ``zero_grad``, ``backward``, ``step``).
-  For the small shape, also an attempt with the model on fake CUDA tensors.
+  optimizer, *batch.values())``, then one update inside the context. The update before it
+  runs outside, so the tracked one holds the optimizer state as every later update does,
+  and the tracked update runs in Lightning's order (``training_step``, ``zero_grad``,
+  ``backward``, ``step``). For the small shape, also an attempt with the model on fake CUDA
+  tensors.
 - ``RuntimeEstimator`` (``torch.distributed._tools.runtime_estimator``) in its
   ``"operator-level-cost-model"`` (roofline) mode under ``FakeTensorMode``, over the same
   update. It asserts ``torch.cuda.is_available()`` and reads the GPU's peak FLOP/s and
