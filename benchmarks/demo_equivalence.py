@@ -29,6 +29,7 @@ from typing import Any
 
 import pandas as pd
 
+from lightning_pilot.report.load import read_estimate
 from lightning_pilot.storage import read_ledger_records, read_phase_table, read_snapshot_table
 
 #: Columns that differ between two runs of the same code on the same machine.
@@ -117,6 +118,10 @@ def _tables(run: Path) -> dict[str, list[dict[str, Any]]]:
         if name == "phases":
             frame = read_phase_table(run)
             tables[name] = _rows(frame, ["rank", "phase", "first"])
+        elif name == "estimate":
+            # Any version, in the current schema's columns: a renamed column is no difference.
+            estimate = read_estimate(table)
+            tables[name] = [] if estimate is None else _rows(estimate, [])
         else:
             frame = read_snapshot_table(table).to_pandas()
             tables[name] = _rows(frame, [c for c in frame.columns if c not in VOLATILE][:6])
