@@ -8,6 +8,8 @@ import os
 import sys
 import time
 import warnings
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -121,26 +123,6 @@ def test_each_phase_arrives_while_the_new_process_runs(
         assert (answered, alive) == (False, True), message
     assert recorder.ticks >= 2  # the 2 s build spans at least two 1 s polls
     assert recorder.closed[0] == ("new process done", 1)
-
-
-@needs_proc
-def test_the_timeout_kills_the_process_and_reads_as_before(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("LP_TEST_SLEEP", "120")
-    task = _task(tmp_path, f"{__name__}:SlowToBuild")
-    recorder = Recorder(tmp_path / "result-tasks.json")
-    started = time.monotonic()
-    # Long enough for the new process to import torch and Lightning on a busy machine.
-    (result,) = launch([task], tmp_path, timeout_s=25, progress=recorder)
-    took = time.monotonic() - started
-    assert result.crash == "the new process did not finish within 25 s"
-    assert 25 <= took < 50  # killed at the timeout, not after the 120 s build
-    assert _children_running(tmp_path) == []
-    phases = [message.rsplit(": ", 1)[-1] for message, *_ in recorder.updates]
-    assert phases[-1] == "rebuilding the module"  # where it was when it was stopped
-    why = "the new process did not finish within 25 s"
-    assert recorder.closed[0] == (f"new process ended: {why}", 1)
 
 
 def test_a_crash_keeps_the_last_lines_of_its_own_output(
@@ -266,3 +248,54 @@ def test_without_a_bar_it_shows_lines_on_a_terminal_and_nothing_otherwise(
     lines = terminal.getvalue().splitlines()
     assert lines[0] == "ResumeVerifier: new process starting for 2 task(s) ... 0 s"
     assert lines[-1].startswith("ResumeVerifier: new process done ... ")
+
+
+# The timeout test waits 25 s for a new process that never answers, the CPU idle meanwhile: its
+# launch starts with the module, in a thread, and the tests above run while it waits; the test
+# (last in the module) reads what the launch returned.
+TIMEOUT_TEST = "test_the_timeout_kills_the_process_and_reads_as_before"
+
+
+def _timeout_launch(folder: Path) -> tuple[Any, float, list[int], Recorder]:
+    task = _task(folder, f"{__name__}:SlowToBuild")
+    recorder = Recorder(folder / "result-tasks.json")
+    started = time.monotonic()
+    # Long enough for the new process to import torch and Lightning on a busy machine.
+    (result,) = launch(
+        [task], folder, timeout_s=25, env={"LP_TEST_SLEEP": "120"}, progress=recorder
+    )
+    took = time.monotonic() - started
+    return result, took, _children_running(folder), recorder
+
+
+@pytest.fixture(scope="module", autouse=True)
+def timeout_launch(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Future[tuple[Any, float, list[int], Recorder]] | None]:
+    """The timeout test's launch, started before the module's first test when that test runs."""
+    selected = any(item.name == TIMEOUT_TEST for item in request.session.items)
+    if not selected or not Path("/proc/self/cmdline").exists():
+        yield None
+        return
+    folder = tmp_path_factory.mktemp("timeout")
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        future = pool.submit(_timeout_launch, folder)
+        # Its environment is read when it starts: before any test here sets LP_TEST_*.
+        while not _children_running(folder) and not future.done():
+            time.sleep(0.05)
+        yield future
+
+
+@needs_proc
+def test_the_timeout_kills_the_process_and_reads_as_before(
+    timeout_launch: Future[tuple[Any, float, list[int], Recorder]] | None,
+) -> None:
+    assert timeout_launch is not None
+    result, took, running, recorder = timeout_launch.result()
+    assert result.crash == "the new process did not finish within 25 s"
+    assert 25 <= took < 50  # killed at the timeout, not after the 120 s build
+    assert running == []
+    phases = [message.rsplit(": ", 1)[-1] for message, *_ in recorder.updates]
+    assert phases[-1] == "rebuilding the module"  # where it was when it was stopped
+    why = "the new process did not finish within 25 s"
+    assert recorder.closed[0] == (f"new process ended: {why}", 1)
