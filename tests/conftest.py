@@ -16,32 +16,40 @@ import torch
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 torch.set_num_threads(1)
 
-# The files that take longest on 2 cores, longest first (measured with `--durations=0`). The
-# suite runs as `-n 2 --dist loadfile`; with xdist's reordering by test count switched off
-# (below) files are handed out in collection order, so these start first and no worker is left
-# alone at the end with a long file while the other idles. Other files keep their order.
+# The files that take longest on 2 cores, longest first (each file's time summed over its tests in
+# a run of the suite as CI runs it, `-n 2 --dist loadfile`). With xdist's reordering by test
+# count switched off (below) files are handed out in collection order, so these start first,
+# longest first, and no worker is left alone at the end with a long file while the other idles.
+# Other files keep their order.
 _LONGEST_FIRST = (
     "tests/resume/test_resume_verifier.py",
     "tests/resume/test_resume_ddp.py",
-    "tests/resume/test_fit_loaders.py",
-    "tests/conformance/test_conformance_clean.py",
-    "tests/estimate/test_validation.py",
-    "tests/resume/test_child_progress.py",
-    "tests/conformance/test_zoo_planted.py",
-    "tests/estimate/test_cuda_transformers_import.py",
-    "tests/conformance/test_zoo_clean.py",
-    "tests/callbacks/test_divergence_ledger.py",
-    "tests/conformance/test_lifecycle.py",
-    "tests/test_never_breaks_the_fit.py",
-    "tests/callbacks/test_effective_batch_accountant.py",
-    "tests/integrations/test_lightning_cli.py",
-    "tests/test_ledger_team.py",
-    "tests/test_composition.py",
-    "tests/test_fault_drills.py",
     "tests/integrations/test_fsspec.py",
     "tests/estimate/test_blocks.py",
-    "tests/report/test_plots.py",
+    "tests/resume/test_child_progress.py",
+    "tests/test_fault_drills.py",
+    "tests/callbacks/test_effective_batch_accountant.py",
     "tests/estimate/test_grid.py",
+    "tests/test_never_breaks_the_fit.py",
+    "tests/conformance/test_conformance_clean.py",
+    "tests/demo/test_pilot_demo.py",
+    "tests/test_ledger_team.py",
+    "tests/test_composition.py",
+    "tests/integrations/test_lightning_cli.py",
+    "tests/conformance/test_lifecycle.py",
+    "tests/callbacks/test_divergence_ledger.py",
+    "tests/estimate/test_validation.py",
+    "tests/test_notebooks.py",
+    "tests/report/test_plots.py",
+    "tests/estimate/test_accuracy.py",
+    "tests/integrations/test_loggers.py",
+    "tests/resume/test_parent.py",
+    "tests/resume/test_fit_loaders.py",
+    "tests/test_storage.py",
+    "tests/integrations/test_target_estimator.py",
+    "tests/test_pilot.py",
+    "tests/conformance/test_zoo_clean.py",
+    "tests/conformance/test_conformance_planted.py",
 )
 
 
