@@ -114,7 +114,9 @@ def stateful_fit(tmp_path_factory: pytest.TempPathFactory) -> tuple[pd.DataFrame
     verifier = ResumeVerifier(at_step=2, compare_steps=3)  # mid-epoch, epoch boundary, artifact
     root = tmp_path_factory.mktemp("stateful")
     frame = _fit(root, Net(stateful=True), verifier, max_steps=20, callbacks=[last])
-    return frame, verifier.run.run_dir, last.at
+    run_dir = verifier.run.run_dir
+    assert isinstance(run_dir, Path)  # a local output folder
+    return frame, run_dir, last.at
 
 
 def test_verification_runs_once_after_the_fit_in_one_process(
@@ -313,7 +315,9 @@ def cut_epochs(tmp_path_factory: pytest.TempPathFactory) -> tuple[pd.DataFrame, 
     frame = _fit(
         root, Net(stateful=True), verifier, max_steps=14, limit_train_batches=8, callbacks=[spy]
     )
-    return frame, verifier.run.run_dir, spy.live
+    run_dir = verifier.run.run_dir
+    assert isinstance(run_dir, Path)  # a local output folder
+    return frame, run_dir, spy.live
 
 
 def test_epoch_boundary_checkpoint_is_checked_too(
