@@ -114,6 +114,12 @@ VERDICT_ORDER: Final[tuple[str, ...]] = ("fail", "warn", "not_checked", "pass")
 VERDICT_RANK: Final[dict[str, int]] = {verdict: i for i, verdict in enumerate(VERDICT_ORDER)}
 
 
+#: The order :func:`worst_verdict` aggregates in: :data:`VERDICT_ORDER` with ``not_checked``
+#: moved after ``pass``.
+_AGGREGATION_ORDER: Final = (*(v for v in VERDICT_ORDER if v != "not_checked"), "not_checked")
+_AGGREGATION_RANK: Final = {verdict: i for i, verdict in enumerate(_AGGREGATION_ORDER)}
+
+
 def verdict_rank(verdict: object) -> int:
     """The sort key of a verdict, worst first; a verdict of no known name sorts last."""
     return VERDICT_RANK.get(verdict, 9) if isinstance(verdict, str) else 9
@@ -129,14 +135,13 @@ def worst_verdict(verdicts: Iterable[str]) -> str:
         >>> worst_verdict(["pass", "warn", "not_checked"]), worst_verdict(["not_checked"])
         ('warn', 'not_checked')
     """
-    # Aggregation order: VERDICT_ORDER with not_checked moved after pass.
-    order = [v for v in VERDICT_ORDER if v != "not_checked"] + ["not_checked"]
-    best = len(order) - 1
+    best = len(_AGGREGATION_ORDER) - 1
     for verdict in verdicts:
-        if verdict not in VERDICT_RANK:
+        rank = _AGGREGATION_RANK.get(verdict)
+        if rank is None:
             raise ValueError(f"verdict={verdict!r} is not a verdict; expected one of {VERDICTS}.")
-        best = min(best, order.index(verdict))
-    return order[best]
+        best = min(best, rank)
+    return _AGGREGATION_ORDER[best]
 
 
 # -- memory categories ------------------------------------------------------------------------

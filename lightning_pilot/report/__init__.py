@@ -2,8 +2,9 @@
 units, :func:`terminal_safe`), ``load`` (what run folders and ledgers hold), the pure functions
 over DataFrames (``analysis``: one run's phases, updates and gate; ``variants``: the variants
 side by side; ``campaign``: costing and packages; ``target``: the estimate per configuration;
-``plot_data``: the data behind the plots; with ``order`` and ``measured``, the sort order of
-phases and verdicts and the null-aware reductions they share), ``tables`` (console), ``sheet``
+``plot_data``: the data behind the plots; with ``measured``, the null-aware reductions they
+share; the order of phases and verdicts is :mod:`lightning_pilot.vocabulary`'s), ``tables``
+(console), ``sheet``
 (the Markdown choice sheet) and ``plots`` (PNG, optional matplotlib; imported on its own). See
 docs/cli.md.
 

@@ -28,7 +28,6 @@ import pandas as pd
 
 from lightning_pilot.core.compare import FAILED_STATUSES
 from lightning_pilot.report.measured import largest, value_at
-from lightning_pilot.report.order import phase_rank, verdict_rank
 from lightning_pilot.report.plot_data import (
     comparison_points,
     curve_marks,
@@ -38,6 +37,7 @@ from lightning_pilot.report.plot_data import (
 from lightning_pilot.report.target import checkpointing_name, on_target
 from lightning_pilot.report.units import is_null
 from lightning_pilot.schemas import STATUSES
+from lightning_pilot.vocabulary import phase_rank, verdict_rank
 
 __all__ = [
     "GATE_STATUSES",

@@ -25,9 +25,8 @@ from typing import Any, Final
 import pandas as pd
 
 from lightning_pilot.core.compare import FAILED_STATUSES, Comparison
-from lightning_pilot.report.order import phase_rank
 from lightning_pilot.report.units import as_text, format_bytes, is_null
-from lightning_pilot.vocabulary import CATEGORY_COLUMNS
+from lightning_pilot.vocabulary import CATEGORY_COLUMNS, phase_rank
 
 #: The memory categories stacked in ``report.plots.plot_phase_memory``: column, legend label,
 #: and the categories (:data:`lightning_pilot.vocabulary.CATEGORIES`: the kinds of

@@ -18,7 +18,6 @@ from lightning_pilot.report import analysis
 from lightning_pilot.report.analysis import Peak, StepTime, memory_peak, sampled_out
 from lightning_pilot.report.campaign import campaign, campaign_variants, target_campaign
 from lightning_pilot.report.load import RunFolder, load_run
-from lightning_pilot.report.order import verdict_rank
 from lightning_pilot.report.tables import sampled_line, status_counts
 from lightning_pilot.report.target import checkpointing_name, on_target
 from lightning_pilot.report.units import (
@@ -40,6 +39,7 @@ from lightning_pilot.report.units import (
     terminal_safe,
 )
 from lightning_pilot.report.variants import standing
+from lightning_pilot.vocabulary import verdict_rank
 
 #: The choice sheet's file name in the run folder (``sheet-2.md``, ... when it exists).
 SHEET_NAME: Final = "sheet.md"

@@ -18,7 +18,6 @@ import pandas as pd
 from lightning_pilot.core.accounting import UpdatePlan
 from lightning_pilot.core.compare import STATUS_ORDER, Comparison
 from lightning_pilot.report.analysis import gate, sampled_out
-from lightning_pilot.report.order import verdict_rank
 from lightning_pilot.report.units import (
     CELL_LIMIT,
     NOT_MEASURED,
@@ -31,6 +30,7 @@ from lightning_pilot.report.units import (
     occurrence,
     terminal_safe,
 )
+from lightning_pilot.vocabulary import verdict_rank
 
 _PHASE_HEADERS: Final = "phase|occ.|count|batch|seq|peak alloc|peak reserved|time|median|verdict"
 _LEDGER_HEADERS: Final = "run_id|experiment|variant|seed|status|stop cause|updates|eff. batch|lr"
