@@ -94,6 +94,18 @@ def search_largest(
         yield tgt, ckpt, found, by_seq.get(ckpt, {}).get(tgt.name)
 
 
+def _last_fitting(need_at: Callable[[int], int | None], lo: int, hi: int, capacity: int) -> int:
+    """The largest size in ``[lo, hi)`` whose predicted need fits ``capacity``, by bisection:
+    ``lo`` is known to fit (or is 0, nothing), ``hi`` known not to."""
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if (need_at(mid) or 0) <= capacity:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
 def settle(fits: Callable[[int], bool], start: int, cap: int) -> tuple[int, bool]:
     """The largest ``b`` up to ``cap`` with ``fits(b)`` (each call a trace), from the
     prediction ``start``: it must fit and ``start + 1`` must not; when one disagrees, the
@@ -225,13 +237,7 @@ class _Search:
         if hi > cap and (need_at(cap) or 0) <= tgt.memory_bytes:
             why = f"fits at max_micro_batch={cap}, the end of the search"
             return BatchFound("ok", why, largest=cap, method="predicted", checked=False)
-        hi = min(hi, cap + 1)
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if (need_at(mid) or 0) <= tgt.memory_bytes:
-                lo = mid
-            else:
-                hi = mid
+        lo = _last_fitting(need_at, lo, min(hi, cap + 1), tgt.memory_bytes)
         checked = False
         method = "predicted"
         if verify:
@@ -379,13 +385,7 @@ class _Search:
                 different = "the traced sequence lengths ran different operators"
                 found[tgt.name] = SeqFound(micro_batch, cap, different)
                 continue
-            lo, hi = 0, top + 1
-            while hi - lo > 1:
-                mid = (lo + hi) // 2
-                if (need_at(mid) or 0) <= tgt.memory_bytes:
-                    lo = mid
-                else:
-                    hi = mid
+            lo = _last_fitting(need_at, 0, top + 1, tgt.memory_bytes)
             method, checked = "predicted (quadratic in the sequence length)", False
             reason: str | None = None if lo else f"one step ({step}) does not fit"
             if job.verify_largest:
