@@ -11,7 +11,7 @@ from typing import Any, Literal
 import torch
 
 from lightning_pilot.core.batches import is_int_tensor
-from lightning_pilot.core.checks import CheckResult, shown_names
+from lightning_pilot.core.checks import CheckResult, _judged, shown_names
 
 __all__ = [
     "TargetKind",
@@ -26,11 +26,6 @@ __all__ = [
 
 
 TargetKind = Literal["classification", "sequence", "regression", "unknown"]
-
-
-def _judged(name: str, problem: str | None, verdict: str = "fail", passed: str = "") -> CheckResult:
-    """``verdict`` with the problem when there is one, else ``pass`` (with ``passed``)."""
-    return CheckResult(name, verdict, problem) if problem else CheckResult(name, "pass", passed)
 
 
 def target_kind(inputs: Any, targets: Any) -> TargetKind:

@@ -14,6 +14,7 @@ Example:
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -35,20 +36,23 @@ def shown_names(names: Sequence[Any]) -> str:
 def _per_parameter(
     named_tensors: Iterable[tuple[str, torch.Tensor]], reduce: Callable[[torch.Tensor], Any]
 ) -> list[tuple[str, Any]]:
-    """``(name, reduce(tensor))`` for each tensor, read with one device synchronisation for all
-    (one reduction at a time, so the temporaries stay small)."""
-    names, values = [], []
-    for name, tensor in named_tensors:
-        names.append(name)
-        values.append(reduce(tensor))
-    if not values:
+    """``(name, reduce(tensor))`` for each tensor, read with one device synchronisation."""
+    pairs = [(name, reduce(tensor)) for name, tensor in named_tensors]
+    if not pairs:
         return []
-    return list(zip(names, torch.stack(values).cpu().tolist(), strict=True))
+    values = torch.stack([value for _, value in pairs]).cpu().tolist()
+    return [(name, value) for (name, _), value in zip(pairs, values, strict=True)]
 
 
-def _unless(name: str, failed: object, verdict: str, detail: str, ok: str = "") -> CheckResult:
-    """``verdict`` with ``detail`` when ``failed`` is truthy, else ``pass`` with ``ok``."""
-    return CheckResult(name, verdict, detail) if failed else CheckResult(name, "pass", ok)
+def _judged(name: str, problem: str | None, verdict: str = "fail", passed: str = "") -> CheckResult:
+    """``verdict`` with the problem when there is one, else ``pass`` (with ``passed``)."""
+    return CheckResult(name, verdict, problem) if problem else CheckResult(name, "pass", passed)
+
+
+def _prefixes(name: str) -> list[str]:
+    """The module names holding ``name``, from the root ``""`` to ``name`` itself."""
+    parts = name.split(".") if name else []
+    return [".".join(parts[:i]) for i in range(len(parts) + 1)]
 
 
 def check_loss(loss: Any) -> list[CheckResult]:
@@ -58,87 +62,62 @@ def check_loss(loss: Any) -> list[CheckResult]:
             CheckResult("loss_scalar", "not_checked", f"loss is a {type(loss).__name__}"),
             CheckResult("loss_finite", "not_checked", "no loss tensor to check"),
         ]
-    shape = _unless(
-        "loss_scalar",
-        loss.numel() != 1,
-        "fail",
-        f"loss has shape {tuple(loss.shape)}; expected one value (reduce it before backward)",
-    )
+    shape = f"loss has shape {tuple(loss.shape)}; expected one value (reduce it before backward)"
     value = loss.detach().float()
-    if bool(torch.isfinite(value).all()):
-        return [shape, CheckResult("loss_finite", "pass", "")]
-    bad = "nan" if bool(torch.isnan(value).any()) else "inf"
-    return [shape, CheckResult("loss_finite", "fail", f"loss is {bad}")]
+    bad = None
+    if not bool(torch.isfinite(value).all()):
+        bad = "loss is nan" if bool(torch.isnan(value).any()) else "loss is inf"
+    return [
+        _judged("loss_scalar", shape if loss.numel() != 1 else None),
+        _judged("loss_finite", bad),
+    ]
 
 
-#: A parameter frozen before the fit passes when it is *lone* (the only parameter of the largest
-#: frozen module holding it) and the frozen parameters hold under this share of the optimized
-#: elements; otherwise it warns (docs/phase-table.md, "Frozen parameters in the optimizer").
+#: Frozen-before-the-fit parameters pass when each is *lone* in its frozen module and together they
+#: hold under this share of the optimized elements, else warn (docs/phase-table.md).
 FROZEN_SHARE_WARN = 0.10
 
 
 def frozen_regions(names: Sequence[str], frozen: Collection[str]) -> dict[str, list[str]]:
-    """The largest module (a dotted prefix of the parameter names) all of whose parameters are
-    ``frozen``, for each frozen parameter: ``{region: [parameter names]}``, in model order; a
-    region is the parameter's own name when its module also holds trainable ones, and ``""``
-    when every parameter is frozen.
+    """``{region: [frozen parameter names]}`` in model order, a region being the largest module
+    (a dotted prefix) all of whose parameters are ``frozen`` (``""``: every parameter is).
 
     Example:
         >>> names = ["enc.pos.weight", "enc.fc.weight", "enc.fc.bias", "head.weight", "head.bias"]
         >>> frozen_regions(names, {"enc.pos.weight", "head.weight", "head.bias"})
         {'enc.pos': ['enc.pos.weight'], 'head': ['head.weight', 'head.bias']}
     """
-    total: dict[str, int] = {}
-    cold: dict[str, int] = {}
-
-    def prefixes(name: str) -> list[str]:
-        parts = name.split(".")
-        return [".".join(parts[:i]) for i in range(len(parts) + 1)]
-
-    for name in names:
-        for prefix in prefixes(name):
-            total[prefix] = total.get(prefix, 0) + 1
-            if name in frozen:
-                cold[prefix] = cold.get(prefix, 0) + 1
+    total = Counter(p for name in names for p in _prefixes(name))
+    cold = Counter(p for name in names if name in frozen for p in _prefixes(name))
     regions: dict[str, list[str]] = {}
     for name in names:
         if name in frozen:
-            region = next(p for p in prefixes(name) if cold.get(p) == total[p])
+            region = next(p for p in _prefixes(name) if cold[p] == total[p])
             regions.setdefault(region, []).append(name)
     return regions
 
 
 def _frozen_before_fit(
     names: Sequence[str], cold: Collection[str], frozen: Sequence[str], sizes: Mapping[str, int]
-) -> CheckResult:
-    """``pass`` for lone ``frozen`` tensors holding a small share of the optimized elements
-    (``sizes``), else ``warn`` naming the frozen submodules (those of ``cold``, every frozen
-    parameter of the model, that hold one of ``frozen``) and the share."""
+) -> tuple[str, str]:
+    """``pass`` for lone ``frozen`` parameters holding a small share of the optimized elements,
+    else ``warn`` naming their frozen submodules (regions of ``cold``) and the share."""
     held = set(frozen)
-    regions = {
-        region: members
-        for region, members in frozen_regions(names, cold).items()
-        if held.intersection(members)
-    }
+    regions = {r: m for r, m in frozen_regions(names, cold).items() if held.intersection(m)}
     total = sum(sizes.values())
     share = sum(sizes[n] for n in frozen) / total if total else 1.0
     lone = all(len(members) == 1 for members in regions.values())
-    name = "trainable_params_require_grad"
     if lone and share < FROZEN_SHARE_WARN:
-        return CheckResult(
-            name,
-            "pass",
+        return "pass", (
             f"{len(frozen)} lone parameter(s) frozen before the fit (requires_grad=False) are in"
-            f" the optimizer, which skips them: {shown_names(frozen)}",
+            f" the optimizer, which skips them: {shown_names(frozen)}"
         )
     shown = shown_names([region or "<root>" for region in regions])
-    return CheckResult(
-        name,
-        "warn",
+    return "warn", (
         f"{len(frozen)} parameter(s) frozen before the fit (requires_grad=False, {share:.1%} of"
         f" the optimized elements) are in the optimizer, in {len(regions)} frozen"
         f" submodule(s): {shown}; torch skips them; if intended (adapter training, a frozen"
-        " tower) nothing to do; otherwise set requires_grad=True before the fit",
+        " tower) nothing to do; otherwise set requires_grad=True before the fit"
     )
 
 
@@ -177,8 +156,7 @@ def _over_updates(
     fail: Callable[[list[str]], str],
     skipped: Callable[[list[str]], str],
 ) -> CheckResult:
-    """``fail`` naming the ``missing`` parameters that are not in ``reached``; ``pass`` noting
-    (``skipped``) those that are."""
+    """``fail`` naming ``missing`` ones never ``reached``; ``pass`` noting those that were."""
     never = [n for n in missing if n not in reached]
     some = [n for n in missing if n in reached]
     note = skipped(some) if some else ""
@@ -268,15 +246,12 @@ def check_gradients(
     """Every parameter an optimizer updates (``id`` in ``optimized``) can learn, received a
     gradient, and it is finite (docs/phase-table.md, "Frozen parameters in the optimizer").
 
-    A parameter without a gradient passes, named, when ``reached`` (names) says it received one
-    in another of the ``backwards`` measured backwards of the fit (see :func:`check_reached`).
-
-    A parameter with ``requires_grad=False`` is skipped when ``intended`` (ids) holds it (switched
-    off for one backward, e.g. by ``toggle_optimizer``); fails when ``trainable_at_start`` (ids
-    trainable at the fit's first backward) holds it (frozen mid-fit); otherwise it was frozen
-    before the fit, which torch's optimizers skip: ``pass`` or ``warn``, named. An optimizer
-    (``optimizers``: the ids of each; default ``optimized`` as one) with nothing that can
-    learn fails.
+    One without a gradient passes, named, when ``reached`` (names) got one in another of the
+    ``backwards`` measured backwards (:func:`check_reached`). One with ``requires_grad=False``
+    is skipped when ``intended`` (ids switched off for this backward, e.g. by
+    ``toggle_optimizer``) holds it, fails when ``trainable_at_start`` (ids) holds it (frozen
+    mid-fit), else was frozen before the fit: ``pass`` or ``warn``, named. An optimizer
+    (``optimizers``: the ids of each; default ``optimized``) with nothing that can learn fails.
 
     Example:
         >>> import torch
@@ -319,6 +294,7 @@ def check_gradients(
                 stray.append(name)
     finite = _per_parameter(with_grad, lambda grad: torch.isfinite(grad).all())
     nonfinite = [name for name, ok in finite if not ok]
+    bad_grads = f"non-finite gradients in {len(nonfinite)} parameter(s): {shown_names(nonfinite)}"
     seen = {id(param) for _, param in named}
     groups = [set(g) & seen for g in (optimizers or [optimized])]
     dead = [i for i, group in enumerate(groups) if group and group <= cold]
@@ -327,22 +303,14 @@ def check_gradients(
     results = [
         _requires_grad(names, frozen_names, frozen, switched_off, lost, dead, len(groups), sizes),
         check_reached(missing, reached, backwards),
-        _unless(
-            "grads_finite",
-            nonfinite,
-            "fail",
-            f"non-finite gradients in {len(nonfinite)} parameter(s): {shown_names(nonfinite)}",
-        ),
+        _judged("grads_finite", bad_grads if nonfinite else None),
     ]
     if stray:
-        results.append(
-            CheckResult(
-                "grads_without_optimizer",
-                "warn",
-                f"{len(stray)} parameter(s) receive gradients but no optimizer updates them:"
-                f" {shown_names(stray)}",
-            )
+        detail = (
+            f"{len(stray)} parameter(s) receive gradients but no optimizer updates them:"
+            f" {shown_names(stray)}"
         )
+        results.append(CheckResult("grads_without_optimizer", "warn", detail))
     return results
 
 
@@ -356,52 +324,38 @@ def _requires_grad(
     n_optimizers: int,
     sizes: Mapping[str, int],
 ) -> CheckResult:
-    """``trainable_params_require_grad``: one part per cause (``dead``: the indices of the
-    optimizers with nothing that can learn; ``lost``: frozen mid-fit; ``frozen``: before the
-    fit; ``switched_off``: for this backward), the worst verdict of the parts."""
-    name = "trainable_params_require_grad"
-    parts: list[CheckResult] = []
+    """``trainable_params_require_grad``: one part per cause (``dead``: indices of the optimizers
+    with nothing that can learn; ``lost``: frozen mid-fit; ``frozen``: before the fit;
+    ``switched_off``: for this backward), with the worst verdict of the parts."""
+    parts: list[tuple[str, str]] = []
     if dead:
         which = (
-            "the optimizer"
-            if n_optimizers == 1
-            else "optimizer(s) " + ", ".join(str(i) for i in dead)
+            "the optimizer" if n_optimizers == 1 else f"optimizer(s) {', '.join(map(str, dead))}"
         )
-        parts.append(
-            CheckResult(
-                name,
-                "fail",
-                f"every parameter of {which} has requires_grad=False: nothing it updates can"
-                " learn; set requires_grad=True on what should train before the fit (or give"
-                " the optimizer the parameters that train)",
-            )
+        detail = (
+            f"every parameter of {which} has requires_grad=False: nothing it updates can learn;"
+            " set requires_grad=True on what should train before the fit (or give the optimizer"
+            " the parameters that train)"
         )
+        parts.append(("fail", detail))
     if lost:
-        parts.append(
-            CheckResult(
-                name,
-                "fail",
-                f"{len(lost)} parameter(s) were trainable at the first backward of the fit, are"
-                f" in the optimizer and now have requires_grad=False, so they stopped learning"
-                f" mid-fit: {shown_names(lost)}; find the hook or callback that froze them, or,"
-                " if freezing them was meant, take them out of the optimizer",
-            )
+        detail = (
+            f"{len(lost)} parameter(s) were trainable at the first backward of the fit, are in the"
+            " optimizer and now have requires_grad=False, so they stopped learning mid-fit:"
+            f" {shown_names(lost)}; find the hook or callback that froze them, or, if freezing"
+            " them was meant, take them out of the optimizer"
         )
+        parts.append(("fail", detail))
     if frozen:
         parts.append(_frozen_before_fit(names, set(cold), frozen, sizes))
     if switched_off:
-        parts.append(
-            CheckResult(
-                name,
-                "pass",
-                f"{len(switched_off)} parameter(s) switched off for this backward (e.g. by"
-                f" toggle_optimizer) were skipped: {shown_names(switched_off)}",
-            )
+        detail = (
+            f"{len(switched_off)} parameter(s) switched off for this backward (e.g. by"
+            f" toggle_optimizer) were skipped: {shown_names(switched_off)}"
         )
-    if not parts:
-        return CheckResult(name, "pass", "")
-    verdict = worst_verdict(p.verdict for p in parts)
-    return CheckResult(name, verdict, "; ".join(p.detail for p in parts))
+        parts.append(("pass", detail))
+    verdict = worst_verdict(v for v, _ in parts) if parts else "pass"
+    return CheckResult("trainable_params_require_grad", verdict, "; ".join(d for _, d in parts))
 
 
 def fingerprint(
@@ -487,33 +441,23 @@ def check_update(
     if reached is not None and skipped:
         notes.append(_skipped_updates(skipped, updates))
     note = "; ".join(notes)
+    problem = (
+        f"{len(unchanged)} trainable parameter(s) with a nonzero or missing gradient did not"
+        f" change in the update: {shown_names(unchanged)}" + (f"; {note}" if note else "")
+    )
+    step = f"global_step went from {step_before} to {step_after} in one update; expected +1"
     return [
-        _unless(
-            "trainable_params_changed",
-            unchanged,
-            "fail",
-            f"{len(unchanged)} trainable parameter(s) with a nonzero or missing gradient did"
-            f" not change in the update: {shown_names(unchanged)}" + (f"; {note}" if note else ""),
-            note,
-        ),
-        _unless(
+        _judged("trainable_params_changed", problem if unchanged else None, passed=note),
+        _judged(
             "frozen_params_unchanged",
-            moved,
-            "fail",
-            f"{len(moved)} frozen parameter(s) changed: {shown_names(moved)}",
+            f"{len(moved)} frozen parameter(s) changed: {shown_names(moved)}" if moved else None,
         ),
-        _unless(
-            "step_counted",
-            step_after - step_before != 1,
-            "fail",
-            f"global_step went from {step_before} to {step_after} in one update; expected +1",
-        ),
+        _judged("step_counted", step if step_after - step_before != 1 else None),
     ]
 
 
 def _train_mode_kind(module: torch.nn.Module | None) -> tuple[int, str]:
-    """``(tier, label)``: 0 changes the outputs in train mode, 1 is a leaf of an unknown type, 2
-    does not (docs/phase-table.md, ``eval_mode``)."""
+    """``(tier, label)``: 0 changes the outputs in train mode, 1 a leaf of unknown type, 2 not."""
     if module is None:  # a bare name: nothing known about it
         return 1, ""
     kind = type(module).__name__
@@ -540,8 +484,13 @@ def _train_mode_kind(module: torch.nn.Module | None) -> tuple[int, str]:
     return 2, kind
 
 
-def _labelled(entries: Sequence[tuple[str, str]]) -> list[str]:
-    return [f"{name} ({label})" if label else name for name, label in entries]
+def _tiered(entries: Iterable[tuple[str, torch.nn.Module | None]]) -> list[list[str]]:
+    """The modules by tier of :func:`_train_mode_kind`, each shown as ``name (kind)``."""
+    tiers: list[list[str]] = [[], [], []]
+    for name, module in entries:
+        tier, label = _train_mode_kind(module)
+        tiers[tier].append(f"{name} ({label})" if label else name)
+    return tiers
 
 
 def check_eval_mode(
@@ -560,52 +509,31 @@ def check_eval_mode(
         ('fail', ['1 module(s) whose outputs change in train mode during validation: 1 (Dropout)',
                   '3 module(s) in train mode in all'])
     """
-    tiers: list[list[tuple[str, str]]] = [[], [], []]
-    for entry in training_modules:
-        name, module = (entry, None) if isinstance(entry, str) else entry
-        tier, label = _train_mode_kind(module)
-        tiers[tier].append((name, label))
-    changing, unknown, inert = tiers
+    entries = ((e, None) if isinstance(e, str) else e for e in training_modules)
+    changing, unknown, inert = _tiered(entries)
     total = len(changing) + len(unknown) + len(inert)
     no_grad = f"autograd was enabled during {phase} (memory for activations is kept)"
-    no_grad_result = _unless("no_grad", grad_enabled, "fail", no_grad)
+    no_grad_result = _judged("no_grad", no_grad if grad_enabled else None)
     if changing or unknown:
         parts = []
         if changing:
             parts.append(
                 f"{len(changing)} module(s) whose outputs change in train mode during {phase}:"
-                f" {shown_names(_labelled(changing))}"
+                f" {shown_names(changing)}"
             )
         if unknown:
             parts.append(
                 f"{len(unknown)} {'more ' if changing else ''}leaf module(s) of types not known"
-                f" to be mode-independent: {shown_names(_labelled(unknown))}"
+                f" to be mode-independent: {shown_names(unknown)}"
             )
         parts.append(f"{total} module(s) in train mode in all")
         return [CheckResult("eval_mode", "fail", "; ".join(parts)), no_grad_result]
     inert_detail = (
         f"{len(inert)} module(s) in train mode during {phase}, none of a type known to change the"
-        f" outputs (containers and mode-independent layers): {shown_names(_labelled(inert))};"
+        f" outputs (containers and mode-independent layers): {shown_names(inert)};"
         " code that branches on `self.training` still takes its training path"
     )
-    return [_unless("eval_mode", inert, "warn", inert_detail), no_grad_result]
-
-
-def _ancestors(name: str) -> list[str]:
-    """The names of the modules holding module ``name`` (``""``: the root), outermost first."""
-    parts = name.split(".") if name else []
-    return [".".join(parts[:i]) for i in range(len(parts))]
-
-
-def _owner(name: str, modules: Mapping[str, torch.nn.Module]) -> str | None:
-    """The name of ``name`` or its closest ancestor holding parameters (``None``: none does)."""
-    parts = name.split(".") if name else []
-    for i in range(len(parts), -1, -1):
-        prefix = ".".join(parts[:i])
-        module = modules.get(prefix)
-        if module is not None and next(module.parameters(), None) is not None:
-            return prefix
-    return None
+    return [_judged("eval_mode", inert_detail if inert else None, "warn"), no_grad_result]
 
 
 def check_train_mode(
@@ -614,11 +542,9 @@ def check_train_mode(
 ) -> CheckResult:
     """During the training step every module that trains is in train mode (``named_modules``:
     the whole model, ``""`` its root; ``trainable``: ids of the parameters meant to train,
-    default those with ``requires_grad``). The rule: docs/phase-table.md, ``train_mode``.
-
-    A module in eval mode is *kept frozen* when it, or (for one without parameters, such as a
-    dropout) its closest ancestor with parameters, holds no trainable parameter: a frozen
-    BatchNorm or tower kept in eval mode on purpose passes, named.
+    default those with ``requires_grad``; docs/phase-table.md, ``train_mode``). A module in eval
+    mode whose closest module with parameters (itself, or an ancestor for a dropout) holds no
+    trainable one is kept frozen on purpose (a frozen BatchNorm or tower): it passes, named.
 
     Example:
         >>> import torch
@@ -638,35 +564,37 @@ def check_train_mode(
     def is_trainable(param: torch.nn.Parameter) -> bool:
         return param.requires_grad if trainable is None else id(param) in trainable
 
-    owners: dict[str, bool] = {}  # owner -> holds a trainable parameter
+    def has_parameters(prefix: str) -> bool:
+        return prefix in modules and next(modules[prefix].parameters(), None) is not None
+
+    owners: dict[str, bool] = {}  # the closest module holding parameters -> it holds trainable ones
     kept: list[str] = []
-    tiers: list[list[tuple[str, str]]] = [[], [], []]
+    judged: list[tuple[str, torch.nn.Module]] = []
     for name in asleep:
-        owner = _owner(name, modules)
+        owner = next((p for p in reversed(_prefixes(name)) if has_parameters(p)), None)
         if owner is not None and owner not in owners:
             owners[owner] = any(is_trainable(p) for p in modules[owner].parameters())
-        if owner is not None and not owners[owner]:
+        if owner is None or owners[owner]:
+            judged.append((name or "<root>", modules[name]))
+        else:
             kept.append(name)
-            continue
-        tier, label = _train_mode_kind(modules[name])
-        tiers[tier].append((name or "<root>", label))
-    changing, unknown, inert = tiers
+    changing, unknown, inert = _tiered(judged)
     parts = []
     if changing:
         parts.append(
             f"{len(changing)} module(s) whose outputs change with the mode are in eval mode"
-            f" during the training step: {shown_names(_labelled(changing))}"
+            f" during the training step: {shown_names(changing)}"
         )
     others = unknown + inert
     if others:
         parts.append(
             f"{len(others)} {'more ' if changing else ''}module(s) in eval mode during the"
             " training step, none of a type known to change the outputs (containers,"
-            f" mode-independent layers, unknown leaf types): {shown_names(_labelled(others))}"
+            f" mode-independent layers, unknown leaf types): {shown_names(others)}"
         )
     if kept:
         held = set(kept)
-        roots = [n for n in kept if not any(a in held for a in _ancestors(n))]
+        roots = [n for n in kept if not any(a in held for a in _prefixes(n)[:-1])]
         parts.append(
             f"{len(kept)} module(s) in eval mode hold (or sit in a module holding) only frozen"
             " parameters, kept in eval mode on purpose (a frozen BatchNorm or tower):"

@@ -182,10 +182,11 @@ def check_label_range(
 
 
 def label_relations(inputs: Any, targets: Any, *, ignore_index: int) -> list[str | None] | None:
-    """How each row's token labels relate to its ``input_ids`` on the positions counted: one of
-    :data:`LABEL_RELATIONS` (``shifted by 1``: ``labels[t] == input_ids[t + 1]``), the first
-    whose every comparable counted position agrees; ``None`` for a row with no counted position,
-    and for the whole list when the targets are not token sequences aligned with the inputs.
+    """How each row's token labels relate to its ``input_ids`` on the positions counted: the
+    first of :data:`LABEL_RELATIONS` that every comparable counted position agrees with
+    (``shifted by 1``: ``labels[t] == input_ids[t + 1]``); ``None`` for a row with nothing
+    counted, and for the whole list when the targets are not token sequences aligned with the
+    inputs.
 
     Example:
         >>> ids = torch.tensor([[5, 6, 7, 0], [5, 6, 7, 8]])
@@ -195,24 +196,24 @@ def label_relations(inputs: Any, targets: Any, *, ignore_index: int) -> list[str
     """
     if target_kind(inputs, targets) != "sequence":
         return None
-    labels, tokens = targets.detach().cpu(), inputs.detach().cpu()
+    return _relations(inputs, targets, ignore_index, LABEL_RELATIONS, (0, 1, -1))
+
+
+def _relations(
+    tokens: torch.Tensor,
+    labels: torch.Tensor,
+    ignore_index: int,
+    names: Sequence[str],
+    offsets: Sequence[int],
+) -> list[str | None]:
+    """Per row, the first of ``names`` whose offset holds (:func:`_agree`), else ``"other"``;
+    ``None`` for a row with nothing counted."""
+    labels, tokens = labels.detach().cpu(), tokens.detach().cpu()
     counted = labels != ignore_index
-
-    def holds(lab: torch.Tensor, tok: torch.Tensor, cnt: torch.Tensor) -> list[bool]:
-        return list((((lab == tok) | ~cnt).all(dim=1) & cnt.any(dim=1)).tolist())
-
-    same = holds(labels, tokens, counted)
-    left = right = [False] * int(labels.shape[0])
-    if labels.shape[1] > 1:
-        left = holds(labels[:, :-1], tokens[:, 1:], counted[:, :-1])
-        right = holds(labels[:, 1:], tokens[:, :-1], counted[:, 1:])
-    rows = zip(counted.any(dim=1).tolist(), same, left, right, strict=True)
-    # Each row's first relation that holds, in LABEL_RELATIONS order ("other" when none does).
+    flags = [_agree(labels, tokens, counted, offset) for offset in offsets]
     return [
-        next((r for r, agree in zip(LABEL_RELATIONS, flags, strict=False) if agree), "other")
-        if seen
-        else None
-        for seen, *flags in rows
+        next((r for r, agree in zip(names, row, strict=False) if agree), "other") if seen else None
+        for seen, *row in zip(counted.any(dim=1).tolist(), *flags, strict=True)
     ]
 
 
@@ -224,14 +225,12 @@ def _agree(
     width = int(labels.shape[1])
     if abs(offset) >= width:
         return [False] * int(labels.shape[0])
-    if offset >= 0:
-        lab, tok, cnt = (
-            labels[:, : width - offset],
-            tokens[:, offset:],
-            counted[:, : width - offset],
-        )
-    else:
-        lab, tok, cnt = labels[:, -offset:], tokens[:, : width + offset], counted[:, -offset:]
+    kept = slice(max(-offset, 0), width - max(offset, 0))
+    lab, tok, cnt = (
+        labels[:, kept],
+        tokens[:, max(offset, 0) : width + min(offset, 0)],
+        counted[:, kept],
+    )
     return list((((lab == tok) | ~cnt).all(dim=1) & cnt.any(dim=1)).tolist())
 
 
@@ -239,11 +238,11 @@ def decoder_label_relations(
     decoder_inputs: Any, targets: Any, *, ignore_index: int
 ) -> list[str | None] | None:
     """How each row's labels relate to an encoder-decoder's ``decoder_input_ids`` on the
-    positions counted: one of :data:`DECODER_RELATIONS`, the first that holds. ``shifted by 1``
-    (``labels[t] == decoder_input_ids[t + 1]``: the decoder inputs are the labels shifted right)
-    is the convention; ``shifted by 2``: the labels were shifted once more; ``identical``: the
-    decoder is shown the token it must predict. ``None`` for a row with nothing counted, and
-    for the whole list when the two are not integer tensors of one shape.
+    positions counted: the first of :data:`DECODER_RELATIONS` that holds. ``shifted by 1``
+    (the decoder inputs are the labels shifted right) is the convention; ``shifted by 2``: the
+    labels were shifted once more; ``identical``: the decoder is shown the token it must
+    predict. ``None`` for a row with nothing counted, and for the whole list when the two are
+    not integer tensors of one shape.
 
     Example:
         >>> decoder = torch.tensor([[0, 5, 6, 7], [0, 5, 6, 7]])
@@ -255,15 +254,7 @@ def decoder_label_relations(
         return None
     if targets.ndim != 2 or decoder_inputs.shape != targets.shape:
         return None
-    labels, tokens = targets.detach().cpu(), decoder_inputs.detach().cpu()
-    counted = labels != ignore_index
-    flags = [_agree(labels, tokens, counted, offset) for offset in (1, 2, 0)]
-    return [
-        next((r for r, agree in zip(DECODER_RELATIONS, row, strict=False) if agree), "other")
-        if seen
-        else None
-        for seen, *row in zip(counted.any(dim=1).tolist(), *flags, strict=True)
-    ]
+    return _relations(decoder_inputs, targets, ignore_index, DECODER_RELATIONS, (1, 2, 0))
 
 
 def _tally(

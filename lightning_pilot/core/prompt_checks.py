@@ -1,18 +1,17 @@
-"""Pure checks that the prompt (instruction) is out of the loss: guessed from labels equal to the
-inputs, or located by a :class:`PromptSpec` (a response mask, a prompt length or a response
-template); and that every row keeps a position in the loss (docs/data-and-overfit.md)."""
+"""Checks that the prompt is out of the loss (guessed from labels equal to the inputs, or located
+by a :class:`PromptSpec`) and that every row keeps a position in it (docs/data-and-overfit.md)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Final
 
 import torch
 
-from lightning_pilot.core.batch_checks import _judged, target_kind
+from lightning_pilot.core.batch_checks import target_kind
 from lightning_pilot.core.batches import is_int_tensor
-from lightning_pilot.core.checks import CheckResult, shown_names
+from lightning_pilot.core.checks import CheckResult, _judged, shown_names
 
 __all__ = [
     "PROMPT_OPTIONS_ADVICE",
@@ -32,15 +31,18 @@ PROMPT_OPTIONS_ADVICE: Final = (
 )
 
 
+def _real(mask: Any, shape: torch.Size) -> torch.Tensor:
+    """The real (non-padding) positions: the mask's nonzero ones when it has ``shape``, else all."""
+    if isinstance(mask, torch.Tensor) and mask.shape == shape:
+        return mask.detach().cpu() != 0
+    return torch.ones(shape, dtype=torch.bool)
+
+
 def _masking_counts(
     inputs: Any, targets: Any, mask: Any, ignore_index: int
 ) -> tuple[int, int, int]:
     """Real tokens of aligned token targets, those whose label is the input, those ignored."""
-    real = (
-        mask.detach().cpu() != 0
-        if isinstance(mask, torch.Tensor) and mask.shape == targets.shape
-        else torch.ones(targets.shape, dtype=torch.bool)
-    )
+    real = _real(mask, targets.shape)
     labels, tokens = targets.detach().cpu(), inputs.detach().cpu()
     equal, ignored = (real & (labels == tokens)), (real & (labels == ignore_index))
     return int(real.sum()), int(equal.sum()), int(ignored.sum())
@@ -51,9 +53,8 @@ def check_instruction_masking(
 ) -> CheckResult:
     """For causal-LM batches: are prompt (instruction) positions masked out of the labels?"""
     if target_kind(inputs, targets) != "sequence":
-        return CheckResult(
-            "instruction_masked", "not_checked", "targets are not aligned token sequences"
-        )
+        why = "targets are not aligned token sequences"
+        return CheckResult("instruction_masked", "not_checked", why)
     return _masking(*_masking_counts(inputs, targets, mask, ignore_index), ignore_index)
 
 
@@ -91,25 +92,19 @@ class PromptSpec:
     response_template: tuple[int, ...] | None = None
 
     def __str__(self) -> str:
-        given = (
-            ("response_mask_key", self.response_mask_key),
-            ("prompt_length_key", self.prompt_length_key),
-            ("response_template", self.response_template),
-        )
+        given = ((f.name, getattr(self, f.name)) for f in fields(self))
         return ", ".join(f"{name}={value!r}" for name, value in given if value is not None)
 
     def locate(
         self, batch: Any, inputs: Any, mask: Any
     ) -> tuple[torch.Tensor | None, list[int], str | None]:
-        """``(prompt, rows without one, why)``: the prompt positions of each row as a bool
-        ``[batch, length]`` tensor (real tokens only), the rows whose prompt was not found (no
-        response template), or ``None`` and why the batch cannot say."""
+        """``(prompt, rows without one, why)``: each row's prompt positions as a bool ``[batch,
+        length]`` tensor (real tokens only) and the rows holding no response template; or
+        ``None`` and why the batch cannot say."""
         if not is_int_tensor(inputs) or inputs.ndim != 2:
             return None, [], "the inputs are not token ids [batch, length]"
         tokens = inputs.detach().cpu()
-        real = torch.ones(tokens.shape, dtype=torch.bool)
-        if isinstance(mask, torch.Tensor) and mask.shape == tokens.shape:
-            real = mask.detach().cpu() != 0
+        real = _real(mask, tokens.shape)
         if self.response_template is not None:
             return (*_template_prompt(tokens, real, self.response_template), None)
         key = self.response_mask_key or self.prompt_length_key
@@ -123,27 +118,21 @@ class PromptSpec:
         except (TypeError, ValueError, RuntimeError) as err:
             why = f"field {key!r} ({self}) is not a tensor or a list of numbers ({err})"
             return None, [], why
-        if self.response_mask_key is not None:
-            if values.shape != tokens.shape:
-                return (
-                    None,
-                    [],
-                    (
-                        f"field {key!r} ({self}) has shape {tuple(values.shape)}, the inputs"
-                        f" {tuple(tokens.shape)}: it needs one 0/1 value per token"
-                    ),
-                )
+        if self.response_mask_key is not None and values.shape == tokens.shape:
             return real & (values == 0), [], None
+        if self.response_mask_key is not None:
+            why = (
+                f"field {key!r} ({self}) has shape {tuple(values.shape)}, the inputs"
+                f" {tuple(tokens.shape)}: it needs one 0/1 value per token"
+            )
+            return None, [], why
         lengths = values.reshape(-1)
         if lengths.numel() != tokens.shape[0] or lengths.is_floating_point():
-            return (
-                None,
-                [],
-                (
-                    f"field {key!r} ({self}) holds {tuple(values.shape)} {values.dtype} values for"
-                    f" {tokens.shape[0]} rows: it needs one integer length per row"
-                ),
+            why = (
+                f"field {key!r} ({self}) holds {tuple(values.shape)} {values.dtype} values for"
+                f" {tokens.shape[0]} rows: it needs one integer length per row"
             )
+            return None, [], why
         rank = real.to(torch.int64).cumsum(dim=1)  # the position among the row's real tokens
         return real & (rank <= lengths.to(torch.int64)[:, None]), [], None
 
@@ -151,8 +140,8 @@ class PromptSpec:
 def _template_prompt(
     tokens: torch.Tensor, real: torch.Tensor, template: Sequence[int]
 ) -> tuple[torch.Tensor, list[int]]:
-    """Each row's positions up to the end of the first occurrence of ``template`` in its real
-    tokens, and the rows that hold none."""
+    """Each row's positions up to the end of the first ``template`` in its real tokens, and the
+    rows holding none."""
     rows, width, size = int(tokens.shape[0]), int(tokens.shape[1]), len(template)
     if size > width:
         return torch.zeros(tokens.shape, dtype=torch.bool), list(range(rows))

@@ -1,6 +1,5 @@
-"""The per-batch inspection of one split: each batch check run over its first batches, each
-keeping its worst verdict, with the checks that need every batch (label shift, prompt masking,
-truncation, padding) folded at the end (docs/data-and-overfit.md)."""
+"""The per-batch inspection of one split: the batch checks over its first batches, each keeping its
+worst verdict, and those that need every batch folded at the end (docs/data-and-overfit.md)."""
 
 from __future__ import annotations
 
@@ -77,18 +76,16 @@ class SplitInspection:
         self.output_size, self.size_source = output_size, size_source
         self.pad_token_id, self.padding_warn, self.causal_lm = pad_token_id, padding_warn, causal_lm
         self.encoder_decoder, self.prompt = encoder_decoder, prompt
-        self.unaligned = (
-            None
-            if encoder_decoder is None
-            else f"{encoder_decoder} is an encoder-decoder model: its labels are decoder targets,"
-            " which the encoder's input_ids and attention_mask do not describe"
-        )
-        # The adapter's inputs are the decoder inputs (BatchAdapter(inputs="decoder_input_ids")).
-        self._inputs_are_decoder = False
+        self.unaligned = None
+        if encoder_decoder is not None:
+            self.unaligned = (
+                f"{encoder_decoder} is an encoder-decoder model: its labels are decoder targets,"
+                " which the encoder's input_ids and attention_mask do not describe"
+            )
+        self._inputs_are_decoder = False  # BatchAdapter(inputs="decoder_input_ids")
         self._decoder: Counter[str] = Counter()
         self._decoder_problem: CheckResult | None = None
-        # instruction_masked with a prompt: rows checked, prompt positions, unmasked positions,
-        # the rows with an unmasked prompt and those without a prompt found; or why not.
+        # With a prompt: rows checked, prompt positions, unmasked ones; rows named; or why not.
         self._prompt = [0, 0, 0]
         self._prompt_rows: list[str] = []
         self._prompt_missing: list[str] = []
@@ -103,11 +100,8 @@ class SplitInspection:
         self._relations: Counter[str] = Counter()
 
     def _keep(self, result: CheckResult) -> None:
-        previous = self._worst.get(result.name)
-        if (
-            previous is None
-            or worst_verdict([previous.verdict, result.verdict]) != previous.verdict
-        ):
+        kept = self._worst.setdefault(result.name, result)
+        if worst_verdict([kept.verdict, result.verdict]) != kept.verdict:
             self._worst[result.name] = result
 
     def add(self, view: BatchView, batch: Any = None) -> None:
@@ -130,14 +124,11 @@ class SplitInspection:
             self._keep(CheckResult("inputs_present", "not_checked", detail))
         self._keep(check_targets_present(targets))
         if targets is not None:
-            self._keep(
-                check_label_range(
-                    targets,
-                    output_size=self.output_size,
-                    ignore_index=self.ignore_index,
-                    source=self.size_source,
-                )
+            size, source = self.output_size, self.size_source
+            ranged = check_label_range(
+                targets, output_size=size, ignore_index=self.ignore_index, source=source
             )
+            self._keep(ranged)
         encoder_mask = isinstance(batch, Mapping) and mask is batch.get("attention_mask")
         if isinstance(mask, torch.Tensor) and self._inputs_are_decoder and encoder_mask:
             # The decoder inputs are read as the inputs, the attention mask is the encoder's.

@@ -14,9 +14,8 @@ from typing import Any
 import torch
 from torch.utils.data import IterableDataset
 
-from lightning_pilot.core.batch_checks import _judged
 from lightning_pilot.core.batches import INPUT_KEYS, BatchAdapter
-from lightning_pilot.core.checks import CheckResult, shown_names
+from lightning_pilot.core.checks import CheckResult, _judged, shown_names
 
 __all__ = [
     "DatasetScan",
