@@ -1,19 +1,6 @@
 """Memory probes: device counters, a CPU tensor tracker, the training-state breakdown, host RAM.
 
 One counter per value of the phase table's ``counter`` column (docs/phase-table.md).
-
-Example:
-    >>> import torch
-    >>> from lightning_pilot.core.memory import TensorTracker
-    >>> tracker = TensorTracker()
-    >>> with tracker:
-    ...     x = torch.ones(1000)        # 4,000 bytes
-    ...     y = x * 2                   # 4,000 more
-    ...     tracker.peak_bytes
-    8000
-    >>> del x, y
-    >>> tracker.current_bytes
-    0
 """
 
 from __future__ import annotations
@@ -32,17 +19,11 @@ from lightning_pilot.core.storage_count import StorageCounter
 
 
 def compiled_code(module: torch.nn.Module) -> list[str]:
-    """Where ``module`` holds code compiled by ``torch.compile``, by name (``<root>``: the module
-    itself): a compiled submodule (an ``OptimizedModule``), a module compiled in place
-    (``nn.Module.compile``), a LightningModule compiled whole (Lightning unwraps
-    ``torch.compile(module)`` and keeps its ``_compiler_ctx``), a method replaced by a compiled
-    function (``self.forward = torch.compile(self.forward)``, or ``@torch.compile`` on a method),
-    or a compiled function at the top level of the Python module defining one of the module
-    classes (``@torch.compile`` on a helper the forward calls). ``[]`` when nothing is.
-
-    Dynamo does not compile a frame while a :class:`TensorTracker` (a dispatch mode) is active,
-    and then runs that frame uncompiled for the rest of the process: the tracker must stay off
-    for a module this finds compiled code in.
+    """Where ``module`` holds ``torch.compile`` code, by name (``<root>``: the module itself):
+    compiled submodules, modules compiled in place, a LightningModule compiled whole, compiled
+    methods, and compiled functions at the top level of a module class's Python module. ``[]``
+    when nothing is. Dynamo does not compile under a :class:`TensorTracker` (a dispatch mode),
+    and then runs that frame uncompiled for good: the tracker must stay off for such a module.
 
     Example:
         >>> import torch
@@ -93,10 +74,9 @@ def compiled_code(module: torch.nn.Module) -> list[str]:
 
 
 class TensorTracker(StorageCounter, TorchDispatchMode):  # type: ignore[no-untyped-call]
-    """Count live tensor bytes on any device: a :class:`~lightning_pilot.core.storage_count.
-    StorageCounter` fed every tensor operators touch (older tensors through :meth:`adopt`).
-    A context manager, or :meth:`start` / :meth:`stop` across hooks; one Python call per
-    operator while active.
+    """Live tensor bytes on any device: a :class:`~lightning_pilot.core.storage_count.
+    StorageCounter` fed every tensor operators touch (older tensors through :meth:`adopt`); a
+    context manager, or :meth:`start` / :meth:`stop` across hooks.
 
     Example:
         >>> import torch
@@ -145,8 +125,7 @@ class TensorTracker(StorageCounter, TorchDispatchMode):  # type: ignore[no-untyp
         kwargs: Mapping[str, Any] | None = None,
     ) -> Any:
         out = func(*args, **(kwargs or {}))
-        # A hand-written walk of the usual shapes (tensors and flat lists of them) is several
-        # times cheaper than a generic pytree flatten on every operator.
+        # Walking tensors and flat lists by hand is several times cheaper than a pytree flatten.
         count = self.count
         for value in (*args, out):
             if isinstance(value, torch.Tensor):
@@ -181,13 +160,13 @@ class MemoryCounter:
     note: str | None = None
 
     def synchronize(self) -> None:
-        """Wait for queued device work (durations need it; allocator counters do not)."""
+        """Wait for queued device work."""
 
     def begin(self) -> None:
         """Record the baseline and reset the peak, at a phase start."""
 
     def end(self) -> MemoryReading:
-        """Read the peak and the end level, at a phase end."""
+        """The peak and the end level, at a phase end."""
         return MemoryReading()
 
 
@@ -312,15 +291,6 @@ class StateBytes:
         ]
 
 
-def _storage_of(tensor: torch.Tensor) -> tuple[tuple[str, int] | None, int]:
-    """The storage identity (device, address) and its bytes; one storage lookup per tensor."""
-    try:
-        storage = tensor.untyped_storage()
-    except (RuntimeError, NotImplementedError):
-        return None, int(tensor.numel() * tensor.element_size())
-    return (tensor.device.type + str(tensor.device.index), storage.data_ptr()), storage.nbytes()
-
-
 def _state(module: torch.nn.Module, optimizers: Iterable[Any]) -> Iterator[tuple[str, Any]]:
     """``(kind, tensor)`` of every tensor of the training state."""
     yield from (("param", param) for param in module.parameters())
@@ -336,8 +306,7 @@ def _state(module: torch.nn.Module, optimizers: Iterable[Any]) -> Iterator[tuple
 
 
 def state_bytes(module: torch.nn.Module, optimizers: Iterable[Any] = ()) -> StateBytes:
-    """Exact bytes of the training state, each storage counted once (optimizer-state scalars
-    such as Adam's ``step`` too).
+    """Exact bytes of the training state, each storage counted once.
 
     Example:
         >>> import torch
@@ -348,11 +317,16 @@ def state_bytes(module: torch.nn.Module, optimizers: Iterable[Any] = ()) -> Stat
     seen: set[tuple[str, int]] = set()
     result = StateBytes()
     for kind, tensor in _state(module, optimizers):
-        key, nbytes = _storage_of(tensor)
-        if key in seen:
-            continue
-        if key is not None:
+        try:
+            storage = tensor.untyped_storage()
+        except (RuntimeError, NotImplementedError):
+            nbytes = int(tensor.numel() * tensor.element_size())
+        else:
+            key = (tensor.device.type + str(tensor.device.index), storage.data_ptr())
+            if key in seen:
+                continue
             seen.add(key)
+            nbytes = storage.nbytes()
         setattr(result, f"{kind}_bytes", getattr(result, f"{kind}_bytes") + nbytes)
         slot = (str(tensor.device), kind)
         result.by_device[slot] = result.by_device.get(slot, 0) + nbytes
@@ -386,8 +360,7 @@ def _read_kib(path: str, keys: tuple[str, ...]) -> dict[str, int]:
 
 
 def host_memory() -> HostMemory:
-    """Resident memory of this process, host RAM and swap in use (Linux ``/proc``); ``None``
-    elsewhere, never zero."""
+    """This process's resident memory, host RAM and swap in use (Linux ``/proc``; else ``None``)."""
     status = _read_kib("/proc/self/status", ("VmRSS",))
     info = _read_kib("/proc/meminfo", ("MemTotal", "SwapTotal", "SwapFree"))
     swap = (

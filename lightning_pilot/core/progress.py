@@ -1,25 +1,7 @@
-"""Progress of long work that no Trainer's bar shows: plain lines at most every few seconds, a
-``tqdm`` bar like Lightning's where the Trainer shows one, and the marker lines a child process
-prints so that its parent can say which phase it is in.
-
-Torch-free and Lightning-free: the caller says what the Trainer shows (:func:`choose_reporter`).
-Progress output never breaks the work: a write that fails (a closed stream, a broken pipe) is
-dropped. docs/resume.md ("Progress") says when each kind is shown.
-
-Example:
-    >>> import io
-    >>> clock = iter([0.0, 2.0, 7.0, 12.0]).__next__
-    >>> out = io.StringIO()
-    >>> lines = LineReporter("Work", stream=out, min_interval_s=5.0, clock=clock)
-    >>> lines.update("loading")  # the first line is written at once
-    >>> lines.update("building")  # 2 s later: kept until the interval has passed
-    >>> lines.tick()  # 7 s: the pending message is written
-    >>> lines.close("done")
-    >>> print(out.getvalue(), end="")
-    Work: loading ... 0 s
-    Work: building ... 7 s
-    Work: done ... 12 s
-"""
+"""Progress of long work that no Trainer's bar shows: plain lines, a ``tqdm`` bar like
+Lightning's, and the marker lines a child process prints for its parent. Torch-free; a write
+that fails (a closed stream, a broken pipe) is dropped. docs/resume.md ("Progress") says when
+each kind is shown."""
 
 from __future__ import annotations
 
@@ -60,7 +42,7 @@ RATE_BAR_FORMAT: Final = (
 #: The same without the rate and the time left: for a few tasks of a minute each.
 BAR_FORMAT: Final = "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}{postfix}]"
 
-# Control characters (a carriage return, an escape sequence) would redraw the terminal.
+# Control characters would redraw the terminal.
 _CONTROL: Final = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 _MARK: Final = re.compile(r"(\d{1,9})/(\d{1,9}) (.*)")
 
@@ -131,11 +113,8 @@ def tqdm_available() -> bool:
 
 class Reporter:
     """Progress that shows nothing: the base of :class:`LineReporter` and :class:`BarReporter`,
-    and what :func:`choose_reporter` returns where nothing may be shown (a non-zero rank).
-
-    ``update(message, done=...)`` says what the work does now (``done`` units finished);
-    ``tick()`` is called regularly while it waits (for a heartbeat, or a bar's clock);
-    ``close(message)`` ends it. Also a context manager that closes it.
+    and what :func:`choose_reporter` returns where nothing may be shown. A context manager that
+    closes it.
 
     Example:
         >>> with Reporter() as quiet:
@@ -144,10 +123,10 @@ class Reporter:
     """
 
     def update(self, message: str, *, done: int | None = None) -> None:
-        """Say what the work does now."""
+        """Say what the work does now (``done`` units finished)."""
 
     def tick(self) -> None:
-        """Called while the work runs; shows a pending message or a heartbeat when due."""
+        """Called regularly while the work runs (a heartbeat, a bar's clock)."""
 
     def close(self, message: str | None = None, *, done: int | None = None) -> None:
         """End the progress, with a last message (and how many units were finished)."""
@@ -161,22 +140,25 @@ class Reporter:
 
 class LineReporter(Reporter):
     """Plain lines ``<label>: <message> ... <elapsed> s`` on ``stream`` (default: ``sys.stderr``
-    at the time of writing), flushed: the first at once, then at most one every
-    ``min_interval_s`` (a newer message waits until then), the current message again after
-    ``heartbeat_s`` without news, and the ``close`` message always.
+    at the time of writing): the first at once, then at most one every ``min_interval_s`` (a
+    newer message waits), the current one again after ``heartbeat_s`` without news, and the
+    ``close`` message always.
 
     Example:
         >>> import io
-        >>> clock = iter([0.0, 1.0, 40.0, 41.0]).__next__
+        >>> clock = iter([0.0, 2.0, 7.0, 40.0, 41.0]).__next__
         >>> out = io.StringIO()
         >>> lines = LineReporter("Fit", stream=out, heartbeat_s=30.0, clock=clock)
-        >>> lines.update("update 3 of 8", done=3)
-        >>> lines.tick()  # 1 s: nothing new, nothing written
+        >>> lines.update("loading")  # the first line is written at once
+        >>> lines.update("update 3 of 8", done=3)  # 2 s: kept until the interval has passed
+        >>> lines.tick()  # 7 s: the pending message is written
         >>> lines.tick()  # 40 s: a heartbeat
-        >>> lines.close()  # no message: nothing more
+        >>> lines.close("done")
         >>> print(out.getvalue(), end="")
-        Fit: update 3 of 8 ... 0 s
+        Fit: loading ... 0 s
+        Fit: update 3 of 8 ... 7 s
         Fit: update 3 of 8 ... 40 s
+        Fit: done ... 41 s
     """
 
     def __init__(
@@ -239,18 +221,15 @@ class LineReporter(Reporter):
         assert self._start is not None
         self._written_at, self._pending = now, False
         stream = self.stream if self.stream is not None else sys.stderr
-        try:
+        with contextlib.suppress(OSError, ValueError):  # progress is optional
             stream.write(f"{self.label}: {self._current} ... {now - self._start:.0f} s\n")
             stream.flush()
-        except (OSError, ValueError):  # a closed stream or a broken pipe: progress is optional
-            pass
 
 
 class BarReporter(Reporter):
     """A ``tqdm`` bar of ``total`` units set as Lightning's ``TQDMProgressBar`` sets its main
-    bar: on ``file`` (default: ``sys.stdout``), ``dynamic_ncols``, ``leave``, no smoothing, at
-    ``position``; the message is its postfix; with ``rate``, Lightning's format (time left and
-    units per second), else :data:`BAR_FORMAT`. ``ModuleNotFoundError`` without ``tqdm``.
+    bar, on ``file`` (default: ``sys.stdout``); the message is its postfix; with ``rate``,
+    :data:`RATE_BAR_FORMAT`, else :data:`BAR_FORMAT`. ``ModuleNotFoundError`` without ``tqdm``.
 
     Example:
         >>> import io
@@ -300,37 +279,32 @@ class BarReporter(Reporter):
     def update(self, message: str, *, done: int | None = None) -> None:
         if self._closed:
             return
-        text = clean(message)
-        if text == self._message and done is not None and done >= self._bar.n:
+        if clean(message) == self._message and done is not None and done >= self._bar.n:
             # Only the count moved: tqdm's own update redraws at most every 0.1 s.
             with contextlib.suppress(OSError, ValueError):
                 self._bar.update(min(done, self._bar.total) - self._bar.n)
             return
-        if done is not None:
-            self._bar.n = min(max(done, 0), self._bar.total)
-        self._message = text
-        self._bar.set_postfix_str(text, refresh=False)
-        self._refresh()
+        self._draw(message, done)
 
     def tick(self) -> None:
         if not self._closed:
-            self._refresh()  # the elapsed time moves on
+            self._draw(None, None)  # the elapsed time moves on
 
     def close(self, message: str | None = None, *, done: int | None = None) -> None:
         if self._closed:
             return
+        if message is not None or done is not None:
+            self._draw(message, done)  # the last state, whatever tqdm's own pace skipped
+        self._closed = True
+        with contextlib.suppress(OSError, ValueError):
+            self._bar.close()
+
+    def _draw(self, message: str | None, done: int | None) -> None:
         if done is not None:
             self._bar.n = min(max(done, 0), self._bar.total)
         if message is not None:
             self._message = clean(message)
             self._bar.set_postfix_str(self._message, refresh=False)
-        if message is not None or done is not None:
-            self._refresh()  # the last state drawn, whatever tqdm's own pace skipped
-        self._closed = True
-        with contextlib.suppress(OSError, ValueError):  # a closed stream: progress is optional
-            self._bar.close()
-
-    def _refresh(self) -> None:
         with contextlib.suppress(OSError, ValueError):  # a closed stream: progress is optional
             self._bar.refresh()
 
@@ -344,17 +318,11 @@ def choose_reporter(
     position: int = 0,
     stream: TextIO | None = None,
 ) -> Reporter:
-    """The progress for work done around a Trainer, by Lightning's conventions:
-
-    - not on global rank 0: nothing (:class:`Reporter`);
-    - the Trainer shows a ``tqdm`` bar (``trainer_bar="tqdm"``): a :class:`BarReporter` of
-      ``total`` units at ``position`` on ``sys.stdout``, like Lightning's (plain lines when
-      ``tqdm`` is missing);
-    - it shows another bar (``"other"``, a ``RichProgressBar``): plain lines on ``stream``
-      (default ``sys.stderr``);
-    - it shows none (``None``: no bar or ``enable_progress_bar=False``): plain lines when
-      ``stream`` is a terminal, nothing otherwise (a log file or a test stays as quiet as the
-      Trainer).
+    """The progress for work done around a Trainer: nothing off global rank 0; a
+    :class:`BarReporter` of ``total`` units at ``position`` where the Trainer shows a ``tqdm``
+    bar (``trainer_bar="tqdm"``; lines without ``tqdm``); plain lines on ``stream`` (default
+    ``sys.stderr``) where it shows another bar (``"other"``), or none (``None``) but ``stream``
+    is a terminal; else nothing.
 
     Example:
         >>> import io
@@ -369,8 +337,7 @@ def choose_reporter(
     """
     owner = "choose_reporter"
     validate.boolean(owner, "global_zero", global_zero)
-    if trainer_bar is not None:
-        validate.choice(owner, "trainer_bar", trainer_bar, ("tqdm", "other"), optional=True)
+    validate.choice(owner, "trainer_bar", trainer_bar, ("tqdm", "other"), optional=True)
     if not global_zero:
         return Reporter()
     if trainer_bar == "tqdm" and tqdm_available():

@@ -1,11 +1,6 @@
-"""One storage counter for every memory count by storage: the live and peak bytes of the
-storages tensors use, each storage counted once (views share it) from the first tensor counted
-on it until it is freed.
-
-:class:`~lightning_pilot.core.memory.TensorTracker` counts the real tensors of a fit with it,
-:class:`~lightning_pilot.estimate.recorder.Recorder` the fake tensors of the estimate's trace:
-both subclass :class:`StorageCounter`, so the trace and the tracker count the same bytes.
-"""
+"""The one storage counter: :class:`~lightning_pilot.core.memory.TensorTracker` (real tensors)
+and :class:`~lightning_pilot.estimate.recorder.Recorder` (the estimate's fake tensors) subclass
+:class:`StorageCounter`, so the trace and the tracker count the same bytes."""
 
 from __future__ import annotations
 
@@ -23,16 +18,12 @@ __all__ = ["StorageCounter"]
 class StorageCounter:
     """Live and peak bytes of the storages behind the tensors given to :meth:`count`.
 
-    A storage counts once, keyed by its identity, from the first tensor counted on it until the
-    storage is freed (a weak reference to it takes its bytes off). ``round_to`` rounds each
-    storage up to a multiple of that many bytes, as an allocator hands out blocks (CUDA's
-    caching allocator: 512); a storage of zero bytes stays zero. ``peak_bytes`` is the most
-    ever live at once since the last :meth:`reset_peak`. With ``snapshots``,
-    :meth:`peak_storages` also tells which storages were live at that peak (the live table is
-    copied at the first free after each new peak).
-
-    Subclasses add how tensors reach :meth:`count` (a dispatch mode counts every tensor an
-    operator touches) and may override :meth:`_peaked`, called at each new peak.
+    A storage counts once (views share it) from the first tensor counted on it until it is
+    freed (a weak reference takes its bytes off). ``round_to`` rounds each storage up to a
+    multiple of that many bytes, as an allocator's blocks (CUDA's: 512). ``peak_bytes`` is the
+    most live at once since :meth:`reset_peak`; with ``snapshots``, :meth:`peak_storages` tells
+    which storages were live then. Subclasses feed :meth:`count` and may override
+    :meth:`_peaked`, called at each new peak.
 
     Example:
         >>> import torch
@@ -62,18 +53,15 @@ class StorageCounter:
         self.live: dict[int, tuple[int, int]] = {}
         self.current_bytes = 0
         self.peak_bytes = 0
-        # The weak references whose callbacks free the storages (kept alive here).
-        self._refs: dict[int, weakref.ref[Any]] = {}
+        self._refs: dict[int, weakref.ref[Any]] = {}  # their callbacks free the storages
         self._self_ref = weakref.ref(self)
         self._serial = 0
         self._snapshot: dict[int, tuple[int, int]] | None = None
-        # A new peak was reached since the last snapshot (only ever true with snapshots).
-        self._dirty = False
+        self._dirty = False  # a new peak since the last snapshot (only with snapshots)
 
     def count(self, tensor: torch.Tensor) -> int | None:
-        """Count ``tensor``'s storage (once); return its serial number (1, 2, ... in the order
-        storages are first counted), or ``None`` for a tensor without a plain storage (sparse,
-        nested)."""
+        """Count ``tensor``'s storage (once); its serial number (1, 2, ... in order first
+        counted), or ``None`` without a plain storage (sparse, nested)."""
         try:
             storage = tensor.untyped_storage()
         except (RuntimeError, NotImplementedError):
@@ -82,10 +70,7 @@ class StorageCounter:
         known = self.live.get(key)
         if known is not None:
             return known[0]
-        nbytes = int(storage.nbytes())
-        step = self.round_to
-        if step > 1:
-            nbytes = -(-nbytes // step) * step
+        nbytes = -(-int(storage.nbytes()) // self.round_to) * self.round_to
         self._serial += 1
         self.live[key] = (self._serial, nbytes)
         self._refs[key] = weakref.ref(storage, self._freer(key))
@@ -97,11 +82,10 @@ class StorageCounter:
         return self._serial
 
     def _peaked(self) -> None:
-        """Called at each new peak, right after ``peak_bytes`` rose (subclasses mark where)."""
+        """Called at each new peak, right after ``peak_bytes`` rose."""
 
     def _freer(self, key: int) -> Callable[[Any], None]:
-        # A plain closure over a weak reference (not a bound method): a storage outliving the
-        # counter keeps no counter alive.
+        # Not a bound method: a storage outliving the counter keeps no counter alive.
         counter = self._self_ref
 
         def free(_: Any) -> None:
@@ -129,8 +113,7 @@ class StorageCounter:
         return {serial for serial, _ in self.live.values()}
 
     def peak_storages(self) -> dict[int, tuple[int, int]]:
-        """``id(storage) -> (serial, bytes)`` of the storages live at the peak (with
-        ``snapshots``)."""
+        """``id(storage) -> (serial, bytes)`` of the storages live at the peak."""
         if not self.snapshots:
             raise ValueError(
                 f"{type(self).__name__}.peak_storages() needs the peak's storages kept: create"
