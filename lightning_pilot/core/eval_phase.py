@@ -1,19 +1,5 @@
-"""One validation, test or predict loop as a phase: what its batches showed (samples, largest
-batch and sequence, modules left in training mode, gradients enabled), the samples expected
-from its loaders, and its checks. The checks: docs/phase-table.md.
-
-Example:
-    >>> import torch
-    >>> from lightning_pilot.core.batches import BatchAdapter
-    >>> from lightning_pilot.core.eval_phase import EvalLoop
-    >>> model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Dropout()).eval()
-    >>> loop = EvalLoop("validation")
-    >>> for size in (4, 4, 2):
-    ...     loop.add_batch(BatchAdapter().view(torch.ones(size, 3)), model.named_modules(),
-    ...                    grad_enabled=False)
-    >>> [(r.name, r.verdict) for r in loop.results(expected=10, why_unknown="")]
-    [('eval_mode', 'pass'), ('no_grad', 'pass'), ('outputs_complete', 'pass')]
-"""
+"""One validation, test or predict loop as a phase: what its batches showed, the samples expected
+from its loaders, and its checks (docs/phase-table.md)."""
 
 from __future__ import annotations
 
@@ -31,7 +17,19 @@ from lightning_pilot.core.phases import Occurrence
 
 @dataclass
 class EvalLoop:
-    """What the batches of one evaluation loop showed (``measured=False``: not looked at)."""
+    """What the batches of one evaluation loop showed (``measured=False``: not looked at):
+    samples, largest batch and sequence, modules left in training mode, gradients enabled.
+
+    Example:
+        >>> from lightning_pilot.core.batches import BatchAdapter
+        >>> model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Dropout()).eval()
+        >>> loop = EvalLoop("validation")
+        >>> for size in (4, 4, 2):
+        ...     loop.add_batch(BatchAdapter().view(torch.ones(size, 3)), model.named_modules(),
+        ...                    grad_enabled=False)
+        >>> [(r.name, r.verdict) for r in loop.results(expected=10, why_unknown="")]
+        [('eval_mode', 'pass'), ('no_grad', 'pass'), ('outputs_complete', 'pass')]
+    """
 
     phase: str
     measured: bool = True
@@ -48,28 +46,24 @@ class EvalLoop:
         *,
         grad_enabled: bool,
     ) -> None:
-        """One batch (``view``), the module's submodules as it ran, and whether gradients were
-        enabled."""
+        """One batch, the module's submodules as it ran, and whether gradients were enabled."""
         self.samples += view.batch_size or 0
         if view.seq_len is not None:
             self.seq_len = max(view.seq_len, self.seq_len or view.seq_len)
         if view.batch_size is not None:
             self.batch_size = max(view.batch_size, self.batch_size or view.batch_size)
         for name, module in named_modules:
-            if module.training:  # kept with its module: the check tells dropout from containers
+            if module.training:  # with its module: the check tells dropout from containers
                 self.training.setdefault(name or "<root>", module)
         self.grad = self.grad or grad_enabled
 
     def results(self, expected: int | None, why_unknown: str) -> list[checks.CheckResult]:
         """The loop's checks: eval mode and no gradients (not for predict), and the samples
         seen against ``expected`` (``None``: unknown, ``why_unknown``)."""
-        results = (
-            checks.check_eval_mode(list(self.training.items()), self.grad, self.phase)
-            if self.phase != "predict"
-            else []
-        )
-        results.append(checks.check_sample_count(self.samples, expected, why_unknown))
-        return results
+        results: list[checks.CheckResult] = []
+        if self.phase != "predict":
+            results = checks.check_eval_mode(list(self.training.items()), self.grad, self.phase)
+        return [*results, checks.check_sample_count(self.samples, expected, why_unknown)]
 
     def finish(
         self, occurrence: Occurrence | None, expected: int | None, why_unknown: str
@@ -85,20 +79,10 @@ def limit_name(phase: str) -> str:
     return "limit_val_batches" if phase == "validation" else f"limit_{phase}_batches"
 
 
-def _loaders(value: Any) -> list[Any]:
-    if value is None:
-        return []
-    if isinstance(value, Mapping):
-        return list(value.values())
-    if isinstance(value, list | tuple):
-        return list(value)
-    return [value]
-
-
 def expected_samples(phase: str, loaders: Any, limit: int | float) -> tuple[int | None, str]:
-    """The samples an evaluation of ``phase`` over ``loaders`` (one, a sequence or a mapping)
-    sees with the batch ``limit`` (:func:`limit_name`), per rank; ``None`` and why when that is
-    unknown (a loader without a sized sampler) or partial by design.
+    """The samples per rank an evaluation of ``phase`` over ``loaders`` (one, a sequence or a
+    mapping) sees with the batch ``limit`` (:func:`limit_name`); ``None`` and why when unknown
+    or partial by design.
 
     Example:
         >>> from torch.utils.data import DataLoader
@@ -108,18 +92,19 @@ def expected_samples(phase: str, loaders: Any, limit: int | float) -> tuple[int 
         >>> expected_samples("validation", loader, 2)
         (None, 'limit_val_batches=2 evaluates part of the data by design')
     """
-    name = limit_name(phase)
+    if isinstance(loaders, Mapping):
+        loaders = list(loaders.values())
+    elif not isinstance(loaders, list | tuple):
+        loaders = [] if loaders is None else [loaders]
     total = 0
-    for loader in _loaders(loaders):
+    for loader in loaders:
         sampler = getattr(getattr(loader, "batch_sampler", None), "sampler", None)
         if not (isinstance(loader, DataLoader) and isinstance(sampler, Sized)):
             return None, f"the {phase} loader has no sized sampler"
-        # An int limit is a number of batches and a float a fraction (the Trainer's reading):
-        # ``1`` is one batch, ``1.0`` is everything.
-        partial = (isinstance(limit, float) and limit < 1.0) or (
+        # As the Trainer reads it: an int is a number of batches, a float a fraction.
+        if (isinstance(limit, float) and limit < 1.0) or (
             isinstance(limit, int) and limit < len(loader)
-        )
-        if partial:
-            return None, f"{name}={limit} evaluates part of the data by design"
+        ):
+            return None, f"{limit_name(phase)}={limit} evaluates part of the data by design"
         total += len(sampler)  # per rank under a DistributedSampler
     return total, ""

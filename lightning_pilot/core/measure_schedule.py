@@ -1,17 +1,4 @@
-"""Which updates of a fit are measured, and how the others are counted.
-
-The phase table (docs/phase-table.md) measures the first ``pilot_updates`` updates of each fit
-fully, then one update in ``sample_every``; the CPU tensor tracker runs in the first
-``memory_updates`` of them only, so that later measured updates give clean durations. The
-updates in between are not measured: their phases are counted in bulk by :class:`QuietCounts`.
-
-Example:
-    >>> from lightning_pilot.core.measure_schedule import MeasureSchedule
-    >>> schedule = MeasureSchedule(pilot_updates=3, sample_every=4, memory_updates=2)
-    >>> schedule.start(0)
-    >>> [step for step in range(12) if schedule.next_measured(step) == step]
-    [0, 1, 2, 6, 10]
-"""
+"""Which updates of a fit are measured (docs/phase-table.md), and the others counted in bulk."""
 
 from __future__ import annotations
 
@@ -23,15 +10,16 @@ from lightning_pilot.core.phases import PhaseAggregator
 
 
 class MeasureSchedule:
-    """The measured updates of one fit: the pilot window (the first ``pilot_updates`` updates
-    from the step the fit starts or resumes at), then one in ``sample_every`` (0: none), the
-    first ``memory_updates`` tracked for memory; and the evaluations measured.
-
-    Steps are ``global_step`` values: the update that starts at ``step``. Several optimizers
-    stepping in one batch move ``global_step`` by more than one, so an update counts as measured
-    when it starts at or past the next measured step (:attr:`due`).
+    """The measured updates of one fit: the first ``pilot_updates`` from the step the fit starts
+    or resumes at, then one in ``sample_every`` (0: none); the first ``memory_updates`` run the
+    CPU tensor tracker (later ones give clean durations). Several optimizers may move
+    ``global_step`` by more than one per batch: an update is measured when it starts at or past
+    :attr:`due`.
 
     Example:
+        >>> schedule = MeasureSchedule(pilot_updates=3, sample_every=4, memory_updates=2)
+        >>> [step for step in range(12) if schedule.next_measured(step) == step]
+        [0, 1, 2, 6, 10]
         >>> schedule = MeasureSchedule(pilot_updates=2, sample_every=3, memory_updates=1)
         >>> schedule.start(10)  # a fit resumed at step 10
         >>> [(s, schedule.restart(s, fitting=True), schedule.tracking) for s in (10, 11)]
@@ -49,10 +37,9 @@ class MeasureSchedule:
         self.sample_every = sample_every
         self.memory_updates = memory_updates
         self.start_step = 0
-        #: The first step whose update is measured: an update starting at or past it is.
+        #: The first step whose update is measured.
         self.due: float = 0
-        #: Below this step every update is unmeasured and the pilot window is over: a batch end
-        #: then only counts (-1: look at every batch end).
+        #: Below this step a batch end only counts (-1: look at every batch end).
         self.quiet_until: float = -1
         self.window_done = False
         self.measuring = False
@@ -72,16 +59,16 @@ class MeasureSchedule:
         return step + (-(done - self.pilot_updates + 1)) % self.sample_every
 
     def restart(self, step: int, *, fitting: bool) -> bool:
-        """An update starts at ``step``: whether it is measured (only while ``fitting``);
-        :attr:`tracking` says whether the CPU tensor tracker runs in it."""
+        """An update starts at ``step``: whether it is measured (only while ``fitting``), and
+        :attr:`tracking` whether the CPU tensor tracker runs in it."""
         self.tracking = step - self.start_step < self.memory_updates
         self.measuring = fitting and step >= self.due
         self.quiet_until = self.due if self.window_done and not self.measuring else -1
         return self.measuring
 
     def update_ended(self, step: int) -> bool:
-        """An update ended with ``global_step`` at ``step``: the next measured step is found
-        (after a measured update); ``True`` when this update closes the pilot window."""
+        """An update ended with ``global_step`` at ``step``; ``True`` when it closes the pilot
+        window."""
         if self.measuring:
             self.due = self.next_measured(step)
         if self.window_done or step - self.start_step < self.pilot_updates:
@@ -97,8 +84,8 @@ class MeasureSchedule:
 
 @dataclass
 class QuietCounts:
-    """The phases of the training steps between measured updates, counted in bulk (one
-    addition per batch end) and folded into the phase rows with :meth:`fold_into`.
+    """The phases of the training steps between measured updates, counted in bulk and folded
+    into the phase rows with :meth:`fold_into`.
 
     Example:
         >>> from lightning_pilot.core.phases import PhaseAggregator
@@ -118,10 +105,9 @@ class QuietCounts:
     optimizer_steps: int = 0
     step_first: int | None = None
     step_last: int | None = None
-    #: ``global_step`` when the current batch started (it moves when an update ends).
+    #: ``global_step`` when the current batch started.
     step_now: int = 0
-    #: The module's ``automatic_optimization``: under manual optimisation the backward passes
-    #: are counted as they happen (``backward += 1``), not at the batch end.
+    #: The module's ``automatic_optimization`` (if not, backward passes are counted as they run).
     automatic: bool = True
 
     def micro_batch(self, step: int) -> None:
@@ -132,11 +118,9 @@ class QuietCounts:
         self.step_last = step
 
     def batch_end(self, outputs: Any, step: int) -> None:
-        """Count an unmeasured micro-batch at its end, ``global_step`` now at ``step``.
-
-        ``outputs`` are what the training step returned as the Trainer hands them to the batch
-        end: ``None`` without a forward (a skipped batch), empty without a backward. Optimizer
-        steps are the moves of ``global_step``."""
+        """Count an unmeasured micro-batch at its end, ``global_step`` now at ``step``;
+        ``outputs`` (as the batch end gets them): ``None`` for a skipped batch, empty without a
+        backward."""
         automatic = self.automatic
         if outputs is not None or not automatic:
             self.micro_batch(self.step_now)

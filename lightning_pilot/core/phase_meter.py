@@ -1,24 +1,5 @@
-"""The clock and memory counter of the phase being measured, one phase at a time.
-
-:class:`PhaseMeter` chooses the memory counter of the device (CUDA, ``torch.accelerator``, the
-CPU :class:`~lightning_pilot.core.memory.TensorTracker`, or none with the reason), times a
-phase with the device synchronised, and returns its measurements as an
-:class:`~lightning_pilot.core.phases.Occurrence`: memory, the bytes of parameters, gradients,
-optimizer state and buffers, the host's memory and the batch's shapes. The columns:
-docs/phase-table.md.
-
-Example:
-    >>> import torch
-    >>> from lightning_pilot.core.phase_meter import PhaseMeter
-    >>> meter = PhaseMeter(torch.nn.Linear(4, 2))
-    >>> meter.begin("forward")
-    >>> _ = meter.require_module()(torch.ones(8, 4))
-    >>> occurrence = meter.end("forward", step=0)
-    >>> meter.stop_tracker()
-    >>> # the peak: weights and bias (40 bytes), the input (128) and the output (64)
-    >>> occurrence.values["param_bytes"], occurrence.values["peak_allocated_bytes"]
-    (40, 232)
-"""
+"""The clock and memory counter of the phase being measured, one phase at a time; the columns:
+docs/phase-table.md."""
 
 from __future__ import annotations
 
@@ -44,7 +25,7 @@ from lightning_pilot.core.memory import (
 )
 from lightning_pilot.core.phases import Occurrence
 
-#: The note of a phase timed without its memory counted (CPU tracker off for it).
+#: The note of a phase timed without its memory counted.
 UNTRACKED_NOTE = (
     "allocated bytes not measured here: the CPU tensor tracker runs in the first updates and"
     " evaluations only, not during data fetching or checkpoint (de)serialisation; see"
@@ -53,16 +34,14 @@ UNTRACKED_NOTE = (
 
 
 class _Open(NamedTuple):
-    """The phase being measured: since when, and whether its memory is counted."""
-
     phase: str
     started: float
     tracked: bool
 
 
 def compiled_counter(compiled: list[str]) -> NoCounter:
-    """No memory counter for a CPU fit with compiled code: the tensor tracker, a dispatch mode,
-    would keep dynamo from compiling the user's training step.
+    """No memory counter for a CPU fit with compiled code (the tensor tracker would keep dynamo
+    from compiling).
 
     Example:
         >>> compiled_counter(["MyModel.forward"]).note  # doctest: +ELLIPSIS
@@ -75,8 +54,7 @@ def compiled_counter(compiled: list[str]) -> NoCounter:
 
 
 def input_shapes(view: BatchView) -> str | None:
-    """The shapes of a batch's inputs, targets and attention mask, as the phase table shows
-    them (``None``: no tensor among them).
+    """The shapes of a batch's inputs, targets and attention mask (``None``: no tensor).
 
     Example:
         >>> from lightning_pilot.core.batches import BatchAdapter
@@ -93,30 +71,31 @@ def input_shapes(view: BatchView) -> str | None:
 
 
 class PhaseMeter:
-    """Measures the phases of one module and its optimizers on ``root_device``, one at a time.
+    """Measures the phases of ``module`` (``None``: set :attr:`module` before measuring) and
+    its optimizers on ``root_device``, one at a time, each into an
+    :class:`~lightning_pilot.core.phases.Occurrence`.
 
-    The counter is chosen on first use (:meth:`ensure_counter`); :attr:`device` then names the
-    device as the phase table shows it, and :attr:`synchronized` says whether durations waited
-    for the device. On CPU the tensor tracker counts memory (``track_cpu``), unless the module
-    holds compiled code (``torch.compile`` would not compile under it). The tracker, a dispatch
-    mode, runs from :meth:`begin` of a tracked phase until :meth:`stop_tracker`, which the caller
-    calls within the span where it began.
-
-    Args:
-        module: the module measured (``None``: set :attr:`module` before measuring).
-        root_device: the device the module is placed on for the fit.
-        track_cpu: use the tensor tracker on CPU (``False``: CPU memory columns null).
+    The memory counter is chosen on first use (:meth:`ensure_counter`); :attr:`device` then names
+    the device and :attr:`synchronized` says whether durations waited for it. On CPU the tensor
+    tracker counts memory (unless ``track_cpu=False``, or the module holds compiled code), from
+    :meth:`begin` of a tracked phase until :meth:`stop_tracker`, called within the same span.
 
     Example:
         >>> import torch
-        >>> model = torch.nn.Linear(4, 2)
-        >>> meter = PhaseMeter(model, track_cpu=False)
+        >>> meter = PhaseMeter(torch.nn.Linear(4, 2))
         >>> meter.begin("forward")
-        >>> occurrence = meter.end("forward", step=3)
-        >>> occurrence.values["peak_allocated_bytes"] is None, meter.counter.note
-        (True, 'memory not measured: track_cpu=False')
-        >>> meter.end("forward", step=3) is None  # nothing open any more
+        >>> _ = meter.require_module()(torch.ones(8, 4))
+        >>> occurrence = meter.end("forward", step=0)
+        >>> meter.stop_tracker()
+        >>> # the peak: weights and bias (40 bytes), the input (128) and the output (64)
+        >>> occurrence.values["param_bytes"], occurrence.values["peak_allocated_bytes"]
+        (40, 232)
+        >>> meter.end("forward", step=0) is None  # nothing open any more
         True
+        >>> meter = PhaseMeter(torch.nn.Linear(4, 2), track_cpu=False)
+        >>> meter.begin("forward")
+        >>> meter.end("forward", step=3).values["peak_allocated_bytes"], meter.counter.note
+        (None, 'memory not measured: track_cpu=False')
     """
 
     def __init__(
@@ -138,7 +117,7 @@ class PhaseMeter:
         self._setup_started: float | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        # The memory counter (and the CPU tracker's weak references) is rebuilt on next use.
+        # The memory counter (the CPU tracker holds weak references) is rebuilt on next use.
         return self.__dict__ | {"counter": None, "tracker": None}
 
     def require_module(self) -> torch.nn.Module:
@@ -179,7 +158,6 @@ class PhaseMeter:
         return counter
 
     def _compiled(self) -> list[str]:
-        """The compiled code in the module (see :func:`compiled_code`)."""
         return compiled_code(self.require_module())
 
     def stop_tracker(self) -> None:
@@ -193,11 +171,10 @@ class PhaseMeter:
         counter = self.ensure_counter()
         self._open = None
         tracked = track or not isinstance(counter, TrackerCounter)
-        if tracked and self.tracker is not None and not self.tracker.active:
-            compiled = self._compiled()  # compiled since the counter was made
-            if compiled:
-                self.tracker = None
-                self.counter = counter = compiled_counter(compiled)
+        idle = tracked and self.tracker is not None and not self.tracker.active
+        if idle and (compiled := self._compiled()):  # compiled since the counter was made
+            self.tracker = None
+            self.counter = counter = compiled_counter(compiled)
         if tracked and self.tracker is not None and not self.tracker.active:
             self.tracker.start()
             # Tensors that exist already (weights, gradients, optimizer state) count from now.
@@ -231,8 +208,7 @@ class PhaseMeter:
         return Occurrence(phase, step, duration, self.synchronized, values, clean_timing=clean)
 
     def state_values(self) -> dict[str, Any]:
-        """The state's bytes (parameters, gradients, optimizer state, buffers) and the host's
-        resident and swapped memory, now."""
+        """The training state's bytes and the host's resident and swapped memory, now."""
         state = state_bytes(self.require_module(), self.optimizers)
         host = host_memory()
         return state.totals() | {
@@ -245,8 +221,8 @@ class PhaseMeter:
         self._setup_started = time.perf_counter()
 
     def end_setup(self, step: int) -> Occurrence | None:
-        """The setup phase, once (``None`` when not started, or already ended): its duration
-        and the memory the placed state holds, counted once by the tracker on CPU."""
+        """The setup phase, once (``None`` when not started or already ended): its duration and
+        the memory the placed state holds."""
         if self._setup_started is None:
             return None
         counter = self.ensure_counter()
@@ -256,8 +232,7 @@ class PhaseMeter:
         values = self.state_values()
         if isinstance(counter, AcceleratorCounter):
             values["end_allocated_bytes"] = counter.end().end_allocated_bytes
-        elif self.tracker is not None:
-            # The weights baseline: every state tensor, counted once, by the tracker.
+        elif self.tracker is not None:  # the weights baseline
             self.tracker.adopt(state_tensors(self.require_module(), self.optimizers))
             values["end_allocated_bytes"] = self.tracker.current_bytes
             values["device_capacity_bytes"] = host_memory().total_bytes

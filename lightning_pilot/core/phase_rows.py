@@ -1,17 +1,6 @@
-"""The rows PhaseMemoryMonitor writes, assembled without a Trainer: the phase rows of a fit in
-the making (:class:`PhaseRows`), the checks of the setup, checkpoint and export phases, and the
-rows of ``model.parquet`` and ``placement.parquet``. The columns and checks: docs/phase-table.md.
-
-Example:
-    >>> from lightning_pilot.core.phases import Occurrence
-    >>> from lightning_pilot.core.phase_rows import PhaseRows
-    >>> rows = PhaseRows()
-    >>> rows.count("checkpoint_save", 4)
-    >>> occurrence = Occurrence("checkpoint_save", 4, duration_s=0.25)
-    >>> rows.add(occurrence, checkpoint_file(occurrence, "/nowhere/last.ckpt"))
-    >>> [(r["phase"], r["verdict"], r["reason"]) for r in rows.rows(device="cpu")]
-    [('checkpoint_save', 'fail', 'checkpoint_file: no file with bytes at /nowhere/last.ckpt. If the check fails: free memory or disk before saving, or save less state')]
-"""  # noqa: E501
+"""The rows PhaseMemoryMonitor writes, assembled without a Trainer: the phase rows, the checks of
+the setup, checkpoint and export phases, and the rows of ``model.parquet`` and
+``placement.parquet`` (docs/phase-table.md)."""
 
 from __future__ import annotations
 
@@ -32,14 +21,12 @@ from lightning_pilot.core.phases import Occurrence, PhaseAggregator
 class PhaseRows:
     """The phase rows of one fit in the making: occurrences folded by a
     :class:`~lightning_pilot.core.phases.PhaseAggregator`, the unmeasured updates' counts
-    (:attr:`quiet`) and the checks judged over the measured updates (:attr:`evidence`).
-
-    With ``stop_on_fail`` (the monitor's ``on_fail="raise"``), :meth:`add`, :meth:`defer` and
-    :meth:`settle` return the message of a failed check, for the caller to stop the fit with;
-    they return ``None`` otherwise.
+    (:attr:`quiet`) and the checks judged over the measured updates (:attr:`evidence`). With
+    ``stop_on_fail``, :meth:`add`, :meth:`defer` and :meth:`settle` return the message of a
+    failed check (else ``None``).
 
     Example:
-        >>> from lightning_pilot.core.phases import CheckResult, Occurrence
+        >>> from lightning_pilot.core.phases import CheckResult
         >>> rows = PhaseRows(stop_on_fail=True)
         >>> rows.count("forward", 0)
         >>> rows.add(Occurrence("forward", 0, 0.1), [CheckResult("loss_finite", "pass")]) is None
@@ -81,20 +68,20 @@ class PhaseRows:
         return f"{occurrence.phase} failed at step {occurrence.step}: {named}"
 
     def defer(self, key: Key, names: Iterable[str]) -> str | None:
-        """Note ``names`` for the check ``key`` (phase, first row, check) of a measured
-        occurrence, judged over the measured updates; once settled, one never reached fails."""
+        """Note ``names`` for the check ``key`` of a measured occurrence (see
+        :meth:`GradientEvidence.defer`)."""
         self.evidence.defer(key, names)
         return self.evidence.failure() if self.evidence.settled and self.stop_on_fail else None
 
     def settle(self, *, may_fail: bool) -> str | None:
-        """The evidence is complete (the pilot window is over, or the fit ended): the deferred
-        checks join the rows from now on (and fail now when ``may_fail``)."""
+        """The evidence is complete: the deferred checks join the rows from now on (and fail now
+        when ``may_fail``)."""
         if self.evidence.settle() and may_fail and self.stop_on_fail:
             return self.evidence.failure()
         return None
 
     def fold_quiet(self) -> None:
-        """Fold the unmeasured updates counted so far into the rows (in occurrence order)."""
+        """Fold the unmeasured updates counted so far into the rows."""
         self.quiet.fold_into(self.aggregator)
 
     def rows(
@@ -104,8 +91,8 @@ class PhaseRows:
         precision: str | None = None,
         counter: MemoryCounter | None = None,
     ) -> list[dict[str, Any]]:
-        """The phase rows now, with the deferred checks once settled, the device, precision
-        and memory counter (whose note fills a row without notes)."""
+        """The phase rows now, with the deferred checks once settled, the device, precision and
+        memory counter (whose note fills a row without notes)."""
         self.fold_quiet()
         deferred = self.evidence.results() if self.evidence.settled else {}
         rows = []
@@ -123,8 +110,7 @@ class PhaseRows:
 
 
 def file_bytes(path: Any) -> int | None:
-    """The bytes of the file, or of every file under the folder, at ``path`` (``None``: no
-    file, folder or path there).
+    """The bytes of the file, or of the files under the folder, at ``path`` (else ``None``).
 
     Example:
         >>> import tempfile
@@ -146,7 +132,16 @@ def file_bytes(path: Any) -> int | None:
 
 def checkpoint_file(occurrence: Occurrence, path: Any) -> list[checks.CheckResult]:
     """The ``checkpoint_file`` check of a checkpoint save or load at ``path``, its size noted
-    as the occurrence's ``file_bytes``."""
+    as the occurrence's ``file_bytes``.
+
+    Example:
+        >>> rows = PhaseRows()
+        >>> rows.count("checkpoint_save", 4)
+        >>> occurrence = Occurrence("checkpoint_save", 4, duration_s=0.25)
+        >>> rows.add(occurrence, checkpoint_file(occurrence, "/nowhere/last.ckpt"))
+        >>> [(r["phase"], r["verdict"], r["reason"]) for r in rows.rows(device="cpu")]
+        [('checkpoint_save', 'fail', 'checkpoint_file: no file with bytes at /nowhere/last.ckpt. If the check fails: free memory or disk before saving, or save less state')]
+    """  # noqa: E501
     size = occurrence.values["file_bytes"] = file_bytes(path)
     if size:
         return [checks.CheckResult("checkpoint_file", "pass", f"{size} bytes")]
@@ -160,7 +155,6 @@ def export_written(
     size at ``path`` noted as the occurrence's ``file_bytes``.
 
     Example:
-        >>> from lightning_pilot.core.phases import Occurrence
         >>> export = Occurrence("export", 9)
         >>> export_written(export, None, "export raised ValueError: no head"), export.values
         ([CheckResult(name='export_written', verdict='fail', detail='export raised ValueError: no head')], {'file_bytes': None})
@@ -172,8 +166,7 @@ def export_written(
 def params_on_device(
     named_parameters: Iterable[tuple[str, torch.nn.Parameter]], device: torch.device
 ) -> checks.CheckResult:
-    """The setup's ``params_on_device``: every parameter on ``device`` (else a warning naming
-    up to 8 of them).
+    """The setup's ``params_on_device``: every parameter on ``device`` (else a warning).
 
     Example:
         >>> model = torch.nn.Linear(2, 2)
@@ -194,8 +187,7 @@ def model_row(
     precision: str | None,
     device: str,
 ) -> dict[str, Any]:
-    """The row of ``model.parquet``: class, parameter counts and bytes, optimizers (with the
-    first group's learning rate), precision and device.
+    """The row of ``model.parquet``: class, parameters, optimizers, precision and device.
 
     Example:
         >>> model = torch.nn.Linear(3, 2)
@@ -224,8 +216,7 @@ def model_row(
 def placement_rows(
     module: torch.nn.Module, optimizers: Iterable[torch.optim.Optimizer], moment: str
 ) -> list[dict[str, Any]]:
-    """The rows of ``placement.parquet`` at ``moment``: bytes per (device, kind) of the
-    training state, with the host's swap in use.
+    """The rows of ``placement.parquet`` at ``moment``: bytes per (device, kind), host swap.
 
     Example:
         >>> rows = placement_rows(torch.nn.Linear(3, 2), [], "fit_end")

@@ -1,14 +1,6 @@
 """The phase table's counters, the rule of a verdict and the aggregator that folds occurrences
-into rows, free of Lightning so that storage, callbacks and readers agree; the phase and
-verdict names come from :mod:`lightning_pilot.vocabulary`. See docs/phase-table.md.
-
-Example:
-    >>> from lightning_pilot.core.phases import PHASES, worst_verdict
-    >>> "optimizer_step" in PHASES
-    True
-    >>> worst_verdict(["pass", "warn", "not_checked"])
-    'warn'
-"""
+into rows (docs/phase-table.md); the phase and verdict names come from
+:mod:`lightning_pilot.vocabulary`."""
 
 from __future__ import annotations
 
@@ -93,7 +85,7 @@ ESSENTIAL: Final[dict[str, frozenset[str]]] = {
 
 def judge(phase: str, checks: Iterable[tuple[str, str, str]]) -> tuple[str, str | None]:
     """The verdict of a phase from its ``(name, verdict, detail)`` checks, and the reason
-    (``None`` when every check passed); the rule: docs/phase-table.md, "Verdicts and checks".
+    (``None`` when every check passed); docs/phase-table.md, "Verdicts and checks".
 
     Example:
         >>> verdict, reason = judge("forward", [("loss_finite", "fail", "loss is nan")])
@@ -161,7 +153,7 @@ class Occurrence:
 
 
 @dataclass
-class _Group:
+class _Group:  # the occurrences folded into one row
     occurrences: int = 0
     measured: int = 0
     step_first: int | None = None
@@ -190,8 +182,7 @@ class _Group:
             self.synchronized = occ.synchronized and self.synchronized is not False
         peak = occ.values.get("peak_allocated_bytes")
         best = self.values.get("peak_allocated_bytes")
-        if peak is not None and (best is None or peak >= best):
-            # The baseline that goes with the largest peak, so the two read together.
+        if peak is not None and (best is None or peak >= best):  # the largest peak's baseline
             self.values["baseline_allocated_bytes"] = occ.values.get("baseline_allocated_bytes")
         for column, value in occ.values.items():
             current = self.values.get(column)
@@ -207,7 +198,7 @@ class _Group:
                 self.checks[check.name] = check
 
     def row(self, phase: str, first: bool) -> dict[str, Any]:
-        # Median and maximum from occurrences the measurement did not slow down, when any.
+        # Median and maximum from the occurrences the measurement did not slow down, if any.
         durations = sorted(self.clean_durations or self.durations)
         checks = list(self.checks.values())
         verdict, reason = judge(phase, ((c.name, c.verdict, c.detail) for c in checks))
@@ -257,8 +248,8 @@ class PhaseAggregator:
     def count(
         self, phase: str, step: int | None, *, times: int = 1, step_first: int | None = None
     ) -> None:
-        """Count ``times`` occurrences (measured or not; no device work) up to ``step``, the
-        first of them at ``step_first`` (default ``step``); a phase's first is counted alone."""
+        """Count ``times`` occurrences (measured or not) up to ``step``, the first at
+        ``step_first`` (default ``step``); a phase's first is counted alone."""
         if phase not in PHASES:
             raise ValueError(f"phase={phase!r} is invalid; expected one of {PHASES}.")
         if times < 1:

@@ -1,32 +1,5 @@
-"""The phases of a measured update: data, forward, backward and optimizer step, with their
-checks, from the moments a training loop calls (batch start, before and after the backward,
-before and after the optimizer step). The checks: docs/phase-table.md.
-
-Example:
-    >>> import torch
-    >>> from lightning_pilot.core.batches import BatchAdapter
-    >>> from lightning_pilot.core.phase_meter import PhaseMeter
-    >>> from lightning_pilot.core.phase_rows import PhaseRows
-    >>> from lightning_pilot.core.training_step import TrainingStep
-    >>> model = torch.nn.Linear(3, 1)
-    >>> meter, rows = PhaseMeter(model, track_cpu=False), PhaseRows()
-    >>> optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    >>> meter.optimizers = [optimizer]
-    >>> step = TrainingStep(rows, meter)
-    >>> inputs, targets = torch.ones(4, 3), torch.zeros(4, 1)
-    >>> meter.begin("data", track=False)
-    >>> step.batch_start(0, BatchAdapter().view((inputs, targets)))
-    >>> loss = torch.nn.functional.mse_loss(model(inputs), targets)
-    >>> step.before_backward(0, loss)
-    >>> loss.backward()
-    >>> step.after_backward(0)
-    >>> step.before_optimizer_step(0, optimizer)
-    >>> optimizer.step()
-    >>> step.optimizer_stepped()
-    >>> step.judge_update(1)
-    >>> [(r["phase"], r["verdict"]) for r in rows.rows()]
-    [('data', 'pass'), ('forward', 'pass'), ('backward', 'pass'), ('optimizer_step', 'pass')]
-"""
+"""The phases of a measured update (data, forward, backward, optimizer step) and their checks
+(docs/phase-table.md), from the moments a training loop calls."""
 
 from __future__ import annotations
 
@@ -46,9 +19,8 @@ Fingerprint = dict[str, tuple[float, float]]
 
 
 def intended_trainable(module: torch.nn.Module) -> set[int]:
-    """``id`` of the parameters the module means to train: ``requires_grad``, or what a
-    LightningModule saved before an open ``toggle_optimizer`` switched them off (a private
-    attribute, read defensively).
+    """``id`` of the parameters the module means to train: ``requires_grad``, or switched off
+    by an open ``toggle_optimizer`` of a LightningModule (its private state, read defensively).
 
     Example:
         >>> model = torch.nn.Linear(2, 2)
@@ -66,8 +38,7 @@ def intended_trainable(module: torch.nn.Module) -> set[int]:
 
 
 def batch_sizes_agree(view: BatchView) -> list[checks.CheckResult]:
-    """The data phase's ``batch_sizes_agree``: the leading dimensions of the batch's inputs,
-    targets, attention mask and ids are equal.
+    """The data phase's ``batch_sizes_agree``: the batch's tensors have one leading dimension.
 
     Example:
         >>> from lightning_pilot.core.batches import BatchAdapter
@@ -112,8 +83,8 @@ class PendingUpdate:
         first: bool,
     ) -> PendingUpdate:
         """The update ``optimizer`` is about to make at ``step``: its parameters meant to move
-        (optimized and ``intended`` to train), their fingerprint (``before`` when taken already),
-        those with a zero gradient, a zero learning rate or no gradient.
+        (optimized and ``intended``), their fingerprint (``before`` when taken already), those
+        with a zero gradient, a zero learning rate or no gradient.
 
         Example:
             >>> model = torch.nn.Linear(2, 1)
@@ -149,11 +120,30 @@ class PendingUpdate:
 
 class TrainingStep:
     """The measured phases of the training loop's updates, counted and added to ``rows``,
-    measured by ``meter`` (the module and optimizers are the meter's).
+    measured by ``meter`` (the module and optimizers are the meter's). Each moment is one
+    method; ``track``: whether the CPU tensor tracker runs in the phase that starts. A method
+    returns the message of a failed check when ``rows`` stops on failures (else ``None``).
 
-    Each moment is one method; ``track`` says whether the CPU tensor tracker runs in the phase
-    that starts. A method returns the message of a failed check when ``rows`` stops on a failure
-    (``PhaseRows(stop_on_fail=True)``), before anything else is started; ``None`` otherwise.
+    Example:
+        >>> from lightning_pilot.core.batches import BatchAdapter
+        >>> model = torch.nn.Linear(3, 1)
+        >>> meter, rows = PhaseMeter(model, track_cpu=False), PhaseRows()
+        >>> optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        >>> meter.optimizers = [optimizer]
+        >>> step = TrainingStep(rows, meter)
+        >>> inputs, targets = torch.ones(4, 3), torch.zeros(4, 1)
+        >>> meter.begin("data", track=False)
+        >>> step.batch_start(0, BatchAdapter().view((inputs, targets)))
+        >>> loss = torch.nn.functional.mse_loss(model(inputs), targets)
+        >>> step.before_backward(0, loss)
+        >>> loss.backward()
+        >>> step.after_backward(0)
+        >>> step.before_optimizer_step(0, optimizer)
+        >>> optimizer.step()
+        >>> step.optimizer_stepped()
+        >>> step.judge_update(1)
+        >>> [(r["phase"], r["verdict"]) for r in rows.rows()]
+        [('data', 'pass'), ('forward', 'pass'), ('backward', 'pass'), ('optimizer_step', 'pass')]
     """
 
     def __init__(self, rows: PhaseRows, meter: PhaseMeter) -> None:
@@ -162,8 +152,7 @@ class TrainingStep:
         self.update: PendingUpdate | None = None
         self.view: BatchView | None = None
         self.intended: set[int] = set()
-        #: ids of the parameters meant to train at the fit's first backward: one frozen later
-        #: while still optimized stopped learning mid-fit (docs/phase-table.md).
+        #: ids of the parameters meant to train at the fit's first backward.
         self.trainable_at_start: set[int] | None = None
         self.backward_first = True
 
@@ -173,11 +162,9 @@ class TrainingStep:
         return self.rows.add(pending, results)
 
     def batch_start(self, step: int, view: BatchView, *, track: bool = True) -> str | None:
-        """A measured micro-batch starts (``view``: its batch): the data phase ends, the forward
-        begins."""
-        module = self.meter.require_module()
-        # Read before the training step can switch parameters off (see intended_trainable).
-        self.intended = intended_trainable(module)
+        """A measured micro-batch starts: the data phase ends, the forward begins."""
+        # Read before the training step can switch parameters off.
+        self.intended = intended_trainable(self.meter.require_module())
         self.rows.count("data", step)
         self.rows.count("forward", step)
         if failed := self.rows.add(self.meter.end("data", step, view), batch_sizes_agree(view)):
@@ -192,8 +179,7 @@ class TrainingStep:
         self.backward_first = not self.rows.has("backward")
         self.rows.count("backward", step)
         occurrence = self.meter.end("forward", step, self.view)
-        # The modes the forward ran in: the training step is over (automatic optimisation) or
-        # has computed this loss (manual), so what it switched to eval mode is seen.
+        # The modes the forward ran in (what the training step switched to eval mode is seen).
         intended = self.intended | intended_trainable(module)
         mode = checks.check_train_mode(module.named_modules(), intended)
         if failed := self.rows.add(occurrence, [*checks.check_loss(loss), mode]):
@@ -203,7 +189,7 @@ class TrainingStep:
 
     def after_backward(self, step: int) -> str | None:
         """The backward ends: its gradients are checked (``grads_reach_params`` over the
-        measured backwards, see :class:`~lightning_pilot.core.gradient_evidence.GradientEvidence`)."""  # noqa: E501
+        measured backwards)."""
         module = self.meter.require_module()
         occurrence = self.meter.end("backward", step, self.view)
         per_optimizer = [
@@ -232,14 +218,12 @@ class TrainingStep:
     ) -> str | None:
         """``optimizer`` is about to step: the optimizer step begins."""
         module = self.meter.require_module()
-        # Manual optimisation may step several optimizers in one batch (a GAN's discriminator,
-        # then its generator): the previous step is judged now, before this one moves anything.
+        # Several optimizers may step in one batch: the previous step is judged first.
         before, failed = self._judge(step)
         if failed:
             return failed
         first = not self.rows.has("optimizer_step")
         self.rows.count("optimizer_step", step)
-        # Meant to move: in this optimizer and intended to train (see intended_trainable).
         intended = self.intended | intended_trainable(module)
         named = module.named_parameters()
         self.update = PendingUpdate.of(step, optimizer, named, intended, before=before, first=first)
@@ -257,8 +241,7 @@ class TrainingStep:
         return self._judge(step_after)[1]
 
     def _judge(self, step_after: int) -> tuple[Fingerprint | None, str | None]:
-        """The fingerprint after the optimizer step waiting (``None``: none waits) and the
-        message of a failed check."""
+        """The fingerprint after the optimizer step waiting (``None``: none waits), a failure."""
         update, pending = self.update, self.pending
         if not (update and pending and pending.phase == "optimizer_step"):
             return None, None
