@@ -23,8 +23,7 @@ _SHA: Final = re.compile(r"[0-9a-f]{40}([0-9a-f]{24})?")
 
 
 def canonical_params_json(params: Mapping[str, Any] | None) -> str:
-    """The canonical JSON text of a parameter dict (checked by
-    :func:`~lightning_pilot.core.validate.mapping_of_scalars`): sorted keys, compact.
+    """The canonical JSON text of a parameter dict of scalars: sorted keys, compact.
 
     Example:
         >>> canonical_params_json({"lr": 1e-4, "layers": [2, 2], "name": "ctl"})
@@ -52,7 +51,7 @@ def variant_key(
     experiment: str, params: Mapping[str, Any] | None, setup: Mapping[str, Any] | None = None
 ) -> str:
     """Identity of a variant (16 hex digits): experiment, parameters and ``setup`` (the facts
-    that change the experiment; an unread ``None`` never matches a known one), not the seed."""
+    that change the experiment), not the seed."""
     return _digest(experiment, params, setup)
 
 
@@ -81,7 +80,7 @@ def _git_dir(start: Path) -> Path | None:
 
 def git_revision(start: str | os.PathLike[str] | None = None) -> str | None:
     """The commit checked out in the git repository holding ``start`` (default: the cwd), read
-    from ``.git`` without a ``git`` process; ``None`` outside a repository or on a read error."""
+    from ``.git``; ``None`` outside a repository or on a read error."""
     try:
         git = _git_dir(Path(start or os.getcwd()).resolve())
         if git is None:

@@ -1,8 +1,5 @@
-"""Run identifiers: time-sortable, unique across processes, safe as path components.
-
-A run id reads ``YYYYMMDDTHHMMSSmmmZ-<16 hex digits>``: the UTC creation time to the
-millisecond, then 64 random bits, so string order is creation order and ids made in the same
-millisecond by two processes still differ.
+"""Run ids, ``YYYYMMDDTHHMMSSmmmZ-<16 hex digits>``: the UTC creation time to the millisecond,
+then 64 random bits; time-sortable, unique across processes, safe as path components.
 
 Example:
     >>> validate_run_id(new_run_id(), "run_id")[8]
@@ -31,8 +28,8 @@ def new_run_id(now_ns: int | None = None) -> str:
 
 
 def validate_run_id(value: object, argument: str) -> str:
-    """Return ``value`` if it is a run id made by :func:`new_run_id`, else raise: ids read
-    back from files pass through here before they become part of a path."""
+    """``value`` if it is a run id made by :func:`new_run_id`, else raise (before an id read
+    back from a file becomes part of a path)."""
     if not isinstance(value, str):
         raise TypeError(f"{argument} must be a string run id, got {type(value).__name__}.")
     if not _RUN_ID.fullmatch(value):

@@ -1,15 +1,6 @@
-"""The run ledger's side that needs no Trainer: when to evaluate the divergence rules and write a
-heartbeat, the updates waiting to be read, how a run ended, and the facts and records written
-(docs/ledger.md). :class:`~lightning_pilot.callbacks.DivergenceLedger` reads the Trainer and
-writes; everything it decides or builds is here.
-
-Example:
-    >>> schedule = RecordSchedule(check_every=5, heartbeat=Heartbeat(updates=10))
-    >>> [step for step in range(1, 31) if schedule.evaluation_due(step)]
-    [5, 10, 15, 20, 25, 30]
-    >>> [step for step in (5, 10, 15, 20) if schedule.take_heartbeat(step)]
-    [10, 20]
-"""
+"""What :class:`~lightning_pilot.callbacks.DivergenceLedger` decides and builds without a
+Trainer: when to evaluate the rules and write a heartbeat, the updates waiting to be read, how a
+run ended, and the facts and records written (docs/ledger.md)."""
 
 from __future__ import annotations
 
@@ -65,7 +56,8 @@ MESSAGE_CHARS: Final = 2000
 @dataclass(frozen=True)
 class Heartbeat:
     """How often :class:`~lightning_pilot.callbacks.DivergenceLedger` writes a ``heartbeat``
-    record (at rule evaluations).
+    record (at rule evaluations): every ``seconds``, and every ``updates`` when given. Keep
+    ``seconds`` well below the ``stale_after`` of :class:`~lightning_pilot.Ledger` (30 min).
 
     Example:
         >>> Heartbeat(updates=50)
@@ -76,9 +68,8 @@ class Heartbeat:
         ValueError: Heartbeat(seconds=-1) is invalid: expected a finite number >= 0 (seconds).
     """
 
-    # Keep seconds well below the ``stale_after`` of :class:`~lightning_pilot.Ledger` (30 min).
-    seconds: float = 60.0  # seconds between heartbeats
-    updates: int | None = None  # also a heartbeat every this many updates (None: by time only)
+    seconds: float = 60.0
+    updates: int | None = None
 
     def __post_init__(self) -> None:
         seconds = validate.number("Heartbeat", "seconds", self.seconds, minimum=0, hint="seconds")
@@ -90,8 +81,7 @@ class Heartbeat:
 
 
 def derived_from_id(value: object) -> str | None:
-    """``DivergenceLedger(derived_from=)``: ``None`` or a run id
-    (:func:`~lightning_pilot.core.ids.new_run_id`).
+    """``DivergenceLedger(derived_from=)``: ``None`` or a run id.
 
     Example:
         >>> derived_from_id("20261130T092309763Z-a1fe91cb433ec8b4")
@@ -112,18 +102,17 @@ def derived_from_id(value: object) -> str | None:
 
 
 class RecordSchedule:
-    """When the rules are evaluated (every ``check_every`` updates, counted by distance: several
-    optimizers step ``global_step`` by more than one per batch) and when an evaluation writes a
+    """When the rules are evaluated (every ``check_every`` updates, by distance: several
+    optimizers move ``global_step`` by more than one per batch) and when an evaluation writes a
     heartbeat (``heartbeat.updates`` since the last one, or ``heartbeat.seconds`` since the last
     record of any kind, on ``clock``).
 
     Example:
-        >>> now = [100.0]
-        >>> schedule = RecordSchedule(1, Heartbeat(seconds=30), clock=lambda: now[0])
-        >>> now[0] = 120.0; schedule.take_heartbeat(1)
-        False
-        >>> now[0] = 131.0; schedule.take_heartbeat(2)
-        True
+        >>> schedule = RecordSchedule(check_every=5, heartbeat=Heartbeat(updates=10))
+        >>> [step for step in range(1, 31) if schedule.evaluation_due(step)]
+        [5, 10, 15, 20, 25, 30]
+        >>> [step for step in (5, 10, 15, 20) if schedule.take_heartbeat(step)]
+        [10, 20]
     """
 
     def __init__(
@@ -159,19 +148,17 @@ class RecordSchedule:
 
 
 class _Update(NamedTuple):
-    """One optimizer update not evaluated yet (its tensors still on the device)."""
-
     step: int
     losses: list[torch.Tensor]  # the micro-batch losses, divided by the factor
-    factor: int  # K: Lightning divided each micro-batch loss by it
+    factor: int
     lr: float | None
     norms: list[torch.Tensor]
 
 
 class PendingUpdates:
     """The optimizer updates not evaluated yet: each one's micro-batch losses (divided by the
-    accumulation factor, as Lightning hands them), learning rate and gradient norms, kept on the
-    device until :meth:`evaluate` reads them all in one host sync.
+    accumulation factor), learning rate and gradient norms, kept on the device until
+    :meth:`evaluate` reads them all in one host sync.
 
     Example:
         >>> pending = PendingUpdates()
@@ -188,20 +175,20 @@ class PendingUpdates:
 
     def __init__(self) -> None:
         self.updates: list[_Update] = []
-        self.overflow = False  # a non-finite gradient norm is a gradient scaler's overflow
+        self.overflow = False  # a non-finite gradient norm is a scaler's overflow
         self._micro: list[torch.Tensor] = []
         self._factor = 1
         self._grad_norms: list[torch.Tensor] = []
         self._lr: float | None = None
         self._last_step = 0
-        self._norm_at: float = 0  # the update whose gradient norm is read next (the first)
+        self._norm_at: float = 0  # the update whose gradient norm is read next
         self._norm_every = 1
 
     def start(
         self, step: int, *, overflow: bool, grad_norm_every: int, check_grad_norm: bool
     ) -> None:
-        """Count updates from ``step``; ``overflow``: under a gradient scaler, where the norm is
-        read at every update (each overflow is a skipped step worth recording)."""
+        """Count updates from ``step``; ``overflow``: under a gradient scaler (the norm is then
+        read at every update)."""
         self._last_step, self.overflow = step, overflow
         self._norm_every = 1 if overflow else grad_norm_every
         self._norm_at = 0 if check_grad_norm else math.inf
@@ -223,7 +210,7 @@ class PendingUpdates:
         self._grad_norms.append(norm)
 
     def add_loss(self, loss: torch.Tensor, *, factor: int) -> None:
-        """One micro-batch's loss, divided by ``factor`` (multiplied back when evaluated)."""
+        """One micro-batch's loss, divided by ``factor``."""
         self._factor = factor
         self._micro.append(loss.detach() if loss.requires_grad else loss)
 
@@ -243,8 +230,8 @@ class PendingUpdates:
         *,
         read: Callable[[list[torch.Tensor]], list[float]] = read_scalars,
     ) -> Iterator[DivergenceDecision]:
-        """Read the pending updates' losses and norms (one host sync, by ``read``), add each to
-        ``curves`` and apply the rules: ``detector``'s decision per update, in order."""
+        """Read the pending updates (one host sync, by ``read``), add each to ``curves`` and
+        yield ``detector``'s decision per update, in order."""
         updates, self.updates = self.updates, []
         if not updates:
             return
@@ -273,7 +260,7 @@ class Stop(NamedTuple):
 
     @classmethod
     def of(cls, decision: DivergenceDecision) -> Stop | None:
-        """The stop a decision makes (its cause, with the detail of that rule's event)."""
+        """The stop a decision makes, with the detail of that rule's event."""
         if decision.cause is None:
             return None
         found = (e.detail for e in decision.events if e.event == decision.cause)
@@ -281,7 +268,7 @@ class Stop(NamedTuple):
 
     @property
     def code(self) -> int:
-        """The cause as a number to reduce across ranks: higher for a higher priority."""
+        """The cause as a number to reduce across ranks (higher: a higher priority)."""
         return len(FATAL_CAUSES) - FATAL_CAUSES.index(self.cause)
 
     @classmethod
@@ -318,7 +305,7 @@ def normal_end(
     planned_updates: int | None,
 ) -> tuple[str, str, str | None]:
     """``(status, stop_cause, stop_detail)`` of a fit that returned normally; ``stopped_early``:
-    ``(reason, message)`` of each early-stopping callback that stopped it.
+    each early-stopping callback's ``(reason, message)``.
 
     Example:
         >>> normal_end(stop=None, action="stop", stopped_early=[], time_limit=False,
@@ -335,9 +322,8 @@ def normal_end(
     )
     detail = None
     if status == "diverged" and stop is not None:
-        detail = stop.detail + (
-            " (action='record': training went on)" if action == "record" else ""
-        )
+        went_on = " (action='record': training went on)" if action == "record" else ""
+        detail = stop.detail + went_on
     elif cause == "early_stopping":
         detail = "; ".join(f"{reason.lower()}: {message}" for reason, message in stopped_early)
     elif cause == "step_shortfall":
@@ -346,8 +332,8 @@ def normal_end(
 
 
 def failure_outcome(exception: BaseException, step: int, unread: str | None) -> dict[str, Any]:
-    """The outcome columns of the end record of a fit that raised ``exception`` at ``step``
-    (``unread``: why the last losses could not be read).
+    """The outcome columns of a fit that raised ``exception`` at ``step`` (``unread``: why the
+    last losses could not be read).
 
     Example:
         >>> failure_outcome(KeyboardInterrupt(), 12, None)["stop_cause"]
@@ -372,21 +358,15 @@ def unwritten_outcome(status: str, cause: str, step: int, error: OSError) -> dic
         >>> unwritten_outcome("completed", "max_steps", 9, OSError(28, "No space"))["status"]
         'failed'
     """
-    failed, failed_cause = exception_outcome(error)
-    return {
-        "status": failed,
-        "stop_cause": failed_cause,
-        "stop_step": step,
-        "stop_detail": f"training ended ({status}: {cause}) after {step} update(s); then the"
-        f" run's tables could not be written: {error}",
-        "exception_type": type(error).__name__,
-        "exception_message": str(error)[:MESSAGE_CHARS],
-    }
+    detail = (
+        f"training ended ({status}: {cause}) after {step} update(s); then the run's tables"
+        f" could not be written: {error}"
+    )
+    return failure_outcome(error, step, detail) | {"exception_message": str(error)[:MESSAGE_CHARS]}
 
 
 def failed_matches(rows: Iterable[Any], *, exclude: Iterable[str | None]) -> list[str]:
-    """Each failed or diverged run (a row with ``run_id``, ``status``, ``stop_cause`` and
-    ``stop_step``) not in ``exclude``, named for :func:`repeat_message`."""
+    """Each failed or diverged run row not in ``exclude``, named for :func:`repeat_message`."""
     left_out = set(exclude)
     return [
         f"{row.run_id} ({row.status}: {row.stop_cause} at step {row.stop_step})"
@@ -424,10 +404,9 @@ def run_facts(
     optimizer_lr: Callable[[], float | None],
     device_name: str,
 ) -> dict[str, Any]:
-    """The facts of a run's records: its setup, environment, keys, learning rate and plan
-    (``fields``: those other callbacks handed over, which win; ``estimate``: the Trainer's
-    estimated stepping batches, NaN when unknown; ``optimizer_lr``: read when ``params`` has
-    no numeric ``lr``).
+    """The facts of a run's records: setup, environment, keys, learning rate and plan
+    (``fields``: handed over by other callbacks, they win; ``estimate``: the Trainer's estimated
+    stepping batches, NaN when unknown; ``optimizer_lr``: read when ``params`` has no ``lr``).
 
     Example:
         >>> facts = run_facts(experiment="e", params={"lr": 0.1}, seed=0, fields={},
@@ -478,9 +457,9 @@ def ledger_record(
     mark: tuple[int, int, int] | None,
     outcome: Mapping[str, Any],
 ) -> dict[str, Any]:
-    """One ledger record: the run's facts, the fields other callbacks handed over (never one of
-    :data:`OWN_FIELDS`, never a null), the run's ``identity``, the ``event``, the curves (a
-    heartbeat after a ``mark``: only the points since) and the ``outcome`` columns.
+    """One ledger record: the run's facts, the fields other callbacks handed over (not in
+    :data:`OWN_FIELDS`, not null), ``identity``, ``event``, the curves (a heartbeat after a
+    ``mark``: only the points since) and the ``outcome`` columns.
 
     Example:
         >>> curves = Curves(); curves.add_train(1, 2.5, lr=0.1); mark = curves.mark()
@@ -499,8 +478,6 @@ def ledger_record(
         event=event,
         updates_done=updates_done,
         phase_table_uri=phase_table_uri,
-        # Heartbeats carry the points since the attempt's previous record; start and end the
-        # whole curves.
         curves_delta=heartbeat and mark is not None,
         **curves.as_record(since=mark if heartbeat else None),
     )

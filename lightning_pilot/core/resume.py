@@ -1,6 +1,5 @@
-"""Pure pieces of resume verification (RNG states, digests, plain values, trajectory
-comparison) on plain values, testable without a Trainer or a new process. See docs/resume.md.
-"""
+"""Pure pieces of resume verification: RNG states, digests, plain values, trajectory comparison
+(docs/resume.md)."""
 
 from __future__ import annotations
 
@@ -44,9 +43,7 @@ CONTENT_KEY_PREFIX: Final = "content:"
 
 
 def capture_rng() -> dict[str, Any]:
-    """The torch, CUDA, numpy and Python RNG states in weights-only-safe types (tensors, ints,
-    floats, strings, lists), so a checkpoint that carries them loads with ``weights_only=True``.
-    """
+    """The torch, CUDA, numpy and Python RNG states in types ``weights_only=True`` loads."""
     state: dict[str, Any] = {"torch": torch.get_rng_state()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
         state["cuda"] = list(torch.cuda.get_rng_state_all())
@@ -81,9 +78,8 @@ def restore_rng(state: Mapping[str, Any]) -> None:
 
 
 def rng_of_this_rank(state: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    """The RNG states a resumed process restores from a saved ``{"rng", "rng_by_rank"}``: this
-    rank's own under several processes, else ``rng``.
-    """
+    """The RNG states to restore from a saved ``{"rng", "rng_by_rank"}``: this rank's own under
+    several processes, else ``rng``."""
     by_rank = state.get("rng_by_rank")
     if isinstance(by_rank, list) and torch.distributed.is_initialized():
         rank = torch.distributed.get_rank()
@@ -128,10 +124,9 @@ def json_id(value: Any) -> ExampleId:
 
 
 def content_keys(inputs: Any) -> list[str] | None:
-    """One key per example from the bytes of its inputs, for batches that carry no ids (``None``
-    when the inputs are not a tensor with a batch dimension). ``inputs`` may also be a mapping
-    of such tensors (``BatchAdapter.example_inputs``: a caption and an image of one CLIP pair),
-    keyed by all of them together, so two pairs sharing a caption stay two examples.
+    """One key per example from the bytes of its inputs (a tensor with a batch dimension, or a
+    mapping of them keyed together: two CLIP pairs sharing a caption stay two examples), for
+    batches without ids; ``None`` for other inputs.
 
     Example:
         >>> captions = torch.tensor([[5, 6], [5, 6]])
@@ -140,17 +135,13 @@ def content_keys(inputs: Any) -> list[str] | None:
         (1, 2)
     """
     parts = dict(inputs) if isinstance(inputs, Mapping) else {None: inputs}
-    if not parts or not all(
-        isinstance(part, torch.Tensor) and part.dim() >= 1 and part.shape[0] > 0
+    sizes = {
+        part.shape[0] if isinstance(part, torch.Tensor) and part.dim() >= 1 else 0
         for part in parts.values()
-    ):
+    }
+    if len(sizes) != 1 or not (count := sizes.pop()):
         return None
-    if len({part.shape[0] for part in parts.values()}) != 1:
-        return None
-    # One device read per input for the batch, then one digest per row (input_fingerprint takes
-    # a mapping's parts with their keys).
-    rows = {key: part.detach().cpu() for key, part in parts.items()}
-    count = next(iter(rows.values())).shape[0]
+    rows = {key: part.detach().cpu() for key, part in parts.items()}  # one device read each
     if None in rows:
         return [f"{CONTENT_KEY_PREFIX}{input_fingerprint(row)}" for row in rows[None]]
     return [
@@ -161,12 +152,10 @@ def content_keys(inputs: Any) -> list[str] | None:
 
 def dataset_fingerprint(dataset: Any, count: int = 4) -> str | None:
     """A digest of the first ``count`` items of a map-style dataset (``None`` when it cannot be
-    indexed or an item raises): did the new process build the fit's data?
-    """
+    indexed or an item raises): did the new process build the fit's data?"""
     if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
         return None
-    # The same random state on both sides (random augmentation draws alike), and the caller's
-    # put back after: reading items must not change the fit's random streams.
+    # The same random state on both sides, the caller's put back after.
     saved = capture_rng()
     torch.manual_seed(0)
     random.seed(0)
@@ -187,11 +176,9 @@ _DROPPED: Final = object()
 
 
 def plain_values(value: Any, *, others: Literal["drop", "raise"] = "drop") -> Any:
-    """``value`` as what compares across processes and ``torch.load(weights_only=True)`` reads:
-    CPU tensors (numpy arrays too), numbers, strings, bytes and lists and dicts of them. Other
-    objects (their ``repr`` may hold a memory address) are left out (``others="drop"``) or
-    refused with ``TypeError`` (``others="raise"``).
-    """
+    """``value`` as what compares across processes and ``weights_only=True`` loads: CPU tensors
+    (numpy arrays too), numbers, strings, bytes and lists and dicts of them; other objects are
+    left out (``others="drop"``) or refused with ``TypeError`` (``others="raise"``)."""
     if isinstance(value, torch.Tensor):
         return value.detach().cpu()
     if isinstance(value, bool | int | float | str | bytes) or value is None:
@@ -221,8 +208,7 @@ def count_tensors(value: Any) -> int:
 
 def outputs_close(a: Any, b: Any, atol: float = 0.0, rtol: float = 0.0) -> bool:
     """Whether two :func:`plain_values` values are equal: floating tensors within ``atol`` and
-    ``rtol`` (NaN equals NaN), every other tensor exactly, same shapes, dtypes and keys.
-    """
+    ``rtol`` (NaN equals NaN), others exactly, same shapes, dtypes and keys."""
     if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
         if a.shape != b.shape or a.dtype != b.dtype:
             return False
@@ -304,13 +290,11 @@ def compare_trajectories(
     atol: float = 0.0,
     rtol: float = 0.0,
 ) -> tuple[list[CheckResult], list[StepPair]]:
-    """The checks ``data_position``, ``loss_trajectory`` and ``lr_trajectory`` of the
-    micro-batches after a resume, and one :data:`StepPair` per reference micro-batch;
-    ``seen_before``: the ids the reference saw before the checkpoint in its epoch (at an epoch
-    boundary, the epoch's first ones); ``atol``/``rtol`` (0 = exact): losses and learning rates.
-    """
+    """The checks ``data_position``, ``loss_trajectory`` and ``lr_trajectory`` after a resume,
+    and one :data:`StepPair` per reference micro-batch; ``seen_before``: the ids the reference
+    saw before the checkpoint in its epoch; ``atol``/``rtol`` (0: exact) for losses and rates."""
     pairs: list[StepPair] = []
-    first: dict[str, tuple[int, StepRecord, StepRecord]] = {}  # the first difference of each
+    first: dict[str, tuple[int, StepRecord, StepRecord]] = {}  # each one's first difference
     for index, ref in enumerate(reference):
         got = resumed[index] if index < len(resumed) else None
         if got is None:

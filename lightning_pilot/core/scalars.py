@@ -1,12 +1,5 @@
-"""Reading many 0-d tensors back to the host at once, free of Lightning: callbacks queue
-per-update values on the device (losses, gradient norms, token counts) and read them together at
-their flush points, one device wait per flush instead of one per update.
-
-Example:
-    >>> import torch
-    >>> read_scalars([torch.tensor(1.5), torch.tensor(2)])
-    [1.5, 2.0]
-"""
+"""Reading many 0-d tensors back to the host at once: callbacks queue per-update values on the
+device and read them together, one device wait per flush instead of one per update."""
 
 from __future__ import annotations
 
@@ -19,14 +12,18 @@ __all__ = ["read_scalars"]
 
 def read_scalars(tensors: Sequence[torch.Tensor]) -> list[float]:
     """The values of 0-d (or one-element) tensors as floats, in order: one host sync for
-    tensors on one device, one read each when they are spread over several (model parallel)."""
+    tensors on one device, one read each when they are spread over several.
+
+    Example:
+        >>> read_scalars([torch.tensor(1.5), torch.tensor(2)])
+        [1.5, 2.0]
+    """
     if not tensors:
         return []
     dtype = tensors[0].dtype
     try:
         with torch.no_grad():
-            if all(t.dtype is dtype and t.ndim == 0 for t in tensors):
-                # One kernel: the values are read in their own dtype, exactly as float64 would.
+            if all(t.dtype is dtype and t.ndim == 0 for t in tensors):  # read in their dtype
                 stacked = torch.stack(list(tensors))
             else:  # mixed dtypes would be promoted to the widest float: float64 for each
                 stacked = torch.stack([t.detach().reshape(()).double() for t in tensors])

@@ -1,22 +1,5 @@
-"""A run's summary for the Trainer's loggers, from its phase rows and what callbacks add.
-
-Loggers take numbers (``log_metrics``) and, for words such as a verdict or a stop cause,
-hyperparameters (``log_hyperparams``). Every key starts with ``pilot/``; a value that was not
-measured is left out, never logged as 0. docs/loggers.md lists the keys.
-
-Example:
-    >>> rows = [
-    ...     {"phase": "forward", "first": True, "verdict": "pass", "peak_allocated_bytes": 2048,
-    ...      "duration_s": 0.5},
-    ...     {"phase": "resume", "first": True, "verdict": "fail", "peak_allocated_bytes": None,
-    ...      "duration_s": None},
-    ... ]
-    >>> summary = Summary.of_phase_rows(rows)
-    >>> summary.metrics["pilot/forward_first/peak_allocated_bytes"], summary.texts
-    (2048.0, {'pilot/verdict/forward': 'pass', 'pilot/verdict/resume': 'fail'})
-    >>> summary.metrics["pilot/verdicts/fail"], summary.metrics["pilot/verdict_code/resume"]
-    (1.0, 2.0)
-"""
+"""A run's summary for the Trainer's loggers, from its phase rows and what callbacks add
+(docs/loggers.md lists the keys)."""
 
 from __future__ import annotations
 
@@ -37,16 +20,24 @@ VERDICT_CODES: Final = {"pass": 0.0, "warn": 1.0, "fail": 2.0, "not_checked": -1
 _PHASE_COLUMNS: Final = ("peak_allocated_bytes", "duration_s")
 
 
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    number = float(value)
-    return number if math.isfinite(number) else None
-
-
 @dataclass
 class Summary:
-    """Metrics (numbers) and texts (words) under ``pilot/`` keys."""
+    """Metrics (numbers, for ``log_metrics``) and texts (words such as a verdict, for
+    ``log_hyperparams``) under ``pilot/`` keys; a value not measured is left out, never 0.
+
+    Example:
+        >>> rows = [
+        ...     {"phase": "forward", "first": True, "verdict": "pass", "peak_allocated_bytes": 2048,
+        ...      "duration_s": 0.5},
+        ...     {"phase": "resume", "first": True, "verdict": "fail", "peak_allocated_bytes": None,
+        ...      "duration_s": None},
+        ... ]
+        >>> summary = Summary.of_phase_rows(rows)
+        >>> summary.metrics["pilot/forward_first/peak_allocated_bytes"], summary.texts
+        (2048.0, {'pilot/verdict/forward': 'pass', 'pilot/verdict/resume': 'fail'})
+        >>> summary.metrics["pilot/verdicts/fail"], summary.metrics["pilot/verdict_code/resume"]
+        (1.0, 2.0)
+    """
 
     metrics: dict[str, float] = field(default_factory=dict)
     texts: dict[str, str] = field(default_factory=dict)
@@ -73,16 +64,14 @@ class Summary:
         return summary
 
     def add(self, **values: Any) -> None:
-        """Add values under ``pilot/<name>``: numbers as metrics, strings as texts; ``None``,
-        booleans' absence and non-finite numbers are left out (not measured is not 0)."""
+        """Add values under ``pilot/<name>``: numbers as metrics, strings as texts; ``None`` and
+        non-finite numbers are left out."""
         for name, value in values.items():
             key = f"pilot/{name}"
-            if isinstance(value, bool):
-                self.metrics[key] = float(value)
-            elif isinstance(value, str):
+            if isinstance(value, str):
                 self.texts[key] = value
-            elif (number := _number(value)) is not None:
-                self.metrics[key] = number
+            elif isinstance(value, int | float) and math.isfinite(value):
+                self.metrics[key] = float(value)
 
     def update(self, other: Summary) -> None:
         """Take ``other``'s values (they win over the same keys here)."""
