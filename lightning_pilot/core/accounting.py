@@ -1,7 +1,6 @@
-"""Effective-batch counting, free of Lightning and torch (docs/effective-batch.md):
-:class:`UpdateCounter` counts micro-batches into updates, :func:`summarize` compares the count
-with the plan of :mod:`lightning_pilot.core.update_plan` (whose names are re-exported here).
-"""
+"""Effective-batch counting without Lightning or torch (docs/effective-batch.md):
+:class:`UpdateCounter` counts micro-batches into updates, :func:`summarize` compares the count with
+the plan of :mod:`lightning_pilot.core.update_plan` (whose names are re-exported here)."""
 
 from __future__ import annotations
 
@@ -69,9 +68,8 @@ class BatchConfig:
     @property
     def effective_batch_size(self) -> int | None:
         """Examples per full update over all replicas; ``None`` while the micro-batch is unknown."""
-        if self.micro_batch_size is None:
-            return None
-        return self.micro_batch_size * self.accumulate_grad_batches * self.dp_replicas
+        b = self.micro_batch_size
+        return None if b is None else b * self.accumulate_grad_batches * self.dp_replicas
 
 
 @dataclass(frozen=True)
@@ -184,11 +182,8 @@ class UpdateCounter:
     ) -> None:
         """Count one micro-batch of this process (``None``: the value could not be read);
         ``tokens`` may be a 0-d tensor still on the device, read in :meth:`take_pending`."""
-        window = self._window
-        if window is None:
-            window = self._window = _Window(
-                epoch, batch_idx, batch_idx, tokens_source=tokens_source
-            )
+        window = self._window or _Window(epoch, batch_idx, batch_idx, tokens_source=tokens_source)
+        self._window = window
         window.batch_last = batch_idx
         window.micro_batches += 1
         window.examples = _add(window.examples, examples)
@@ -201,9 +196,9 @@ class UpdateCounter:
     def close_update(
         self, *, update: int, accumulate_grad_batches: int, stepped: bool | None = None
     ) -> None:
-        """Close the open window as update ``update`` (``global_step`` after it), its row
-        waiting in :attr:`pending`; ``stepped`` is ``False`` when a GradScaler skipped the step,
-        ``None`` when not observed."""
+        """Close the open window as update ``update`` (``global_step`` after it) into a row of
+        :attr:`pending`; ``stepped``: ``False`` when a GradScaler skipped the step, ``None``
+        when not observed."""
         window = self._window or _Window(epoch=-1, batch_first=-1, batch_last=-1)
         self._window = None
         k = accumulate_grad_batches
@@ -228,9 +223,8 @@ class UpdateCounter:
     def take_pending(
         self, read: Callable[[list[Any]], Sequence[float]] | None = None
     ) -> list[dict[str, Any]]:
-        """Hand over (and forget) the rows not absorbed yet, their token counts read: ``read``
-        reads all the counts that are not ints yet at once (``read_scalars``: one host sync);
-        default ``int`` of each."""
+        """Hand over (and forget) the pending rows, their token counts read: ``read`` reads every
+        count not an int yet at once (``read_scalars``: one host sync); default ``int`` each."""
         rows, self.pending = self.pending, []
         lazy = [t for row in rows for t in row["tokens"] or () if not isinstance(t, int)]
         values = iter(read(lazy) if read is not None else [int(t) for t in lazy])
@@ -264,17 +258,16 @@ class UpdateCounter:
             if row["window_partial"]:
                 self.partial_window_count += 1
                 if len(self.partial_windows) < MAX_LISTED:
-                    self.partial_windows.append(
-                        PartialWindow(
-                            update=update,
-                            epoch=int(row["epoch"]),
-                            batch_idx_last=int(row["batch_idx_last"]),
-                            micro_batches=int(row["micro_batches"]),
-                            accumulate_grad_batches=k,
-                            weight=float(row["weight"]),
-                            examples=row["examples_all_ranks"],
-                        )
+                    window = PartialWindow(
+                        update=update,
+                        epoch=int(row["epoch"]),
+                        batch_idx_last=int(row["batch_idx_last"]),
+                        micro_batches=int(row["micro_batches"]),
+                        accumulate_grad_batches=k,
+                        weight=float(row["weight"]),
+                        examples=row["examples_all_ranks"],
                     )
+                    self.partial_windows.append(window)
             elif (tokens := row["tokens_all_ranks"]) is not None:
                 count, low, high, total, total_sq = self.token_stats
                 self.token_stats = [
@@ -290,8 +283,8 @@ class UpdateCounter:
                     self.skipped_updates.append(update)
 
     def resume_at(self, global_step: int) -> str | None:
-        """Line the counts up with a fit resumed at ``global_step``; a note when they differ.
-        Counts after uncounted updates (a checkpoint without them) make the totals ``None``."""
+        """Line the counts up with a fit resumed at ``global_step``; a note when they differ
+        (after a checkpoint without counts the totals are ``None``)."""
         counted = self.counted_from + self.updates
         if global_step == counted:
             return None
@@ -332,9 +325,8 @@ class UpdateCounter:
 
 
 def pack_counts(rows: Sequence[Mapping[str, Any]], length: int) -> list[list[int]]:
-    """Encode this rank's rows as integers to sum over ranks (one all-reduce): each row becomes
-    ``[1, value, known, value, known, ...]`` over :data:`SUMMED_COLUMNS` (``known``: 0 where the
-    value is null), and zero rows pad the list to ``length``, the longest of any rank.
+    """This rank's rows as integers to sum over ranks in one all-reduce: ``[1, value, known, ...]``
+    over :data:`SUMMED_COLUMNS` (``known``: 0 for null), zero rows padding to ``length``.
 
     Example:
         >>> pack_counts([{"micro_batches": 2, "examples": 4, "tokens": None,
@@ -355,8 +347,8 @@ def unpack_sums(
     world_size: int,
     dp_replicas: int,
 ) -> list[dict[str, Any]]:
-    """Fill the ``*_all_ranks`` columns of this rank's rows from the summed :func:`pack_counts`
-    (divided back by the ranks sharing a batch; null, with a note, when not every rank counted).
+    """Fill this rank's ``*_all_ranks`` columns from the summed :func:`pack_counts`, divided by
+    the ranks sharing a batch (null, with a note, when not every rank counted).
 
     Example:
         >>> row = {"micro_batches": 2, "examples": 4, "tokens": None, "padding_duplicates": 0}
@@ -405,8 +397,8 @@ def _epoch_length_remedy(micro_batches: int, k: int) -> str:
 def partial_window_remedy(
     plan: UpdatePlan | None, k: int, batch_idx_last: int | None = None
 ) -> str:
-    """What to do about a partial accumulation window of ``K = k``, for the cause the plan (else
-    ``batch_idx_last``, where the window ended) shows; the causes: docs/effective-batch.md.
+    """What to do about a partial window of ``K = k``, for the cause the plan (else
+    ``batch_idx_last``, where the window ended) shows (docs/effective-batch.md).
 
     Example:
         >>> print(partial_window_remedy(plan_updates(64, 1, 5, epochs=1), k=5))
@@ -463,8 +455,8 @@ def _partial_windows_text(counter: UpdateCounter, plan: UpdatePlan | None) -> st
 def check_accumulation_windows(
     counter: UpdateCounter, plan: UpdatePlan | None = None
 ) -> CheckResult | None:
-    """The ``optimizer_step`` check ``partial_accumulation_windows`` over the counted updates
-    (docs/effective-batch.md); ``None`` when no update was counted or ``K = 1`` throughout."""
+    """``partial_accumulation_windows`` over the counted updates (docs/effective-batch.md);
+    ``None`` when no update was counted or ``K = 1`` throughout."""
     name = "partial_accumulation_windows"
     if counter.partial_window_count:
         return CheckResult(name, "warn", _partial_windows_text(counter, plan))
@@ -501,8 +493,8 @@ _LEDGER_FIELDS: Final = (
 
 @dataclass(frozen=True)
 class Summary:
-    """Plan against count: the configuration, planned and counted quantities, ``flags`` (the
-    findings) and ``line`` (for humans); fields named as in the ledger and ``UpdatePlan``."""
+    """Plan against count: configuration, planned and counted quantities, ``flags`` (findings)
+    and ``line`` (for humans), named as in the ledger and ``UpdatePlan``."""
 
     micro_batch_size: int | None
     accumulate_grad_batches: int
@@ -551,8 +543,8 @@ def summarize(
     notes: Sequence[str] = (),
     unsummed: int = 0,
 ) -> Summary:
-    """Compare the plan with what was counted and name every finding (docs/effective-batch.md);
-    ``unsummed`` updates (never summed over the ranks) count as done, with unknown examples."""
+    """Compare the plan with the count and name every finding (docs/effective-batch.md);
+    ``unsummed`` updates (never summed over ranks) count as done, with unknown examples."""
     flags: list[Flag] = []
     updates_done = counter.counted_from + counter.updates
     planned_updates = plan.total_updates if plan is not None else estimated_updates

@@ -1,15 +1,8 @@
-"""BatchAdapter: reads any batch for the pilot callbacks.
-
-Example ids, inputs, targets and the attention mask (and an encoder-decoder's decoder inputs),
-and from them the batch size, the sequence length, the real (non-padding) tokens and the target
-positions counted in the loss. Defaults: dicts with the keys of ``_DEFAULT_KEYS`` (the inputs:
-token ids, images, audio features, waveforms, latents; see :data:`INPUT_KEYS`), tuples and
-lists ``(x, y)`` and ``(x, y, ids)``, a bare tensor (inputs only); a dict key, a tuple index or
-a callable ``batch -> value`` (or its import path, ``"package.module:function"``, as a YAML file
-names it) overrides any field. A field not found is ``None``, named in
-:attr:`BatchView.missing`, so a callback records ``not_checked`` with the reason instead of
-crashing the user's training.
-"""
+"""BatchAdapter: reads the ids, inputs, targets, attention mask and sizes of any batch for the
+pilot callbacks: dicts (the keys of ``_DEFAULT_KEYS``), tuples ``(x, y[, ids])`` or a bare tensor,
+a dict key, tuple index or callable (or its import path) overriding any field. A field not found
+is ``None``, named in :attr:`BatchView.missing`, so a callback records ``not_checked`` instead of
+crashing the user's training."""
 
 from __future__ import annotations
 
@@ -28,11 +21,9 @@ __all__ = ["INPUT_KEYS", "BatchAdapter", "BatchView", "FieldSpec", "is_int_tenso
 FieldSpec = str | int | Callable[[Any], Any]
 
 _FIELDS: Final = ("ids", "inputs", "targets", "attention_mask")
-#: The dict keys read as a batch's inputs, the first one present winning: token ids (causal and
-#: masked LMs, encoder-decoders, CLIP's text), generic names, images (vision models, CLIP,
-#: DETR, diffusion training), audio features (Whisper), waveforms (wav2vec2, HuBERT) and
-#: precomputed latents (latent diffusion). Every one present identifies the example (CLIP's
-#: caption and image together): :meth:`BatchAdapter.example_inputs`.
+#: The dict keys read as a batch's inputs, the first present winning: token ids, generic names,
+#: images, audio features (Whisper), waveforms (wav2vec2) and latents; every one present
+#: identifies the example (:meth:`BatchAdapter.example_inputs`).
 INPUT_KEYS: Final = (
     "input_ids",
     "inputs",
@@ -94,8 +85,8 @@ class BatchView:
 
 
 def _check_spec(name: str, spec: object) -> Any:
-    """A field spec checked: a non-empty key, an int64 index (not a bool) or a callable; a
-    string with a colon is the import path of a callable, returned imported."""
+    """A checked field spec: a non-empty key, an int64 index or a callable (a string with a colon:
+    its import path, returned imported)."""
     if isinstance(spec, str) and ":" in spec:
         return _imported(name, spec)
     if isinstance(spec, str) and not spec:
@@ -126,14 +117,11 @@ def _imported(name: str, spec: str) -> Callable[[Any], Any]:
 
 class BatchAdapter:
     """Read ids, inputs, targets, masks and sizes from a batch of any layout: ``ids``,
-    ``inputs``, ``targets`` and ``attention_mask`` (1 = real token, 0 = padding) say where each
-    field is (``None``: the defaults, :data:`INPUT_KEYS` for the inputs); ``decoder_inputs``
-    where an encoder-decoder's decoder inputs are (default: the key ``decoder_input_ids``);
-    ``ignore_index`` is the target value the loss skips.
-
-    A string with a colon is not a key but the import path of a callable,
-    ``"package.module:function"``, imported here: the way a LightningCLI YAML file names a
-    function for a field (docs/lightning_cli.md).
+    ``inputs``, ``targets``, ``attention_mask`` (1 = real token) and ``decoder_inputs`` (default:
+    the key ``decoder_input_ids``) say where each field is (``None``: the defaults);
+    ``ignore_index`` is the target value the loss skips. A string with a colon is the import
+    path of a callable, ``"package.module:function"``, as a LightningCLI YAML file names one
+    (docs/lightning_cli.md).
 
     Raises:
         TypeError: a field spec that is not a str, int, callable or None (a bool is not an
@@ -196,8 +184,8 @@ names a function; a dict key is a string without ':'); this one does not import 
         return f"BatchAdapter({given})"
 
     def view(self, batch: Any, *, count_tokens: bool = True) -> BatchView:
-        """Read every field and size of ``batch`` (``None``: not found); ``count_tokens`` also
-        counts real tokens and loss positions, which waits for the device (shapes never do)."""
+        """Every field and size of ``batch`` (``None``: not found); ``count_tokens`` also counts
+        real tokens and loss positions, which waits for the device."""
         _, inputs, targets, mask = values = self.fields(batch)
         tokens = loss_tokens = None
         if count_tokens:
@@ -223,10 +211,9 @@ names a function; a dict key is a string without ':'); this one does not import 
         return batch.get(_DECODER_KEY) if isinstance(batch, Mapping) else None
 
     def example_inputs(self, batch: Any) -> Any:
-        """What identifies the examples of ``batch`` (or of one dataset item): the field
-        ``inputs=`` names when it is given; else, in a dict, every key of :data:`INPUT_KEYS`
-        present, as ``{key: value}`` (a caption and an image together: one CLIP pair); else the
-        inputs. ``None`` when the batch has none.
+        """What identifies the examples of ``batch`` (or a dataset item): the ``inputs=`` field
+        when given; else, in a dict, every key of :data:`INPUT_KEYS` present (a CLIP caption and
+        image together); else the inputs; ``None`` when there are none.
 
         Example:
             >>> pair = {"input_ids": torch.tensor([5, 6]), "pixel_values": torch.zeros(3, 4, 4),
@@ -245,10 +232,9 @@ names a function; a dict key is a string without ':'); this one does not import 
     def size_and_tokens(
         self, batch: Any
     ) -> tuple[int | None, torch.Tensor | int | None, str | None]:
-        """The batch size, the real tokens and where they were counted: no view, no device wait.
-
-        The tokens are the attention mask's sum left on the device (``"attention_mask"``), else
-        every position of integer ``[B, T]`` inputs (``"input_ids"``), else ``None``.
+        """The batch size, the real tokens and where they were counted, without a device wait:
+        the attention mask's sum left on the device, else every position of integer ``[B, T]``
+        inputs, else ``None``.
 
         Example:
             >>> BatchAdapter().size_and_tokens({"attention_mask": torch.tensor([[1, 1], [1, 0]])})
@@ -257,8 +243,8 @@ names a function; a dict key is a string without ':'); this one does not import 
         return size_and_tokens_of(self.fields(batch))
 
     def fields(self, batch: Any) -> tuple[Any, Any, Any, Any]:
-        """The fields of ``batch`` as found: ids, inputs, targets, attention mask (``None``: not
-        found); the same objects, so a caller can tell whether a step replaced or changed them.
+        """The fields of ``batch`` as found (the same objects): ids, inputs, targets, attention
+        mask (``None``: not found).
 
         Example:
             >>> ids, inputs, targets, mask = BatchAdapter().fields({"input_ids": torch.ones(2, 3)})
@@ -315,11 +301,12 @@ def _batch_size(values: Sequence[Any]) -> int | None:
 
 
 def _is_token_tensor(value: Any) -> bool:
-    # Integer [batch, length] inputs are token ids; float features have no sequence length.
+    """Integer (or bool) ``[batch, length]`` inputs: token ids; float features have no length."""
     return (
         isinstance(value, torch.Tensor)
         and value.ndim == 2
-        and not (value.is_floating_point() or value.is_complex())
+        and not value.is_floating_point()
+        and not value.is_complex()
     )
 
 
@@ -331,8 +318,7 @@ def _seq_len(inputs: Any, mask: Any) -> int | None:
 
 def _token_count(inputs: Any, mask: Any) -> tuple[torch.Tensor | int | None, str | None]:
     if isinstance(mask, torch.Tensor):
-        # Summed now: a loader may refill the same buffer for the next batch.
-        # An integer or bool mask sums to int64 already (asking again costs ~5 us per batch).
+        # Summed now (a loader may refill the buffer); integer and bool masks sum to int64 already.
         exact = mask.is_floating_point() or mask.is_complex()
         return (mask.detach().sum(dtype=torch.int64) if exact else mask.sum()), "attention_mask"
     if _is_token_tensor(inputs):

@@ -36,9 +36,7 @@ def iqm(values: np.ndarray[Any, Any], axis: int = -1) -> Any:
     """
     ordered = np.sort(values, axis=axis)
     n = ordered.shape[axis]
-    cut = n // 4
-    kept = np.take(ordered, np.arange(cut, n - cut), axis=axis)
-    return np.mean(kept, axis=axis)
+    return np.mean(np.take(ordered, np.arange(n // 4, n - n // 4), axis=axis), axis=axis)
 
 
 _STATISTICS: Final[dict[str, Callable[..., Any]]] = {
@@ -188,11 +186,9 @@ def _pairs(table: pd.DataFrame, by: str, control: str | None) -> pd.DataFrame:
         return pd.DataFrame(columns=columns)
     usable = table[table["in_statistics"] & table["seed"].notna()]
     latest = usable.drop_duplicates(subset=[by, "seed"], keep="last")
-    base = latest[latest[by] == control][["seed", "score"]].rename(
-        columns={"score": "control_score"}
-    )
+    base = latest[latest[by] == control][["seed", "score"]]
     others = latest[latest[by] != control][[by, "seed", "score"]]
-    merged = others.merge(base, on="seed", how="inner")
+    merged = others.merge(base.rename(columns={"score": "control_score"}), on="seed", how="inner")
     with np.errstate(invalid="ignore"):
         merged["difference"] = merged["score"] - merged["control_score"]
     return merged[columns].reset_index(drop=True)
@@ -209,8 +205,7 @@ def _summarise(
     values = rows.loc[rows["in_statistics"], "score"].to_numpy(dtype=float)
     row["n_in_statistics"] = len(values)
     notes = []
-    other = len(rows) - row["n_in_statistics"]
-    if other:
+    if other := len(rows) - len(values):
         notes.append(f"{other} run(s) not in the statistics (unfinished, excluded or no value)")
     min_runs = settings.min_runs
     for name, statistic in _STATISTICS.items():

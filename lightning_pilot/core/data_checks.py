@@ -1,18 +1,8 @@
-"""The data phase's checks of what the loss is fed (ids, targets, label ranges, masks, lengths,
-splits): :class:`DataInspection` wires them for one fit; values and tensors in, ``CheckResult``
-out, no Trainer (docs/data-and-overfit.md).
-
-Each concern has its module, and every name is importable from here too:
-
-* :mod:`~lightning_pilot.core.batch_checks`: one batch's ids, targets, lengths, padding, mask;
-* :mod:`~lightning_pilot.core.label_checks`: label range, label shift, decoder label shift and
-  what a Hugging Face causal LM is given as ``labels=``;
-* :mod:`~lightning_pilot.core.prompt_checks`: prompt masking, with its :class:`PromptSpec`;
-* :mod:`~lightning_pilot.core.split_inspection`: the per-batch inspection of one split;
-* :mod:`~lightning_pilot.core.split_scan`: the dataset scan across splits (class histograms,
-  leakage, duplicates);
-* :mod:`~lightning_pilot.core.example_table`: the rows of ``examples.parquet``.
-"""
+"""The data phase's checks of what the loss is fed, wired for one fit by :class:`DataInspection`
+without a Trainer (docs/data-and-overfit.md). Every name of their modules is importable here:
+``batch_checks`` (one batch), ``label_checks`` (labels against the model and inputs),
+``prompt_checks`` (prompt masking), ``split_inspection`` (one split's batches), ``split_scan``
+(the datasets across splits) and ``example_table`` (the rows of ``examples.parquet``)."""
 
 from __future__ import annotations
 
@@ -33,9 +23,7 @@ from lightning_pilot.core.batch_checks import (
 )
 from lightning_pilot.core.batches import BatchAdapter
 from lightning_pilot.core.checks import CheckResult
-from lightning_pilot.core.example_table import (
-    example_rows,
-)
+from lightning_pilot.core.example_table import example_rows
 from lightning_pilot.core.label_checks import (
     DECODER_RELATIONS,
     HEAD_NAMES,
@@ -59,9 +47,7 @@ from lightning_pilot.core.prompt_checks import (
     check_loss_positions,
     prompt_label_counts,
 )
-from lightning_pilot.core.split_inspection import (
-    SplitInspection,
-)
+from lightning_pilot.core.split_inspection import SplitInspection
 from lightning_pilot.core.split_scan import (
     DatasetScan,
     check_class_histograms,
@@ -142,9 +128,8 @@ class DataInspection:
         self.splits, self.batches = dict(splits), batches
         self.examples, self.decode = examples, decode
         self.rows: list[dict[str, Any]] = []
-        #: Per split: the batch the adapter could not read (the split's checks stop there).
+        #: Per split: the unreadable batch's check; and every check user code left not_checked.
         self.errors: dict[str, CheckResult] = {}
-        #: Every check left ``not_checked`` because user code raised, in the order it happened.
         self.raised: list[CheckResult] = []
         self._decode_errors: list[str] = []
 
@@ -158,14 +143,14 @@ class DataInspection:
         inspection = self.splits[split]
         try:
             view = adapter.view(batch)
-            kept = sum(1 for r in self.rows if r["split"] == split)
+            limit = self.examples - sum(1 for r in self.rows if r["split"] == split)
             rows = []
-            if kept < self.examples:
+            if limit > 0:
                 rows = example_rows(
                     view,
                     split=split,
                     batch_index=inspection.batches,
-                    limit=self.examples - kept,
+                    limit=limit,
                     ignore_index=adapter.ignore_index,
                     max_length=inspection.max_length,
                     decode=self.decode,

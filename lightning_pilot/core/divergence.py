@@ -148,13 +148,11 @@ class DivergenceDetector:
         threshold: float | None = None,
     ) -> None:
         self.counts[event] = self.counts.get(event, 0) + 1
-        # Counted, not listed past the limit: a run left diverging must not flood the table.
-        if self.counts[event] <= self.MAX_EVENTS_PER_KIND:
-            events.append(
-                DivergenceEvent(
-                    **base, event=event, reference=reference, threshold=threshold, detail=detail
-                )
+        if self.counts[event] <= self.MAX_EVENTS_PER_KIND:  # a diverging run must not flood it
+            found = DivergenceEvent(
+                **base, event=event, reference=reference, threshold=threshold, detail=detail
             )
+            events.append(found)
 
     def update(
         self,
@@ -296,8 +294,8 @@ def normal_outcome(
 
 
 class Curves:
-    """The curves of one run: training loss and learning rate per update, validation points
-    (:meth:`as_record` with ``since=`` a :meth:`mark`: only the points added since).
+    """A run's curves: training loss and learning rate per update, validation points
+    (:meth:`as_record` ``since=`` a :meth:`mark`: only the points added since).
 
     Example:
         >>> curves = Curves()

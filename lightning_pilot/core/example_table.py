@@ -1,6 +1,5 @@
-"""The rows of ``examples.parquet``: the first examples of each split as the loss sees them
-(tokens, decoded text, targets, positions in the loss, lengths), with a note on what could not
-be stored (docs/data-and-overfit.md)."""
+"""The rows of ``examples.parquet``: the first examples of each split as the loss sees them, with
+a note on what could not be stored (docs/data-and-overfit.md)."""
 
 from __future__ import annotations
 
@@ -13,9 +12,7 @@ from lightning_pilot.core.batch_checks import row_lengths
 from lightning_pilot.core.batches import BatchView, is_int_tensor
 from lightning_pilot.core.label_checks import label_relations
 
-__all__ = [
-    "example_rows",
-]
+__all__ = ["example_rows"]
 
 
 def example_rows(

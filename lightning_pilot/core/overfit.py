@@ -1,7 +1,6 @@
-"""Pure arithmetic of an overfit run on a tiny subset: which examples, what loss, what verdict.
-
-:class:`~lightning_pilot.callbacks.overfit_tiny_subset.OverfitTinySubset` feeds these functions;
-they never see a Trainer. The checks and their messages: docs/data-and-overfit.md.
+"""The arithmetic of an overfit run on a tiny subset (which examples, what loss, what verdict),
+fed by :class:`~lightning_pilot.callbacks.overfit_tiny_subset.OverfitTinySubset` without a
+Trainer (docs/data-and-overfit.md).
 
 Example:
     >>> from lightning_pilot.core.overfit import expected_initial_loss, select_indices
@@ -53,12 +52,8 @@ def check_initial_loss(
     if initial is None or not math.isfinite(initial):
         return CheckResult(name, "not_checked", f"initial loss is {initial}")
     if num_classes is None or num_classes < 2:
-        return CheckResult(
-            name,
-            "not_checked",
-            f"initial loss {initial:.4g}; the number of classes is unknown, so -log(1/C) is too:"
-            " give num_classes=",
-        )
+        why = f"initial loss {initial:.4g}; the number of classes is unknown, so -log(1/C) is too"
+        return CheckResult(name, "not_checked", why + ": give num_classes=")
     expected = expected_initial_loss(num_classes)
     detail = f"initial loss {initial:.4g}, expected -log(1/{num_classes}) = {expected:.4g}"
     if expected / tolerance <= initial <= expected * tolerance:
@@ -89,14 +84,13 @@ def check_loss_finite(curve: Sequence[tuple[int, float]]) -> CheckResult:
     if not curve:
         return CheckResult(name, "not_checked", "no training loss was recorded")
     bad = [step for step, value in curve if not math.isfinite(value)]
-    if bad:
-        return CheckResult(
-            name,
-            "fail",
-            f"the loss is not finite at {len(bad)} of {len(curve)} update(s), first at step"
-            f" {bad[0]}: a tiny subset must train with finite values",
-        )
-    return CheckResult(name, "pass", f"{len(curve)} update(s), all finite")
+    if not bad:
+        return CheckResult(name, "pass", f"{len(curve)} update(s), all finite")
+    detail = (
+        f"the loss is not finite at {len(bad)} of {len(curve)} update(s), first at step"
+        f" {bad[0]}: a tiny subset must train with finite values"
+    )
+    return CheckResult(name, "fail", detail)
 
 
 def check_loss_target(
@@ -112,11 +106,8 @@ def check_loss_target(
     finite = [(step, value) for step, value in curve if math.isfinite(value)]
     reached = next(((step, value) for step, value in finite if value <= target), None)
     if reached is not None:
-        return CheckResult(
-            name,
-            "pass",
-            f"loss {first:.4g} -> {reached[1]:.4g} <= target {target:.4g} at step {reached[0]}",
-        )
+        detail = f"loss {first:.4g} -> {reached[1]:.4g} <= target {target:.4g} at step {reached[0]}"
+        return CheckResult(name, "pass", detail)
     best = min((value for _, value in finite), default=math.nan)
     last_step = curve[-1][0]
     scope = f"in {last_step} step(s)" + (f" of a budget of {budget}" if budget else "")
@@ -128,12 +119,8 @@ def check_loss_target(
         else "it learns too slowly: raise the learning rate or the step budget, or check the"
         " targets"
     )
-    return CheckResult(
-        name,
-        "fail",
-        f"loss {first:.4g} -> best {best:.4g} {scope}, never reached the target {target:.4g}:"
-        f" {why}",
-    )
+    detail = f"loss {first:.4g} -> best {best:.4g} {scope}, never reached the target {target:.4g}"
+    return CheckResult(name, "fail", f"{detail}: {why}")
 
 
 def predictions_from_logits(logits: torch.Tensor, targets: torch.Tensor, *, shift: bool) -> Any:
@@ -152,14 +139,11 @@ def predictions_from_logits(logits: torch.Tensor, targets: torch.Tensor, *, shif
 def align_predictions(
     predicted: torch.Tensor, targets: torch.Tensor, *, shift: bool, ignore_index: int = -100
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """Predicted classes paired with the targets the way the loss pairs them, as
-    ``(predictions, targets)`` of the targets' shape, or ``None`` when the shapes differ.
-
-    ``[B]`` targets (one label per example) and ``shift=False`` pair position ``t`` with ``t``.
-    ``shift=True`` with ``[B, T]`` targets is a causal LM that shifts inside its loss (the
-    Hugging Face ``*ForCausalLM`` convention): the class predicted at ``t - 1`` scores the label
-    at ``t``, and position 0, which no prediction scores, is set to ``ignore_index`` in the
-    returned targets (its prediction is ``-1``), so it never counts.
+    """Predicted classes paired with the targets as the loss pairs them: ``(predictions,
+    targets)`` of the targets' shape, or ``None`` when the shapes differ. ``shift=True`` with
+    ``[B, T]`` targets is a causal LM shifting inside its loss (``*ForCausalLM``): the class
+    predicted at ``t - 1`` scores the label at ``t``, and position 0 (prediction ``-1``) gets
+    ``ignore_index`` so it never counts; otherwise position ``t`` pairs with ``t``.
 
     Example:
         >>> predicted = torch.tensor([[7, 8, 9]])
@@ -201,8 +185,7 @@ def logits_of(output: Any) -> torch.Tensor | None:
 
 
 class Notes:
-    """Messages kept in the order first seen, each once, with how many times it was added:
-    ``"... (seen N times)"`` when more than once.
+    """Messages in the order first seen, each once, ``"... (seen N times)"`` when added more often.
 
     Example:
         >>> notes = Notes()
@@ -233,8 +216,7 @@ class Notes:
 
 @dataclass(frozen=True)
 class Recovery:
-    """How many examples of the subset the model gets right: ``score`` is accuracy
-    (classification) or exact match (token targets); ``wrong_ids`` lists the others."""
+    """The subset's score: accuracy (classes) or exact match (tokens), and the ids still wrong."""
 
     metric: str
     score: float
@@ -250,8 +232,8 @@ def recovery(
     ignore_index: int,
     num_classes: int | None = None,
 ) -> Recovery:
-    """Score ``[B]`` class or ``[B, T]`` token predictions against targets, example by example
-    (positions at ``ignore_index`` do not count; ``num_classes=None``: read from the values).
+    """Score ``[B]`` class or ``[B, T]`` token predictions against the targets, per example
+    (``ignore_index`` positions do not count; ``num_classes=None``: read from the values).
 
     Example:
         >>> rec = recovery(torch.tensor([0, 2, 1]), torch.tensor([0, 2, 2]), ["a", "b", "c"],
@@ -295,23 +277,19 @@ def check_recovery(
     result: Recovery | None, *, required: float, step: int | None, unavailable: str | None = None
 ) -> CheckResult:
     """The model recovers at least ``required`` of the subset's targets (``unavailable``: why
-    there are no predictions, said when ``result`` is ``None``)."""
+    ``result`` is ``None``)."""
     name = "targets_recovered"
     if result is None:
-        return CheckResult(
-            name, "not_checked", unavailable or "no predictions could be made on the subset"
-        )
+        why = unavailable or "no predictions could be made on the subset"
+        return CheckResult(name, "not_checked", why)
     if result.examples == 0 or not math.isfinite(result.score):
         return CheckResult(name, "not_checked", "no example has a position counted in the loss")
     at = f" at step {step}" if step is not None else ""
     detail = f"{result.metric} {result.score:.3f} on {result.examples} example(s){at}"
     if result.score >= required:
         return CheckResult(name, "pass", detail)
-    return CheckResult(
-        name,
-        "fail",
-        f"{detail}, required {required:.3f}; ids still wrong: {shown_names(result.wrong_ids)}",
-    )
+    wrong = shown_names(result.wrong_ids)
+    return CheckResult(name, "fail", f"{detail}, required {required:.3f}; ids still wrong: {wrong}")
 
 
 #: What ``targets_recovered`` tells a user whose model gives no predictions.
@@ -338,9 +316,8 @@ def subset_batches(
     batch_size: int | None,
     notes: Notes,
 ) -> tuple[list[Any], list[int]]:
-    """The subset of ``count`` seeded examples (:func:`select_indices`; the first ones of an
-    iterable dataset, noted), collated in batches of ``batch_size`` (``None``: one batch), and
-    their dataset indices; the torch random state is left as it was.
+    """``count`` seeded examples (:func:`select_indices`; an iterable dataset's first, noted)
+    collated in batches of ``batch_size`` (``None``: one), and their dataset indices.
 
     Example:
         >>> batches, indices = subset_batches(list(range(100)), 4, seed=0, collate=list,
@@ -378,9 +355,8 @@ def subset_ids(
 
 
 class LossCurve:
-    """The overfit run's training loss per update: the mean of its micro-batch losses (each
-    multiplied back by the accumulation factor), the first micro-batch loss kept as the initial
-    loss.
+    """The overfit run's loss per update (the mean of its micro-batch losses, each multiplied back
+    by the accumulation factor); the first micro-batch loss is the initial loss.
 
     Example:
         >>> curve = LossCurve()
@@ -407,8 +383,8 @@ class LossCurve:
         return self.points[-1][0] if self.points else 0
 
     def close(self, step: int) -> tuple[float, int] | None:
-        """``(mean loss, micro-batches)`` of the update that finished at ``step``, added to the
-        curve; ``None`` when no update finished (the same step) or no loss was read."""
+        """``(mean loss, micro-batches)`` of the update ending at ``step``, added to the curve;
+        ``None`` when no update finished (the same step) or no loss was read."""
         if step == self.last_step or not self._micro:
             return None
         mean = sum(self._micro) / len(self._micro)
@@ -420,8 +396,7 @@ class LossCurve:
 def overfit_done(
     mean: float, target: float | None, result: Recovery | None, *, required: float
 ) -> bool:
-    """Whether the overfit run stops: the loss target and the required recovery reached, or a
-    loss that is not finite.
+    """Whether the overfit run stops: loss target and recovery reached, or a non-finite loss.
 
     Example:
         >>> overfit_done(0.05, 0.1, Recovery("accuracy", 1.0, 8), required=1.0)
@@ -443,20 +418,15 @@ def overfit_row(
     ids: list[str],
     result: Recovery | None,
 ) -> dict[str, Any]:
-    """A row of ``overfit.parquet`` (without its schema version): the update's loss, and the
-    subset's score when it was scored.
+    """A row of ``overfit.parquet`` (no schema version): the loss, and the score when scored.
 
     Example:
         >>> overfit_row(4, 0.3, 2, target=0.2, ids=["a"], result=None)
         {'step': 4, 'loss': 0.3, 'micro_batches': 2, 'target_loss': 0.2, 'subset_ids': ['a']}
     """
-    row: dict[str, Any] = {
-        "step": step,
-        "loss": loss,
-        "micro_batches": micro,
-        "target_loss": target,
-        "subset_ids": ids,
-    }
+    row: dict[str, Any] = dict(
+        step=step, loss=loss, micro_batches=micro, target_loss=target, subset_ids=ids
+    )
     if result is not None:
         row.update(metric=result.metric, score=result.score, wrong_ids=result.wrong_ids)
     return row
@@ -475,9 +445,8 @@ def join_scored(
     ignore_index: int,
     notes: Notes,
 ) -> tuple[torch.Tensor, torch.Tensor, list[str]] | None:
-    """The ``(predictions, targets)`` of the subset's batches joined, with their ids; token
-    batches padded to their own longest example are widened (the added positions at
-    ``ignore_index``, which do not count); ``None`` when they cannot be joined (noted).
+    """The subset's ``(predictions, targets)`` joined, with their ids; token batches of different
+    widths are padded at ``ignore_index`` (not counted); ``None`` when they cannot join (noted).
 
     Example:
         >>> pair = (torch.tensor([[1, 2]]), torch.tensor([[1, 2]]))
@@ -503,8 +472,8 @@ def join_scored(
 def predicted_pair(
     out: Any, targets: torch.Tensor, *, shift: bool, ignore_index: int, call: str
 ) -> tuple[tuple[torch.Tensor, torch.Tensor] | None, str | None]:
-    """``((predictions, targets), None)`` from what ``call`` returned (logits, or predictions
-    shaped like the targets), or ``(None, the problem)``.
+    """``((predictions, targets), None)`` from what ``call`` returned (logits, or predictions of
+    the targets' shape), or ``(None, the problem)``.
 
     Example:
         >>> logits = torch.tensor([[0.1, 0.9], [0.8, 0.2]])
@@ -520,20 +489,14 @@ def predicted_pair(
         return None, f"{call} returned a {type(out).__name__} without logits"
     if logits.shape == targets.shape:  # predictions already (from predict_fn)
         return (logits.long(), targets), None
-    aligned = align_predictions(
-        logits.argmax(dim=-1), targets, shift=shift, ignore_index=ignore_index
-    )
-    if aligned is None:
-        return None, (
-            f"{call} returned logits of shape {tuple(logits.shape)} for targets of shape"
-            f" {tuple(targets.shape)}"
-        )
-    return aligned, None
+    aligned = align_predictions(logits.argmax(-1), targets, shift=shift, ignore_index=ignore_index)
+    shapes = f"logits of shape {tuple(logits.shape)} for targets of shape {tuple(targets.shape)}"
+    return aligned, None if aligned is not None else f"{call} returned {shapes}"
 
 
 def captured_prediction(output: Any) -> torch.Tensor | None:
-    """The classes predicted by the ``logits`` a submodule returned (a named output, never a
-    bare tensor: that may be anything, hidden states), or ``None``.
+    """The classes predicted by the ``logits`` a submodule returned (named, never a bare tensor:
+    that may be hidden states), or ``None``.
 
     Example:
         >>> captured_prediction({"logits": torch.tensor([[0.2, 0.7, 0.1]])})
@@ -550,8 +513,7 @@ def captured_prediction(output: Any) -> torch.Tensor | None:
 
 
 def capture_note(why: str) -> str:
-    """The note of a run whose predictions are read from the training step (``why``: the
-    forward gave none)."""
+    """The note of predictions read from the training step (``why``: the forward gave none)."""
     return (
         f"predictions: {why}, so they are the argmax of the logits that a submodule returned"
         " in the training step (the last one called), before that update, in training mode"
@@ -566,9 +528,9 @@ def unavailable_reason(
     problem: str | None,
     misaligned: str | None,
 ) -> str | None:
-    """Why ``targets_recovered`` has no predictions, with the remedy (``source``: where they
-    come from, ``predict_fn``, ``forward`` or ``training_step``; ``seen``: the subset batches
-    predicted in the training step; ``problem``: why the last attempt gave nothing).
+    """Why ``targets_recovered`` has no predictions, with the remedy (``source``: ``predict_fn``,
+    ``forward`` or ``training_step``; ``seen``: subset batches predicted in the training step;
+    ``problem``: why the last attempt gave nothing).
 
     Example:
         >>> unavailable_reason("training_step", seen=1, batches=2, problem=None, misaligned=None)
@@ -596,8 +558,8 @@ def unavailable_reason(
 
 
 def cut_short(results: Sequence[CheckResult], cause: str, *, budget: int) -> list[CheckResult]:
-    """The checks of a run cut short by ``cause`` before its ``budget`` of updates: a target not
-    reached yet says nothing about whether the loop can learn (``not_checked``).
+    """The checks of a run cut short by ``cause`` before its ``budget``: a target not reached
+    yet says nothing about whether the loop can learn (``not_checked``).
 
     Example:
         >>> [c.verdict for c in cut_short([CheckResult("loss_target", "fail", "x"),
@@ -633,10 +595,9 @@ def overfit_checks(
     notes: Notes,
     trainer_limits: tuple[int | None, int | None],
 ) -> list[CheckResult]:
-    """The overfit phase's checks: ``loss_finite``, ``initial_loss``, ``loss_target`` and
-    ``targets_recovered`` (:func:`cut_short` when the run stopped before its ``budget``:
-    the user's exception, noted, or the Trainer's ``(max_steps, max_epochs)``); only
-    ``subset``, ``not_checked`` with the notes, when no subset was built.
+    """The overfit phase's checks (:func:`cut_short` when the run stopped before its ``budget``:
+    a noted exception, or the Trainer's ``(max_steps, max_epochs)``); only ``subset``,
+    ``not_checked`` with the notes, when no subset was built.
 
     Example:
         >>> curve = LossCurve(); curve.add(1.1); _ = curve.close(1)
@@ -672,8 +633,7 @@ def overfit_checks(
 def phase_columns(
     curve: LossCurve, ids: Sequence[str], notes: Notes, *, batch_size: int | None
 ) -> dict[str, Any]:
-    """The overfit phase row's columns: the updates recorded, the first and last step, the
-    subset's batch size and the notes (the subset's ids first).
+    """The overfit phase row's columns: updates, first and last step, batch size and notes.
 
     Example:
         >>> curve = LossCurve(); curve.add(1.1); _ = curve.close(3)

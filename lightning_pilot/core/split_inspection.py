@@ -36,9 +36,7 @@ from lightning_pilot.core.prompt_checks import (
     prompt_label_counts,
 )
 
-__all__ = [
-    "SplitInspection",
-]
+__all__ = ["SplitInspection"]
 
 
 class SplitInspection:

@@ -1,7 +1,6 @@
-"""The effective-batch plan, free of Lightning and torch (docs/effective-batch.md):
-:func:`plan_updates` predicts how many micro-batches, examples and updates a run will see;
-:mod:`lightning_pilot.core.accounting` counts what it really saw and compares.
-"""
+"""The effective-batch plan without Lightning or torch (docs/effective-batch.md):
+:func:`plan_updates` predicts the micro-batches, examples and updates of a run;
+:mod:`~lightning_pilot.core.accounting` counts what it saw and compares."""
 
 from __future__ import annotations
 
@@ -33,16 +32,15 @@ KEEP_CHOICES: Final[tuple[str, ...]] = get_args(Keep)
 ReplicaSplit = Literal["pad", "drop"]
 _REPLICA_SPLITS: Final[tuple[str, ...]] = get_args(ReplicaSplit)
 
-#: How many individual partial windows, skipped steps and K changes a counter keeps by name
-#: (the counts are always complete; the lists are for reading, not for sizing).
+#: How many partial windows, skipped steps and K changes a counter lists (it counts them all).
 MAX_LISTED: Final = 20
 
 
 def normalise_schedule(
     accumulate_grad_batches: int | Mapping[int, int], *, owner: str = "plan_updates"
 ) -> tuple[tuple[int, int], ...]:
-    """Turn ``K`` or an ``{epoch: K}`` schedule into sorted ``(first_epoch, K)`` pairs, read as
-    Lightning's ``GradientAccumulationScheduler`` reads it (epochs before the first key: 1).
+    """``K`` or an ``{epoch: K}`` schedule as sorted ``(first_epoch, K)`` pairs, as Lightning's
+    ``GradientAccumulationScheduler`` reads it (epochs before the first key: 1).
 
     Example:
         >>> normalise_schedule(8)
@@ -73,8 +71,8 @@ def _k_at(schedule: Sequence[tuple[int, int]], epoch: int) -> int:
 
 @dataclass(frozen=True)
 class UpdatePlan:
-    """What a configuration will do, computed the way Lightning trains it (the fields:
-    docs/effective-batch.md; per-epoch figures use the first epoch's ``K``).
+    """What a configuration will do, as Lightning trains it (docs/effective-batch.md; per-epoch
+    figures use the first epoch's ``K``).
 
     Example:
         >>> plan = plan_updates(3200, 2, accumulate_grad_batches=8, epochs=1)
@@ -116,8 +114,7 @@ class UpdatePlan:
             f"{self.examples_seen:,} examples",
             last_window_text(self.last_window_micro_batches, self.accumulate_grad_batches),
         ]
-        if self.last_window_partial and self.partial_windows == 0:
-            # max_steps stops the run before the end of an epoch: no partial update happens.
+        if self.last_window_partial and self.partial_windows == 0:  # max_steps stops it first
             parts[-1] = "the partial last window of an epoch is never reached (max_steps)"
         if len(self.k_schedule) > 1:
             parts.append("K by epoch " + ", ".join(f"{e}: {k}" for e, k in self.k_schedule))
@@ -179,8 +176,8 @@ def plan_updates(
         limit_micro_batches: most micro-batches per replica per epoch (``limit_train_batches``,
             ``fast_dev_run``, ``overfit_batches``).
 
-    Raises ``ValueError`` for an argument out of range or neither ``epochs`` nor ``max_steps``,
-    ``TypeError`` for one of the wrong type.
+    Raises ``ValueError`` for a value out of range or no ``epochs`` nor ``max_steps``,
+    ``TypeError`` for a wrong type.
 
     Example:
         >>> plan = plan_updates(3200, 2, accumulate_grad_batches=8, dp_replicas=1, epochs=1)
@@ -296,8 +293,8 @@ def replica_duplicates(
     batch_idx: int,
     micro_batch_size: int,
 ) -> int:
-    """Duplicated samples a padding ``DistributedSampler`` put in one micro-batch of a rank (a
-    padded rank's last sample of the epoch, when that position is past the dataset).
+    """Duplicated samples a padding ``DistributedSampler`` put in one micro-batch of a rank (its
+    last sample of the epoch, when that position is past the dataset).
 
     Example:
         >>> # 21 examples on 2 replicas: 11 each; rank 1's 11th sample repeats example 0.
@@ -315,8 +312,8 @@ def replica_duplicates(
 def plan_for_fit(
     dataset_size: int | None, micro_batch_size: int | None, **budget: Any
 ) -> tuple[UpdatePlan | None, str | None]:
-    """:func:`plan_updates` (``budget``: its other arguments) for what a fit could read, or no
-    plan and, when it matters, why (without a dataset or micro-batch size: no plan, no note).
+    """:func:`plan_updates` (``budget``: its other arguments) for a fit, or no plan and why
+    (no note without a dataset or micro-batch size).
 
     Example:
         >>> plan_for_fit(64, 2, epochs=None, max_steps=None)

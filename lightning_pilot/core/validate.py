@@ -1,10 +1,7 @@
-"""Argument checks for the public constructors and functions, with one error format.
-
-Every check returns the value (as the plain Python type) or raises ``TypeError`` for a wrong
-type (``bool`` is never a number here) or ``ValueError`` for a wrong value, with the message
-``Owner(name=value) is invalid: expected ...``. Integers must fit in 64 bits (int64 columns);
-floats must be finite unless said otherwise (a NaN tolerance fails every comparison).
-"""
+"""Argument checks for the public constructors and functions: each returns the value as the plain
+Python type or raises ``TypeError`` (a wrong type; ``bool`` is never a number) or ``ValueError``
+(a wrong value) with ``Owner(name=value) is invalid: expected ...``. Integers fit in 64 bits;
+floats are finite unless said otherwise."""
 
 from __future__ import annotations
 
@@ -370,8 +367,8 @@ def _json_value(owner: str, name: str, root: object, where: str, value: object) 
 def mapping_of_scalars(
     owner: str, name: str, value: object, *, optional: bool = True
 ) -> dict[str, Any]:
-    """A dict with string keys and JSON values (numpy and 0-d torch scalars become Python
-    numbers); ``None``, when ``optional``, is the empty dict."""
+    """A dict of string keys and JSON values (numpy and 0-d torch scalars as Python numbers);
+    ``None``, when ``optional``, is the empty dict."""
     if value is None and optional:
         return {}
     if not isinstance(value, Mapping):
@@ -398,9 +395,8 @@ _SIZE_DIGITS: Final = 30
 def parse_size(value: object, name: str = "size") -> int:
     """A memory size in bytes, from ``"80GiB"``, ``"80GB"``, ``"141G"``, ``"24000MiB"``.
 
-    ``KiB``/``K`` (and ``M``, ``G``, ``T`` alike) are powers of 1024, ``KB`` powers of 1000, a
-    plain number is bytes, in any case. ASCII digits only, at most 30 decimals, computed
-    exactly and rounded to whole bytes: from 1 byte to :data:`INT64_MAX` (8 EiB).
+    ``K``/``KiB`` (``M``, ``G``, ``T`` alike) are powers of 1024, ``KB`` of 1000, no unit is bytes,
+    any case; ASCII digits, at most 30 decimals, rounded to whole bytes from 1 to 8 EiB.
 
     Example:
         >>> parse_size("1.5 GiB")
