@@ -264,8 +264,7 @@ class PhaseAggregator:
     def add(self, occurrence: Occurrence) -> None:
         """Add the measurements of the occurrence counted last for its phase."""
         phase = occurrence.phase
-        group = self._groups.get((phase, False)) or self._groups.get((phase, True))
-        if group is None:
+        if not (group := self._groups.get((phase, False)) or self._groups.get((phase, True))):
             raise ValueError(f"phase {phase!r} was measured before it was counted.")
         group.add(occurrence)
 

@@ -83,8 +83,7 @@ def rng_of_this_rank(state: Mapping[str, Any]) -> Mapping[str, Any] | None:
     by_rank = state.get("rng_by_rank")
     if isinstance(by_rank, list) and torch.distributed.is_initialized():
         rank = torch.distributed.get_rank()
-        if rank < len(by_rank) and isinstance(by_rank[rank], Mapping):
-            own: Mapping[str, Any] = by_rank[rank]
+        if rank < len(by_rank) and isinstance(own := by_rank[rank], Mapping):
             return own
     rng = state.get("rng")
     return rng if isinstance(rng, Mapping) else None

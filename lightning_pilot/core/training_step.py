@@ -98,8 +98,7 @@ class PendingUpdate:
             (['bias', 'weight'], {'bias'}, set())
         """
         named = list(named_parameters)
-        optimized = {id(p) for group in optimizer.param_groups for p in group["params"]}
-        moving = optimized & intended
+        moving = intended & {id(p) for group in optimizer.param_groups for p in group["params"]}
         trainable = [(n, p) for n, p in named if id(p) in moving]
         resting = {
             id(p)
