@@ -1,8 +1,5 @@
-"""The data behind the plots, one pure function per plot over what the readers return
-(:mod:`lightning_pilot.report.plots` only draws it): the loss curves with the marks where runs
-diverged, stopped or failed (:func:`loss_curves`, :func:`curve_marks`), each phase's peak
-memory split by category (:func:`memory_stack`), and every run of a comparison as a point
-(:func:`comparison_points`). What was not measured stays null (NaN), never 0.
+"""The data behind the plots (:mod:`lightning_pilot.report.plots` only draws it), one pure
+function per plot over what the readers return; what was not measured stays NaN, never 0.
 
 Example:
     >>> phases = pd.DataFrame({
@@ -29,8 +26,7 @@ from lightning_pilot.report.units import as_text, format_bytes, is_null
 from lightning_pilot.vocabulary import CATEGORY_COLUMNS, phase_rank
 
 #: The memory categories stacked in ``report.plots.plot_phase_memory``: column, legend label,
-#: and the categories (:data:`lightning_pilot.vocabulary.CATEGORIES`: the kinds of
-#: ``placement.parquet`` and, by their columns, of the phase table) each one adds up.
+#: and the categories (:data:`lightning_pilot.vocabulary.CATEGORIES`) each one adds up.
 CATEGORIES: Final = (
     ("weights", "weights (parameters and buffers)", ("param", "buffer")),
     ("gradients", "gradients", ("grad",)),
@@ -40,8 +36,7 @@ OTHER: Final = ("activations_other", "activations and other tensors")
 
 
 def drawable_points(points: pd.DataFrame, log: bool) -> pd.DataFrame:
-    """The points of a curve that can be drawn: finite values (> 0 on a log axis). An empty
-    frame stays a frame with its columns (an empty mask of objects would select columns)."""
+    """The points of a curve that can be drawn: finite values (> 0 on a log axis)."""
     keep = [
         not is_null(v) and math.isfinite(float(v)) and (float(v) > 0 or not log)
         for v in points["value"]
@@ -49,22 +44,16 @@ def drawable_points(points: pd.DataFrame, log: bool) -> pd.DataFrame:
     return points.loc[pd.Series(keep, index=points.index, dtype=bool)]
 
 
-def _step(value: Any) -> int | None:
-    return None if is_null(value) else int(value)
-
-
 def curve_marks(runs: pd.DataFrame, curves: pd.DataFrame) -> pd.DataFrame:
     """Where each run of ``runs`` (``Ledger.runs()`` rows) is marked on its loss curve
     (``Ledger.curves()``), one row per mark: ``run_id``, ``variant``, ``seed``, ``kind``,
     ``step``, ``value`` and ``label``.
 
-    ``kind`` is ``diverged`` at ``stop_step`` (the update where the divergence rule fired),
-    plus ``stopped`` at the last update when training went on after it (``action="record"``);
-    ``failed`` or ``oom`` at ``stop_step``; ``stopped`` (EarlyStopping, a stop request) at
-    ``stop_step``; ``interrupted`` at the last update recorded. A run's last update is
-    ``updates_done``, else its last training-loss point. ``value`` is the last finite
-    training loss at or before ``step`` (NaN when there is none: a loss that was NaN from the
-    start); a completed or running run has no mark.
+    ``kind`` is the run's status (``diverged``, ``failed``, ``oom``, ``stopped``) at
+    ``stop_step``, ``interrupted`` at the last update, plus ``stopped`` at the last update when
+    training went on after a divergence. A run's last update is ``updates_done``, else its last
+    training-loss point; ``value`` is the last finite training loss at or before ``step`` (else
+    NaN). A completed or running run has no mark.
 
     Example:
         >>> runs = pd.DataFrame({"run_id": ["a"], "variant": ["hot"], "seed": [0],
@@ -79,18 +68,16 @@ def curve_marks(runs: pd.DataFrame, curves: pd.DataFrame) -> pd.DataFrame:
     """
     columns = ["run_id", "variant", "seed", "kind", "step", "value", "label"]
     train = curves[curves["curve"] == "train_loss"] if len(curves) else curves
-    rows: list[dict[str, Any]] = []
+    rows: list[tuple[Any, ...]] = []
     for run in runs.to_dict("records"):
         status = run.get("status")
         if is_null(status) or status not in (*FAILED_STATUSES, "stopped", "interrupted"):
             continue
         own = train[train["run_id"] == run["run_id"]].sort_values("step", kind="stable")
         steps = [int(s) for s in own["step"].dropna()]
-        last = _step(run.get("updates_done"))
-        if last is None and steps:
-            last = steps[-1]
-        stop = _step(run.get("stop_step"))
-        at = stop if stop is not None else last
+        done, stop = run.get("updates_done"), run.get("stop_step")
+        last = int(done) if not is_null(done) else (steps[-1] if steps else None)
+        at = int(stop) if not is_null(stop) else last
         cause = "" if is_null(run.get("stop_cause")) else f" ({as_text(run['stop_cause'])})"
         where = "at an unknown update" if at is None else f"at update {at}"
         marks = [(str(status), at, f"{status}{cause} {where}")]
@@ -101,15 +88,7 @@ def curve_marks(runs: pd.DataFrame, curves: pd.DataFrame) -> pd.DataFrame:
             before = finite if step is None else finite[finite["step"] <= step]
             value = float(before["value"].iloc[-1]) if len(before) else math.nan
             rows.append(
-                {
-                    "run_id": run["run_id"],
-                    "variant": run.get("variant"),
-                    "seed": run.get("seed"),
-                    "kind": kind,
-                    "step": step,
-                    "value": value,
-                    "label": label,
-                }
+                (run["run_id"], run.get("variant"), run.get("seed"), kind, step, value, label)
             )
     frame = pd.DataFrame(rows, columns=columns)
     frame["step"] = frame["step"].astype("Int64")
@@ -119,10 +98,9 @@ def curve_marks(runs: pd.DataFrame, curves: pd.DataFrame) -> pd.DataFrame:
 
 @dataclass(frozen=True)
 class RunCurve:
-    """One run of a loss plot: its ``variant`` as text (the runs of a variant share a colour),
-    its ``seed``, the training-loss points that can be drawn (``train``, in update order), the
-    validation points that can be drawn (``val``), and ``recorded``: whether the ledger holds
-    any training-loss point of the run (drawable or not).
+    """One run of a loss plot: its ``variant`` as text, its ``seed``, the training-loss and
+    validation points that can be drawn (``train`` in update order, ``val``), and ``recorded``:
+    whether the ledger holds any training-loss point of the run.
 
     Example:
         >>> none = pd.DataFrame({"step": [], "value": []})
@@ -140,10 +118,9 @@ class RunCurve:
 
 @dataclass(frozen=True)
 class LossCurves:
-    """The data of a loss plot (:func:`loss_curves`): one :class:`RunCurve` per run in the
-    runs' order, ``log`` (every finite training loss is positive: a logarithmic axis),
-    ``validated`` (some run has a point of the validation metric), the ``marks``
-    (:func:`curve_marks`) and the number of runs per ``statuses`` (as text, first seen first).
+    """The data of a loss plot: one :class:`RunCurve` per run, ``log`` (every finite training
+    loss is positive: a logarithmic axis), ``validated`` (some run has a validation point), the
+    ``marks`` (:func:`curve_marks`) and the number of runs per status (``statuses``).
 
     Example:
         >>> runs = pd.DataFrame({"run_id": ["a"], "variant": ["hot"], "seed": [0],
@@ -164,9 +141,7 @@ class LossCurves:
 
 def loss_curves(curves: pd.DataFrame, runs: pd.DataFrame, val_metric: str) -> LossCurves:
     """The :class:`LossCurves` of ``runs`` (``Ledger.runs()`` rows) from their curves
-    (``Ledger.curves()``), with ``val_metric`` as the validation points. The axis is
-    logarithmic when every finite training loss is positive, so a blown-up run stays readable;
-    a non-finite loss cannot be drawn."""
+    (``Ledger.curves()``), with ``val_metric`` as the validation points."""
     train = curves[curves["curve"] == "train_loss"] if len(curves) else curves
     values = train["value"].astype("float64") if len(train) else pd.Series(dtype="float64")
     finite = values[values.map(math.isfinite)]
@@ -176,15 +151,9 @@ def loss_curves(curves: pd.DataFrame, runs: pd.DataFrame, val_metric: str) -> Lo
         own = curves[curves["run_id"] == run["run_id"]] if len(curves) else curves
         line = own[own["curve"] == "train_loss"].sort_values("step", kind="stable")
         val = own[(own["curve"] == "val") & (own["name"] == val_metric)]
+        train, drawn = drawable_points(line, log), drawable_points(val, log)
         per_run.append(
-            RunCurve(
-                run_id=run["run_id"],
-                variant=as_text(variant),
-                seed=run.get("seed"),
-                train=drawable_points(line, log),
-                val=drawable_points(val, log),
-                recorded=not line.empty,
-            )
+            RunCurve(run["run_id"], as_text(variant), run.get("seed"), train, drawn, not line.empty)
         )
     validated = bool(len(curves)) and bool(
         ((curves["curve"] == "val") & (curves["name"] == val_metric)).any()
@@ -198,8 +167,8 @@ def loss_curves(curves: pd.DataFrame, runs: pd.DataFrame, val_metric: str) -> Lo
 def _on_device_share(
     placement: pd.DataFrame | None, device: Any, rank: Any, attempt: Any
 ) -> tuple[dict[str, float], list[str]]:
-    """The fraction of each state kind that sits on ``device`` (``placement.parquet`` at the
-    fit's end, else after the first update), and a note per kind held elsewhere."""
+    """The fraction of each state kind on ``device`` (``placement.parquet`` at the fit's end,
+    else after the first update), and a note per kind held elsewhere."""
     if placement is None or placement.empty or is_null(device):
         return {}, []
     rows = placement
@@ -224,18 +193,14 @@ def _on_device_share(
 
 
 def memory_stack(phases: pd.DataFrame, placement: pd.DataFrame | None = None) -> pd.DataFrame:
-    """Each phase's highest peak allocated memory, split by category, one row per phase in
-    campaign order: ``phase``, ``peak_bytes``, ``weights``, ``gradients``,
-    ``optimizer_state``, ``activations_other`` (float bytes), ``measured`` and ``note``.
+    """Each phase's highest peak allocated memory split by category, one row per phase in
+    campaign order: ``phase``, ``peak_bytes``, the :data:`CATEGORIES`, ``activations_other``
+    (float bytes), ``measured`` and ``note``.
 
-    The row with the highest ``peak_allocated_bytes`` of the phase (over occurrences,
-    attempts and ranks) is split: the training state it held (``param_bytes`` +
-    ``buffer_bytes``, ``grad_bytes``, ``optimizer_state_bytes``), counted only for the share
-    that ``placement`` (``placement.parquet``) puts on the measured device, and the rest of
-    the peak as activations and other tensors, so the categories sum to the peak. The state is
-    read at the phase's end: when it is larger than the peak, ``activations_other`` is 0 and
-    the note says by how much. A phase whose peak was not measured has null values (NaN),
-    never 0, and ``measured`` false.
+    The training state the peak row held (only the share ``placement`` puts on the measured
+    device) fills the categories, the rest of the peak is activations and other tensors; a
+    state larger than the peak (read at the phase's end) leaves 0 and a note. A phase whose
+    peak was not measured has NaN values and ``measured`` false.
     """
     columns = ["phase", "peak_bytes", *(c for c, _, _ in CATEGORIES), OTHER[0], "measured"]
     rows: list[dict[str, Any]] = []
@@ -278,8 +243,8 @@ def memory_stack(phases: pd.DataFrame, placement: pd.DataFrame | None = None) ->
 
 
 def phase_peaks(table: pd.DataFrame) -> pd.Series:
-    """The highest ``peak_allocated_bytes`` of each phase of a phase table, as floats in the
-    order the phases first appear; phases without a measurement left out.
+    """The highest ``peak_allocated_bytes`` of each measured phase, as floats, in the order the
+    phases first appear.
 
     Example:
         >>> table = pd.DataFrame(
@@ -292,23 +257,18 @@ def phase_peaks(table: pd.DataFrame) -> pd.Series:
     """
     measured = table.dropna(subset=["peak_allocated_bytes"])
     order = list(dict.fromkeys(measured["phase"]))
-    peaks: pd.Series = (
-        measured.groupby("phase", sort=False)["peak_allocated_bytes"].max().astype(float)
-    )
+    peaks = measured.groupby("phase", sort=False)["peak_allocated_bytes"].max().astype(float)
     return peaks.reindex(order)
 
 
 def comparison_points(comparison: Comparison, control: str | None = None) -> pd.DataFrame:
-    """Every run of a comparison (``Ledger.compare``) as a point to draw, in the groups'
-    order: ``group``, ``x`` (the group's position, spread a little by seed), ``seed``,
-    ``status``, ``run_id``, ``value`` (the run's metric as read), ``y`` (what is drawn:
-    the value of a measured run, NaN otherwise), ``place`` and ``control``.
+    """Every run of a comparison (``Ledger.compare``) as a point, in the groups' order:
+    ``group``, ``x`` (the group's position, spread by seed), ``seed``, ``status``, ``run_id``,
+    ``value`` (as read), ``y`` (the value of a measured run, else NaN), ``place`` and
+    ``control`` (the runs of ``control``, default the comparison's).
 
-    ``place`` is ``measured``; ``worst`` for a run counted as the worst value (diverged, out
-    of memory, failed, or a non-finite metric), drawn in a strip at the top; or ``no value``
-    for a run not in the statistics (still running, interrupted, or the metric never logged),
-    drawn in a strip at the bottom. ``control`` marks the runs of ``control`` (default: the
-    comparison's own).
+    ``place`` is ``measured``, ``worst`` (counted as the worst value: diverged, out of memory,
+    failed, or a non-finite metric) or ``no value`` (not in the statistics).
 
     Example:
         >>> from lightning_pilot.core.compare import compare_runs
@@ -324,33 +284,23 @@ def comparison_points(comparison: Comparison, control: str | None = None) -> pd.
     by = str(comparison.summary.columns[0])
     control = control if control is not None else comparison.control
     groups = list(comparison.summary[by])
-    runs = comparison.runs
     rows = []
     for index, group in enumerate(groups):
-        own = runs[runs[by] == group]
+        own = comparison.runs[comparison.runs[by] == group]
         width = 0.5 / max(1, len(own))
         for i, run in enumerate(own.to_dict("records")):
-            score = run.get("score")
-            value = run.get("value")
+            score, value = run.get("score"), run.get("value")
             if is_null(score):
                 place, y = "no value", math.nan
             elif math.isinf(float(score)):
                 place, y = "worst", math.nan
             else:
                 place, y = "measured", float(score)
-            rows.append(
-                {
-                    "group": group,
-                    "x": index + (i - (len(own) - 1) / 2) * width,
-                    "seed": run.get("seed"),
-                    "status": run.get("status"),
-                    "run_id": run.get("run_id"),
-                    "value": math.nan if is_null(value) else float(value),
-                    "y": y,
-                    "place": place,
-                    "control": control is not None and group == control,
-                }
-            )
+            x = index + (i - (len(own) - 1) / 2) * width
+            value = math.nan if is_null(value) else float(value)
+            mark = control is not None and group == control
+            about = [run.get(key) for key in ("seed", "status", "run_id")]
+            rows.append((group, x, *about, value, y, place, mark))
     columns = ["group", "x", "seed", "status", "run_id", "value", "y", "place", "control"]
     frame = pd.DataFrame(rows, columns=columns)
     frame["control"] = frame["control"].astype(bool)
@@ -359,10 +309,9 @@ def comparison_points(comparison: Comparison, control: str | None = None) -> pd.
 
 @dataclass(frozen=True)
 class ComparisonPlot:
-    """The data of a comparison plot (:func:`comparison_plot`): the column the runs are
-    grouped ``by``, the ``metric`` and its ``mode`` (``min``: lower is better), the ``control``
-    marked (``None``: none), every run's point (``points``, :func:`comparison_points`) and each
-    group's median (``medians``, indexed by group in the comparison's order).
+    """The data of a comparison plot: the column the runs are grouped ``by``, the ``metric``
+    and its ``mode``, the ``control`` marked, every run's point (:func:`comparison_points`)
+    and each group's median (``medians``, indexed by group).
 
     Example:
         >>> from lightning_pilot.core.compare import compare_runs

@@ -1,14 +1,7 @@
-"""PNG plots of a pilot folder (docs/plots.md): the loss curves of every run with where each
-diverged, stopped or failed; per-phase peak memory stacked by category; the variant comparison
-with every seed's point and the control marked.
-
-The data behind each plot comes from a pure function of :mod:`lightning_pilot.report.plot_data`
-tested on its own (:func:`~lightning_pilot.report.plot_data.loss_curves`,
-:func:`~lightning_pilot.report.plot_data.memory_stack`,
-:func:`~lightning_pilot.report.plot_data.comparison_plot`); this module only lays it out.
-matplotlib is optional (extra ``lightning-pilot[plots]``), imported only to draw, through the
-Agg canvas directly: no global backend is switched and no window opens. Nothing here imports
-torch or Lightning.
+"""PNG plots of a pilot folder (docs/plots.md), laying out what
+:mod:`lightning_pilot.report.plot_data` prepares. matplotlib is optional (extra
+``lightning-pilot[plots]``), imported only to draw, through the Agg canvas: no global backend is
+switched and no window opens. Nothing here imports torch or Lightning.
 
 Example:
     >>> for name, shows in PLOT_FILES.items():
@@ -59,14 +52,20 @@ PLOT_FILES: Final = {
     PHASE_MEMORY: "peak memory per phase, stacked by category",
     COMPARISON: "the variant comparison: every seed's value, the control marked",
 }
-#: How each mark of :func:`~lightning_pilot.report.plot_data.curve_marks` is drawn: marker,
-#: colour, legend text.
+#: How each mark of :func:`~lightning_pilot.report.plot_data.curve_marks` is drawn.
 _MARK_STYLE: Final = {
     "diverged": ("X", "red", "diverged here (the divergence rule fired)"),
     "stopped": ("s", "black", "training stopped here"),
     "failed": ("X", "black", "failed here (exception)"),
     "oom": ("X", "darkorange", "out of memory here"),
     "interrupted": ("s", "grey", "interrupted (last record)"),
+}
+_NO_VALUE: Final = "no value (running, interrupted, or metric not logged)"
+#: The strips of a comparison plot: a run's height on the axes, marker, face, band, and the
+#: legend's marker size and text.
+_STRIPS: Final = {
+    "worst": (0.95, "X", "red", (0.91, 1.0), 9, "diverged or failed: counted as the worst value"),
+    "no value": (0.05, "o", "none", (0.0, 0.09), None, _NO_VALUE),
 }
 _ANNOTATED: Final = 8  # marks named one by one in a loss plot's legend
 _TEXT: Final = 60  # the longest label from a file drawn on a plot
@@ -85,17 +84,23 @@ def _label(value: Any, limit: int = _TEXT) -> str:
     return terminal_safe(as_text(value), limit=limit).replace("$", r"\$")
 
 
-# -- drawing --------------------------------------------------------------------------------
+def _key(marker: str, color: str, label: str, edge: str | None = "black", **style: Any) -> Any:
+    """A legend entry of one marker, no line."""
+    from matplotlib.lines import Line2D
+
+    return Line2D(
+        [], [], marker=marker, linestyle="", color=color, markeredgecolor=edge, label=label, **style
+    )
 
 
-def _figure(width: float, height: float) -> Figure:
+def _figure(width: float, height: float) -> tuple[Figure, Axes]:
     require_matplotlib()
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     figure = Figure(figsize=(width, height), dpi=100)
     FigureCanvasAgg(figure)
-    return figure
+    return figure, figure.add_subplot()
 
 
 def _png(figure: Figure) -> bytes:
@@ -106,26 +111,19 @@ def _png(figure: Figure) -> bytes:
 
 
 def _publish(data: bytes, path: storage.PathLike) -> storage.Location:
-    # Drawn again from the tables on every run: replaced atomically, never half-written (on an
-    # object store, one whole-object write).
+    """Replace ``path`` atomically (on an object store, one whole-object write)."""
     return storage.publish_file(path, lambda handle: handle.write(data), replace=True)
 
 
-def _byte_axis(axes: Axes, largest: float) -> float:
-    """Label the y axis in the unit :func:`format_bytes` picks for ``largest``; return the
-    divisor to plot values in that unit."""
-    unit = format_bytes(largest).split(" ")[-1] if largest > 0 else "B"
-    divisor = float(1024 ** ("B", "KiB", "MiB", "GiB", "TiB").index(unit))
-    axes.set_ylabel(f"peak allocated memory ({unit})")
-    return divisor
+def _save(figure: Figure, path: str | os.PathLike[str]) -> Path:
+    _publish(_png(figure), path)
+    return Path(path)
 
 
 def _loss_figure(data: LossCurves, *, title: str, val_metric: str) -> Figure:
-    from matplotlib.lines import Line2D
     from matplotlib.ticker import MaxNLocator
 
-    figure = _figure(12.0, 5.4)
-    axes = figure.add_subplot()
+    figure, axes = _figure(12.0, 5.4)
     log = data.log
     variants = [run.variant for run in data.runs]
     colors = {v: f"C{i % 10}" for i, v in enumerate(dict.fromkeys(variants))}
@@ -138,7 +136,7 @@ def _loss_figure(data: LossCurves, *, title: str, val_metric: str) -> Figure:
             no_points.append(f"{_label(run.variant, 20)} s{_label(run.seed)}")
         drawn = axes.plot(
             run.train["step"].astype(float), run.train["value"], color=color, linewidth=1.0,
-            alpha=0.8,
+            alpha=0.8
         )  # fmt: skip
         if run.variant not in named:
             named.add(run.variant)
@@ -147,13 +145,10 @@ def _loss_figure(data: LossCurves, *, title: str, val_metric: str) -> Figure:
             handles.append(drawn[0])
         axes.plot(
             run.val["step"].astype(float), run.val["value"], "o", color=color, markersize=5,
-            markeredgecolor="black", markeredgewidth=0.5,
+            markeredgecolor="black", markeredgewidth=0.5
         )  # fmt: skip
     if data.validated:
-        handles.append(
-            Line2D([], [], marker="o", linestyle="", color="grey", markeredgecolor="black",
-                   label=f"{_label(val_metric)} (validation)")
-        )  # fmt: skip
+        handles.append(_key("o", "grey", f"{_label(val_metric)} (validation)"))
     marks = data.marks
     for i, mark in enumerate(marks.to_dict("records")):
         marker, color, text = _MARK_STYLE.get(mark["kind"], ("X", "purple", mark["kind"]))
@@ -166,10 +161,7 @@ def _loss_figure(data: LossCurves, *, title: str, val_metric: str) -> Figure:
         else:
             text = ""
         if text:
-            handles.append(
-                Line2D([], [], marker=marker, linestyle="", color=color, markeredgecolor="black",
-                       markersize=9, label=text)
-            )  # fmt: skip
+            handles.append(_key(marker, color, text, markersize=9))
         if is_null(mark["step"]):
             continue
         y = mark["value"]
@@ -178,7 +170,7 @@ def _loss_figure(data: LossCurves, *, title: str, val_metric: str) -> Figure:
         transform = axes.transData if drawable else axes.get_xaxis_transform()
         axes.plot(
             [mark["step"]], [y if drawable else 0.03], marker, color=color, markersize=11,
-            markeredgecolor="black", transform=transform, zorder=5,
+            markeredgecolor="black", transform=transform, zorder=5
         )  # fmt: skip
     if log:
         axes.set_yscale("log")
@@ -209,16 +201,16 @@ def plot_loss_curves(
     blown-up run stays readable; non-finite losses cannot be drawn (the mark then sits on the
     last finite one): :func:`~lightning_pilot.report.plot_data.loss_curves`."""
     figure = _loss_figure(loss_curves(curves, runs, val_metric), title=title, val_metric=val_metric)
-    _publish(_png(figure), path)
-    return Path(path)
+    return _save(figure, path)
 
 
 def _memory_figure(stack: pd.DataFrame, *, title: str) -> Figure:
-    figure = _figure(9.0, 5.0)
-    axes = figure.add_subplot()
+    figure, axes = _figure(9.0, 5.0)
     measured = stack[stack["measured"]]
     largest = float(measured["peak_bytes"].max()) if len(measured) else 0.0
-    divisor = _byte_axis(axes, largest)
+    unit = format_bytes(largest).split(" ")[-1] if largest > 0 else "B"  # the y axis' unit
+    divisor = float(1024 ** ("B", "KiB", "MiB", "GiB", "TiB").index(unit))
+    axes.set_ylabel(f"peak allocated memory ({unit})")
     x = list(range(len(stack)))
     bottom = [0.0] * len(stack)
     layers = [*((c, label) for c, label, _ in CATEGORIES), OTHER]
@@ -231,13 +223,13 @@ def _memory_figure(stack: pd.DataFrame, *, title: str) -> Figure:
         if row["measured"]:
             axes.annotate(
                 format_bytes(row["peak_bytes"]), (position, row["peak_bytes"] / divisor),
-                textcoords="offset points", xytext=(0, 3), ha="center", fontsize="small",
+                textcoords="offset points", xytext=(0, 3), ha="center", fontsize="small"
             )  # fmt: skip
         else:
             # No bar: a phase without a measurement is never drawn as 0.
             axes.text(
                 position, 0.02 * top, "not measured", rotation=90, ha="center", va="bottom",
-                color="grey", fontsize="small",
+                color="grey", fontsize="small"
             )  # fmt: skip
     axes.set_xticks(x, [_label(p, 24) for p in stack["phase"]])
     for tick in axes.get_xticklabels():
@@ -266,17 +258,14 @@ def plot_phase_memory(
     ``placement.parquet``, ``None`` when absent), into the PNG file ``path`` and return it.
     The y axis is in the binary unit that fits the largest peak; a phase whose memory was not
     measured gets no bar, only the words "not measured"."""
-    figure = _memory_figure(memory_stack(table, placement), title=title)
-    _publish(_png(figure), path)
-    return Path(path)
+    return _save(_memory_figure(memory_stack(table, placement), title=title), path)
 
 
 def _comparison_figure(data: ComparisonPlot, *, title: str) -> Figure:
     from matplotlib.lines import Line2D
 
-    figure = _figure(12.0, 5.4)
-    axes = figure.add_subplot()
-    points = data.points
+    figure, axes = _figure(12.0, 5.4)
+    points, strip = data.points, axes.get_xaxis_transform()
     groups = list(data.medians.index)
     measured = points[points["place"] == "measured"]
     low, high = (measured["y"].min(), measured["y"].max()) if len(measured) else (0.0, 1.0)
@@ -284,10 +273,9 @@ def _comparison_figure(data: ComparisonPlot, *, title: str) -> Figure:
     # Room above and below the measured points for the strips of the worst and of no value.
     axes.set_ylim(low - 0.3 * span, high + 0.3 * span)
     handles: list[Any] = [
-        Line2D([], [], marker="o", linestyle="", color="C0", markeredgecolor="black",
-               label="one run (s = seed)"),
+        _key("o", "C0", "one run (s = seed)"),
         Line2D([], [], color="black", linewidth=2, label="median over the group's runs"),
-    ]  # fmt: skip
+    ]
     for index, (group, median) in enumerate(data.medians.items()):
         own = points[points["group"] == group]
         color = "C1" if own["control"].any() else "C0"
@@ -296,71 +284,54 @@ def _comparison_figure(data: ComparisonPlot, *, title: str) -> Figure:
         mine = own[own["place"] == "measured"]
         axes.plot(
             mine["x"], mine["y"], "o", color=color, markeredgecolor="black", markersize=7,
-            zorder=3,
+            zorder=3
         )  # fmt: skip
         if not is_null(median) and math.isfinite(median):
             axes.hlines(median, index - 0.3, index + 0.3, color="black", linewidth=2, zorder=4)
         elif not is_null(median):  # the median run diverged or failed: the worst value
             axes.text(
                 index, 0.89, "median: worst", ha="center", va="top", fontsize="small",
-                transform=axes.get_xaxis_transform(),
+                transform=strip
             )  # fmt: skip
-        for place, y, marker in (("worst", 0.95, "X"), ("no value", 0.05, "o")):
+        for place, (y, marker, face, *_) in _STRIPS.items():
             part = own[own["place"] == place]
             axes.plot(
-                part["x"], [y] * len(part), marker, color="red" if place == "worst" else "none",
-                markeredgecolor="black", markersize=9, transform=axes.get_xaxis_transform(),
-                zorder=3,
+                part["x"], [y] * len(part), marker, color=face, markeredgecolor="black",
+                markersize=9, transform=strip, zorder=3
             )  # fmt: skip
         for row in own.to_dict("records"):
-            y, transform = row["y"], axes.transData
-            if row["place"] != "measured":
-                y, transform = (
-                    (0.95 if row["place"] == "worst" else 0.05),
-                    axes.get_xaxis_transform(),
-                )
+            inside = row["place"] == "measured"
             axes.annotate(
-                f"s{_label(row['seed'], 8)}", (row["x"], y), xycoords=transform,
-                textcoords="offset points", xytext=(5, 3), fontsize="x-small",
+                f"s{_label(row['seed'], 8)}",
+                (row["x"], row["y"] if inside else _STRIPS[row["place"]][0]),
+                xycoords=axes.transData if inside else strip,
+                textcoords="offset points", xytext=(5, 3), fontsize="x-small"
             )  # fmt: skip
-    for y, place in ((0.91, "worst"), (0.09, "no value")):
+    for place, (_, marker, face, band, size, label) in _STRIPS.items():
         if (points["place"] == place).any():
-            band = (y, 1.0) if place == "worst" else (0.0, y)
             axes.fill_between(
                 [0, 1], *band, color="grey", alpha=0.12, linewidth=0, transform=axes.transAxes
             )
-    if (points["place"] == "worst").any():
-        handles.append(
-            Line2D([], [], marker="X", linestyle="", color="red", markeredgecolor="black",
-                   markersize=9, label="diverged or failed: counted as the worst value")
-        )  # fmt: skip
-    if (points["place"] == "no value").any():
-        handles.append(
-            Line2D([], [], marker="o", linestyle="", color="none", markeredgecolor="black",
-                   label="no value (running, interrupted, or metric not logged)")
-        )  # fmt: skip
-    control_name = data.control
+            handles.append(_key(marker, face, label, markersize=size))
+    control = data.control
     if points["control"].any():
-        handles.append(
-            Line2D([], [], marker="s", linestyle="", color="C1", alpha=0.4, markersize=12,
-                   label=f"the control: {_label(control_name)}")
-        )  # fmt: skip
+        label = f"the control: {_label(control)}"
+        handles.append(_key("s", "C1", label, edge=None, alpha=0.4, markersize=12))
     ticks = [
-        f"{_label(g, 24)}\n(control)" if control_name is not None and g == control_name
-        else _label(g, 24)
+        f"{_label(g, 24)}\n(control)" if control is not None and g == control else _label(g, 24)
         for g in groups
-    ]  # fmt: skip
+    ]
     axes.set_xticks(list(range(len(groups))), ticks)
     axes.set_xlim(-0.6, len(groups) - 0.4)
     better = "lower" if data.mode == "min" else "higher"
     axes.set_ylabel(f"{_label(data.metric)} ({better} is better)")
     axes.set_xlabel(_label(data.by))
-    if control_name is None:
+    if control is None:
         note = "no control given"
     elif points["control"].any():
-        note = f"control {_label(control_name)} shaded"
+        note = f"control {_label(control)} shaded"
     else:
-        note = f"control {_label(control_name)} not in this comparison"
+        note = f"control {_label(control)} not in this comparison"
     axes.set_title(f"{title}\n{len(points)} run(s); {note}", fontsize="medium")
     axes.grid(True, axis="y", alpha=0.3)
     axes.legend(handles=handles, fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1))
@@ -380,9 +351,7 @@ def plot_comparison(
     (:func:`~lightning_pilot.report.plot_data.comparison_plot`), and the ``control`` group
     (default: the comparison's) shaded and named."""
     text = title or f"{_label(comparison.metric)} per variant, every seed"
-    figure = _comparison_figure(comparison_plot(comparison, control), title=text)
-    _publish(_png(figure), path)
-    return Path(path)
+    return _save(_comparison_figure(comparison_plot(comparison, control), title=text), path)
 
 
 # -- a whole pilot folder -------------------------------------------------------------------
@@ -424,32 +393,25 @@ def _experiment_plots(
     runs: pd.DataFrame,
     curves: pd.DataFrame,
     experiment: Any,
-    *,
     metric: str,
-    control: str | None,
+    control: Any,
 ) -> tuple[dict[str, bytes], dict[str, str]]:
-    """The loss-curve and comparison PNGs of one experiment's runs, drawn once."""
+    """The loss-curve and comparison PNGs of one experiment's runs, and why one is missing."""
     chosen = experiment_runs(runs, experiment)
     name = "runs without an experiment" if is_null(experiment) else f"experiment {experiment}"
-    pngs: dict[str, bytes] = {}
-    skipped: dict[str, str] = {}
     title = f"training loss per run, {_label(name)}"
     data = loss_curves(curves, chosen, metric)
-    pngs[LOSS_CURVES] = _png(_loss_figure(data, title=title, val_metric=metric))
+    pngs = {LOSS_CURVES: _png(_loss_figure(data, title=title, val_metric=metric))}
     if is_null(experiment):
-        skipped[COMPARISON] = "the run has no experiment in the ledger"
-        return pngs, skipped
-    variants = set(chosen["variant"].dropna())
+        return pngs, {COMPARISON: "the run has no experiment in the ledger"}
+    known = control if control in set(chosen["variant"].dropna()) else None
     try:
-        comparison = ledger.compare(
-            metric, experiment=str(experiment), control=control if control in variants else None
-        )
+        comparison = ledger.compare(metric, experiment=str(experiment), control=known)
     except ValueError as err:
-        skipped[COMPARISON] = terminal_safe(err)
-        return pngs, skipped
+        return pngs, {COMPARISON: terminal_safe(err)}
     text = f"{_label(metric)} per variant, every seed; {_label(name)}"
     pngs[COMPARISON] = _png(_comparison_figure(comparison_plot(comparison, control), title=text))
-    return pngs, skipped
+    return pngs, {}
 
 
 def plot_folder(
@@ -462,15 +424,12 @@ def plot_folder(
     """Draw the plots of a pilot folder next to each run's choice sheet and return what was
     drawn where (docs/plots.md).
 
-    ``path`` is an output folder (every run under ``runs/``), a run folder
-    (``<out_dir>/runs/<run_id>``: that run) or the ledger folder, local or at a URL fsspec
-    understands (``s3://``, ``memory://``: read there, and the PNGs written there, each in one
-    whole-object write; :func:`lightning_pilot.storage.location`). Each run folder gets
-    ``phase_memory.png`` (its phase table; :func:`plot_phase_memory`), and
-    ``loss_curves.png`` and ``comparison.png`` of its experiment (``experiment``, default
-    the run's own, from the ledger; :func:`plot_loss_curves`, :func:`plot_comparison` on
-    ``metric`` with ``control`` marked). An experiment none of whose runs has a run folder
-    (runs with only a ledger) gets its two plots in ``<out_dir>/plots/<experiment>/``.
+    ``path`` (as :func:`scope` reads it) is local or at a URL fsspec understands (``s3://``,
+    ``memory://``: the PNGs are written there, each in one whole-object write). Each run folder
+    gets ``phase_memory.png`` of its phase table, and ``loss_curves.png`` and ``comparison.png``
+    of its experiment (``experiment``, default the run's own) on ``metric`` with ``control``
+    marked. An experiment none of whose runs has a run folder gets its two plots in
+    ``<out_dir>/plots/<experiment>/``.
 
     Raises:
         ModuleNotFoundError: matplotlib is not installed (:data:`MATPLOTLIB_MISSING`).
@@ -488,21 +447,18 @@ def plot_folder(
             f"{path} holds neither a run folder (<out_dir>/runs/<run_id>) nor a ledger"
             " (<out_dir>/ledger): nothing to plot."
         )
-    runs = ledger.runs() if ledger is not None else None
-    curves = ledger.curves() if ledger is not None else None
+    runs, curves = (None, None) if ledger is None else (ledger.runs(), ledger.curves())
     if experiment is not None and (runs is None or not (runs["experiment"] == experiment).any()):
         known = [] if runs is None else sorted(runs["experiment"].dropna().unique().tolist())
         raise ValueError(f"experiment={experiment!r} is not in the ledger; known: {known}.")
     experiments: dict[Any, tuple[dict[str, bytes], dict[str, str]]] = {}
 
     def of_experiment(name: Any) -> tuple[dict[str, bytes], dict[str, str]]:
-        key = "" if is_null(name) else name
+        key = "" if is_null(name) else name  # drawn once per experiment
         if key not in experiments:
             assert runs is not None
             assert curves is not None
-            experiments[key] = _experiment_plots(
-                ledger, runs, curves, name, metric=metric, control=control
-            )
+            experiments[key] = _experiment_plots(ledger, runs, curves, name, metric, control)
         return experiments[key]
 
     done: list[Drawn] = []
@@ -514,9 +470,9 @@ def plot_folder(
         if phases is None:
             drawn.skipped[PHASE_MEMORY] = "no readable phase table (PhaseMemoryMonitor writes it)"
         else:
-            title = f"peak allocated memory per phase, run {run_dir.name}"
+            stack = memory_stack(phases, _detail(run_dir, "placement"))
             figure = _memory_figure(
-                memory_stack(phases, _detail(run_dir, "placement")), title=title
+                stack, title=f"peak allocated memory per phase, run {run_dir.name}"
             )
             drawn.written.append(_publish(_png(figure), run_dir / PHASE_MEMORY))
         mine = None if runs is None else runs[runs["run_id"] == run_dir.name]

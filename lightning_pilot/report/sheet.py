@@ -45,6 +45,11 @@ from lightning_pilot.vocabulary import verdict_rank
 SHEET_NAME: Final = "sheet.md"
 _OWNER: Final = "choice_sheet"
 _MEMORY_HEADERS: Final = "phase|peak allocated|peak reserved|first time|median time|verdict"
+#: How the memory section names the largest peak of each kind.
+_LARGEST: Final = {
+    "allocated": "Largest phase: **{}**, peak allocated {}.",
+    "reserved": "Largest peak reserved: **{}**, {}.",
+}
 _CAMPAIGN_HEADERS: Final = (
     "variant (priority order)|pilot status|planned updates|hours|device-hours|cumulative hours"
 )
@@ -92,17 +97,13 @@ def _section(title: str, lines: Sequence[str]) -> list[str]:
 
 
 def _verdicts(phases: pd.DataFrame, summary: pd.DataFrame) -> list[str]:
-    """Blocking failures first, then warnings and unchecked rows, then every phase's verdict."""
     skipped = sampled_out(phases)
     not_passed = phases[(phases["verdict"] != "pass") & ~skipped]
     rank = not_passed["verdict"].map(verdict_rank)
     failures = int((phases["verdict"] == "fail").sum())
-    lines = [
-        f"**{failures} blocking failure(s)**: fix these before renting GPUs."
-        if failures
-        else "No blocking failure.",
-        "",
-    ]
+    lines = [f"**{failures} blocking failure(s)**: fix these before renting GPUs.", ""]
+    if not failures:
+        lines[0] = "No blocking failure."
     for row in not_passed.assign(_rank=rank).sort_values("_rank", kind="stable").itertuples():
         lines.append(
             f"- **{as_text(row.verdict)}** {as_text(row.phase)} ({occurrence(row.first)}, attempt"
@@ -144,27 +145,15 @@ def _memory(phases: pd.DataFrame, summary: pd.DataFrame) -> list[str]:
         ]
         for r in summary.itertuples()
     ]
-    lines = [
-        f"Counter: {joined(phases['counter'])}.",
-        "",
-        _markdown_table(_MEMORY_HEADERS.split("|"), rows),
-        "",
-    ]
-    allocated = memory_peak(summary, ("allocated",))
-    if allocated is None:
-        lines.append("- Peak allocated: not measured (null) in any phase.")
-    else:
-        lines.append(
-            f"- Largest phase: **{as_text(allocated.phase)}**, peak allocated"
-            f" {_bytes(allocated.bytes)}."
-        )
-    reserved = memory_peak(summary, ("reserved",))
-    if reserved is None:
-        return [*lines, "- Peak reserved: not measured (null) in any phase."]
-    return [
-        *lines,
-        f"- Largest peak reserved: **{as_text(reserved.phase)}**, {_bytes(reserved.bytes)}.",
-    ]
+    table = _markdown_table(_MEMORY_HEADERS.split("|"), rows)
+    lines = [f"Counter: {joined(phases['counter'])}.", "", table, ""]
+    for kind, largest in _LARGEST.items():
+        peak = memory_peak(summary, (kind,))
+        if peak is None:
+            lines.append(f"- Peak {kind}: not measured (null) in any phase.")
+        else:
+            lines.append("- " + largest.format(as_text(peak.phase), _bytes(peak.bytes)))
+    return lines
 
 
 def _headroom(phases: pd.DataFrame, peak: Peak | None, gpu_memory_bytes: int | None) -> list[str]:
@@ -281,7 +270,6 @@ def _expected(run: RunFolder) -> list[str]:
 
 
 def _standing(run: RunFolder, control: str | None) -> list[str]:
-    """Where each variant of the experiment stands on the agreed metric, the control marked."""
     comparison = run.comparison
     if isinstance(comparison, str):
         return [f"- Not measured: {comparison}"]
@@ -300,13 +288,11 @@ def _standing(run: RunFolder, control: str | None) -> list[str]:
 
 
 def _campaign(run: RunFolder, step: StepTime, reserve: float) -> list[str]:
-    """The campaign package: device-hours per variant, and what fits in 3, 7 and 30 days."""
     if step.seconds is None:
         return ["- Not computed: the step time was not measured."]
-    record = run.record
     devices = 1
-    if record is not None and not is_null(record.get("devices")):
-        devices = max(1, int(record["devices"]))
+    if run.record is not None and not is_null(run.record.get("devices")):
+        devices = max(1, int(run.record["devices"]))
     variants = campaign_variants(run.runs, run.experiment)
     plan = campaign(run.phases, variants, step.seconds, reserve=reserve, devices=devices)
     (val_rate, val_time), (ckpt_rate, ckpt_time) = plan.validation, plan.checkpoint
@@ -347,7 +333,6 @@ def _campaign(run: RunFolder, step: StepTime, reserve: float) -> list[str]:
 
 
 def _on_target(run: RunFolder, reserve: float, gpu_prices: Mapping[str, float] | None) -> list[str]:
-    """Memory per GPU and the campaign package on the target GPUs of the run's estimate."""
     if run.estimate is None:
         return [
             "- Not estimated: add `TargetEstimator` to the pilot (or run `lightning-pilot"
@@ -388,7 +373,7 @@ def _on_target(run: RunFolder, reserve: float, gpu_prices: Mapping[str, float] |
         price = (gpu_prices or {}).get(str(c["target"]))
         table, packages = target_campaign(
             variants, float(c["step_low_s"]), float(c["step_high_s"]),
-            devices=int(c["devices"]), reserve=reserve, price_per_gpu_hour=price,
+            devices=int(c["devices"]), reserve=reserve, price_per_gpu_hour=price
         )  # fmt: skip
         hours = amount_range(table["gpu_hours_low"].sum(), table["gpu_hours_high"].sum(), 3)
         cost = "" if price is None else (
@@ -406,8 +391,7 @@ def _on_target(run: RunFolder, reserve: float, gpu_prices: Mapping[str, float] |
 
 
 def _unpriced(configs: Sequence[Mapping[str, Any]]) -> str:
-    """Why the package on the target is not priced, for configurations with nothing fitting
-    or no planned updates: what was estimated, and how to estimate it when nothing was."""
+    """Why the package on the target is not priced: what was estimated, or how to estimate."""
     estimated = [c for c in configs if c["fits"] is True or c["fits"] is False]
     if not estimated:
         failed = (
@@ -432,8 +416,7 @@ def _unpriced(configs: Sequence[Mapping[str, Any]]) -> str:
 
 
 def _largest(frame: pd.DataFrame | None) -> list[str]:
-    """The largest micro-batch and sequence length that fit each target (the estimate's
-    ``estimate_largest`` table), each confirmed by tracing unless it says otherwise."""
+    """The largest micro-batch and sequence length that fit each target."""
     if frame is None:
         return []
     lines = ["Largest that fits (micro-batch at the sequence length given; sequence length at"
@@ -481,7 +464,6 @@ def _target_row(c: Mapping[str, Any]) -> list[str]:
 
 
 def _plots(folder: storage.Location) -> list[str]:
-    """Links to the PNG files ``lightning-pilot plot`` drew in the run folder (those there)."""
     from lightning_pilot.report.plots import existing_plots  # no matplotlib: file names only
 
     found = existing_plots(folder)
@@ -501,7 +483,7 @@ def render_choice_sheet(
     control: str | None = None,
     gpu_prices: Mapping[str, float] | None = None,
 ) -> str:
-    """The choice sheet of a loaded run (:func:`~lightning_pilot.report.load.load_run`), as
+    """The choice sheet of a run :func:`~lightning_pilot.report.load.load_run` read, as
     :func:`choice_sheet`."""
     check_options(gpu_memory_bytes, reserve)
     summary = analysis.phase_summary(run.phases)
@@ -529,8 +511,7 @@ def render_choice_sheet(
 
 
 def check_options(gpu_memory_bytes: Any, reserve: Any) -> None:
-    """Raise for a target GPU that is not a positive int of bytes, or a reserve that is not a
-    fraction in [0, 1) (:mod:`lightning_pilot.core.validate`'s errors)."""
+    """Raise for a target GPU that is not a positive int of bytes, or a reserve not in [0, 1)."""
     validate.integer(_OWNER, "gpu_memory_bytes", gpu_memory_bytes, minimum=1, optional=True)
     fraction = "a fraction in [0, 1)"
     if validate.number(_OWNER, "reserve", reserve, minimum=0, maximum=1, hint=fraction) == 1:
@@ -548,15 +529,13 @@ def choice_sheet(
     gpu_prices: Mapping[str, float] | None = None,
 ) -> str:
     """The choice sheet of the run folder ``<out_dir>/runs/<run_id>`` (local, or at a URL
-    fsspec understands: :func:`lightning_pilot.storage.location`) as Markdown, from its phase,
-    updates and model tables and ``<out_dir>/ledger`` when present.
+    fsspec understands) as Markdown, from its tables and ``<out_dir>/ledger`` when present.
 
-    ``gpu_memory_bytes`` (see :func:`~lightning_pilot.report.parse_size`; ``None`` leaves the
-    headroom out) is the target GPU's memory; ``reserve`` the fraction of each 3, 7 or 30 day
-    package kept for evaluation and export; ``experiment`` the ledger experiment whose
-    variants fill the package (default: the run's); ``metric`` the agreed quality metric and
-    ``control`` the variant marked where the variants stand; ``gpu_prices`` the price of one
-    GPU-hour per target name, to price the package on the target in money.
+    ``gpu_memory_bytes``: the target GPU's memory (``None``: no headroom); ``reserve``: the
+    fraction of each 3, 7 or 30 day package kept for evaluation and export; ``experiment``: the
+    ledger experiment whose variants fill the package (default: the run's); ``metric`` and
+    ``control``: the agreed metric and the variant marked; ``gpu_prices``: the price of one
+    GPU-hour per target name.
 
     Raises:
         FileNotFoundError: ``run_dir`` does not exist.
@@ -599,17 +578,14 @@ def write_choice_sheet(
 
 
 def publish_choice_sheet(run_dir: storage.PathLike, text: str) -> storage.Location:
-    """Publish a sheet's text as ``<run_dir>/sheet.md`` and return its path; when that exists
-    (an earlier sheet, perhaps for another GPU), ``sheet-2.md``, ``sheet-3.md``, ...: every
-    sheet written stays as it was. ``OSError`` when the write fails; nothing is left behind.
-    A remote ``run_dir`` (``s3://``, ``memory://``) gets the same names through
-    :func:`lightning_pilot.storage.publish_bytes`: on S3 and ``memory://`` the create itself
-    refuses an existing name (docs/storage.md)."""
-    data, number = text.encode("utf-8"), 1
-    folder = storage.location(run_dir)
+    """Publish a sheet's text as ``<run_dir>/sheet.md`` and return its path; when that exists,
+    ``sheet-2.md``, ``sheet-3.md``, ...: every sheet written stays as it was (on a remote
+    ``run_dir``, through :func:`lightning_pilot.storage.publish_bytes`). ``OSError`` when the
+    write fails; nothing is left behind."""
+    folder, number = storage.location(run_dir), 1
     while True:
         final = folder / (SHEET_NAME if number == 1 else f"sheet-{number}.md")
         try:
-            return storage.publish_bytes(data, final)
+            return storage.publish_bytes(text.encode("utf-8"), final)
         except FileExistsError:
-            number += 1  # an earlier sheet keeps its name and content
+            number += 1

@@ -101,10 +101,7 @@ def _clean_result(
 
 
 def gate_result(
-    phases: pd.DataFrame | None,
-    runs: pd.DataFrame | None,
-    *,
-    skipped: Sequence[str] = (),
+    phases: pd.DataFrame | None, runs: pd.DataFrame | None, *, skipped: Sequence[str] = ()
 ) -> tuple[bool, str]:
     """The command line's exit verdict and the ``Result:`` lines that name the reasons.
 
