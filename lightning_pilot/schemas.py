@@ -21,6 +21,28 @@ _TIMESTAMP = pa.timestamp("us", tz="UTC")
 _POINT = pa.struct([("step", pa.int64()), ("value", pa.float64())])
 _NAMED_POINT = pa.struct([("step", pa.int64()), ("name", pa.string()), ("value", pa.float64())])
 _CHECK = pa.struct([("name", pa.string()), ("verdict", pa.string()), ("detail", pa.string())])
+#: The column types the field lists below name.
+_TYPES: Final = {
+    "str": pa.string(),
+    "i32": pa.int32(),
+    "i64": pa.int64(),
+    "f64": pa.float64(),
+    "bool": pa.bool_(),
+    "time": _TIMESTAMP,
+    "strs": pa.list_(pa.string()),
+    "i64s": pa.list_(pa.int64()),
+    "f64s": pa.list_(pa.float64()),
+    "points": pa.list_(_POINT),
+    "named_points": pa.list_(_NAMED_POINT),
+    "checks": pa.list_(_CHECK),
+}
+
+
+def _fields(spec: str) -> list[tuple[str, pa.DataType]]:
+    """The columns ``name:type ...`` (white-space separated, each type a key of ``_TYPES``)."""
+    return [
+        (name, _TYPES[kind]) for name, _, kind in (item.partition(":") for item in spec.split())
+    ]
 
 
 def _schema(name: str, version: int, fields: Sequence[tuple[str, pa.DataType]]) -> pa.Schema:
@@ -29,14 +51,11 @@ def _schema(name: str, version: int, fields: Sequence[tuple[str, pa.DataType]]) 
 
 
 #: The columns that say whose row it is: every run table starts with them.
-RUN_IDENTITY_FIELDS: Final = (
-    ("schema_version", pa.int32()),
-    ("written_at", _TIMESTAMP),
-    ("run_id", pa.string()),
-    ("attempt", pa.int32()),
-    ("attempt_id", pa.string()),
-    ("rank", pa.int32()),
-    ("world_size", pa.int32()),
+RUN_IDENTITY_FIELDS: Final = tuple(
+    _fields(
+        "schema_version:i32 written_at:time run_id:str attempt:i32 attempt_id:str rank:i32"
+        " world_size:i32"
+    )
 )
 
 
@@ -63,117 +82,50 @@ def schema_version(schema: pa.Schema) -> int | None:
 
 PHASE_SCHEMA_VERSION: Final = 1
 #: The phase table: one row per phase, attempt and rank. Bytes and seconds; a value that was not
-#: measured is null, never 0. Allocated and reserved bytes are separate and never added.
-PHASE_SCHEMA: Final = _schema(
+#: measured is null, never 0. Allocated and reserved bytes are separate and never added. The
+#: model's state columns are those of :data:`~lightning_pilot.vocabulary.MEASURED_CATEGORIES`.
+PHASE_SCHEMA: Final = detail_schema(
     "phases",
     PHASE_SCHEMA_VERSION,
-    [
-        *RUN_IDENTITY_FIELDS,
-        ("device", pa.string()),
-        ("source", pa.string()),
-        # the phase
-        ("phase", pa.string()),
-        ("first", pa.bool_()),
-        ("occurrences", pa.int64()),
-        ("measured_occurrences", pa.int64()),
-        ("step_first", pa.int64()),
-        ("step_last", pa.int64()),
-        # inputs
-        ("batch_size", pa.int64()),
-        ("seq_len", pa.int64()),
-        ("input_shapes", pa.string()),
-        ("precision", pa.string()),
-        # memory
-        ("counter", pa.string()),
-        ("baseline_allocated_bytes", pa.int64()),
-        ("peak_allocated_bytes", pa.int64()),
-        ("end_allocated_bytes", pa.int64()),
-        ("peak_reserved_bytes", pa.int64()),
-        ("device_capacity_bytes", pa.int64()),
-        ("alloc_retries", pa.int64()),
-        ("host_rss_bytes", pa.int64()),
-        # the model's state (lightning_pilot.vocabulary.MEASURED_CATEGORIES)
-        (CATEGORY_COLUMNS["param"], pa.int64()),
-        (CATEGORY_COLUMNS["grad"], pa.int64()),
-        (CATEGORY_COLUMNS["optimizer_state"], pa.int64()),
-        (CATEGORY_COLUMNS["buffer"], pa.int64()),
-        ("host_swap_used_bytes", pa.int64()),
-        ("file_bytes", pa.int64()),
-        # time
-        ("duration_s", pa.float64()),
-        ("duration_median_s", pa.float64()),
-        ("duration_max_s", pa.float64()),
-        ("synchronized", pa.bool_()),
-        # verdict
-        ("verdict", pa.string()),
-        ("checks", pa.list_(_CHECK)),
-        ("reason", pa.string()),
-        ("notes", pa.string()),
-    ],
+    _fields(
+        """
+        device:str source:str
+        phase:str first:bool occurrences:i64 measured_occurrences:i64 step_first:i64 step_last:i64
+        batch_size:i64 seq_len:i64 input_shapes:str precision:str
+        counter:str baseline_allocated_bytes:i64 peak_allocated_bytes:i64 end_allocated_bytes:i64
+        peak_reserved_bytes:i64 device_capacity_bytes:i64 alloc_retries:i64 host_rss_bytes:i64
+        param_bytes:i64 grad_bytes:i64 optimizer_state_bytes:i64 buffer_bytes:i64
+        host_swap_used_bytes:i64 file_bytes:i64
+        duration_s:f64 duration_median_s:f64 duration_max_s:f64 synchronized:bool
+        verdict:str checks:checks reason:str notes:str
+        """
+    ),
 )
 
 LEDGER_SCHEMA_VERSION: Final = 2
 #: One run-ledger record. ``curves_delta`` (version 2): true when the record's curves hold only
 #: the points added since the attempt's previous record (heartbeats); else the whole curve.
+#: ``stop_detail`` says why it stopped, in words (the divergence rule, EarlyStopping's message).
 LEDGER_SCHEMA: Final = _schema(
     "ledger",
     LEDGER_SCHEMA_VERSION,
-    [
-        ("schema_version", pa.int32()),
-        ("record_id", pa.string()),
-        ("event", pa.string()),
-        ("written_at", _TIMESTAMP),
-        # identity
-        ("run_id", pa.string()),
-        ("attempt", pa.int32()),
-        ("attempt_id", pa.string()),
-        ("experiment", pa.string()),
-        ("variant", pa.string()),
-        ("seed", pa.int64()),
-        ("derived_from_run_id", pa.string()),
-        # configuration
-        ("params_json", pa.string()),
-        ("config_hash", pa.string()),
-        ("variant_key", pa.string()),
-        ("lr", pa.float64()),
-        ("micro_batch_size", pa.int64()),
-        ("accumulate_grad_batches", pa.int64()),
-        ("dp_replicas", pa.int64()),
-        ("effective_batch_size", pa.int64()),
-        ("planned_updates", pa.int64()),
-        ("precision", pa.string()),
-        ("strategy", pa.string()),
-        ("devices", pa.int64()),
-        # outcome
-        ("status", pa.string()),
-        ("stop_cause", pa.string()),
-        ("stop_step", pa.int64()),
-        # why it stopped, in words (the divergence rule, EarlyStopping's message, ...)
-        ("stop_detail", pa.string()),
-        ("updates_done", pa.int64()),
-        ("examples_seen", pa.int64()),
-        ("tokens_seen", pa.int64()),
-        ("exception_type", pa.string()),
-        ("exception_message", pa.string()),
-        # curves
-        ("curves_delta", pa.bool_()),
-        ("train_loss", pa.list_(_POINT)),
-        ("lr_curve", pa.list_(_POINT)),
-        ("val_points", pa.list_(_NAMED_POINT)),
-        # artifacts
-        ("predictions_uri", pa.string()),
-        ("predictions_sha256", pa.string()),
-        ("checkpoint_uri", pa.string()),
-        ("checkpoint_sha256", pa.string()),
-        ("phase_table_uri", pa.string()),
-        # environment
-        ("torch_version", pa.string()),
-        ("lightning_version", pa.string()),
-        ("python_version", pa.string()),
-        ("device_name", pa.string()),
-        ("git_revision", pa.string()),
-        ("hostname", pa.string()),
-    ],
+    _fields(
+        """
+        schema_version:i32 record_id:str event:str written_at:time
+        run_id:str attempt:i32 attempt_id:str experiment:str variant:str seed:i64
+        derived_from_run_id:str
+        params_json:str config_hash:str variant_key:str lr:f64 micro_batch_size:i64
+        accumulate_grad_batches:i64 dp_replicas:i64 effective_batch_size:i64 planned_updates:i64
+        precision:str strategy:str devices:i64
+        status:str stop_cause:str stop_step:i64 stop_detail:str updates_done:i64
+        examples_seen:i64 tokens_seen:i64 exception_type:str exception_message:str
+        curves_delta:bool train_loss:points lr_curve:points val_points:named_points
+        predictions_uri:str predictions_sha256:str checkpoint_uri:str checkpoint_sha256:str
+        phase_table_uri:str
+        torch_version:str lightning_version:str python_version:str device_name:str
+        git_revision:str hostname:str
+        """
+    ),
 )
 
 LEDGER_EVENTS: Final = ("start", "heartbeat", "end")
@@ -186,24 +138,13 @@ EXAMPLES_SCHEMA_VERSION: Final = 2
 EXAMPLES_SCHEMA: Final = detail_schema(
     EXAMPLES_TABLE,
     EXAMPLES_SCHEMA_VERSION,
-    [
-        ("split", pa.string()),
-        ("batch_index", pa.int64()),
-        ("position", pa.int64()),
-        ("example_id", pa.string()),
-        ("input_text", pa.string()),
-        ("input_tokens", pa.list_(pa.int64())),
-        ("input_values", pa.list_(pa.float64())),
-        ("target", pa.string()),
-        ("target_tokens", pa.list_(pa.int64())),
-        ("loss_positions", pa.list_(pa.int64())),
-        ("loss_tokens", pa.int64()),
-        ("length", pa.int64()),
-        ("seq_len", pa.int64()),
-        ("truncated", pa.bool_()),
-        ("label_relation", pa.string()),
-        ("notes", pa.string()),
-    ],
+    _fields(
+        """
+        split:str batch_index:i64 position:i64 example_id:str input_text:str input_tokens:i64s
+        input_values:f64s target:str target_tokens:i64s loss_positions:i64s loss_tokens:i64
+        length:i64 seq_len:i64 truncated:bool label_relation:str notes:str
+        """
+    ),
 )
 
 OVERFIT_TABLE: Final = "overfit"
@@ -211,17 +152,12 @@ OVERFIT_SCHEMA_VERSION: Final = 1
 OVERFIT_SCHEMA: Final = detail_schema(
     OVERFIT_TABLE,
     OVERFIT_SCHEMA_VERSION,
-    [
-        ("step", pa.int64()),
-        ("loss", pa.float64()),
-        ("micro_batches", pa.int64()),
-        ("target_loss", pa.float64()),
-        ("metric", pa.string()),
-        ("score", pa.float64()),
-        ("wrong_ids", pa.list_(pa.string())),
-        ("subset_ids", pa.list_(pa.string())),
-        ("notes", pa.string()),
-    ],
+    _fields(
+        """
+        step:i64 loss:f64 micro_batches:i64 target_loss:f64 metric:str score:f64 wrong_ids:strs
+        subset_ids:strs notes:str
+        """
+    ),
 )
 
 UPDATES_TABLE: Final = "updates"
@@ -229,86 +165,52 @@ UPDATES_SCHEMA_VERSION: Final = 1
 UPDATES_SCHEMA: Final = detail_schema(
     UPDATES_TABLE,
     UPDATES_SCHEMA_VERSION,
-    [
-        ("dp_replicas", pa.int32()),
-        ("update", pa.int64()),
-        ("epoch", pa.int64()),
-        ("batch_idx_first", pa.int64()),
-        ("batch_idx_last", pa.int64()),
-        ("accumulate_grad_batches", pa.int64()),
-        ("micro_batches", pa.int64()),
-        ("examples", pa.int64()),
-        ("tokens", pa.int64()),
-        ("tokens_source", pa.string()),
-        ("padding_duplicates", pa.int64()),
-        ("micro_batches_all_ranks", pa.int64()),
-        ("examples_all_ranks", pa.int64()),
-        ("tokens_all_ranks", pa.int64()),
-        ("padding_duplicates_all_ranks", pa.int64()),
-        ("window_partial", pa.bool_()),
-        ("weight", pa.float64()),
-        ("optimizer_stepped", pa.bool_()),
-        ("notes", pa.string()),
-    ],
+    _fields(
+        """
+        dp_replicas:i32 update:i64 epoch:i64 batch_idx_first:i64 batch_idx_last:i64
+        accumulate_grad_batches:i64 micro_batches:i64 examples:i64 tokens:i64 tokens_source:str
+        padding_duplicates:i64 micro_batches_all_ranks:i64 examples_all_ranks:i64
+        tokens_all_ranks:i64 padding_duplicates_all_ranks:i64 window_partial:bool weight:f64
+        optimizer_stepped:bool notes:str
+        """
+    ),
 )
 
 MODEL_SCHEMA = detail_schema(
     "model",
     1,
-    [
-        ("model_class", pa.string()),
-        ("parameters", pa.int64()),
-        ("trainable_parameters", pa.int64()),
-        ("param_bytes", pa.int64()),
-        ("optimizers", pa.string()),
-        ("precision", pa.string()),
-        ("device", pa.string()),
-    ],
+    _fields(
+        "model_class:str parameters:i64 trainable_parameters:i64 param_bytes:i64 optimizers:str"
+        " precision:str device:str"
+    ),
 )
 
 RESUME_SCHEMA = detail_schema(
     "resume",
     1,
-    [
-        ("checkpoint_step", pa.int64()),
-        ("check", pa.string()),
-        ("micro_batch", pa.int64()),
-        ("step", pa.int64()),
-        ("reference", pa.string()),
-        ("resumed", pa.string()),
-        ("equal", pa.bool_()),
-    ],
+    _fields(
+        "checkpoint_step:i64 check:str micro_batch:i64 step:i64 reference:str resumed:str"
+        " equal:bool"
+    ),
 )
 
 EVENTS_TABLE: Final = "divergence"
 EVENTS_SCHEMA: Final = detail_schema(
     EVENTS_TABLE,
     1,
-    [
-        ("step", pa.int64()),
-        ("event", pa.string()),
-        ("loss", pa.float64()),
-        ("grad_norm", pa.float64()),
-        ("reference", pa.float64()),
-        ("threshold", pa.float64()),
-        ("detail", pa.string()),
-        ("action", pa.string()),
-    ],
+    _fields(
+        "step:i64 event:str loss:f64 grad_norm:f64 reference:f64 threshold:f64 detail:str"
+        " action:str"
+    ),
 )
 
 PREDICTIONS_SCHEMA: Final = detail_schema(
     "predictions",
     1,
-    [
-        ("step", pa.int64()),
-        ("dataloader_idx", pa.int64()),
-        ("batch_idx", pa.int64()),
-        ("row", pa.int64()),
-        ("example_id", pa.string()),
-        ("prediction", pa.list_(pa.float64())),
-        ("prediction_shape", pa.list_(pa.int64())),
-        ("target", pa.list_(pa.float64())),
-    ],
+    _fields(
+        "step:i64 dataloader_idx:i64 batch_idx:i64 row:i64 example_id:str prediction:f64s"
+        " prediction_shape:i64s target:f64s"
+    ),
 )
 
 #: The names the estimate tables give activation checkpointing (``checkpointing`` column):
@@ -352,34 +254,21 @@ ESTIMATE_SCHEMA: Final = detail_schema(
     "estimate",
     ESTIMATE_SCHEMA_VERSION,
     [
-        ("target", pa.string()),
-        ("gpu_memory_bytes", pa.int64()),
-        ("precision", pa.string()),
-        ("micro_batch", pa.int64()),
-        ("seq_len", pa.int64()),
-        ("checkpointing", pa.string()),
-        ("strategy", pa.string()),
-        ("devices", pa.int64()),
-        ("phase", pa.string()),
-        ("first", pa.bool_()),
-        ("status", pa.string()),
-        ("reason", pa.string()),
-        ("method", pa.string()),
-        ("peak_allocated_bytes", pa.int64()),
-        ("peak_reserved_bytes", pa.int64()),
+        *_fields(
+            """
+            target:str gpu_memory_bytes:i64 precision:str micro_batch:i64 seq_len:i64
+            checkpointing:str strategy:str devices:i64 phase:str first:bool status:str reason:str
+            method:str peak_allocated_bytes:i64 peak_reserved_bytes:i64
+            """
+        ),
         *((CATEGORY_COLUMNS[name], pa.int64()) for name in CATEGORIES),
-        ("workspace_bytes", pa.int64()),
-        ("overhead_bytes", pa.int64()),
-        ("analytic_bytes", pa.int64()),
-        ("fits", pa.bool_()),
-        ("headroom_bytes", pa.int64()),
-        ("flops_per_update", pa.int64()),
-        ("bytes_per_update", pa.int64()),
-        ("step_time_low_s", pa.float64()),
-        ("step_time_high_s", pa.float64()),
-        ("efficiency_low", pa.float64()),
-        ("efficiency_high", pa.float64()),
-        ("notes", pa.string()),
+        *_fields(
+            """
+            workspace_bytes:i64 overhead_bytes:i64 analytic_bytes:i64 fits:bool headroom_bytes:i64
+            flops_per_update:i64 bytes_per_update:i64 step_time_low_s:f64 step_time_high_s:f64
+            efficiency_low:f64 efficiency_high:f64 notes:str
+            """
+        ),
     ],
 )
 
@@ -423,27 +312,14 @@ def upgrade_estimate(table: pa.Table) -> pa.Table:
         )
         table = table.append_column("first", pa.array([f for _, f in pairs], pa.bool_()))
     if "weights_bytes" in table.column_names:
-        weights = table.column("weights_bytes").to_pylist()
-        notes = (
-            table.column("notes").to_pylist()
-            if "notes" in table.column_names
-            else [None] * table.num_rows
-        )
-        merged = [
-            note
-            if value is None
-            else "; ".join(
-                [
-                    *([note] if note else []),
-                    f"schema version 2: weights_bytes {value} (parameters and buffers, not split)",
-                ]
-            )
-            for value, note in zip(weights, notes, strict=True)
-        ]
-        table = table.drop_columns(["weights_bytes"])
-        if "notes" in table.column_names:
-            table = table.drop_columns(["notes"])
-        table = table.append_column("notes", pa.array(merged, pa.string()))
+        has_notes = "notes" in table.column_names
+        notes = table.column("notes").to_pylist() if has_notes else [None] * table.num_rows
+        for row, value in enumerate(table.column("weights_bytes").to_pylist()):
+            if value is not None:
+                old = f"schema version 2: weights_bytes {value} (parameters and buffers, not split)"
+                notes[row] = f"{notes[row]}; {old}" if notes[row] else old
+        table = table.drop_columns(["weights_bytes", *(["notes"] if has_notes else [])])
+        table = table.append_column("notes", pa.array(notes, pa.string()))
     if "checkpointing" in table.column_names:
         modes = [_mode_name(v) for v in table.column("checkpointing").to_pylist()]
         index = table.column_names.index("checkpointing")
@@ -473,28 +349,17 @@ def _mode_name(value: object) -> str | None:
 
 #: The largest micro-batch (at the longest sequence) and the largest sequence length (at the
 #: smallest micro-batch) that fit one target GPU (``lightning_pilot.estimate``).
-#: Version 3: ``checkpointing`` is a string (:data:`CHECKPOINTING_MODES`), not a boolean.
+#: Version 2 added the ``largest_seq_len`` and ``seq_len_*`` columns; version 3: ``checkpointing``
+#: is a string (:data:`CHECKPOINTING_MODES`), not a boolean.
 LARGEST_SCHEMA: Final = detail_schema(
     "estimate_largest",
     3,
-    [
-        ("target", pa.string()),
-        ("precision", pa.string()),
-        ("checkpointing", pa.string()),
-        ("strategy", pa.string()),
-        ("devices", pa.int64()),
-        ("seq_len", pa.int64()),
-        ("largest_micro_batch", pa.int64()),
-        ("method", pa.string()),
-        ("checked", pa.bool_()),
-        ("status", pa.string()),
-        ("reason", pa.string()),
-        # Version 2: the largest sequence length at micro-batch ``seq_len_micro_batch``.
-        ("largest_seq_len", pa.int64()),
-        ("seq_len_micro_batch", pa.int64()),
-        ("max_seq_len", pa.int64()),
-        ("seq_len_method", pa.string()),
-        ("seq_len_checked", pa.bool_()),
-        ("seq_len_reason", pa.string()),
-    ],
+    _fields(
+        """
+        target:str precision:str checkpointing:str strategy:str devices:i64 seq_len:i64
+        largest_micro_batch:i64 method:str checked:bool status:str reason:str
+        largest_seq_len:i64 seq_len_micro_batch:i64 max_seq_len:i64 seq_len_method:str
+        seq_len_checked:bool seq_len_reason:str
+        """
+    ),
 )
