@@ -1,21 +1,9 @@
 """Every file lightning-pilot writes and reads: atomic publish, snapshots, tolerant readers
-(docs/architecture.md, "Output folder", "Storage rules"; docs/ledger.md, "What the readers
-refuse").
-
-One module per concern, each importing only those listed before it:
-
-- ``paths``: safe names, locations (a local ``Path`` or a :class:`RemotePath` on an fsspec
-  filesystem), folders, symbolic links refused;
-- ``publish``: atomic, never-overwriting publication of bytes, JSON and Parquet; the disk
-  reserve;
-- ``limits``: what a reader agrees to decode (:class:`ReadLimits`) and the bounded Parquet
-  readers;
-- ``tables``: rows to tables, snapshots, the phase table;
-- ``ledger_store``: ledger record files, index segments and compaction.
-
-The rest of the package uses them as ``storage.<name>``, as this package re-exports them. A
-test that patches a name patches it where it is looked up: ``storage.publish.publish_file`` for
-the publishers built on it, ``storage.ledger_store.LEDGER_RECORD_LIMITS`` for the ledger.
+(docs/architecture.md, "Storage rules"). One module per concern, each importing only those
+before it: ``paths`` (safe names, local or fsspec locations), ``publish`` (atomic publication),
+``limits`` (:class:`ReadLimits`, bounded Parquet readers), ``tables`` (rows, snapshots, the
+phase table), ``ledger_store`` (ledger records, index segments, compaction). The package
+re-exports them; a test patches a name where it is looked up (``storage.publish.publish_file``).
 
 Example:
     >>> from lightning_pilot import storage
@@ -32,7 +20,6 @@ from lightning_pilot.schemas import (
     PHASE_SCHEMA_VERSION,
     STATUSES,
 )
-from lightning_pilot.storage.ledger_store import _PENDING_JOIN as _PENDING_JOIN
 from lightning_pilot.storage.ledger_store import LEDGER_GRACE_SECONDS as LEDGER_GRACE_SECONDS
 from lightning_pilot.storage.ledger_store import LEDGER_INDEX_DIR as LEDGER_INDEX_DIR
 from lightning_pilot.storage.ledger_store import TEMPORARY_GRACE_SECONDS as TEMPORARY_GRACE_SECONDS

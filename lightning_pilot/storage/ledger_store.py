@@ -1,6 +1,6 @@
 """The run ledger's files: one immutable Parquet file per record, index segments under
-``_index/`` that hold records whole, compaction (copy, merge, remove after a grace period) and
-the readers that take each record once while writers and compactors run (docs/ledger.md)."""
+``_index/`` holding records whole, compaction, and readers that take each record once while
+writers and compactors run (docs/ledger.md)."""
 
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ from lightning_pilot.storage.limits import (
     _check_writable,
     _OverLimitError,
     _read_limited,
+    _read_or_skip,
     _skip,
     _visible_parquet_files,
 )
@@ -42,25 +43,12 @@ from lightning_pilot.storage.paths import (
 from lightning_pilot.storage.publish import publish_table
 from lightning_pilot.storage.tables import _check_columns, _to_pandas, rows_to_table
 
-__all__ = [
-    "LEDGER_GRACE_SECONDS",
-    "LEDGER_INDEX_DIR",
-    "TEMPORARY_GRACE_SECONDS",
-    "compact_ledger",
-    "index_ledger",
-    "read_ledger_records",
-    "read_ledger_table",
-    "write_ledger_record",
-]
-
 #: Ledger index segments live here, hidden from pandas and pyarrow dataset readers.
 LEDGER_INDEX_DIR: Final = "_index"
-_SOURCE_COLUMN: Final = "source_file"  # segments written before compaction named their files
 #: How long a compacted record file (or a merged segment) stays after the segment holding it
 #: was published, by default (docs/ledger.md, "Compaction").
 LEDGER_GRACE_SECONDS: Final = 3600.0
-#: ``<written_at>-<run_id>-<event>-<record_id>.parquet``: run ids are hex after the time, so
-#: the first ``-<event>-`` is the event and the rest the record id.
+#: ``<written_at>-<run_id>-<event>-<record_id>.parquet`` (run ids are hex).
 _RECORD_NAME: Final = re.compile(
     r"\d{8}T\d+Z-\d{8}T\d{9}Z-[0-9a-f]{16}-(?:start|heartbeat|end)-(?P<record_id>.+)\.parquet"
 )
@@ -72,7 +60,6 @@ _READ_TRIES: Final = 3
 _MERGE_AT: Final = 4
 #: Index segments are cut well inside :data:`LEDGER_SEGMENT_LIMITS`: rows, values, bytes.
 _SEGMENT_CUT: Final = (10_000, 2_000_000, 128 * _MIB)
-
 #: A hidden temporary file of :func:`publish_file`: ``.<name>.<uuid hex>.tmp``.
 _TEMPORARY_NAME: Final = re.compile(r"\..+\.[0-9a-f]{32}\.tmp")
 #: A hidden temporary file younger than this is never removed by a compaction, whatever its
@@ -85,11 +72,10 @@ def _utcnow() -> datetime:
 
 
 def write_ledger_record(ledger_dir: PathLike, record: Mapping[str, Any]) -> Location:
-    """Publish one immutable run-ledger record as its own Parquet file.
+    """Publish one immutable run-ledger record as its own Parquet file, named after its time.
 
     ``run_id`` and ``event`` are required; ``schema_version``, ``record_id`` and ``written_at``
-    are filled in when absent. The file name starts with the time, so a listing is in write
-    order. A record the readers would skip (over :data:`LEDGER_RECORD_LIMITS`) is refused.
+    are filled in when absent. A record over :data:`LEDGER_RECORD_LIMITS` is refused.
 
     Example:
         >>> import tempfile
@@ -110,8 +96,7 @@ def write_ledger_record(ledger_dir: PathLike, record: Mapping[str, Any]) -> Loca
     full.setdefault("record_id", new_run_id())
     full.setdefault("written_at", _utcnow())
     record_id = safe_path_component(full["record_id"], "record['record_id']")
-    stamp = full["written_at"].strftime("%Y%m%dT%H%M%S%fZ")
-    name = f"{stamp}-{run_id}-{event}-{record_id}.parquet"
+    name = f"{full['written_at'].strftime(_STAMP_FORMAT)}-{run_id}-{event}-{record_id}.parquet"
     table = rows_to_table([full], LEDGER_SCHEMA)
     _check_writable(table, LEDGER_RECORD_LIMITS, "a ledger record")
     _refuse_link(folder)
@@ -130,12 +115,9 @@ def _ledger_folder(path: PathLike, owner: str) -> Location:
 
 
 def _ledger_files(folder: Location) -> list[Location]:
-    """The visible Parquet files of one ledger folder, by name (one listing, no stat per file:
-    a ledger folder may hold hundreds of thousands before compaction)."""
+    """The visible Parquet files of a ledger folder, by name: one listing, no stat per file."""
     if isinstance(folder, RemotePath):
-        if not folder.is_dir():
-            return []
-        return _visible_parquet_files(folder)
+        return _visible_parquet_files(folder) if folder.is_dir() else []
     try:
         with os.scandir(folder) as entries:
             names = [
@@ -151,16 +133,14 @@ def _ledger_files(folder: Location) -> list[Location]:
 
 
 def _record_id_of(name: str) -> str | None:
-    """The record id a record file's name carries (None for a name the writer did not make)."""
     match = _RECORD_NAME.fullmatch(name)
     return match.group("record_id") if match else None
 
 
 def _segment_time(name: str) -> datetime | None:
     match = _SEGMENT_STAMP.match(name)
-    if not match:
-        return None
-    return datetime.strptime(match.group(1), _STAMP_FORMAT).replace(tzinfo=timezone.utc)
+    stamp = datetime.strptime(match.group(1), _STAMP_FORMAT) if match else None
+    return stamp.replace(tzinfo=timezone.utc) if stamp else None
 
 
 class _Segment(NamedTuple):
@@ -169,7 +149,6 @@ class _Segment(NamedTuple):
 
     @property
     def ids(self) -> frozenset[str]:
-        """The record ids this segment holds (built when asked: readers seldom need them)."""
         return frozenset(i for i in self.table.column("record_id").to_pylist() if i is not None)
 
 
@@ -181,9 +160,7 @@ def _read_segments(
     skipped: list[str] | None = None,
 ) -> list[_Segment]:
     """The readable index segments of a ledger, conformed to ``schema``; a bad one is skipped
-    with a warning and listed in ``skipped`` (a reader's; a compactor passes none): while its
-    record files are there it costs speed only, but once a compaction removed them its records
-    are lost with it. A segment gone since the listing: :class:`_VanishedError`."""
+    with a warning and listed in ``skipped``. One gone since the listing: ``_VanishedError``."""
     segments = []
     for segment in _ledger_files(folder / LEDGER_INDEX_DIR):
         try:
@@ -194,8 +171,9 @@ def _read_segments(
             if skipped is not None:  # a reader's last try: its records may be missing
                 _skip(f"skipped ledger index {segment}: removed while read", segment, skipped)
         except _OverLimitError as err:
-            message = f"skipped oversized ledger index {segment}: {err} (not decoded)"
-            _skip(message, segment, skipped)
+            _skip(
+                f"skipped oversized ledger index {segment}: {err} (not decoded)", segment, skipped
+            )
         except (OSError, pa.ArrowException, ValueError) as err:
             _skip(f"skipped unreadable ledger index {segment}: {err}", segment, skipped)
         else:
@@ -250,9 +228,8 @@ _PENDING_JOIN: Final = 2_000
 
 
 def _read_pending(files: Sequence[Location]) -> list[pa.Table]:
-    """Read record files for compaction, joined :data:`_PENDING_JOIN` at a time: unreadable,
-    oversized or vanished ones stay out (the readers report what they cannot read; a vanished
-    one is in a segment already)."""
+    """Read record files for compaction, :data:`_PENDING_JOIN` to a table; the ones that cannot
+    be read stay out (the readers report them; a vanished one is in a segment already)."""
     tables: list[pa.Table] = []
     batch: list[pa.Table] = []
     for position, file in enumerate(files, 1):
@@ -269,14 +246,11 @@ def compact_ledger(path: PathLike, *, grace: float | None = LEDGER_GRACE_SECONDS
     small segments, and remove what a segment has held for ``grace`` seconds.
 
     Safe with any number of writers, readers and compactors at once, on any machine: nothing
-    is renamed or locked. A segment holds whole records (:data:`LEDGER_SCHEMA`, each with its
-    ``record_id``), so readers take every segment plus the record files no segment holds, and
-    read a record found twice once. A record file is removed only once a segment published at
-    least ``grace`` seconds earlier holds its record; a segment only once larger segments at
-    least that old hold all its records (so a copy always remains). The hidden temporary
-    files of publications killed half-way (in the ledger folder and ``_index/``) are removed
-    once older than ``grace`` and :data:`TEMPORARY_GRACE_SECONDS`. ``grace=None`` removes
-    nothing and merges nothing (:func:`index_ledger`). Returns the new segments.
+    is renamed or locked. A record file is removed only once a segment published at least
+    ``grace`` seconds earlier holds its record; a segment only once larger segments at least
+    that old hold all its records. Hidden temporary files of killed publications are removed
+    once older than ``grace`` and :data:`TEMPORARY_GRACE_SECONDS`. ``grace=None`` removes and
+    merges nothing (:func:`index_ledger`). Returns the new segments.
 
     Example:
         >>> import tempfile
@@ -299,10 +273,9 @@ def compact_ledger(path: PathLike, *, grace: float | None = LEDGER_GRACE_SECONDS
     pending = [f for f in files if _record_id_of(f.name) not in covered]
     tables = _read_pending(pending)
     # A segment whose records a larger one holds is waiting to be removed: never merged again.
-    order = sorted(segments, key=lambda s: (s.table.num_rows, s.path.name), reverse=True)
     held: set[str] = set()
     superseded = set()
-    for segment in order:
+    for segment in _largest_first(segments):
         if ids[segment.path.name] <= held:
             superseded.add(segment.path.name)
         held |= ids[segment.path.name]
@@ -328,7 +301,7 @@ def compact_ledger(path: PathLike, *, grace: float | None = LEDGER_GRACE_SECONDS
         return made is not None and made.timestamp() <= cutoff
 
     kept: set[str] = set()  # records held by settled segments kept so far, largest first
-    for segment in sorted(segments, key=lambda s: (s.table.num_rows, s.path.name), reverse=True):
+    for segment in _largest_first(segments):
         held_here = ids[segment.path.name]
         if held_here and held_here <= kept:
             with contextlib.suppress(FileNotFoundError):
@@ -342,40 +315,31 @@ def compact_ledger(path: PathLike, *, grace: float | None = LEDGER_GRACE_SECONDS
     return [s.path for s in written]
 
 
-def _remove_stale_temporaries(folder: Location, cutoff: float) -> list[Path]:
-    """Remove the hidden temporary files a killed :func:`publish_file` left in a local
-    ``folder`` (plain files named ``.<name>.<uuid hex>.tmp``) last modified before ``cutoff``
-    (a POSIX time); return them. Readers never see them; an object store has none (a remote
-    publication is one whole-object write)."""
-    removed: list[Path] = []
+def _largest_first(segments: list[_Segment]) -> list[_Segment]:
+    return sorted(segments, key=lambda s: (s.table.num_rows, s.path.name), reverse=True)
+
+
+def _remove_stale_temporaries(folder: Location, cutoff: float) -> None:
+    """Remove the hidden temporary files (``.<name>.<uuid hex>.tmp``) a killed
+    :func:`publish_file` left in a local ``folder``, last modified before ``cutoff`` (an
+    object store has none: a remote publication is one write)."""
     if not isinstance(folder, Path):
-        return removed
+        return
     try:
         with os.scandir(folder) as entries:
             stale = [entry for entry in entries if _TEMPORARY_NAME.fullmatch(entry.name)]
     except (FileNotFoundError, NotADirectoryError):
-        return removed
+        return
     for entry in stale:
-        try:
-            if not entry.is_file(follow_symlinks=False):
-                continue
-            if entry.stat(follow_symlinks=False).st_mtime >= cutoff:
-                continue
-            os.unlink(entry.path)
-        except FileNotFoundError:
-            continue  # its writer (or another compactor) removed it meanwhile
-        removed.append(Path(entry.path))
-    return removed
+        with contextlib.suppress(FileNotFoundError):  # its writer (or a compactor) removed it
+            stat = entry.stat(follow_symlinks=False)
+            if entry.is_file(follow_symlinks=False) and stat.st_mtime < cutoff:
+                os.unlink(entry.path)
 
 
 def index_ledger(path: PathLike) -> Location | None:
-    """Copy the ledger's not-yet-indexed records into new index segments.
-
-    Readers then open only the files written since (about 1 ms each). The record files stay,
-    nothing is removed (:func:`compact_ledger` removes them after a grace period); segments of
-    processes indexing at once may overlap (records are read once, by ``record_id``). Returns
-    the last new segment, or ``None`` when nothing was new.
-    """
+    """Copy the ledger's not-yet-indexed records into new index segments, so readers open only
+    the files written since; nothing is removed. Returns the last new segment, or ``None``."""
     folder = _ledger_folder(path, "index_ledger")
     written = compact_ledger(folder, grace=None)
     return written[-1] if written else None
@@ -397,23 +361,13 @@ def _read_record_files(
     tables = []
     for path in files:
         try:
-            tables.append(_read_limited(path, LEDGER_RECORD_LIMITS, schema))
-        except FileNotFoundError as err:
-            if vanish:
-                raise _VanishedError(str(path)) from None
-            _skip(
-                f"skipped unreadable file {path}: {type(err).__name__}: {err}",
-                path,
-                skipped,
-                stacklevel=4,
+            table = _read_or_skip(
+                path, LEDGER_RECORD_LIMITS, schema, skipped, stacklevel=5, vanish=vanish
             )
-        except _OverLimitError as err:
-            _skip(
-                f"skipped oversized file {path}: {err} (not decoded)", path, skipped, stacklevel=4
-            )
-        except (OSError, pa.ArrowException, ValueError) as err:
-            message = f"skipped unreadable file {path}: {type(err).__name__}: {err}"
-            _skip(message, path, skipped, stacklevel=4)
+        except FileNotFoundError:
+            raise _VanishedError(str(path)) from None
+        if table is not None:
+            tables.append(table)
     return tables
 
 
@@ -424,9 +378,8 @@ def read_ledger_table(
     columns: Sequence[str] | None = None,
     skipped: list[str] | None = None,
 ) -> pa.Table:
-    """Every record of a run ledger as an Arrow table, oldest first, each record once
-    (:func:`read_ledger_records`); ``columns`` reads only those (``record_id``, ``written_at``
-    and ``run_id`` always)."""
+    """:func:`read_ledger_records` as an Arrow table; ``columns`` reads only those (and
+    ``record_id``, ``written_at`` and ``run_id``)."""
     if events is not None and not set(events) <= set(LEDGER_EVENTS):
         raise ValueError(f"events={events!r} is invalid; expected a subset of {LEDGER_EVENTS}.")
     schema = LEDGER_SCHEMA
@@ -458,8 +411,7 @@ def _read_ledger_once(
     *,
     vanish: bool,
 ) -> pa.Table:
-    # Records first, then segments: a record compacted between the two listings is found in
-    # its segment; one removed after both is found missing (_VanishedError) and the read restarts.
+    # Records first, then segments: a record compacted in between is found in its segment.
     files = _ledger_files(folder)
     segments = _read_segments(folder, schema, vanish=vanish, skipped=skipped)
     tables = [s.table for s in segments]
@@ -471,9 +423,7 @@ def _read_ledger_once(
             named, value_set=held.combine_chunks(), skip_nulls=True
         ).to_pylist()
         pending = [f for f, hit in zip(files, covered, strict=True) if not hit]
-    if events is not None:
-        # Names read <time>-<run_id>-<event>-<record_id>.parquet; ids are hex, so the event
-        # word cannot occur inside them.
+    if events is not None:  # the file names say the event (ids are hex)
         pending = [f for f in pending if any(f"-{event}-" in f.name for event in events)]
         wanted = pa.array(list(events))
         tables = [t.filter(pa.compute.is_in(t.column("event"), value_set=wanted)) for t in tables]
@@ -486,10 +436,9 @@ def _read_ledger_once(
 def read_ledger_records(path: PathLike, *, events: Sequence[str] | None = None) -> pd.DataFrame:
     """Read every record of a run ledger, oldest first, each record once.
 
-    ``path`` is the ledger folder or an output folder holding ``ledger/``; records held by
-    index segments are read from them, the others from their files. ``events`` reads only
-    those events (their file names say which). Skipped files are warned about and listed in
-    ``attrs["skipped"]``. A compaction running meanwhile is tolerated (docs/ledger.md).
+    ``path`` is the ledger folder or an output folder holding ``ledger/``; ``events`` reads
+    only those events. Skipped files are warned about and listed in ``attrs["skipped"]``. A
+    compaction running meanwhile is tolerated (docs/ledger.md).
     """
     skipped: list[str] = []
     frame = _to_pandas(read_ledger_table(path, events=events, skipped=skipped))

@@ -15,21 +15,6 @@ from typing import TYPE_CHECKING, Any, BinaryIO, NamedTuple, TypeAlias, overload
 
 from lightning_pilot.core import validate
 
-__all__ = [
-    "Location",
-    "PathLike",
-    "RemotePath",
-    "UnsafePathError",
-    "is_remote",
-    "location",
-    "make_folder",
-    "remove_work_folder",
-    "safe_join",
-    "safe_path_component",
-    "sanitize_name",
-    "work_folder",
-]
-
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
@@ -46,11 +31,8 @@ _SAFE_COMPONENT = re.compile(rf"(?!\.)[A-Za-z0-9._+=@-]{{1,{_MAX_COMPONENT}}}")
 
 
 def safe_path_component(value: object, argument: str) -> str:
-    """Validate a name that becomes one component of a path.
-
-    Accepts letters, digits and ``. _ + = @ -``; refuses anything that could leave the folder
-    it is joined to (separators, ``..``, absolute paths, NUL, a leading dot that would hide
-    the file from readers). Returns the name unchanged; ``argument`` names it in the error.
+    """Validate a name that becomes one component of a path: letters, digits and ``._+=@-``,
+    no leading dot; return it unchanged (``argument`` names it in the error).
 
     Example:
         >>> safe_path_component("lr-1e-4", "variant")
@@ -84,9 +66,7 @@ def sanitize_name(value: str, *, fallback: str = "unnamed") -> str:
         'unnamed'
     """
     cleaned = _UNSAFE_CHARS.sub("_", value)[:_MAX_COMPONENT]
-    # A leading run of dots would hide the file or climb out of the folder.
-    cleaned = re.sub(r"^\.+", "_", cleaned)
-    return cleaned or fallback
+    return re.sub(r"^\.+", "_", cleaned) or fallback  # leading dots would hide the file
 
 
 class UnsafePathError(OSError):
@@ -94,13 +74,9 @@ class UnsafePathError(OSError):
     (which may itself be one); an ``OSError``, so it travels the paths of a full disk."""
 
 
-# -- Locations: a local Path, or a file or folder on an fsspec filesystem ----------------------
-
 #: ``scheme://`` at the start of a string: a URL for fsspec, not a local path.
 _URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
-#: fsspec's local protocols, with or without ``//``: ``file:/tmp/x`` is how Lightning spells
-#: a ``file:///tmp/x`` root once it has normalised it, and fsspec (so Lightning's checkpoints)
-#: reads it as ``/tmp/x``, never as a folder named ``file:`` in the working directory.
+#: fsspec's local protocols, with or without ``//`` (Lightning writes ``file:///x`` as ``file:/x``).
 _LOCAL_URL = re.compile(r"(?:file|local):")
 
 
@@ -179,7 +155,7 @@ class RemotePath:
         return RemotePath(self.fs, str(self.fs._parent(self.path)))
 
     def _fresh(self) -> None:
-        # Listings are cached per filesystem instance; other processes write here too.
+        """Forget fsspec's cached listing: other processes write here too."""
         self.fs.invalidate_cache(self.path)
 
     def exists(self) -> bool:
@@ -199,7 +175,7 @@ class RemotePath:
         return bool(self.fs.isfile(self.path))
 
     def is_symlink(self) -> bool:
-        """Always ``False``: object stores and fsspec filesystems have no symbolic links here."""
+        """Always ``False``: fsspec filesystems have no symbolic links here."""
         return False
 
     def resolve(self) -> RemotePath:
@@ -265,15 +241,11 @@ def location(value: PathLike, **storage_options: Any) -> Location: ...
 def location(value: PathLike, **storage_options: Any) -> Location:
     """A local ``Path`` or, for a URL fsspec understands, a :class:`RemotePath`.
 
-    A local path (``str``, or any ``os.PathLike``) becomes ``Path(value)`` unchanged. A string
-    in fsspec's local protocols (``file:``, ``local:``, with or without ``//``) becomes the
-    local path fsspec, and so Lightning's checkpoints, would write: ``file:///tmp/x`` and
-    ``file:/tmp/x`` are ``/tmp/x``, ``file:runs`` and ``local://runs`` are ``runs`` in the
-    working directory, ``file:~/runs`` is in the home folder (docs/storage.md, "A Trainer's
-    root"). Any other ``scheme://`` URL is opened with fsspec: credentials,
-    endpoints and other ``storage_options`` come from the arguments here, else from fsspec's
-    configuration and the backend's usual environment (``AWS_*`` for s3fs); docs/storage.md
-    says how. A chained URL (``simplecache::s3://...``) is refused.
+    A local path becomes ``Path(value)``; ``file:`` and ``local:`` URLs (with or without
+    ``//``) the local path fsspec, and so Lightning's checkpoints, would write (docs/storage.md,
+    "A Trainer's root"). Any other ``scheme://`` URL is opened with fsspec, with
+    ``storage_options`` or fsspec's configuration and the backend's environment (``AWS_*`` for
+    s3fs). A chained URL (``simplecache::s3://...``) is refused.
 
     Example:
         >>> location("/tmp/pilot"), location("file:///tmp/pilot"), location("file:/tmp/pilot")
@@ -290,25 +262,22 @@ def location(value: PathLike, **storage_options: Any) -> Location:
         )
     if not isinstance(value, str) or not (_URL.match(value) or _LOCAL_URL.match(value)):
         return Path(value)
-    text = value
     try:
         from fsspec.core import url_to_fs  # type: ignore[import-untyped]
         from fsspec.implementations.local import LocalFileSystem  # type: ignore[import-untyped]
     except ImportError as err:  # pragma: no cover - Lightning depends on fsspec
         raise ImportError(
-            f"{text!r} is a URL: reading and writing it needs fsspec (pip install"
+            f"{value!r} is a URL: reading and writing it needs fsspec (pip install"
             " 'lightning-pilot[remote]')."
         ) from err
     try:
-        fs, path = url_to_fs(text, **storage_options)
+        fs, path = url_to_fs(value, **storage_options)
     except ImportError as err:
         raise ImportError(
-            f"{text!r} needs the fsspec backend for its protocol: {err}. For s3:// install"
+            f"{value!r} needs the fsspec backend for its protocol: {err}. For s3:// install"
             " 'lightning-pilot[remote]' (s3fs)."
         ) from err
-    if isinstance(fs, LocalFileSystem):
-        return Path(path)
-    return RemotePath(fs, path)
+    return Path(path) if isinstance(fs, LocalFileSystem) else RemotePath(fs, path)
 
 
 def _location_argument(owner: str, name: str, value: object, hint: str) -> Location:
@@ -321,8 +290,7 @@ def _location_argument(owner: str, name: str, value: object, hint: str) -> Locat
 
 def work_folder(root: PathLike, *components: str) -> Path:
     """A local folder for files a library must write itself (checkpoints): ``root/components``
-    (:func:`make_folder`) when ``root`` is local, else a folder of the temporary directory
-    named after the remote location, so one run keeps finding the same one."""
+    when ``root`` is local, else one in the temporary directory named after the location."""
     base = location(root)
     if isinstance(base, Path):
         return make_folder(base, *components)
@@ -340,11 +308,9 @@ def _remote_work_root(base: RemotePath) -> Path:
 
 
 def remove_work_folder(root: PathLike) -> Path | None:
-    """Remove the local folder :func:`work_folder` made for a remote ``root`` (the probe
-    checkpoints and the export of a run whose ``out_dir`` is a URL) once the run needs it no
-    more; return it, or ``None`` when there was none. A local ``root`` keeps its work folders:
-    they are part of the output folder. A folder that cannot be removed whole is a warning,
-    never an error (the run's results are already published).
+    """Remove the local folder :func:`work_folder` made for a remote ``root``; return it, or
+    ``None`` when there was none (a local ``root`` keeps its work folders: they are part of the
+    output folder). A folder that cannot be removed whole is a warning, never an error.
 
     Example:
         >>> folder = work_folder("memory://doc-work/run", "resume")
@@ -387,24 +353,18 @@ def safe_join(root: os.PathLike[str], *components: str) -> Path: ...
 @overload
 def safe_join(root: PathLike, *components: str) -> Location: ...
 def safe_join(root: PathLike, *components: str) -> Location:
-    """Join validated components to ``root`` for writing; no component may be a symbolic link.
-
-    ``root`` itself may be a link; a link *inside* it, or a path resolving outside it, raises
-    :class:`UnsafePathError`; a component that is not a safe name raises ``ValueError``. A
-    remote ``root`` (:func:`location`) has no links: its components are checked as names.
-    """
+    """Join validated components to ``root`` for writing; ``root`` itself may be a link, but a
+    link *inside* it, or a path resolving outside it, raises :class:`UnsafePathError`; a
+    component that is not a safe name raises ``ValueError``."""
     base = location(root)
     for component in components:
         safe_path_component(component, "path component")
     if isinstance(base, RemotePath):
         return base.joinpath(*components)
     joined = base.joinpath(*components)
-    current = base
-    for component in components:
-        current = current / component
-        _refuse_link(current, base)
-    resolved_root = base.resolve()
-    resolved = joined.resolve()
+    for depth in range(1, len(components) + 1):
+        _refuse_link(base.joinpath(*components[:depth]), base)
+    resolved_root, resolved = base.resolve(), joined.resolve()
     if resolved != resolved_root and resolved_root not in resolved.parents:
         raise UnsafePathError(f"{joined} resolves to {resolved}, outside the output folder {base}.")
     return joined

@@ -1,7 +1,6 @@
-"""Atomic publication: bytes, JSON and Parquet written whole under a new name, never
-overwriting one (a hidden temporary file, fsynced, then hard-linked; on an object store one
-create that refuses an existing name where the backend can), and the disk reserve
-(docs/architecture.md, "Storage rules"; docs/storage.md, "What each backend guarantees")."""
+"""Atomic publication of bytes, JSON and Parquet under a new name, never overwriting one, and
+the disk reserve (docs/architecture.md, "Storage rules"; docs/storage.md, "What each backend
+guarantees")."""
 
 from __future__ import annotations
 
@@ -23,16 +22,6 @@ import pyarrow.parquet as pq
 
 from lightning_pilot.storage.paths import Location, PathLike, RemotePath, location
 
-__all__ = [
-    "EXCLUSIVE_CREATE_PROTOCOLS",
-    "publish_bytes",
-    "publish_file",
-    "publish_json",
-    "publish_table",
-    "read_json",
-    "reserve_file",
-]
-
 #: Protocols whose ``open(path, "xb")`` refuses an existing name in the same request that
 #: creates it: S3 (s3fs sends ``If-None-Match: *``; refused with 412) and the in-process
 #: ``memory://`` (checked and created under one lock). Others: checked, then written
@@ -43,7 +32,7 @@ _WARNED_NOT_EXCLUSIVE: set[str] = set()
 
 
 def _fsync_dir(folder: Path) -> None:
-    # Directory fsync makes the new name durable; some platforms cannot open folders.
+    """Make a new name in ``folder`` durable (where folders can be opened)."""
     with contextlib.suppress(OSError):
         fd = os.open(folder, os.O_RDONLY)
         try:
@@ -61,9 +50,7 @@ def _publish_no_overwrite(tmp: Path, final: Path) -> None:
         os.link(tmp, final)
     except FileExistsError:
         raise _immutable(final) from None
-    except OSError as err:
-        # File systems without hard links: fall back to a checked rename. The window between
-        # the check and the rename is the only place an overwrite could still happen.
+    except OSError as err:  # no hard links here: a checked rename (the only window to overwrite)
         if err.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV):
             raise
         if final.exists():
@@ -88,13 +75,12 @@ def publish_file(
 ) -> Location:
     """Write a file atomically under ``path`` with ``write(handle)``, never overwriting.
 
-    A hidden temporary file in the same folder is fsynced, then published with a hard link
-    (which refuses an existing name); on any error it is removed and the error propagates. A
-    hidden name (``.``/``_``: readers skip it) is a ``ValueError``. ``replace=True`` is for a
-    file derived from the tables and drawn again on purpose (a plot): it replaces an older one
-    atomically instead of refusing it. On a :class:`RemotePath` the bytes are built in memory
-    and created in one request that refuses an existing name where the backend can
-    (:data:`EXCLUSIVE_CREATE_PROTOCOLS`; docs/storage.md).
+    A hidden temporary file in the same folder is fsynced, then hard-linked (which refuses an
+    existing name); on any error it is removed and the error propagates. A hidden name (``.``
+    or ``_``: readers skip it) is a ``ValueError``. ``replace=True`` (a plot drawn again)
+    replaces an older file atomically. On a :class:`RemotePath` the bytes are created in one
+    request that refuses an existing name where the backend can
+    (:data:`EXCLUSIVE_CREATE_PROTOCOLS`).
     """
     final = location(path)
     if final.name.startswith((".", "_")):
@@ -117,9 +103,7 @@ def publish_file(
             os.replace(tmp, final)
         else:
             _publish_no_overwrite(tmp, final)
-    except BaseException as err:
-        # The first error says what went wrong (a full disk, a read-only remount): a failed
-        # clean-up must not replace it, only be noted on it.
+    except BaseException as err:  # a failed clean-up is only noted on the first error
         problem = _remove_temporary(tmp)
         if problem is not None:
             note = f"lightning-pilot: could not remove the temporary file {tmp}: {problem}"
@@ -129,8 +113,7 @@ def publish_file(
                 warnings.warn(note, RuntimeWarning, stacklevel=2)
         raise
     problem = _remove_temporary(tmp)
-    if problem is not None:
-        # Published: the hidden temporary file is invisible to readers, so only say so.
+    if problem is not None:  # published: the hidden temporary file is invisible to readers
         warnings.warn(
             f"lightning-pilot: published {final} but could not remove the temporary file"
             f" {tmp}: {problem}",
@@ -144,7 +127,7 @@ def publish_file(
 def _publish_remote(
     final: RemotePath, write: Callable[[BinaryIO], object], *, replace: bool
 ) -> RemotePath:
-    """Publish on an fsspec filesystem: the whole file in one create (never a partial object)."""
+    """Publish on an fsspec filesystem: the whole file in one create."""
     buffer = io.BytesIO()
     write(buffer)
     data = buffer.getvalue()
@@ -189,7 +172,7 @@ def _remove_temporary(tmp: Path) -> OSError | None:
 
 
 def publish_table(table: pa.Table, path: PathLike) -> Location:
-    """Write ``table`` as Parquet to ``path`` atomically, never overwriting (see publish_file)."""
+    """Write ``table`` as Parquet to ``path`` atomically, never overwriting (``publish_file``)."""
     return publish_file(path, lambda handle: pq.write_table(table, handle))
 
 

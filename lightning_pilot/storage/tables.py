@@ -1,6 +1,5 @@
-"""Tables of rows: a schema's table built from row dicts, a growing table published as
-snapshots (each writer's newest kept), and the phase table of one run or of every run of an
-output folder (docs/architecture.md, "Output folder"; docs/phase-table.md)."""
+"""Tables of rows: built from row dicts, published as snapshots (each writer's newest kept), and
+the phase table of a run or an output folder (docs/architecture.md, "Output folder")."""
 
 from __future__ import annotations
 
@@ -37,17 +36,7 @@ from lightning_pilot.storage.paths import (
     safe_path_component,
 )
 from lightning_pilot.storage.publish import publish_table
-
-__all__ = [
-    "SNAPSHOT_METADATA_KEY",
-    "list_snapshot_files",
-    "read_phase_table",
-    "read_snapshot_table",
-    "rows_to_table",
-    "run_folders",
-    "validate_phase_row",
-    "write_snapshot",
-]
+from lightning_pilot.vocabulary import PHASE_RANK
 
 #: Metadata key under which a snapshot file records its writer and sequence number.
 SNAPSHOT_METADATA_KEY: Final = b"lightning_pilot.snapshot"
@@ -62,11 +51,8 @@ def _check_columns(row: Mapping[str, Any], schema: pa.Schema, what: str) -> None
 
 
 def rows_to_table(rows: Sequence[Mapping[str, Any]], schema: pa.Schema) -> pa.Table:
-    """Build a table of ``schema`` from row dicts; absent columns are null.
-
-    A column the schema lacks, or a value that does not fit its column's type, is a
-    ``ValueError`` naming the column.
-    """
+    """Build a table of ``schema`` from row dicts, absent columns null; a column the schema
+    lacks, or a value that does not fit its column's type, is a ``ValueError`` naming it."""
     for row in rows:
         _check_columns(row, schema, "a row")
     arrays = []
@@ -82,12 +68,9 @@ def rows_to_table(rows: Sequence[Mapping[str, Any]], schema: pa.Schema) -> pa.Ta
 
 
 def write_snapshot(folder: PathLike, table: pa.Table, *, writer: str, seq: int) -> Location:
-    """Publish one snapshot of a growing table and remove this writer's older snapshots.
-
-    ``table`` holds every row this writer has so far (a snapshot replaces, it does not append);
-    ``writer`` (a safe name, e.g. ``a0001-r00000-<attempt_id>``) never runs in two processes at
-    once, and its ``seq`` strictly increases. A ``folder`` that is a link: :class:`UnsafePathError`.
-    """
+    """Publish one snapshot of a growing table (every row this ``writer`` has so far) and remove
+    the writer's older ones. ``writer`` (a safe name) never runs in two processes at once; its
+    ``seq`` strictly increases. A ``folder`` that is a link: :class:`UnsafePathError`."""
     safe_path_component(writer, "writer")
     validate.integer("write_snapshot", "seq", seq, minimum=0)
     target = location(folder)
@@ -97,9 +80,8 @@ def write_snapshot(folder: PathLike, table: pa.Table, *, writer: str, seq: int) 
     path = publish_table(
         table.replace_schema_metadata(meta), target / f"part-{writer}-{seq:08d}.parquet"
     )
-    # The new snapshot holds every row of the older ones: remove those so a plain
-    # ``pandas.read_parquet(folder)`` sees each row once. A crash before this point leaves
-    # both, and the readers below still keep only the newest.
+    # Older snapshots go, so pandas.read_parquet(folder) sees each row once (after a crash here
+    # the readers below still keep only the newest).
     pattern = re.compile(rf"part-{re.escape(writer)}-(\d{{8}})\.parquet")
     for old in target.iterdir():
         match = pattern.fullmatch(old.name)
@@ -128,7 +110,7 @@ def _snapshot_identity(path: Location) -> tuple[str, int]:
 
 def list_snapshot_files(folder: PathLike) -> list[Location]:
     """The newest snapshot file of each writer in a table folder (sorted by name); files that
-    record no snapshot identity (copied in by hand, say) are all kept."""
+    record no snapshot identity are all kept."""
     target = location(folder)
     if not target.is_dir():
         return []
@@ -175,12 +157,9 @@ def _what_is(path: Location) -> str:
 
 
 def read_phase_table(path: PathLike) -> pd.DataFrame:
-    """Read the phase table of one run or of every run under an output folder.
-
-    ``path`` is a run folder, a ``phases.parquet`` folder or an ``<out_dir>`` (all runs). One
-    row per phase, attempt and rank, with nullable dtypes (an unmeasured value is ``<NA>``,
-    never 0); ``attrs["skipped"]`` lists what could not be read, each also warned about.
-    """
+    """Read the phase table of a run folder, a ``phases.parquet`` folder or an ``<out_dir>``
+    (all runs): one row per phase, attempt and rank, nullable dtypes (unmeasured is ``<NA>``);
+    ``attrs["skipped"]`` lists what could not be read, each also warned about."""
     hint = "a run, phase-table or output folder"
     root = _location_argument("read_phase_table", "path", path, hint)
     if not root.exists():
@@ -197,8 +176,7 @@ def read_phase_table(path: PathLike) -> pd.DataFrame:
         )
     skipped: list[str] = []
     folders = [table for table in tables if table.is_dir()]
-    for table in (table for table in tables if table not in folders):
-        # Never read as an empty, clean table: the run's verdicts would vanish with it.
+    for table in (table for table in tables if table not in folders):  # never read as empty
         _skip(
             f"skipped {table}: expected a folder of snapshot parts"
             f" (phases.parquet/part-<writer>-<seq>.parquet), found {_what_is(table)};"
@@ -211,11 +189,8 @@ def read_phase_table(path: PathLike) -> pd.DataFrame:
     frame = _to_pandas(
         read_parquet_files(files, PHASE_SCHEMA, limits=PHASE_FILE_LIMITS, skipped=skipped)
     )
-    if len(frame):
-        # Runs in time order, then attempts and ranks, then phases in campaign order with each
-        # phase's first occurrence before the rest.
-        order = {phase: index for index, phase in enumerate(PHASES)}
-        keys = frame["phase"].map(order).fillna(len(order))
+    if len(frame):  # phases in campaign order, each phase's first occurrence first
+        keys = frame["phase"].map(PHASE_RANK).fillna(len(PHASE_RANK))
         frame = (
             frame.assign(_order=keys, _later=~frame["first"].fillna(False).astype(bool))
             .sort_values(["run_id", "attempt", "rank", "_order", "_later"], kind="stable")
@@ -238,7 +213,7 @@ def validate_phase_row(row: Mapping[str, Any]) -> None:
 
 
 def _to_pandas(table: pa.Table) -> pd.DataFrame:
-    # Nullable dtypes keep "not measured" distinct from 0 and False.
+    """Nullable dtypes keep "not measured" distinct from 0 and False."""
     frame: pd.DataFrame = table.to_pandas(
         types_mapper={
             pa.int32(): pd.Int32Dtype(),
