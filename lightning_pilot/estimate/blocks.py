@@ -23,6 +23,7 @@ __all__ = ["CUTS", "MIN_BLOCKS", "cut_blocks", "extrapolate_blocks", "repeated_b
 CUTS: Final = (3, 4, 5)
 #: A block list shorter than this is traced in full (the cuts cost 12 blocks).
 MIN_BLOCKS: Final = 16
+_NONE: Final = np.zeros(0, dtype=np.int64)
 
 
 def _structure(module: torch.nn.Module) -> tuple[Any, ...]:
@@ -185,6 +186,13 @@ def extrapolate_blocks(
         if sum(v or 0 for v in categories.values()) != peak:
             continue
         order = head + block * count + tail
+        synthesized = [
+            _synthesize([getattr(t, name) for t in traces], prefix, size, count)
+            for name in ("requests", "request_count", "grad_requests")
+        ]
+        requests = [r for r in synthesized if r is not None and len(r) == len(curve)]
+        if len(requests) < 3:
+            requests = [_NONE] * 3  # the allocations are then not replayed (estimate.cache)
         return PhaseTrace(
             phase=traces[0].phase,
             peak_bytes=peak,
@@ -201,5 +209,8 @@ def extrapolate_blocks(
             notes=list(traces[0].notes),
             names=order,
             segment_parts=(parts[0] or 0, parts[1] or 0, parts[2] or 0),
+            requests=requests[0],
+            request_count=requests[1],
+            grad_requests=requests[2],
         ), None
     return None, "an operator's live bytes, FLOPs or bytes moved are not affine in the block count"

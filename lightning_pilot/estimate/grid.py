@@ -56,7 +56,6 @@ from lightning_pilot.estimate.precision_traces import (
     PrecisionTraces,
     extrapolate,
     failures_recorded,
-    open_session,
     phase_traces,
     trace_grid,
 )
@@ -70,7 +69,7 @@ from lightning_pilot.estimate.rows import (
     publish,
 )
 from lightning_pilot.estimate.searches import search_largest, sequence_bound
-from lightning_pilot.estimate.session import check_source
+from lightning_pilot.estimate.session import Session, check_source
 from lightning_pilot.estimate.strategies import Strategy
 from lightning_pilot.estimate.targets import Target
 
@@ -242,7 +241,7 @@ def _precision_job(
     traces = PrecisionTraces(precision)
     found: list[dict[str, Any]] = []
     searches = job.searches(precision)
-    session = open_session(job, precision)
+    session = Session.from_job(job, precision)
     with failures_recorded(traces, session), session:
         trace_grid(session, traces, job)
         if searches:
@@ -331,7 +330,7 @@ def trace_configuration(
         device=device,
     )
     traces = PrecisionTraces(precision)
-    session = open_session(job, precision)
+    session = Session.from_job(job, precision)
     with failures_recorded(traces, session), session:
         trace_grid(session, traces, job)
     if traces.exception is not None:

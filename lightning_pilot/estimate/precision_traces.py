@@ -25,7 +25,7 @@ crash: :func:`failures_recorded`.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -49,7 +49,6 @@ __all__ = [
     "failures_recorded",
     "later_extra",
     "matching_pair",
-    "open_session",
     "phase_traces",
     "trace_grid",
 ]
@@ -95,6 +94,7 @@ def extrapolate(
     }
     peak = int(curve[index])
     categories["temporaries"] += peak - sum(categories.values())
+    requests, request_count, grad_requests = _requests_between(low, high, line)
     return PhaseTrace(
         phase=low.phase,
         peak_bytes=peak,
@@ -113,6 +113,22 @@ def extrapolate(
             f"extrapolated from micro-batches {low_x} and {high_x} (same operators, peak at"
             " the same operator)",
         ],
+        requests=requests,
+        request_count=request_count,
+        grad_requests=grad_requests,
+    )
+
+
+def _requests_between(
+    low: PhaseTrace, high: PhaseTrace, line: Callable[[Any, Any], Any]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The allocations of the phase between ``low`` and ``high`` (none when either lacks them)."""
+    if not (low.requests.shape == high.requests.shape == low.curve.shape):
+        return low.requests[:0], low.request_count[:0], low.grad_requests[:0]
+    return (
+        line(low.requests, high.requests),
+        low.request_count,
+        line(low.grad_requests, high.grad_requests),
     )
 
 
@@ -127,6 +143,8 @@ class PrecisionTraces:
     save: PhaseTrace | None = None
     state: dict[str, int] = field(default_factory=dict)
     units: tuple[int, int] = (0, 0)
+    #: The bytes of each gradient (one per storage) after a backward pass.
+    gradient_blocks: tuple[int, ...] = ()
     error: tuple[str, str, str] | None = None  # (status, phase, reason)
     #: checkpointing -> (status, phase, reason): what failed only with activation
     #: checkpointing on; the configurations without it are estimated.
@@ -204,20 +222,6 @@ def _validation_at(
     return result, "traced"
 
 
-def open_session(job: GridJob, precision: str) -> Session:
-    """The :class:`Session` that traces ``precision`` of ``job`` (not entered yet)."""
-    return Session(
-        job.module,
-        factory=job.factory,
-        precision=precision,
-        round_to=512 if job.device == "cuda" else 1,
-        cuda=job.device == "cuda",
-        checkpoint_classes=job.checkpoint_classes,
-        blocks=job.blocks,
-        capacity_factor=job.capacity_factor,
-    )
-
-
 def trace_grid(session: Session, traces: PrecisionTraces, job: GridJob) -> None:
     """Trace ``job``'s configurations into ``traces`` in the open ``session``: the training
     phases (traced or extrapolated), the optimizer steps, validation and the save."""
@@ -248,6 +252,7 @@ def trace_grid(session: Session, traces: PrecisionTraces, job: GridJob) -> None:
         raise ConfigureError(err) from err
     traces.optimizer = session.optimizer_phases()
     traces.state = session.measure_state()
+    traces.gradient_blocks = tuple(session.gradient_blocks())
     traces.phase = "validation"
     val_keys = sorted({(c[1], c[2]) for c in configs}, key=lambda k: (k[0] or 0, k[1]))
     for val_key in val_keys:

@@ -48,6 +48,7 @@ __all__ = [
 ]
 
 _DTYPE_KIND: Final = {torch.float32: 1, torch.bfloat16: 2, torch.float16: 3}
+_EMPTY: Final = np.zeros(0, dtype=np.int64)
 
 _WORKAROUND: Final = (
     "the value depends on the model's floats, which a fake tensor does not have; move the read"
@@ -207,6 +208,12 @@ class PhaseTrace:
     #: The peak's block bytes by allocator pool: small (up to 1 MiB), mid (up to 10 MiB) and
     #: large (each rounded to 2 MiB); ``segment_bytes`` rounds the first two to segments.
     segment_parts: tuple[int, int, int] = (0, 0, 0)
+    #: The allocations each operator makes, per operator (empty when not known): the smallest
+    #: block it asks for and how many (``requests``, ``request_count``), gradients apart
+    #: (``grad_requests``: their bytes); what :mod:`~lightning_pilot.estimate.cache` replays.
+    requests: np.ndarray = field(default_factory=lambda: _EMPTY)
+    request_count: np.ndarray = field(default_factory=lambda: _EMPTY)
+    grad_requests: np.ndarray = field(default_factory=lambda: _EMPTY)
 
     def shifted(self, extra: Mapping[str, int], note: str) -> PhaseTrace:
         """The same phase with ``extra`` bytes live throughout (added to their categories)."""
@@ -230,6 +237,9 @@ class PhaseTrace:
             [*self.notes, note],
             self.names,
             (*self.segment_parts[:2], self.segment_parts[2] + total),
+            self.requests,
+            self.request_count,
+            self.grad_requests,
         )
 
 
@@ -266,6 +276,10 @@ class Recorder(StorageCounter, TorchDispatchMode):  # type: ignore[no-untyped-ca
         self._moved: list[int] = []
         self._kinds: list[int] = []
         self._names: list[str] = []
+        # The (serial, bytes) of the storages each operator's outputs newly allocate, and the
+        # newest serial counted so far.
+        self._allocated: list[list[tuple[int, int]]] = []
+        self._top = 0
         self.held: set[int] = set()
         #: The routing assumption for a router's ``topk`` on fake scores (``"balanced"``), or
         #: ``None``: reading the experts' tokens is then untraceable.
@@ -286,7 +300,10 @@ class Recorder(StorageCounter, TorchDispatchMode):  # type: ignore[no-untyped-ca
         real tensors (the user's batch, the real copies of values) are not counted."""
         if self.fake_only and not isinstance(tensor, FakeTensor):
             return None
-        return self.count(tensor)
+        serial = self.count(tensor)
+        if serial is not None and serial > self._top:
+            self._top = serial
+        return serial
 
     def serial(self, tensor: torch.Tensor) -> int | None:
         """The serial number of ``tensor``'s storage, counting it if new."""
@@ -304,6 +321,7 @@ class Recorder(StorageCounter, TorchDispatchMode):  # type: ignore[no-untyped-ca
         self._start = self.current_bytes
         self._peak_op = 0
         self._curve, self._flops, self._moved, self._kinds, self._names = [], [], [], [], []
+        self._allocated = []
 
     def end(self, classes: Mapping[str, set[int]] | None = None) -> PhaseTrace:
         """End the phase: its trace, with the peak's storages sorted into ``classes``
@@ -312,6 +330,7 @@ class Recorder(StorageCounter, TorchDispatchMode):  # type: ignore[no-untyped-ca
         categories = dict.fromkeys(CATEGORIES, 0)
         parts = _segment_parts(nbytes for _, nbytes in snapshot.values())
         ordered = [(name, (classes or {}).get(name, set())) for name in CATEGORIES[:-1]]
+        requests, count, grads = _requests(self._allocated, (classes or {}).get("grad", set()))
         for serial, nbytes in snapshot.values():
             for name, members in ordered:
                 if serial in members:
@@ -333,6 +352,9 @@ class Recorder(StorageCounter, TorchDispatchMode):  # type: ignore[no-untyped-ca
             segment_bytes=segment_bytes(parts),
             names=names,
             segment_parts=parts,
+            requests=requests,
+            request_count=count,
+            grad_requests=grads,
         )
 
     # -- saved tensors ----------------------------------------------------------------------
@@ -427,8 +449,13 @@ class Recorder(StorageCounter, TorchDispatchMode):  # type: ignore[no-untyped-ca
         record = self.record
         for tensor in inputs:
             record(tensor)
+        allocated = []
         for tensor in outputs:
-            record(tensor)
+            newest = self._top
+            serial = record(tensor)
+            if serial is not None and serial > newest:  # a storage this operator allocated
+                allocated.append((serial, self.live[id(tensor.untyped_storage())][1]))
+        self._allocated.append(allocated)
         flops = 0
         moved = 0
         kind = 0
@@ -498,6 +525,23 @@ _SMALL: Final = 1 << 20
 _MID: Final = 10 << 20
 _SEGMENT: Final = 2 << 20
 _MID_SEGMENT: Final = 20 << 20
+
+
+def _requests(
+    allocated: list[list[tuple[int, int]]], grads: set[int]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per operator: the smallest block it allocates other than a gradient, how many such
+    blocks, and the bytes of the gradients it allocates."""
+    size = len(allocated)
+    requests = np.zeros(size, dtype=np.int64)
+    count = np.zeros(size, dtype=np.int64)
+    grad = np.zeros(size, dtype=np.int64)
+    for index, blocks in enumerate(allocated):
+        others = [nbytes for serial, nbytes in blocks if serial not in grads]
+        grad[index] = sum(nbytes for serial, nbytes in blocks if serial in grads)
+        if others:
+            requests[index], count[index] = min(others), len(others)
+    return requests, count, grad
 
 
 def _round_up(value: int, step: int) -> int:

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from lightning_pilot.estimate.cache import cached_gradient_bytes
 from lightning_pilot.estimate.fits import need, tight_note
 from lightning_pilot.estimate.job import Ckpt, Config, GridJob
 from lightning_pilot.estimate.precision_traces import PrecisionTraces, phase_traces
@@ -156,9 +157,12 @@ def configuration_rows(
         analytic, segments, strategy_note = strategy_memory(trace, strategy, traces)
         allocated = trace.peak_bytes + tgt.workspace_bytes + analytic
         live = trace.segment_bytes + tgt.workspace_bytes + segments
-        reserved = max(math.ceil(live * (1 + job.fragmentation)), allocated)
+        cached, cache_note = _gradient_cache(phase, trace, traces, shards)
+        # The allowance covers free pieces of the live blocks' segments; the cached gradient
+        # blocks hold no live block, so they come on top.
+        reserved = max(math.ceil(live * (1 + job.fragmentation)) + cached, allocated)
         headroom = tgt.memory_bytes - need(allocated, live - tgt.workspace_bytes, tgt)
-        notes = [*trace.notes, roofline]
+        notes = [*trace.notes, roofline, *cache_note]
         if headroom >= 0 and reserved + tgt.overhead_bytes > tgt.memory_bytes:
             notes.append(tight_note(reserved, tgt))
         if strategy_note:
@@ -188,6 +192,31 @@ def configuration_rows(
             }
         )
     return rows
+
+
+def _gradient_cache(
+    phase: str, trace: PhaseTrace, traces: PrecisionTraces, shards: int
+) -> tuple[int, list[str]]:
+    """The previous update's gradient blocks still cached at the backward pass's peak
+    (:func:`~lightning_pilot.estimate.cache.cached_gradient_bytes`), and its note."""
+    if phase != "backward" or not traces.gradient_blocks:
+        return 0, []
+    cached = cached_gradient_bytes(traces.gradient_blocks, trace, shards)
+    if cached is None:
+        return 0, [
+            "allocator cache: the previous update's gradients, freed by zero_grad, not"
+            " replayed (the trace kept no allocations)"
+        ]
+    if not cached:
+        return 0, [
+            "allocator cache: the backward pass reuses the previous update's freed gradient"
+            " blocks by its peak"
+        ]
+    return cached, [
+        f"allocator cache: {cached} bytes of the previous update's gradients, freed by"
+        " zero_grad before backward, stay reserved (no request up to the peak fits them; a"
+        " lower bound)"
+    ]
 
 
 def _phase_pair(label: str) -> tuple[str, bool | None]:

@@ -9,7 +9,7 @@ import contextlib
 import gc
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch._subclasses.fake_tensor import (
@@ -39,6 +39,9 @@ from lightning_pilot.estimate.precision import PRECISIONS, param_dtype, precisio
 from lightning_pilot.estimate.recorder import PhaseTrace, Recorder, UntraceableError
 from lightning_pilot.estimate.shadows import _SHADOW, _is_fake, _shadow_of, _shadowable
 from lightning_pilot.vocabulary import phase_label
+
+if TYPE_CHECKING:
+    from lightning_pilot.estimate.job import GridJob
 
 __all__ = ["Session", "check_source"]
 
@@ -108,11 +111,51 @@ class Session:
     ) -> None:
         owner = "Session"
         check_source(owner, module, factory)
-        self.precision = validate.choice(owner, "precision", precision, PRECISIONS)
-        self.round_to = validate.integer(owner, "round_to", round_to, minimum=1)
-        self.cuda = validate.boolean(owner, "cuda", cuda)
-        self.checkpoint_classes = tuple(checkpoint_classes)
-        self.by_blocks = validate.boolean(owner, "blocks", blocks)
+        self._prepare(
+            module,
+            factory,
+            precision=validate.choice(owner, "precision", precision, PRECISIONS),
+            round_to=validate.integer(owner, "round_to", round_to, minimum=1),
+            cuda=validate.boolean(owner, "cuda", cuda),
+            checkpoint_classes=tuple(checkpoint_classes),
+            blocks=validate.boolean(owner, "blocks", blocks),
+            capacity_factor=validate.number(owner, "capacity_factor", capacity_factor, minimum=1.0),
+        )
+
+    @classmethod
+    def from_job(cls, job: GridJob, precision: str) -> Session:
+        """The session that traces ``precision`` of ``job``, whose arguments
+        :class:`~lightning_pilot.estimate.job.GridJob` checked already (not entered yet)."""
+        session = cls.__new__(cls)
+        session._prepare(
+            job.module,
+            job.factory,
+            precision=precision,
+            round_to=512 if job.device == "cuda" else 1,
+            cuda=job.device == "cuda",
+            checkpoint_classes=tuple(job.checkpoint_classes),
+            blocks=job.blocks,
+            capacity_factor=job.capacity_factor,
+        )
+        return session
+
+    def _prepare(
+        self,
+        module: Any,
+        factory: Callable[[], Any] | None,
+        *,
+        precision: str,
+        round_to: int,
+        cuda: bool,
+        checkpoint_classes: tuple[type[torch.nn.Module], ...],
+        blocks: bool,
+        capacity_factor: float,
+    ) -> None:
+        self.precision = precision
+        self.round_to = round_to
+        self.cuda = cuda
+        self.checkpoint_classes = checkpoint_classes
+        self.by_blocks = blocks
         #: ``(name, container)`` of the repeated block list the phases are cut to, or ``None``.
         self.blocks: tuple[str, torch.nn.Module] | None = None
         self._hidden: list[torch.nn.Module] = []
@@ -120,9 +163,7 @@ class Session:
         self._factory = factory
         self.mode = FakeTensorMode(allow_non_fake_inputs=True)
         self.recorder = Recorder(round_to, fake_only=True)
-        self.recorder.capacity_factor = validate.number(
-            owner, "capacity_factor", capacity_factor, minimum=1.0
-        )
+        self.recorder.capacity_factor = capacity_factor
         self.module: Any = None
         self.optimizer: torch.optim.Optimizer | None = None
         self._restore: list[Callable[[], None]] = []
@@ -274,6 +315,12 @@ class Session:
             "grad": total(grads),
             "optimizer_state": total(state),
         }
+
+    def gradient_blocks(self) -> list[int]:
+        """The bytes of each gradient now live, one per storage (what a later update's
+        ``zero_grad`` frees; see :mod:`~lightning_pilot.estimate.cache`)."""
+        storages = [grad.untyped_storage() for grad in self._state_tensors()[2]]
+        return sorted({id(storage): storage.nbytes() for storage in storages}.values())
 
     # -- phases -----------------------------------------------------------------------------
 

@@ -132,6 +132,12 @@ def test_block_extrapolation_equals_the_full_trace(
         assert np.array_equal(cut.flops, full.flops), where
         assert np.array_equal(cut.moved, full.moved), where
         assert np.array_equal(cut.kinds, full.kinds), where
+        # The allocations the allocator cache replays (estimate.cache), operator by operator.
+        assert len(full.requests) == len(full.curve), where
+        assert full.request_count.sum() > 0, where
+        assert np.array_equal(cut.requests, full.requests), where
+        assert np.array_equal(cut.request_count, full.request_count), where
+        assert np.array_equal(cut.grad_requests, full.grad_requests), where
         assert cut.peak_bytes == full.peak_bytes > 0, where
         assert cut.categories == full.categories, where
         assert cut.segment_bytes == full.segment_bytes, where

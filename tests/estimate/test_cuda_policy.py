@@ -17,7 +17,7 @@ import torch
 from estimate_models import HFEncoder, class_batch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from lightning_pilot.estimate import PHASE_ORDER, Session, measure_cpu, precision_traces
+from lightning_pilot.estimate import PHASE_ORDER, Session, grid, measure_cpu
 from lightning_pilot.estimate.grid import trace_configuration
 from lightning_pilot.estimate.trace import Recorder, cuda_autocast, cuda_dropout
 
@@ -120,9 +120,9 @@ def test_cuda_refuses_binary_cross_entropy_under_autocast() -> None:
 class _Exact(Session):
     """``Session(cuda=True)`` without the 512-byte rounding: comparable with real tensors."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def _prepare(self, *args: Any, **kwargs: Any) -> None:
         kwargs["round_to"] = 1
-        super().__init__(*args, **kwargs)
+        super()._prepare(*args, **kwargs)
 
 
 @pytest.mark.parametrize("precision", ["16-mixed", "bf16-mixed"])
@@ -134,7 +134,7 @@ def test_encoder_matches_real_tensors_under_the_cuda_policy(
     sizes: dict[str, Any] = {"micro_batch": 4, "seq_len": 24, "precision": precision}
     real = measure_cpu(HFEncoder(), batch, cuda=True, **sizes)
     plain = measure_cpu(HFEncoder(), batch, **sizes)
-    monkeypatch.setattr(precision_traces, "Session", _Exact)
+    monkeypatch.setattr(grid, "Session", _Exact)
     torch.manual_seed(0)
     traced = trace_configuration(
         HFEncoder(), batch, micro_batch=4, seq_len=24, precision=precision, device="cuda"

@@ -26,7 +26,9 @@ def _compared(name: str) -> dict[str, Any]:
     return validation.compare(run, validation.estimate_run(run))
 
 
-@pytest.mark.parametrize("name", ["litgpt-phi15-lora-mb1", "litgpt-phi15-lora-mb4"])
+@pytest.mark.parametrize(
+    "name", ["litgpt-phi15-lora-mb1", "litgpt-phi15-lora-mb4", "titan-h100-llama31-8b-sac"]
+)
 def test_published_memory_within_ten_percent(name: str) -> None:
     row = _compared(name)
     assert row["no_false_oom"]
