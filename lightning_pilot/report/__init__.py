@@ -1,12 +1,7 @@
-"""Reports on what the callbacks wrote, without a Trainer, torch or Lightning: ``units`` (human
-units, :func:`terminal_safe`), ``load`` (what run folders and ledgers hold), the pure functions
-over DataFrames (``analysis``: one run's phases, updates and gate; ``variants``: the variants
-side by side; ``campaign``: costing and packages; ``target``: the estimate per configuration;
-``plot_data``: the data behind the plots; with ``measured``, the null-aware reductions they
-share; the order of phases and verdicts is :mod:`lightning_pilot.vocabulary`'s), ``tables``
-(console), ``sheet``
-(the Markdown choice sheet) and ``plots`` (PNG, optional matplotlib; imported on its own). See
-docs/cli.md.
+"""Reports on what the callbacks wrote, without a Trainer, torch or Lightning: ``load`` reads,
+pure functions over DataFrames analyse (``analysis``, ``variants``, ``campaign``, ``target``,
+``plot_data``), and ``tables`` (console), ``sheet`` (the Markdown choice sheet) and ``plots``
+(PNG, optional matplotlib) render. See docs/architecture.md and docs/cli.md.
 
 Example:
     >>> from lightning_pilot.report import format_bytes, format_duration, parse_size

@@ -1,14 +1,7 @@
-"""One run's phase table and updates: the gate, the rows sampled out, each phase's summary
-(peaks, steady median, worst verdict), the memory peak, the step time and the updates counted.
-DataFrames in, DataFrames or small dataclasses out; nothing here reads a file, formats a unit
-or prints, and what was not measured stays null.
-
-The other analyses have their own modules: :mod:`~lightning_pilot.report.variants` (the
-variants side by side), :mod:`~lightning_pilot.report.campaign` (costing and packages),
-:mod:`~lightning_pilot.report.target` (the estimate per configuration) and
-:mod:`~lightning_pilot.report.plot_data` (the data behind the plots); ``on_target``,
-``checkpointing_name``, ``curve_marks``, ``memory_stack``, ``comparison_points`` and
-``phase_peaks`` are importable from here too.
+"""One run's phase table and updates: the gate, the rows sampled out, each phase's summary,
+the memory peak, the step time and the updates counted. DataFrames in, DataFrames or small
+dataclasses out; what was not measured stays null. ``on_target``, ``checkpointing_name`` and the
+plot data functions are importable from here too.
 
 Example:
     >>> import pandas as pd
@@ -61,8 +54,7 @@ __all__ = [
     "step_time",
 ]
 
-#: Ledger statuses that fail the command line's exit code (the CI gate): the run did not train
-#: to its end (``diverged``, ``oom``, ``failed``).
+#: Ledger statuses that fail the command line's gate: the run did not train to its end.
 GATE_STATUSES: Final = FAILED_STATUSES
 
 
@@ -72,23 +64,21 @@ def _no_checks(value: Any) -> bool:
 
 def sampled_out(frame: pd.DataFrame) -> pd.Series:
     """A boolean Series aligned with ``frame``: the phase rows of later occurrences that
-    happened but were, by design, not measured (docs/cli.md); the tables list them apart."""
+    happened but were, by design, not measured (docs/cli.md)."""
     if frame.empty:
         return pd.Series(False, index=frame.index, dtype=bool)
     later = ~frame["first"].fillna(True).astype(bool)
     happened = frame["occurrences"].fillna(0).astype("int64") > 0
     unmeasured = frame["measured_occurrences"].fillna(-1).astype("int64") == 0
     unchecked = (frame["verdict"] == "not_checked") & frame["checks"].map(_no_checks)
-    mask: pd.Series = (later & happened & unmeasured & unchecked).astype(bool)
-    return mask
+    return (later & happened & unmeasured & unchecked).astype(bool)
 
 
 @dataclass(frozen=True)
 class Gate:
     """What fails the command line's gate: ``failed_rows``, the phase rows with verdict
-    ``fail`` (``run_id``, ``phase``, ``first``, the names of the ``failed_checks``), and
-    ``failed_runs``, the ledger runs with a status in :data:`GATE_STATUSES` or one the ledger
-    does not define (``judged`` false: it cannot be judged, so it never passes).
+    ``fail`` and their ``failed_checks``, and ``failed_runs``, the ledger runs with a status in
+    :data:`GATE_STATUSES` or one the ledger does not define (``judged`` false).
 
     Example:
         >>> runs = pd.DataFrame({"run_id": ["r1", "r2"], "status": ["completed", "oom"]})
@@ -125,8 +115,8 @@ def gate(phases: pd.DataFrame | None, runs: pd.DataFrame | None) -> Gate:
 
 
 def steady_medians(phases: pd.DataFrame) -> pd.Series:
-    """Each phase's steady-state median duration, indexed by phase: the largest median of its
-    later occurrences (over runs, attempts and ranks), else of its first."""
+    """Each phase's steady-state median duration: the largest median of its later occurrences
+    (over runs, attempts and ranks), else of its first."""
     first = phases["first"].fillna(False).astype(bool)
     medians = phases["duration_median_s"]
     later = medians.where(~first).groupby(phases["phase"], sort=False).max()
@@ -134,7 +124,7 @@ def steady_medians(phases: pd.DataFrame) -> pd.Series:
 
 
 def _phase_verdict(rows: pd.DataFrame) -> str | None:
-    """The worst verdict of a phase's rows, leaving out the sampled-out ones when others exist."""
+    """The worst verdict of a phase's rows, the sampled-out ones left out when others exist."""
     measured = rows[~sampled_out(rows)]
     known = [str(v) for v in (measured if len(measured) else rows)["verdict"].dropna()]
     return min(known, key=verdict_rank) if known else None
@@ -142,8 +132,8 @@ def _phase_verdict(rows: pd.DataFrame) -> str | None:
 
 def phase_summary(phases: pd.DataFrame) -> pd.DataFrame:
     """One row per phase in campaign order, over every run, attempt and rank: the largest
-    ``peak_allocated_bytes`` and ``peak_reserved_bytes``, the first occurrence's time
-    ``first_s``, the steady ``median_s`` and the worst ``verdict`` (``None``: none recorded)."""
+    peaks, the first occurrence's ``first_s``, the steady ``median_s`` and the worst
+    ``verdict``."""
     groups = phases.assign(
         first_s=phases["duration_s"].where(phases["first"].fillna(True).astype(bool))
     ).groupby("phase", sort=False)
@@ -176,7 +166,7 @@ def memory_peak(
     summary: pd.DataFrame, kinds: tuple[str, ...] = ("reserved", "allocated")
 ) -> Peak | None:
     """The largest peak in a phase table or :func:`phase_summary` of the first of ``kinds`` any
-    phase measured (reserved first: what a caching allocator holds); ``None``: none did."""
+    phase measured; ``None``: none did."""
     for kind in kinds:
         column = f"peak_{kind}_bytes"
         measured = summary.dropna(subset=[column])
@@ -189,8 +179,7 @@ def memory_peak(
 @dataclass(frozen=True)
 class StepTime:
     """Seconds per optimizer update: ``accumulate`` micro-batches of data, forward and
-    backward, then one optimizer step, from each phase's steady median (``parts``, ``None``
-    where a phase has no duration).
+    backward, then one optimizer step, from each phase's steady median (``parts``).
 
     Example:
         >>> frame = pd.DataFrame({"phase": ["data", "forward", "backward", "optimizer_step"],
@@ -234,8 +223,8 @@ def accumulation(record: Mapping[str, Any] | None, updates: pd.DataFrame | None)
 @dataclass(frozen=True)
 class UpdateCount:
     """The updates of ``updates.parquet`` (rank 0), an update run again by a later attempt
-    counted once: the values of K and of the replicas, the ``examples`` over all replicas
-    (``None`` when one is null), the updates ``replayed`` and the examples with them.
+    counted once: K and the replicas seen, the ``examples`` over all replicas, the updates
+    ``replayed`` and the examples with them.
 
     Example:
         >>> updates = pd.DataFrame({"rank": [0, 0, 0], "attempt": [1, 1, 2], "update": [1, 2, 2],
@@ -255,7 +244,7 @@ class UpdateCount:
 
 def count_updates(updates: pd.DataFrame) -> UpdateCount:
     """The :class:`UpdateCount` of an updates table: a replayed update counts as the latest
-    attempt ran it, the trajectory the final model followed."""
+    attempt ran it."""
     rank0 = updates[updates["rank"] == updates["rank"].min()]
     order = [c for c in ("attempt", "update") if c in rank0.columns]
     latest = rank0.sort_values(order).drop_duplicates("update", keep="last")

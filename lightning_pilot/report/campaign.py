@@ -21,8 +21,8 @@ PACKAGE_DAYS: Final = (3, 7, 30)
 
 def campaign_variants(runs: pd.DataFrame | None, experiment: Any) -> pd.DataFrame:
     """The variants of ``experiment`` with planned updates in ledger runs (``None``: no
-    ledger), each once in ledger order: ``variant`` (a run without one: its id),
-    ``planned_updates`` and ``status``."""
+    ledger), each once in ledger order: ``variant`` (else the run id), ``planned_updates`` and
+    ``status``."""
     found: dict[str, tuple[int, Any]] = {}
     mine = [] if runs is None else runs[runs["experiment"] == experiment].to_dict("records")
     for row in mine:
@@ -36,12 +36,9 @@ def campaign_variants(runs: pd.DataFrame | None, experiment: Any) -> pd.DataFram
 
 @dataclass(frozen=True)
 class Campaign:
-    """Every variant priced at one run's speed, and the variants each package holds.
-
-    ``per_update_s`` is the step (``step_s``) with validation and checkpoints at the run's rate
-    (each ``(occurrences per update, seconds)``); ``variants`` holds, in priority order,
-    ``variant``, ``status``, ``planned_updates``, ``hours``, ``device_hours``, ``packaged`` and
-    ``cumulative_hours``; ``packages`` maps 3, 7 and 30 days to the variants that fit.
+    """Every variant priced at one run's speed (``per_update_s``: the step with validation and
+    checkpoints at the run's rate, each ``(occurrences per update, seconds)``), in priority
+    order, and the variants each 3, 7 and 30 day package holds.
 
     Example:
         >>> phases = pd.DataFrame({"phase": ["optimizer_step"], "first": [False],
@@ -65,7 +62,7 @@ class Campaign:
 def _rate(
     phases: pd.DataFrame, medians: pd.Series, phase: str, updates: int
 ) -> tuple[float, float]:
-    """How often ``phase`` happened per update in this run, and its median duration."""
+    """How often ``phase`` happened per update, and its median duration."""
     median = value_at(medians, phase)
     occurrences = phases.loc[phases["phase"] == phase, "occurrences"]
     if occurrences.empty or median is None or updates <= 0:
@@ -81,9 +78,8 @@ def _package(
     cumulative: float,
     reserve: float,
 ) -> tuple[bool, float]:
-    """Add a variant of ``hours`` to every 3/7/30-day package it still fits in (after the
-    ones before it); a variant that diverged, failed or has an unknown status is never
-    packaged. Returns whether it was packaged and the hours packaged so far."""
+    """Add a variant of ``hours`` to every package it still fits in, unless it diverged, failed
+    or has an unknown status; whether it was packaged, and the hours packaged so far."""
     if status in GATE_STATUSES or not (status in STATUSES or is_null(status)):
         return False, cumulative
     cumulative += hours
@@ -97,8 +93,7 @@ def campaign(
     phases: pd.DataFrame, variants: pd.DataFrame, step_s: float, *, reserve: float, devices: int = 1
 ) -> Campaign:
     """Price the variants (:func:`campaign_variants`) at this run's speed on ``devices`` each,
-    and fill the 3, 7 and 30 day packages in priority order, ``reserve`` of each kept back; a
-    variant that diverged, failed or has an unknown status is never packaged."""
+    and fill the 3, 7 and 30 day packages in priority order, ``reserve`` of each kept back."""
     medians = steady_medians(phases)
     updates = largest(phases.loc[phases["phase"] == "optimizer_step", "occurrences"])
     done = int(updates) if updates is not None else 0
@@ -127,11 +122,9 @@ def target_campaign(
     reserve: float,
     price_per_gpu_hour: float | None = None,
 ) -> tuple[pd.DataFrame, dict[int, list[str]]]:
-    """Price the variants (:func:`campaign_variants`) at an estimated step-time band on
-    ``devices`` GPUs each: per variant ``hours_low``/``hours_high``, ``gpu_hours_low``/``_high``
-    and, with a price, ``cost_low``/``cost_high``; the 3, 7 and 30 day packages are filled at
-    the slow end of the band (``reserve`` kept back). Training updates only: validation,
-    checkpoints and export are not in the estimate.
+    """Price the variants at an estimated step-time band on ``devices`` GPUs each (hours,
+    GPU-hours and, with a price, cost, low and high), training updates only; the packages are
+    filled at the slow end of the band (``reserve`` kept back).
 
     Example:
         >>> variants = pd.DataFrame({"variant": ["a"], "planned_updates": [36000],

@@ -31,13 +31,10 @@ from lightning_pilot.schemas import upgrade_estimate
 
 
 class Reads:
-    """What one command could not read: the readers' warnings, and misplaced entries.
-
-    A reader skips a file it cannot read with a ``RuntimeWarning`` starting ``lightning-pilot:
-    skipped`` and reads the rest; an entry that is not a plain file (a folder named like a
-    record, a phase table replaced by a file) it may pass over in silence, so the scans look
-    for those. A damaged ledger index segment counts like a damaged record: once a compaction
-    removed the record files it holds, its records are read nowhere else.
+    """What one command could not read: the readers' warnings (a skipped file is a
+    ``RuntimeWarning`` starting ``lightning-pilot: skipped``), and the misplaced entries the
+    scans find (a folder named like a record, a phase table replaced by a file), which a reader
+    may pass over in silence.
 
     Example:
         >>> reads = Reads()
@@ -49,7 +46,7 @@ class Reads:
 
     def __init__(self) -> None:
         self._caught: list[list[warnings.WarningMessage]] = []
-        self._strays: dict[str, str] = {}  # path -> why
+        self._strays: dict[str, str] = {}  # path: why
 
     @contextlib.contextmanager
     def capture(self) -> Iterator[None]:
@@ -65,17 +62,14 @@ class Reads:
         for warning in (warning for caught in self._caught for warning in caught):
             if issubclass(warning.category, (RuntimeWarning, UserWarning)):
                 message = str(warning.message).removeprefix("lightning-pilot: ")
-                seen.setdefault(
-                    message,
-                    issubclass(warning.category, RuntimeWarning) and message.startswith("skipped "),
-                )
+                skipped = message.startswith("skipped ")
+                seen.setdefault(message, issubclass(warning.category, RuntimeWarning) and skipped)
         return seen
 
     def skipped(self) -> list[str]:
         """One description per file in scope that could not be read, each file once."""
         lost = [m.removeprefix("skipped ") for m, skipped in self._messages().items() if skipped]
-        # A stray a reader also reported is named once, as the reader said it.
-        strays = [
+        strays = [  # a stray a reader also reported is named once, as the reader said it
             f"{path}: {why}"
             for path, why in self._strays.items()
             if not any(path in message for message in lost)
@@ -105,8 +99,7 @@ class Reads:
 
 
 def _run_folder(out_dir: storage.Location, run_id: Any) -> storage.Location | None:
-    """``out_dir/runs/<run_id>``; ``None`` when ``run_id`` is not a run id (a forged id never
-    becomes a path)."""
+    """``out_dir/runs/<run_id>``; ``None`` when ``run_id`` is not a run id."""
     try:
         validate_run_id(str(run_id), "run_id")
     except (TypeError, ValueError):
@@ -147,9 +140,8 @@ def _ledger_of(path: storage.Location, run_only: bool) -> storage.Location | Non
 def load_scope(
     path: storage.Location, reads: Reads
 ) -> tuple[pd.DataFrame | None, pd.DataFrame | None, storage.Location | None]:
-    """What ``show PATH`` reads from an output folder (every run and the ledger), a run folder
-    (that run only) or a ledger folder: the phase rows (``None``: none readable), the ledger
-    runs (``None``: no ledger) and the ledger folder.
+    """What ``show PATH`` reads from an output, run or ledger folder: the phase rows (``None``:
+    none readable), the ledger runs (``None``: no ledger) and the ledger folder.
 
     Raises:
         ValueError: ``path`` holds neither a phase table nor a ledger, or none of it is read.
@@ -188,12 +180,11 @@ def load_scope(
 
 @dataclass(frozen=True)
 class RunFolder:
-    """What a run folder and the ledger beside it hold: the ``phases`` (never empty), its
-    ``updates`` and ``model`` tables (``None``: absent or empty), its folded ledger ``record``
-    and the ``last`` point of each curve (``{name: (step, value)}``), every ledger run
-    (``runs``, ``None``: no ledger), the ``experiment`` priced and compared, and its
-    ``comparison`` (or why there is none), and its ``estimate`` on target GPUs with the
-    ``largest`` sizes that fit there (``None``: none was made; ``lightning_pilot.estimate``).
+    """What a run folder and the ledger beside it hold: the ``phases`` (never empty), the
+    ``updates`` and ``model`` tables, the folded ledger ``record`` and the ``last`` point of
+    each curve, every ledger run, the ``experiment`` compared and its ``comparison`` (or why
+    there is none), and the ``estimate`` on target GPUs with the ``largest`` sizes that fit
+    (``None``: absent).
 
     Example:
         >>> RunFolder.__dataclass_fields__.keys()  # doctest: +NORMALIZE_WHITESPACE
@@ -215,8 +206,7 @@ class RunFolder:
 
 
 def _detail(run: storage.Location, name: str) -> pd.DataFrame | None:
-    """A run's ``<name>.parquet`` snapshot table; ``None`` when absent or empty. The estimate
-    is read with the columns of the current schema (:func:`read_estimate`)."""
+    """A run's ``<name>.parquet`` snapshot table; ``None`` when absent or empty."""
     if not (run / f"{name}.parquet").is_dir():
         return None
     if name == "estimate":
@@ -227,9 +217,8 @@ def _detail(run: storage.Location, name: str) -> pd.DataFrame | None:
 
 def read_estimate(path: storage.PathLike) -> pd.DataFrame | None:
     """An estimate table (an ``estimate.parquet`` folder or file) with the columns of
-    :data:`~lightning_pilot.schemas.ESTIMATE_SCHEMA`, whatever version wrote it: a version 2
-    file's columns are renamed (:func:`~lightning_pilot.schemas.upgrade_estimate`). ``None``
-    when it holds no row."""
+    :data:`~lightning_pilot.schemas.ESTIMATE_SCHEMA`, whatever version wrote it; ``None`` when
+    it holds no row."""
     location = storage.location(path)
     files = storage.list_snapshot_files(location) if location.is_dir() else [location]
     tables = [upgrade_estimate(storage.read_parquet_files([file])) for file in files]
@@ -284,19 +273,8 @@ def load_run(
         except ValueError as err:
             comparison = terminal_safe(err)
     estimate, largest = _detail(run, "estimate"), _detail(run, "estimate_largest")
-    return RunFolder(
-        run,
-        phases,
-        updates,
-        model,
-        record,
-        last,
-        ledger_runs,
-        wanted,
-        comparison,
-        estimate,
-        largest,
-    )
+    found = (updates, model, record, last, ledger_runs, wanted, comparison, estimate, largest)
+    return RunFolder(run, phases, *found)
 
 
 def variant_costs(
@@ -306,11 +284,9 @@ def variant_costs(
     by: str = "variant",
     control: str | None = None,
 ) -> pd.DataFrame:
-    """Each variant's memory, step time and data shape next to its quality, from the phase
-    tables and BatchInspector's examples of ``runs`` (``Ledger.runs()``) under
-    ``<out_dir>/runs``, one row per variant
-    (:func:`~lightning_pilot.report.variants.summarize_costs`).
-    """
+    """Each variant's memory, step time and data shape, from the phase tables and
+    BatchInspector's examples of ``runs`` (``Ledger.runs()``) under ``<out_dir>/runs``
+    (:func:`~lightning_pilot.report.variants.summarize_costs`)."""
     rows = []
     for run in runs.to_dict("records"):
         folder = _run_folder(storage.location(out_dir), run["run_id"])

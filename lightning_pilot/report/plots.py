@@ -129,7 +129,7 @@ def _loss_figure(data: LossCurves, *, title: str, val_metric: str) -> Figure:
     colors = {v: f"C{i % 10}" for i, v in enumerate(dict.fromkeys(variants))}
     handles: list[Any] = []
     no_points: list[str] = []
-    named: set[str] = set()
+    named: set[str] = set()  # variants with a legend entry
     for run in data.runs:
         color = colors[run.variant]
         if not run.recorded:
@@ -156,12 +156,9 @@ def _loss_figure(data: LossCurves, *, title: str, val_metric: str) -> Figure:
             text = (
                 f"{_label(mark['variant'], 20)} s{_label(mark['seed'], 8)}: {_label(mark['label'])}"
             )
-        elif mark["kind"] not in set(marks["kind"].iloc[_ANNOTATED:i]):
-            text = f"{text} (and others)"
-        else:
-            text = ""
-        if text:
             handles.append(_key(marker, color, text, markersize=9))
+        elif mark["kind"] not in set(marks["kind"].iloc[_ANNOTATED:i]):
+            handles.append(_key(marker, color, f"{text} (and others)", markersize=9))
         if is_null(mark["step"]):
             continue
         y = mark["value"]

@@ -44,10 +44,7 @@ def render_table(
     headers: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[int] = ()
 ) -> str:
     """Fixed-width text table: a header, a rule and the rows; ``right``: right-aligned columns.
-
-    Every cell passes through :func:`~lightning_pilot.report.terminal_safe` (capped at
-    ``CELL_LIMIT``): a value from a file cannot break its row or drive the terminal.
-    """
+    Every cell passes through :func:`~lightning_pilot.report.terminal_safe`."""
     headers = [terminal_safe(h, limit=CELL_LIMIT) for h in headers]
     rows = [[terminal_safe(cell, limit=CELL_LIMIT) for cell in row] for row in rows]
     widths = [len(h) for h in headers]
@@ -55,11 +52,8 @@ def render_table(
         widths = [max(w, len(cell)) for w, cell in zip(widths, row, strict=True)]
 
     def line(cells: Sequence[str]) -> str:
-        parts = [
-            cell.rjust(width) if i in right else cell.ljust(width)
-            for i, (cell, width) in enumerate(zip(cells, widths, strict=True))
-        ]
-        return "  ".join(parts).rstrip()
+        pairs = enumerate(zip(cells, widths, strict=True))
+        return "  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in pairs).rstrip()
 
     return "\n".join([line(headers), "  ".join("-" * w for w in widths), *map(line, rows)])
 
@@ -75,7 +69,6 @@ def sampled_line(rows: pd.DataFrame) -> str:
 
 
 def _skipped_lines(skipped: Sequence[str], most: int = 20) -> list[str]:
-    """One line per file that could not be read, the first ``most`` of them."""
     lines = [f"  skipped {terminal_safe(item)}" for item in skipped[:most]]
     if len(skipped) > most:
         lines.append(f"  and {len(skipped) - most} more")
@@ -85,11 +78,10 @@ def _skipped_lines(skipped: Sequence[str], most: int = 20) -> list[str]:
 def _clean_result(
     phases: pd.DataFrame | None, runs: pd.DataFrame | None, skipped: Sequence[str]
 ) -> str:
-    counted = (
-        f"{len(runs)} ledger run(s) checked"
-        if runs is not None
-        else "no ledger read: run statuses not checked"
-    ) + ("; no phase table read" if phases is None else "")
+    counted = "no ledger read: run statuses not checked"
+    if runs is not None:
+        counted = f"{len(runs)} ledger run(s) checked"
+    counted += "; no phase table read" if phases is None else ""
     if not skipped:
         return f"Result: no failed check, no diverged or failed run ({counted})."
     head = (
@@ -106,8 +98,7 @@ def gate_result(
     """The command line's exit verdict and the ``Result:`` lines that name the reasons.
 
     ``(failed, text)`` of the :func:`~lightning_pilot.report.analysis.gate` of the phase rows
-    and ledger runs in scope (``None``: not read); files ``skipped`` are named too, and the
-    text then never reads as a clean result (docs/cli.md).
+    and ledger runs in scope (``None``: not read); files ``skipped`` are named too.
 
     Example:
         >>> import pandas as pd
@@ -145,7 +136,7 @@ def gate_result(
         parts.append(f"{unknown} run(s) with an unknown status")
     lines = ["Result: " + " and ".join(parts) + " (exit 1):"]
     variants: dict[str, Any] = {}
-    if runs is not None and not runs.empty and "variant" in runs.columns:
+    if runs is not None and "variant" in runs.columns:
         variants = dict(zip(runs["run_id"].astype(str), runs["variant"], strict=True))
     for run_id, items in failed_checks.items():
         named = f"  variant {as_text(variants[run_id])}" if run_id in variants else ""
@@ -166,7 +157,6 @@ def gate_result(
 
 
 def _phase_block(key: Any, rows: pd.DataFrame) -> str:
-    """One run, attempt and rank of the phase table, the rows not passed below it."""
     run_id, attempt, rank = key
     head = (
         f"run {as_text(run_id)}  attempt {as_text(attempt)}  rank {as_text(rank)}  device"
@@ -204,11 +194,8 @@ def _phase_block(key: Any, rows: pd.DataFrame) -> str:
 
 
 def phase_table_text(frame: pd.DataFrame) -> str:
-    """The phase table as text: one block per run, attempt and rank, reasons below each block.
-
-    Rows keep :func:`~lightning_pilot.storage.read_phase_table`'s order (runs in time order,
-    phases in campaign order, first occurrence before the rest).
-    """
+    """The phase table as text: one block per run, attempt and rank (in the table's order),
+    the reasons below each block."""
     if frame.empty:
         return "(no phase rows)"
     groups = frame.groupby(["run_id", "attempt", "rank"], sort=False, dropna=False)
@@ -245,8 +232,8 @@ def _with_ci(row: Mapping[Any, Any], name: str) -> str:
 
 
 def status_counts(row: Mapping[Any, Any]) -> str:
-    """``"3 completed, 1 diverged"``; a status outside the ledger's vocabulary (a newer
-    writer's, a forged one) is counted as what it is, ``unknown``, never as another."""
+    """``"3 completed, 1 diverged"``; a status outside the ledger's vocabulary counts as
+    ``unknown``."""
     counts = [f"{row[f'n_{status}']} {status}" for status in STATUS_ORDER if row.get(f"n_{status}")]
     unknown = int(row["n_runs"]) - sum(int(row.get(f"n_{status}") or 0) for status in STATUS_ORDER)
     if unknown > 0:
@@ -255,7 +242,6 @@ def status_counts(row: Mapping[Any, Any]) -> str:
 
 
 def _paired(row: Mapping[Any, Any]) -> str:
-    """A variant's paired difference against the control, over the seeds both ran."""
     if is_null(row.get("paired_n")):
         return NOT_MEASURED
     paired = (
@@ -287,7 +273,7 @@ def _ranked_runs(comparison: Comparison, by: str) -> str:
 
 def comparison_text(comparison: Comparison, by: str = "variant") -> str:
     """A :class:`~lightning_pilot.core.compare.Comparison` as text: the summary, then every
-    run ranked best first, failed runs last, unfinished runs unranked."""
+    run ranked best first."""
     control = comparison.control
     headers = [by, "runs", "by status", "in stats", "median", "mean", "iqm"]
     if control is not None:
@@ -311,15 +297,8 @@ def comparison_text(comparison: Comparison, by: str = "variant") -> str:
     ]
     if notes:
         parts += ["Notes:", *notes]
-    return "\n".join(
-        [
-            *parts,
-            "",
-            "Runs, best first (diverged, oom and failed runs rank worst; '-': unfinished,"
-            " unranked):",
-            _ranked_runs(comparison, by),
-        ]
-    )
+    runs = "Runs, best first (diverged, oom and failed runs rank worst; '-': unfinished, unranked):"
+    return "\n".join([*parts, "", runs, _ranked_runs(comparison, by)])
 
 
 def plan_text(plan: UpdatePlan) -> str:

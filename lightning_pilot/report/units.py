@@ -25,9 +25,8 @@ NOT_MEASURED: Final = "n/m"
 #: The longest a value from a file prints (:func:`terminal_safe`), in a line and in a table cell.
 TEXT_LIMIT: Final = 2000
 CELL_LIMIT: Final = 200
-# C1 controls, DEL, the Unicode line and paragraph separators, the bidirectional overrides and
-# isolates (text that reads reversed) and lone surrogates (bytes of a file name that are not
-# UTF-8, which no terminal can print); each pattern adds the C0 controls, newline or not.
+# DEL, C1 controls, Unicode line separators, bidirectional overrides and isolates, and lone
+# surrogates (file name bytes that are not UTF-8); each pattern adds the C0 controls.
 _OTHERS: Final = "\x7f-\x9f\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff"
 _UNSAFE: Final = re.compile(f"[\x00-\x1f{_OTHERS}]")
 _UNSAFE_BUT_NEWLINE: Final = re.compile(f"[\x00-\x09\x0b-\x1f{_OTHERS}]")
@@ -45,12 +44,10 @@ def terminal_safe(
 ) -> str:
     r"""``str(text)`` from a file, made safe to print on a terminal.
 
-    Every C0 and C1 control character (an escape sequence's ESC, a carriage return, a bell, a
-    newline inside a value), DEL, the Unicode line separators, the bidirectional overrides and
-    lone surrogates become visible escapes (``\x1b``, ``\u202e``), so a file can neither drive
-    the terminal nor break a table's row in two; ``keep_newlines`` keeps ``\n`` (for whole
-    blocks of output whose lines are ours). Text longer than ``limit`` (``None``: no limit) is
-    cut, saying how much was left out. Applying it twice changes nothing.
+    Control characters, DEL, Unicode line separators, bidirectional overrides and lone
+    surrogates become visible escapes (``\x1b``, ``\u202e``), so a file can neither drive the
+    terminal nor break a table's row; ``keep_newlines`` keeps ``\n``. Text longer than ``limit``
+    (``None``: no limit) is cut, saying how much was left out. Applying it twice changes nothing.
 
     Example:
         >>> print(terminal_safe("ctl\x1b[2J\r\nFAKE"))
@@ -76,9 +73,7 @@ def format_bytes(value: Any) -> str:
     """Bytes in B/KiB/MiB/GiB/TiB with one decimal; null prints ``n/m``."""
     if is_null(value):
         return NOT_MEASURED
-    size = float(value)
-    sign = "-" if size < 0 else ""
-    size = abs(size)
+    sign, size = "-" if float(value) < 0 else "", abs(float(value))
     if size < 1024:
         return f"{sign}{size:.0f} B"
     for unit in ("KiB", "MiB", "GiB", "TiB"):
@@ -127,10 +122,9 @@ SMALLEST_AMOUNT: Final = 0.0001
 
 
 def format_amount(value: Any, digits: int = 2) -> str:
-    """An amount of money or GPU-hours a reader can act on, never ``0`` for a small non-zero
-    one: from 100 up whole and thousands-separated, from 1 up with ``digits`` decimals, below
-    1 with ``digits`` significant digits down to :data:`SMALLEST_AMOUNT`, below that
-    ``< 0.0001``; ``n/m`` when null.
+    """An amount of money or GPU-hours, never ``0`` for a small non-zero one: from 100 up whole,
+    from 1 up with ``digits`` decimals, below 1 with ``digits`` significant digits down to
+    :data:`SMALLEST_AMOUNT`, below that ``< 0.0001``; ``n/m`` when null.
 
     Example:
         >>> [format_amount(v) for v in (12345.6, 42.125, 0.0042, 0.00612, 0.00000057, 0.0, None)]
@@ -168,8 +162,7 @@ def amount_range(low: Any, high: Any, digits: int = 2) -> str:
 
 
 def size_text(value: Any) -> str:
-    """A micro-batch or a sequence length as written in a configuration (``2048``, no
-    separator, even from a float column); ``n/m`` when null.
+    """A micro-batch or a sequence length as written in a configuration; ``n/m`` when null.
 
     Example:
         >>> size_text(2048), size_text(32.0), size_text(None), size_text(float("nan"))
@@ -179,8 +172,7 @@ def size_text(value: Any) -> str:
 
 
 def seq_text(value: Any) -> str:
-    """A configuration's sequence length: ``as given`` when null (the batch was used at its
-    own length, or has no sequence dimension), else :func:`size_text`.
+    """A configuration's sequence length: ``as given`` when null, else :func:`size_text`.
 
     Example:
         >>> seq_text(2048), seq_text(None), seq_text(float("nan")), seq_text(32.0)

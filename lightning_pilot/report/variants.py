@@ -16,7 +16,7 @@ from lightning_pilot.report.measured import largest, median
 from lightning_pilot.report.units import is_null
 
 #: The costs reduced to their median over a variant's runs, those measured per run, and the
-#: columns of :func:`summarize_costs` after the variant's.
+#: columns of :func:`summarize_costs`.
 _MEDIANS: Final = ("step_s", "truncated_fraction", "loss_positions")
 _MEASURED: Final = ("peak_allocated_bytes", "peak_phase", "peak_reserved_bytes", *_MEDIANS)
 _SUMMARY: Final = ("runs_measured", *_MEASURED, "same_experiment", "why")
@@ -30,9 +30,8 @@ def standing(comparison: Comparison) -> pd.DataFrame:
 def run_costs(
     phases: pd.DataFrame, examples: pd.DataFrame | None, accumulate: int
 ) -> dict[str, Any]:
-    """One run's costs (only what was measured): ``peak_allocated_bytes`` and its
-    ``peak_phase``, ``peak_reserved_bytes``, ``step_s``, and from BatchInspector's
-    ``examples`` the ``truncated_fraction`` of training sequences and the mean
+    """One run's measured costs: the peaks and ``peak_phase``, ``step_s``, and from
+    BatchInspector's ``examples`` the ``truncated_fraction`` of training sequences and the mean
     ``loss_positions`` per example."""
     costs: dict[str, Any] = {}
     if phases.empty:
@@ -69,7 +68,7 @@ def _differences(row: Mapping[Any, Any], control: Mapping[Any, Any]) -> list[str
 def _same_experiment(
     row: Mapping[Any, Any], reference: Mapping[Any, Any] | None, by: str, control: str | None
 ) -> tuple[bool | None, str]:
-    """Whether a variant answers the control's question, and why (plain bools, never numpy's)."""
+    """Whether a variant answers the control's question (a plain bool), and why."""
     if reference is None:
         return None, "no control to compare with"
     if row[by] == control:
@@ -83,9 +82,9 @@ def _same_experiment(
 def summarize_costs(
     per_run: pd.DataFrame, *, by: str = "variant", control: str | None = None
 ) -> pd.DataFrame:
-    """Per variant, over its runs' :func:`run_costs` (one row per run, with a ``by`` column):
+    """Per variant, over its runs' :func:`run_costs` (a row per run, with a ``by`` column):
     ``runs_measured``, the largest peaks, the most frequent ``peak_phase``, the medians, and
-    ``same_experiment`` (``None``: unknown) with ``why`` (docs/cli.md, cost per variant)."""
+    ``same_experiment`` (``None``: unknown) with ``why``."""
     columns = [by, *_SUMMARY]
     if per_run.empty:
         return pd.DataFrame(columns=columns)
@@ -93,17 +92,11 @@ def summarize_costs(
     grouped = []
     for name, group in frame.groupby(by, sort=False):
         phase = group["peak_phase"].dropna()
-        grouped.append(
-            {
-                by: name,
-                "runs_measured": len(group),
-                "peak_allocated_bytes": largest(group["peak_allocated_bytes"]),
-                "peak_phase": phase.mode().iloc[0] if len(phase) else None,
-                "peak_reserved_bytes": largest(group["peak_reserved_bytes"]),
-                **{column: median(group[column]) for column in _MEDIANS},
-            }
-        )
-    result = pd.DataFrame(grouped)
+        peaks = [largest(group[f"peak_{kind}_bytes"]) for kind in ("allocated", "reserved")]
+        mode = phase.mode().iloc[0] if len(phase) else None
+        medians = [median(group[column]) for column in _MEDIANS]
+        grouped.append((name, len(group), peaks[0], mode, peaks[1], *medians))
+    result = pd.DataFrame(grouped, columns=[by, *_SUMMARY[:-2]])
     reference = (
         result[result[by] == control].iloc[0].to_dict() if control in set(result[by]) else None
     )
