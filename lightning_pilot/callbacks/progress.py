@@ -25,15 +25,9 @@ def trainer_progress(trainer: pl.Trainer, total: int, label: str) -> Reporter:
     under Lightning's ``tqdm`` bar, plain lines beside another bar, nothing on other ranks."""
     bar = trainer.progress_bar_callback
     shown: TrainerBar = None
-    position = 0
     if bar is not None and getattr(bar, "is_enabled", True):
         shown = "tqdm" if isinstance(bar, TQDMProgressBar) else "other"
-        if isinstance(bar, TQDMProgressBar):
-            position = 2 * bar.process_position  # as its own main bar
+    position = 2 * bar.process_position if isinstance(bar, TQDMProgressBar) else 0  # its main bar's
     return choose_reporter(
-        label,
-        total=total,
-        global_zero=trainer.is_global_zero,
-        trainer_bar=shown,
-        position=position,
+        label, total=total, global_zero=trainer.is_global_zero, trainer_bar=shown, position=position
     )

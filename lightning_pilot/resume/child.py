@@ -43,8 +43,7 @@ def _silent(phase: str) -> None:
 
 def announce(done: int, total: int, message: str) -> None:
     """Print a progress marker line on stderr for the parent; a closed or broken stderr (the
-    parent is gone) is ignored: the watch thread ends this process then.
-    """
+    parent is gone) is ignored: the watch thread ends this process then."""
     with contextlib.suppress(OSError, ValueError):
         print(marker_line(done, total, message), file=sys.stderr, flush=True)
 
@@ -70,8 +69,7 @@ def load_object(path: str) -> Any:
 def _seed_like_the_script() -> None:
     """Seed as the training script did before it built its objects (``seed_everything`` leaves
     its seed in ``PL_GLOBAL_SEED``, which this process inherits), so random data or weights drawn
-    in a constructor come out the same; the fit's RNG states are restored at train start.
-    """
+    in a constructor come out the same; the fit's RNG states are restored at train start."""
     seed = os.environ.get("PL_GLOBAL_SEED")
     if seed is not None and seed.lstrip("-").isdigit():
         from lightning.fabric.utilities.seed import seed_everything
@@ -79,7 +77,8 @@ def _seed_like_the_script() -> None:
         seed_everything(int(seed), workers=os.environ.get("PL_SEED_WORKERS") == "1", verbose=False)
 
 
-#: Keys LightningCLI adds to saved hyperparameters (``class_path`` instantiation).
+#: Keys LightningCLI adds to saved hyperparameters (``class_path`` instantiation): how it built
+#: the object, not its arguments.
 _BUILDER_KEYS = frozenset({"_class_path", "_instantiator"})
 
 
@@ -99,7 +98,6 @@ def _build(
     dm_cls = load_object(path) if path else None
 
     def arguments(key: str) -> dict[str, Any]:
-        # LightningCLI saves how it built the object beside the arguments: not arguments.
         saved = dict(checkpoint.get(key) or {})
         return {k: v for k, v in saved.items() if k not in _BUILDER_KEYS}
 
@@ -147,8 +145,7 @@ def run_resume(
 ) -> None:
     """Rebuild the module and data as the script probably did (seed, module, data) and resume;
     when the data differ from the fit's after a seed, build the data first and resume again.
-    With ``task.fit_loaders`` the training data are the loaders in ``loaders_payload``.
-    """
+    With ``task.fit_loaders`` the training data are the loaders in ``loaders_payload``."""
     progress("loading the checkpoint")
     checkpoint = load_checkpoint(task.checkpoint, result)
     if checkpoint is None:
@@ -223,8 +220,7 @@ def run_artifact(task: ArtifactTask, result: TaskResult, progress: Progress = _s
 
 def _exit_with_parent(poll_s: float = 0.5) -> None:
     """End this process when the training process that started it is gone (killed), which
-    would otherwise leave it running and holding its memory (on a GPU too).
-    """
+    would otherwise leave it running and holding its memory (on a GPU too)."""
     expected = os.environ.get(PARENT_PID)
     parent = int(expected) if expected and expected.isdigit() else os.getppid()
 

@@ -1,9 +1,9 @@
 """The training process's side: start the new process (or one per DDP rank), read its answer,
-and prepare and judge the artifact round trip.
-"""
+and prepare and judge the artifact round trip."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import functools
@@ -31,6 +31,7 @@ from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch.utils.data import DataLoader
 
 from lightning_pilot import storage
+from lightning_pilot.callbacks._shared import evaluating
 from lightning_pilot.callbacks.progress import trainer_progress
 from lightning_pilot.core.checks import CheckResult
 from lightning_pilot.core.progress import Mark, Reporter, parse_marker
@@ -257,32 +258,16 @@ def _launch(
     return read_result(result_path, tasks)
 
 
-@dataclass(frozen=True)
-class Finished:
-    """How a new process ended: its exit status and the last :data:`KEPT_LINES` lines of each
-    stream (its progress marker lines left out).
-
-    Example:
-        >>> Finished(returncode=0, stdout="", stderr="").returncode
-        0
-    """
-
-    returncode: int
-    stdout: str
-    stderr: str
-
-
 def _read_lines(pipe: IO[str], kept: deque[str], marks: queue.SimpleQueue[Mark] | None) -> None:
-    """Read ``pipe`` to its end: marker lines into ``marks`` (when given), the others kept."""
-    try:
+    """Read ``pipe`` to its end (unless it closes: the process is gone): marker lines into
+    ``marks`` (when given), the others kept."""
+    with contextlib.suppress(OSError, ValueError):
         for line in pipe:
             mark = parse_marker(line) if marks is not None else None
             if marks is None or mark is None:
                 kept.append(line)
             else:
                 marks.put(mark)
-    except (OSError, ValueError):  # the pipe closed under the reader: the process is gone
-        pass
 
 
 def _show(marks: queue.SimpleQueue[Mark], progress: Reporter) -> None:
@@ -294,11 +279,8 @@ def _show(marks: queue.SimpleQueue[Mark], progress: Reporter) -> None:
 def _feed(pipe: Any, data: bytes) -> None:
     """Write ``data`` to the text-mode ``pipe``'s byte stream and close it; a process that ended
     before reading it all (its crash is the answer) is no error here."""
-    try:
-        with pipe:
-            pipe.buffer.write(data)
-    except (OSError, ValueError):
-        pass
+    with contextlib.suppress(OSError, ValueError), pipe:
+        pipe.buffer.write(data)
 
 
 def run_streaming(
@@ -308,9 +290,10 @@ def run_streaming(
     progress: Reporter,
     *,
     stdin: bytes | None = None,
-) -> Finished:
+) -> subprocess.CompletedProcess[str]:
     """Run ``command`` as ``subprocess.run(capture_output=True, text=True, timeout=timeout_s)``
-    does (killed on any exception here), its stderr's progress markers sent to ``progress``;
+    does (killed on any exception here), its stderr's progress markers sent to ``progress`` and
+    left out of its output, of which the last :data:`KEPT_LINES` lines of each stream are kept;
     ``stdin`` (bytes) goes to its standard input through a pipe only the two processes hold."""
     process = subprocess.Popen(
         list(command),
@@ -356,7 +339,9 @@ def run_streaming(
     for reader in readers:
         reader.join(timeout=max(POLL_S, deadline - time.monotonic()))
     _show(marks, progress)
-    return Finished(process.returncode, "".join(stdout), "".join(stderr))
+    return subprocess.CompletedProcess(
+        command, process.returncode, "".join(stdout), "".join(stderr)
+    )
 
 
 def read_result(path: Path, tasks: Sequence[Task]) -> list[TaskResult]:
@@ -425,16 +410,8 @@ class Launcher:
             else:
                 results.append(TaskResult(kind=task.kind, blocked=blocker + hint))
         if runnable:
-            folder = Path(runnable[0].checkpoint).parent
-            progress = trainer_progress(trainer, len(runnable), PROGRESS_LABEL)
             sent = any(isinstance(t, ResumeTask) and t.fit_loaders for t in runnable)
-            answers = launch(
-                runnable,
-                folder,
-                self.timeout_s * len(runnable),
-                progress=progress,
-                stdin=payload if sent else None,
-            )
+            answers = self._launch(runnable, trainer, stdin=payload if sent else None)
             for index, (task, answer) in enumerate(zip(runnable, answers, strict=True)):
                 if not isinstance(task, ResumeTask) or not task.fit_loaders:
                     continue
@@ -455,8 +432,7 @@ class Launcher:
         self, tasks: Sequence[ResumeTask], trainer: pl.Trainer, pl_module: Any
     ) -> list[TaskResult]:
         """Resume in one new process per rank, with its rank's environment: together a DDP group
-        shaped like the fit's. Every rank calls it at once (rank 0 broadcasts the group's port).
-        """
+        shaped like the fit's. Every rank calls it at once (rank 0 broadcasts the group's port)."""
         port = trainer.strategy.broadcast(_free_port() if trainer.is_global_zero else 0, src=0)
         datamodule = getattr(trainer, "datamodule", None)
         loaders_passed = self.factory is None and fit_loaders(trainer) is not None
@@ -501,18 +477,19 @@ class Launcher:
             # torchrun's default: the group's store would be expected from an agent on this port.
             "TORCHELASTIC_USE_AGENT_STORE": "False",
         }
-        folder = Path(tasks[0].checkpoint).parent
-        results = launch(
-            tasks,
-            folder,
-            self.timeout_s * len(tasks),
-            tag=f"-rank{rank}",
-            env=env,
-            progress=trainer_progress(trainer, len(tasks), PROGRESS_LABEL),  # rank 0's own process
-        )
+        results = self._launch(tasks, trainer, tag=f"-rank{rank}", env=env)
         for result in results:
             result.where = f"{trainer.world_size} new processes (one per rank, DDP)"
         return results
+
+    def _launch(
+        self, tasks: Sequence[Task], trainer: pl.Trainer, **options: Any
+    ) -> list[TaskResult]:
+        """:func:`launch` beside the checkpoints, its progress shown as the Trainer shows its own
+        (rank 0's own process only)."""
+        folder = Path(tasks[0].checkpoint).parent
+        progress = trainer_progress(trainer, len(tasks), PROGRESS_LABEL)
+        return launch(tasks, folder, self.timeout_s * len(tasks), progress=progress, **options)
 
 
 #: Where a comparison of loaders passed to ``fit`` that cannot travel runs.
@@ -565,16 +542,14 @@ def replays_every_rank(trainer: pl.Trainer) -> bool:
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind(("", 0))
-        port: int = probe.getsockname()[1]
-        return port
+        return int(probe.getsockname()[1])
 
 
 def final_artifact(
     run: PilotRun, trainer: pl.Trainer, pl_module: Any, export: ExportFn | None
 ) -> tuple[Path | None, str | None]:
     """Write the final artifact (the attempt's final checkpoint, saved by every rank: a
-    collective; or the file :meth:`PilotRun.export` returns); its path, or why export failed.
-    """
+    collective; or the file :meth:`PilotRun.export` returns); its path, or why export failed."""
     checkpoint = storage.work_folder(run.run_dir, "resume") / f"final-attempt-{run.attempt}.ckpt"
     if not checkpoint.exists():
         trainer.save_checkpoint(checkpoint, weights_only=False)  # full, and said so
@@ -635,21 +610,14 @@ def _to_cpu(value: Any) -> Any:
 
 def _live_outputs(pl_module: Any, batches: list[Any]) -> tuple[str, list[Any]]:
     """The first way to call the live module (on the CPU after teardown) that works on every
-    control batch, and its outputs; ``RuntimeError`` naming each attempt's error if none does.
-    """
+    control batch, and its outputs; ``RuntimeError`` naming each attempt's error if none does."""
     errors = []
-    was_training = pl_module.training
-    pl_module.eval()
-    try:
+    with evaluating(pl_module):
         for call in control_calls(pl_module, batches[0]):
             try:
-                outputs = control_outputs(pl_module, call, batches)
+                return call, control_outputs(pl_module, call, batches)
             except Exception as err:  # the user's code: each failure is part of the answer
                 errors.append(f"{call} raised {type(err).__name__}: {str(err)[:200]}")
-                continue
-            return call, outputs
-    finally:
-        pl_module.train(was_training)
     raise RuntimeError("; ".join(errors))
 
 

@@ -1,6 +1,5 @@
 """What both sides of the comparison record, with the same functions so the records compare
-value for value, and the resumed fit itself.
-"""
+value for value, and the resumed fit itself."""
 
 from __future__ import annotations
 
@@ -15,6 +14,7 @@ import torch
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.utilities.model_helpers import is_overridden
 
+from lightning_pilot.callbacks._shared import step_loss
 from lightning_pilot.core.batches import BatchAdapter
 from lightning_pilot.core.memory import host_memory
 from lightning_pilot.core.resume import (
@@ -38,22 +38,16 @@ def current_lrs(trainer: pl.Trainer) -> list[float]:
 
 def started(trainer: pl.Trainer, adapter: BatchAdapter, batch: Any, batch_idx: int) -> StepRecord:
     """Where a micro-batch is and which examples it holds (at ``on_train_batch_start``)."""
-    view = adapter.view(batch, count_tokens=False)
-    ids = view.ids_list()
+    ids = adapter.view(batch, count_tokens=False).ids_list()
     if ids is None:
         ids = content_keys(adapter.example_inputs(batch))
-    return StepRecord(
-        step=trainer.global_step,
-        batch_idx=batch_idx,
-        epoch=trainer.current_epoch,
-        ids=None if ids is None else tuple(json_id(i) for i in ids),
-        loss=None,
-    )
+    shown = None if ids is None else tuple(json_id(i) for i in ids)
+    return StepRecord(trainer.global_step, batch_idx, trainer.current_epoch, ids=shown, loss=None)
 
 
 def finished(record: StepRecord, trainer: pl.Trainer, outputs: Any) -> StepRecord:
     """The micro-batch's record once it ran (at ``on_train_batch_end``): loss and LRs added."""
-    loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
+    loss = step_loss(outputs)
     value = float(loss.detach()) if isinstance(loss, torch.Tensor) else None
     return dataclasses.replace(record, loss=value, lrs=tuple(current_lrs(trainer)))
 
@@ -120,12 +114,7 @@ class ResumeRecorder(pl.Callback):
         self._current = started(trainer, self.adapter, batch, batch_idx)
 
     def on_train_batch_end(
-        self,
-        trainer: pl.Trainer,
-        pl_module: pl.LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, *_: Any
     ) -> None:
         if self._current is not None:
             self.steps.append(finished(self._current, trainer, outputs))
@@ -154,8 +143,7 @@ def replay(
     task: ResumeTask, result: TaskResult, model: Any, datamodule: Any, loaders: Any = None
 ) -> None:
     """Resume ``fit`` from the task's checkpoint for the compared updates (on one device, or as
-    one rank of a DDP group with ``task.ddp``); record into ``result``.
-    """
+    one rank of a DDP group with ``task.ddp``); record into ``result``."""
     adapter: dict[str, Any] = task.adapter  # checked by BatchAdapter
     recorder = ResumeRecorder(task.state_key, BatchAdapter(**adapter))
     options = dict(task.trainer)

@@ -33,14 +33,7 @@ from lightning_pilot.core.resume import (
     rng_of_this_rank,
     unsafe_values,
 )
-from lightning_pilot.resume.parent import (
-    Launcher,
-    class_path,
-    final_artifact,
-    judge_artifact,
-    prepare_artifact,
-    replays_every_rank,
-)
+from lightning_pilot.resume import parent
 from lightning_pilot.resume.protocol import ResumeTask, State, TaskResult
 from lightning_pilot.resume.replay import finished, started, state_of
 from lightning_pilot.run import ExportFn, PilotCallback
@@ -138,8 +131,7 @@ class ResumeVerifier(PilotCallback):
         self._saving = False
         self._unsafe: list[str] = []
         self._probes: list[_Probe] = []
-        # This epoch's example ids as the batches held them (made a set only at a checkpoint:
-        # no per-batch device read), and those of its first micro-batches.
+        # This epoch's ids as the batches held them (a set only at a checkpoint), and its head's.
         self._epoch_ids: list[Any] = []
         self._epoch_head: list[Any] = []
         self._head_left = 0
@@ -211,7 +203,7 @@ class ResumeVerifier(PilotCallback):
         )
 
     def _boundary_ahead(self, trainer: pl.Trainer, updates: int | None) -> bool:
-        # Whether the epoch-boundary probe can come, ``updates`` (None: unknown) before the end.
+        """Whether the epoch-boundary probe can come, ``updates`` (None: unknown) before it."""
         return (
             self.epoch_boundary
             and trainer.current_epoch == self._epoch_at_start
@@ -229,8 +221,7 @@ class ResumeVerifier(PilotCallback):
         self._batch_step = trainer.global_step
         kinds = {p.kind for p in self._probes}
         recording = any(not p.done for p in self._probes)
-        # Ids of this epoch matter until the mid-epoch probe is taken (all of them before it)
-        # and for the epoch-boundary probe (the epoch's first micro-batches only).
+        # The mid-epoch probe needs the epoch's ids before it; the epoch-boundary one, its head's.
         keep_all = "mid_epoch" not in kinds
         keep_head = (
             self._head_left > 0 and self._boundary_reachable and "epoch_boundary" not in kinds
@@ -238,14 +229,9 @@ class ResumeVerifier(PilotCallback):
         self._current = started(trainer, self.adapter, batch, batch_idx) if recording else None
         ids: Any = None if self._current is None else self._current.ids
         if self._current is None and (keep_all or keep_head):
-            view = self.adapter.view(batch, count_tokens=False)
-            # No id field: the examples are told apart by their content (a device read, only
-            # until the probes have what they need).
-            ids = (
-                view.ids
-                if view.ids is not None
-                else content_keys(self.adapter.example_inputs(batch))
-            )
+            ids = self.adapter.view(batch, count_tokens=False).ids
+            if ids is None:  # told apart by their content (a device read, until the probes have it)
+                ids = content_keys(self.adapter.example_inputs(batch))
         if ids is not None:
             chunk = ids.detach() if isinstance(ids, torch.Tensor) else ids
             if keep_all:
@@ -259,12 +245,7 @@ class ResumeVerifier(PilotCallback):
 
     @override
     def on_train_batch_end(
-        self,
-        trainer: pl.Trainer,
-        pl_module: pl.LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, *_: Any
     ) -> None:
         stepped = trainer.global_step != self._batch_step
         if self._current is not None:
@@ -324,13 +305,11 @@ class ResumeVerifier(PilotCallback):
         # After Lightning's teardown freed the device: the verification process gets it.
         try:
             self._verify_all(trainer, pl_module)
+        except OSError:
+            raise
         except Exception as err:  # never the user's fit: the row says what could not be done
-            if isinstance(err, OSError):
-                raise
-            self._add(
-                "resume",
-                "not_checked",
-                f"the verification raised {type(err).__name__}: {err} (the fit went on)",
+            self._not_checked(
+                f"the verification raised {type(err).__name__}: {err} (the fit went on)"
             )
         self._publish_row(trainer)
 
@@ -339,11 +318,9 @@ class ResumeVerifier(PilotCallback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
     ) -> None:
         if self._probes and self._run is not None and not self._results:
-            self._add(
-                "resume",
-                "not_checked",
+            self._not_checked(
                 f"the fit raised {type(exception).__name__} before its end, where the resume"
-                f" check runs; the probe checkpoints stay in {self._probes[0].checkpoint.parent}",
+                f" check runs; the probe checkpoints stay in {self._probes[0].checkpoint.parent}"
             )
             try:
                 self._publish_row(trainer)
@@ -351,29 +328,26 @@ class ResumeVerifier(PilotCallback):
                 log.warning("ResumeVerifier could not record its row: %s", err)
         super().on_exception(trainer, pl_module, exception)
 
-    def _add(self, name: str, verdict: str, detail: str) -> None:
-        self._results.append(CheckResult(name, verdict, detail))
+    def _not_checked(self, detail: str, name: str = "resume") -> None:
+        self._results.append(CheckResult(name, "not_checked", detail))
 
     def _verify_all(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not self._probes and self.run.is_global_zero:
-            self._add(
-                "resume",
-                "not_checked",
+            self._not_checked(
                 f"the fit ended after {trainer.global_step - self._step_at_start} update(s),"
-                f" before update {self.at_step} where the checkpoint is taken: lower at_step",
+                f" before update {self.at_step} where the checkpoint is taken: lower at_step"
             )
-        per_rank = replays_every_rank(trainer)  # then every rank checks its own replay
+        per_rank = parent.replays_every_rank(trainer)  # then every rank checks its own replay
         compared = []
         for probe in self._probes if self.run.is_global_zero or per_rank else []:
             probe.done = True
             if probe.reference:
                 compared.append(probe)
             else:
-                self._add(
-                    _prefixed(probe, "resume"),
-                    "not_checked",
+                self._not_checked(
                     f"the fit ended right after the checkpoint at update {probe.step}:"
                     " nothing to compare; run at least compare_steps more updates",
+                    _prefixed(probe, "resume"),
                 )
         # The fit's first training examples, read once for every probe (the new process
         # compares its own with them, and rebuilds in the other order when they differ).
@@ -382,30 +356,31 @@ class ResumeVerifier(PilotCallback):
         tasks = [self._task(p, trainer, pl_module, data) for p in compared]
         path: Path | None = None
         if self.check_artifact:
-            path, error = final_artifact(self.run, trainer, pl_module, self.export)  # collective
+            path, error = parent.final_artifact(
+                self.run, trainer, pl_module, self.export
+            )  # collective
             if self.run.is_global_zero and error is not None:
-                self._add("artifact_roundtrip", "fail", error)
+                self._results.append(CheckResult("artifact_roundtrip", "fail", error))
                 path = None
-        launcher = Launcher(self.factory, self.fallback, self.timeout_s)
+        launcher = parent.Launcher(self.factory, self.fallback, self.timeout_s)
         # The collectives first (every rank reaches them), then rank 0's own work.
         results = launcher.run_per_rank(tasks, trainer, pl_module) if per_rank and tasks else []
         artifact = None
         if path is not None and self.run.is_global_zero:
-            artifact = prepare_artifact(
+            artifact = parent.prepare_artifact(
                 self.run, trainer, pl_module, path, self.factory, self.control_batches
             )
             if artifact.early is not None:
                 self._results.append(artifact.early)
         extra = [artifact.task] if artifact is not None and artifact.task is not None else []
-        if per_rank:
-            results += launcher.run(extra, trainer, pl_module) if extra else []
-        elif tasks or extra:
-            results = launcher.run([*tasks, *extra], trainer, pl_module)
+        left = extra if per_rank else [*tasks, *extra]  # per rank: the tasks ran above
+        if left:
+            results += launcher.run(left, trainer, pl_module)
         for probe, result in zip(compared, results, strict=False):
-            for check in self._judge(probe, result, trainer, data, per_rank):
-                self._add(_prefixed(probe, check.name), check.verdict, check.detail)
+            checks = self._judge(probe, result, trainer, data, per_rank)
+            self._results += [replace(c, name=_prefixed(probe, c.name)) for c in checks]
         if artifact is not None and extra:
-            self._results.append(judge_artifact(artifact, results[-1], self.atol, self.rtol))
+            self._results.append(parent.judge_artifact(artifact, results[-1], self.atol, self.rtol))
 
     def _task(
         self, probe: _Probe, trainer: pl.Trainer, pl_module: pl.LightningModule, data: str | None
@@ -414,7 +389,7 @@ class ResumeVerifier(PilotCallback):
         return ResumeTask(
             checkpoint=str(probe.checkpoint),
             state_key=self.state_key,
-            module_class=class_path(type(pl_module)),
+            module_class=parent.class_path(type(pl_module)),
             workdir=str(probe.checkpoint.parent / "child"),
             trainer={
                 "accelerator": trainer.strategy.root_device.type,
@@ -429,7 +404,7 @@ class ResumeVerifier(PilotCallback):
                 "limit_val_batches": 0,
             },
             factory=self.factory,
-            datamodule_class=None if datamodule is None else class_path(type(datamodule)),
+            datamodule_class=None if datamodule is None else parent.class_path(type(datamodule)),
             dataset_fingerprint=data,
             adapter=_portable_adapter(self.adapter),
         )
@@ -446,15 +421,12 @@ class ResumeVerifier(PilotCallback):
         if result.load_error is not None:
             found = ", ".join(result.unsafe_globals) or "unknown"
             origin = "; ".join(self._unsafe) or "not found in the saved dictionary"
-            return [
-                CheckResult(
-                    "weights_only_load",
-                    "fail",
-                    f"torch.load(weights_only=True) refused the checkpoint: {result.load_error}."
-                    f" Unsafe globals: {found}. They come from: {origin}. Store plain types"
-                    " (str instead of pathlib.Path, int/float/list instead of numpy objects).",
-                )
-            ]
+            refused = (
+                f"torch.load(weights_only=True) refused the checkpoint: {result.load_error}."
+                f" Unsafe globals: {found}. They come from: {origin}. Store plain types"
+                " (str instead of pathlib.Path, int/float/list instead of numpy objects)."
+            )
+            return [CheckResult("weights_only_load", "fail", refused)]
         if result.blocked is not None:
             return [CheckResult("rebuild", "not_checked", result.blocked)]
         results = [CheckResult("weights_only_load", "pass", f"loaded in {where}")]
@@ -514,7 +486,6 @@ class ResumeVerifier(PilotCallback):
             rtol=self.rtol,
         )
         if trainer.world_size > 1 and not per_rank:
-            # One device cannot reproduce each rank's shard and losses: only the state checks.
             why = (
                 f"the fit runs on {trainer.world_size} processes and the verification process"
                 " resumes on one device, so per-rank data order and losses cannot be compared;"
@@ -531,8 +502,7 @@ class ResumeVerifier(PilotCallback):
             _detail(probe, "micro_batch", index, ref.step, _shown(ref), _shown(got), equal)
             for index, ref, got, equal in pairs
         ]
-        # The global steps the reference advanced (several per update under manual
-        # optimisation with several optimizers).
+        # The global steps the reference advanced (several per update: manual optimisation).
         expected_updates = probe.end_step - probe.step
         done = result.global_step_end - probe.step
         detail = f"{done} update(s)"
@@ -542,8 +512,8 @@ class ResumeVerifier(PilotCallback):
                 " batch of an epoch can resume into no further steps; checkpoint mid-epoch or"
                 " raise max_epochs"
             )
-        ok = done == expected_updates
-        results.append(CheckResult("updates_after_resume", "pass" if ok else "fail", detail))
+        verdict = "pass" if done == expected_updates else "fail"
+        results.append(CheckResult("updates_after_resume", verdict, detail))
         self.run.register_table("resume", RESUME_SCHEMA)
         self.run.append_rows("resume", rows)
         return results
@@ -607,13 +577,7 @@ class _Probe:
 
 
 def _detail(
-    probe: _Probe,
-    check: str,
-    micro: int | None,
-    step: int | None,
-    ref: Any,
-    got: Any,
-    equal: bool,
+    probe: _Probe, check: str, micro: int | None, step: int | None, ref: Any, got: Any, equal: bool
 ) -> dict[str, Any]:
     return {
         "checkpoint_step": probe.step,
