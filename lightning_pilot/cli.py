@@ -19,10 +19,11 @@ import argparse
 import contextlib
 import errno
 import importlib
+import itertools
 import math
 import sys
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -47,9 +48,8 @@ class UsageError(Exception):
 
 
 class _UserCodeError(UsageError):
-    """The user's own code (a ``FACTORY`` of ``estimate``, or the module it is in) raised:
-    printed as theirs, the exception's type and message on the one line and the last frames
-    of its traceback below it (``tail``), exit code 2; never "unexpected error"."""
+    """The user's own code (a ``FACTORY`` of ``estimate``) raised: the one line, then the last
+    frames of its traceback (``tail``); exit code 2, never "unexpected error"."""
 
     def __init__(self, message: str, tail: Sequence[str] = ()) -> None:
         super().__init__(message)
@@ -70,22 +70,15 @@ def _user_code_error(what: str, err: BaseException) -> _UserCodeError:
         name = frame.filename
         return name in (__file__, pkgutil.__file__) or name.startswith("<frozen ")
 
-    frames = traceback.extract_tb(err.__traceback__)
-    start = 0
-    while start < len(frames) and ours(frames[start]):
-        start += 1
-    theirs = [f for f in frames[start:] if not f.filename.startswith("<frozen ")]
+    frames = itertools.dropwhile(ours, traceback.extract_tb(err.__traceback__))
+    theirs = [f for f in frames if not f.filename.startswith("<frozen ")]
     shown = traceback.StackSummary.from_list(theirs[-_USER_FRAMES:]).format()
     tail = [line for block in shown for line in block.rstrip("\n").split("\n")]
     if len(theirs) > _USER_FRAMES:
         tail.insert(0, f"  ... {len(theirs) - _USER_FRAMES} earlier frame(s)")
     kind, message = type(err), str(err)
-    name = (
-        kind.__qualname__
-        if kind.__module__ == "builtins"
-        else f"{kind.__module__}.{kind.__qualname__}"
-    )
-    said = f"{what} raised {name}{': ' + message if message else ''}"
+    module = "" if kind.__module__ == "builtins" else f"{kind.__module__}."
+    said = f"{what} raised {module}{kind.__qualname__}{': ' + message if message else ''}"
     if tail:
         said += (
             " (from your code, not a lightning-pilot bug; the last frames of its traceback follow)"
@@ -94,8 +87,7 @@ def _user_code_error(what: str, err: BaseException) -> _UserCodeError:
 
 
 def _has_user_frames(err: BaseException) -> bool:
-    """Whether ``err`` came from the user's module (an exception raised while it imported)
-    rather than from finding it (no such module or attribute: only the import machinery)."""
+    """Whether ``err`` came from the user's module as it imported, not from finding it."""
     return bool(_user_code_error("", err).tail)
 
 
@@ -107,7 +99,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _out(text: str) -> None:
-    # The one place output leaves for the terminal: nothing a file held can drive it.
+    """The one way out to the terminal: nothing a file held can drive it."""
     from lightning_pilot.report import terminal_safe
 
     text = terminal_safe(text, limit=None, keep_newlines=True)
@@ -117,7 +109,6 @@ def _out(text: str) -> None:
 def _err(text: str) -> None:
     from lightning_pilot.report.units import TEXT_LIMIT, terminal_safe
 
-    # One line, always: a newline in a path or a message is shown as \n.
     sys.stderr.write(f"lightning-pilot: {terminal_safe(text, limit=2 * TEXT_LIMIT)}\n")
 
 
@@ -131,8 +122,7 @@ def _os_error(err: OSError) -> str:
 
 
 def _location(text: str, argument: str) -> Location:
-    """A path argument: a local path, or a URL fsspec understands (``s3://``, ``memory://``);
-    credentials and endpoints come from fsspec's configuration and the environment."""
+    """A path argument: a local path, or a URL fsspec understands (``s3://``, ``memory://``)."""
     from lightning_pilot import storage
 
     try:
@@ -148,12 +138,25 @@ def _folder(path: Location, what: str) -> None:
         raise UsageError(f"{path} is not a folder: expected {what}.")
 
 
-def _gate(phases: pd.DataFrame | None, runs: pd.DataFrame | None, reads: Reads) -> int:
-    """Print the ``Result:`` summary; exit 1 for a failed check or a diverged/failed run.
+def _scope(text: str) -> Location:
+    """The PATH of ``show`` and ``plot``, checked to be a folder."""
+    path = _location(text, "PATH")
+    _folder(path, "an output folder, a run folder (<out_dir>/runs/<run_id>) or a ledger folder")
+    return path
 
-    A file in scope that could not be read makes a result that is not failed exit 2: what it
-    held was not checked, so the command cannot say that everything passed.
-    """
+
+@contextlib.contextmanager
+def _usage(*kinds: type[Exception]) -> Iterator[None]:
+    """Report these exceptions as a :class:`UsageError` with their message."""
+    try:
+        yield
+    except kinds as err:
+        raise UsageError(str(err)) from None
+
+
+def _gate(phases: pd.DataFrame | None, runs: pd.DataFrame | None, reads: Reads) -> int:
+    """Print the ``Result:`` summary; exit 1 for a failed check or a diverged/failed run, 2
+    when a file in scope could not be read (what it held was not checked)."""
     from lightning_pilot.report import gate_result
 
     skipped = reads.skipped()
@@ -170,12 +173,9 @@ def _cmd_show(args: argparse.Namespace, reads: Reads) -> int:
     from lightning_pilot.report import ledger_text, phase_table_text
     from lightning_pilot.report.load import load_scope
 
-    path = _location(args.path, "PATH")
-    _folder(path, "an output folder, a run folder (<out_dir>/runs/<run_id>) or a ledger folder")
-    try:
+    path = _scope(args.path)
+    with _usage(ValueError):
         phases, runs, ledger_dir = load_scope(path, reads)
-    except ValueError as err:
-        raise UsageError(str(err)) from None
     if phases is not None:
         _out(f"Phase table ({len(phases)} rows) from {path}\n")
         _out(phase_table_text(phases))
@@ -199,13 +199,10 @@ def _cmd_compare(args: argparse.Namespace, reads: Reads) -> int:
     if runs.empty:
         raise UsageError(f"{ledger.path} holds no readable ledger records.")
     options = ("by", "control", "mode", "reduce", "failures", "experiment")
-    try:
+    with _usage(ValueError):
         comparison = ledger.compare(args.metric, **{name: getattr(args, name) for name in options})
-    except ValueError as err:
-        raise UsageError(str(err)) from None
     _out(f"Comparison from {ledger.path}\n")
     _out(comparison_text(comparison, by=args.by))
-    # What each variant costs, from the phase tables beside the ledger.
     if args.experiment is not None:
         runs = runs[runs["experiment"] == args.experiment]
     run_dirs = compared_runs(ledger.path.parent, runs["run_id"])
@@ -223,7 +220,7 @@ def _cmd_plan(args: argparse.Namespace, reads: Reads) -> int:
 
     if args.epochs is None and args.max_steps is None:
         raise UsageError("plan needs --epochs or --max-steps.")
-    try:
+    with _usage(TypeError, ValueError, OverflowError):
         plan = plan_updates(
             args.dataset_size,
             args.micro_batch,
@@ -233,8 +230,6 @@ def _cmd_plan(args: argparse.Namespace, reads: Reads) -> int:
             max_steps=args.max_steps,
             drop_last=args.drop_last,
         )
-    except (TypeError, ValueError, OverflowError) as err:
-        raise UsageError(str(err)) from None
     _out(plan_text(plan))
     return EXIT_OK
 
@@ -267,14 +262,13 @@ def _cmd_estimate(args: argparse.Namespace, reads: Reads) -> int:
     from lightning_pilot.core.progress import LineReporter
     from lightning_pilot.estimate import estimate  # torch: only this command needs it
 
-    checkpointing = _CHECKPOINTING[args.checkpointing]
     classes = []
     for name in args.checkpoint_class or ():
         try:
             classes.append(pkgutil.resolve_name(name))
         except (ImportError, AttributeError, ValueError) as err:
             raise UsageError(f"--checkpoint-class {name!r} could not be imported: {err}") from None
-    try:
+    with _usage(TypeError, ValueError):
         result = estimate(
             built[0],
             built[1],
@@ -282,7 +276,7 @@ def _cmd_estimate(args: argparse.Namespace, reads: Reads) -> int:
             precisions=args.precision or ["bf16-mixed"],
             micro_batches=args.micro_batch or [1],
             seq_lens=args.seq_len or [None],
-            checkpointing=checkpointing,
+            checkpointing=_CHECKPOINTING[args.checkpointing],
             strategies=args.strategy or ["single"],
             largest=not args.no_largest,
             seq_step=args.seq_step,
@@ -294,8 +288,6 @@ def _cmd_estimate(args: argparse.Namespace, reads: Reads) -> int:
             out_dir=args.out,
             progress=LineReporter("lightning-pilot estimate", min_interval_s=1.0),
         )
-    except (TypeError, ValueError) as err:
-        raise UsageError(str(err)) from None
     configs = [
         {str(k): v for k, v in c.items()} for c in on_target(result.frame()).to_dict("records")
     ]
@@ -325,8 +317,7 @@ _CHECKPOINTING: dict[str, list[bool | str]] = {
 
 
 def _largest_line(row: dict[str, Any]) -> str:
-    """One row of the largest table: the largest micro-batch at the sequence length given
-    and the largest sequence length at the smallest micro-batch; ``n/m`` where not found."""
+    """One row of the largest table (micro-batch and sequence length); ``n/m`` where not found."""
     from lightning_pilot.report.analysis import checkpointing_name
     from lightning_pilot.report.units import NO_SEQUENCE, is_null, seq_text, size_text
 
@@ -374,10 +365,11 @@ def _estimate_row(c: dict[str, Any]) -> list[str]:
 def _gpu_memory(text: str | None) -> int | None:
     from lightning_pilot.report import parse_size
 
-    try:
-        return None if text is None else parse_size(text, "--gpu-memory")
-    except (ValueError, OverflowError) as err:
-        raise UsageError(str(err)) from None
+    if text is None:
+        return None
+    with _usage(ValueError, OverflowError):
+        size = parse_size(text, "--gpu-memory")
+    return size
 
 
 def _write_sheet(
@@ -396,7 +388,7 @@ def _write_sheet(
 
     reads.scan_run(run_dir)
     reads.scan_folder(run_dir.parent.parent / "ledger")
-    try:
+    with _usage(ValueError):
         sheet.check_options(gpu_memory, reserve)
         run = load_run(run_dir, metric=metric, experiment=experiment)
         text = sheet.render_choice_sheet(
@@ -406,8 +398,6 @@ def _write_sheet(
             control=control,
             gpu_prices=gpu_prices,
         )
-    except ValueError as err:
-        raise UsageError(str(err)) from None
     try:
         written = sheet.publish_choice_sheet(run_dir, text)
     except OSError as err:
@@ -452,12 +442,9 @@ def _gpu_prices(given: Sequence[str] | None) -> dict[str, float]:
 def _cmd_plot(args: argparse.Namespace, reads: Reads) -> int:
     from lightning_pilot.report import plots
 
-    try:
+    with _usage(ModuleNotFoundError):
         plots.require_matplotlib()
-    except ModuleNotFoundError as err:
-        raise UsageError(str(err)) from None
-    path = _location(args.path, "PATH")
-    _folder(path, "an output folder, a run folder (<out_dir>/runs/<run_id>) or a ledger folder")
+    path = _scope(args.path)
     out_dir, run_dirs = plots.scope(path)
     for run in run_dirs:
         reads.scan_run(run)
@@ -500,14 +487,12 @@ def _writable_folder(folder: Path) -> None:
 def _cmd_demo(args: argparse.Namespace, reads: Reads) -> int:
     gpu_memory = _gpu_memory(args.gpu_memory)
     out = Path(args.out)
-    # A read-only mount or a full disk is said now, not after minutes of training.
-    _writable_folder(out)
+    _writable_folder(out)  # a read-only mount or a full disk is said before minutes of training
     # Imported here: the demo pulls in Lightning and torch, which the other commands never need.
     demo = importlib.import_module("lightning_pilot.demo.pilot")
     result: dict[str, Any] = demo.run_demo(out, quick=args.quick)
     _out(f"Demo outputs in {result['out_dir']}")
-    # The gate covers the pilot run only: the comparison's lr=5 run diverges on purpose (it is
-    # what the demo shows), so the demo exits 0; `show` on its folder exits 1 for that run.
+    # The gate covers the pilot run only: the comparison's lr=5 run diverges on purpose.
     with reads.capture():
         return _write_sheet(
             Path(result["pilot_run_dir"]),
@@ -735,9 +720,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     reads = Reads()
     error = None
     tail: list[str] = []
-    code = EXIT_USAGE
-    # Readers' warnings (a skipped unreadable file) are collected; the demo trains, and
-    # Lightning's own warnings are shown as they happen.
+    # Readers' warnings are collected; the demo trains, Lightning's warnings shown as they come.
     capture = reads.capture() if args.command != "demo" else contextlib.nullcontext()
     try:
         with capture:
@@ -754,8 +737,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for message in [*(f"skipped {item}" for item in skipped), *notes]:
             _err(f"warning: {message}")
         return code
-    # One line: the error, then what was skipped (the Result lines, when printed, name all).
-    extra = []
+    extra = []  # one line: the error, then what was skipped
     if skipped:
         named = "; ".join(skipped[:_NAMED_ON_ONE_LINE])
         more = len(skipped) - _NAMED_ON_ONE_LINE

@@ -145,16 +145,13 @@ class Ledger:
         return table
 
     def index(self) -> storage.Location | None:
-        """Copy records not yet indexed into index segments, so later reads are fast
-        (:func:`~lightning_pilot.storage.index_ledger`); return the last new one, or ``None``.
-        Nothing is removed: :meth:`compact` also removes what segments hold."""
+        """Copy records not yet indexed into index segments, so later reads are fast; return
+        the last new one, or ``None`` (:func:`~lightning_pilot.storage.index_ledger`)."""
         return storage.index_ledger(self.path)
 
     def compact(self, *, grace: float | None = storage.LEDGER_GRACE_SECONDS) -> list[Any]:
-        """Compact the ledger (:func:`~lightning_pilot.storage.compact_ledger`): new records
-        into segments, small segments merged, and record files and merged segments that a
-        segment has held for ``grace`` seconds removed. Safe beside writers, readers and other
-        compactors; returns the new segments."""
+        """Compact the ledger (:func:`~lightning_pilot.storage.compact_ledger`), safe beside
+        writers, readers and other compactors; return the new segments."""
         return storage.compact_ledger(self.path, grace=grace)
 
     def runs(self, *, now: datetime | None = None) -> pd.DataFrame:
@@ -247,11 +244,8 @@ def find_failed_runs(
     variant_key: str,
     statuses: tuple[str, ...] = ("diverged", "failed"),
 ) -> pd.DataFrame:
-    """Runs of ``variant_key`` whose latest ``end`` record has one of ``statuses``.
-
-    Reads only the ``end`` records (their file names say so), which keeps the check a new run
-    makes at start cheap on a large ledger; ``path`` may not exist yet.
-    """
+    """Runs of ``variant_key`` whose latest ``end`` record has one of ``statuses``; reads only
+    the ``end`` records (cheap on a large ledger); ``path`` may not exist yet."""
     folder = storage.location(path)
     columns = ["run_id", "status", "stop_cause", "stop_step"]
     if not folder.is_dir():
@@ -325,9 +319,8 @@ _CURVE_IDENTITY: Final = ("run_id", "attempt", "experiment", "variant", "seed")
 
 
 def _curves_table(table: Any, *, all_attempts: bool) -> pd.DataFrame:
-    """The curves (one row per point) of an Arrow table of records (oldest first), with no
-    Python loop per record or point: the latest record of each run (or attempt) and the
-    heartbeat deltas before it, back to the attempt's last record with whole curves."""
+    """The curves (one row per point) of an Arrow table of records (oldest first), as
+    :func:`latest_with_curves` joins them, with no Python loop per record or point."""
     import pyarrow as pa
     import pyarrow.compute as pc
 

@@ -16,11 +16,9 @@ __all__ = ["PILOT_OPTION_KEYS", "pilot_callbacks"]
 
 #: Option key -> registry entry, in the order the callbacks are returned.
 _CALLBACKS: dict[str, Registered] = {entry.option: entry for entry in REGISTRY if entry.option}
-
 #: The keys ``pilot_callbacks(**options)`` accepts, in the order the callbacks are returned.
 PILOT_OPTION_KEYS: tuple[str, ...] = tuple(_CALLBACKS)
-
-# Arguments pilot_callbacks sets itself, so every callback shares them.
+#: Arguments pilot_callbacks sets itself, so every callback shares them.
 _SHARED = {"out_dir", "adapter", "experiment", "variant", "seed"}
 
 _OVERFIT_APART = (
@@ -75,9 +73,9 @@ def pilot_callbacks(
     """Every pilot callback, configured to share one output folder, run and batch format.
 
     Each key of :data:`PILOT_OPTION_KEYS` takes a dict of options, ``True`` (defaults) or
-    ``False`` (left out); a key not given means included, except ``predictions``. ``seed`` is
-    recorded in the ledger. ``OverfitTinySubset`` changes training, so ``overfit=`` is refused,
-    as are unknown keys and options and a shared argument given to one callback.
+    ``False`` (left out); a key not given means included, except ``predictions``. ``overfit=``
+    (it changes training), unknown keys and options, and a shared argument given to one
+    callback are refused.
 
     Example:
         >>> callbacks = pilot_callbacks(experiment="lr-sweep", variant="lr=1e-4", seed=0,
@@ -103,7 +101,7 @@ def pilot_callbacks(
             f" valid: {', '.join(PILOT_OPTION_KEYS)} (and out_dir, experiment, variant, seed,"
             " adapter)."
         )
-    # Checked here, not only by the callbacks: they hold even when the ledger is left out.
+    # Checked here too: they hold even when the ledger is left out.
     validate.path(owner, "out_dir", out_dir)
     validate.run_name(owner, "experiment", experiment)
     validate.run_name(owner, "variant", variant)

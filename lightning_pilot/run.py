@@ -1,5 +1,5 @@
-"""PilotRun, the one context every pilot callback of a fit shares, and PilotCallback, their base
-(docs/architecture.md, "PilotRun: the shared context", "What a pilot callback costs per update")."""
+"""PilotRun, the context every pilot callback of a fit shares, and PilotCallback, their base
+(docs/architecture.md, "PilotRun: the shared context")."""
 
 from __future__ import annotations
 
@@ -37,13 +37,11 @@ _RUNS_LOCK = threading.Lock()
 
 
 def _warn(message: str, stacklevel: int = 2) -> None:
-    """A ``RuntimeWarning`` attributed ``stacklevel`` frames above the caller."""
     warnings.warn(f"lightning-pilot: {message}", RuntimeWarning, stacklevel=stacklevel + 1)
 
 
 def _out_dir(owner: str, value: object, name: str = "out_dir", optional: bool = True) -> Any:
-    """``value`` checked and resolved once (a link swapped there during the fit is not
-    followed); a URL or a :class:`~lightning_pilot.storage.RemotePath` is a remote folder."""
+    """``value`` checked and resolved once (a link swapped there later is not followed)."""
     if isinstance(value, storage.RemotePath):
         return value
     folder = validate.path(owner, name, value, optional=optional)
@@ -57,11 +55,8 @@ def _out_dir(owner: str, value: object, name: str = "out_dir", optional: bool = 
 
 
 def _default_out_dir(trainer: pl.Trainer) -> storage.Location:
-    """``<trainer.default_root_dir>/pilot``, where Lightning's checkpoints go: the root as
-    Lightning gives it (``~`` expanded, ``file:///x`` normalised to ``file:/x``) read as
-    fsspec reads it (:func:`~lightning_pilot.storage.location`): a local ``Path`` for a plain
-    path or a ``file:``/``local:`` URL, a remote folder for any other URL (Lightning keeps
-    an ``s3://`` root as it is)."""
+    """``<trainer.default_root_dir>/pilot``, where Lightning's checkpoints go, read as fsspec
+    reads it (:func:`~lightning_pilot.storage.location`)."""
     root = os.fspath(trainer.default_root_dir)
     folder = storage.location(root)
     given = getattr(trainer, "_default_root_dir", None)  # what the user wrote
@@ -74,8 +69,7 @@ _WARNED_ROOTS: set[str] = set()
 
 
 def _warn_moved_root(given: str, folder: storage.Location) -> None:
-    """Say once when Lightning's normalisation of a ``file:`` root moves it (``file://runs``
-    becomes ``file:/runs``, ``/runs``): the pilot follows Lightning's checkpoints there."""
+    """Say once when Lightning's normalisation moves a ``file:`` root (``file://runs``)."""
     try:
         meant = storage.location(given)
     except (ImportError, ValueError):
@@ -142,22 +136,17 @@ class PilotRun:
         self._seq: dict[str, int] = {}
         self._dirty: set[str] = set()
         self._ledger_fields: dict[str, Any] = {}
-        #: What callbacks add to the summary the Trainer's loggers receive when the run closes
-        #: (beside the phase rows' peaks, durations and verdicts).
+        #: What callbacks add to the summary the Trainer's loggers receive when the run closes.
         self.summary = Summary()
         self._lock = threading.RLock()
-        # Called with the final flush's error (or None) once the tables are written: the
-        # ledger's end record, so its status says whether the run's files were written.
-        self._closers: list[Callable[[OSError | None], None]] = []
+        self._closers: list[Callable[[OSError | None], None]] = []  # see on_close
         self._reserve: Path | None = None
         self._closing = False
-        # One export per run and function (both the monitor and the resume check ask for it).
         self._exports: dict[int, tuple[ExportFn, Path | None, str | None]] = {}
         #: Set by the memory monitor: a context manager that measures the ``export`` phase.
         self.measure_export: Callable[[], contextlib.AbstractContextManager[Any]] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        # A copied or pickled callback carries its run's identity and folder; the lock is made anew.
         state = self.__dict__ | {"_closers": [], "_exports": {}, "measure_export": None}
         del state["_lock"]
         return state
@@ -168,9 +157,8 @@ class PilotRun:
 
     @classmethod
     def of(cls, trainer: pl.Trainer) -> PilotRun:
-        """The open run of ``trainer``'s current fit, created on first use; the next ``fit``
-        starts a new run, while ``validate``, ``test`` or ``predict`` after a fit that ended
-        cleanly reopen that fit's run, so their phase rows join its table."""
+        """The open run of ``trainer``'s current fit, created on first use; ``validate``,
+        ``test`` or ``predict`` after a fit that ended cleanly reopen that fit's run."""
         with _RUNS_LOCK:
             run = _RUNS.get(trainer)
             stage = trainer.state.fn.value if trainer.state.fn is not None else None
@@ -195,8 +183,7 @@ class PilotRun:
 
     @property
     def out_dir(self) -> storage.Location:
-        """The output folder: the ``out_dir`` a callback named, else the default (a local
-        ``Path``, or a :class:`~lightning_pilot.storage.RemotePath` for a URL)."""
+        """The output folder: the ``out_dir`` a callback named, else the default."""
         return self._explicit_out_dir[1] if self._explicit_out_dir else self._default_out_dir
 
     @property
@@ -220,8 +207,8 @@ class PilotRun:
         return f"a{self.attempt:04d}-r{self.rank:05d}-{self.attempt_id}"
 
     def attach(self, callback: object, out_dir: storage.PathLike | None = None) -> None:
-        """Register a callback with this run; it names ``out_dir`` (the same as every other
-        callback that names one: else ``ValueError``) or leaves it to the default."""
+        """Register a callback with this run; an ``out_dir`` it names must be the one every
+        other callback names (else ``ValueError``)."""
         name = type(callback).__name__
         wanted: storage.Location | None = _out_dir(name, out_dir)
         with self._lock:
@@ -245,7 +232,7 @@ class PilotRun:
 
     def synchronize(self, trainer: pl.Trainer) -> None:
         """Make every rank use global rank 0's ids: a collective, called from ``setup`` (every
-        rank runs the same hooks there, in the same order); with one process it does nothing."""
+        rank runs the same hooks there, in the same order)."""
         with self._lock:
             already = self._synchronized
             self._synchronized = True
@@ -301,8 +288,7 @@ class PilotRun:
             )
 
     def _log_summary(self, loggers: Sequence[Any], step: int | None) -> None:
-        """Give every logger the summary (metrics, and texts as hyperparameters); a logger that
-        refuses it gets a warning, never an error (it must not cost the fit)."""
+        """Give every logger the summary; one that refuses it is a warning, never an error."""
         if not loggers:
             return
         summary = Summary.of_phase_rows(self.phase_rows())
@@ -319,13 +305,13 @@ class PilotRun:
 
     def on_close(self, closer: Callable[[OSError | None], None]) -> None:
         """Call ``closer(error)`` (the final flush's ``OSError`` or ``None``) when the run closes;
-        an ``OSError`` it raises is raised by the close (a warning on the exception path)."""
+        an ``OSError`` it raises is raised by the close."""
         with self._lock:
             self._closers.append(closer)
 
     def reserve_space(self, size: int = 1 << 20) -> None:
-        """Hold ``size`` bytes of disk in ``out_dir`` (a hidden file) until the run closes, so a
-        disk that fills during the fit still has room for the tables and the ledger's end record."""
+        """Hold ``size`` bytes of disk in ``out_dir`` until the run closes, so a disk that fills
+        during the fit still has room for the tables and the ledger's end record."""
         with self._lock:
             if self._reserve is not None or self.closed or self._closing:
                 return
@@ -336,7 +322,7 @@ class PilotRun:
             storage.reserve_file(path, size)  # no room, or not Linux: nothing is reserved
 
     def release_space(self) -> None:
-        """Give back the space :meth:`reserve_space` held (harmless when none was)."""
+        """Give back the space :meth:`reserve_space` held, if any."""
         with self._lock:
             try:
                 if self._reserve is not None:
@@ -347,19 +333,16 @@ class PilotRun:
     def export(
         self, fn: ExportFn, trainer: pl.Trainer, pl_module: pl.LightningModule
     ) -> tuple[Path | None, str | None]:
-        """Run the user's ``fn(pl_module, directory)`` once for this run; return (path, error).
-
-        The first call runs ``fn`` into ``<run_dir>/export`` on global rank 0 (the others wait
-        at a barrier), measured by :attr:`measure_export`; an exception from ``fn`` (``OSError``
-        too) or a path that names nothing is returned, never raised."""
+        """Run the user's ``fn(pl_module, directory)`` once for this run, into
+        ``<run_dir>/export`` on global rank 0 (the others wait at a barrier), measured by
+        :attr:`measure_export`; return (path, error): an error is returned, never raised."""
         with self._lock:
             done = self._exports.get(id(fn))
             if done is not None and done[0] is fn:
                 return done[1], done[2]
             path: Path | None = None
             error: str | None = None
-            if self.is_global_zero:
-                # A local folder even for a remote out_dir: the user's fn writes local files.
+            if self.is_global_zero:  # into a local folder: the user's fn writes local files
                 directory = storage.work_folder(self.run_dir, "export")
                 measure = self.measure_export() if self.measure_export else contextlib.nullcontext()
                 try:
@@ -391,11 +374,8 @@ class PilotRun:
         return {"run_id": self.run_id, "attempt": self.attempt}
 
     def adopt(self, identity: Mapping[str, Any]) -> None:
-        """Continue the run a checkpoint came from: same ``run_id``, the next attempt.
-
-        Called from ``load_state_dict`` when a fit resumes with ``ckpt_path``; several callbacks
-        carrying the same identity adopt it once. An invalid saved identity is a ``ValueError``.
-        """
+        """Continue the run a checkpoint came from: same ``run_id``, the next attempt (once for
+        several callbacks carrying it); an invalid saved identity is a ``ValueError``."""
         run_id = validate_run_id(identity.get("run_id"), "checkpoint pilot run_id")
         attempt = identity.get("attempt", 1)
         if not isinstance(attempt, int) or attempt < 1:
@@ -420,7 +400,7 @@ class PilotRun:
             self.resumed = True
 
     def set_ledger_fields(self, **fields: Any) -> None:
-        """Hand facts of this run (ledger columns; later values replace earlier ones) to the
+        """Hand facts of this run (ledger columns, later values replacing earlier ones) to the
         ledger callback, which reads :attr:`ledger_fields`."""
         unknown = sorted(set(fields) - set(storage.LEDGER_SCHEMA.names))
         if unknown:
@@ -438,8 +418,8 @@ class PilotRun:
             return dict(self._ledger_fields)
 
     def put_phase_row(self, row: Mapping[str, Any], *, source: str) -> None:
-        """Add or update the phase row of ``(row["phase"], row["first"])``, merged as
-        docs/architecture.md says ("The phase table")."""
+        """Add or merge the phase row of ``(row["phase"], row["first"])`` (docs/architecture.md,
+        "The phase table")."""
         storage.validate_phase_row(row)
         key = (str(row["phase"]), bool(row.get("first") or False))
         with self._lock:
@@ -480,7 +460,7 @@ class PilotRun:
 
     def flush(self) -> list[storage.Location]:
         """Publish a snapshot of every table changed since the last flush; return the files (on
-        an ``OSError`` the tables stay buffered, the previous snapshots readable)."""
+        an ``OSError`` the tables stay buffered)."""
         self.reserve_space()
         with self._lock:
             written = []
@@ -517,8 +497,8 @@ class PilotRun:
     def stamped_table(
         self, rows: Sequence[Mapping[str, Any]], schema: pa.Schema, *, now: datetime | None = None
     ) -> pa.Table:
-        """``rows`` as a table of ``schema``, with this run's identity columns (run, attempt,
-        rank, world size, time written) and the schema's version filled in."""
+        """``rows`` as a table of ``schema``, with this run's identity columns and the schema's
+        version filled in."""
         now = now or datetime.now(timezone.utc)
         stamped = [self._stamp(row, now) for row in rows]
         version = schemas.schema_version(schema)
@@ -539,7 +519,6 @@ def _merge_phase_rows(current: Mapping[str, Any], new: Mapping[str, Any]) -> dic
     checks.update({c["name"]: c for c in (new.get("checks") or [])})
     if checks:
         merged["checks"] = list(checks.values())
-        # The rule of a pass holds for the merged row too: judged again from all its checks.
         judged, _ = judge(
             str(merged.get("phase")),
             ((c["name"], c["verdict"], c.get("detail") or "") for c in checks.values()),
@@ -555,13 +534,12 @@ _ABSENT: Final = object()  # a hook the instance did not hold
 
 
 class PilotRefusalError(RuntimeError):
-    """Raised on purpose by a pilot callback to stop a fit before it runs (a refusal the user
-    asked for, such as ``DivergenceLedger(on_repeat="error")``); never turned into a verdict."""
+    """Raised on purpose by a pilot callback to stop a fit before it runs (such as
+    ``DivergenceLedger(on_repeat="error")``); never turned into a verdict."""
 
 
 #: The hooks whose exceptions become a ``not_checked`` check of the phase row ``pilot`` (see
-#: :func:`_guard`). Not ``setup`` (a configuration error is raised before training), nor the
-#: checkpoint state (never half-written or half-read silently).
+#: :func:`_guard`); not ``setup`` nor the checkpoint state, whose errors are raised.
 GUARDED_HOOKS: Final = frozenset(
     name
     for name in dir(Callback)
@@ -588,9 +566,7 @@ def _guard(name: str, hook: Any) -> Any:
             self._hook_failed(name, err)
             run = self._run
             if run is not None and run.world_size > 1 and name not in _CLOSING:
-                # Under several processes a rank that swallowed its error would skip the
-                # collective the other ranks wait in (a deadlock): it raises, as the fit's would.
-                raise
+                raise  # a rank that swallowed it would skip a collective the others wait in
             if name in _CLOSING:
                 self._unmute()
                 if self._run is not None:
@@ -604,8 +580,8 @@ def _guard(name: str, hook: Any) -> Any:
 class PilotCallback(Callback):
     """Base of every pilot callback: joins the fit's :class:`PilotRun` and leaves it cleanly.
 
-    The lifecycle (docs/architecture.md): subclasses that override ``setup``, ``teardown``,
-    ``on_exception`` or the state hooks call ``super()``. ``out_dir``: ``<default_root_dir>/pilot``.
+    Subclasses that override ``setup``, ``teardown``, ``on_exception`` or the state hooks call
+    ``super()`` (docs/architecture.md). ``out_dir``: ``<default_root_dir>/pilot``.
 
     Example:
         >>> import tempfile
@@ -642,8 +618,8 @@ class PilotCallback(Callback):
                 setattr(cls, name, _guard(name, hook))
 
     def _hook_failed(self, hook: str, err: Exception) -> None:
-        """Record an exception raised inside ``hook``: a warning (once per hook) and a
-        ``not_checked`` check, with a count, on the phase table's ``pilot`` row."""
+        """Record an exception raised inside ``hook``: a warning (once per hook) and a counted
+        ``not_checked`` check on the phase table's ``pilot`` row."""
         counts = self.__dict__.setdefault("_hook_errors", {})
         counts[hook] = counts.get(hook, 0) + 1
         name = f"{type(self).__name__}.{hook}"
@@ -657,8 +633,7 @@ class PilotCallback(Callback):
             return
         try:
             check = CheckResult(name, "not_checked", detail)
-            # The count lives in the check (replaced at each repeat); the row's reason stays the
-            # same text, so a hook failing at every update leaves one reason, not one per update.
+            # The count lives in the check; the reason stays the same text at every repeat.
             reason = f"{name} {what}; {went_on} (count: check {name})"
             self._put_checks("pilot", [check], counter="none", reason=reason)
             if run.closed:
@@ -672,8 +647,8 @@ class PilotCallback(Callback):
         self._pending_identity: Mapping[str, Any] | None = None
 
     def _mute(self, *hooks: str) -> None:
-        """Have Lightning skip these per-update hooks of this instance until :meth:`_unmute`: its
-        dispatcher calls no hook set to ``None`` (asserted in ``tests/test_run.py``)."""
+        """Have Lightning skip these per-update hooks of this instance until :meth:`_unmute`
+        (its dispatcher calls no hook set to ``None``)."""
         muted = self.__dict__.setdefault("_muted_hooks", {})
         for hook in hooks:
             held = self.__dict__.get(hook, _ABSENT)
@@ -683,8 +658,8 @@ class PilotCallback(Callback):
             self.__dict__[hook] = None
 
     def _unmute(self, *hooks: str) -> None:
-        """Give back the hooks this instance muted (all when none are named); a hook replaced
-        since it was muted keeps its replacement."""
+        """Give back the hooks this instance muted (all when none are named); one replaced since
+        keeps its replacement."""
         muted = self.__dict__.setdefault("_muted_hooks", {})
         for hook in hooks or tuple(muted):
             held = muted.pop(hook, None)  # never None when muted
@@ -707,8 +682,8 @@ class PilotCallback(Callback):
     def _put_checks(
         self, phase: str, results: Sequence[CheckResult], **columns: Any
     ) -> tuple[str, str | None]:
-        """Judge ``results`` and put them as the phase row of ``phase`` (its first occurrence
-        unless ``columns`` say otherwise); return the verdict and the reason."""
+        """Judge ``results`` into the phase row of ``phase`` (first occurrence unless ``columns``
+        say otherwise); return the verdict and the reason."""
         verdict, reason = judge(phase, ((c.name, c.verdict, c.detail) for c in results))
         row = {"phase": phase, "first": True, "verdict": verdict, "reason": reason}
         checks = [c.as_row() for c in results]
@@ -732,8 +707,7 @@ class PilotCallback(Callback):
 
     @functools.cached_property
     def state_key(self) -> str:
-        # Lightning reads ``state_key`` for every hook of every callback (its profiler label):
-        # built once, since the fields it names are fixed at construction.
+        # Built once: Lightning reads it for every hook of every callback (its profiler label).
         return self._generate_state_key(**self._state_key_fields())
 
     def _state_key_fields(self) -> dict[str, Any]:
@@ -751,9 +725,7 @@ class PilotCallback(Callback):
             run.adopt(self._pending_identity)
             self._pending_identity = None
         self._run = run
-        # A symbolic link inside out_dir (runs/ or ledger/) is refused here, before training,
-        # with storage.UnsafePathError naming it: one policy for both folders.
-        _ = run.run_dir, run.ledger_dir
+        _ = run.run_dir, run.ledger_dir  # a link inside out_dir is refused before training
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:

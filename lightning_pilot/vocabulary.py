@@ -1,7 +1,6 @@
-"""The words every table, report and plot of lightning-pilot shares (no torch, no pyarrow): the
-phase names, the phases an estimate models, the verdicts worst first and the memory categories
-with their columns. A measured phase row (the phase table) and an estimated row (the estimate)
-name the same quantity by the same column and join on ``("phase", "first")``.
+"""The words every table, report and plot shares (no torch, no pyarrow): phases, verdicts and
+memory categories. A measured phase row and an estimated row name the same quantity by the same
+column and join on ``("phase", "first")``.
 
 Example:
     >>> from lightning_pilot.vocabulary import (
@@ -40,8 +39,6 @@ __all__ = [
     "worst_verdict",
 ]
 
-# -- phases -----------------------------------------------------------------------------------
-
 Phase = Literal[
     "setup",
     "data",
@@ -63,10 +60,8 @@ PHASES: Final[tuple[str, ...]] = get_args(Phase)
 #: Each phase's place in campaign order.
 PHASE_RANK: Final[dict[str, int]] = {phase: index for index, phase in enumerate(PHASES)}
 
-#: The phases an estimate models, in campaign order, as the phase table's ``(phase, first)``:
-#: ``first`` is true for the phase's first occurrence (the first optimizer step allocates the
-#: optimizer state), false for a later one. Forward and backward are those of a later update;
-#: validation and the save those after training began (optimizer state and gradients held).
+#: The phases an estimate models, in campaign order, as the phase table's ``(phase, first)``
+#: (the first optimizer step allocates the optimizer state; the others are later occurrences).
 ESTIMATE_PHASES: Final[tuple[tuple[str, bool], ...]] = (
     ("forward", False),
     ("backward", False),
@@ -78,8 +73,7 @@ ESTIMATE_PHASES: Final[tuple[tuple[str, bool], ...]] = (
 
 
 def phase_label(phase: str, first: bool) -> str:
-    """The one-word name of a phase row, as metric names and per-phase dictionaries key it:
-    ``phase``, or ``phase + "_first"`` for a first occurrence."""
+    """The one-word name of a phase row: ``phase``, or ``phase + "_first"`` for a first one."""
     return f"{phase}_first" if first else phase
 
 
@@ -103,19 +97,14 @@ def phase_rank(phase: object) -> int:
     return PHASE_RANK.get(phase, 99) if isinstance(phase, str) else 99
 
 
-# -- verdicts ---------------------------------------------------------------------------------
-
 Verdict = Literal["pass", "warn", "fail", "not_checked"]
 VERDICTS: Final[tuple[str, ...]] = get_args(Verdict)
-#: The verdicts worst first, as reports list them: a failure, a warning, a check that could
-#: not be made, a pass.
+#: The verdicts worst first, as reports list them.
 VERDICT_ORDER: Final[tuple[str, ...]] = ("fail", "warn", "not_checked", "pass")
 #: Each verdict's place in :data:`VERDICT_ORDER` (0: the worst).
 VERDICT_RANK: Final[dict[str, int]] = {verdict: i for i, verdict in enumerate(VERDICT_ORDER)}
 
-
-#: The order :func:`worst_verdict` aggregates in: :data:`VERDICT_ORDER` with ``not_checked``
-#: moved after ``pass``.
+#: The order :func:`worst_verdict` aggregates in: ``not_checked`` after ``pass``.
 _AGGREGATION_ORDER: Final = (*(v for v in VERDICT_ORDER if v != "not_checked"), "not_checked")
 _AGGREGATION_RANK: Final = {verdict: i for i, verdict in enumerate(_AGGREGATION_ORDER)}
 
@@ -126,10 +115,9 @@ def verdict_rank(verdict: object) -> int:
 
 
 def worst_verdict(verdicts: Iterable[str]) -> str:
-    """The verdict of several checks together: the worst of them in :data:`VERDICT_ORDER`,
-    except that ``not_checked`` counts only when nothing was checked (one real measurement
-    says more than an absent one): ``fail``, else ``warn``, else ``pass``, else
-    ``not_checked`` (also for none). A verdict outside :data:`VERDICTS` raises ``ValueError``.
+    """The verdict of several checks together: ``fail``, else ``warn``, else ``pass``, else
+    ``not_checked`` (also for none): one real measurement says more than an absent one. A
+    verdict outside :data:`VERDICTS` raises ``ValueError``.
 
     Example:
         >>> worst_verdict(["pass", "warn", "not_checked"]), worst_verdict(["not_checked"])
@@ -144,11 +132,8 @@ def worst_verdict(verdicts: Iterable[str]) -> str:
     return _AGGREGATION_ORDER[best]
 
 
-# -- memory categories ------------------------------------------------------------------------
-
 #: What the bytes live at a phase's peak are, in the order an estimate assigns them (first
-#: match wins): the module's parameters and buffers, the parameters' gradients, the optimizer
-#: state, the batch, what autograd saves for backward (activations) and the rest (temporaries).
+#: match wins); activations are what autograd saves for backward.
 CATEGORIES: Final[tuple[str, ...]] = (
     "param",
     "buffer",
