@@ -17,11 +17,7 @@ from lightning_pilot.core import validate
 from lightning_pilot.core.batches import BatchAdapter
 from lightning_pilot.core.checks import CheckResult
 from lightning_pilot.core.data_checks import DataInspection
-from lightning_pilot.core.label_checks import (
-    CausalLMWatch,
-    find_encoder_decoder,
-    infer_output_size,
-)
+from lightning_pilot.core.label_checks import CausalLMWatch, find_encoder_decoder, infer_output_size
 from lightning_pilot.core.prompt_checks import PromptSpec
 from lightning_pilot.core.split_inspection import SplitInspection
 from lightning_pilot.core.split_scan import DatasetScan
@@ -149,8 +145,7 @@ class BatchInspector(PilotCallback):
         self._unwatch()
         self._watch = None
         self._inspection: DataInspection | None = None
-        # The dataset checks, once the scan ran at train start (None: not yet).
-        self._dataset_checks: list[CheckResult] | None = None
+        self._dataset_checks: list[CheckResult] | None = None  # None: not scanned yet
         self._val_done = self._done = False
         self.verdict: str | None = None
         self.checks: dict[str, CheckResult] = {}
@@ -221,12 +216,7 @@ class BatchInspector(PilotCallback):
 
     @override
     def on_validation_batch_start(
-        self,
-        trainer: pl.Trainer,
-        pl_module: pl.LightningModule,
-        batch: Any,
-        batch_idx: int,
-        dataloader_idx: int = 0,
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, *_: Any
     ) -> None:
         self._inspect("val", batch)
 
@@ -329,19 +319,17 @@ def _prompt_spec(
     template = None
     if response_template is not None:
         expected = "a non-empty list of token ids (integers >= 0), or None"
+        problem = validate.invalid(owner, "response_template", response_template, expected)
         if isinstance(response_template, str | bytes) or not isinstance(
             response_template, Sequence
         ):
-            raise TypeError(
-                validate.invalid(owner, "response_template", response_template, expected)
-            )
+            raise TypeError(problem)
         if not response_template:
-            raise ValueError(
-                validate.invalid(owner, "response_template", response_template, expected)
-            )
+            raise ValueError(problem)
         for index, token in enumerate(response_template):
-            name = f"response_template[{index}]"
-            validate.integer(owner, name, token, minimum=0, hint="a token id")
+            validate.integer(
+                owner, f"response_template[{index}]", token, minimum=0, hint="a token id"
+            )
         template = tuple(int(token) for token in response_template)
     given = {**keys, "response_template": template}
     named = [name for name in _PROMPT_OPTIONS if given[name] is not None]

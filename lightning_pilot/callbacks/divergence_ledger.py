@@ -14,24 +14,12 @@ from lightning.pytorch.callbacks import Timer
 from typing_extensions import override
 
 from lightning_pilot import storage
+from lightning_pilot.callbacks._shared import step_loss
+from lightning_pilot.core import ledger_records as records
 from lightning_pilot.core import validate
 from lightning_pilot.core.config import canonical_params_json
 from lightning_pilot.core.divergence import Curves, DivergenceDetector, DivergenceRules
-from lightning_pilot.core.ledger_records import (
-    Heartbeat,
-    PendingUpdates,
-    RecordSchedule,
-    Stop,
-    derived_from_id,
-    failed_matches,
-    failure_outcome,
-    ledger_record,
-    limit_reached,
-    normal_end,
-    repeat_message,
-    run_facts,
-    unwritten_outcome,
-)
+from lightning_pilot.core.ledger_records import Heartbeat
 from lightning_pilot.core.scalars import read_scalars
 from lightning_pilot.ledger import find_failed_runs
 from lightning_pilot.run import PilotCallback, PilotRefusalError
@@ -130,7 +118,7 @@ class DivergenceLedger(PilotCallback):
         self.seed = validate.integer(owner, "seed", seed, minimum=0, optional=True)
         self.params = validate.mapping_of_scalars(owner, "params", params)
         self.params_json = canonical_params_json(self.params)
-        self.derived_from = derived_from_id(derived_from)
+        self.derived_from = records.derived_from_id(derived_from)
         validate.instance(owner, "rules", rules, DivergenceRules)
         self.detector = DivergenceDetector(rules)
         self.action: Literal["stop", "record"] = validate.choice(
@@ -162,10 +150,10 @@ class DivergenceLedger(PilotCallback):
         self._closing = False  # the end record's closer is registered with the run
         self._failure: dict[str, Any] | None = None  # the end record of an exception
         self._facts: dict[str, Any] | None = None
-        self._schedule = RecordSchedule(self.check_every, self.heartbeat)
-        self._pending = PendingUpdates()
+        self._schedule = records.RecordSchedule(self.check_every, self.heartbeat)
+        self._pending = records.PendingUpdates()
         self._mark: tuple[int, int, int] | None = None
-        self._stop: Stop | None = None
+        self._stop: records.Stop | None = None
 
     @override
     def _state_key_fields(self) -> dict[str, Any]:
@@ -183,37 +171,72 @@ class DivergenceLedger(PilotCallback):
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self._active:
-            self._start(trainer)
+        if not self._active:
+            return
+        self._schedule.start(trainer.global_step)
+        self._pending.start(
+            trainer.global_step,
+            overflow=str(trainer.precision) in ("16-mixed", "16"),
+            grad_norm_every=self.grad_norm_every,
+            check_grad_norm=self.detector.rules.check_grad_norm,
+        )
+        self.curves.truncate(trainer.global_step)
+        self._facts = self._read_facts(trainer, full=True)
+        self._check_repeat(trainer)
+        self.run.register_table(EVENTS_TABLE, EVENTS_SCHEMA)
+        if self.run.is_global_zero:
+            self.run.reserve_space()  # held until the run closes (a disk may fill meanwhile)
+            self._write(trainer, "start", failing=False, status="running")
 
     @override
     def on_before_optimizer_step(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: torch.optim.Optimizer
     ) -> None:
-        if self._active:
-            self._read_update(trainer, optimizer)
+        if not self._active:
+            return
+        if optimizer.param_groups:
+            self._pending.add_lr(float(optimizer.param_groups[0]["lr"]))
+        if self._pending.norm_due(trainer.global_step + 1):
+            params = (p for group in optimizer.param_groups for p in group["params"])
+            grads = [p.grad for p in params if p.grad is not None]
+            if grads:
+                self._pending.add_grad_norm(torch.nn.utils.get_total_norm(grads).detach())
 
     @override
     def on_train_batch_end(
-        self,
-        trainer: pl.Trainer,
-        pl_module: pl.LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, *_: Any
     ) -> None:
-        if self._active:
-            self._read_batch(trainer, pl_module, outputs)
+        if not self._active:
+            return
+        loss = step_loss(outputs)
+        if isinstance(loss, torch.Tensor) and loss.numel() == 1:
+            # Lightning divides the loss by K (automatic optimisation) before outputs reach us;
+            # the multiplication back waits for the evaluation, like the read.
+            automatic = pl_module.automatic_optimization
+            self._pending.add_loss(loss, factor=trainer.accumulate_grad_batches if automatic else 1)
+        if self._pending.close(trainer.global_step):
+            self._after_update(trainer)
 
     @override
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self._active and not trainer.sanity_checking:
-            self._read_validation(trainer)
+        if not self._active or trainer.sanity_checking:
+            return
+        names = self.val_metrics
+        for name, value in sorted(trainer.callback_metrics.items()):
+            wanted = name in names if names is not None else name.startswith("val")
+            if wanted and isinstance(value, torch.Tensor) and value.numel() == 1:
+                self.curves.add_val(trainer.global_step, name, float(value))
 
     @override
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self._active and not self._ended:
-            self._finish(trainer)
+        if not self._active or self._ended:
+            return
+        self._end_at_close(trainer)  # before the last evaluation: its error cannot cost it
+        self._evaluate()  # the updates since the last evaluation
+        if trainer.world_size > 1:
+            # Every rank ends here on a normal exit: a rule that fired on another rank after
+            # the last evaluation (or with action="record") reaches rank 0's end record.
+            self._agree(trainer, trainer.global_step)
 
     @override
     def on_exception(
@@ -227,7 +250,7 @@ class DivergenceLedger(PilotCallback):
                 self._evaluate()  # no collective: other ranks may be gone
             except Exception as err:  # e.g. a device-side assert: its tensors are unreadable
                 unread = f"the losses of the last {pending} update(s) could not be read: {err}"
-            self._failure = failure_outcome(exception, trainer.global_step, unread)
+            self._failure = records.failure_outcome(exception, trainer.global_step, unread)
             self._end_at_close(trainer)
         except Exception as err:  # ours must never replace the user's exception
             warnings.warn(
@@ -255,62 +278,9 @@ class DivergenceLedger(PilotCallback):
         self.detector.load_state_dict(state_dict.get("detector", {}))
         self.curves.load_state_dict(state_dict.get("curves", {}))
 
-    def _start(self, trainer: pl.Trainer) -> None:
-        self._schedule.start(trainer.global_step)
-        self._pending.start(
-            trainer.global_step,
-            overflow=str(trainer.precision) in ("16-mixed", "16"),
-            grad_norm_every=self.grad_norm_every,
-            check_grad_norm=self.detector.rules.check_grad_norm,
-        )
-        self.curves.truncate(trainer.global_step)
-        self._facts = self._read_facts(trainer, full=True)
-        self._check_repeat(trainer)
-        self.run.register_table(EVENTS_TABLE, EVENTS_SCHEMA)
-        if self.run.is_global_zero:
-            self.run.reserve_space()  # held until the run closes (a disk may fill meanwhile)
-            self._write(trainer, "start", failing=False, status="running")
-
-    def _read_update(self, trainer: pl.Trainer, optimizer: torch.optim.Optimizer) -> None:
-        if optimizer.param_groups:
-            self._pending.add_lr(float(optimizer.param_groups[0]["lr"]))
-        if self._pending.norm_due(trainer.global_step + 1):
-            params = (p for group in optimizer.param_groups for p in group["params"])
-            grads = [p.grad for p in params if p.grad is not None]
-            if grads:
-                self._pending.add_grad_norm(torch.nn.utils.get_total_norm(grads).detach())
-
-    def _read_batch(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any) -> None:
-        # type() first: Lightning hands a plain dict, and an ABC isinstance check is slower.
-        is_map = type(outputs) is dict or isinstance(outputs, Mapping)
-        loss = outputs.get("loss") if is_map else outputs
-        if isinstance(loss, torch.Tensor) and loss.numel() == 1:
-            # Lightning divides the loss by K (automatic optimisation) before outputs reach us;
-            # the multiplication back waits for the evaluation, like the read.
-            automatic = pl_module.automatic_optimization
-            self._pending.add_loss(loss, factor=trainer.accumulate_grad_batches if automatic else 1)
-        if self._pending.close(trainer.global_step):
-            self._after_update(trainer)
-
-    def _read_validation(self, trainer: pl.Trainer) -> None:
-        names = self.val_metrics
-        for name, value in sorted(trainer.callback_metrics.items()):
-            wanted = name in names if names is not None else name.startswith("val")
-            if wanted and isinstance(value, torch.Tensor) and value.numel() == 1:
-                self.curves.add_val(trainer.global_step, name, float(value))
-
-    def _finish(self, trainer: pl.Trainer) -> None:
-        self._end_at_close(trainer)  # before the last evaluation: its error cannot cost it
-        self._evaluate()  # the updates since the last evaluation
-        if trainer.world_size > 1:
-            # Every rank ends here on a normal exit: a rule that fired on another rank after
-            # the last evaluation (or with action="record") reaches rank 0's end record.
-            self._agree(trainer, trainer.global_step)
-
     def _after_update(self, trainer: pl.Trainer) -> None:
         step = trainer.global_step
-        # Every rank sees the same steps, so they agree on when to evaluate.
-        if not self._schedule.evaluation_due(step):
+        if not self._schedule.evaluation_due(step):  # the same steps on every rank
             return
         self._evaluate()
         if self.action == "stop" and self._agree(trainer, step):
@@ -325,7 +295,7 @@ class DivergenceLedger(PilotCallback):
                 self.run.append_rows(
                     EVENTS_TABLE, [e.as_row() | {"action": self.action} for e in decision.events]
                 )
-            self._stop = self._stop or Stop.of(decision)
+            self._stop = self._stop or records.Stop.of(decision)
 
     def _agree(self, trainer: pl.Trainer, step: int) -> bool:
         """Whether a fatal rule fired on any rank (a collective); a rank that did not see it takes
@@ -341,14 +311,14 @@ class DivergenceLedger(PilotCallback):
                 torch.tensor(mine.step if mine else step, device=device), reduce_op="min"
             )
             if mine is None:
-                self._stop = Stop.from_code(int(agreed), int(fired))
+                self._stop = records.Stop.from_code(int(agreed), int(fired))
         return True
 
     def _normal_outcome(self, trainer: pl.Trainer) -> tuple[str, str, str | None]:
         early = trainer.early_stopping_callbacks
         timers = [c for c in getattr(trainer, "callbacks", []) if isinstance(c, Timer)]
         remaining = [c.time_remaining() for c in timers]
-        return normal_end(
+        return records.normal_end(
             stop=self._stop,
             action=self.action,
             stopped_early=[
@@ -357,7 +327,7 @@ class DivergenceLedger(PilotCallback):
                 if c.stopping_reason.name != "NOT_STOPPED"
             ],
             time_limit=any(r is not None and r <= 0 for r in remaining),
-            limit=limit_reached(
+            limit=records.limit_reached(
                 max_steps=trainer.max_steps,
                 global_step=trainer.global_step,
                 max_epochs=trainer.max_epochs,
@@ -374,13 +344,13 @@ class DivergenceLedger(PilotCallback):
         if self.run.is_global_zero:
             found = find_failed_runs(self.run.ledger_dir, self._facts["variant_key"])
             exclude = (self.run.run_id, self.derived_from)
-            matches = failed_matches(found.itertuples(index=False), exclude=exclude)
+            matches = records.failed_matches(found.itertuples(index=False), exclude=exclude)
         if trainer.world_size > 1:
             matches = trainer.strategy.broadcast(matches, src=0)
         if not matches:
             return
         key = self._facts["variant_key"]
-        message = repeat_message(self.experiment, self.variant, key, matches)
+        message = records.repeat_message(self.experiment, self.variant, key, matches)
         if self.on_repeat == "error":
             self._refused = True
             raise RepeatedVariantError(message)
@@ -394,7 +364,7 @@ class DivergenceLedger(PilotCallback):
 
         device = trainer.strategy.root_device
         model = f" {torch.cuda.get_device_name(device)}" if device.type == "cuda" else ""
-        return run_facts(
+        return records.run_facts(
             experiment=self.experiment,
             params=self.params,
             seed=self.seed,
@@ -428,7 +398,7 @@ class DivergenceLedger(PilotCallback):
                 "derived_from_run_id": self.derived_from,
                 "params_json": self.params_json,
             }
-            record = ledger_record(
+            record = records.ledger_record(
                 self._facts, run.ledger_fields, identity, event=event,
                 updates_done=trainer.global_step,
                 phase_table_uri=str(phases) if phases.exists() else None,
@@ -478,5 +448,5 @@ class DivergenceLedger(PilotCallback):
             )  # fmt: skip
             return
         # A run whose files could not be written is not recorded as a clean one.
-        outcome = unwritten_outcome(status, cause, trainer.global_step, error)
+        outcome = records.unwritten_outcome(status, cause, trainer.global_step, error)
         self._write(trainer, "end", failing=True, **outcome)

@@ -19,22 +19,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 from torch.utils.hooks import RemovableHandle
 from typing_extensions import override
 
-from lightning_pilot.core import validate
-from lightning_pilot.core.accounting import (
-    KEEP_CHOICES,
-    BatchConfig,
-    Keep,
-    Summary,
-    UpdateCounter,
-    UpdatePlan,
-    check_accumulation_windows,
-    normalise_schedule,
-    pack_counts,
-    plan_for_fit,
-    replica_duplicates,
-    summarize,
-    unpack_sums,
-)
+from lightning_pilot.core import accounting, validate
 from lightning_pilot.core.batches import BatchAdapter, size_and_tokens_of
 from lightning_pilot.core.scalars import read_scalars
 from lightning_pilot.run import PilotCallback
@@ -98,29 +83,29 @@ class EffectiveBatchAccountant(PilotCallback):
     def __init__(
         self,
         *,
-        keep: Keep = "updates",
+        keep: accounting.Keep = "updates",
         adapter: BatchAdapter | None = None,
         token_spread_ratio: float = 1.5,
         out_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         owner = "EffectiveBatchAccountant"
         super().__init__(out_dir=out_dir)
-        self.keep: Keep = validate.choice(owner, "keep", keep, KEEP_CHOICES)
+        self.keep: accounting.Keep = validate.choice(owner, "keep", keep, accounting.KEEP_CHOICES)
         validate.instance(owner, "adapter", adapter, BatchAdapter)
         self.adapter = adapter or BatchAdapter()
         hint = "max/min tokens per update"
         self.token_spread_ratio = validate.number(
             owner, "token_spread_ratio", token_spread_ratio, minimum=1, hint=hint
         )
-        self._counter = UpdateCounter()
+        self._counter = accounting.UpdateCounter()
         self._loaded_counts: Mapping[str, Any] | None = None
         self._reset_fit()
 
     def _reset_fit(self) -> None:
-        self._plan: UpdatePlan | None = None
+        self._plan: accounting.UpdatePlan | None = None
         # Makes the plan once the micro-batch size is known (the loader's, else the first batch's).
-        self._planner: Callable[..., tuple[UpdatePlan | None, str | None]] | None = None
-        self._config = BatchConfig(None, 1, 1)
+        self._planner: Callable[..., tuple[accounting.UpdatePlan | None, str | None]] | None = None
+        self._config = accounting.BatchConfig(None, 1, 1)
         self._world = self._dp = 1
         self._estimated: int | None = None
         self._sampler: DistributedSampler[Any] | None = None
@@ -133,14 +118,14 @@ class EffectiveBatchAccountant(PilotCallback):
         self._hooks: list[RemovableHandle] = []
         self._epochs_done = 0
         self._notes: list[str] = []
-        self._summary: Summary | None = None
+        self._summary: accounting.Summary | None = None
 
     @override
     def _state_key_fields(self) -> dict[str, Any]:
         return {"out_dir": str(self.out_dir), "keep": self.keep}
 
     @property
-    def plan(self) -> UpdatePlan | None:
+    def plan(self) -> accounting.UpdatePlan | None:
         """The plan of the current (or last) fit; ``None`` when it could not be made."""
         return self._plan
 
@@ -158,7 +143,7 @@ class EffectiveBatchAccountant(PilotCallback):
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._counter = UpdateCounter()
+        self._counter = accounting.UpdateCounter()
         if self._loaded_counts is not None:
             self._counter.load_state_dict(self._loaded_counts)
             self._loaded_counts = None
@@ -215,7 +200,9 @@ class EffectiveBatchAccountant(PilotCallback):
             return
         size, tokens, source = self._read(batch)
         if self._planner is not None:  # the loader did not say: the first batch does
-            self._config = BatchConfig(size, self._config.accumulate_grad_batches, self._dp)
+            self._config = accounting.BatchConfig(
+                size, self._config.accumulate_grad_batches, self._dp
+            )
             self._make_plan()
         self._counter.add_micro_batch(
             epoch=trainer.current_epoch,
@@ -331,7 +318,7 @@ class EffectiveBatchAccountant(PilotCallback):
         accumulate: int | dict[int, int] = (
             dict(scheduler.scheduling) if scheduler is not None else trainer.accumulate_grad_batches
         )
-        schedule = normalise_schedule(accumulate, owner="EffectiveBatchAccountant")
+        schedule = accounting.normalise_schedule(accumulate, owner="EffectiveBatchAccountant")
         try:
             self._estimated = _finite(trainer.estimated_stepping_batches)
         except (MisconfigurationException, ValueError, TypeError) as err:
@@ -355,11 +342,11 @@ class EffectiveBatchAccountant(PilotCallback):
         else:
             self._notes.append("the training data is not one DataLoader: no plan")
         b = self._loader_batch_size = loader.batch_size if isinstance(loader, DataLoader) else None
-        self._config = BatchConfig(b, schedule[0][1], self._dp)
+        self._config = accounting.BatchConfig(b, schedule[0][1], self._dp)
         epochs, steps = trainer.max_epochs, trainer.max_steps
         split = "drop" if self._sampler is not None and self._sampler.drop_last else "pad"
         self._planner = functools.partial(
-            plan_for_fit,
+            accounting.plan_for_fit,
             size,
             accumulate_grad_batches=dict(schedule),
             dp_replicas=self._dp,
@@ -414,7 +401,7 @@ class EffectiveBatchAccountant(PilotCallback):
             return 0 if self._dp == 1 else None
         if b is None:
             return None
-        return replica_duplicates(
+        return accounting.replica_duplicates(
             dataset_size=len(sampler.dataset),  # type: ignore[arg-type]
             num_replicas=sampler.num_replicas,
             rank=sampler.rank,
@@ -431,7 +418,7 @@ class EffectiveBatchAccountant(PilotCallback):
         self._last_flush = self._last_step
         rows = self._counter.take_pending(read_scalars)
         if self._world == 1:
-            summed = UpdateCounter.local_as_all_ranks(rows)
+            summed = accounting.UpdateCounter.local_as_all_ranks(rows)
         else:
             assert trainer is not None
             assert pl_module is not None
@@ -440,9 +427,13 @@ class EffectiveBatchAccountant(PilotCallback):
             longest = int(strategy.reduce(length, reduce_op="max").item())
             if longest == 0:
                 return
-            local = torch.tensor(pack_counts(rows, longest), dtype=torch.int64, device=device)
+            local = torch.tensor(
+                accounting.pack_counts(rows, longest), dtype=torch.int64, device=device
+            )
             total = strategy.reduce(local, reduce_op="sum").cpu().tolist()
-            summed = unpack_sums(rows, total, world_size=self._world, dp_replicas=self._dp)
+            summed = accounting.unpack_sums(
+                rows, total, world_size=self._world, dp_replicas=self._dp
+            )
         if summed:
             self._counter.absorb(r for r in summed if r["micro_batches_all_ranks"] is not None)
             self._append(summed)
@@ -451,8 +442,8 @@ class EffectiveBatchAccountant(PilotCallback):
         meta = {"schema_version": UPDATES_SCHEMA_VERSION, "dp_replicas": self._dp}
         self.run.append_rows(UPDATES_TABLE, [meta | row for row in rows])
 
-    def _summarize(self, epochs_done: int, unsummed: int = 0) -> Summary:
-        return summarize(
+    def _summarize(self, epochs_done: int, unsummed: int = 0) -> accounting.Summary:
+        return accounting.summarize(
             counter=self._counter,
             config=self._config,
             plan=self._plan,
@@ -467,7 +458,7 @@ class EffectiveBatchAccountant(PilotCallback):
     def _put_verdict(self) -> None:
         """The accumulation windows' check, on the later ``optimizer_step`` row (a partial window
         is rarely the first update) unless the fit made one update."""
-        check = check_accumulation_windows(self._counter, self._plan)
+        check = accounting.check_accumulation_windows(self._counter, self._plan)
         if check is not None:
             first = self._counter.counted_from + self._counter.updates <= 1
             self._put_checks("optimizer_step", [check], first=first)

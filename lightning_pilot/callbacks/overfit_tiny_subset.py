@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import math
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any, Final, NamedTuple
 
 import lightning.pytorch as pl
@@ -17,30 +17,12 @@ from torch.utils.data import DataLoader, default_collate
 from torch.utils.hooks import RemovableHandle
 from typing_extensions import override
 
-from lightning_pilot.core import validate
+from lightning_pilot.callbacks._shared import evaluating, step_loss
+from lightning_pilot.core import overfit, validate
 from lightning_pilot.core.batches import BatchAdapter
 from lightning_pilot.core.checks import CheckResult
 from lightning_pilot.core.label_checks import infer_output_size
-from lightning_pilot.core.overfit import (
-    LossCurve,
-    Notes,
-    Recovery,
-    align_predictions,
-    capture_note,
-    captured_prediction,
-    error_text,
-    join_scored,
-    loss_target,
-    overfit_checks,
-    overfit_done,
-    overfit_row,
-    phase_columns,
-    predicted_pair,
-    recovery,
-    subset_batches,
-    subset_ids,
-    unavailable_reason,
-)
+from lightning_pilot.core.overfit import error_text
 from lightning_pilot.run import PilotCallback
 from lightning_pilot.schemas import OVERFIT_SCHEMA, OVERFIT_SCHEMA_VERSION, OVERFIT_TABLE
 
@@ -131,12 +113,7 @@ class OverfitTinySubset(PilotCallback):
             owner, "target_fraction", target_fraction, minimum=0, maximum=1, allow_minimum=False
         )
         self.required_recovery = validate.number(
-            owner,
-            "required_recovery",
-            required_recovery,
-            minimum=0,
-            maximum=1,
-            allow_minimum=False,
+            owner, "required_recovery", required_recovery, minimum=0, maximum=1, allow_minimum=False
         )
         self.check_every = validate.integer(owner, "check_every", check_every, minimum=1)
         self.batch_size = validate.integer(
@@ -161,11 +138,11 @@ class OverfitTinySubset(PilotCallback):
         self._installed: _Installed | None = None
         self._batches: list[Any] = []
         self._cursor = {"train": 0, "val": 0}
-        self._loss = LossCurve()
-        self._last: Recovery | None = None
+        self._loss = overfit.LossCurve()
+        self._last: overfit.Recovery | None = None
         self._last_step: int | None = None
         self._done = False
-        self._notes = Notes()
+        self._notes = overfit.Notes()
         # Where the predictions come from: "predict_fn", "forward" or "training_step" (the
         # logits a submodule returned inside the user's training step, read by forward hooks).
         self._source: str | None = None
@@ -251,18 +228,16 @@ class OverfitTinySubset(PilotCallback):
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._build_subset(trainer.train_dataloader, pl_module)
-
-    def _build_subset(self, loader: Any, pl_module: pl.LightningModule) -> None:
+        loader = trainer.train_dataloader
         if not isinstance(loader, DataLoader):
             self._notes.add("no single training DataLoader: the subset could not be built")
             return
-        self._batches, indices = subset_batches(
+        self._batches, indices = overfit.subset_batches(
             loader.dataset, self.num_examples, seed=self.seed,
             collate=loader.collate_fn or default_collate, batch_size=self.batch_size,
             notes=self._notes,
         )  # fmt: skip
-        self.subset_ids = subset_ids(self._batches, indices, self.adapter, self._notes)
+        self.subset_ids = overfit.subset_ids(self._batches, indices, self.adapter, self._notes)
         rank_zero_info(f"OverfitTinySubset: subset ids {self.subset_ids}")
         if self.predict_fn is not None:
             self._source = "predict_fn"
@@ -276,7 +251,7 @@ class OverfitTinySubset(PilotCallback):
         on each child of the module keeps the argmax of the last ``logits`` one returns."""
         self._source = "training_step"
         self._problem = why
-        self._notes.add(capture_note(why))
+        self._notes.add(overfit.capture_note(why))
         for name, child in pl_module.named_children():
             hook = functools.partial(self._on_child_output, name)
             self._handles.append(child.register_forward_hook(hook))
@@ -286,7 +261,7 @@ class OverfitTinySubset(PilotCallback):
         if trainer is None or not trainer.training or trainer.sanity_checking:
             return
         try:
-            predicted = captured_prediction(output)
+            predicted = overfit.captured_prediction(output)
             if predicted is not None:
                 self._captured = (name, predicted)
         except Exception as err:  # reading predictions must never break the user's step
@@ -302,7 +277,7 @@ class OverfitTinySubset(PilotCallback):
         if not isinstance(targets, torch.Tensor):
             self._notes.add("the training batches have no targets the adapter can read")
             return
-        aligned = align_predictions(
+        aligned = overfit.align_predictions(
             predicted, targets, shift=self.shift_labels, ignore_index=self.adapter.ignore_index
         )
         if aligned is None:
@@ -320,22 +295,13 @@ class OverfitTinySubset(PilotCallback):
 
     @override
     def on_train_batch_end(
-        self,
-        trainer: pl.Trainer,
-        pl_module: pl.LightningModule,
-        outputs: Any,
-        batch: Any,
-        *_: Any,
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, *_: Any
     ) -> None:
-        if self._batches:
-            self._after_batch(trainer, pl_module, outputs, batch)
-
-    def _after_batch(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any
-    ) -> None:
+        if not self._batches:
+            return
         if self._source == "training_step":
             self._keep_captured(batch)
-        loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
+        loss = step_loss(outputs)
         if isinstance(loss, torch.Tensor) and loss.numel() == 1:
             self._loss.add(float(loss.detach()) * trainer.accumulate_grad_batches)
         step = trainer.global_step
@@ -346,20 +312,22 @@ class OverfitTinySubset(PilotCallback):
         if step >= self.max_steps:
             trainer.should_stop = True  # first: the budget holds whatever follows
         result = self._evaluate(trainer, pl_module) if step % self.check_every == 0 else None
-        row = overfit_row(
+        row = overfit.overfit_row(
             step, mean, micro, target=self._target(), ids=self.subset_ids, result=result
         )
         self.run.append_rows(OVERFIT_TABLE, [{"schema_version": OVERFIT_SCHEMA_VERSION, **row}])
-        done = overfit_done(mean, self._target(), result, required=self.required_recovery)
+        done = overfit.overfit_done(mean, self._target(), result, required=self.required_recovery)
         if trainer.strategy.reduce_boolean_decision(done, all=False):
             trainer.should_stop = True
 
     def _target(self) -> float | None:
-        return loss_target(
+        return overfit.loss_target(
             self._loss.initial, target_loss=self.target_loss, target_fraction=self.target_fraction
         )
 
-    def _evaluate(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> Recovery | None:
+    def _evaluate(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule
+    ) -> overfit.Recovery | None:
         """Score the subset's predictions; ``None`` when there are none (the reason noted:
         nothing here raises, so the loss checks and the budget go on)."""
         if self._installed is None or not self._batches:
@@ -371,25 +339,24 @@ class OverfitTinySubset(PilotCallback):
             self._notes.add(self._problem)
             return None
 
-    def _score(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> Recovery | None:
-        if self._source == "training_step":
-            if len(self._seen) < len(self._batches):
-                return None  # a subset batch not trained yet (or no logits captured)
+    def _score(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> overfit.Recovery | None:
+        if self._source != "training_step":
+            scored = self._predict_subset(trainer, pl_module)
+        elif len(self._seen) < len(self._batches):
+            return None  # a subset batch not trained yet (or no logits captured)
+        else:
             pairs = [self._seen[index] for index in range(len(self._batches))]
             scored = [(p.cpu(), t.cpu()) for p, t in pairs]
-        else:
-            subset = self._predict_subset(trainer, pl_module)
-            if subset is None:
-                return None
-            scored = subset
-        joined = join_scored(
+        if scored is None:
+            return None
+        joined = overfit.join_scored(
             scored, self.subset_ids, batch_size=self.batch_size,
             ignore_index=self.adapter.ignore_index, notes=self._notes,
         )  # fmt: skip
         if joined is None:
             return None
         self._last_step = trainer.global_step
-        self._last = recovery(
+        self._last = overfit.recovery(
             *joined, ignore_index=self.adapter.ignore_index, num_classes=self._classes(pl_module)
         )
         return self._last
@@ -402,23 +369,18 @@ class OverfitTinySubset(PilotCallback):
         assert self._installed is not None
         original = self._installed.original
         scored = []
-        was_training = pl_module.training
-        pl_module.eval()
-        try:
-            with torch.no_grad():
-                for cpu_batch in self._batches:
-                    batch = original(apply_to_collection(cpu_batch, torch.Tensor, torch.clone), 0)
-                    batch = trainer.strategy.batch_to_device(batch)
-                    view = self.adapter.view(batch, count_tokens=False)
-                    if not isinstance(view.targets, torch.Tensor):
-                        self._notes.add("the subset's batches have no targets the adapter can read")
-                        return None
-                    aligned = self._predict(pl_module, batch, view)
-                    if aligned is None:
-                        return None
-                    scored.append((aligned[0].cpu(), aligned[1].cpu()))
-        finally:
-            pl_module.train(was_training)
+        with evaluating(pl_module), torch.no_grad():
+            for cpu_batch in self._batches:
+                batch = original(apply_to_collection(cpu_batch, torch.Tensor, torch.clone), 0)
+                batch = trainer.strategy.batch_to_device(batch)
+                view = self.adapter.view(batch, count_tokens=False)
+                if not isinstance(view.targets, torch.Tensor):
+                    self._notes.add("the subset's batches have no targets the adapter can read")
+                    return None
+                aligned = self._predict(pl_module, batch, view)
+                if aligned is None:
+                    return None
+                scored.append((aligned[0].cpu(), aligned[1].cpu()))
         return scored
 
     def _predict(
@@ -435,7 +397,7 @@ class OverfitTinySubset(PilotCallback):
         except Exception as err:  # the user's forward or predict_fn: recorded, not raised
             self._fall_back(pl_module, f"{self._call_name(pl_module)} raised {error_text(err)}")
             return None
-        aligned, problem = predicted_pair(
+        aligned, problem = overfit.predicted_pair(
             out, targets, shift=self.shift_labels, ignore_index=self.adapter.ignore_index,
             call=self._call_name(pl_module),
         )  # fmt: skip
@@ -461,7 +423,7 @@ class OverfitTinySubset(PilotCallback):
         """Why ``targets_recovered`` has no predictions, with the remedy (said once)."""
         if self._last is not None or not self._batches:
             return None
-        return unavailable_reason(
+        return overfit.unavailable_reason(
             self._source, seen=len(self._seen), batches=len(self._batches),
             problem=self._problem, misaligned=self._misaligned,
         )  # fmt: skip
@@ -496,7 +458,7 @@ class OverfitTinySubset(PilotCallback):
         if self._done or self._trainer is None:
             return
         self._done = True
-        results = overfit_checks(
+        results = overfit.overfit_checks(
             self._loss, target=self._target(), last=self._last, last_step=self._last_step,
             num_classes=self._classes(pl_module), tolerance=self.init_tolerance,
             budget=self.max_steps, required=self.required_recovery,
@@ -507,7 +469,9 @@ class OverfitTinySubset(PilotCallback):
         self.verdict, reason = self._put_checks(
             "overfit",
             results,
-            **phase_columns(self._loss, self.subset_ids, self._notes, batch_size=self.batch_size),
+            **overfit.phase_columns(
+                self._loss, self.subset_ids, self._notes, batch_size=self.batch_size
+            ),
         )
         line = f"OverfitTinySubset: overfit verdict {self.verdict}"
         if self.verdict in ("fail", "warn"):

@@ -1,13 +1,7 @@
-"""PhaseMemoryMonitor: one row per phase with inputs, memory, duration and verdict.
-
-Lightning glue: the hooks translate into calls on the Trainer-free logic of ``core/``:
-:mod:`~lightning_pilot.core.measure_schedule` (which updates are measured),
-:mod:`~lightning_pilot.core.phase_meter` (the clock and memory counter of a phase),
-:mod:`~lightning_pilot.core.training_step` (the phases of a measured update and their checks),
-:mod:`~lightning_pilot.core.eval_phase` (an evaluation loop) and
-:mod:`~lightning_pilot.core.phase_rows` (the rows, and the checks judged over the measured
-updates).
-"""
+"""PhaseMemoryMonitor: one row per phase with inputs, memory, duration and verdict; its hooks
+call the Trainer-free logic of ``core/``: measure_schedule (which updates are measured),
+phase_meter (a phase's clock and memory counter), training_step (a measured update's phases),
+eval_phase (an evaluation loop) and phase_rows (the rows and the checks over the updates)."""
 
 from __future__ import annotations
 
@@ -23,19 +17,11 @@ from lightning.fabric.plugins import CheckpointIO
 from lightning.pytorch.trainer.states import TrainerFn
 from typing_extensions import override
 
-from lightning_pilot.core import validate
+from lightning_pilot.core import phase_rows, validate
 from lightning_pilot.core.batches import BatchAdapter
 from lightning_pilot.core.eval_phase import EvalLoop, expected_samples, limit_name
 from lightning_pilot.core.measure_schedule import MeasureSchedule
 from lightning_pilot.core.phase_meter import PhaseMeter
-from lightning_pilot.core.phase_rows import (
-    PhaseRows,
-    checkpoint_file,
-    export_written,
-    model_row,
-    params_on_device,
-    placement_rows,
-)
 from lightning_pilot.core.phases import Occurrence, PhaseAggregator
 from lightning_pilot.core.training_step import TrainingStep
 from lightning_pilot.run import ExportFn, PilotCallback, PilotRefusalError
@@ -177,10 +163,9 @@ class PhaseMemoryMonitor(PilotCallback):
         self._reset()
 
     def _reset(self) -> None:
-        schedule = MeasureSchedule(self.pilot_updates, self.sample_every, self.memory_updates)
-        self._schedule = schedule
+        self._schedule = MeasureSchedule(self.pilot_updates, self.sample_every, self.memory_updates)
         self._meter = PhaseMeter(track_cpu=self.track_cpu)
-        self._rows = PhaseRows()
+        self._rows = phase_rows.PhaseRows()
         self._step = TrainingStep(self._rows, self._meter)
         self._hooks: list[Any] = []
         self._io: _MeasuredCheckpointIO | None = None
@@ -262,7 +247,7 @@ class PhaseMemoryMonitor(PilotCallback):
         self._step.trainable_at_start = None
         self._attach_update_hooks()
         self._record_setup(trainer, pl_module)
-        row = model_row(
+        row = phase_rows.model_row(
             pl_module, self._meter.optimizers, precision=self._precision, device=self._meter.device
         )
         self.run.register_table("model", MODEL_SCHEMA)
@@ -272,7 +257,7 @@ class PhaseMemoryMonitor(PilotCallback):
         occurrence = self._meter.end_setup(trainer.global_step)
         if occurrence is not None:
             self._rows.count("setup", trainer.global_step)
-            placed = params_on_device(pl_module.named_parameters(), pl_module.device)
+            placed = phase_rows.params_on_device(pl_module.named_parameters(), pl_module.device)
             self._stop(self._rows.add(occurrence, [placed]))
 
     @override
@@ -284,11 +269,11 @@ class PhaseMemoryMonitor(PilotCallback):
         self._restart_data_clock(trainer)
 
     def _flush_during_fit(self, when: str) -> None:
-        """Publish and flush the rows; a failed write warns and training goes on."""
+        """Publish and flush the rows; a failed write warns, training goes on and the rows stay
+        buffered (the flush at the end of the fit tries them again)."""
         try:
             self._publish(flush=True)
         except OSError as err:
-            # The rows stay buffered: the flush at the end of the fit tries them again.
             warnings.warn(
                 f"lightning-pilot: could not write the phase table of run {self.run.run_id} to"
                 f" {self.run.out_dir} {when}: {err}; the rows stay buffered",
@@ -373,13 +358,14 @@ class PhaseMemoryMonitor(PilotCallback):
 
     def _measure_update(self) -> None:
         self._step.optimizer_stepped()
-        if not self._placed:
-            # Right after the first update, weights, gradients and optimizer state all exist.
+        if not self._placed:  # after the first update: weights, gradients, optimizer state exist
             self._placed = True
             self._record_placement("after_first_update")
 
     def _record_placement(self, moment: str) -> None:
-        rows = placement_rows(self._meter.require_module(), self._meter.optimizers, moment)
+        rows = phase_rows.placement_rows(
+            self._meter.require_module(), self._meter.optimizers, moment
+        )
         self.run.register_table("placement")
         self.run.append_rows("placement", rows)
 
@@ -480,7 +466,7 @@ class PhaseMemoryMonitor(PilotCallback):
     def _checkpoint_end(self, phase: str, path: Any) -> None:
         occurrence = self._meter.end(phase, self._module().global_step)
         if occurrence is not None:
-            self._stop(self._rows.add(occurrence, checkpoint_file(occurrence, path)))
+            self._stop(self._rows.add(occurrence, phase_rows.checkpoint_file(occurrence, path)))
             if self._schedule.measuring:
                 self._meter.begin("data", track=False)  # the next fetch starts after the save
 
@@ -506,7 +492,7 @@ class PhaseMemoryMonitor(PilotCallback):
                 self.run.measure_export = None  # later exports (other functions) are not ours
             occurrence, self._exported = self._exported, None
             if occurrence is not None:
-                results = export_written(occurrence, path, error)
+                results = phase_rows.export_written(occurrence, path, error)
                 self._rows.count("export", occurrence.step)
                 self._stop(self._rows.add(occurrence, results))
         self._record_placement("fit_end")

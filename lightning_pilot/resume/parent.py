@@ -385,15 +385,8 @@ class Launcher:
         results: list[TaskResult | None] = []
         runnable: list[Task] = []
         for task in tasks:
-            if isinstance(task, ArtifactTask):
-                blocker = rebuild_blocker(self.factory, pl_module, None)
-                hint = "; or pass factory=..."
-            else:
-                blocker = rebuild_blocker(self.factory, pl_module, datamodule)
-                hint = (
-                    ": pass ResumeVerifier(factory='package.module:function'), or"
-                    " fallback='in_process' to compare in this process (weaker: shared globals)"
-                )
+            artifact = isinstance(task, ArtifactTask)
+            blocker = rebuild_blocker(self.factory, pl_module, None if artifact else datamodule)
             if blocker is None and isinstance(task, ResumeTask) and loaders is not None:
                 if unsent is not None:  # the loaders cannot travel: compared here
                     results.append(_in_process(task, trainer, pl_module, _IN_HERE, unsent))
@@ -408,6 +401,7 @@ class Launcher:
                     _in_process(task, trainer, pl_module, why=why if loaders is not None else None)
                 )
             else:
+                hint = "; or pass factory=..." if artifact else _FALLBACK_HINT
                 results.append(TaskResult(kind=task.kind, blocked=blocker + hint))
         if runnable:
             sent = any(isinstance(t, ResumeTask) and t.fit_loaders for t in runnable)
@@ -492,6 +486,11 @@ class Launcher:
         return launch(tasks, folder, self.timeout_s * len(tasks), progress=progress, **options)
 
 
+#: What to do when the module cannot be rebuilt in a new process.
+_FALLBACK_HINT: Final = (
+    ": pass ResumeVerifier(factory='package.module:function'), or fallback='in_process' to"
+    " compare in this process (weaker: shared globals)"
+)
 #: Where a comparison of loaders passed to ``fit`` that cannot travel runs.
 _IN_HERE: Final = "this process (in-process comparison)"
 

@@ -373,7 +373,7 @@ class ResumeVerifier(PilotCallback):
             if artifact.early is not None:
                 self._results.append(artifact.early)
         extra = [artifact.task] if artifact is not None and artifact.task is not None else []
-        left = extra if per_rank else [*tasks, *extra]  # per rank: the tasks ran above
+        left: list[parent.Task] = [*extra] if per_rank else [*tasks, *extra]  # per rank: ran above
         if left:
             results += launcher.run(left, trainer, pl_module)
         for probe, result in zip(compared, results, strict=False):
