@@ -13,8 +13,7 @@ from lightning_pilot.core import validate
 
 
 def stateful_dataloader_class(owner: str) -> type[DataLoader[Any]]:
-    """torchdata's ``StatefulDataLoader``, which saves and restores its position in an epoch;
-    ``ImportError`` saying how to install it when torchdata is missing."""
+    """torchdata's ``StatefulDataLoader``; ``ImportError`` saying how to install it."""
     try:
         from torchdata.stateful_dataloader import StatefulDataLoader
     except ImportError as error:
@@ -27,11 +26,9 @@ def stateful_dataloader_class(owner: str) -> type[DataLoader[Any]]:
 
 
 class SeededShuffleSampler(Sampler[int]):
-    """Shuffle with an order that depends only on ``(seed, epoch)``, and can resume mid-epoch.
-
-    Epoch ``e`` visits ``torch.randperm(size)`` seeded with ``seed + e``, as PyTorch's
-    ``DistributedSampler`` does (Lightning calls :meth:`set_epoch`; without it, the epoch
-    advances after each complete pass); ``state_dict`` makes it ``Stateful`` for torchdata.
+    """Shuffle in an order that depends only on ``(seed, epoch)`` (``torch.randperm`` seeded
+    with ``seed + epoch``, as ``DistributedSampler``), resumable mid-epoch through
+    ``state_dict``; without :meth:`set_epoch`, the epoch advances after each complete pass.
 
     Example:
         >>> sampler = SeededShuffleSampler(size=5, seed=0)
@@ -46,11 +43,8 @@ class SeededShuffleSampler(Sampler[int]):
     """
 
     def __init__(self, size: int, seed: int) -> None:
-        self.size = size
-        self.seed = seed
-        self.epoch = 0
-        self._yielded = 0
-        self._resume_at = 0
+        self.size, self.seed, self.epoch = size, seed, 0
+        self._yielded = self._resume_at = 0
 
     def __len__(self) -> int:
         return self.size
@@ -64,9 +58,7 @@ class SeededShuffleSampler(Sampler[int]):
             self.size, generator=torch.Generator().manual_seed(self.seed + self.epoch)
         ).tolist()
         start, self._resume_at = self._resume_at, 0
-        # The counters are reset here, not inside the generator below: a generator body only
-        # starts at the first next(), and state_dict() must be right before that too.
-        self._yielded = start
+        self._yielded = start  # here, not in the generator: state_dict() is right before next()
         return self._visit(order[start:])
 
     def _visit(self, indices: list[int]) -> Iterator[int]:
@@ -87,12 +79,10 @@ class SeededShuffleSampler(Sampler[int]):
 
 
 class SplitDataModule(LightningDataModule):
-    """What both demo DataModules share: their common arguments, three splits (subclasses'
-    :meth:`_make_splits`) and their loaders."""
+    """What both demo DataModules share: their common arguments, three splits and loaders."""
 
     def __init__(
         self,
-        *,
         dataset_size: int,
         seed: int,
         batch_size: int,
@@ -122,12 +112,11 @@ class SplitDataModule(LightningDataModule):
         self.shuffle = validate.boolean(owner, "shuffle", shuffle)
         self.num_workers = validate.integer(owner, "num_workers", num_workers, minimum=0)
         if self.stateful:
-            # Fail at construction, not minutes later when the first loader is built.
-            stateful_dataloader_class(owner)
+            stateful_dataloader_class(owner)  # fails now, not when the first loader is built
         self._splits: dict[str, Subset[dict[str, Any]]] = {}
 
     def setup(self, stage: str | None = None) -> None:
-        """Generate the examples and split them, for every stage (once; later calls reuse them)."""
+        """Generate the examples and split them (once, for every stage)."""
         if not self._splits:
             self._splits = self._make_splits()
 
@@ -136,8 +125,7 @@ class SplitDataModule(LightningDataModule):
 
     def _counts(self, units: int, unit: str) -> tuple[int, int, int]:
         """``units`` (examples or groups) as train, validation and test counts, each held-out
-        split at least one unit (small pilot datasets still validate); ``ValueError`` naming
-        ``dataset_size`` when no unit is left for training."""
+        split at least one unit; ``ValueError`` when no unit is left for training."""
         val, test = max(1, round(self.val_size * units)), max(1, round(self.test_size * units))
         if units - val - test >= 1:
             return units - val - test, val, test
@@ -145,8 +133,8 @@ class SplitDataModule(LightningDataModule):
             f"a size large enough for {units} {unit}(s) to leave training data after val_size="
             f"{self.val_size!r} and test_size={self.test_size!r} take at least one {unit} each"
         )
-        owner = type(self).__name__
-        raise ValueError(validate.invalid(owner, "dataset_size", self.dataset_size, requirement))
+        owner, size = type(self).__name__, self.dataset_size
+        raise ValueError(validate.invalid(owner, "dataset_size", size, requirement))
 
     def _split(self, name: str) -> Subset[dict[str, Any]]:
         if not self._splits:
@@ -175,8 +163,8 @@ class SplitDataModule(LightningDataModule):
         return None  # PyTorch's default collate
 
     def _loader(self, dataset: Subset[dict[str, Any]], *, shuffle: bool) -> DataLoader[Any]:
-        """A fresh loader: a fresh seeded sampler each time, so two loaders built alike (plain
-        or stateful) yield the same batches without touching the global random state."""
+        """A fresh loader with a fresh seeded sampler: loaders built alike yield the same batches
+        without touching the global random state."""
         loader_class: type[DataLoader[Any]] = DataLoader
         if self.stateful:
             loader_class = stateful_dataloader_class(type(self).__name__)
@@ -189,9 +177,8 @@ class SplitDataModule(LightningDataModule):
             sampler=sampler,
             num_workers=self.num_workers,
             collate_fn=self._collate(),
-            # Not persistent: an idle persistent pool is only shut down when the garbage
-            # collector reaches its iterator, which stalled about 5 s per worker in tests
-            # (torchdata 0.11). Re-forking the workers at every epoch costs far less.
+            # An idle persistent pool stalled about 5 s per worker at garbage collection
+            # (torchdata 0.11); re-forking the workers at every epoch costs far less.
             persistent_workers=False,
         )
 

@@ -1,15 +1,7 @@
-"""A tiny MLP classifier on synthetic, grouped Gaussian data.
-
-Every example belongs to a *group* (standing in for the source document several examples are
-cut from) with one class and one random offset: ``inputs = class_mean[label] +
-group_offset[group] + noise``, so a model can partly memorise groups. Splitting by group keeps
-each group in one split (the honest evaluation); splitting by example lets groups leak across
-splits, which is what leakage checks should catch.
-
-Batches hold ``ids`` (``LongTensor[B]``, the index in the generated data), ``inputs``
-(``FloatTensor[B, num_features]``), ``labels`` (``LongTensor[B]``) and ``group``
-(``LongTensor[B]``). Dataset items are the same dict unbatched, ``ids``, ``labels`` and
-``group`` as Python ``int`` (hashable, so ``example["group"]`` works as a key).
+"""A tiny MLP classifier on synthetic Gaussian data in groups (standing in for the document
+several examples are cut from): ``inputs = class_mean[label] + group_offset[group] + noise``.
+Splitting by group keeps each group in one split; splitting by example lets groups leak, which
+leakage checks should catch. Items hold ``ids``, ``inputs``, ``labels`` and ``group``.
 """
 
 from __future__ import annotations
@@ -28,8 +20,7 @@ from torchmetrics.functional.classification import multiclass_accuracy
 from lightning_pilot.core import validate
 from lightning_pilot.demo._data import SplitDataModule
 
-# Class means and noise have scale 1, so the task is learnable in a few hundred steps; group
-# offsets of scale 0.5 are large enough to be worth memorising.
+# Against class means and noise of scale 1: large enough to be worth memorising.
 _GROUP_OFFSET_SCALE = 0.5
 
 
@@ -44,11 +35,8 @@ def example_group(example: Mapping[str, Any]) -> int:
 
 
 class GroupedClassificationDataset(Dataset[dict[str, Any]]):
-    """Seeded synthetic classification examples in groups of ``examples_per_group``.
-
-    Example ``i`` has id ``i`` and belongs to group ``i // examples_per_group`` (the last group
-    may be smaller). Each group draws one class uniformly and one offset; the same seed gives
-    the same examples.
+    """Seeded synthetic classification examples: example ``i`` belongs to group
+    ``i // examples_per_group``, and each group draws one class and one offset.
 
     Example:
         >>> dataset = GroupedClassificationDataset(size=10, seed=0, num_features=3)
@@ -76,13 +64,12 @@ class GroupedClassificationDataset(Dataset[dict[str, Any]]):
         validate.integer(owner, "num_classes", num_classes, minimum=2)
         validate.integer(owner, "examples_per_group", examples_per_group, minimum=1)
         self.examples_per_group = examples_per_group
-        self.num_groups = -(-size // examples_per_group)  # ceiling division
+        self.num_groups = -(-size // examples_per_group)
         generator = torch.Generator().manual_seed(seed)
         class_means = torch.randn(num_classes, num_features, generator=generator)
         group_labels = torch.randint(num_classes, (self.num_groups,), generator=generator)
-        group_offsets = _GROUP_OFFSET_SCALE * torch.randn(
-            self.num_groups, num_features, generator=generator
-        )
+        offsets = torch.randn(self.num_groups, num_features, generator=generator)
+        group_offsets = _GROUP_OFFSET_SCALE * offsets
         noise = torch.randn(size, num_features, generator=generator)
         self.groups = torch.arange(size) // examples_per_group
         self.labels = group_labels[self.groups]
@@ -102,13 +89,11 @@ class GroupedClassificationDataset(Dataset[dict[str, Any]]):
 
 
 class ClassificationDataModule(SplitDataModule):
-    """Train/validation/test loaders of the grouped classification task.
-
-    ``split_by="group"`` shuffles whole groups into splits (no group in two splits);
-    ``split_by="example"`` shuffles examples (groups span splits). ``val_size`` and ``test_size``
-    are fractions of the units (at least one each); ``stateful=True`` serves torchdata
-    ``StatefulDataLoader`` instances (extra ``lightning-pilot[stateful]``); epoch ``e``'s
-    training order depends only on ``(seed, e)``. Predict serves the test split.
+    """Train/validation/test loaders of the grouped classification task: ``split_by`` shuffles
+    whole groups (no group in two splits) or examples into splits, ``val_size`` and ``test_size``
+    of the units (at least one each). ``stateful=True`` serves torchdata ``StatefulDataLoader``
+    instances (extra ``lightning-pilot[stateful]``); epoch ``e``'s training order depends only
+    on ``(seed, e)``. Predict serves the test split.
 
     Example:
         >>> datamodule = ClassificationDataModule(dataset_size=64, seed=0, batch_size=8)
@@ -136,14 +121,7 @@ class ClassificationDataModule(SplitDataModule):
         num_workers: int = 0,
     ) -> None:
         super().__init__(
-            dataset_size=dataset_size,
-            seed=seed,
-            batch_size=batch_size,
-            val_size=val_size,
-            test_size=test_size,
-            stateful=stateful,
-            shuffle=shuffle,
-            num_workers=num_workers,
+            dataset_size, seed, batch_size, val_size, test_size, stateful, shuffle, num_workers
         )
         owner = type(self).__name__
         self.num_features = validate.integer(owner, "num_features", num_features, minimum=1)
@@ -167,7 +145,6 @@ class ClassificationDataModule(SplitDataModule):
             num_classes=self.num_classes,
             examples_per_group=self.examples_per_group,
         )
-        # A generator of its own, so the split does not depend on how the data was drawn.
         generator = torch.Generator().manual_seed(self.seed)
         n_train, n_val, _ = self._split_counts
         if self.split_by == "group":
@@ -176,7 +153,6 @@ class ClassificationDataModule(SplitDataModule):
         else:
             order = torch.randperm(self.dataset_size, generator=generator)
             unit_of_example = torch.arange(self.dataset_size)
-        # split_of_unit[u] is 0 (train), 1 (val) or 2 (test).
         split_of_unit = torch.empty_like(order)
         split_of_unit[order[:n_train]] = 0
         split_of_unit[order[n_train : n_train + n_val]] = 1
@@ -189,14 +165,9 @@ class ClassificationDataModule(SplitDataModule):
 
 
 class TinyClassifier(LightningModule):
-    """A one-hidden-layer MLP trained on :class:`ClassificationDataModule` batches.
-
-    Logged metrics: ``train_loss`` (every step), ``val_loss`` and ``val_acc``, ``test_loss``
-    and ``test_acc`` (cross-entropy and accuracy, averaged over examples). AdamW at a constant
-    ``lr``.
-
-    Keep ``num_features`` and ``num_classes`` equal to the data module's (Lightning merges both
-    hyper-parameters).
+    """A one-hidden-layer MLP trained on :class:`ClassificationDataModule` batches, AdamW at a
+    constant ``lr``; logs ``train_loss``, ``val_loss``/``val_acc`` and ``test_loss``/``test_acc``.
+    Keep ``num_features`` and ``num_classes`` equal to the data module's.
 
     Example:
         >>> model = TinyClassifier(num_features=3, num_classes=2)
@@ -221,9 +192,7 @@ class TinyClassifier(LightningModule):
         self.weight_decay = validate.number(owner, "weight_decay", weight_decay, minimum=0)
         self.save_hyperparameters()
         self.net = nn.Sequential(
-            nn.Linear(num_features, hidden),
-            nn.ReLU(),
-            nn.Linear(hidden, num_classes),
+            nn.Linear(num_features, hidden), nn.ReLU(), nn.Linear(hidden, num_classes)
         )
 
     def forward(self, inputs: Tensor) -> Tensor:
@@ -259,8 +228,7 @@ class TinyClassifier(LightningModule):
     def predict_step(
         self, batch: Mapping[str, Tensor], batch_idx: int, dataloader_idx: int = 0
     ) -> dict[str, Tensor]:
-        """``ids``, ``predictions`` (the argmax class) and, when the batch has them, ``labels``
-        and ``group``."""
+        """``ids``, ``predictions`` (argmax class) and ``labels`` and ``group`` when present."""
         output = {"ids": batch["ids"], "predictions": self.forward(batch["inputs"]).argmax(dim=-1)}
         return output | {key: batch[key] for key in ("labels", "group") if key in batch}
 

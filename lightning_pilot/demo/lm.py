@@ -1,20 +1,8 @@
-"""A tiny causal transformer language model on a synthetic instruction -> response task.
-
-Every example is one short token sequence::
-
-    <bos> COMMAND s1 s2 ... sn <sep> r1 r2 ... rn <eos>
-    '--------- instruction ---------' '--- response ---'
-
-where ``COMMAND`` is ``copy``, ``reverse`` or ``sort`` and the response is the symbols
-``s1 ... sn`` transformed by that command, generated from a seed (nothing is downloaded).
-
-Batches (:class:`InstructionCollator`) hold ``ids`` (``LongTensor[B]``, the index in the
-generated data) and three ``LongTensor[B, T]``, ``T`` the longest example capped at
-``max_length``: ``input_ids`` (right-padded with :data:`PAD_ID`), ``attention_mask`` (1 on real
-tokens) and ``labels``, aligned with ``input_ids`` (the Hugging Face convention: the model
-shifts internally, so the logits at ``t`` are scored against ``labels[t + 1]``). Response
-tokens (``<eos>`` included) keep their id; instruction tokens (``<sep>`` included) and padding
-are :data:`IGNORE_INDEX`, so only the response counts in the loss.
+"""A tiny causal transformer language model on a synthetic instruction -> response task,
+generated from a seed: ``<bos> COMMAND s1 ... sn <sep> r1 ... rn <eos>``, the response being
+the symbols transformed by ``copy``, ``reverse`` or ``sort``. Batches hold ``ids``,
+``input_ids``, ``attention_mask`` and ``labels`` aligned with ``input_ids`` (the model shifts
+internally); only the response (``<eos>`` included) is not :data:`IGNORE_INDEX`.
 """
 
 from __future__ import annotations
@@ -50,10 +38,7 @@ VOCAB_SIZE = len(VOCAB)
 ID_TO_TOKEN: tuple[str, ...] = VOCAB
 #: Token string -> token id (read-only).
 TOKEN_TO_ID: Mapping[str, int] = MappingProxyType({token: i for i, token in enumerate(VOCAB)})
-PAD_ID = TOKEN_TO_ID["<pad>"]
-BOS_ID = TOKEN_TO_ID["<bos>"]
-SEP_ID = TOKEN_TO_ID["<sep>"]
-EOS_ID = TOKEN_TO_ID["<eos>"]
+PAD_ID, BOS_ID, SEP_ID, EOS_ID = (TOKEN_TO_ID[token] for token in SPECIAL_TOKENS)
 
 _FIRST_COMMAND_ID = TOKEN_TO_ID[COMMANDS[0]]
 _FIRST_SYMBOL_ID = TOKEN_TO_ID[SYMBOLS[0]]
@@ -66,19 +51,17 @@ def encode(text: str) -> list[int]:
         >>> encode("<bos> copy a b <sep>")
         [1, 4, 7, 8, 2]
     """
-    for token in text.split():
-        if token not in TOKEN_TO_ID:
-            raise ValueError(
-                f"encode() got the unknown token {token!r}: tokens must be one of {VOCAB}."
-            )
+    unknown = [token for token in text.split() if token not in TOKEN_TO_ID]
+    if unknown:
+        raise ValueError(
+            f"encode() got the unknown token {unknown[0]!r}: tokens must be one of {VOCAB}."
+        )
     return [TOKEN_TO_ID[token] for token in text.split()]
 
 
 def decode(ids: Iterable[int] | Tensor, *, skip_padding: bool = True) -> str:
     """Token ids (a list or a 1-d tensor) as space-separated tokens; ``ValueError`` for an id
-    that is not a token id, or a tensor that is not 1-d. ``skip_padding`` drops :data:`PAD_ID`
-    and :data:`IGNORE_INDEX`, so a padded row reads as its example and a ``labels`` row as its
-    response.
+    that is not a token id. ``skip_padding`` drops :data:`PAD_ID` and :data:`IGNORE_INDEX`.
 
     Example:
         >>> decode([1, 5, 7, 8, 2, 8, 7, 3, 0, 0])
@@ -106,7 +89,6 @@ def decode(ids: Iterable[int] | Tensor, *, skip_padding: bool = True) -> str:
 
 
 def _respond(command: int, symbols: list[int]) -> list[int]:
-    """Apply a command (index into :data:`COMMANDS`) to symbol ids."""
     if COMMANDS[command] == "copy":
         return list(symbols)
     if COMMANDS[command] == "reverse":
@@ -123,12 +105,9 @@ def _check_symbols(owner: str, min_symbols: object, max_symbols: object) -> tupl
 
 
 class InstructionDataset(Dataset[dict[str, Any]]):
-    """Seeded synthetic instruction -> response examples.
-
-    Example ``i`` has id ``i``. Items are unbatched dicts: ``ids`` (``int``), ``input_ids``,
-    ``attention_mask`` and ``labels`` (1-d ``LongTensor`` of the example's full length, without
-    padding or truncation; :class:`InstructionCollator` does both). An instruction operates on
-    ``min_symbols`` to ``max_symbols`` symbols; ``n`` symbols make ``2 * n + 4`` tokens.
+    """Seeded synthetic instruction -> response examples: item ``i`` holds ``ids`` (``i``),
+    ``input_ids``, ``attention_mask`` and ``labels`` (1-d, unpadded). An instruction operates
+    on ``min_symbols`` to ``max_symbols`` symbols; ``n`` symbols make ``2 * n + 4`` tokens.
 
     Example:
         >>> dataset = InstructionDataset(size=4, seed=0)
@@ -146,16 +125,12 @@ class InstructionDataset(Dataset[dict[str, Any]]):
         validate.integer(owner, "seed", seed, minimum=0)
         _check_symbols(owner, min_symbols, max_symbols)
         generator = torch.Generator().manual_seed(seed)
-        # Draw everything in three vectorised calls, then assemble the short lists in Python:
-        # fast for tens of thousands of examples and fully determined by the seed.
         commands = torch.randint(len(COMMANDS), (size,), generator=generator).tolist()
         lengths = torch.randint(min_symbols, max_symbols + 1, (size,), generator=generator)
         symbols = torch.randint(len(SYMBOLS), (size, max_symbols), generator=generator)
         symbols += _FIRST_SYMBOL_ID
-
-        total_length = 2 * max_symbols + 4
         # One padded matrix instead of thousands of small tensors: compact, quick to index.
-        self._tokens = torch.full((size, total_length), PAD_ID, dtype=torch.long)
+        self._tokens = torch.full((size, 2 * max_symbols + 4), PAD_ID, dtype=torch.long)
         self._lengths = torch.empty(size, dtype=torch.long)
         self._prompt_lengths = torch.empty(size, dtype=torch.long)
         for i, (command, length, row) in enumerate(
@@ -163,8 +138,7 @@ class InstructionDataset(Dataset[dict[str, Any]]):
         ):
             operands = row[:length]
             prompt = [BOS_ID, _FIRST_COMMAND_ID + command, *operands, SEP_ID]
-            response = [*_respond(command, operands), EOS_ID]
-            sequence = prompt + response
+            sequence = [*prompt, *_respond(command, operands), EOS_ID]
             self._tokens[i, : len(sequence)] = torch.tensor(sequence)
             self._lengths[i] = len(sequence)
             self._prompt_lengths[i] = len(prompt)
@@ -187,13 +161,10 @@ class InstructionDataset(Dataset[dict[str, Any]]):
 
 
 class InstructionCollator:
-    """Pad (right) and truncate instruction examples into a batch.
-
-    ``T`` is the longest example in the batch, capped at ``max_length``; longer examples lose
-    their tail (which may cut into or remove the response). Padding gets :data:`PAD_ID` in
-    ``input_ids``, 0 in ``attention_mask`` and :data:`IGNORE_INDEX` in ``labels``.
-
-    A class rather than a closure so that DataLoader worker processes can pickle it.
+    """Pad (right) and truncate instruction examples into a batch of the longest example's
+    length, capped at ``max_length`` (longer examples lose their tail). Padding gets
+    :data:`PAD_ID`, 0 in ``attention_mask`` and :data:`IGNORE_INDEX` in ``labels``. A class,
+    not a closure, so that DataLoader workers can pickle it.
 
     Example:
         >>> collate = InstructionCollator(max_length=6)
@@ -208,30 +179,23 @@ class InstructionCollator:
     def __call__(self, examples: Sequence[Mapping[str, Any]]) -> dict[str, Tensor]:
         """Merge unbatched examples (dicts from :class:`InstructionDataset`) into one batch."""
         width = min(self.max_length, max(len(example["input_ids"]) for example in examples))
-        batch_size = len(examples)
-        input_ids = torch.full((batch_size, width), PAD_ID, dtype=torch.long)
-        attention_mask = torch.zeros((batch_size, width), dtype=torch.long)
-        labels = torch.full((batch_size, width), IGNORE_INDEX, dtype=torch.long)
+        shape = (len(examples), width)
+        input_ids = torch.full(shape, PAD_ID, dtype=torch.long)
+        mask = torch.zeros(shape, dtype=torch.long)
+        labels = torch.full(shape, IGNORE_INDEX, dtype=torch.long)
         for row, example in enumerate(examples):
             length = min(width, len(example["input_ids"]))
             input_ids[row, :length] = example["input_ids"][:length]
-            attention_mask[row, :length] = 1
+            mask[row, :length] = 1
             labels[row, :length] = example["labels"][:length]
         ids = torch.tensor([int(example["ids"]) for example in examples], dtype=torch.long)
-        return {
-            "ids": ids,
-            "input_ids": input_ids,
-            "attention_mask": attention_mask,
-            "labels": labels,
-        }
+        return {"ids": ids, "input_ids": input_ids, "attention_mask": mask, "labels": labels}
 
 
 class InstructionDataModule(SplitDataModule):
-    """Train/validation/test loaders of the synthetic instruction task.
-
-    The examples are split in id order (train, validation, then test; predict serves test) and
-    truncated to ``max_length`` (the default fits ``max_symbols=8``: 20 tokens); the other
-    arguments are as in :class:`~lightning_pilot.demo.ClassificationDataModule`.
+    """Train/validation/test loaders of the instruction task, split in id order (predict
+    serves test) and truncated to ``max_length``; the other arguments are as in
+    :class:`~lightning_pilot.demo.ClassificationDataModule`.
 
     Example:
         >>> datamodule = InstructionDataModule(dataset_size=64, seed=0, batch_size=4)
@@ -260,14 +224,7 @@ class InstructionDataModule(SplitDataModule):
         max_symbols: int = 8,
     ) -> None:
         super().__init__(
-            dataset_size=dataset_size,
-            seed=seed,
-            batch_size=batch_size,
-            val_size=val_size,
-            test_size=test_size,
-            stateful=stateful,
-            shuffle=shuffle,
-            num_workers=num_workers,
+            dataset_size, seed, batch_size, val_size, test_size, stateful, shuffle, num_workers
         )
         owner = type(self).__name__
         self.max_length = validate.integer(owner, "max_length", max_length, minimum=1)
@@ -284,12 +241,8 @@ class InstructionDataModule(SplitDataModule):
         return VOCAB_SIZE
 
     def _make_splits(self) -> dict[str, Subset[dict[str, Any]]]:
-        dataset = InstructionDataset(
-            self.dataset_size,
-            self.seed,
-            min_symbols=self.min_symbols,
-            max_symbols=self.max_symbols,
-        )
+        symbols = {"min_symbols": self.min_symbols, "max_symbols": self.max_symbols}
+        dataset = InstructionDataset(self.dataset_size, self.seed, **symbols)
         n_train, n_val, _ = self._split_counts
         return {
             "train": Subset(dataset, range(n_train)),
@@ -303,8 +256,7 @@ class _CausalSelfAttention(nn.Module):
 
     def __init__(self, d_model: int, n_heads: int, dropout: float) -> None:
         super().__init__()
-        self.n_heads = n_heads
-        self.dropout = dropout
+        self.n_heads, self.dropout = n_heads, dropout
         self.qkv = nn.Linear(d_model, 3 * d_model)
         self.out = nn.Linear(d_model, d_model)
 
@@ -314,9 +266,7 @@ class _CausalSelfAttention(nn.Module):
         qkv = self.qkv(x).view(batch, length, 3, self.n_heads, width // self.n_heads)
         query, key, value = qkv.permute(2, 0, 3, 1, 4).unbind(0)
         dropout = self.dropout if self.training else 0.0
-        attended = scaled_dot_product_attention(
-            query, key, value, attn_mask=allowed, dropout_p=dropout
-        )
+        attended = scaled_dot_product_attention(query, key, value, allowed, dropout)
         merged: Tensor = self.out(attended.transpose(1, 2).reshape(batch, length, width))
         return merged
 
@@ -343,20 +293,14 @@ class _Block(nn.Module):
 
 
 class TinyCausalLM(LightningModule):
-    """A small GPT-style decoder trained on :class:`InstructionDataModule` batches.
+    """A small GPT-style decoder (learned token and position embeddings, ``n_layers`` pre-norm
+    blocks, a linear head) trained on :class:`InstructionDataModule` batches: next-token
+    cross-entropy over the response tokens (0 for a batch without any).
 
-    Learned token and position embeddings, ``n_layers`` pre-norm blocks and a linear head. The
-    loss is cross-entropy of the next token, averaged over the positions whose label is not
-    :data:`IGNORE_INDEX` (the response tokens); a batch without any such position scores 0.
-
-    Logged metrics: ``train_loss`` (every step), ``val_loss`` and ``val_acc`` (next-token
-    accuracy on response tokens, teacher-forced), ``test_loss`` and ``test_acc``.
-
-    Keep ``max_length`` equal to the data module's (Lightning merges both hyper-parameters).
-
-    AdamW at peak ``lr``, ``weight_decay`` on weight matrices and embeddings only;
-    ``warmup_steps`` of linear warm-up from ``lr / warmup_steps``; ``lr_schedule="cosine"``
-    decays to ``lr / 10`` over ``Trainer.estimated_stepping_batches``.
+    Logs ``train_loss``, ``val_loss``/``val_acc`` and ``test_loss``/``test_acc`` (teacher-forced
+    next-token accuracy). Keep ``max_length`` equal to the data module's. AdamW at peak ``lr``,
+    ``weight_decay`` on matrices and embeddings only, ``warmup_steps`` of linear warm-up;
+    ``lr_schedule="cosine"`` decays to ``lr / 10`` over the estimated stepping batches.
 
     Example:
         >>> model = TinyCausalLM(d_model=32, n_heads=2, n_layers=1)
@@ -400,7 +344,6 @@ class TinyCausalLM(LightningModule):
         )
         self.warmup_steps = validate.integer(owner, "warmup_steps", warmup_steps, minimum=0)
         self.save_hyperparameters()
-
         self.token_embedding = nn.Embedding(vocab_size, d_model)
         self.position_embedding = nn.Embedding(max_length, d_model)
         self.blocks = nn.ModuleList(_Block(d_model, n_heads, dropout) for _ in range(n_layers))
@@ -412,9 +355,8 @@ class TinyCausalLM(LightningModule):
         nn.init.normal_(self.position_embedding.weight, std=0.02)
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
-        """Next-token logits ``FloatTensor[B, T, vocab_size]`` (position ``t`` predicts token
-        ``t + 1``) of ``input_ids`` with ``T <= max_length``; ``attention_mask`` is nonzero on
-        real tokens (``None``: no padding)."""
+        """Next-token logits ``[B, T, vocab_size]`` of ``input_ids`` (``T <= max_length``);
+        ``attention_mask`` is nonzero on real tokens (``None``: no padding)."""
         length = input_ids.shape[1]
         if length > self.max_length:
             raise ValueError(
@@ -425,12 +367,10 @@ class TinyCausalLM(LightningModule):
         positions = torch.arange(length, device=input_ids.device)
         x = self.token_embedding(input_ids) + self.position_embedding(positions)
         causal = torch.ones(length, length, dtype=torch.bool, device=input_ids.device).tril()
-        if attention_mask is None:
-            allowed = causal[None, None]
-        else:
+        allowed = causal[None, None]
+        if attention_mask is not None:
             keys = attention_mask.bool()[:, None, None, :]
-            # Every position may attend to itself, so a padding row never masks all keys
-            # (softmax over nothing is NaN); padded positions are ignored by the loss anyway.
+            # Every position attends to itself, so a padding row never masks all keys (NaN).
             diagonal = torch.eye(length, dtype=torch.bool, device=input_ids.device)
             allowed = causal & (keys | diagonal)
         for block in self.blocks:
@@ -439,19 +379,16 @@ class TinyCausalLM(LightningModule):
         return logits
 
     def _loss_and_accuracy(self, batch: Mapping[str, Tensor]) -> tuple[Tensor, Tensor, int]:
-        """Return (mean loss, accuracy, counted tokens) over the response tokens of a batch."""
+        """(mean loss, accuracy, counted tokens) over the response tokens of a batch."""
         logits = self.forward(batch["input_ids"], batch["attention_mask"])
-        # Labels are aligned with input_ids: logits at t are scored against the label at t + 1.
         shifted_logits = logits[:, :-1].reshape(-1, logits.shape[-1])
         targets = batch["labels"][:, 1:].reshape(-1)
         counted = targets != IGNORE_INDEX
         n_counted = int(counted.sum())
-        # sum / count instead of reduction="mean", which is NaN when nothing is counted (a
-        # batch truncated before its responses).
+        # Not reduction="mean": NaN when nothing is counted (truncated before the responses).
         total = cross_entropy(shifted_logits, targets, ignore_index=IGNORE_INDEX, reduction="sum")
         loss = total / max(n_counted, 1)
-        # By hand, not torchmetrics: the training step computes it too, and the demo's measured
-        # forward memory stays what it has been (torchmetrics allocates other temporaries).
+        # By hand, not torchmetrics, whose other temporaries would change the measured memory.
         correct = (shifted_logits.argmax(dim=-1) == targets) & counted
         accuracy = correct.sum() / max(n_counted, 1)
         return loss, accuracy, n_counted
@@ -472,9 +409,7 @@ class TinyCausalLM(LightningModule):
 
     def _evaluate(self, batch: Mapping[str, Tensor], prefix: str) -> Tensor:
         loss, accuracy, n_counted = self._loss_and_accuracy(batch)
-        # Weight the epoch average by response tokens, not examples: that is what the loss is
-        # a mean over.
-        weight = max(n_counted, 1)
+        weight = max(n_counted, 1)  # the epoch average over response tokens, as the loss
         self.log(f"{prefix}_loss", loss, prog_bar=True, batch_size=weight)
         self.log(f"{prefix}_acc", accuracy, batch_size=weight)
         return loss
@@ -482,24 +417,20 @@ class TinyCausalLM(LightningModule):
     def predict_step(
         self, batch: Mapping[str, Tensor], batch_idx: int, dataloader_idx: int = 0
     ) -> dict[str, Tensor]:
-        """Every next token of a batch, teacher-forced and greedy: ``ids``, ``predictions``
-        aligned with ``labels`` (entry ``t`` is the argmax of the logits at ``t - 1``; entry 0
-        holds :data:`PAD_ID`) and ``labels`` when the batch has them; compare both where
-        ``labels != IGNORE_INDEX`` to score the responses."""
+        """Every next token, teacher-forced and greedy: ``ids``, ``predictions`` aligned with
+        ``labels`` (entry 0 holds :data:`PAD_ID`) and ``labels`` when the batch has them."""
         logits = self.forward(batch["input_ids"], batch["attention_mask"])
         predictions = torch.full_like(batch["input_ids"], PAD_ID)
         predictions[:, 1:] = logits[:, :-1].argmax(dim=-1)
         output = {"ids": batch["ids"], "predictions": predictions}
-        if "labels" in batch:
-            output["labels"] = batch["labels"]
-        return output
+        return output | ({"labels": batch["labels"]} if "labels" in batch else {})
 
     @torch.no_grad()
     def generate(
         self, prompt: Sequence[int] | Tensor, max_new_tokens: int | None = None
     ) -> list[int]:
-        """Greedily continue one prompt until ``<eos>``, ``max_new_tokens`` or ``max_length``;
-        returns the generated tokens (``<eos>`` included when reached).
+        """The tokens greedily generated after one prompt, until ``<eos>`` (included),
+        ``max_new_tokens`` or ``max_length``.
 
         Example:
             >>> model = TinyCausalLM(d_model=16, n_heads=2, n_layers=1)
@@ -528,7 +459,7 @@ class TinyCausalLM(LightningModule):
 
     def configure_optimizers(self) -> OptimizerLRScheduler:
         """AdamW, with an optional warm-up / cosine schedule stepped every optimizer step."""
-        # Biases and LayerNorm gains are not decayed: shrinking them only hurts.
+        # Biases and LayerNorm gains are not decayed.
         decayed = [p for p in self.parameters() if p.dim() >= 2]
         groups = [
             {"params": decayed, "weight_decay": self.weight_decay},

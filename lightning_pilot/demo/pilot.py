@@ -75,10 +75,8 @@ class LrVariant:
 
 def lr_variants() -> list[LrVariant]:
     """The comparison: control, half, double, and one absurd learning rate that must diverge.
-
-    The fine-tuning values (1e-4, 5e-5, 2e-4) are scaled by 30: the tiny model trained from
-    scratch learns slowly at 1e-4 (val_loss 2.56 after 200 updates against 1.66 at 3e-3, from
-    3.14), and the ratios half/control/double are what the comparison is about.
+    The fine-tuning values (1e-4, 5e-5, 2e-4) are scaled by 30: from scratch, the tiny model
+    learns slowly at 1e-4 (val_loss 2.56 after 200 updates against 1.66 at 3e-3, from 3.14).
     """
     return [
         LrVariant("lr=3e-3 (control)", 3e-3, 1e-4),
@@ -91,8 +89,8 @@ def lr_variants() -> list[LrVariant]:
 @dataclass(frozen=True)
 class DemoSize:
     """How much the demo trains: ``updates`` per comparison fit, validating every ``val_every``
-    updates on ``val_batches`` batches; ``pilot_updates``; the overfit fit's ``overfit_steps``;
-    the examples generated, ``dataset_size``."""
+    updates on ``val_batches`` batches, ``pilot_updates``, ``overfit_steps`` and the examples
+    generated (``dataset_size``)."""
 
     updates: int
     val_every: int
@@ -104,23 +102,8 @@ class DemoSize:
     @classmethod
     def of(cls, quick: bool) -> DemoSize:
         """The quick size (for tests, seconds) or the full one (under a minute)."""
-        if quick:
-            return cls(
-                updates=6,
-                val_every=3,
-                val_batches=2,
-                pilot_updates=5,
-                overfit_steps=60,
-                dataset_size=512,
-            )
-        return cls(
-            updates=200,
-            val_every=50,
-            val_batches=8,
-            pilot_updates=8,
-            overfit_steps=150,
-            dataset_size=4096,
-        )
+        # updates, val_every, val_batches, pilot_updates, overfit_steps, dataset_size
+        return cls(6, 3, 2, 5, 60, 512) if quick else cls(200, 50, 8, 8, 150, 4096)
 
 
 MICRO_BATCH = 2
@@ -175,7 +158,7 @@ class FitMeter(pl.Callback):
 
 def fit_meter(stream: TextIO, label: str, updates: int) -> FitMeter:
     """A demo fit's meter; on a terminal (and with ``tqdm``), with a bar of its ``updates`` on
-    ``stream`` in Lightning's format, removed when the fit ends (its line replaces it)."""
+    ``stream``, removed when the fit ends."""
     if not (is_terminal(stream) and tqdm_available()):
         return FitMeter()
     return FitMeter(
@@ -184,15 +167,9 @@ def fit_meter(stream: TextIO, label: str, updates: int) -> FitMeter:
 
 
 def _fit(
-    out_dir: Path,
-    callbacks: list[Any],
-    lr: float,
-    size: DemoSize,
-    meter: FitMeter,
-    **options: Any,
+    out_dir: Path, callbacks: list[Any], lr: float, size: DemoSize, meter: FitMeter, **options: Any
 ) -> float:
-    """Fit the tiny LM at ``lr`` from seed 0 on CPU (``meter`` times its training loop);
-    returns the seconds the whole fit took."""
+    """Fit the tiny LM at ``lr`` from seed 0 on CPU; the seconds the whole fit took."""
     trainer = pl.Trainer(
         accelerator="cpu",
         devices=1,
@@ -216,6 +193,17 @@ def _fit(
     )
     trainer.fit(TinyCausalLM(lr=lr, **_MODEL), datamodule=data)
     return time.perf_counter() - start
+
+
+def _updates(updates: int, val_every: int, size: DemoSize) -> dict[str, Any]:
+    """The Trainer options of ``updates`` updates of :data:`ACCUMULATE` micro-batches each,
+    validating every ``val_every`` updates."""
+    return {
+        "max_steps": updates,
+        "accumulate_grad_batches": ACCUMULATE,
+        "val_check_interval": ACCUMULATE * val_every,
+        "limit_val_batches": size.val_batches,
+    }
 
 
 @contextmanager
@@ -248,8 +236,7 @@ def _pilot_fit(out_dir: Path, size: DemoSize, meter: FitMeter) -> tuple[PilotRun
         },
         resume={"at_step": 2, "compare_steps": 2},
         ledger={"params": {"lr": 3e-3}},
-        # The pilot's own model on every GPU of the catalogue: the choice sheet prices the
-        # campaign on the ones it fits.
+        # On every GPU of the catalogue: the choice sheet prices the campaign where it fits.
         estimate={
             "targets": list(TARGETS),
             "precisions": ["bf16-mixed"],
@@ -258,25 +245,14 @@ def _pilot_fit(out_dir: Path, size: DemoSize, meter: FitMeter) -> tuple[PilotRun
             "options": {"workers": 1},
         },
     )
-    took = _fit(
-        out_dir,
-        callbacks,
-        3e-3,
-        size,
-        meter,
-        max_steps=size.pilot_updates,
-        accumulate_grad_batches=ACCUMULATE,
-        val_check_interval=ACCUMULATE * 4,
-        limit_val_batches=size.val_batches,
-    )
+    took = _fit(out_dir, callbacks, 3e-3, size, meter, **_updates(size.pilot_updates, 4, size))
     return callbacks[0].run, took
 
 
 def large_estimate(batch: Any) -> Estimate:
-    """The demo LM's architecture at :data:`LARGE_MODEL` (about 1e9 parameters), built on
-    fake tensors and estimated on every GPU of the catalogue at micro-batch
-    :data:`LARGE_MICRO_BATCH` x 2048 tokens, bf16-mixed, activation checkpointing off and on
-    (each ``_Block``), on one GPU and sharded over 8 with FSDP."""
+    """The demo LM at :data:`LARGE_MODEL` estimated on fake tensors on every GPU of the
+    catalogue at micro-batch :data:`LARGE_MICRO_BATCH` x 2048 tokens, bf16-mixed, activation
+    checkpointing off and on, on one GPU and sharded over 8 with FSDP."""
     from lightning_pilot.demo.lm import _Block
 
     return estimate(
@@ -296,13 +272,12 @@ def large_estimate(batch: Any) -> Estimate:
 
 
 def large_table(result: Estimate) -> str:
-    """One line per target, checkpointing and strategy: memory per GPU (the estimated
-    reserved bytes of the phase that peaks), the phase, fits, and the step-time band."""
+    """One line per target, checkpointing and strategy: memory per GPU (the reserved bytes of
+    the phase that peaks), the phase, fits, and the step-time band."""
     frame = result.frame()
-    ok = frame[frame["status"] == "ok"]
     keys = ["target", "checkpointing", "strategy", "devices"]
     rows = []
-    for key, group in ok.groupby(keys, sort=False):
+    for key, group in frame[frame["status"] == "ok"].groupby(keys, sort=False):
         peak = group.loc[group["peak_reserved_bytes"].idxmax()]
         rows.append(
             {
@@ -315,9 +290,8 @@ def large_table(result: Estimate) -> str:
                 "update": f"{peak['step_time_low_s']:.2f}-{peak['step_time_high_s']:.2f} s",
             }
         )
-    failed = frame[frame["status"] != "ok"]
     text = _table(pd.DataFrame(rows)) if rows else "(nothing estimated)"
-    for row in failed.itertuples():
+    for row in frame[frame["status"] != "ok"].itertuples():
         text += f"\n  {row.target}: {row.status}: {row.reason}"
     return text
 
@@ -334,15 +308,7 @@ def _comparison_fit(
         out_dir=out_dir,
     )
     took = _fit(
-        out_dir,
-        [ledger],
-        variant.lr,
-        size,
-        meter,
-        max_steps=size.updates,
-        accumulate_grad_batches=ACCUMULATE,
-        val_check_interval=ACCUMULATE * size.val_every,
-        limit_val_batches=size.val_batches,
+        out_dir, [ledger], variant.lr, size, meter, **_updates(size.updates, size.val_every, size)
     )
     return ledger.run.run_id, took
 
@@ -363,9 +329,9 @@ def write_plots(
     table: pd.DataFrame,
     write: Callable[[str], object],
 ) -> list[Path]:
-    """Write ``loss_curves.png`` (the ledger's ``curves`` of the comparison's ``runs``) and
-    ``phase_memory.png`` (the pilot's phase ``table``) into ``folder``; without matplotlib,
-    ``write`` the "plots skipped" line and return ``[]``."""
+    """Write ``loss_curves.png`` (the ledger's ``curves`` of ``runs``) and ``phase_memory.png``
+    (the pilot's phase ``table``) into ``folder``; without matplotlib, ``write`` why, and
+    return ``[]``."""
     try:
         from lightning_pilot.report import plots
 
@@ -430,8 +396,7 @@ def run_demo(out_dir: Path, *, quick: bool = False, stream: TextIO | None = None
         for i, variant in enumerate(variants, start=3):
             variant_meter = meter(i, variant.name, size.updates)
             run_id, took = _comparison_fit(out, variant, size, variant_meter)
-            run_ids[variant.name] = run_id
-            seconds[variant.name] = took
+            run_ids[variant.name], seconds[variant.name] = run_id, took
             done = dict(Ledger(out).runs().set_index("run_id").loc[run_id].items())
             write(
                 f"[{i}/{total_fits}] {variant.name}: {done['status']} ({done['stop_cause']})"
