@@ -24,8 +24,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--quick", action="store_true", help="a few updates per fit instead of 200 (seconds)"
     )
     args = parser.parse_args(argv)
-    result = run_demo(Path(args.out), quick=args.quick)
-    table = read_phase_table(result["pilot_run_dir"])
+    table = read_phase_table(run_demo(Path(args.out), quick=args.quick)["pilot_run_dir"])
     return 1 if (table["verdict"] == "fail").any() else 0
 
 

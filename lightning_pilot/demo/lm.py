@@ -293,14 +293,11 @@ class _Block(nn.Module):
 
 
 class TinyCausalLM(LightningModule):
-    """A small GPT-style decoder (learned token and position embeddings, ``n_layers`` pre-norm
-    blocks, a linear head) trained on :class:`InstructionDataModule` batches: next-token
-    cross-entropy over the response tokens (0 for a batch without any).
-
-    Logs ``train_loss``, ``val_loss``/``val_acc`` and ``test_loss``/``test_acc`` (teacher-forced
-    next-token accuracy). Keep ``max_length`` equal to the data module's. AdamW at peak ``lr``,
-    ``weight_decay`` on matrices and embeddings only, ``warmup_steps`` of linear warm-up;
-    ``lr_schedule="cosine"`` decays to ``lr / 10`` over the estimated stepping batches.
+    """A small GPT-style decoder (``n_layers`` pre-norm blocks) trained on
+    :class:`InstructionDataModule` batches with next-token cross-entropy over the response
+    tokens; logs ``train_loss``, ``val_loss``/``val_acc`` and ``test_loss``/``test_acc``. Keep
+    ``max_length`` equal to the data module's. AdamW at peak ``lr`` (``warmup_steps`` of linear
+    warm-up; ``lr_schedule="cosine"`` decays to ``lr / 10``).
 
     Example:
         >>> model = TinyCausalLM(d_model=32, n_heads=2, n_layers=1)

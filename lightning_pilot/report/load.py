@@ -254,11 +254,11 @@ def load_run(
         raise ValueError(f"{run / 'phases.parquet'} holds no readable phase rows.")
     folder = run.parent.parent / "ledger"
     ledger = Ledger(folder) if folder.is_dir() else None
-    ledger_runs = None if ledger is None else ledger.runs()
+    all_runs = None if ledger is None else ledger.runs()
     record: dict[str, Any] | None = None
     last: dict[str, tuple[Any, Any]] = {}
-    if ledger is not None and ledger_runs is not None and run.name in set(ledger_runs["run_id"]):
-        mine = ledger_runs[ledger_runs["run_id"] == run.name].iloc[-1]
+    if ledger is not None and all_runs is not None and run.name in set(all_runs["run_id"]):
+        mine = all_runs[all_runs["run_id"] == run.name].iloc[-1]
         record = {str(key): value for key, value in mine.to_dict().items()}
         curves = ledger.curves()
         for name, points in curves[curves["run_id"] == run.name].groupby("name", sort=True):
@@ -273,8 +273,9 @@ def load_run(
         except ValueError as err:
             comparison = terminal_safe(err)
     estimate, largest = _detail(run, "estimate"), _detail(run, "estimate_largest")
-    found = (updates, model, record, last, ledger_runs, wanted, comparison, estimate, largest)
-    return RunFolder(run, phases, *found)
+    return RunFolder(
+        run, phases, updates, model, record, last, all_runs, wanted, comparison, estimate, largest
+    )
 
 
 def variant_costs(

@@ -75,7 +75,8 @@ def curve_marks(runs: pd.DataFrame, curves: pd.DataFrame) -> pd.DataFrame:
             continue
         own = train[train["run_id"] == run["run_id"]].sort_values("step", kind="stable")
         steps = [int(s) for s in own["step"].dropna()]
-        done, stop = run.get("updates_done"), run.get("stop_step")
+        done: Any = run.get("updates_done")
+        stop: Any = run.get("stop_step")
         last = int(done) if not is_null(done) else (steps[-1] if steps else None)
         at = int(stop) if not is_null(stop) else last
         cause = "" if is_null(run.get("stop_cause")) else f" ({as_text(run['stop_cause'])})"
@@ -194,14 +195,9 @@ def _on_device_share(
 
 def memory_stack(phases: pd.DataFrame, placement: pd.DataFrame | None = None) -> pd.DataFrame:
     """Each phase's highest peak allocated memory split by category, one row per phase in
-    campaign order: ``phase``, ``peak_bytes``, the :data:`CATEGORIES`, ``activations_other``
-    (float bytes), ``measured`` and ``note``.
-
-    The training state the peak row held (only the share ``placement`` puts on the measured
-    device) fills the categories, the rest of the peak is activations and other tensors; a
-    state larger than the peak (read at the phase's end) leaves 0 and a note. A phase whose
-    peak was not measured has NaN values and ``measured`` false.
-    """
+    campaign order: ``phase``, ``peak_bytes``, the :data:`CATEGORIES` (the training state on
+    the measured device, by ``placement``), ``activations_other`` (the rest, at least 0),
+    ``measured`` and ``note``; NaN where the peak was not measured."""
     columns = ["phase", "peak_bytes", *(c for c, _, _ in CATEGORIES), OTHER[0], "measured"]
     rows: list[dict[str, Any]] = []
     order = sorted(dict.fromkeys(phases["phase"]), key=phase_rank)

@@ -191,12 +191,10 @@ def plot_loss_curves(
     title: str = "training loss per run",
     val_metric: str = "val_loss",
 ) -> Path:
-    """Draw the training loss of each of ``runs`` (``Ledger.runs()`` rows; their
-    ``Ledger.curves()``), one colour per variant, the ``val_metric`` points, and the marks of
-    :func:`~lightning_pilot.report.plot_data.curve_marks` (diverged, stopped, failed), into the
-    PNG file ``path``; return it. The y axis is logarithmic when every loss is positive, so a
-    blown-up run stays readable; non-finite losses cannot be drawn (the mark then sits on the
-    last finite one): :func:`~lightning_pilot.report.plot_data.loss_curves`."""
+    """Draw the training loss of ``runs`` (``Ledger.runs()`` rows; their ``Ledger.curves()``),
+    one colour per variant, with the ``val_metric`` points and where runs diverged, stopped or
+    failed (:func:`~lightning_pilot.report.plot_data.loss_curves`), into the PNG file ``path``;
+    return it."""
     figure = _loss_figure(loss_curves(curves, runs, val_metric), title=title, val_metric=val_metric)
     return _save(figure, path)
 
@@ -251,10 +249,9 @@ def plot_phase_memory(
     placement: pd.DataFrame | None = None,
 ) -> Path:
     """Draw each phase's highest peak allocated memory of a phase table, stacked by category
-    (:func:`~lightning_pilot.report.plot_data.memory_stack`; ``placement`` is the run's
-    ``placement.parquet``, ``None`` when absent), into the PNG file ``path`` and return it.
-    The y axis is in the binary unit that fits the largest peak; a phase whose memory was not
-    measured gets no bar, only the words "not measured"."""
+    (:func:`~lightning_pilot.report.plot_data.memory_stack`; ``placement``: the run's
+    ``placement.parquet``), into the PNG file ``path`` and return it; a phase whose memory was
+    not measured gets no bar, only the words "not measured"."""
     return _save(_memory_figure(memory_stack(table, placement), title=title), path)
 
 
@@ -342,11 +339,9 @@ def plot_comparison(
     control: str | None = None,
     title: str | None = None,
 ) -> Path:
-    """Draw a comparison (``Ledger.compare``) into the PNG file ``path`` and return it: one
-    point per run at its group (every seed, labelled ``s<seed>``), each group's median, runs
-    counted as the worst value in a strip at the top and runs without a value at the bottom
-    (:func:`~lightning_pilot.report.plot_data.comparison_plot`), and the ``control`` group
-    (default: the comparison's) shaded and named."""
+    """Draw a comparison (``Ledger.compare``) into the PNG file ``path`` and return it: every
+    run's point at its group, each group's median, the worst and the valueless runs in strips
+    (:func:`~lightning_pilot.report.plot_data.comparison_plot`) and the ``control`` shaded."""
     text = title or f"{_label(comparison.metric)} per variant, every seed"
     return _save(_comparison_figure(comparison_plot(comparison, control), title=text), path)
 
@@ -418,15 +413,11 @@ def plot_folder(
     control: str | None = None,
     experiment: str | None = None,
 ) -> list[Drawn]:
-    """Draw the plots of a pilot folder next to each run's choice sheet and return what was
-    drawn where (docs/plots.md).
-
-    ``path`` (as :func:`scope` reads it) is local or at a URL fsspec understands (``s3://``,
-    ``memory://``: the PNGs are written there, each in one whole-object write). Each run folder
-    gets ``phase_memory.png`` of its phase table, and ``loss_curves.png`` and ``comparison.png``
-    of its experiment (``experiment``, default the run's own) on ``metric`` with ``control``
-    marked. An experiment none of whose runs has a run folder gets its two plots in
-    ``<out_dir>/plots/<experiment>/``.
+    """Draw the plots of a pilot folder (:func:`scope`; local or at a URL fsspec understands)
+    next to each run's choice sheet and return what was drawn where (docs/plots.md): each run
+    folder gets ``phase_memory.png``, and ``loss_curves.png`` and ``comparison.png`` of its
+    experiment (``experiment``, default the run's own) on ``metric`` with ``control`` marked;
+    an experiment without run folders gets them in ``<out_dir>/plots/<experiment>/``.
 
     Raises:
         ModuleNotFoundError: matplotlib is not installed (:data:`MATPLOTLIB_MISSING`).

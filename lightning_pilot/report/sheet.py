@@ -529,13 +529,10 @@ def choice_sheet(
     gpu_prices: Mapping[str, float] | None = None,
 ) -> str:
     """The choice sheet of the run folder ``<out_dir>/runs/<run_id>`` (local, or at a URL
-    fsspec understands) as Markdown, from its tables and ``<out_dir>/ledger`` when present.
-
-    ``gpu_memory_bytes``: the target GPU's memory (``None``: no headroom); ``reserve``: the
-    fraction of each 3, 7 or 30 day package kept for evaluation and export; ``experiment``: the
-    ledger experiment whose variants fill the package (default: the run's); ``metric`` and
-    ``control``: the agreed metric and the variant marked; ``gpu_prices``: the price of one
-    GPU-hour per target name.
+    fsspec understands) as Markdown, from its tables and ``<out_dir>/ledger`` when present:
+    headroom on a GPU of ``gpu_memory_bytes``, 3, 7 and 30 day packages of the ``experiment``'s
+    variants with ``reserve`` of each kept back, the variants on ``metric`` with ``control``
+    marked, and the package on the target priced at ``gpu_prices`` (per GPU-hour and target).
 
     Raises:
         FileNotFoundError: ``run_dir`` does not exist.
