@@ -166,18 +166,12 @@ def _headroom(phases: pd.DataFrame, peak: Peak | None, gpu_memory_bytes: int | N
             f" device {joined(phases['device'])})."
         ]
     if gpu_memory_bytes is None:
-        return [
-            *lines,
-            "- Target GPU: not given (pass `--gpu-memory 80GiB` or `gpu_memory_bytes=`);"
-            " headroom not computed.",
-        ]
+        why = "- Target GPU: not given (pass `--gpu-memory 80GiB` or `gpu_memory_bytes=`);"
+        return [*lines, f"{why} headroom not computed."]
     target = _bytes(gpu_memory_bytes)
     if peak is None:
-        return [
-            *lines,
-            f"- Headroom on a {target} GPU: not computed: no phase measured device memory"
-            " (allocated and reserved are null).",
-        ]
+        why = "no phase measured device memory (allocated and reserved are null)"
+        return [*lines, f"- Headroom on a {target} GPU: not computed: {why}."]
     left = gpu_memory_bytes - peak.bytes
     basis = f"peak {peak.kind} {_bytes(peak.bytes)} in {as_text(peak.phase)}"
     if peak.kind == "allocated":
@@ -263,10 +257,8 @@ def _expected(run: RunFolder) -> list[str]:
     lines += [
         f"- Last {as_text(name)}: {as_number(value)} at update {as_text(step)}"
         for name, (step, value) in run.last.items()
-    ]
-    return (
-        lines if run.last else [*lines, "- Metrics: not measured (no curve points in the ledger)"]
-    )
+    ] or ["- Metrics: not measured (no curve points in the ledger)"]
+    return lines
 
 
 def _standing(run: RunFolder, control: str | None) -> list[str]:
