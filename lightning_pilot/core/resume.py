@@ -332,7 +332,7 @@ def _data_check(
         if not loader_stateful:
             hint = (
                 "; note that the training loader is not stateful, so a mid-epoch resume"
-                " restarts its permutation (use torchdata's StatefulDataLoader)"
+                " starts its order over (use torchdata's StatefulDataLoader)"
             )
         return check(
             "not_checked",
@@ -370,7 +370,8 @@ def _data_check(
         )
     elif not loader_stateful:
         remedy = (
-            "the DataLoader cannot resume mid-epoch: it restarts its permutation, so examples"
+            "the DataLoader cannot resume mid-epoch: it starts its order (a permutation, or a"
+            " stream) over, so examples"
             f" already trained on come again ({len(replayed)} of those compared here) while"
             " others are never seen; use torchdata's StatefulDataLoader (an end-of-epoch"
             " checkpoint does not help a plain DataLoader: Lightning re-enters the finished epoch"

@@ -196,11 +196,11 @@ class ResumeVerifier(PilotCallback):
         self._epoch_head = []
         self._head_left = self.compare_steps * trainer.accumulate_grad_batches
         self._unmute("on_train_batch_start", "on_train_batch_end")
-        batches = trainer.num_training_batches
-        updates = math.ceil(batches / trainer.accumulate_grad_batches)
-        self._boundary_reachable = self._boundary_ahead(
-            trainer, updates if math.isfinite(batches) else None
+        batches = trainer.num_training_batches  # infinite for a loader without a length
+        updates = (
+            math.ceil(batches / trainer.accumulate_grad_batches) if math.isfinite(batches) else None
         )
+        self._boundary_reachable = self._boundary_ahead(trainer, updates)
 
     def _boundary_ahead(self, trainer: pl.Trainer, updates: int | None) -> bool:
         """Whether the epoch-boundary probe can come, ``updates`` (None: unknown) before it."""

@@ -485,3 +485,32 @@ def test_data_drawn_after_the_seed_is_rebuilt_in_the_scripts_order(
     verdict, detail = checks["data_rebuilt"]
     assert verdict == "pass", detail
     assert ("DataModule before the module" in detail) is datamodule_first
+
+
+class _Stream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
+    """Examples with ids and no length: Lightning counts the epoch's batches as infinite."""
+
+    def __iter__(self) -> Any:
+        generator = torch.Generator().manual_seed(0)
+        for index in range(64):
+            yield {
+                "id": index,
+                "inputs": torch.randn(8, generator=generator),
+                "labels": torch.tensor(index % 2),
+            }
+
+
+class _StreamNet(Net):
+    def train_dataloader(self) -> DataLoader[Any]:
+        return DataLoader(_Stream(), batch_size=4)
+
+
+def test_a_loader_without_length_keeps_every_hook_working(tmp_path: Path) -> None:
+    frame = _fit(tmp_path, _StreamNet(), ResumeVerifier(at_step=2, compare_steps=2))
+    pilot = frame[frame["phase"] == "pilot"]
+    reasons = " ".join(str(reason) for reason in pilot["reason"])
+    assert "on_train_epoch_start" not in reasons, reasons
+    # The stream starts over on resume: the examples after the checkpoint come again.
+    verdict, detail = _checks(frame)["data_position"]
+    assert verdict == "fail", detail
+    assert "starts its order (a permutation, or a stream) over" in detail
