@@ -79,13 +79,9 @@ class GroupedClassificationDataset(Dataset[dict[str, Any]]):
         return int(self.inputs.shape[0])
 
     def __getitem__(self, index: int) -> dict[str, Any]:
-        return {
-            "ids": int(index),
-            # clone(): a view would drag the whole matrix along when sent to a DataLoader worker.
-            "inputs": self.inputs[index].clone(),
-            "labels": int(self.labels[index]),
-            "group": int(self.groups[index]),
-        }
+        inputs = self.inputs[index].clone()  # a view would drag the whole matrix to a worker
+        labels, group = int(self.labels[index]), int(self.groups[index])
+        return {"ids": int(index), "inputs": inputs, "labels": labels, "group": group}
 
 
 class ClassificationDataModule(SplitDataModule):

@@ -152,12 +152,8 @@ class InstructionDataset(Dataset[dict[str, Any]]):
         input_ids = self._tokens[index, :length].clone()
         labels = input_ids.clone()
         labels[: int(self._prompt_lengths[index])] = IGNORE_INDEX
-        return {
-            "ids": int(index),
-            "input_ids": input_ids,
-            "attention_mask": torch.ones(length, dtype=torch.long),
-            "labels": labels,
-        }
+        mask = torch.ones(length, dtype=torch.long)
+        return {"ids": int(index), "input_ids": input_ids, "attention_mask": mask, "labels": labels}
 
 
 class InstructionCollator:

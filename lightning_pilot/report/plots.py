@@ -220,16 +220,12 @@ def _memory_figure(stack: pd.DataFrame, *, title: str) -> Figure:
                 format_bytes(row["peak_bytes"]), (position, row["peak_bytes"] / divisor),
                 textcoords="offset points", xytext=(0, 3), ha="center", fontsize="small"
             )  # fmt: skip
-        else:
-            # No bar: a phase without a measurement is never drawn as 0.
+        else:  # no bar: a phase without a measurement is never drawn as 0
             axes.text(
                 position, 0.02 * top, "not measured", rotation=90, ha="center", va="bottom",
                 color="grey", fontsize="small"
             )  # fmt: skip
-    axes.set_xticks(x, [_label(p, 24) for p in stack["phase"]])
-    for tick in axes.get_xticklabels():
-        tick.set_rotation(30)
-        tick.set_horizontalalignment("right")
+    axes.set_xticks(x, [_label(p, 24) for p in stack["phase"]], rotation=30, ha="right")
     axes.set_ylim(0, top * 1.15)
     axes.set_xlabel("phase (highest peak of each)")
     notes = [f"{_label(r['phase'], 24)}: {_label(r['note'], 90)}" for r in

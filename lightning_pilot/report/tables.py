@@ -118,13 +118,11 @@ def gate_result(
     verdict = gate(phases, runs)
     if not verdict.failed:
         return False, _clean_result(phases, runs, skipped)
-    failed_checks: dict[str, list[str]] = {}
+    failed_checks: dict[str, dict[str, None]] = {}  # run: its items, each once
     for row in verdict.failed_rows.to_dict("records"):
         names = ", ".join(as_text(name) for name in row["failed_checks"]) or "verdict fail"
         item = f"{as_text(row['phase'])} ({occurrence(row['first'])}): {names}"
-        found = failed_checks.setdefault(str(row["run_id"]), [])
-        if item not in found:
-            found.append(item)
+        failed_checks.setdefault(str(row["run_id"]), {})[item] = None
     bad = verdict.failed_runs
     unknown = len(bad) - int(bad["judged"].sum())
     parts = []
