@@ -21,6 +21,7 @@ from lightning_pilot import (
     plan_updates,
     read_phase_table,
 )
+from lightning_pilot.core.per_target import on_target
 from lightning_pilot.demo import ClassificationDataModule, TinyClassifier
 from lightning_pilot.estimate import estimate
 from lightning_pilot.report import (
@@ -42,7 +43,6 @@ from lightning_pilot.report import (
 from lightning_pilot.report.campaign import campaign_variants, target_campaign
 from lightning_pilot.report.load import load_run
 from lightning_pilot.report.sheet import render_choice_sheet
-from lightning_pilot.report.target import on_target
 from lightning_pilot.report.units import amount_range, format_amount
 
 

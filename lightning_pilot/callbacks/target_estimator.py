@@ -166,7 +166,7 @@ class TargetEstimator(PilotCallback):
         rank_zero_info(f"{_OWNER}: {len(result.rows)} row(s) in {result.seconds:.1f} s")
 
     def _summarize(self, result: Any) -> None:
-        from lightning_pilot.report.target import on_target
+        from lightning_pilot.core.per_target import on_target
 
         for c in on_target(result.frame()).to_dict("records"):
             key = (

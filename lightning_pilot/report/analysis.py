@@ -20,6 +20,7 @@ from typing import Any, Final
 import pandas as pd
 
 from lightning_pilot.core.compare import FAILED_STATUSES
+from lightning_pilot.core.per_target import checkpointing_name, on_target
 from lightning_pilot.report.measured import largest, value_at
 from lightning_pilot.report.plot_data import (
     comparison_points,
@@ -27,7 +28,6 @@ from lightning_pilot.report.plot_data import (
     memory_stack,
     phase_peaks,
 )
-from lightning_pilot.report.target import checkpointing_name, on_target
 from lightning_pilot.report.units import is_null
 from lightning_pilot.schemas import STATUSES
 from lightning_pilot.vocabulary import phase_rank, verdict_rank

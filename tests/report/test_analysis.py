@@ -8,11 +8,11 @@ from typing import Any
 import pandas as pd
 import pytest
 
+from lightning_pilot.core.per_target import on_target
 from lightning_pilot.report import analysis, gate_result, phase_table_text, terminal_safe
 from lightning_pilot.report.campaign import campaign, campaign_variants, target_campaign
 from lightning_pilot.report.load import RunFolder
 from lightning_pilot.report.sheet import render_choice_sheet
-from lightning_pilot.report.target import on_target
 from lightning_pilot.report.variants import run_costs, standing, summarize_costs
 
 

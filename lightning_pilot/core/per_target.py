@@ -1,21 +1,28 @@
 """The estimate on a target GPU (``estimate.parquet``) read per configuration: one row per
 target x configuration with its largest memory per GPU, whether it fits, its headroom and its
-step-time band; ``checkpointing`` by its mode's name.
+step-time band; ``checkpointing`` by its mode's name. Pure logic over the estimate's rows, so
+:class:`~lightning_pilot.TargetEstimator`'s summary and the report read one rule.
 """
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Any, Final
 
 import pandas as pd
 
-from lightning_pilot.report.measured import largest, smallest
 from lightning_pilot.schemas import checkpointing_mode
 
 #: The columns of an estimate that name one configuration on one target.
 TARGET_KEYS: Final = (
     "target", "precision", "micro_batch", "seq_len", "checkpointing", "strategy", "devices",
 )  # fmt: skip
+
+
+def _reduced(series: pd.Series, how: str) -> Any:
+    """``series``' largest or smallest value (``how``: ``max``, ``min``) that is not null;
+    ``None`` when every value is."""
+    values = series.dropna()
+    return None if values.empty else getattr(values, how)()
 
 
 def checkpointing_name(value: object) -> str | None:
@@ -68,9 +75,9 @@ def on_target(estimate: pd.DataFrame) -> pd.DataFrame:
                 None if top is None else int(top["peak_reserved_bytes"]),
                 None if top is None else top["phase"],
                 fits,
-                smallest(ok["headroom_bytes"]),
-                largest(ok["step_time_low_s"]),
-                largest(ok["step_time_high_s"]),
+                _reduced(ok["headroom_bytes"], "min"),
+                _reduced(ok["step_time_low_s"], "max"),
+                _reduced(ok["step_time_high_s"], "max"),
                 "ok" if bad.empty else str(bad.iloc[0]["status"]),
                 None if bad.empty else bad.iloc[0]["reason"],
             ]
