@@ -46,10 +46,59 @@ def _fused_attention(
         attn_mask = torch.zeros(attn_mask.shape, dtype=query.dtype).masked_fill(
             ~attn_mask, float("-inf")
         )
+    if attn_mask is not None and attn_mask.requires_grad and torch.is_grad_enabled():
+        # A learned bias (T5's relative positions): the CPU kernel has no gradient for it.
+        full = (*query.shape[:-1], key.shape[-2])
+        out = _BiasedAttention.apply(query, key, value, attn_mask.expand(full), scale)
+        return out  # type: ignore[no-any-return]
     out, _ = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
         query, key, value, 0.0, is_causal, attn_mask=attn_mask, scale=scale
     )
     return out  # type: ignore[no-any-return]
+
+
+class _BiasedAttention(torch.autograd.Function):
+    """Fused attention whose additive bias requires a gradient, as CUDA's memory-efficient
+    kernel runs it (flash attention takes no mask): the same saved tensors as the fused CPU
+    kernel (the inputs, the bias, the output, one log-sum-exp per query) and, in the
+    backward pass, a gradient of the full bias's shape (B x H x T x S; autograd sums it down
+    to the bias's own shape). The CPU kernel computes the inputs' gradients; the bias's is
+    ``P * (dO V^T - rowsum(dO * O))`` with ``P`` recomputed from the log-sum-exp, so the
+    backward pass holds one T x S temporary beside it that the fused kernel keeps on chip."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        bias: torch.Tensor,
+        scale: float | None,
+    ) -> torch.Tensor:
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            query, key, value, 0.0, False, attn_mask=bias, scale=scale
+        )
+        ctx.save_for_backward(query, key, value, bias, out, lse)
+        ctx.scale = scale
+        return out  # type: ignore[no-any-return]
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
+        query, key, value, bias, out, lse = ctx.saved_tensors
+        scale = ctx.scale if ctx.scale is not None else query.shape[-1] ** -0.5
+        grad = grad.contiguous()
+        d_query, d_key, d_value = (
+            torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+                grad, query, key, value, out, lse, 0.0, False, attn_mask=bias, scale=ctx.scale
+            )
+        )
+        probs = torch.matmul(query, key.transpose(-2, -1)).to(lse.dtype)
+        probs.mul_(scale).add_(bias).sub_(lse.unsqueeze(-1)).exp_()
+        rows = (grad.to(lse.dtype) * out).sum(-1, keepdim=True)
+        d_bias = torch.matmul(grad, value.transpose(-2, -1)).to(lse.dtype)
+        d_bias.sub_(rows).mul_(probs)
+        del probs
+        return d_query, d_key, d_value, d_bias.to(bias.dtype), None
 
 
 _SDPA: Final = torch.nn.functional.scaled_dot_product_attention

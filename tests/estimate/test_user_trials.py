@@ -1,0 +1,102 @@
+"""Stock third-party models (transformers, peft, diffusers; tiny configs, nothing downloaded)
+estimated as a user would: each case here failed or answered wrongly once."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from estimate_models import token_batch
+from lightning.pytorch import LightningModule
+
+from lightning_pilot.estimate import PHASE_ORDER, estimate, grid, measure_cpu
+from lightning_pilot.estimate.grid import trace_configuration
+from lightning_pilot.estimate.session import Session
+
+
+class Stock(LightningModule):
+    """A stock model whose forward returns its loss (``model(**batch).loss``), AdamW."""
+
+    def __init__(self, build: Callable[[], Any]) -> None:
+        super().__init__()
+        self.model = build()
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        return self.model(**batch).loss
+
+    def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        return self.model(**batch).loss
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+
+def t5() -> Any:
+    """T5 learns its attention bias (relative positions), added to the scores as a float
+    ``attn_mask`` of ``scaled_dot_product_attention`` that requires a gradient."""
+    import transformers
+
+    config = transformers.T5Config(
+        vocab_size=96, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4
+    )
+    config.decoder_start_token_id = 0
+    return transformers.T5ForConditionalGeneration(config)
+
+
+class _Exact(Session):
+    """``Session(cuda=True)`` without the 512-byte rounding: comparable with real tensors."""
+
+    def _prepare(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["round_to"] = 1
+        super()._prepare(*args, **kwargs)
+
+
+def test_t5_is_estimated_on_a_gpu_target() -> None:
+    # CUDA runs a bias that requires a gradient through the memory-efficient kernel; the
+    # fused CPU kernel the trace stands it in with has no gradient for its mask, so every
+    # row was an error ("not differentiable with respect to argument 'attn_mask'").
+    result = estimate(
+        Stock(t5), token_batch(), targets=["L4-24GB"], micro_batches=[2], largest=False, workers=1
+    )
+    frame = result.frame()
+    assert set(frame["status"]) == {"ok"}, set(frame["reason"].dropna())
+    assert bool(frame["fits"].all())
+
+
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
+def test_t5_matches_real_tensors_under_the_cuda_policy(
+    precision: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    batch = token_batch()
+    torch.manual_seed(0)
+    real = measure_cpu(Stock(t5), batch, micro_batch=4, precision=precision, cuda=True)
+    monkeypatch.setattr(grid, "Session", _Exact)
+    torch.manual_seed(0)
+    traced = trace_configuration(
+        Stock(t5), batch, micro_batch=4, precision=precision, device="cuda"
+    )
+    for phase in PHASE_ORDER:
+        assert abs(traced[phase].peak_bytes - real[phase]) <= 0.001 * real[phase], phase
+
+
+def test_a_learned_attention_bias_gets_the_math_path_gradients() -> None:
+    from lightning_pilot.estimate.cuda import cuda_attention
+
+    generator = torch.Generator().manual_seed(0)
+    query, key, value = (
+        torch.randn(2, 4, n, 8, generator=generator, requires_grad=True) for n in (5, 7, 7)
+    )
+    bias = torch.randn(1, 4, 5, 7, generator=generator, requires_grad=True)
+    weights = torch.randn(2, 4, 5, 8, generator=generator)
+    grads = []
+    for fused in (False, True):
+        with cuda_attention() if fused else torch.enable_grad():
+            out = torch.nn.functional.scaled_dot_product_attention(
+                query, key, value, attn_mask=bias, scale=0.5
+            )
+        grads.append(torch.autograd.grad((out * weights).sum(), (query, key, value, bias)))
+    for math, fused in zip(*grads, strict=True):
+        assert fused.shape == math.shape
+        torch.testing.assert_close(fused, math)
