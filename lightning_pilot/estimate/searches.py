@@ -204,10 +204,12 @@ class _Search:
         if ckpt in traces.failed:
             status, _, failure = traces.failed[ckpt]
             return BatchFound(status, failure)
+        # Validation at a micro-batch may be extrapolated (from two smaller ones that ran the
+        # same operators) where training was traced: its operators are theirs.
         traced = {
-            b: [t["forward"], t["backward"], traces.validation[(seq_len, b)]]
+            b: [t["forward"], t["backward"], traces.resolved_validation[(seq_len, b)][0]]
             for (c, q, b), t in traces.train.items()
-            if (c, q) == (ckpt, seq_len) and (seq_len, b) in traces.validation
+            if (c, q) == (ckpt, seq_len) and (seq_len, b) in traces.resolved_validation
         }
         pair = matching_pair(traced, 1 << 62)
         if pair is None:

@@ -100,3 +100,33 @@ def test_a_learned_attention_bias_gets_the_math_path_gradients() -> None:
     for math, fused in zip(*grads, strict=True):
         assert fused.shape == math.shape
         torch.testing.assert_close(fused, math)
+
+
+def vit() -> Any:
+    import transformers
+
+    config = transformers.ViTConfig(
+        image_size=16,
+        patch_size=4,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        num_labels=5,
+    )
+    return transformers.ViTForImageClassification(config)
+
+
+def test_largest_micro_batch_of_the_default_grid_when_one_runs_other_operators() -> None:
+    # The default grid (micro-batch 1) adds 2 and 4 for the search. ViT's training runs other
+    # operators at 1 than at 2 (so 4 is traced), its validation does not (so 4 is
+    # extrapolated): the search looked for traced validation only and found no pair.
+    generator = torch.Generator().manual_seed(0)
+    batch = {
+        "pixel_values": torch.randn(4, 3, 16, 16, generator=generator),
+        "labels": torch.arange(4),
+    }
+    result = estimate(Stock(vit), batch, targets=["L4-24GB"], workers=1)
+    largest = result.largest_frame().iloc[0]
+    assert largest["status"] == "ok", largest["reason"]
+    assert largest["largest_micro_batch"] >= 1
