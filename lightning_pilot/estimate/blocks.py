@@ -13,7 +13,12 @@ from typing import Any, Final
 import numpy as np
 import torch
 
-from lightning_pilot.estimate.recorder import CATEGORIES, PhaseTrace, segment_bytes
+from lightning_pilot.estimate.recorder import (
+    CATEGORIES,
+    PhaseTrace,
+    operator_signature,
+    segment_bytes,
+)
 
 __all__ = ["CUTS", "MIN_BLOCKS", "cut_blocks", "extrapolate_blocks", "repeated_blocks"]
 
@@ -202,7 +207,7 @@ def extrapolate_blocks(
             moved=moved,
             kinds=kinds,
             peak_op=int(np.argmax(curve)) if len(curve) else 0,
-            signature=hash(order),
+            signature=operator_signature(order),
             start_bytes=start,
             segment_bytes=segment_bytes((parts[0] or 0, parts[1] or 0, parts[2] or 0)),
             included=dict(traces[0].included),

@@ -8,7 +8,7 @@ the CUDA caching allocator's segment arithmetic.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -44,6 +44,7 @@ __all__ = [
     "Recorder",
     "UntraceableError",
     "causal_fraction",
+    "operator_signature",
     "segment_bytes",
 ]
 
@@ -180,6 +181,26 @@ def _causal_fraction(func: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]
     return causal_fraction(int(query.shape[dim]), int(key.shape[dim]))
 
 
+# Operators that are the same operation under another name: Python's ``x[:, :n]`` dispatches
+# ``aten.slice`` unless it takes the whole dimension, which PyTorch dispatches as
+# ``aten.alias`` (a buffer of positions sliced at the model's longest sequence). Both return a
+# view: no storage, no bytes moved.
+_SAME_OPERATOR: Final = {"alias.default": "slice.Tensor"}
+
+
+def operator_signature(names: Sequence[str]) -> int:
+    """What identifies an operator sequence: equal for two traces that ran the same operators
+    in the same order, a whole-range slice (``aten.alias``) counted as the slice it is.
+
+    Example:
+        >>> operator_signature(["alias.default", "mm.default"]) == operator_signature(
+        ...     ["slice.Tensor", "mm.default"]
+        ... )
+        True
+    """
+    return hash(tuple(_SAME_OPERATOR.get(name, name) for name in names))
+
+
 @dataclass
 class PhaseTrace:
     """One traced phase: its peak, the categories at the peak, and its operators.
@@ -187,7 +208,7 @@ class PhaseTrace:
     ``curve[i]`` is the live bytes after operator ``i``; ``flops``, ``moved`` (bytes read and
     written) and ``kinds`` (0 memory-bound, 1 fp32, 2 bf16, 3 fp16 arithmetic) are per operator;
     ``signature`` identifies the operator sequence (two traces with equal signatures ran the
-    same operators in the same order).
+    same operators in the same order: :func:`operator_signature`).
     """
 
     phase: str
@@ -347,7 +368,7 @@ class Recorder(StorageCounter, TorchDispatchMode):  # type: ignore[no-untyped-ca
             moved=np.asarray(self._moved, dtype=np.int64),
             kinds=np.asarray(self._kinds, dtype=np.int8),
             peak_op=self._peak_op,
-            signature=hash(names := tuple(self._names)),
+            signature=operator_signature(names := tuple(self._names)),
             start_bytes=self._start,
             segment_bytes=segment_bytes(parts),
             names=names,

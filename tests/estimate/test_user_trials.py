@@ -130,3 +130,31 @@ def test_largest_micro_batch_of_the_default_grid_when_one_runs_other_operators()
     largest = result.largest_frame().iloc[0]
     assert largest["status"] == "ok", largest["reason"]
     assert largest["largest_micro_batch"] >= 1
+
+
+def bert() -> Any:
+    import transformers
+
+    config = transformers.BertConfig(
+        vocab_size=96,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        num_labels=3,
+    )
+    return transformers.BertForSequenceClassification(config)
+
+
+def test_largest_sequence_length_up_to_the_position_table() -> None:
+    # BERT slices its position and token-type buffers to the length: aten.slice, except at
+    # the table's full length (the search's bound), where PyTorch dispatches aten.alias. The
+    # three traced lengths then differed by that one view and the search gave up ("the
+    # traced sequence lengths ran different operators").
+    batch = token_batch(labels=False)
+    batch["labels"] = torch.arange(4) % 3
+    result = estimate(Stock(bert), batch, targets=["L4-24GB"], seq_lens=[16], workers=1)
+    largest = result.largest_frame().iloc[0]
+    assert largest["largest_seq_len"] == 64, largest["seq_len_reason"]
+    assert bool(largest["seq_len_checked"])
