@@ -128,8 +128,9 @@ def check_label_range(
     ignore_index: int,
     source: str = "the caller",
 ) -> CheckResult:
-    """Every counted label is a valid output index ``0 <= label < output_size``; ``source``
-    says where ``output_size`` came from.
+    """Every counted label is a valid output index ``0 <= label < output_size``; with one
+    output (a binary logit) 0 or 1, and other labels are a regression's (``not_checked``).
+    ``source`` says where ``output_size`` came from.
 
     Example:
         >>> check_label_range(torch.tensor([0, 3, -100]), output_size=4, ignore_index=-100).verdict
@@ -137,6 +138,8 @@ def check_label_range(
         >>> print(check_label_range(torch.tensor([1, 4]), output_size=4, ignore_index=-100).detail)
         1 of 2 label value(s) outside [0, 3] (the model has 4 outputs, from the caller): values 4;
         labels look shifted by one class (1-based?)
+        >>> check_label_range(torch.tensor([0, 1]), output_size=1, ignore_index=-100).detail
+        'labels in [0, 1] for one output, a binary logit (from the caller)'
     """
     name = "label_range"
     if not isinstance(targets, torch.Tensor):
@@ -161,6 +164,18 @@ def check_label_range(
         detail = (
             f"labels span [{low}, {high}] but the model's output size is unknown ({source}):"
             " give num_classes= or vocab_size="
+        )
+        return CheckResult(name, "not_checked", detail)
+    if output_size == 1:
+        # One output is a binary logit (labels 0 and 1) or a regression value, never the
+        # scores of one class: the labels are not indices into it.
+        if low >= 0 and high <= 1:
+            detail = f"labels in [{low}, {high}] for one output, a binary logit (from {source})"
+            return CheckResult(name, "pass", detail)
+        detail = (
+            f"labels span [{low}, {high}] and the model has one output (from {source}): a"
+            " regression value, whose labels are not class indices; give num_classes= if they"
+            " are"
         )
         return CheckResult(name, "not_checked", detail)
     bad = counted[(counted < 0) | (counted >= output_size)]

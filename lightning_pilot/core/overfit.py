@@ -123,8 +123,25 @@ def check_loss_target(
     return CheckResult(name, "fail", f"{detail}: {why}")
 
 
+def predicted_classes(logits: torch.Tensor) -> torch.Tensor:
+    """The class each row of ``logits`` predicts: the ``argmax`` of the last dimension, or
+    ``logit > 0`` when that dimension holds one output (a binary logit, whose ``argmax`` would
+    always be 0).
+
+    Example:
+        >>> predicted_classes(torch.tensor([[0.2, 0.7, 0.1]]))
+        tensor([1])
+        >>> predicted_classes(torch.tensor([[1.5], [-0.3]]))
+        tensor([1, 0])
+    """
+    logits = logits.detach()
+    if logits.shape[-1] == 1:
+        return (logits[..., 0] > 0).long()
+    return logits.argmax(dim=-1)
+
+
 def predictions_from_logits(logits: torch.Tensor, targets: torch.Tensor, *, shift: bool) -> Any:
-    """Predicted classes (``argmax`` of the last dimension) shaped like ``targets``, or ``None``;
+    """Predicted classes (:func:`predicted_classes`) shaped like ``targets``, or ``None``;
     ``shift=True``: position ``t`` is predicted at ``t - 1``, position 0 gets ``-1``.
 
     Example:
@@ -132,7 +149,7 @@ def predictions_from_logits(logits: torch.Tensor, targets: torch.Tensor, *, shif
         >>> predictions_from_logits(logits, torch.zeros(1, 3, dtype=torch.long), shift=True)
         tensor([[-1,  1,  0]])
     """
-    aligned = align_predictions(logits.detach().argmax(dim=-1), targets, shift=shift)
+    aligned = align_predictions(predicted_classes(logits), targets, shift=shift)
     return None if aligned is None else aligned[0]
 
 
@@ -489,7 +506,8 @@ def predicted_pair(
         return None, f"{call} returned a {type(out).__name__} without logits"
     if logits.shape == targets.shape:  # predictions already (from predict_fn)
         return (logits.long(), targets), None
-    aligned = align_predictions(logits.argmax(-1), targets, shift=shift, ignore_index=ignore_index)
+    predicted = predicted_classes(logits)
+    aligned = align_predictions(predicted, targets, shift=shift, ignore_index=ignore_index)
     shapes = f"logits of shape {tuple(logits.shape)} for targets of shape {tuple(targets.shape)}"
     return aligned, None if aligned is not None else f"{call} returned {shapes}"
 
@@ -508,7 +526,7 @@ def captured_prediction(output: Any) -> torch.Tensor | None:
         return None
     logits = logits_of(output)
     if logits is not None and logits.is_floating_point() and logits.ndim >= 2:
-        return logits.detach().argmax(dim=-1)
+        return predicted_classes(logits)
     return None
 
 
