@@ -49,7 +49,15 @@ __all__ = [
 #: The most traces :func:`settle` takes to confirm a predicted largest size.
 VERIFY_TRACES: Final = 12
 #: The module attributes (and their ``config``'s) that bound the sequence length.
-_POSITION_LIMITS: Final = ("max_position_embeddings", "n_positions", "max_seq_len", "max_length")
+#: ``max_target_positions``: an encoder-decoder whose encoder reads features, not token ids
+#: (Whisper), bounds the decoder's tokens with it.
+_POSITION_LIMITS: Final = (
+    "max_position_embeddings",
+    "n_positions",
+    "max_seq_len",
+    "max_length",
+    "max_target_positions",
+)
 
 
 @dataclass(frozen=True)
@@ -146,8 +154,9 @@ def settle(fits: Callable[[int], bool], start: int, cap: int) -> tuple[int, bool
 
 def sequence_bound(module: torch.nn.Module) -> int | None:
     """The longest sequence ``module`` declares it accepts: the smallest positive integer
-    ``max_position_embeddings``, ``n_positions``, ``max_seq_len`` or ``max_length`` of any
-    submodule or its ``config``; ``None`` when none declares one.
+    ``max_position_embeddings``, ``n_positions``, ``max_seq_len``, ``max_length`` or
+    ``max_target_positions`` (Whisper's decoder) of any submodule or its ``config``; ``None``
+    when none declares one.
 
     Example:
         >>> from lightning_pilot.demo import TinyCausalLM

@@ -158,3 +158,40 @@ def test_largest_sequence_length_up_to_the_position_table() -> None:
     largest = result.largest_frame().iloc[0]
     assert largest["largest_seq_len"] == 64, largest["seq_len_reason"]
     assert bool(largest["seq_len_checked"])
+
+
+def whisper() -> Any:
+    import transformers
+
+    config = transformers.WhisperConfig(
+        vocab_size=96,
+        num_mel_bins=8,
+        d_model=32,
+        encoder_layers=1,
+        decoder_layers=1,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        max_source_positions=16,
+        max_target_positions=32,
+        decoder_start_token_id=1,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    return transformers.WhisperForConditionalGeneration(config)
+
+
+def test_whisper_sequence_search_stops_at_the_decoders_positions() -> None:
+    # Whisper declares its decoder's length as max_target_positions: the search went on to
+    # 131,072 tokens and failed ("Labels' sequence length ... cannot exceed ... 32 tokens").
+    generator = torch.Generator().manual_seed(0)
+    batch = {
+        "input_features": torch.randn(4, 8, 32, generator=generator),
+        "labels": torch.randint(3, 96, (4, 6), generator=generator),
+    }
+    result = estimate(Stock(whisper), batch, targets=["L4-24GB"], workers=1)
+    largest = result.largest_frame().iloc[0]
+    assert largest["max_seq_len"] == 32
+    assert largest["largest_seq_len"] == 32, largest["seq_len_reason"]
