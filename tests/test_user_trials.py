@@ -36,7 +36,7 @@ class OneLogitClassifier(pl.LightningModule):
         return self.fc(torch.relu(self.body(inputs)))  # [B, 1]
 
     def _loss(self, batch: dict[str, Any]) -> Tensor:
-        logits = self(batch["inputs"]).squeeze(1)
+        logits = self(batch["inputs"]).reshape(-1)
         return binary_cross_entropy_with_logits(logits, batch["labels"].float())
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
@@ -103,18 +103,27 @@ def test_one_output_with_labels_beyond_one_is_not_called_out_of_range(make_train
     assert "give num_classes= if they are" in check["detail"]
 
 
+class SqueezedOneLogit(OneLogitClassifier):
+    """The same classifier whose forward returns its logits squeezed to ``[B]``."""
+
+    def forward(self, inputs: Tensor) -> Tensor:
+        return super().forward(inputs).squeeze(1)
+
+
+@pytest.mark.parametrize("module", [OneLogitClassifier, SqueezedOneLogit])
 @pytest.mark.parametrize(("lr", "verdict"), [(1e-2, "pass"), (0.0, "fail")])
 def test_overfit_reads_a_single_logit_by_its_sign(
-    make_trainer: Any, tmp_path: Path, lr: float, verdict: str
+    make_trainer: Any, tmp_path: Path, module: type[OneLogitClassifier], lr: float, verdict: str
 ) -> None:
-    """A one-logit classifier that memorised the subset recovers every target (its class is
-    ``logit > 0``; the argmax of one output is always class 0, which failed half the
-    examples); one that cannot learn (lr=0) still fails."""
+    """A one-logit classifier that memorised the subset recovers every target: its class is
+    ``logit > 0``. Before, the argmax of a ``[B, 1]`` output was always class 0 (half the
+    examples wrong) and a ``[B]`` output was read as predictions and truncated to integers
+    (all wrong). One that cannot learn (lr=0) still fails."""
     torch.manual_seed(0)
     callback = OverfitTinySubset(max_steps=60, out_dir=tmp_path / "pilot")
     trainer = make_trainer(callbacks=[callback], max_steps=60)
     trainer.fit(
-        OneLogitClassifier(lr=lr),
+        module(lr=lr),
         DataLoader(IdExamples(64), batch_size=4, shuffle=True),
         DataLoader(IdExamples(8), batch_size=4),
     )

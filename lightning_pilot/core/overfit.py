@@ -489,13 +489,17 @@ def join_scored(
 def predicted_pair(
     out: Any, targets: torch.Tensor, *, shift: bool, ignore_index: int, call: str
 ) -> tuple[tuple[torch.Tensor, torch.Tensor] | None, str | None]:
-    """``((predictions, targets), None)`` from what ``call`` returned (logits, or predictions of
-    the targets' shape), or ``(None, the problem)``.
+    """``((predictions, targets), None)`` from what ``call`` returned (logits; of the targets'
+    shape, predictions, or one logit per target when they are not whole numbers), or ``(None,
+    the problem)``.
 
     Example:
         >>> logits = torch.tensor([[0.1, 0.9], [0.8, 0.2]])
         >>> predicted_pair(logits, torch.tensor([1, 1]), shift=False, ignore_index=-100,
         ...                call="forward(inputs)")[0]
+        (tensor([1, 0]), tensor([1, 1]))
+        >>> predicted_pair(torch.tensor([2.5, -0.4]), torch.tensor([1, 1]), shift=False,
+        ...                ignore_index=-100, call="forward(inputs)")[0]
         (tensor([1, 0]), tensor([1, 1]))
         >>> predicted_pair((1, 2), torch.tensor([1]), shift=False, ignore_index=-100,
         ...                call="forward(inputs)")[1]
@@ -504,8 +508,11 @@ def predicted_pair(
     logits = logits_of(out)
     if logits is None:
         return None, f"{call} returned a {type(out).__name__} without logits"
-    if logits.shape == targets.shape:  # predictions already (from predict_fn)
-        return (logits.long(), targets), None
+    if logits.shape == targets.shape:
+        if logits.is_floating_point() and not bool((logits == logits.round()).all()):
+            # One logit per target (a binary head whose output was squeezed): its sign.
+            return ((logits.detach() > 0).long(), targets), None
+        return (logits.long(), targets), None  # predictions already (from predict_fn)
     predicted = predicted_classes(logits)
     aligned = align_predictions(predicted, targets, shift=shift, ignore_index=ignore_index)
     shapes = f"logits of shape {tuple(logits.shape)} for targets of shape {tuple(targets.shape)}"
