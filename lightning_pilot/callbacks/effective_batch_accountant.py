@@ -7,7 +7,7 @@ import math
 import os
 import weakref
 from collections.abc import Callable, Mapping
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any, Final
 
 import lightning.pytorch as pl
@@ -119,6 +119,8 @@ class EffectiveBatchAccountant(PilotCallback):
         self._epochs_done = 0
         self._notes: list[str] = []
         self._summary: accounting.Summary | None = None
+        # Manual optimization: the module steps when it chooses, so no plan; K is measured.
+        self._manual = False
 
     @override
     def _state_key_fields(self) -> dict[str, Any]:
@@ -149,6 +151,7 @@ class EffectiveBatchAccountant(PilotCallback):
             self._loaded_counts = None
         note = self._counter.resume_at(trainer.global_step)
         self._notes += [note] if note else []
+        self._manual = not getattr(pl_module, "automatic_optimization", True)
         self._read_configuration(trainer)
         self._remove_step_hooks()
         self._scaler = isinstance(
@@ -219,7 +222,9 @@ class EffectiveBatchAccountant(PilotCallback):
         stepped = True if self._step_calls else (False if self._scaler else None)
         self._step_calls = 0
         self._counter.close_update(
-            update=step, accumulate_grad_batches=trainer.accumulate_grad_batches, stepped=stepped
+            update=step,
+            accumulate_grad_batches=None if self._manual else trainer.accumulate_grad_batches,
+            stepped=stepped,
         )
         if step - self._last_flush >= FLUSH_EVERY:  # the same update on every rank
             self._flush(trainer, pl_module)
@@ -356,6 +361,13 @@ class EffectiveBatchAccountant(PilotCallback):
             replica_split=split,
             limit_micro_batches=_finite(trainer.num_training_batches),
         )
+        if self._manual:
+            self._planner = None
+            self._notes.append(
+                "manual optimization: the module steps its optimizers itself, so no plan; an"
+                " update is a batch in which global_step advanced, with the micro-batches since"
+                " the previous one"
+            )
         if self._world % self._dp:
             self._notes.append(
                 f"world size {self._world} is not a multiple of {self._dp} data replicas:"
@@ -443,13 +455,17 @@ class EffectiveBatchAccountant(PilotCallback):
         self.run.append_rows(UPDATES_TABLE, [meta | row for row in rows])
 
     def _summarize(self, epochs_done: int, unsummed: int = 0) -> accounting.Summary:
+        config = self._config
+        if self._manual and self._counter.last_k is not None:  # K as the module stepped
+            config = replace(config, accumulate_grad_batches=self._counter.last_k)
         return accounting.summarize(
             counter=self._counter,
-            config=self._config,
+            config=config,
             plan=self._plan,
             keep=self.keep,
             epochs_done=epochs_done,
-            estimated_updates=self._estimated,
+            # Under manual optimization Lightning's estimate counts batches, not the module's steps.
+            estimated_updates=None if self._manual else self._estimated,
             token_spread_ratio=self.token_spread_ratio,
             notes=self._notes,
             unsummed=unsummed,

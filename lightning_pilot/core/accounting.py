@@ -194,14 +194,15 @@ class UpdateCounter:
         window.duplicates = _add(window.duplicates, duplicates)
 
     def close_update(
-        self, *, update: int, accumulate_grad_batches: int, stepped: bool | None = None
+        self, *, update: int, accumulate_grad_batches: int | None, stepped: bool | None = None
     ) -> None:
         """Close the open window as update ``update`` (``global_step`` after it) into a row of
         :attr:`pending`; ``stepped``: ``False`` when a GradScaler skipped the step, ``None``
-        when not observed."""
+        when not observed. ``accumulate_grad_batches=None`` (manual optimization: the module
+        steps when its window is complete) takes the window's micro-batches as ``K``."""
         window = self._window or _Window(epoch=-1, batch_first=-1, batch_last=-1)
         self._window = None
-        k = accumulate_grad_batches
+        k = accumulate_grad_batches or max(window.micro_batches, 1)
         self.pending.append(
             {
                 "update": update,
