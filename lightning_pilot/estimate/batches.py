@@ -32,7 +32,11 @@ def _resize(tensor: torch.Tensor, dim: int, size: int) -> torch.Tensor:
         repeats = [1] * tensor.dim()
         repeats[dim] = -(-size // have)
         tensor = tensor.repeat(*repeats)
-    return tensor.narrow(dim, 0, size).contiguous()
+    if size == tensor.shape[dim]:
+        return tensor.contiguous()
+    # A copy of the rows (or positions) kept: a view would keep the whole storage it was cut
+    # from, and the trace would count all of it as the batch.
+    return tensor.narrow(dim, 0, size).clone(memory_format=torch.contiguous_format)
 
 
 def reshape_batch(batch: Any, micro_batch: int, seq_len: int | None = None) -> Any:

@@ -1,6 +1,7 @@
 """Third-party patches a session needs: modules imported during a session run outside the
-fake mode and the recorder (:class:`_ImportsOutsideTheTrace`), and ``transformers`` reads the
-real values of shadowed fake tensors.
+fake mode and the recorder (:class:`_ImportsOutsideTheTrace`), ``transformers`` reads the
+real values of shadowed fake tensors, and a factory's truncated normal initializer reads no
+values (:func:`_fake_initializers`).
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any, Final
 
+import torch
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import _disable_current_modes
 
 from lightning_pilot.estimate.shadows import _SHADOW
@@ -106,3 +109,34 @@ def _transformers_sees_real_values() -> Iterator[None]:
             sys.meta_path.remove(hook)
         for module, original in reversed(patched):
             module.is_fake_tensor = original
+
+
+@contextlib.contextmanager
+def _fake_initializers() -> Iterator[None]:
+    """While a factory builds its module under the fake mode: ``torch.nn.init.trunc_normal_``
+    (ViT's, Swin's and timm's position embeddings) draws again until no value lies outside
+    its bounds, reading ``mask.any()`` (torch 2.13), a value a fake tensor does not have. On a
+    fake tensor it draws once and clamps to the bounds instead: the values are never used,
+    the shape and dtype are the same. Real tensors keep torch's own. Patched in
+    ``torch.nn.init``'s module globals, so a copy of ``trunc_normal_`` taken at import
+    (``transformers.initialization``) runs it too."""
+    from torch.nn import init
+
+    original = getattr(init, "_no_grad_trunc_normal_", None)
+    if original is None:
+        yield
+        return
+
+    def trunc_normal(
+        tensor: Any, mean: float, std: float, a: float, b: float, generator: Any = None
+    ) -> Any:
+        if not isinstance(tensor, FakeTensor):
+            return original(tensor, mean, std, a, b, generator=generator)
+        with torch.no_grad():
+            return tensor.normal_(mean, std, generator=generator).clamp_(min=a, max=b)
+
+    init._no_grad_trunc_normal_ = trunc_normal
+    try:
+        yield
+    finally:
+        init._no_grad_trunc_normal_ = original

@@ -16,6 +16,7 @@ from torch._subclasses.fake_tensor import (
     FakeTensorMode,
     unset_fake_temporarily,
 )
+from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._pytree import tree_flatten
 
 from lightning_pilot.core import validate
@@ -28,7 +29,7 @@ from lightning_pilot.estimate.blocks import (
     repeated_blocks,
 )
 from lightning_pilot.estimate.checkpointing import _checkpointing_choice, activation_checkpointing
-from lightning_pilot.estimate.compat import _transformers_sees_real_values
+from lightning_pilot.estimate.compat import _fake_initializers, _transformers_sees_real_values
 from lightning_pilot.estimate.cuda import _putter, cuda_attention, cuda_autocast, cuda_dropout
 from lightning_pilot.estimate.optimizers import (
     cuda_optimizer_defaults,
@@ -193,7 +194,8 @@ class Session:
                 stack.enter_context(cuda_dropout())
             stack.callback(self._give_back)
             if self._factory is not None:
-                self.module = self._factory()
+                with _fake_initializers():
+                    self.module = self._factory()
             else:
                 self.module = self._live
                 self._restore.append(_keeper(self.module))
@@ -249,9 +251,11 @@ class Session:
         if not param:
             # Buffers keep their values where the step may read them (position ids, token
             # type ids, step counters): integer and small tensors get a real copy.
-            shadow = _shadow_of(value) if _is_fake(value) else value.detach().to("cpu", want)
-            if shadow is not None and _shadowable(shadow):
-                with unset_fake_temporarily():
+            # The copy is outside the trace (no mode: neither fake nor recorded): the fake is
+            # what the device holds, the copy only the values it stands for.
+            with _disable_current_modes():
+                shadow = _shadow_of(value) if _is_fake(value) else value.detach().to("cpu", want)
+                if shadow is not None and _shadowable(shadow):
                     setattr(fake, _SHADOW, shadow.clone())
         if param:
             fake = torch.nn.Parameter(fake, requires_grad=value.requires_grad)

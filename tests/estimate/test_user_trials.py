@@ -195,3 +195,39 @@ def test_whisper_sequence_search_stops_at_the_decoders_positions() -> None:
     largest = result.largest_frame().iloc[0]
     assert largest["max_seq_len"] == 32
     assert largest["largest_seq_len"] == 32, largest["seq_len_reason"]
+
+
+def test_a_factory_builds_a_vit() -> None:
+    # ViT initialises its position embeddings with nn.init.trunc_normal_, which (torch 2.13)
+    # draws until mask.any() is false: under a factory's fake mode every row was
+    # 'untraceable' at setup. Built fake, it gives the live module's rows.
+    generator = torch.Generator().manual_seed(0)
+    batch = {
+        "pixel_values": torch.randn(4, 3, 16, 16, generator=generator),
+        "labels": torch.arange(4),
+    }
+    sizes: dict[str, Any] = {"targets": ["L4-24GB"], "micro_batches": [2], "largest": False}
+    built = estimate(factory=lambda: Stock(vit), batch=batch, workers=1, **sizes).frame()
+    live = estimate(Stock(vit), batch, workers=1, **sizes).frame()
+    assert set(built["status"]) == {"ok"}, set(built["reason"].dropna())
+    assert built["peak_allocated_bytes"].tolist() == live["peak_allocated_bytes"].tolist()
+
+
+@pytest.mark.parametrize("micro_batch", [2, 4, 6])
+def test_buffers_and_the_batch_are_counted_once(micro_batch: int) -> None:
+    # BERT's integer buffers (position ids, token type ids: 512 bytes each) were counted twice:
+    # as buffers and as the real copy of their values a trace reads, made while the recorder
+    # ran (+1,024 bytes in every phase). A micro-batch cut from a larger batch was a view of
+    # it, so the trace counted the whole batch (+528 bytes at micro-batches 2 and 6).
+    batch = token_batch(labels=False)
+    batch["labels"] = torch.arange(4) % 3
+    torch.manual_seed(0)
+    real = measure_cpu(Stock(bert), batch, micro_batch=micro_batch)
+    torch.manual_seed(0)
+    traced = trace_configuration(Stock(bert), batch, micro_batch=micro_batch)
+    for phase in PHASE_ORDER:
+        assert abs(traced[phase].peak_bytes - real[phase]) < 256, (
+            phase,
+            traced[phase].peak_bytes,
+            real[phase],
+        )
