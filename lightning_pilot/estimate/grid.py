@@ -49,6 +49,7 @@ import torch
 
 from lightning_pilot.core import validate
 from lightning_pilot.core.progress import Reporter
+from lightning_pilot.estimate.batches import _sequence_length
 from lightning_pilot.estimate.fits import FRAGMENTATION
 from lightning_pilot.estimate.job import Ckpt, GridJob, check_arguments, checkpointing_choice
 from lightning_pilot.estimate.precision import PRECISIONS
@@ -178,6 +179,16 @@ def estimate(
         },
     )
     validate.path(_OWNER, "out_dir", out_dir)
+    if any(s is not None for s in checked["seq_lens"]) and _sequence_length(batch) is None:
+        raise ValueError(
+            validate.invalid(
+                _OWNER,
+                "seq_lens",
+                list(seq_lens),
+                "[None] (the batch as it is) for a batch without token ids (an integer tensor"
+                " of 2 or more dimensions, whose dimension 1 is the sequence)",
+            )
+        )
     job = GridJob(module, factory, batch, **checked)
     return run_grid(job, progress=progress, out_dir=out_dir)
 

@@ -56,7 +56,19 @@ def check_source(owner: str, module: object, factory: object) -> None:
         )
     if module is not None:
         validate.instance(owner, "module", module, torch.nn.Module, optional=False)
+        if not _steps(module):
+            raise TypeError(validate.invalid(owner, "module", module, _STEPS))
     validate.callable_or_none(owner, "factory", factory, "factory() -> LightningModule")
+
+
+#: What a traced module has: the steps the estimate runs.
+_STEPS = "a LightningModule (a torch.nn.Module with training_step and configure_optimizers)"
+
+
+def _steps(module: object) -> bool:
+    return isinstance(module, torch.nn.Module) and all(
+        callable(getattr(module, name, None)) for name in ("training_step", "configure_optimizers")
+    )
 
 
 def _loss_of(output: Any) -> torch.Tensor | None:
@@ -196,6 +208,9 @@ class Session:
             if self._factory is not None:
                 with _fake_initializers():
                     self.module = self._factory()
+                if not _steps(self.module):
+                    built = type(self.module).__name__
+                    raise TypeError(f"factory() returned a {built}: expected {_STEPS}")
             else:
                 self.module = self._live
                 self._restore.append(_keeper(self.module))

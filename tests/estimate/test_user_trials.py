@@ -231,3 +231,23 @@ def test_buffers_and_the_batch_are_counted_once(micro_batch: int) -> None:
             traced[phase].peak_bytes,
             real[phase],
         )
+
+
+def test_what_is_not_a_lightning_module_is_named() -> None:
+    # A plain module was accepted and every row said "'Linear' object has no attribute
+    # 'training_step'"; a factory returning None: "'NoneType' object has no attribute
+    # 'modules'".
+    with pytest.raises(TypeError, match=r"estimate\(module=Linear.*expected a LightningModule"):
+        estimate(torch.nn.Linear(4, 4), torch.randn(2, 4))
+    rows = estimate(factory=lambda: None, batch=torch.randn(2, 4), largest=False, workers=1)
+    (reason,) = set(rows.frame()["reason"])
+    assert reason.startswith("TypeError: factory() returned a NoneType: expected a LightningModule")
+
+
+def test_a_sequence_length_for_a_batch_without_one_is_refused_at_once() -> None:
+    # It was an error row naming reshape_batch, after the module was converted.
+    images = {"pixel_values": torch.zeros(4, 3, 16, 16), "labels": torch.arange(4)}
+    with pytest.raises(
+        ValueError, match=r"estimate\(seq_lens=\[32\]\) is invalid: expected \[None\]"
+    ):
+        estimate(Stock(vit), images, seq_lens=[32])
