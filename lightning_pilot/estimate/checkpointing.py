@@ -1,5 +1,6 @@
 """Activation checkpointing switches for a trace: off, every block recomputed (Hugging Face's
-``gradient_checkpointing_enable`` or ``torch.utils.checkpoint`` around named block classes) or
+``gradient_checkpointing_enable``, diffusers' ``enable_gradient_checkpointing`` or
+``torch.utils.checkpoint`` around named block classes) or
 per-operator selective checkpointing with the estimate's save policy.
 """
 
@@ -18,18 +19,27 @@ __all__ = ["CHECKPOINTING", "activation_checkpointing", "selective_checkpoint_co
 
 
 def _hf_models(module: torch.nn.Module) -> list[torch.nn.Module]:
-    """The outermost Hugging Face models inside ``module`` that support checkpointing."""
+    """The outermost Hugging Face models inside ``module`` that support checkpointing:
+    ``transformers`` models and ``diffusers`` models (UNets, transformers of images)."""
     found: list[torch.nn.Module] = []
     inside: set[int] = set()
     for sub in module.modules():
         if id(sub) in inside:
             continue
-        if getattr(sub, "supports_gradient_checkpointing", False) and hasattr(
+        transformers = getattr(sub, "supports_gradient_checkpointing", False) and hasattr(
             sub, "gradient_checkpointing_enable"
-        ):
+        )
+        if transformers or _is_diffusers(sub):
             found.append(sub)
             inside.update(id(m) for m in sub.modules())
     return found
+
+
+def _is_diffusers(model: torch.nn.Module) -> bool:
+    """A ``diffusers`` model that supports checkpointing (``enable_gradient_checkpointing``)."""
+    return bool(getattr(model, "_supports_gradient_checkpointing", False)) and hasattr(
+        model, "enable_gradient_checkpointing"
+    )
 
 
 #: The activation checkpointing choices: off, every block's activations recomputed, or
@@ -130,6 +140,8 @@ def activation_checkpointing(
                     " argument; the CLI: --checkpoint-class package.module:YourBlock)"
                 )
             how = "Hugging Face gradient_checkpointing_enable(use_reentrant=False)"
+            if all(_is_diffusers(model) for model in models):
+                how = "diffusers enable_gradient_checkpointing (use_reentrant=False)"
             for model in models:
                 if _hf_checkpointing(model):
                     continue
@@ -172,7 +184,22 @@ def _hf_checkpointing(model: torch.nn.Module) -> bool:
 
 def _hf_call(model: Any, what: str, selective: bool = False) -> None:
     """Switch checkpointing on (non-reentrant) or off, with the newer name where it exists
-    (transformers 5: ``activation_checkpointing_*``), else ``gradient_checkpointing_*``."""
+    (transformers 5: ``activation_checkpointing_*``), else ``gradient_checkpointing_*``; a
+    ``diffusers`` model with ``enable_gradient_checkpointing(gradient_checkpointing_func)``
+    (its default is non-reentrant too) and ``disable_gradient_checkpointing``."""
+    if not hasattr(model, f"gradient_checkpointing_{what}") and _is_diffusers(model):
+        if what != "enable":
+            model.disable_gradient_checkpointing()
+            return
+        from torch.utils.checkpoint import checkpoint, noop_context_fn
+
+        context_fn = selective_checkpoint_context if selective else noop_context_fn
+
+        def run(block: Any, *args: Any) -> Any:
+            return checkpoint(block.__call__, *args, use_reentrant=False, context_fn=context_fn)
+
+        model.enable_gradient_checkpointing(gradient_checkpointing_func=run)
+        return
     new = getattr(model, f"activation_checkpointing_{what}", None)
     old = getattr(model, f"gradient_checkpointing_{what}")
     kwargs: dict[str, Any] = {}

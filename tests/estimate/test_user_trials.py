@@ -251,3 +251,60 @@ def test_a_sequence_length_for_a_batch_without_one_is_refused_at_once() -> None:
         ValueError, match=r"estimate\(seq_lens=\[32\]\) is invalid: expected \[None\]"
     ):
         estimate(Stock(vit), images, seq_lens=[32])
+
+
+class Denoiser(LightningModule):
+    """A diffusers UNet2DModel learning to predict the noise added to images."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        import diffusers
+
+        self.model = diffusers.UNet2DModel(
+            sample_size=16,
+            in_channels=3,
+            out_channels=3,
+            layers_per_block=1,
+            block_out_channels=(16, 32),
+            down_block_types=("DownBlock2D", "AttnDownBlock2D"),
+            up_block_types=("AttnUpBlock2D", "UpBlock2D"),
+            norm_num_groups=8,
+            attention_head_dim=8,
+        )
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        noisy = batch["sample"] + batch["noise"]
+        predicted = self.model(noisy, batch["timesteps"]).sample
+        return torch.nn.functional.mse_loss(predicted, batch["noise"])
+
+    def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        return self.training_step(batch, batch_idx)
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+
+def noise_batch() -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(0)
+    images, noise = (torch.randn(4, 3, 16, 16, generator=generator) for _ in range(2))
+    return {"sample": images, "noise": noise, "timesteps": torch.tensor([1, 250, 500, 999])}
+
+
+def test_a_diffusers_unet_checkpoints_its_own_blocks() -> None:
+    # checkpointing=True needed checkpoint_classes for a diffusers model ("a module without
+    # a Hugging Face model inside"); diffusers switches it on itself, as transformers does.
+    batch = noise_batch()
+    torch.manual_seed(0)
+    real = measure_cpu(Denoiser(), batch, micro_batch=4, checkpointing=True)
+    torch.manual_seed(0)
+    module = Denoiser()
+    before = [vars(m).get("_gradient_checkpointing_func") for m in module.modules()]
+    traced = trace_configuration(module, batch, micro_batch=4, checkpointing=True)
+    plain = trace_configuration(Denoiser(), batch, micro_batch=4)
+    # Switched off again, with the functions the blocks had (none, in most).
+    assert not module.model.is_gradient_checkpointing
+    assert [vars(m).get("_gradient_checkpointing_func") for m in module.modules()] == before
+    for phase in PHASE_ORDER:
+        assert abs(traced[phase].peak_bytes - real[phase]) <= 0.02 * real[phase], phase
+    kept = traced["forward"].categories["activations"]
+    assert kept < 0.5 * plain["forward"].categories["activations"]
