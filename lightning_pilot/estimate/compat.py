@@ -1,7 +1,7 @@
 """Third-party patches a session needs: modules imported during a session run outside the
 fake mode and the recorder (:class:`_ImportsOutsideTheTrace`), ``transformers`` reads the
-real values of shadowed fake tensors, and a factory's truncated normal initializer reads no
-values (:func:`_fake_initializers`).
+real values of shadowed fake tensors, and a factory builds and converts its module under
+the fake mode (:func:`_factory_build`).
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import importlib.abc
 import sys
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, Final
 
@@ -112,31 +113,50 @@ def _transformers_sees_real_values() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _fake_initializers() -> Iterator[None]:
-    """While a factory builds its module under the fake mode: ``torch.nn.init.trunc_normal_``
-    (ViT's, Swin's and timm's position embeddings) draws again until no value lies outside
-    its bounds, reading ``mask.any()`` (torch 2.13), a value a fake tensor does not have. On a
-    fake tensor it draws once and clamps to the bounds instead: the values are never used,
-    the shape and dtype are the same. Real tensors keep torch's own. Patched in
-    ``torch.nn.init``'s module globals, so a copy of ``trunc_normal_`` taken at import
-    (``transformers.initialization``) runs it too."""
+def _factory_build() -> Iterator[None]:
+    """What a factory needs to build its module under the fake mode, for the duration.
+
+    ``torch.nn.init.trunc_normal_`` (ViT's, Swin's and timm's position embeddings) draws
+    again until no value lies outside its bounds, reading ``mask.any()`` (torch 2.13), a
+    value a fake tensor does not have: on a fake tensor it draws once and clamps to the
+    bounds instead (the values are never used; shape and dtype are the same). It is patched
+    in ``torch.nn.init``'s module globals, so a copy of ``trunc_normal_`` taken at import
+    (``transformers.initialization``) runs it too. Real tensors keep torch's own.
+
+    ``Module.to``/``.float()``/``.half()`` on fake parameters always swap the tensors
+    (``torch.utils.swap_tensors``), which refuses a tensor with a weak reference, and the fake
+    mode's memo of converted and detached tensors holds one to most fake parameters: a
+    factory's ``.to(torch.bfloat16)``, or peft placing its adapters, failed with
+    "Couldn't swap Linear.weight". The memo's entries for the two tensors are dropped first
+    (they would name a tensor whose contents the swap replaces)."""
     from torch.nn import init
 
     original = getattr(init, "_no_grad_trunc_normal_", None)
-    if original is None:
-        yield
-        return
+    swap = torch.utils.swap_tensors
 
     def trunc_normal(
         tensor: Any, mean: float, std: float, a: float, b: float, generator: Any = None
     ) -> Any:
         if not isinstance(tensor, FakeTensor):
+            assert original is not None
             return original(tensor, mean, std, a, b, generator=generator)
         with torch.no_grad():
             return tensor.normal_(mean, std, generator=generator).clamp_(min=a, max=b)
 
-    init._no_grad_trunc_normal_ = trunc_normal
+    def swap_tensors(t1: torch.Tensor, t2: torch.Tensor) -> None:
+        for tensor in (t1, t2):
+            if isinstance(tensor, FakeTensor) and weakref.getweakrefcount(tensor):
+                memo = tensor.fake_mode.fake_tensor_converter.tensor_memo
+                for key in [k for k, v in list(memo.items()) if v is tensor]:
+                    del memo[key]
+        swap(t1, t2)
+
+    if original is not None:
+        init._no_grad_trunc_normal_ = trunc_normal
+    torch.utils.swap_tensors = swap_tensors
     try:
         yield
     finally:
-        init._no_grad_trunc_normal_ = original
+        torch.utils.swap_tensors = swap
+        if original is not None:
+            init._no_grad_trunc_normal_ = original

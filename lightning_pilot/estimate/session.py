@@ -29,7 +29,7 @@ from lightning_pilot.estimate.blocks import (
     repeated_blocks,
 )
 from lightning_pilot.estimate.checkpointing import _checkpointing_choice, activation_checkpointing
-from lightning_pilot.estimate.compat import _fake_initializers, _transformers_sees_real_values
+from lightning_pilot.estimate.compat import _factory_build, _transformers_sees_real_values
 from lightning_pilot.estimate.cuda import _putter, cuda_attention, cuda_autocast, cuda_dropout
 from lightning_pilot.estimate.optimizers import (
     cuda_optimizer_defaults,
@@ -206,7 +206,7 @@ class Session:
                 stack.enter_context(cuda_dropout())
             stack.callback(self._give_back)
             if self._factory is not None:
-                with _fake_initializers():
+                with _factory_build():
                     self.module = self._factory()
                 if not _steps(self.module):
                     built = type(self.module).__name__

@@ -308,3 +308,45 @@ def test_a_diffusers_unet_checkpoints_its_own_blocks() -> None:
         assert abs(traced[phase].peak_bytes - real[phase]) <= 0.02 * real[phase], phase
     kept = traced["forward"].categories["activations"]
     assert kept < 0.5 * plain["forward"].categories["activations"]
+
+
+def llama_lora() -> Any:
+    import peft
+    import transformers
+
+    config = transformers.LlamaConfig(
+        vocab_size=96,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
+    lora = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
+    return peft.get_peft_model(transformers.LlamaForCausalLM(config), lora)
+
+
+def bert_batch() -> dict[str, torch.Tensor]:
+    batch = token_batch(labels=False)
+    batch["labels"] = torch.arange(4) % 3
+    return batch
+
+
+CONVERTED: dict[str, tuple[Callable[[], Any], Callable[[], Any]]] = {
+    "peft_lora": (lambda: Stock(llama_lora), token_batch),
+    "to_bfloat16": (lambda: Stock(bert).to(torch.bfloat16), bert_batch),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CONVERTED))
+def test_a_factory_may_convert_its_module(name: str) -> None:
+    # Module.to on fake parameters swaps tensors, which torch refuses for a tensor the fake
+    # mode's memo holds a weak reference to: peft placing its adapters, or a factory's own
+    # .to(torch.bfloat16), made every row "_apply(): Couldn't swap Linear.weight".
+    build, batch_of = CONVERTED[name]
+    sizes: dict[str, Any] = {"micro_batches": [2], "largest": False, "workers": 1}
+    built = estimate(factory=build, batch=batch_of(), **sizes).frame()
+    live = estimate(build(), batch_of(), **sizes).frame()
+    assert set(built["status"]) == {"ok"}, set(built["reason"].dropna())
+    assert built["peak_allocated_bytes"].tolist() == live["peak_allocated_bytes"].tolist()
