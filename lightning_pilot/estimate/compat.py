@@ -149,7 +149,7 @@ def _factory_build() -> Iterator[None]:
                 memo = tensor.fake_mode.fake_tensor_converter.tensor_memo
                 for key in [k for k, v in list(memo.items()) if v is tensor]:
                     del memo[key]
-        swap(t1, t2)
+        swap(t1, t2)  # type: ignore[no-untyped-call]
 
     if original is not None:
         init._no_grad_trunc_normal_ = trunc_normal

@@ -49,8 +49,10 @@ def _fused_attention(
     if attn_mask is not None and attn_mask.requires_grad and torch.is_grad_enabled():
         # A learned bias (T5's relative positions): the CPU kernel has no gradient for it.
         full = (*query.shape[:-1], key.shape[-2])
-        out = _BiasedAttention.apply(query, key, value, attn_mask.expand(full), scale)
-        return out  # type: ignore[no-any-return]
+        biased: torch.Tensor = _BiasedAttention.apply(  # type: ignore[no-untyped-call]
+            query, key, value, attn_mask.expand(full), scale
+        )
+        return biased
     out, _ = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
         query, key, value, 0.0, is_causal, attn_mask=attn_mask, scale=scale
     )
@@ -67,7 +69,7 @@ class _BiasedAttention(torch.autograd.Function):
     backward pass holds one T x S temporary beside it that the fused kernel keeps on chip."""
 
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any,
         query: torch.Tensor,
         key: torch.Tensor,
@@ -83,7 +85,7 @@ class _BiasedAttention(torch.autograd.Function):
         return out  # type: ignore[no-any-return]
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         query, key, value, bias, out, lse = ctx.saved_tensors
         scale = ctx.scale if ctx.scale is not None else query.shape[-1] ** -0.5
         grad = grad.contiguous()
