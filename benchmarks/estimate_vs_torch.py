@@ -65,6 +65,8 @@ import torch  # noqa: E402
 
 torch.set_num_threads(1)
 
+from estimate import LLAMA  # noqa: E402  (benchmarks/estimate.py, beside this script)
+
 SHAPES: dict[str, dict[str, Any]] = {
     "small": {
         "config": {
@@ -81,16 +83,7 @@ SHAPES: dict[str, dict[str, Any]] = {
         "real": True,
     },
     "7b": {
-        # The 7B shape of benchmarks/estimate.py.
-        "config": {
-            "vocab_size": 32000,
-            "hidden_size": 4096,
-            "intermediate_size": 11008,
-            "num_hidden_layers": 32,
-            "num_attention_heads": 32,
-            "num_key_value_heads": 32,
-            "max_position_embeddings": 4096,
-        },
+        "config": dict(LLAMA["7b"]),  # the 7B shape of benchmarks/estimate.py
         "micro_batch": 1,
         "seq_len": 2048,
         "real": False,

@@ -297,10 +297,8 @@ class Recorder(StorageCounter, TorchDispatchMode):  # type: ignore[no-untyped-ca
         self._moved: list[int] = []
         self._kinds: list[int] = []
         self._names: list[str] = []
-        # The (serial, bytes) of the storages each operator's outputs newly allocate, and the
-        # newest serial counted so far.
+        # The (serial, bytes) of the storages each operator's outputs newly allocate.
         self._allocated: list[list[tuple[int, int]]] = []
-        self._top = 0
         self.held: set[int] = set()
         #: The routing assumption for a router's ``topk`` on fake scores (``"balanced"``), or
         #: ``None``: reading the experts' tokens is then untraceable.
@@ -321,10 +319,7 @@ class Recorder(StorageCounter, TorchDispatchMode):  # type: ignore[no-untyped-ca
         real tensors (the user's batch, the real copies of values) are not counted."""
         if self.fake_only and not isinstance(tensor, FakeTensor):
             return None
-        serial = self.count(tensor)
-        if serial is not None and serial > self._top:
-            self._top = serial
-        return serial
+        return self.count(tensor)
 
     def serial(self, tensor: torch.Tensor) -> int | None:
         """The serial number of ``tensor``'s storage, counting it if new."""
@@ -472,7 +467,7 @@ class Recorder(StorageCounter, TorchDispatchMode):  # type: ignore[no-untyped-ca
             record(tensor)
         allocated = []
         for tensor in outputs:
-            newest = self._top
+            newest = self._serial  # the counter's newest serial: a larger one is new
             serial = record(tensor)
             if serial is not None and serial > newest:  # a storage this operator allocated
                 allocated.append((serial, self.live[id(tensor.untyped_storage())][1]))
