@@ -1,8 +1,8 @@
 """The data phase's checks of what the loss is fed, wired for one fit by :class:`DataInspection`
-without a Trainer (docs/data-and-overfit.md). Every name of their modules is importable here:
-``batch_checks`` (one batch), ``label_checks`` (labels against the model and inputs),
-``prompt_checks`` (prompt masking), ``split_inspection`` (one split's batches), ``split_scan``
-(the datasets across splits) and ``example_table`` (the rows of ``examples.parquet``)."""
+without a Trainer (docs/data-and-overfit.md) from ``batch_checks`` (one batch), ``label_checks``
+(labels against the model and inputs), ``prompt_checks`` (prompt masking), ``split_inspection``
+(one split's batches), ``split_scan`` (the datasets across splits) and ``example_table`` (the rows
+of ``examples.parquet``)."""
 
 from __future__ import annotations
 
@@ -11,111 +11,16 @@ from typing import Any
 
 import torch
 
-from lightning_pilot.core.batch_checks import (
-    TargetKind,
-    check_attention_mask,
-    check_ids,
-    check_padding,
-    check_targets_present,
-    check_truncation,
-    row_lengths,
-    target_kind,
-)
 from lightning_pilot.core.batches import BatchAdapter
 from lightning_pilot.core.checks import CheckResult
 from lightning_pilot.core.example_table import example_rows
-from lightning_pilot.core.label_checks import (
-    DECODER_RELATIONS,
-    HEAD_NAMES,
-    LABEL_RELATIONS,
-    SHIFTED_LABELS_ADVICE,
-    CausalLMWatch,
-    check_causal_lm_labels,
-    check_decoder_label_shift,
-    check_label_range,
-    check_label_shift,
-    decoder_label_relations,
-    find_causal_lm,
-    find_encoder_decoder,
-    infer_output_size,
-    label_relations,
-)
-from lightning_pilot.core.prompt_checks import (
-    PROMPT_OPTIONS_ADVICE,
-    PromptSpec,
-    check_instruction_masking,
-    check_loss_positions,
-    prompt_label_counts,
-)
+from lightning_pilot.core.label_checks import CausalLMWatch
 from lightning_pilot.core.split_inspection import SplitInspection
-from lightning_pilot.core.split_scan import (
-    DatasetScan,
-    check_class_histograms,
-    check_duplicates,
-    check_leakage,
-    class_histogram,
-    find_shared,
-    first_items,
-    input_fingerprint,
-)
-
-__all__ = [
-    "DECODER_RELATIONS",
-    "HEAD_NAMES",
-    "LABEL_RELATIONS",
-    "PROMPT_OPTIONS_ADVICE",
-    "SHIFTED_LABELS_ADVICE",
-    "CausalLMWatch",
-    "DataInspection",
-    "DatasetScan",
-    "PromptSpec",
-    "SplitInspection",
-    "TargetKind",
-    "check_attention_mask",
-    "check_causal_lm_labels",
-    "check_class_histograms",
-    "check_decoder_label_shift",
-    "check_duplicates",
-    "check_ids",
-    "check_instruction_masking",
-    "check_label_range",
-    "check_label_shift",
-    "check_leakage",
-    "check_loss_positions",
-    "check_padding",
-    "check_targets_present",
-    "check_truncation",
-    "class_histogram",
-    "decoder_label_relations",
-    "example_rows",
-    "find_causal_lm",
-    "find_encoder_decoder",
-    "find_shared",
-    "first_items",
-    "infer_output_size",
-    "input_fingerprint",
-    "label_relations",
-    "prompt_label_counts",
-    "row_lengths",
-    "target_kind",
-]
 
 
 class DataInspection:
     """The ``data`` phase of a fit: ``batches`` of each split's :class:`SplitInspection`,
-    ``examples`` per split kept for the table, and every check.
-
-    Example:
-        >>> inspection = DataInspection(
-        ...     {"train": SplitInspection("train", ignore_index=-100, output_size=2)},
-        ...     batches=1, examples=1)
-        >>> inspection.add("train", (torch.zeros(2, 3), torch.tensor([0, 1])), BatchAdapter())
-        >>> inspection.done("train"), [r["target"] for r in inspection.table_rows()]
-        (True, ['0'])
-        >>> inspection.add("train", "x", BatchAdapter(ids=lambda batch: batch["uid"]))
-        >>> [c.verdict for c in inspection.results(None, dataset_checks=[])][-1]
-        'not_checked'
-    """
+    ``examples`` per split kept for the table, and every check."""
 
     def __init__(
         self,

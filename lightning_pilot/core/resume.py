@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from lightning_pilot.core.checks import CheckResult
-from lightning_pilot.core.data_checks import input_fingerprint
+from lightning_pilot.core.split_scan import input_fingerprint
 
 __all__ = [
     "CONTENT_KEY_PREFIX",

@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from lightning_pilot import PhaseMemoryMonitor, read_phase_table
 from lightning_pilot.callbacks.batch_inspector import EXAMPLES_SCHEMA, BatchInspector
 from lightning_pilot.core.batches import BatchAdapter
-from lightning_pilot.core.data_checks import CausalLMWatch
+from lightning_pilot.core.label_checks import CausalLMWatch
 from lightning_pilot.demo import (
     ClassificationDataModule,
     InstructionDataModule,

@@ -8,37 +8,40 @@ import pytest
 import torch
 from torch import nn
 
-from lightning_pilot.core.batches import BatchAdapter
-from lightning_pilot.core.checks import CheckResult
-from lightning_pilot.core.data_checks import (
-    SHIFTED_LABELS_ADVICE,
-    CausalLMWatch,
-    DataInspection,
-    DatasetScan,
-    SplitInspection,
+from lightning_pilot.core.batch_checks import (
     check_attention_mask,
-    check_causal_lm_labels,
-    check_class_histograms,
-    check_duplicates,
     check_ids,
-    check_instruction_masking,
-    check_label_range,
-    check_label_shift,
-    check_leakage,
-    check_loss_positions,
     check_padding,
     check_targets_present,
     check_truncation,
-    class_histogram,
-    example_rows,
-    find_causal_lm,
-    find_shared,
-    first_items,
-    infer_output_size,
-    input_fingerprint,
-    label_relations,
     row_lengths,
     target_kind,
+)
+from lightning_pilot.core.batches import BatchAdapter
+from lightning_pilot.core.checks import CheckResult
+from lightning_pilot.core.data_checks import DataInspection
+from lightning_pilot.core.example_table import example_rows
+from lightning_pilot.core.label_checks import (
+    SHIFTED_LABELS_ADVICE,
+    CausalLMWatch,
+    check_causal_lm_labels,
+    check_label_range,
+    check_label_shift,
+    find_causal_lm,
+    infer_output_size,
+    label_relations,
+)
+from lightning_pilot.core.prompt_checks import check_instruction_masking, check_loss_positions
+from lightning_pilot.core.split_inspection import SplitInspection
+from lightning_pilot.core.split_scan import (
+    DatasetScan,
+    check_class_histograms,
+    check_duplicates,
+    check_leakage,
+    class_histogram,
+    find_shared,
+    first_items,
+    input_fingerprint,
 )
 from lightning_pilot.demo import InstructionCollator, InstructionDataset, TinyCausalLM, decode
 

@@ -10,18 +10,20 @@ import torch
 
 from lightning_pilot.core.batches import BatchAdapter
 from lightning_pilot.core.checks import CheckResult
-from lightning_pilot.core.data_checks import (
-    PROMPT_OPTIONS_ADVICE,
-    DatasetScan,
-    PromptSpec,
-    SplitInspection,
+from lightning_pilot.core.example_table import example_rows
+from lightning_pilot.core.label_checks import (
     check_decoder_label_shift,
-    check_instruction_masking,
     check_label_range,
     decoder_label_relations,
-    example_rows,
+)
+from lightning_pilot.core.prompt_checks import (
+    PROMPT_OPTIONS_ADVICE,
+    PromptSpec,
+    check_instruction_masking,
     prompt_label_counts,
 )
+from lightning_pilot.core.split_inspection import SplitInspection
+from lightning_pilot.core.split_scan import DatasetScan
 
 shift_tokens_right = pytest.importorskip(
     "transformers.models.bart.modeling_bart"
