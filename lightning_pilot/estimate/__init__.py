@@ -15,21 +15,17 @@ Example:
 
 from __future__ import annotations
 
+from lightning_pilot.estimate.batches import reshape_batch
 from lightning_pilot.estimate.grid import estimate, trace_configuration
+from lightning_pilot.estimate.precision import PRECISIONS
 from lightning_pilot.estimate.precision_traces import extrapolate
+from lightning_pilot.estimate.recorder import PhaseTrace, Recorder, UntraceableError
 from lightning_pilot.estimate.reference import PHASE_ORDER, measure_cpu
 from lightning_pilot.estimate.rows import Estimate
+from lightning_pilot.estimate.session import Session
 from lightning_pilot.estimate.strategies import Strategy
 from lightning_pilot.estimate.targets import TARGETS, Target, target
-from lightning_pilot.estimate.trace import (
-    CATEGORIES,
-    PRECISIONS,
-    PhaseTrace,
-    Recorder,
-    Session,
-    UntraceableError,
-    reshape_batch,
-)
+from lightning_pilot.vocabulary import CATEGORIES
 
 __all__ = [
     "CATEGORIES",

@@ -10,7 +10,9 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from lightning_pilot.estimate.trace import PhaseTrace, Recorder, causal_fraction, cuda_attention
+from lightning_pilot.estimate import PhaseTrace, Recorder
+from lightning_pilot.estimate.cuda import cuda_attention
+from lightning_pilot.estimate.recorder import causal_fraction
 
 
 def attention(causal: bool, queries: int = 128, keys: int = 128) -> PhaseTrace:

@@ -10,9 +10,9 @@ import pytest
 import torch
 from estimate_models import HFMixtral, token_batch
 
-from lightning_pilot.estimate import PHASE_ORDER, estimate, measure_cpu
+from lightning_pilot.estimate import PHASE_ORDER, Session, estimate, measure_cpu
 from lightning_pilot.estimate.grid import trace_configuration
-from lightning_pilot.estimate.trace import Session, balanced_routes
+from lightning_pilot.estimate.routing import balanced_routes
 
 
 @pytest.mark.parametrize("experts", [None, "eager"])

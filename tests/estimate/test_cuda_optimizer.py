@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from lightning_pilot.demo import TinyCausalLM
-from lightning_pilot.estimate.trace import PhaseTrace, Session
+from lightning_pilot.estimate import PhaseTrace, Session
 
 
 class Tuned(TinyCausalLM):

@@ -17,9 +17,9 @@ import torch
 from estimate_models import HFEncoder, class_batch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from lightning_pilot.estimate import PHASE_ORDER, Session, grid, measure_cpu
+from lightning_pilot.estimate import PHASE_ORDER, Recorder, Session, grid, measure_cpu
+from lightning_pilot.estimate.cuda import cuda_autocast, cuda_dropout
 from lightning_pilot.estimate.grid import trace_configuration
-from lightning_pilot.estimate.trace import Recorder, cuda_autocast, cuda_dropout
 
 LOW = {"16-mixed": torch.float16, "bf16-mixed": torch.bfloat16}
 

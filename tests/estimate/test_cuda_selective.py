@@ -9,8 +9,7 @@ import pytest
 import torch
 from estimate_models import HFCausalLM, token_batch
 
-from lightning_pilot.estimate import measure_cpu
-from lightning_pilot.estimate.trace import Session
+from lightning_pilot.estimate import Session, measure_cpu
 
 TOLERANCE = 0.001  # 32 bytes apart (a buffer the real run never touches)
 

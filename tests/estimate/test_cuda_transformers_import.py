@@ -14,7 +14,7 @@ SCRIPT = """
 import json, sys
 sys.path.insert(0, {here!r})
 import torch
-from lightning_pilot.estimate.trace import Session
+from lightning_pilot.estimate import Session
 
 before = "transformers.utils.import_utils" in sys.modules
 
