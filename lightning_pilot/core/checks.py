@@ -1,16 +1,5 @@
-"""Pure checks of the training loop's phases: tensors and names in, :class:`CheckResult` out.
-
-A phase's verdict and remedy come from :func:`~lightning_pilot.core.phases.judge`; the checks
-are listed in docs/phase-table.md.
-
-Example:
-    >>> import torch
-    >>> from lightning_pilot.core.checks import check_loss
-    >>> [r.verdict for r in check_loss(torch.tensor(0.7))]
-    ['pass', 'pass']
-    >>> check_loss(torch.tensor(float("nan")))[1].detail
-    'loss is nan'
-"""
+"""Pure checks of the training loop's phases: tensors and names in, :class:`CheckResult` out
+(docs/phase-table.md lists them; :func:`~lightning_pilot.core.phases.judge` gives the verdict)."""
 
 from __future__ import annotations
 
@@ -21,7 +10,7 @@ from typing import Any
 import torch
 
 from lightning_pilot.core.phases import CheckResult as CheckResult  # re-exported
-from lightning_pilot.core.phases import worst_verdict
+from lightning_pilot.vocabulary import worst_verdict
 
 _MAX_NAMES = 8
 
@@ -80,13 +69,7 @@ FROZEN_SHARE_WARN = 0.10
 
 def frozen_regions(names: Sequence[str], frozen: Collection[str]) -> dict[str, list[str]]:
     """``{region: [frozen parameter names]}`` in model order, a region being the largest module
-    (a dotted prefix) all of whose parameters are ``frozen`` (``""``: every parameter is).
-
-    Example:
-        >>> names = ["enc.pos.weight", "enc.fc.weight", "enc.fc.bias", "head.weight", "head.bias"]
-        >>> frozen_regions(names, {"enc.pos.weight", "head.weight", "head.bias"})
-        {'enc.pos': ['enc.pos.weight'], 'head': ['head.weight', 'head.bias']}
-    """
+    (a dotted prefix) all of whose parameters are ``frozen`` (``""``: every parameter is)."""
     total = Counter(p for name in names for p in _prefixes(name))
     cold = Counter(p for name in names if name in frozen for p in _prefixes(name))
     regions: dict[str, list[str]] = {}
@@ -131,16 +114,8 @@ SKIPPED_SOME_STEPS = (
 def gradient_reach(
     named_parameters: Iterable[tuple[str, torch.nn.Parameter]], optimized: Collection[int]
 ) -> tuple[list[str], list[str]]:
-    """``(reached, missing)``: the names of the parameters an optimizer updates (``id`` in
-    ``optimized``) with ``requires_grad`` that have a gradient now, and those that have none.
-
-    Example:
-        >>> import torch
-        >>> model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 1))
-        >>> model[1](torch.ones(1, 2)).sum().backward()  # the first layer is not used
-        >>> gradient_reach(model.named_parameters(), {id(p) for p in model.parameters()})
-        (['1.weight', '1.bias'], ['0.weight', '0.bias'])
-    """
+    """``(reached, missing)``: the names of the optimized (``id`` in ``optimized``) parameters
+    with ``requires_grad`` that have a gradient now, and those that have none."""
     reached: list[str] = []
     missing: list[str] = []
     for name, param in named_parameters:
@@ -168,20 +143,9 @@ def _over_updates(
 def check_reached(
     missing: Sequence[str], reached: Collection[str], backwards: int = 1
 ) -> CheckResult:
-    """``grads_reach_params`` over the measured backwards of a fit (``backwards`` of them):
-    each trainable parameter without a gradient in one of them (``missing``) fails unless it
-    received one in another (``reached``); those pass, named (docs/phase-table.md, "Missing
-    gradients").
-
-    Example:
-        >>> check_reached(["head.weight"], reached=[]).detail  # doctest: +NORMALIZE_WHITESPACE
-        '1 trainable parameter(s) received no gradient in any of 1 measured backward(s) (not in
-         the graph of the loss, or detached): head.weight'
-        >>> result = check_reached(["layers.1.fc.weight"], ["layers.1.fc.weight"], backwards=3)
-        >>> result.verdict, result.detail.split(" (")[0]  # doctest: +NORMALIZE_WHITESPACE
-        ('pass', '1 trainable parameter(s) received no gradient in some of 3 measured backward(s)
-         and one in another')
-    """
+    """``grads_reach_params`` over ``backwards`` measured backwards: a parameter without a
+    gradient in one (``missing``) fails unless it got one in another (``reached``): then it
+    passes, named (docs/phase-table.md, "Missing gradients")."""
     return _over_updates(
         "grads_reach_params",
         missing,
@@ -202,17 +166,9 @@ def check_reached(
 def check_changed_without_gradient(
     unchanged: Sequence[str], reached: Collection[str], updates: int = 1
 ) -> CheckResult:
-    """``trainable_params_changed`` for the trainable parameters that had no gradient at a
-    measured update and did not change in it (``unchanged``; ``updates`` measured in all): torch's
-    optimizers skip a parameter without a gradient, so one that received a gradient in another
-    measured backward (``reached``) passes, named; one that never did fails.
-
-    Example:
-        >>> check_changed_without_gradient(["head.weight"], reached=[]).verdict
-        'fail'
-        >>> check_changed_without_gradient(["layers.0.fc.weight"], ["layers.0.fc.weight"]).verdict
-        'pass'
-    """
+    """``trainable_params_changed`` for the ``unchanged`` trainable parameters that had no
+    gradient at a measured update (torch skips them): pass, named, for those ``reached`` in
+    another of the ``updates`` measured backwards; fail for the others."""
     return _over_updates(
         "trainable_params_changed",
         unchanged,
@@ -246,27 +202,11 @@ def check_gradients(
     """Every parameter an optimizer updates (``id`` in ``optimized``) can learn, received a
     gradient, and it is finite (docs/phase-table.md, "Frozen parameters in the optimizer").
 
-    One without a gradient passes, named, when ``reached`` (names) got one in another of the
-    ``backwards`` measured backwards (:func:`check_reached`). One with ``requires_grad=False``
-    is skipped when ``intended`` (ids switched off for this backward, e.g. by
-    ``toggle_optimizer``) holds it, fails when ``trainable_at_start`` (ids) holds it (frozen
-    mid-fit), else was frozen before the fit: ``pass`` or ``warn``, named. An optimizer
-    (``optimizers``: the ids of each; default ``optimized``) with nothing that can learn fails.
-
-    Example:
-        >>> import torch
-        >>> model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 1))
-        >>> head = model[1].requires_grad_(False)  # frozen before the fit, still optimized
-        >>> model(torch.ones(1, 2)).sum().backward()
-        >>> optimized = {id(p) for p in model.parameters()}
-        >>> result = check_gradients(model.named_parameters(), optimized)[0]
-        >>> result.verdict, result.detail.split("; ")[0]  # doctest: +NORMALIZE_WHITESPACE
-        ('warn', '2 parameter(s) frozen before the fit (requires_grad=False, 33.3% of the
-                  optimized elements) are in the optimizer, in 1 frozen submodule(s): 1')
-        >>> check_gradients(model.named_parameters(), optimized,
-        ...                 trainable_at_start=optimized)[0].verdict  # frozen mid-fit
-        'fail'
-    """
+    One without a gradient is judged by :func:`check_reached`. One with ``requires_grad=False``
+    is skipped when ``intended`` (ids switched off for this backward) holds it, fails when
+    ``trainable_at_start`` holds it (frozen mid-fit), else passes or warns (frozen before the
+    fit). An optimizer (``optimizers``: the ids of each; default ``optimized``) with nothing
+    that can learn fails."""
     named = list(named_parameters)
     off = set() if intended is None else set(intended)
     frozen, switched_off, lost, missing, stray = [], [], [], [], []
@@ -373,15 +313,7 @@ def fingerprint(
 
 
 def zero_gradients(named_parameters: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-    """Names of the parameters whose gradient exists and is exactly zero in every element.
-
-    Example:
-        >>> import torch
-        >>> a, b = torch.zeros(3, requires_grad=True), torch.ones(3, requires_grad=True)
-        >>> (a * b).sum().backward()  # a.grad = b = 1, b.grad = a = 0
-        >>> sorted(zero_gradients([("a", a), ("b", b), ("c", torch.ones(1))]))
-        ['b']
-    """
+    """Names of the parameters whose gradient exists and is exactly zero in every element."""
     grads = [(name, param.grad) for name, param in named_parameters if param.grad is not None]
     nonzero = _per_parameter(
         grads, lambda grad: (grad.coalesce().values() if grad.is_sparse else grad).detach().any()
@@ -405,17 +337,9 @@ def check_update(
     """Trainable parameters changed, the others did not, and the step advanced by one;
     ``zero_lr`` and ``zero_grad`` parameters are named, never failed (docs/phase-table.md).
 
-    A trainable parameter that had no gradient at this update (``without_grad``) and did not
-    change is judged by :func:`check_changed_without_gradient` over the ``updates`` measured
-    updates (``reached``: the names that received a gradient in a measured backward), or left
-    out when ``reached`` is ``None`` (the caller judges it once more updates are measured).
-
-    Example:
-        >>> fp = {"a": (1.0, 1.0), "b": (2.0, 2.0)}
-        >>> [r.verdict for r in check_update(fp, fp, trainable={"a", "b"}, step_before=0,
-        ...                                  step_after=1, without_grad={"a"}, reached={"a"})]
-        ['fail', 'pass', 'pass']
-    """
+    An unchanged trainable parameter without a gradient at this update (``without_grad``) is
+    judged by :func:`check_changed_without_gradient` (``reached``: names that got a gradient in
+    a measured backward), or left out when ``reached`` is ``None`` (judged later)."""
     unchanged = [n for n in before if n in trainable and before[n] == after.get(n)]
     skipped = [n for n in unchanged if n in without_grad]
     unchanged = [n for n in unchanged if n not in without_grad]
@@ -499,16 +423,7 @@ def check_eval_mode(
     phase: str = "validation",
 ) -> list[CheckResult]:
     """During evaluation every module is in eval mode and autograd is off (``training_modules``:
-    ``(name, module)``, or a bare name, of every module found in train mode).
-
-    Example:
-        >>> import torch
-        >>> model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout(0.1)).train()
-        >>> result = check_eval_mode([("model", model), *model.named_children()], False)[0]
-        >>> result.verdict, result.detail.split("; ")
-        ('fail', ['1 module(s) whose outputs change in train mode during validation: 1 (Dropout)',
-                  '3 module(s) in train mode in all'])
-    """
+    ``(name, module)``, or a bare name, of every module found in train mode)."""
     entries = ((e, None) if isinstance(e, str) else e for e in training_modules)
     changing, unknown, inert = _tiered(entries)
     total = len(changing) + len(unknown) + len(inert)
@@ -542,20 +457,8 @@ def check_train_mode(
 ) -> CheckResult:
     """During the training step every module that trains is in train mode (``named_modules``:
     the whole model, ``""`` its root; ``trainable``: ids of the parameters meant to train,
-    default those with ``requires_grad``; docs/phase-table.md, ``train_mode``). A module in eval
-    mode whose closest module with parameters (itself, or an ancestor for a dropout) holds no
-    trainable one is kept frozen on purpose (a frozen BatchNorm or tower): it passes, named.
-
-    Example:
-        >>> import torch
-        >>> model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout(0.1))
-        >>> result = check_train_mode(model.eval().named_modules())
-        >>> result.verdict, result.detail.split("; ")[0]  # doctest: +NORMALIZE_WHITESPACE
-        ('fail', '1 module(s) whose outputs change with the mode are in eval mode during the
-                  training step: 1 (Dropout)')
-        >>> check_train_mode(model.train().named_modules())
-        CheckResult(name='train_mode', verdict='pass', detail='')
-    """
+    default those with ``requires_grad``). A module in eval mode whose closest module with
+    parameters holds no trainable one is frozen on purpose: it passes, named."""
     modules = dict(named_modules)
     asleep = [name for name, module in modules.items() if not module.training]
     if not asleep:
