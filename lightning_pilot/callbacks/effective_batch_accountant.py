@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 from torch.utils.hooks import RemovableHandle
 from typing_extensions import override
 
-from lightning_pilot.core import accounting, validate
+from lightning_pilot.core import accounting, update_plan, validate
 from lightning_pilot.core.batches import BatchAdapter, size_and_tokens_of
 from lightning_pilot.core.scalars import read_scalars
 from lightning_pilot.run import PilotCallback
@@ -83,14 +83,14 @@ class EffectiveBatchAccountant(PilotCallback):
     def __init__(
         self,
         *,
-        keep: accounting.Keep = "updates",
+        keep: update_plan.Keep = "updates",
         adapter: BatchAdapter | None = None,
         token_spread_ratio: float = 1.5,
         out_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         owner = "EffectiveBatchAccountant"
         super().__init__(out_dir=out_dir)
-        self.keep: accounting.Keep = validate.choice(owner, "keep", keep, accounting.KEEP_CHOICES)
+        self.keep: update_plan.Keep = validate.choice(owner, "keep", keep, update_plan.KEEP_CHOICES)
         validate.instance(owner, "adapter", adapter, BatchAdapter)
         self.adapter = adapter or BatchAdapter()
         hint = "max/min tokens per update"
@@ -102,9 +102,9 @@ class EffectiveBatchAccountant(PilotCallback):
         self._reset_fit()
 
     def _reset_fit(self) -> None:
-        self._plan: accounting.UpdatePlan | None = None
+        self._plan: update_plan.UpdatePlan | None = None
         # Makes the plan once the micro-batch size is known (the loader's, else the first batch's).
-        self._planner: Callable[..., tuple[accounting.UpdatePlan | None, str | None]] | None = None
+        self._planner: Callable[..., tuple[update_plan.UpdatePlan | None, str | None]] | None = None
         self._config = accounting.BatchConfig(None, 1, 1)
         self._world = self._dp = 1
         self._estimated: int | None = None
@@ -127,7 +127,7 @@ class EffectiveBatchAccountant(PilotCallback):
         return {"out_dir": str(self.out_dir), "keep": self.keep}
 
     @property
-    def plan(self) -> accounting.UpdatePlan | None:
+    def plan(self) -> update_plan.UpdatePlan | None:
         """The plan of the current (or last) fit; ``None`` when it could not be made."""
         return self._plan
 
@@ -323,7 +323,7 @@ class EffectiveBatchAccountant(PilotCallback):
         accumulate: int | dict[int, int] = (
             dict(scheduler.scheduling) if scheduler is not None else trainer.accumulate_grad_batches
         )
-        schedule = accounting.normalise_schedule(accumulate, owner="EffectiveBatchAccountant")
+        schedule = update_plan.normalise_schedule(accumulate, owner="EffectiveBatchAccountant")
         try:
             self._estimated = _finite(trainer.estimated_stepping_batches)
         except (MisconfigurationException, ValueError, TypeError) as err:
@@ -351,7 +351,7 @@ class EffectiveBatchAccountant(PilotCallback):
         epochs, steps = trainer.max_epochs, trainer.max_steps
         split = "drop" if self._sampler is not None and self._sampler.drop_last else "pad"
         self._planner = functools.partial(
-            accounting.plan_for_fit,
+            update_plan.plan_for_fit,
             size,
             accumulate_grad_batches=dict(schedule),
             dp_replicas=self._dp,
@@ -413,7 +413,7 @@ class EffectiveBatchAccountant(PilotCallback):
             return 0 if self._dp == 1 else None
         if b is None:
             return None
-        return accounting.replica_duplicates(
+        return update_plan.replica_duplicates(
             dataset_size=len(sampler.dataset),  # type: ignore[arg-type]
             num_replicas=sampler.num_replicas,
             rank=sampler.rank,
