@@ -215,7 +215,7 @@ def _cmd_compare(args: argparse.Namespace, reads: Reads) -> int:
 
 
 def _cmd_plan(args: argparse.Namespace, reads: Reads) -> int:
-    from lightning_pilot.core.accounting import plan_updates
+    from lightning_pilot.core.update_plan import plan_updates
     from lightning_pilot.report import plan_text
 
     if args.epochs is None and args.max_steps is None:

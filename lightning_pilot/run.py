@@ -22,8 +22,9 @@ from typing_extensions import override
 from lightning_pilot import schemas, storage
 from lightning_pilot.core import validate
 from lightning_pilot.core.ids import new_run_id, validate_run_id
-from lightning_pilot.core.phases import CheckResult, judge, worst_verdict
+from lightning_pilot.core.phases import CheckResult, judge
 from lightning_pilot.core.summary import Summary
+from lightning_pilot.vocabulary import worst_verdict
 
 __all__ = ["GUARDED_HOOKS", "PilotCallback", "PilotRefusalError", "PilotRun"]
 

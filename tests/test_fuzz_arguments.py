@@ -33,8 +33,8 @@ from lightning_pilot import (
     ResumeVerifier,
     ValidationPredictionWriter,
 )
-from lightning_pilot.core.accounting import plan_updates
 from lightning_pilot.core.ids import new_run_id
+from lightning_pilot.core.update_plan import plan_updates
 from lightning_pilot.pilot import PILOT_OPTION_KEYS, pilot_callbacks
 
 HUGE_INT = 10**400  # beyond int64 and beyond float

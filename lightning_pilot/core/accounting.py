@@ -1,6 +1,6 @@
 """Effective-batch counting without Lightning or torch (docs/effective-batch.md):
 :class:`UpdateCounter` counts micro-batches into updates, :func:`summarize` compares the count with
-the plan of :mod:`lightning_pilot.core.update_plan` (whose names are re-exported here)."""
+the plan of :mod:`lightning_pilot.core.update_plan`."""
 
 from __future__ import annotations
 
@@ -11,55 +11,19 @@ from typing import Any, ClassVar, Final
 
 from lightning_pilot.core.phases import CheckResult
 from lightning_pilot.core.update_plan import (
-    KEEP_CHOICES,
     MAX_LISTED,
     TOKENS_NOT_COUNTED,
     Keep,
     UpdatePlan,
     effective_batch_text,
     last_window_text,
-    normalise_schedule,
-    plan_for_fit,
-    plan_updates,
-    replica_duplicates,
 )
-
-__all__ = [
-    "KEEP_CHOICES",
-    "SUMMED_COLUMNS",
-    "TOKENS_NOT_COUNTED",
-    "BatchConfig",
-    "Flag",
-    "KChange",
-    "Keep",
-    "PartialWindow",
-    "Summary",
-    "TokenSpread",
-    "UpdateCounter",
-    "UpdatePlan",
-    "check_accumulation_windows",
-    "effective_batch_text",
-    "last_window_text",
-    "normalise_schedule",
-    "pack_counts",
-    "partial_window_remedy",
-    "plan_for_fit",
-    "plan_updates",
-    "replica_duplicates",
-    "summarize",
-    "unpack_sums",
-]
 
 
 @dataclass(frozen=True)
 class BatchConfig:
     """The configuration a fit really runs with (``accumulate_grad_batches``: ``K`` when
-    training starts; ``micro_batch_size``: ``None`` until known).
-
-    Example:
-        >>> BatchConfig(2, 8, 1).effective_batch_size
-        16
-    """
+    training starts; ``micro_batch_size``: ``None`` until known)."""
 
     micro_batch_size: int | None
     accumulate_grad_batches: int
@@ -129,18 +93,7 @@ SUMMED_COLUMNS: Final = ("micro_batches", "examples", "tokens", "padding_duplica
 class UpdateCounter:
     """Counts micro-batches into updates, one row per update, and keeps the totals: the caller
     fills the ``*_all_ranks`` columns of :meth:`take_pending`'s rows and hands them to
-    :meth:`absorb`.
-
-    Example:
-        >>> counter = UpdateCounter()
-        >>> for batch_idx in range(3):
-        ...     counter.add_micro_batch(epoch=0, batch_idx=batch_idx, examples=4, tokens=None)
-        ...     if batch_idx in (1, 2):  # Lightning steps at K=2 and at the epoch's end
-        ...         counter.close_update(update=batch_idx, accumulate_grad_batches=2)
-        >>> counter.absorb(UpdateCounter.local_as_all_ranks(counter.take_pending()))
-        >>> counter.updates, counter.examples, counter.partial_window_count
-        (2, 12, 1)
-    """
+    :meth:`absorb`."""
 
     STATE_VERSION: ClassVar[int] = 1
 
@@ -327,13 +280,7 @@ class UpdateCounter:
 
 def pack_counts(rows: Sequence[Mapping[str, Any]], length: int) -> list[list[int]]:
     """This rank's rows as integers to sum over ranks in one all-reduce: ``[1, value, known, ...]``
-    over :data:`SUMMED_COLUMNS` (``known``: 0 for null), zero rows padding to ``length``.
-
-    Example:
-        >>> pack_counts([{"micro_batches": 2, "examples": 4, "tokens": None,
-        ...               "padding_duplicates": 0}], 2)
-        [[1, 2, 1, 4, 1, 0, 0, 0, 1], [0, 0, 0, 0, 0, 0, 0, 0, 0]]
-    """
+    over :data:`SUMMED_COLUMNS` (``known``: 0 for null), zero rows padding to ``length``."""
     packed = [
         [1, *(v for c in SUMMED_COLUMNS for v in (int(row[c] or 0), int(row[c] is not None)))]
         for row in rows
@@ -349,16 +296,7 @@ def unpack_sums(
     dp_replicas: int,
 ) -> list[dict[str, Any]]:
     """Fill this rank's ``*_all_ranks`` columns from the summed :func:`pack_counts`, divided by
-    the ranks sharing a batch (null, with a note, when not every rank counted).
-
-    Example:
-        >>> row = {"micro_batches": 2, "examples": 4, "tokens": None, "padding_duplicates": 0}
-        >>> # 4 processes, 2 data replicas x 2 tensor-parallel ranks: each batch counted twice.
-        >>> summed = unpack_sums([row], [[4, 8, 4, 16, 4, 0, 0, 0, 4]], world_size=4,
-        ...                      dp_replicas=2)[0]
-        >>> summed["examples_all_ranks"], summed["tokens_all_ranks"]
-        (8, None)
-    """
+    the ranks sharing a batch (null, with a note, when not every rank counted)."""
     group, uneven = divmod(world_size, dp_replicas)
     out = []
     for row, packed in zip(rows, sums, strict=False):
@@ -402,6 +340,7 @@ def partial_window_remedy(
     ``batch_idx_last``, where the window ended) shows (docs/effective-batch.md).
 
     Example:
+        >>> from lightning_pilot.core.update_plan import plan_updates
         >>> print(partial_window_remedy(plan_updates(64, 1, 5, epochs=1), k=5))
         micro-batches per epoch (64) are not a multiple of accumulate_grad_batches (5): choose K
         dividing 64 (e.g. 4 or 8), or limit_train_batches to a multiple of K, or accept that

@@ -10,16 +10,6 @@ from typing import Any, Final, Literal
 import numpy as np
 import pandas as pd
 
-__all__ = [
-    "FAILED_STATUSES",
-    "MEASURED_STATUSES",
-    "STATUS_ORDER",
-    "Comparison",
-    "bootstrap_ci",
-    "compare_runs",
-    "iqm",
-]
-
 MEASURED_STATUSES: Final = ("completed", "stopped")
 FAILED_STATUSES: Final = ("diverged", "oom", "failed")
 STATUS_ORDER: Final = (*MEASURED_STATUSES, *FAILED_STATUSES, "interrupted", "running")

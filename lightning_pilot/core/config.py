@@ -16,8 +16,6 @@ from typing import Any, Final
 
 from lightning_pilot.core import validate
 
-__all__ = ["canonical_params_json", "config_hash", "environment", "git_revision", "variant_key"]
-
 _HASH_DIGITS: Final = 16
 _SHA: Final = re.compile(r"[0-9a-f]{40}([0-9a-f]{24})?")
 

@@ -12,17 +12,6 @@ import torch
 
 from lightning_pilot.core import validate
 
-__all__ = [
-    "FATAL_CAUSES",
-    "Curves",
-    "DivergenceDecision",
-    "DivergenceDetector",
-    "DivergenceEvent",
-    "DivergenceRules",
-    "exception_outcome",
-    "normal_outcome",
-]
-
 #: Rules that make a run ``diverged``, in priority order when several fire on one update.
 FATAL_CAUSES: Final = ("nonfinite_loss", "nonfinite_grad", "loss_blowup", "loss_spike_persistent")
 

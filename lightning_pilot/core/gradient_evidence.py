@@ -8,7 +8,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from lightning_pilot.core import checks
-from lightning_pilot.core.phases import judge, worst_verdict
+from lightning_pilot.core.phases import judge
+from lightning_pilot.vocabulary import worst_verdict
 
 #: A deferred check: (phase, whether on the phase's first row, check name).
 Key = tuple[str, bool, str]

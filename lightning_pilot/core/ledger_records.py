@@ -25,23 +25,6 @@ from lightning_pilot.core.divergence import (
 from lightning_pilot.core.ids import validate_run_id
 from lightning_pilot.core.scalars import read_scalars
 
-__all__ = [
-    "MESSAGE_CHARS",
-    "OWN_FIELDS",
-    "Heartbeat",
-    "PendingUpdates",
-    "RecordSchedule",
-    "Stop",
-    "failed_matches",
-    "failure_outcome",
-    "ledger_record",
-    "limit_reached",
-    "normal_end",
-    "repeat_message",
-    "run_facts",
-    "unwritten_outcome",
-]
-
 #: Columns the ledger callback owns; facts other callbacks hand over never replace them.
 OWN_FIELDS: Final = frozenset(
     {"run_id", "attempt", "attempt_id", "experiment", "variant", "seed", "derived_from_run_id",

@@ -8,21 +8,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, get_args
 
-from lightning_pilot.vocabulary import PHASE_RANK, PHASES, VERDICTS, Phase, Verdict, worst_verdict
-
-__all__ = [
-    "COUNTERS",
-    "PHASES",
-    "VERDICTS",
-    "CheckResult",
-    "Counter",
-    "Occurrence",
-    "Phase",
-    "PhaseAggregator",
-    "Verdict",
-    "judge",
-    "worst_verdict",
-]
+from lightning_pilot.vocabulary import PHASE_RANK, PHASES, worst_verdict
 
 Counter = Literal["cuda_allocator", "accelerator_allocator", "cpu_tensor_tracker", "none"]
 

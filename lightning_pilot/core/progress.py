@@ -15,22 +15,6 @@ from typing import Any, Final, Literal, NamedTuple, TextIO
 
 from lightning_pilot.core import validate
 
-__all__ = [
-    "BAR_FORMAT",
-    "MARKER",
-    "RATE_BAR_FORMAT",
-    "BarReporter",
-    "LineReporter",
-    "Mark",
-    "Reporter",
-    "choose_reporter",
-    "clean",
-    "is_terminal",
-    "marker_line",
-    "parse_marker",
-    "tqdm_available",
-]
-
 #: What starts a progress line a child process prints (on stderr) for its parent.
 MARKER: Final = "lightning-pilot-progress:"
 #: The longest message shown; longer ones are cut.

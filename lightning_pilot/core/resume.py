@@ -18,23 +18,6 @@ import torch
 from lightning_pilot.core.checks import CheckResult
 from lightning_pilot.core.split_scan import input_fingerprint
 
-__all__ = [
-    "CONTENT_KEY_PREFIX",
-    "StepRecord",
-    "capture_rng",
-    "compare_trajectories",
-    "content_keys",
-    "count_tensors",
-    "dataset_fingerprint",
-    "digest",
-    "json_id",
-    "outputs_close",
-    "plain_values",
-    "restore_rng",
-    "rng_of_this_rank",
-    "unsafe_values",
-]
-
 #: An example id as it crosses processes: a JSON scalar.
 ExampleId = str | int | float | bool | None
 

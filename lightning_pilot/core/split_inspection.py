@@ -27,7 +27,6 @@ from lightning_pilot.core.label_checks import (
     decoder_label_relations,
     label_relations,
 )
-from lightning_pilot.core.phases import worst_verdict
 from lightning_pilot.core.prompt_checks import (
     PromptSpec,
     _masking,
@@ -35,6 +34,7 @@ from lightning_pilot.core.prompt_checks import (
     check_loss_positions,
     prompt_label_counts,
 )
+from lightning_pilot.vocabulary import worst_verdict
 
 __all__ = ["SplitInspection"]
 

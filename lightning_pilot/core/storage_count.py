@@ -12,8 +12,6 @@ import torch
 
 from lightning_pilot.core import validate
 
-__all__ = ["StorageCounter"]
-
 
 class StorageCounter:
     """Live and peak bytes of the storages behind the tensors given to :meth:`count`.

@@ -8,10 +8,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from lightning_pilot.core.phases import VERDICTS
-from lightning_pilot.vocabulary import phase_label, verdict_rank
-
-__all__ = ["VERDICT_CODES", "Summary"]
+from lightning_pilot.vocabulary import VERDICTS, phase_label, verdict_rank
 
 #: Verdicts as numbers, for loggers that plot only numbers (a higher code is worse).
 VERDICT_CODES: Final = {"pass": 0.0, "warn": 1.0, "fail": 2.0, "not_checked": -1.0}

@@ -11,20 +11,6 @@ from typing import Any, Final, Literal, get_args
 
 from lightning_pilot.core import validate
 
-__all__ = [
-    "KEEP_CHOICES",
-    "MAX_LISTED",
-    "TOKENS_NOT_COUNTED",
-    "Keep",
-    "UpdatePlan",
-    "effective_batch_text",
-    "last_window_text",
-    "normalise_schedule",
-    "plan_for_fit",
-    "plan_updates",
-    "replica_duplicates",
-]
-
 Keep = Literal["updates", "examples", "epochs"]
 #: What a comparison of runs may hold constant; the other quantities are recorded.
 KEEP_CHOICES: Final[tuple[str, ...]] = get_args(Keep)

@@ -13,8 +13,8 @@ import pandas as pd
 from lightning_pilot import storage
 from lightning_pilot._version import __version__
 from lightning_pilot.core import validate
-from lightning_pilot.core.accounting import effective_batch_text
 from lightning_pilot.core.per_target import checkpointing_name, on_target
+from lightning_pilot.core.update_plan import effective_batch_text
 from lightning_pilot.report import analysis
 from lightning_pilot.report.analysis import Peak, StepTime, memory_peak, sampled_out
 from lightning_pilot.report.campaign import campaign, campaign_variants, target_campaign

@@ -15,8 +15,8 @@ from typing import Any, Final
 
 import pandas as pd
 
-from lightning_pilot.core.accounting import UpdatePlan
 from lightning_pilot.core.compare import STATUS_ORDER, Comparison
+from lightning_pilot.core.update_plan import UpdatePlan
 from lightning_pilot.report.analysis import gate, sampled_out
 from lightning_pilot.report.units import (
     CELL_LIMIT,
@@ -300,7 +300,7 @@ def comparison_text(comparison: Comparison, by: str = "variant") -> str:
 
 
 def plan_text(plan: UpdatePlan) -> str:
-    """An :class:`~lightning_pilot.core.accounting.UpdatePlan` as its summary line and fields."""
+    """An :class:`~lightning_pilot.core.update_plan.UpdatePlan` as its summary line and fields."""
     fields = [
         ("dataset size", f"{plan.dataset_size:,}"),
         ("micro-batch size", f"{plan.micro_batch_size:,}"),

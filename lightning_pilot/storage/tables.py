@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from lightning_pilot.core import validate
-from lightning_pilot.core.phases import COUNTERS, PHASES, VERDICTS
+from lightning_pilot.core.phases import COUNTERS
 from lightning_pilot.schemas import PHASE_SCHEMA
 from lightning_pilot.storage.limits import (
     DETAIL_FILE_LIMITS,
@@ -36,7 +36,7 @@ from lightning_pilot.storage.paths import (
     safe_path_component,
 )
 from lightning_pilot.storage.publish import publish_table
-from lightning_pilot.vocabulary import PHASE_RANK
+from lightning_pilot.vocabulary import PHASE_RANK, PHASES, VERDICTS
 
 #: Metadata key under which a snapshot file records its writer and sequence number.
 SNAPSHOT_METADATA_KEY: Final = b"lightning_pilot.snapshot"

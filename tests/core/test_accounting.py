@@ -12,19 +12,21 @@ import torch
 from torch.utils.data import DistributedSampler
 
 from lightning_pilot.core.accounting import (
-    TOKENS_NOT_COUNTED,
     BatchConfig,
     KChange,
     UpdateCounter,
     check_accumulation_windows,
-    normalise_schedule,
     pack_counts,
     partial_window_remedy,
+    summarize,
+    unpack_sums,
+)
+from lightning_pilot.core.update_plan import (
+    TOKENS_NOT_COUNTED,
+    normalise_schedule,
     plan_for_fit,
     plan_updates,
     replica_duplicates,
-    summarize,
-    unpack_sums,
 )
 
 
@@ -582,6 +584,11 @@ def all_reduce(*ranks: list[dict[str, Any]]) -> list[list[int]]:
     packed = torch.stack([torch.tensor(pack_counts(rows, longest)) for rows in ranks])
     summed: list[list[int]] = packed.sum(dim=0).tolist()
     return summed
+
+
+def test_pack_counts_layout() -> None:
+    row = {"micro_batches": 2, "examples": 4, "tokens": None, "padding_duplicates": 0}
+    assert pack_counts([row], 2) == [[1, 2, 1, 4, 1, 0, 0, 0, 1], [0] * 9]
 
 
 def test_two_data_replicas_sum_their_counts() -> None:

@@ -6,15 +6,13 @@ import pytest
 
 from lightning_pilot.core.phases import (
     ESSENTIAL,
-    PHASES,
     REMEDIES,
-    VERDICTS,
     CheckResult,
     Occurrence,
     PhaseAggregator,
     judge,
-    worst_verdict,
 )
+from lightning_pilot.vocabulary import PHASES, VERDICTS, worst_verdict
 
 
 def test_vocabularies() -> None:
