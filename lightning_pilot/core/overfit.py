@@ -1,14 +1,6 @@
 """The arithmetic of an overfit run on a tiny subset (which examples, what loss, what verdict),
 fed by :class:`~lightning_pilot.callbacks.overfit_tiny_subset.OverfitTinySubset` without a
-Trainer (docs/data-and-overfit.md).
-
-Example:
-    >>> from lightning_pilot.core.overfit import expected_initial_loss, select_indices
-    >>> select_indices(1000, 8, seed=0)
-    [41, 265, 394, 430, 776, 864, 911, 988]
-    >>> round(expected_initial_loss(4), 4)  # -log(1/4) for 4 equally likely classes
-    1.3863
-"""
+Trainer (docs/data-and-overfit.md)."""
 
 from __future__ import annotations
 
@@ -125,15 +117,7 @@ def check_loss_target(
 
 def predicted_classes(logits: torch.Tensor) -> torch.Tensor:
     """The class each row of ``logits`` predicts: the ``argmax`` of the last dimension, or
-    ``logit > 0`` when that dimension holds one output (a binary logit, whose ``argmax`` would
-    always be 0).
-
-    Example:
-        >>> predicted_classes(torch.tensor([[0.2, 0.7, 0.1]]))
-        tensor([1])
-        >>> predicted_classes(torch.tensor([[1.5], [-0.3]]))
-        tensor([1, 0])
-    """
+    ``logit > 0`` when that dimension holds one (binary) output."""
     logits = logits.detach()
     if logits.shape[-1] == 1:
         return (logits[..., 0] > 0).long()
@@ -141,14 +125,8 @@ def predicted_classes(logits: torch.Tensor) -> torch.Tensor:
 
 
 def predictions_from_logits(logits: torch.Tensor, targets: torch.Tensor, *, shift: bool) -> Any:
-    """Predicted classes (:func:`predicted_classes`) shaped like ``targets``, or ``None``;
-    ``shift=True``: position ``t`` is predicted at ``t - 1``, position 0 gets ``-1``.
-
-    Example:
-        >>> logits = torch.tensor([[[0.0, 1.0], [1.0, 0.0], [0.0, 1.0]]])
-        >>> predictions_from_logits(logits, torch.zeros(1, 3, dtype=torch.long), shift=True)
-        tensor([[-1,  1,  0]])
-    """
+    """Predicted classes shaped like ``targets``, or ``None``; ``shift=True``: position ``t`` is
+    predicted at ``t - 1``, position 0 gets ``-1``."""
     aligned = align_predictions(predicted_classes(logits), targets, shift=shift)
     return None if aligned is None else aligned[0]
 
@@ -156,23 +134,10 @@ def predictions_from_logits(logits: torch.Tensor, targets: torch.Tensor, *, shif
 def align_predictions(
     predicted: torch.Tensor, targets: torch.Tensor, *, shift: bool, ignore_index: int = -100
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """Predicted classes paired with the targets as the loss pairs them: ``(predictions,
-    targets)`` of the targets' shape, or ``None`` when the shapes differ. ``shift=True`` with
-    ``[B, T]`` targets is a causal LM shifting inside its loss (``*ForCausalLM``): the class
-    predicted at ``t - 1`` scores the label at ``t``, and position 0 (prediction ``-1``) gets
-    ``ignore_index`` so it never counts; otherwise position ``t`` pairs with ``t``.
-
-    Example:
-        >>> predicted = torch.tensor([[7, 8, 9]])
-        >>> align_predictions(predicted, torch.tensor([[5, 7, 8]]), shift=True)
-        (tensor([[-1,  7,  8]]), tensor([[-100,    7,    8]]))
-        >>> align_predictions(predicted, torch.tensor([[7, 8, 9]]), shift=False)[0]
-        tensor([[7, 8, 9]])
-        >>> align_predictions(torch.tensor([1, 0]), torch.tensor([1, 1]), shift=True)[0]
-        tensor([1, 0])
-        >>> align_predictions(predicted, torch.tensor([1]), shift=True) is None
-        True
-    """
+    """``(predictions, targets)`` paired as the loss pairs them, or ``None`` when the shapes differ.
+    ``shift=True`` with ``[B, T]`` targets (a causal LM shifting inside its loss): the class
+    predicted at ``t - 1`` scores the label at ``t``; position 0 (prediction ``-1``) gets
+    ``ignore_index``."""
     predicted = predicted.detach()
     if predicted.shape != targets.shape:
         return None
@@ -187,14 +152,7 @@ def align_predictions(
 
 def logits_of(output: Any) -> torch.Tensor | None:
     """The logits in a model's output: the tensor itself, ``output["logits"]`` of a mapping (a
-    Hugging Face ``ModelOutput`` is one), or ``output.logits``; ``None`` when there are none.
-
-    Example:
-        >>> logits_of({"loss": torch.tensor(1.0), "logits": torch.zeros(2, 3)}).shape
-        torch.Size([2, 3])
-        >>> logits_of(torch.ones(2)), logits_of({"loss": torch.tensor(1.0)})
-        (tensor([1., 1.]), None)
-    """
+    ``ModelOutput``), or ``output.logits``; ``None`` when there are none."""
     if isinstance(output, torch.Tensor):
         return output
     found = output.get("logits") if isinstance(output, Mapping) else getattr(output, "logits", None)
@@ -202,16 +160,7 @@ def logits_of(output: Any) -> torch.Tensor | None:
 
 
 class Notes:
-    """Messages in the order first seen, each once, ``"... (seen N times)"`` when added more often.
-
-    Example:
-        >>> notes = Notes()
-        >>> for _ in range(1000):
-        ...     notes.add("forward raised TypeError")
-        >>> notes.add("ids are dataset indices")
-        >>> list(notes)
-        ['forward raised TypeError (seen 1000 times)', 'ids are dataset indices']
-    """
+    """Messages in the order first seen, each once, ``"... (seen N times)"`` when added again."""
 
     def __init__(self) -> None:
         self._counts: dict[str, int] = {}
@@ -250,14 +199,7 @@ def recovery(
     num_classes: int | None = None,
 ) -> Recovery:
     """Score ``[B]`` class or ``[B, T]`` token predictions against the targets, per example
-    (``ignore_index`` positions do not count; ``num_classes=None``: read from the values).
-
-    Example:
-        >>> rec = recovery(torch.tensor([0, 2, 1]), torch.tensor([0, 2, 2]), ["a", "b", "c"],
-        ...                ignore_index=-100, num_classes=3)
-        >>> rec.metric, round(rec.score, 3), rec.wrong_ids
-        ('accuracy', 0.667, ['c'])
-    """
+    (``ignore_index`` positions do not count; ``num_classes=None``: read from the values)."""
     predictions, targets = predictions.detach().cpu(), targets.detach().cpu()
     counted = targets != ignore_index
     right = (predictions == targets) | ~counted
@@ -314,12 +256,7 @@ PREDICT_REMEDY: Final = "give predict_fn=fn(pl_module, batch) -> logits"
 
 
 def error_text(err: BaseException) -> str:
-    """``Type: message``, the message cut to 300 characters.
-
-    Example:
-        >>> error_text(ValueError("x" * 301))[-8:]
-        'xxxxx...'
-    """
+    """``Type: message``, the message cut to 300 characters."""
     text = str(err)
     return f"{type(err).__name__}: {text[:300]}{'...' if len(text) > 300 else ''}"
 
@@ -333,15 +270,8 @@ def subset_batches(
     batch_size: int | None,
     notes: Notes,
 ) -> tuple[list[Any], list[int]]:
-    """``count`` seeded examples (:func:`select_indices`; an iterable dataset's first, noted)
-    collated in batches of ``batch_size`` (``None``: one), and their dataset indices.
-
-    Example:
-        >>> batches, indices = subset_batches(list(range(100)), 4, seed=0, collate=list,
-        ...                                   batch_size=3, notes=Notes())
-        >>> batches, indices
-        ([[5, 49, 53], [97]], [5, 49, 53, 97])
-    """
+    """``count`` seeded examples (an iterable dataset's first, noted) collated in batches of
+    ``batch_size`` (``None``: one), and their dataset indices."""
     with torch.random.fork_rng(devices=[]):
         if isinstance(dataset, IterableDataset) or not hasattr(dataset, "__len__"):
             items = list(itertools.islice(iter(dataset), count))
@@ -357,13 +287,7 @@ def subset_batches(
 def subset_ids(
     batches: Sequence[Any], indices: Sequence[int], adapter: BatchAdapter, notes: Notes
 ) -> list[str]:
-    """The ids the subset's batches carry, else their dataset indices (noted).
-
-    Example:
-        >>> subset_ids([{"x": torch.zeros(2, 3), "ids": ["a", "b"]}], [4, 9], BatchAdapter(),
-        ...            Notes())
-        ['a', 'b']
-    """
+    """The ids the subset's batches carry, else their dataset indices (noted)."""
     ids = [adapter.view(batch, count_tokens=False).ids_list() for batch in batches]
     if all(batch_ids is not None for batch_ids in ids):
         return [str(i) for batch_ids in ids for i in batch_ids or []]
@@ -373,15 +297,7 @@ def subset_ids(
 
 class LossCurve:
     """The overfit run's loss per update (the mean of its micro-batch losses, each multiplied back
-    by the accumulation factor); the first micro-batch loss is the initial loss.
-
-    Example:
-        >>> curve = LossCurve()
-        >>> for value in (2.0, 1.8):
-        ...     curve.add(value)
-        >>> curve.close(1), curve.close(1), curve.points, curve.initial
-        ((1.9, 2), None, [(1, 1.9)], 2.0)
-    """
+    by the accumulation factor); the first micro-batch loss is the initial loss."""
 
     def __init__(self) -> None:
         self.points: list[tuple[int, float]] = []
@@ -413,15 +329,7 @@ class LossCurve:
 def overfit_done(
     mean: float, target: float | None, result: Recovery | None, *, required: float
 ) -> bool:
-    """Whether the overfit run stops: loss target and recovery reached, or a non-finite loss.
-
-    Example:
-        >>> overfit_done(0.05, 0.1, Recovery("accuracy", 1.0, 8), required=1.0)
-        True
-        >>> overfit_done(0.05, 0.1, None, required=1.0), overfit_done(math.nan, 0.1, None,
-        ...                                                           required=1.0)
-        (False, True)
-    """
+    """Whether the overfit run stops: loss target and recovery reached, or a non-finite loss."""
     met = result is not None and target is not None and mean <= target and result.score >= required
     return bool(met) or not math.isfinite(mean)
 
@@ -435,12 +343,7 @@ def overfit_row(
     ids: list[str],
     result: Recovery | None,
 ) -> dict[str, Any]:
-    """A row of ``overfit.parquet`` (no schema version): the loss, and the score when scored.
-
-    Example:
-        >>> overfit_row(4, 0.3, 2, target=0.2, ids=["a"], result=None)
-        {'step': 4, 'loss': 0.3, 'micro_batches': 2, 'target_loss': 0.2, 'subset_ids': ['a']}
-    """
+    """A row of ``overfit.parquet`` (no schema version): the loss, and the score when scored."""
     row: dict[str, Any] = dict(
         step=step, loss=loss, micro_batches=micro, target_loss=target, subset_ids=ids
     )
@@ -463,16 +366,7 @@ def join_scored(
     notes: Notes,
 ) -> tuple[torch.Tensor, torch.Tensor, list[str]] | None:
     """The subset's ``(predictions, targets)`` joined, with their ids; token batches of different
-    widths are padded at ``ignore_index`` (not counted); ``None`` when they cannot join (noted).
-
-    Example:
-        >>> pair = (torch.tensor([[1, 2]]), torch.tensor([[1, 2]]))
-        >>> wider = (torch.tensor([[1, 2, 3]]), torch.tensor([[1, 2, 3]]))
-        >>> predictions, targets, ids = join_scored([pair, wider], ["a", "b"], batch_size=1,
-        ...                                         ignore_index=-100, notes=Notes())
-        >>> targets.tolist(), ids
-        ([[1, 2, -100], [1, 2, 3]], ['a', 'b'])
-    """
+    widths are padded at ``ignore_index``; ``None`` when they cannot join (noted)."""
     predictions, targets = [p for p, _ in scored], [t for _, t in scored]
     size = batch_size or len(ids)
     joined = [i for index in range(len(scored)) for i in ids[index * size :][:size]]
@@ -490,21 +384,7 @@ def predicted_pair(
     out: Any, targets: torch.Tensor, *, shift: bool, ignore_index: int, call: str
 ) -> tuple[tuple[torch.Tensor, torch.Tensor] | None, str | None]:
     """``((predictions, targets), None)`` from what ``call`` returned (logits; of the targets'
-    shape, predictions, or one logit per target when they are not whole numbers), or ``(None,
-    the problem)``.
-
-    Example:
-        >>> logits = torch.tensor([[0.1, 0.9], [0.8, 0.2]])
-        >>> predicted_pair(logits, torch.tensor([1, 1]), shift=False, ignore_index=-100,
-        ...                call="forward(inputs)")[0]
-        (tensor([1, 0]), tensor([1, 1]))
-        >>> predicted_pair(torch.tensor([2.5, -0.4]), torch.tensor([1, 1]), shift=False,
-        ...                ignore_index=-100, call="forward(inputs)")[0]
-        (tensor([1, 0]), tensor([1, 1]))
-        >>> predicted_pair((1, 2), torch.tensor([1]), shift=False, ignore_index=-100,
-        ...                call="forward(inputs)")[1]
-        'forward(inputs) returned a tuple without logits'
-    """
+    shape: predictions, or one logit per target when not whole numbers), or ``(None, problem)``."""
     logits = logits_of(out)
     if logits is None:
         return None, f"{call} returned a {type(out).__name__} without logits"
@@ -521,14 +401,7 @@ def predicted_pair(
 
 def captured_prediction(output: Any) -> torch.Tensor | None:
     """The classes predicted by the ``logits`` a submodule returned (named, never a bare tensor:
-    that may be hidden states), or ``None``.
-
-    Example:
-        >>> captured_prediction({"logits": torch.tensor([[0.2, 0.7, 0.1]])})
-        tensor([1])
-        >>> captured_prediction(torch.zeros(1, 3)) is None
-        True
-    """
+    that may be hidden states), or ``None``."""
     if isinstance(output, torch.Tensor):
         return None
     logits = logits_of(output)
@@ -555,13 +428,7 @@ def unavailable_reason(
 ) -> str | None:
     """Why ``targets_recovered`` has no predictions, with the remedy (``source``: ``predict_fn``,
     ``forward`` or ``training_step``; ``seen``: subset batches predicted in the training step;
-    ``problem``: why the last attempt gave nothing).
-
-    Example:
-        >>> unavailable_reason("training_step", seen=1, batches=2, problem=None, misaligned=None)
-        'no predictions on the subset: the training step predicted 1 of its 2 batch(es) before
-        the fit ended'
-    """
+    ``problem``: why the last attempt gave nothing)."""
     if source == "training_step" and not seen:
         found = misaligned or (
             "no submodule called in the training step returned logits (a tensor named logits)"
@@ -583,15 +450,8 @@ def unavailable_reason(
 
 
 def cut_short(results: Sequence[CheckResult], cause: str, *, budget: int) -> list[CheckResult]:
-    """The checks of a run cut short by ``cause`` before its ``budget``: a target not reached
-    yet says nothing about whether the loop can learn (``not_checked``).
-
-    Example:
-        >>> [c.verdict for c in cut_short([CheckResult("loss_target", "fail", "x"),
-        ...                                CheckResult("loss_finite", "pass", "")], "stopped",
-        ...                               budget=200)]
-        ['not_checked', 'pass']
-    """
+    """The checks of a run cut short by ``cause`` before its ``budget``: a failed target is
+    ``not_checked`` (it says nothing yet about whether the loop can learn)."""
     return [
         CheckResult(
             c.name,
@@ -622,19 +482,7 @@ def overfit_checks(
 ) -> list[CheckResult]:
     """The overfit phase's checks (:func:`cut_short` when the run stopped before its ``budget``:
     a noted exception, or the Trainer's ``(max_steps, max_epochs)``); only ``subset``,
-    ``not_checked`` with the notes, when no subset was built.
-
-    Example:
-        >>> curve = LossCurve(); curve.add(1.1); _ = curve.close(1)
-        >>> curve.add(0.05); _ = curve.close(2)
-        >>> checks = overfit_checks(curve, target=0.11, last=Recovery("accuracy", 1.0, 8),
-        ...                         last_step=2, num_classes=3, tolerance=2.0, budget=2,
-        ...                         required=1.0, unavailable=None, subset=True, notes=Notes(),
-        ...                         trainer_limits=(-1, 100))
-        >>> [(c.name, c.verdict) for c in checks]
-        [('loss_finite', 'pass'), ('initial_loss', 'pass'), ('loss_target', 'pass'),
-         ('targets_recovered', 'pass')]
-    """
+    ``not_checked`` with the notes, when no subset was built."""
     if not subset:
         return [CheckResult("subset", "not_checked", "; ".join(notes))]
     results = [
@@ -658,14 +506,7 @@ def overfit_checks(
 def phase_columns(
     curve: LossCurve, ids: Sequence[str], notes: Notes, *, batch_size: int | None
 ) -> dict[str, Any]:
-    """The overfit phase row's columns: updates, first and last step, batch size and notes.
-
-    Example:
-        >>> curve = LossCurve(); curve.add(1.1); _ = curve.close(3)
-        >>> phase_columns(curve, ["a", "b"], Notes(), batch_size=None)
-        {'occurrences': 1, 'step_first': 3, 'step_last': 3, 'batch_size': 2,
-         'notes': "subset ids ['a', 'b']"}
-    """
+    """The overfit phase row's columns: updates, first and last step, batch size and notes."""
     points = curve.points
     return {
         "occurrences": len(points),

@@ -24,6 +24,7 @@ from lightning_pilot.core.overfit import (
     overfit_done,
     overfit_row,
     phase_columns,
+    predicted_classes,
     predicted_pair,
     select_indices,
     subset_batches,
@@ -305,3 +306,24 @@ def test_error_text_is_cut_at_300_characters() -> None:
     assert error_text(KeyError("x")) == "KeyError: 'x'"
     long = error_text(RuntimeError("e" * 400))
     assert long == "RuntimeError: " + "e" * 300 + "..."
+
+
+def test_one_logit_per_row_predicts_by_its_sign() -> None:
+    assert predicted_classes(torch.tensor([[0.2, 0.7, 0.1]])).tolist() == [1]
+    assert predicted_classes(torch.tensor([[1.5], [-0.3]])).tolist() == [1, 0]
+
+
+def test_predicted_pair_reads_logits_a_squeezed_binary_logit_or_names_the_problem() -> None:
+    targets = torch.tensor([1, 1])
+    logits = torch.tensor([[0.1, 0.9], [0.8, 0.2]])
+    for out in (logits, torch.tensor([2.5, -0.4])):
+        pair, problem = predicted_pair(
+            out, targets, shift=False, ignore_index=-100, call="forward(inputs)"
+        )
+        assert problem is None
+        assert pair is not None
+        assert (pair[0].tolist(), pair[1].tolist()) == ([1, 0], [1, 1])
+    missing = predicted_pair(
+        (1, 2), torch.tensor([1]), shift=False, ignore_index=-100, call="forward(inputs)"
+    )
+    assert missing == (None, "forward(inputs) returned a tuple without logits")
