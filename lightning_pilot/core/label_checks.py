@@ -16,24 +16,6 @@ from lightning_pilot.core.batch_checks import target_kind
 from lightning_pilot.core.batches import is_int_tensor
 from lightning_pilot.core.checks import CheckResult, shown_names
 
-__all__ = [
-    "DECODER_RELATIONS",
-    "HEAD_NAMES",
-    "LABEL_RELATIONS",
-    "SHIFTED_LABELS_ADVICE",
-    "CausalLMWatch",
-    "check_causal_lm_labels",
-    "check_decoder_label_shift",
-    "check_label_range",
-    "check_label_shift",
-    "decoder_label_relations",
-    "find_causal_lm",
-    "find_encoder_decoder",
-    "infer_output_size",
-    "label_relations",
-]
-
-
 #: Child-module names tried first when looking for a model's output layer.
 HEAD_NAMES: Final = ("lm_head", "head", "classifier", "fc", "output_layer", "out")
 
@@ -58,12 +40,7 @@ SHIFTED_LABELS_ADVICE: Final = (
 
 def infer_output_size(module: nn.Module) -> tuple[int | None, str]:
     """Guess how many outputs the targets index into, as ``(size or None, where it came from)``
-    (the order tried: docs/data-and-overfit.md).
-
-    Example:
-        >>> infer_output_size(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3)))
-        (3, "out_features of the last nn.Linear '2'")
-    """
+    (the order tried: docs/data-and-overfit.md)."""
     getter = getattr(module, "get_output_embeddings", None)
     if callable(getter):
         try:
@@ -108,12 +85,7 @@ def find_causal_lm(module: nn.Module) -> tuple[str, nn.Module] | None:
 
 def find_encoder_decoder(module: nn.Module) -> str | None:
     """The first submodule whose ``config.is_encoder_decoder`` is true (T5, BART), named as
-    ``Class at 'path'`` (its labels are decoder targets); ``None`` when there is none.
-
-    Example:
-        >>> find_encoder_decoder(nn.Sequential(nn.Linear(2, 2))) is None
-        True
-    """
+    ``Class at 'path'``; ``None`` when there is none."""
     for name, sub in module.named_modules():
         if getattr(getattr(sub, "config", None), "is_encoder_decoder", False) is True:
             cls = type(sub).__name__
@@ -130,17 +102,7 @@ def check_label_range(
 ) -> CheckResult:
     """Every counted label is a valid output index ``0 <= label < output_size``; with one
     output (a binary logit) 0 or 1, and other labels are a regression's (``not_checked``).
-    ``source`` says where ``output_size`` came from.
-
-    Example:
-        >>> check_label_range(torch.tensor([0, 3, -100]), output_size=4, ignore_index=-100).verdict
-        'pass'
-        >>> print(check_label_range(torch.tensor([1, 4]), output_size=4, ignore_index=-100).detail)
-        1 of 2 label value(s) outside [0, 3] (the model has 4 outputs, from the caller): values 4;
-        labels look shifted by one class (1-based?)
-        >>> check_label_range(torch.tensor([0, 1]), output_size=1, ignore_index=-100).detail
-        'labels in [0, 1] for one output, a binary logit (from the caller)'
-    """
+    ``source`` says where ``output_size`` came from."""
     name = "label_range"
     if not isinstance(targets, torch.Tensor):
         detail = "no targets tensor to check"
@@ -197,18 +159,10 @@ def check_label_range(
 
 
 def label_relations(inputs: Any, targets: Any, *, ignore_index: int) -> list[str | None] | None:
-    """How each row's token labels relate to its ``input_ids`` on the positions counted: the
-    first of :data:`LABEL_RELATIONS` that every comparable counted position agrees with
-    (``shifted by 1``: ``labels[t] == input_ids[t + 1]``); ``None`` for a row with nothing
-    counted, and for the whole list when the targets are not token sequences aligned with the
-    inputs.
-
-    Example:
-        >>> ids = torch.tensor([[5, 6, 7, 0], [5, 6, 7, 8]])
-        >>> label_relations(ids, torch.tensor([[5, 6, 7, -100], [6, 7, 8, -100]]),
-        ...                 ignore_index=-100)
-        ['identical', 'shifted by 1']
-    """
+    """How each row's token labels relate to its ``input_ids`` on the counted positions: the
+    first of :data:`LABEL_RELATIONS` that holds (``shifted by 1``: ``labels[t] == ids[t + 1]``);
+    ``None`` for a row with nothing counted, and for the whole list when the targets are not
+    token sequences aligned with the inputs."""
     if target_kind(inputs, targets) != "sequence":
         return None
     return _relations(inputs, targets, ignore_index, LABEL_RELATIONS, (0, 1, -1))
@@ -252,19 +206,9 @@ def _agree(
 def decoder_label_relations(
     decoder_inputs: Any, targets: Any, *, ignore_index: int
 ) -> list[str | None] | None:
-    """How each row's labels relate to an encoder-decoder's ``decoder_input_ids`` on the
-    positions counted: the first of :data:`DECODER_RELATIONS` that holds. ``shifted by 1``
-    (the decoder inputs are the labels shifted right) is the convention; ``shifted by 2``: the
-    labels were shifted once more; ``identical``: the decoder is shown the token it must
-    predict. ``None`` for a row with nothing counted, and for the whole list when the two are
-    not integer tensors of one shape.
-
-    Example:
-        >>> decoder = torch.tensor([[0, 5, 6, 7], [0, 5, 6, 7]])
-        >>> decoder_label_relations(decoder, torch.tensor([[5, 6, 7, 1], [6, 7, 1, -100]]),
-        ...                         ignore_index=-100)
-        ['shifted by 1', 'shifted by 2']
-    """
+    """How each row's labels relate to an encoder-decoder's ``decoder_input_ids`` on the counted
+    positions: the first of :data:`DECODER_RELATIONS` that holds; ``None`` for a row with nothing
+    counted, and for the whole list when the two are not integer tensors of one shape."""
     if not (is_int_tensor(decoder_inputs) and is_int_tensor(targets)):
         return None
     if targets.ndim != 2 or decoder_inputs.shape != targets.shape:
@@ -287,21 +231,9 @@ def _tally(
 def check_decoder_label_shift(
     counts: Mapping[str, int], *, encoder_decoder: str | None = None
 ) -> CheckResult:
-    """What relation an encoder-decoder batch's labels bear to its ``decoder_input_ids``
-    (``counts``: rows per :data:`DECODER_RELATIONS`); ``fail`` when the labels run two tokens
-    ahead (shifted twice) or equal the decoder inputs (docs/data-and-overfit.md).
-    ``encoder_decoder``: the model found in the module, named.
-
-    Example:
-        >>> check_decoder_label_shift({"shifted by 1": 8}).verdict
-        'pass'
-        >>> print(check_decoder_label_shift({"shifted by 2": 8}).detail)
-        labels run 2 tokens ahead of decoder_input_ids (labels[t] == decoder_input_ids[t+2] in
-        rows: 8 shifted by 2): the labels were shifted twice (decoder_input_ids are already the
-        labels shifted right), so the decoder learns to predict the token after next; give the
-        unshifted target sequence as labels and build decoder_input_ids from it (the model's
-        prepare_decoder_input_ids_from_labels), or give labels only
-    """
+    """``decoder_label_shift`` from ``counts`` (rows per :data:`DECODER_RELATIONS`): ``fail`` when
+    the labels are shifted twice or equal the decoder inputs (docs/data-and-overfit.md);
+    ``encoder_decoder``: the model found in the module, named."""
     name = "decoder_label_shift"
     relation, total, text = _tally(counts, DECODER_RELATIONS)
     if total == 0:
@@ -341,16 +273,8 @@ def check_decoder_label_shift(
 
 
 def check_label_shift(counts: Mapping[str, int], *, causal_lm: str | None = None) -> CheckResult:
-    """What relation the labels bear to ``input_ids`` (``counts``: rows per relation); warns when
-    they are already shifted (docs/data-and-overfit.md). ``causal_lm``: a Hugging Face causal LM
-    found in the module, named.
-
-    Example:
-        >>> check_label_shift({"identical": 8}).verdict
-        'pass'
-        >>> check_label_shift({"shifted by 1": 8}).detail.startswith(SHIFTED_LABELS_ADVICE)
-        True
-    """
+    """``label_shift`` from ``counts`` (rows per relation): warns when the labels are already
+    shifted (docs/data-and-overfit.md); ``causal_lm``: a causal LM found in the module, named."""
     relation, total, text = _tally(counts)
     if total == 0:
         return CheckResult(
@@ -384,14 +308,8 @@ def check_label_shift(counts: Mapping[str, int], *, causal_lm: str | None = None
 
 
 def check_causal_lm_labels(causal_lm: str, counts: Mapping[str, int], calls: int) -> CheckResult:
-    """What a Hugging Face causal LM was given as ``labels=`` in ``calls`` forward calls
-    (``counts``: rows per relation); ``fail`` for labels already shifted left by one
-    (docs/data-and-overfit.md).
-
-    Example:
-        >>> check_causal_lm_labels("GPT2LMHeadModel at 'model'", {"shifted by 1": 4}, 1).verdict
-        'fail'
-    """
+    """``causal_lm_labels``: what a Hugging Face causal LM was given as ``labels=`` in ``calls``
+    forward calls (``counts``: rows per relation); ``fail`` for labels already shifted left."""
     relation, total, text = _tally(counts)
     seen = f"{calls} forward call(s) seen"
     if calls == 0:
@@ -433,17 +351,7 @@ def check_causal_lm_labels(causal_lm: str, counts: Mapping[str, int], calls: int
 
 class CausalLMWatch:
     """A forward pre-hook on a Hugging Face causal LM: the ``labels=`` its first ``max_calls`` calls
-    get (never raising into the user's forward; a copy of the model carries an inert watch).
-
-    Example:
-        >>> CausalLMWatch.attach(nn.Linear(2, 2), ignore_index=-100, max_calls=8) is None
-        True
-        >>> watch = CausalLMWatch("GPT2LMHeadModel", -100, max_calls=8)
-        >>> ids = torch.tensor([[5, 6, 7]])
-        >>> watch(nn.Identity(), (), {"input_ids": ids, "labels": ids})
-        >>> watch.check().verdict
-        'pass'
-    """
+    get (never raising into the user's forward; a copy of the model carries an inert watch)."""
 
     def __init__(self, name: str, ignore_index: int, max_calls: int) -> None:
         self.name, self.ignore_index, self.max_calls = name, ignore_index, max_calls

@@ -28,6 +28,7 @@ from lightning_pilot.core.label_checks import (
     check_label_range,
     check_label_shift,
     find_causal_lm,
+    find_encoder_decoder,
     infer_output_size,
     label_relations,
 )
@@ -524,3 +525,9 @@ def test_causal_lm_watch_reads_labels_and_stops() -> None:
 def test_first_items_by_index_or_iteration() -> None:
     assert list(first_items([1, 2, 3], 2)) == [1, 2]
     assert list(first_items(iter(range(10)), 3)) == [0, 1, 2]
+
+
+def test_a_module_without_an_encoder_decoder_or_causal_lm_gets_no_watch() -> None:
+    plain = nn.Sequential(nn.Linear(2, 2))
+    assert find_encoder_decoder(plain) is None
+    assert CausalLMWatch.attach(plain, ignore_index=-100, max_calls=8) is None
