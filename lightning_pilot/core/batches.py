@@ -14,8 +14,6 @@ import torch
 
 from lightning_pilot.core import validate
 
-__all__ = ["INPUT_KEYS", "BatchAdapter", "BatchView", "FieldSpec", "is_int_tensor"]
-
 #: How to find a field: a dict key, a tuple/list index, or a callable on the whole batch (a
 #: string with a colon, ``"package.module:function"``, names the callable by import path).
 FieldSpec = str | int | Callable[[Any], Any]

@@ -20,32 +20,14 @@ Fingerprint = dict[str, tuple[float, float]]
 
 def intended_trainable(module: torch.nn.Module) -> set[int]:
     """``id`` of the parameters the module means to train: ``requires_grad``, or switched off
-    by an open ``toggle_optimizer`` of a LightningModule (its private state, read defensively).
-
-    Example:
-        >>> model = torch.nn.Linear(2, 2)
-        >>> model.bias.requires_grad_(False)
-        Parameter containing:...
-        >>> intended_trainable(model) == {id(model.weight)}
-        True
-        >>> model._param_requires_grad_state = {model.bias: True}  # as toggle_optimizer saves
-        >>> intended_trainable(model) == {id(model.weight), id(model.bias)}
-        True
-    """
+    by an open ``toggle_optimizer`` of a LightningModule (its private state, read defensively)."""
     state = getattr(module, "_param_requires_grad_state", None)
     saved: Mapping[Any, Any] = state if isinstance(state, Mapping) else {}
     return {id(p) for p in module.parameters() if p.requires_grad or saved.get(p, False)}
 
 
 def batch_sizes_agree(view: BatchView) -> list[checks.CheckResult]:
-    """The data phase's ``batch_sizes_agree``: the batch's tensors have one leading dimension.
-
-    Example:
-        >>> from lightning_pilot.core.batches import BatchAdapter
-        >>> view = BatchAdapter().view((torch.ones(4, 3), torch.zeros(5)))
-        >>> batch_sizes_agree(view)[0].detail
-        "leading dimensions differ: {'inputs': 4, 'targets': 5}"
-    """
+    """The data phase's ``batch_sizes_agree``: the batch's tensors have one leading dimension."""
     sizes = {
         name: int(value.shape[0])
         for name in ("inputs", "targets", "attention_mask", "ids")
@@ -84,19 +66,7 @@ class PendingUpdate:
     ) -> PendingUpdate:
         """The update ``optimizer`` is about to make at ``step``: its parameters meant to move
         (optimized and ``intended``), their fingerprint (``before`` when taken already), those
-        with a zero gradient, a zero learning rate or no gradient.
-
-        Example:
-            >>> model = torch.nn.Linear(2, 1)
-            >>> model(torch.ones(1, 2)).sum().backward()
-            >>> sgd = torch.optim.SGD([{"params": [model.weight]},
-            ...                        {"params": [model.bias], "lr": 0.0}], lr=0.1)
-            >>> update = PendingUpdate.of(0, sgd, list(model.named_parameters()),
-            ...                           {id(p) for p in model.parameters()},
-            ...                           before=None, first=True)
-            >>> sorted(update.trainable), update.zero_lr, update.without_grad
-            (['bias', 'weight'], {'bias'}, set())
-        """
+        with a zero gradient, a zero learning rate or no gradient."""
         named = list(named_parameters)
         moving = intended & {id(p) for group in optimizer.param_groups for p in group["params"]}
         trainable = [(n, p) for n, p in named if id(p) in moving]
@@ -121,29 +91,7 @@ class TrainingStep:
     """The measured phases of the training loop's updates, counted and added to ``rows``,
     measured by ``meter`` (the module and optimizers are the meter's). Each moment is one
     method; ``track``: whether the CPU tensor tracker runs in the phase that starts. A method
-    returns the message of a failed check when ``rows`` stops on failures (else ``None``).
-
-    Example:
-        >>> from lightning_pilot.core.batches import BatchAdapter
-        >>> model = torch.nn.Linear(3, 1)
-        >>> meter, rows = PhaseMeter(model, track_cpu=False), PhaseRows()
-        >>> optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-        >>> meter.optimizers = [optimizer]
-        >>> step = TrainingStep(rows, meter)
-        >>> inputs, targets = torch.ones(4, 3), torch.zeros(4, 1)
-        >>> meter.begin("data", track=False)
-        >>> step.batch_start(0, BatchAdapter().view((inputs, targets)))
-        >>> loss = torch.nn.functional.mse_loss(model(inputs), targets)
-        >>> step.before_backward(0, loss)
-        >>> loss.backward()
-        >>> step.after_backward(0)
-        >>> step.before_optimizer_step(0, optimizer)
-        >>> optimizer.step()
-        >>> step.optimizer_stepped()
-        >>> step.judge_update(1)
-        >>> [(r["phase"], r["verdict"]) for r in rows.rows()]
-        [('data', 'pass'), ('forward', 'pass'), ('backward', 'pass'), ('optimizer_step', 'pass')]
-    """
+    returns the message of a failed check when ``rows`` stops on failures (else ``None``)."""
 
     def __init__(self, rows: PhaseRows, meter: PhaseMeter) -> None:
         self.rows, self.meter = rows, meter
