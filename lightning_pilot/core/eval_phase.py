@@ -18,18 +18,7 @@ from lightning_pilot.core.phases import Occurrence
 @dataclass
 class EvalLoop:
     """What the batches of one evaluation loop showed (``measured=False``: not looked at):
-    samples, largest batch and sequence, modules left in training mode, gradients enabled.
-
-    Example:
-        >>> from lightning_pilot.core.batches import BatchAdapter
-        >>> model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Dropout()).eval()
-        >>> loop = EvalLoop("validation")
-        >>> for size in (4, 4, 2):
-        ...     loop.add_batch(BatchAdapter().view(torch.ones(size, 3)), model.named_modules(),
-        ...                    grad_enabled=False)
-        >>> [(r.name, r.verdict) for r in loop.results(expected=10, why_unknown="")]
-        [('eval_mode', 'pass'), ('no_grad', 'pass'), ('outputs_complete', 'pass')]
-    """
+    samples, largest batch and sequence, modules left in training mode, gradients enabled."""
 
     phase: str
     measured: bool = True
@@ -82,16 +71,7 @@ def limit_name(phase: str) -> str:
 def expected_samples(phase: str, loaders: Any, limit: int | float) -> tuple[int | None, str]:
     """The samples per rank an evaluation of ``phase`` over ``loaders`` (one, a sequence or a
     mapping) sees with the batch ``limit`` (:func:`limit_name`); ``None`` and why when unknown
-    or partial by design.
-
-    Example:
-        >>> from torch.utils.data import DataLoader
-        >>> loader = DataLoader(list(range(10)), batch_size=4)
-        >>> expected_samples("validation", loader, 1.0), expected_samples("test", [loader], 3)
-        ((10, ''), (10, ''))
-        >>> expected_samples("validation", loader, 2)
-        (None, 'limit_val_batches=2 evaluates part of the data by design')
-    """
+    or partial by design."""
     if isinstance(loaders, Mapping):
         loaders = list(loaders.values())
     elif not isinstance(loaders, list | tuple):

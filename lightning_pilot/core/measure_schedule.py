@@ -14,23 +14,7 @@ class MeasureSchedule:
     or resumes at, then one in ``sample_every`` (0: none); the first ``memory_updates`` run the
     CPU tensor tracker (later ones give clean durations). Several optimizers may move
     ``global_step`` by more than one per batch: an update is measured when it starts at or past
-    :attr:`due`.
-
-    Example:
-        >>> schedule = MeasureSchedule(pilot_updates=3, sample_every=4, memory_updates=2)
-        >>> [step for step in range(12) if schedule.next_measured(step) == step]
-        [0, 1, 2, 6, 10]
-        >>> schedule = MeasureSchedule(pilot_updates=2, sample_every=3, memory_updates=1)
-        >>> schedule.start(10)  # a fit resumed at step 10
-        >>> [(s, schedule.restart(s, fitting=True), schedule.tracking) for s in (10, 11)]
-        [(10, True, True), (11, True, False)]
-        >>> schedule.update_ended(11), schedule.update_ended(12), schedule.due
-        (False, True, 14)
-        >>> schedule.restart(12, fitting=True), schedule.quiet_until
-        (False, 14)
-        >>> schedule.measures_eval("validation", first=False), schedule.measures_eval("test", False)
-        (False, True)
-    """
+    :attr:`due`."""
 
     def __init__(self, pilot_updates: int, sample_every: int, memory_updates: int) -> None:
         self.pilot_updates = pilot_updates
@@ -85,20 +69,7 @@ class MeasureSchedule:
 @dataclass
 class QuietCounts:
     """The phases of the training steps between measured updates, counted in bulk and folded
-    into the phase rows with :meth:`fold_into`.
-
-    Example:
-        >>> from lightning_pilot.core.phases import PhaseAggregator
-        >>> quiet, aggregator = QuietCounts(step_now=5), PhaseAggregator()
-        >>> for step in (6, 7, 8):  # three unmeasured updates from step 5, one micro-batch each
-        ...     quiet.batch_end({"loss": 0.5}, step)
-        >>> quiet.fold_into(aggregator)
-        >>> [(r["phase"], r["first"], r["occurrences"], r["step_last"]) for r in aggregator.rows()]
-        ... # doctest: +NORMALIZE_WHITESPACE
-        [('data', True, 1, 5), ('data', False, 2, 7), ('forward', True, 1, 5),
-         ('forward', False, 2, 7), ('backward', True, 1, 5), ('backward', False, 2, 7),
-         ('optimizer_step', True, 1, 5), ('optimizer_step', False, 2, 7)]
-    """
+    into the phase rows with :meth:`fold_into`."""
 
     micro_batches: int = 0
     backward: int = 0

@@ -23,20 +23,7 @@ class PhaseRows:
     :class:`~lightning_pilot.core.phases.PhaseAggregator`, the unmeasured updates' counts
     (:attr:`quiet`) and the checks judged over the measured updates (:attr:`evidence`). With
     ``stop_on_fail``, :meth:`add`, :meth:`defer` and :meth:`settle` return the message of a
-    failed check (else ``None``).
-
-    Example:
-        >>> from lightning_pilot.core.phases import CheckResult
-        >>> rows = PhaseRows(stop_on_fail=True)
-        >>> rows.count("forward", 0)
-        >>> rows.add(Occurrence("forward", 0, 0.1), [CheckResult("loss_finite", "pass")]) is None
-        True
-        >>> rows.count("forward", 1)
-        >>> rows.add(Occurrence("forward", 1, 0.1), [CheckResult("loss_finite", "fail", "nan")])
-        'forward failed at step 1: loss_finite: nan'
-        >>> [(r["first"], r["verdict"], r["precision"]) for r in rows.rows(precision="32-true")]
-        [(True, 'pass', '32-true'), (False, 'fail', '32-true')]
-    """
+    failed check (else ``None``)."""
 
     def __init__(self, *, stop_on_fail: bool = False) -> None:
         self.stop_on_fail = stop_on_fail
@@ -110,15 +97,7 @@ class PhaseRows:
 
 
 def file_bytes(path: Any) -> int | None:
-    """The bytes of the file, or of the files under the folder, at ``path`` (else ``None``).
-
-    Example:
-        >>> import tempfile
-        >>> folder = tempfile.mkdtemp()
-        >>> _ = (Path(folder) / "weights.bin").write_bytes(b"1234")
-        >>> file_bytes(folder), file_bytes(Path(folder) / "absent"), file_bytes(None)
-        (4, None, None)
-    """
+    """The bytes of the file, or of the files under the folder, at ``path`` (else ``None``)."""
     try:
         target = Path(os.fspath(path))
     except TypeError:
@@ -132,16 +111,7 @@ def file_bytes(path: Any) -> int | None:
 
 def checkpoint_file(occurrence: Occurrence, path: Any) -> list[checks.CheckResult]:
     """The ``checkpoint_file`` check of a checkpoint save or load at ``path``, its size noted
-    as the occurrence's ``file_bytes``.
-
-    Example:
-        >>> rows = PhaseRows()
-        >>> rows.count("checkpoint_save", 4)
-        >>> occurrence = Occurrence("checkpoint_save", 4, duration_s=0.25)
-        >>> rows.add(occurrence, checkpoint_file(occurrence, "/nowhere/last.ckpt"))
-        >>> [(r["phase"], r["verdict"], r["reason"]) for r in rows.rows(device="cpu")]
-        [('checkpoint_save', 'fail', 'checkpoint_file: no file with bytes at /nowhere/last.ckpt. If the check fails: free memory or disk before saving, or save less state')]
-    """  # noqa: E501
+    as the occurrence's ``file_bytes``."""
     size = occurrence.values["file_bytes"] = file_bytes(path)
     if size:
         return [checks.CheckResult("checkpoint_file", "pass", f"{size} bytes")]
@@ -152,13 +122,7 @@ def export_written(
     occurrence: Occurrence, path: Any, error: str | None
 ) -> list[checks.CheckResult]:
     """The export's ``export_written`` check (failed with ``error``; none when it wrote), the
-    size at ``path`` noted as the occurrence's ``file_bytes``.
-
-    Example:
-        >>> export = Occurrence("export", 9)
-        >>> export_written(export, None, "export raised ValueError: no head"), export.values
-        ([CheckResult(name='export_written', verdict='fail', detail='export raised ValueError: no head')], {'file_bytes': None})
-    """  # noqa: E501
+    size at ``path`` noted as the occurrence's ``file_bytes``."""
     occurrence.values["file_bytes"] = None if path is None else file_bytes(path)
     return [checks.CheckResult("export_written", "fail", error)] if error else []
 
@@ -166,13 +130,7 @@ def export_written(
 def params_on_device(
     named_parameters: Iterable[tuple[str, torch.nn.Parameter]], device: torch.device
 ) -> checks.CheckResult:
-    """The setup's ``params_on_device``: every parameter on ``device`` (else a warning).
-
-    Example:
-        >>> model = torch.nn.Linear(2, 2)
-        >>> params_on_device(model.named_parameters(), torch.device("meta")).detail
-        "2 parameter(s) not on meta: ['weight', 'bias']"
-    """
+    """The setup's ``params_on_device``: every parameter on ``device`` (else a warning)."""
     misplaced = [n for n, p in named_parameters if p.device != device]
     if misplaced:
         detail = f"{len(misplaced)} parameter(s) not on {device}: {misplaced[:8]}"
@@ -187,15 +145,7 @@ def model_row(
     precision: str | None,
     device: str,
 ) -> dict[str, Any]:
-    """The row of ``model.parquet``: class, parameters, optimizers, precision and device.
-
-    Example:
-        >>> model = torch.nn.Linear(3, 2)
-        >>> row = model_row(model, [torch.optim.SGD(model.parameters(), lr=0.1)],
-        ...                 precision="32-true", device="cpu")
-        >>> row["model_class"], row["parameters"], row["param_bytes"], row["optimizers"]
-        ('torch.nn.modules.linear.Linear', 8, 32, 'SGD(lr=0.1)')
-    """
+    """The row of ``model.parquet``: class, parameters, optimizers, precision and device."""
     params = list(module.parameters())
     named = [
         f"{type(o).__name__}(lr={o.param_groups[0].get('lr')})" if o.param_groups else
@@ -216,13 +166,7 @@ def model_row(
 def placement_rows(
     module: torch.nn.Module, optimizers: Iterable[torch.optim.Optimizer], moment: str
 ) -> list[dict[str, Any]]:
-    """The rows of ``placement.parquet`` at ``moment``: bytes per (device, kind), host swap.
-
-    Example:
-        >>> rows = placement_rows(torch.nn.Linear(3, 2), [], "fit_end")
-        >>> [(r["device"], r["kind"], r["bytes"], r["moment"]) for r in rows]
-        [('cpu', 'param', 32, 'fit_end')]
-    """
+    """The rows of ``placement.parquet`` at ``moment``: bytes per (device, kind), host swap."""
     swap = host_memory().swap_used_bytes
     rows = state_bytes(module, optimizers).placement_rows()
     return [row | {"moment": moment, "host_swap_used_bytes": swap} for row in rows]

@@ -26,14 +26,7 @@ def normalise_schedule(
     accumulate_grad_batches: int | Mapping[int, int], *, owner: str = "plan_updates"
 ) -> tuple[tuple[int, int], ...]:
     """``K`` or an ``{epoch: K}`` schedule as sorted ``(first_epoch, K)`` pairs, as Lightning's
-    ``GradientAccumulationScheduler`` reads it (epochs before the first key: 1).
-
-    Example:
-        >>> normalise_schedule(8)
-        ((0, 8),)
-        >>> normalise_schedule({2: 4})
-        ((0, 1), (2, 4))
-    """
+    ``GradientAccumulationScheduler`` reads it (epochs before the first key: 1)."""
     name = "accumulate_grad_batches"
     if isinstance(accumulate_grad_batches, Mapping):
         if not accumulate_grad_batches:
@@ -280,14 +273,7 @@ def replica_duplicates(
     micro_batch_size: int,
 ) -> int:
     """Duplicated samples a padding ``DistributedSampler`` put in one micro-batch of a rank (its
-    last sample of the epoch, when that position is past the dataset).
-
-    Example:
-        >>> # 21 examples on 2 replicas: 11 each; rank 1's 11th sample repeats example 0.
-        >>> [replica_duplicates(dataset_size=21, num_replicas=2, rank=r, samples_per_replica=11,
-        ...                     batch_idx=5, micro_batch_size=2) for r in (0, 1)]
-        [0, 1]
-    """
+    last sample of the epoch, when that position is past the dataset)."""
     last_position = (samples_per_replica - 1) * num_replicas + rank
     if samples_per_replica < 1 or last_position < dataset_size:
         return 0
@@ -299,14 +285,7 @@ def plan_for_fit(
     dataset_size: int | None, micro_batch_size: int | None, **budget: Any
 ) -> tuple[UpdatePlan | None, str | None]:
     """:func:`plan_updates` (``budget``: its other arguments) for a fit, or no plan and why
-    (no note without a dataset or micro-batch size).
-
-    Example:
-        >>> plan_for_fit(64, 2, epochs=None, max_steps=None)
-        (None, 'neither max_epochs nor max_steps limits the run: no plan')
-        >>> plan_for_fit(64, 2, epochs=1)[0].total_updates
-        32
-    """
+    (no note without a dataset or micro-batch size)."""
     if budget.get("epochs") is None and budget.get("max_steps") is None:
         return None, "neither max_epochs nor max_steps limits the run: no plan"
     if not dataset_size or not micro_batch_size:

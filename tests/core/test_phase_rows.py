@@ -121,6 +121,26 @@ def test_file_sizes_and_the_checkpoint_and_export_checks(tmp_path: Path) -> None
     assert exported.values["file_bytes"] == 312
 
 
+def test_a_missing_checkpoint_fails_with_its_remedy_and_a_raising_export_fails() -> None:
+    rows = PhaseRows()
+    rows.count("checkpoint_save", 4)
+    occurrence = Occurrence("checkpoint_save", 4, duration_s=0.25)
+    rows.add(occurrence, checkpoint_file(occurrence, "/nowhere/last.ckpt"))
+    assert [(r["phase"], r["verdict"], r["reason"]) for r in rows.rows(device="cpu")] == [
+        (
+            "checkpoint_save",
+            "fail",
+            "checkpoint_file: no file with bytes at /nowhere/last.ckpt. If the check fails:"
+            " free memory or disk before saving, or save less state",
+        )
+    ]
+    export = Occurrence("export", 9)
+    assert export_written(export, None, "export raised ValueError: no head") == [
+        CheckResult("export_written", "fail", "export raised ValueError: no head")
+    ]
+    assert export.values == {"file_bytes": None}
+
+
 def test_params_on_device() -> None:
     model = torch.nn.Linear(2, 2)
     assert params_on_device(model.named_parameters(), torch.device("cpu")) == CheckResult(
