@@ -13,30 +13,11 @@ import torch
 from lightning_pilot.core.batches import is_int_tensor
 from lightning_pilot.core.checks import CheckResult, _judged, shown_names
 
-__all__ = [
-    "TargetKind",
-    "check_attention_mask",
-    "check_ids",
-    "check_padding",
-    "check_targets_present",
-    "check_truncation",
-    "row_lengths",
-    "target_kind",
-]
-
-
 TargetKind = Literal["classification", "sequence", "regression", "unknown"]
 
 
 def target_kind(inputs: Any, targets: Any) -> TargetKind:
-    """What the targets are: one class per example, one token per position, or real values.
-
-    Example:
-        >>> target_kind(torch.zeros(2, 5, dtype=torch.long), torch.zeros(2, 5, dtype=torch.long))
-        'sequence'
-        >>> target_kind(torch.zeros(2, 3), torch.tensor([0, 1]))
-        'classification'
-    """
+    """What the targets are: one class per example, one token per position, or real values."""
     if not isinstance(targets, torch.Tensor):
         return "unknown"
     if targets.is_floating_point():
@@ -118,12 +99,7 @@ def check_truncation(lengths: Sequence[int] | None, max_length: int | None) -> C
 
 
 def check_padding(padding: int, total: int, *, warn_above: float = 0.5) -> CheckResult:
-    """Fraction of positions that are padding (``padding`` of ``total``); warn above a limit.
-
-    Example:
-        >>> check_padding(30, 100).detail
-        '30.0% of 100 positions are padding'
-    """
+    """Fraction of positions that are padding (``padding`` of ``total``); warn above a limit."""
     name = "padding"
     if total <= 0:
         return CheckResult(name, "not_checked", "field 'attention_mask' not found")

@@ -13,15 +13,6 @@ from lightning_pilot.core.batch_checks import target_kind
 from lightning_pilot.core.batches import is_int_tensor
 from lightning_pilot.core.checks import CheckResult, _judged, shown_names
 
-__all__ = [
-    "PROMPT_OPTIONS_ADVICE",
-    "PromptSpec",
-    "check_instruction_masking",
-    "check_loss_positions",
-    "prompt_label_counts",
-]
-
-
 #: How to turn the ``instruction_masked`` warning into a check (BatchInspector's options).
 PROMPT_OPTIONS_ADVICE: Final = (
     "to check the masking instead, tell BatchInspector where each prompt is: response_mask_key="
@@ -77,15 +68,7 @@ class PromptSpec:
     one of ``response_mask_key`` (a batch field, 1 on response tokens, 0 on prompt tokens),
     ``prompt_length_key`` (a batch field, each prompt's length in tokens, counted from the
     row's first real token) or ``response_template`` (the token ids that start the response:
-    everything up to and including its first occurrence is prompt).
-
-    Example:
-        >>> spec = PromptSpec(response_template=(9, 9))
-        >>> ids = torch.tensor([[5, 9, 9, 7, 8], [5, 6, 7, 8, 0]])
-        >>> prompt, without, why = spec.locate({"input_ids": ids}, ids, None)
-        >>> prompt.long().tolist(), without, why, str(spec)
-        ([[1, 1, 1, 0, 0], [0, 0, 0, 0, 0]], [1], None, 'response_template=(9, 9)')
-    """
+    everything up to and including its first occurrence is prompt)."""
 
     response_mask_key: str | None = None
     prompt_length_key: str | None = None
@@ -161,14 +144,8 @@ def prompt_label_counts(
     shifted: Sequence[bool] | None = None,
 ) -> tuple[list[int], list[int]]:
     """Per row: its prompt positions, and those whose label is not ``ignore_index`` (the prompt
-    in the loss). ``shifted``: rows whose labels are shifted left by one (``labels[t]`` is the
-    target of input position ``t + 1``), whose prompt labels sit one position earlier.
-
-    Example:
-        >>> prompt = torch.tensor([[True, True, False, False]])
-        >>> prompt_label_counts(prompt, torch.tensor([[5, -100, 7, 8]]), ignore_index=-100)
-        ([2], [1])
-    """
+    in the loss). ``shifted``: rows whose labels are shifted left by one, whose prompt labels sit
+    one position earlier."""
     labelled = prompt.clone()
     if shifted is not None and any(shifted):
         moved = torch.cat([prompt[:, 1:], torch.zeros_like(prompt[:, :1])], dim=1)

@@ -17,25 +17,9 @@ from torch.utils.data import IterableDataset
 from lightning_pilot.core.batches import INPUT_KEYS, BatchAdapter
 from lightning_pilot.core.checks import CheckResult, _judged, shown_names
 
-__all__ = [
-    "DatasetScan",
-    "check_class_histograms",
-    "check_duplicates",
-    "check_leakage",
-    "class_histogram",
-    "find_shared",
-    "first_items",
-    "input_fingerprint",
-]
-
 
 def class_histogram(labels: Iterable[Any], *, ignore_index: int = -100) -> dict[int, int]:
-    """Count examples per class (integer labels; ``ignore_index`` and non-integers skipped).
-
-    Example:
-        >>> class_histogram([0, 2, 2, -100])
-        {0: 1, 2: 2}
-    """
+    """Count examples per class (integer labels; ``ignore_index`` and non-integers skipped)."""
     counts: Counter[int] = Counter()
     for label in labels:
         value = label.item() if isinstance(label, torch.Tensor) and label.numel() == 1 else label
@@ -81,12 +65,7 @@ def check_class_histograms(histograms: Mapping[str, Mapping[int, int]]) -> list[
 
 
 def find_shared(keys_by_split: Mapping[str, Iterable[Hashable]]) -> dict[Hashable, list[str]]:
-    """Keys found in more than one split, with the splits they are in (in split order).
-
-    Example:
-        >>> find_shared({"train": [1, 2, 3], "val": [3, 4], "test": [4, 5]})
-        {3: ['train', 'val'], 4: ['val', 'test']}
-    """
+    """Keys found in more than one split, with the splits they are in (in split order)."""
     where: dict[Hashable, list[str]] = {}
     for split, keys in keys_by_split.items():
         for key in dict.fromkeys(keys):
@@ -124,15 +103,7 @@ def check_leakage(
 
 def input_fingerprint(value: Any) -> str | None:
     """A stable digest of one example's input: tensor bytes with dtype and shape; for a dict
-    (several inputs, e.g. ``{"input_ids": ..., "pixel_values": ...}``) or a list or tuple, the
-    digests of its parts with their keys; else its repr.
-
-    Example:
-        >>> caption, image = torch.tensor([5, 6]), torch.zeros(3, 2, 2)
-        >>> pair = input_fingerprint({"input_ids": caption, "pixel_values": image})
-        >>> pair == input_fingerprint({"input_ids": caption, "pixel_values": image + 1})
-        False
-    """
+    (several inputs) or a list or tuple, the digests of its parts with their keys; else its repr."""
     if value is None:
         return None
     digest = hashlib.blake2b(digest_size=16)
@@ -195,17 +166,7 @@ def first_items(dataset: Any, limit: int) -> Iterator[Any]:
 
 class DatasetScan:
     """Class histograms, leakage and duplicates over the first ``max_examples`` items of each split
-    (user code that raises is listed in :attr:`raised`).
-
-    Example:
-        >>> scan = DatasetScan(BatchAdapter(), max_examples=10, group_fn=lambda item: item[2])
-        >>> train = [(torch.tensor([i]), torch.tensor(i % 2), i // 2) for i in range(4)]
-        >>> val = [(torch.tensor([9]), torch.tensor(0), 1)]
-        >>> [(c.name, c.verdict) for c in scan.run({"train": [train], "val": [val]})]
-        [('class_histograms', 'pass'), ('val_classes_in_train', 'pass'),
-         ('label_ranges_agree', 'pass'), ('split_leakage', 'fail'),
-         ('duplicate_inputs_across_splits', 'pass')]
-    """
+    (user code that raises is listed in :attr:`raised`)."""
 
     def __init__(
         self,

@@ -413,3 +413,12 @@ def test_without_a_prompt_option_the_warning_says_how_to_check() -> None:
     assert result.detail.endswith(PROMPT_OPTIONS_ADVICE)
     for option in ("response_mask_key=", "prompt_length_key=", "response_template="):
         assert option in result.detail
+
+
+def test_a_response_template_marks_the_prompt_up_to_its_end_and_names_rows_without_it() -> None:
+    spec = PromptSpec(response_template=(9, 9))
+    ids = torch.tensor([[5, 9, 9, 7, 8], [5, 6, 7, 8, 0]])
+    prompt, without, why = spec.locate({"input_ids": ids}, ids, None)
+    assert prompt is not None
+    assert prompt.long().tolist() == [[1, 1, 1, 0, 0], [0, 0, 0, 0, 0]]
+    assert (without, why, str(spec)) == ([1], None, "response_template=(9, 9)")
