@@ -57,12 +57,7 @@ class DivergenceRules:
 
 @dataclass(frozen=True)
 class DivergenceEvent:
-    """One thing worth recording: a fatal rule firing, a spike starting or ending.
-
-    Example:
-        >>> DivergenceEvent(4, "nonfinite_loss", float("nan"), None, None, None, "nan").as_row()
-        {'step': 4, 'event': 'nonfinite_loss', 'loss': nan, 'grad_norm': None, 'reference': None, 'threshold': None, 'detail': 'nan'}
-    """  # noqa: E501
+    """One thing worth recording: a fatal rule firing, a spike starting or ending."""
 
     step: int
     event: str
@@ -79,12 +74,7 @@ class DivergenceEvent:
 
 @dataclass(frozen=True)
 class DivergenceDecision:
-    """The answer for one update: ``fatal`` if a fatal rule fired, ``cause`` the rule.
-
-    Example:
-        >>> DivergenceDecision(step=3).fatal, DivergenceDecision(3, "loss_blowup").fatal
-        (False, True)
-    """
+    """The answer for one update: ``fatal`` if a fatal rule fired, ``cause`` the rule."""
 
     step: int
     cause: str | None = None
@@ -101,16 +91,7 @@ class DivergenceDetector:
 
     Attributes:
         first_fatal: ``(cause, step)`` of the first fatal rule that fired, else ``None``.
-        counts: how many times each event fired.
-
-    Example:
-        >>> detector = DivergenceDetector(DivergenceRules(window=3, warmup=3, spike_patience=2))
-        >>> causes = [detector.update(s, v).cause for s, v in enumerate([1, 1, 1, 1, 9, 1], 1)]
-        >>> causes, detector.counts
-        ([None, None, None, None, None, None], {'spike': 1, 'spike_end': 1})
-        >>> [detector.update(s, 9.0).cause for s in (7, 8)]
-        [None, 'loss_spike_persistent']
-    """
+        counts: how many times each event fired."""
 
     STATE_VERSION: Final = 1
     #: Events of one kind listed at most (all are counted in :attr:`counts`).
@@ -284,17 +265,7 @@ def normal_outcome(
 
 class Curves:
     """A run's curves: training loss and learning rate per update, validation points
-    (:meth:`as_record` ``since=`` a :meth:`mark`: only the points added since).
-
-    Example:
-        >>> curves = Curves()
-        >>> curves.add_train(1, 3.2, lr=1e-3); curves.add_val(1, "val_loss", 3.0)
-        >>> curves.as_record()["train_loss"], curves.as_record()["val_points"]
-        ([{'step': 1, 'value': 3.2}], [{'step': 1, 'name': 'val_loss', 'value': 3.0}])
-        >>> mark = curves.mark(); curves.add_train(2, 3.1, lr=1e-3)
-        >>> curves.as_record(since=mark)["train_loss"]
-        [{'step': 2, 'value': 3.1}]
-    """
+    (:meth:`as_record` ``since=`` a :meth:`mark`: only the points added since)."""
 
     def __init__(self) -> None:
         self.train_loss: list[tuple[int, float | None]] = []

@@ -34,12 +34,7 @@ TrainerBar = Literal["tqdm", "other"] | None
 
 
 def clean(text: object) -> str:
-    """``str(text)`` on one line, control characters as spaces, at most ``MAX_MESSAGE`` long.
-
-    Example:
-        >>> clean("step 2\\r\\x1b[2Kdone")
-        'step 2  [2Kdone'
-    """
+    """``str(text)`` on one line, control characters as spaces, at most ``MAX_MESSAGE`` long."""
     line = _CONTROL.sub(" ", str(text)).strip()
     return line if len(line) <= MAX_MESSAGE else line[: MAX_MESSAGE - 3] + "..."
 
@@ -53,26 +48,14 @@ class Mark(NamedTuple):
 
 
 def marker_line(done: int, total: int, message: str) -> str:
-    """The line a child prints for its parent (no newline).
-
-    Example:
-        >>> marker_line(0, 2, "task 1 of 2: loading the checkpoint")
-        'lightning-pilot-progress: 0/2 task 1 of 2: loading the checkpoint'
-    """
+    """The line a child prints for its parent (no newline)."""
     done = validate.integer("marker_line", "done", done, minimum=0)
     total = validate.integer("marker_line", "total", total, minimum=0)
     return f"{MARKER} {done}/{total} {clean(message)}"
 
 
 def parse_marker(line: str) -> Mark | None:
-    """The :class:`Mark` of a marker line, ``None`` for any other line (the child's own output).
-
-    Example:
-        >>> parse_marker("lightning-pilot-progress: 1/2 task 2 of 2: rebuilding the module\\n")
-        Mark(done=1, total=2, message='task 2 of 2: rebuilding the module')
-        >>> parse_marker("Epoch 0: 100%") is None
-        True
-    """
+    """The :class:`Mark` of a marker line, ``None`` for any other line (the child's own output)."""
     if not line.startswith(MARKER):
         return None
     found = _MARK.fullmatch(line[len(MARKER) :].strip())
@@ -98,13 +81,7 @@ def tqdm_available() -> bool:
 class Reporter:
     """Progress that shows nothing: the base of :class:`LineReporter` and :class:`BarReporter`,
     and what :func:`choose_reporter` returns where nothing may be shown. A context manager that
-    closes it.
-
-    Example:
-        >>> with Reporter() as quiet:
-        ...     quiet.update("anything", done=1)
-        ...     quiet.tick()
-    """
+    closes it."""
 
     def update(self, message: str, *, done: int | None = None) -> None:
         """Say what the work does now (``done`` units finished)."""

@@ -11,6 +11,7 @@ import torch
 from lightning_pilot.core.divergence import (
     Curves,
     DivergenceDetector,
+    DivergenceEvent,
     DivergenceRules,
     exception_outcome,
     normal_outcome,
@@ -279,3 +280,27 @@ def test_curves_truncate_and_round_trip() -> None:
     clone.load_state_dict(curves.state_dict())
     assert clone.as_record() == record
     assert Curves().as_record() == {"train_loss": [], "lr_curve": [], "val_points": []}
+
+
+def test_curves_since_a_mark_hold_only_the_later_points() -> None:
+    curves = Curves()
+    curves.add_train(1, 3.2, lr=1e-3)
+    curves.add_val(1, "val_loss", 3.0)
+    assert curves.as_record()["train_loss"] == [{"step": 1, "value": 3.2}]
+    assert curves.as_record()["val_points"] == [{"step": 1, "name": "val_loss", "value": 3.0}]
+    mark = curves.mark()
+    curves.add_train(2, 3.1, lr=1e-3)
+    assert curves.as_record(since=mark)["train_loss"] == [{"step": 2, "value": 3.1}]
+
+
+def test_an_event_row_keeps_a_nan_loss() -> None:
+    row = DivergenceEvent(4, "nonfinite_loss", NAN, None, None, None, "nan").as_row()
+    assert np.isnan(row.pop("loss"))
+    assert row == {
+        "step": 4,
+        "event": "nonfinite_loss",
+        "grad_norm": None,
+        "reference": None,
+        "threshold": None,
+        "detail": "nan",
+    }
