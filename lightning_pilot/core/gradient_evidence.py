@@ -18,19 +18,7 @@ Key = tuple[str, bool, str]
 class GradientEvidence:
     """The names that received a gradient in a measured backward, and per deferred check
     (phase row and check) the names without one, judged by :meth:`results` once the evidence is
-    complete. A name once judged as never reached stays so.
-
-    Example:
-        >>> evidence = GradientEvidence()
-        >>> evidence.backward(["blocks.0.weight", "head.weight"])
-        >>> evidence.backward(["head.weight"])  # LayerDrop skipped block 0 here
-        >>> evidence.defer(("backward", False, "grads_reach_params"), ["blocks.0.weight"])
-        >>> evidence.results()[("backward", False, "grads_reach_params")].verdict
-        'pass'
-        >>> evidence.defer(("backward", True, "grads_reach_params"), ["tail.weight"])
-        >>> evidence.failure()  # doctest: +ELLIPSIS
-        'failed over the measured updates: backward grads_reach_params: 1 trainable parameter(s) received no gradient in any of 2 measured backward(s) ...: tail.weight'
-    """  # noqa: E501
+    complete. A name once judged as never reached stays so."""
 
     def __init__(self) -> None:
         self.reached: set[str] = set()
@@ -86,18 +74,8 @@ def merge_deferred(
     row: dict[str, Any], deferred: Mapping[Key, checks.CheckResult]
 ) -> dict[str, Any]:
     """``row`` (a phase row) with its deferred checks merged into those of the same name (the
-    worst verdict, both details), its verdict and reason judged again.
-
-    Example:
-        >>> row = {"phase": "backward", "first": True, "verdict": "pass", "reason": None,
-        ...        "checks": [{"name": "grads_finite", "verdict": "pass", "detail": ""}]}
-        >>> failed = checks.CheckResult("grads_reach_params", "fail", "head.weight")
-        >>> merged = merge_deferred(row, {("backward", True, "grads_reach_params"): failed})
-        >>> merged["verdict"], [c["name"] for c in merged["checks"]]
-        ('fail', ['grads_finite', 'grads_reach_params'])
-        >>> merge_deferred(row, {("backward", False, "grads_reach_params"): failed}) is row
-        True
-    """
+    worst verdict, both details), its verdict and reason judged again; ``row`` itself when none
+    is its."""
     phase, first = row["phase"], bool(row["first"])
     extra = {k[2]: r for k, r in deferred.items() if k[:2] == (phase, first)}
     if not extra:

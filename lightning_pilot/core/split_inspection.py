@@ -36,25 +36,12 @@ from lightning_pilot.core.prompt_checks import (
 )
 from lightning_pilot.vocabulary import worst_verdict
 
-__all__ = ["SplitInspection"]
-
 
 class SplitInspection:
     """Run the batch checks over the first batches of one split, each check keeping its worst
     verdict (with an ``encoder_decoder``, those comparing labels with inputs are ``not_checked``
     and the labels are compared with the decoder inputs instead; ``prompt``: where each prompt
-    is, for ``instruction_masked``).
-
-    Example:
-        >>> from lightning_pilot.core.batches import BatchAdapter
-        >>> inspection = SplitInspection("train", ignore_index=-100, output_size=3)
-        >>> inspection.add(BatchAdapter().view({"ids": torch.tensor([1, 1]),
-        ...                                     "x": torch.zeros(2, 4),
-        ...                                     "y": torch.tensor([0, 2])}))
-        >>> [(c.name, c.verdict) for c in inspection.checks()][:3]
-        [('train/ids_present_unique', 'fail'), ('train/targets_present', 'pass'),
-         ('train/label_range', 'pass')]
-    """
+    is, for ``instruction_masked``)."""
 
     def __init__(
         self,
