@@ -64,16 +64,7 @@ class Heartbeat:
 
 
 def derived_from_id(value: object) -> str | None:
-    """``DivergenceLedger(derived_from=)``: ``None`` or a run id.
-
-    Example:
-        >>> derived_from_id("20261130T092309763Z-a1fe91cb433ec8b4")
-        '20261130T092309763Z-a1fe91cb433ec8b4'
-        >>> derived_from_id("run-7")
-        Traceback (most recent call last):
-        ...
-        ValueError: DivergenceLedger(derived_from='run-7') is invalid: expected a run id such as '20261130T092309763Z-a1fe91cb433ec8b4'.
-    """  # noqa: E501
+    """``DivergenceLedger(derived_from=)``: ``None`` or a run id."""
     owner, expected = "DivergenceLedger", "a run id such as '20261130T092309763Z-a1fe91cb433ec8b4'"
     run_id = validate.text(owner, "derived_from", value, optional=True, hint=expected)
     if run_id is None:
@@ -88,15 +79,7 @@ class RecordSchedule:
     """When the rules are evaluated (every ``check_every`` updates, by distance: several
     optimizers move ``global_step`` by more than one per batch) and when an evaluation writes a
     heartbeat (``heartbeat.updates`` since the last one, or ``heartbeat.seconds`` since the last
-    record of any kind, on ``clock``).
-
-    Example:
-        >>> schedule = RecordSchedule(check_every=5, heartbeat=Heartbeat(updates=10))
-        >>> [step for step in range(1, 31) if schedule.evaluation_due(step)]
-        [5, 10, 15, 20, 25, 30]
-        >>> [step for step in (5, 10, 15, 20) if schedule.take_heartbeat(step)]
-        [10, 20]
-    """
+    record of any kind, on ``clock``)."""
 
     def __init__(
         self, check_every: int, heartbeat: Heartbeat, *, clock: Callable[[], float] = time.monotonic
@@ -141,20 +124,7 @@ class _Update(NamedTuple):
 class PendingUpdates:
     """The optimizer updates not evaluated yet: each one's micro-batch losses (divided by the
     accumulation factor), learning rate and gradient norms, kept on the device until
-    :meth:`evaluate` reads them all in one host sync.
-
-    Example:
-        >>> pending = PendingUpdates()
-        >>> pending.start(0, overflow=False, grad_norm_every=100, check_grad_norm=True)
-        >>> for step, loss in ((1, 2.0), (2, 1.5)):  # two micro-batches per update, K = 2
-        ...     pending.add_lr(0.1)
-        ...     pending.add_loss(torch.tensor(loss / 2), factor=2)
-        ...     pending.add_loss(torch.tensor(loss / 2), factor=2)
-        ...     closed = pending.close(step)
-        >>> curves = Curves()
-        >>> [d.cause for d in pending.evaluate(DivergenceDetector(), curves)], curves.train_loss
-        ([None, None], [(1, 2.0), (2, 1.5)])
-    """
+    :meth:`evaluate` reads them all in one host sync."""
 
     def __init__(self) -> None:
         self.updates: list[_Update] = []
@@ -229,13 +199,7 @@ class PendingUpdates:
 
 
 class Stop(NamedTuple):
-    """The fatal rule that stops (or, with ``action="record"``, marks) the run.
-
-    Example:
-        >>> stop = Stop("loss_blowup", 40, "loss 812 above 10x the initial loss")
-        >>> Stop.from_code(stop.code, 40)
-        Stop(cause='loss_blowup', step=40, detail='loss_blowup fired on another rank at step 40')
-    """
+    """The fatal rule that stops (or, with ``action="record"``, marks) the run."""
 
     cause: str
     step: int
@@ -264,12 +228,7 @@ class Stop(NamedTuple):
 def limit_reached(
     *, max_steps: int, global_step: int, max_epochs: int | None, current_epoch: int
 ) -> str | None:
-    """The Trainer limit a fit reached (``max_steps`` first), or ``None``.
-
-    Example:
-        >>> limit_reached(max_steps=-1, global_step=40, max_epochs=2, current_epoch=2)
-        'max_epochs'
-    """
+    """The Trainer limit a fit reached (``max_steps`` first), or ``None``."""
     if max_steps != -1 and global_step >= max_steps:
         return "max_steps"
     if max_epochs is not None and max_epochs != -1 and current_epoch >= max_epochs:
@@ -288,13 +247,7 @@ def normal_end(
     planned_updates: int | None,
 ) -> tuple[str, str, str | None]:
     """``(status, stop_cause, stop_detail)`` of a fit that returned normally; ``stopped_early``:
-    each early-stopping callback's ``(reason, message)``.
-
-    Example:
-        >>> normal_end(stop=None, action="stop", stopped_early=[], time_limit=False,
-        ...            limit="max_epochs", updates_done=30, planned_updates=40)
-        ('stopped', 'step_shortfall', '30 of 40 planned updates done')
-    """
+    each early-stopping callback's ``(reason, message)``."""
     status, cause = normal_outcome(
         divergence=stop.cause if stop else None,
         early_stopping=bool(stopped_early),
@@ -316,12 +269,7 @@ def normal_end(
 
 def failure_outcome(exception: BaseException, step: int, unread: str | None) -> dict[str, Any]:
     """The outcome columns of a fit that raised ``exception`` at ``step`` (``unread``: why the
-    last losses could not be read).
-
-    Example:
-        >>> failure_outcome(KeyboardInterrupt(), 12, None)["stop_cause"]
-        'keyboard_interrupt'
-    """
+    last losses could not be read)."""
     status, cause = exception_outcome(exception)
     return {
         "status": status,
@@ -335,12 +283,7 @@ def failure_outcome(exception: BaseException, step: int, unread: str | None) -> 
 
 def unwritten_outcome(status: str, cause: str, step: int, error: OSError) -> dict[str, Any]:
     """The outcome columns of a fit that ended (``status``, ``cause``) at ``step`` but whose
-    tables could not be written: not a clean run.
-
-    Example:
-        >>> unwritten_outcome("completed", "max_steps", 9, OSError(28, "No space"))["status"]
-        'failed'
-    """
+    tables could not be written: not a clean run."""
     detail = (
         f"training ended ({status}: {cause}) after {step} update(s); then the run's tables"
         f" could not be written: {error}"
@@ -359,12 +302,7 @@ def failed_matches(rows: Iterable[Any], *, exclude: Iterable[str | None]) -> lis
 
 
 def repeat_message(experiment: str, variant: str, key: str, matches: Sequence[str]) -> str:
-    """What a run repeating a configuration that already ended badly is told.
-
-    Example:
-        >>> repeat_message("e", "v", "k1", ["r1 (diverged: loss_blowup at step 40)"])[:44]
-        'e/v (variant_key k1) repeats a configuration'
-    """
+    """What a run repeating a configuration that already ended badly is told."""
     return (
         f"{experiment}/{variant} (variant_key {key}) repeats a configuration that already"
         f" ended badly in this ledger: {', '.join(matches)}. Change the configuration, or pass"
@@ -389,16 +327,7 @@ def run_facts(
 ) -> dict[str, Any]:
     """The facts of a run's records: setup, environment, keys, learning rate and plan
     (``fields``: handed over by other callbacks, they win; ``estimate``: the Trainer's estimated
-    stepping batches, NaN when unknown; ``optimizer_lr``: read when ``params`` has no ``lr``).
-
-    Example:
-        >>> facts = run_facts(experiment="e", params={"lr": 0.1}, seed=0, fields={},
-        ...                   strategy="SingleDeviceStrategy", loader_size=8, accumulate=4,
-        ...                   world_size=2, estimate=100.0, precision="32-true",
-        ...                   optimizer_lr=lambda: None, device_name="cpu")
-        >>> facts["effective_batch_size"], facts["planned_updates"], facts["lr"]
-        (64, 100, 0.1)
-    """
+    stepping batches, NaN when unknown; ``optimizer_lr``: read when ``params`` has no ``lr``)."""
     micro = fields.get("micro_batch_size", loader_size if isinstance(loader_size, int) else None)
     accumulate = fields.get("accumulate_grad_batches", accumulate)
     # Model-parallel ranks do not multiply the batch; every other strategy is data parallel.
@@ -442,17 +371,7 @@ def ledger_record(
 ) -> dict[str, Any]:
     """One ledger record: the run's facts, the fields other callbacks handed over (not in
     :data:`OWN_FIELDS`, not null), ``identity``, ``event``, the curves (a heartbeat after a
-    ``mark``: only the points since) and the ``outcome`` columns.
-
-    Example:
-        >>> curves = Curves(); curves.add_train(1, 2.5, lr=0.1); mark = curves.mark()
-        >>> curves.add_train(2, 2.4, lr=0.1)
-        >>> record = ledger_record({"lr": 0.1}, {"status": "x", "gpu": "H100"}, {"run_id": "r"},
-        ...                        event="heartbeat", updates_done=2, phase_table_uri=None,
-        ...                        curves=curves, mark=mark, outcome={"status": "running"})
-        >>> record["gpu"], record["status"], record["curves_delta"], record["train_loss"]
-        ('H100', 'running', True, [{'step': 2, 'value': 2.4}])
-    """
+    ``mark``: only the points since) and the ``outcome`` columns."""
     record: dict[str, Any] = dict(facts or {})
     record.update((k, v) for k, v in fields.items() if k not in OWN_FIELDS and v is not None)
     heartbeat = event == "heartbeat"

@@ -16,6 +16,7 @@ from lightning_pilot.core.ledger_records import (
     PendingUpdates,
     RecordSchedule,
     Stop,
+    derived_from_id,
     failed_matches,
     failure_outcome,
     ledger_record,
@@ -283,3 +284,31 @@ def test_a_record_keeps_its_own_columns_and_the_whole_curves_at_start() -> None:
     assert record["curves_delta"] is False
     assert record["train_loss"] == [{"step": 1, "value": 2.5}]
     assert record["val_points"] == [{"step": 1, "name": "val_loss", "value": 2.7}]
+
+
+def test_a_heartbeat_record_holds_the_curves_since_its_mark() -> None:
+    curves = Curves()
+    curves.add_train(1, 2.5, lr=0.1)
+    mark = curves.mark()
+    curves.add_train(2, 2.4, lr=0.1)
+    record = ledger_record(
+        {"lr": 0.1},
+        {"status": "x", "gpu": "H100"},
+        {"run_id": "r"},
+        event="heartbeat",
+        updates_done=2,
+        phase_table_uri=None,
+        curves=curves,
+        mark=mark,
+        outcome={"status": "running"},
+    )
+    assert (record["gpu"], record["status"], record["curves_delta"]) == ("H100", "running", True)
+    assert record["train_loss"] == [{"step": 2, "value": 2.4}]
+
+
+def test_derived_from_takes_none_or_a_run_id() -> None:
+    run_id = "20261130T092309763Z-a1fe91cb433ec8b4"
+    assert derived_from_id(run_id) == run_id
+    assert derived_from_id(None) is None
+    with pytest.raises(ValueError, match=r"DivergenceLedger\(derived_from='run-7'\) is invalid"):
+        derived_from_id("run-7")
