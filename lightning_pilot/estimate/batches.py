@@ -14,8 +14,6 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from lightning_pilot.estimate.shadows import _SHADOW, _SHADOW_LIMIT
 
-__all__ = ["reshape_batch"]
-
 
 def _sequence_length(batch: Any) -> int | None:
     for value in tree_flatten(batch)[0]:

@@ -13,14 +13,8 @@ from typing import Any, Final
 import numpy as np
 import torch
 
-from lightning_pilot.estimate.recorder import (
-    CATEGORIES,
-    PhaseTrace,
-    operator_signature,
-    segment_bytes,
-)
-
-__all__ = ["CUTS", "MIN_BLOCKS", "cut_blocks", "extrapolate_blocks", "repeated_blocks"]
+from lightning_pilot.estimate.recorder import PhaseTrace, operator_signature, segment_bytes
+from lightning_pilot.vocabulary import CATEGORIES
 
 #: The block counts a block list is cut to: the first and last block of each trace may differ
 #: from the others (the first layer's input is the embedding's output, its backward the last
@@ -44,14 +38,7 @@ def repeated_blocks(module: torch.nn.Module) -> tuple[str, torch.nn.Module] | No
     ``nn.ModuleList`` or ``nn.Sequential`` whose children are all of one class with the same
     parameters and buffers (names, shapes, dtypes) and the same submodules (Llama's
     ``model.layers``, GPT-2's ``transformer.h``), of at least :data:`MIN_BLOCKS` children;
-    ``None`` when there is none.
-
-    Example:
-        >>> from torch import nn
-        >>> layers = nn.ModuleList(nn.Linear(4, 4) for _ in range(16))
-        >>> repeated_blocks(nn.Sequential(nn.Linear(4, 4), layers))[0]
-        '1'
-    """
+    ``None`` when there is none."""
     best: tuple[str, torch.nn.Module] | None = None
     for name, sub in module.named_modules():
         if not isinstance(sub, torch.nn.ModuleList | torch.nn.Sequential):
@@ -178,15 +165,13 @@ def extrapolate_blocks(
         tail = names[0][prefix + CUTS[0] * size :]
         if any(n != head + block * k + tail for n, k in zip(names, CUTS, strict=True)):
             continue
-        made = [
-            _synthesize([t.curve for t in traces], prefix, size, count),
-            _synthesize([t.flops for t in traces], prefix, size, count),
-            _synthesize([t.moved for t in traces], prefix, size, count),
-            _synthesize([t.kinds for t in traces], prefix, size, count),
-        ]
-        if any(m is None for m in made):
+        made = {
+            name: _synthesize([getattr(t, name) for t in traces], prefix, size, count)
+            for name in ("curve", "flops", "moved", "kinds")
+        }
+        if any(m is None for m in made.values()):
             continue
-        curve, flops, moved, kinds = (m for m in made if m is not None)
+        curve, flops, moved, kinds = (m for m in made.values() if m is not None)
         peak = max(start, int(curve.max(initial=0)))
         if sum(v or 0 for v in categories.values()) != peak:
             continue

@@ -16,18 +16,12 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Sequence
-from typing import Final
 
-from lightning_pilot.estimate.recorder import PhaseTrace
-
-__all__ = ["cached_gradient_bytes"]
-
-_SMALL: Final = 1 << 20  # the small pool's largest block
-_ROUND: Final = 512
+from lightning_pilot.estimate.recorder import _SMALL, PhaseTrace, _round_up
 
 
 def _rounded(nbytes: int) -> int:
-    return -(-nbytes // _ROUND) * _ROUND
+    return _round_up(nbytes, 512)
 
 
 def cached_gradient_bytes(
@@ -35,20 +29,7 @@ def cached_gradient_bytes(
 ) -> int | None:
     """Bytes of the freed gradient blocks (``gradients``: each gradient's bytes, split over
     ``shards`` GPUs by FSDP) that no allocation of ``trace`` (the backward pass) up to its peak
-    reuses; ``None`` when the trace does not carry its allocations.
-
-    Example:
-        >>> import numpy as np
-        >>> from lightning_pilot.vocabulary import CATEGORIES
-        >>> ops = np.array([64 << 20, 4 << 20, 0])  # 64 MiB, then 4 MiB, then nothing
-        >>> trace = PhaseTrace("backward", 1, dict.fromkeys(CATEGORIES, 0), ops, ops, ops,
-        ...     ops, 2, 0, 0, requests=ops, request_count=np.array([1, 1, 0]),
-        ...     grad_requests=np.zeros(3, np.int64))
-        >>> cached_gradient_bytes([8 << 20, 16 << 20], trace) // (1 << 20)  # 4 MiB split 8
-        20
-        >>> cached_gradient_bytes([8 << 20, 16 << 20], trace, shards=8) // (1 << 20)  # 1, 2
-        3
-    """
+    reuses; ``None`` when the trace does not carry its allocations."""
     if len(trace.requests) != len(trace.curve):
         return None
     pools: tuple[list[int], list[int]] = ([], [])

@@ -15,8 +15,6 @@ import torch
 
 from lightning_pilot.core import validate
 
-__all__ = ["CHECKPOINTING", "activation_checkpointing", "selective_checkpoint_context"]
-
 
 def _hf_models(module: torch.nn.Module) -> list[torch.nn.Module]:
     """The outermost Hugging Face models inside ``module`` that support checkpointing:
@@ -67,21 +65,7 @@ def selective_checkpoint_context() -> Any:
     (``torch.utils.checkpoint.create_selective_checkpoint_contexts``): the outputs of matrix
     products (``aten.mm``, every other one: odd ones saved, even ones recomputed), of fused
     attention (flash, memory-efficient, cuDNN and the CPU stand-in :func:`cuda_attention`
-    uses) and of ``aten.max`` are saved; everything else is recomputed in the backward pass.
-
-    Example:
-        >>> import torch
-        >>> from torch.utils.checkpoint import checkpoint
-        >>> x = torch.randn(4, 4, requires_grad=True)
-        >>> y = checkpoint(
-        ...     lambda t: (t @ t).relu() @ t,
-        ...     x,
-        ...     use_reentrant=False,
-        ...     context_fn=selective_checkpoint_context,
-        ... )
-        >>> y.shape
-        torch.Size([4, 4])
-    """
+    uses) and of ``aten.max`` are saved; everything else is recomputed in the backward pass."""
     from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
     saved = _saved_by_selective()

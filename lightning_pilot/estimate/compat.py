@@ -19,8 +19,6 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from lightning_pilot.estimate.shadows import _SHADOW
 
-__all__: list[str] = []
-
 _IMPORT_UTILS: Final = "transformers.utils.import_utils"
 
 

@@ -14,8 +14,6 @@ from typing import Any, Final
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
-__all__ = ["cuda_attention", "cuda_autocast", "cuda_autocast_policy", "cuda_dropout"]
-
 
 def _fused_attention(
     query: torch.Tensor,
@@ -213,7 +211,6 @@ _BANNED_MESSAGE: Final = (
     " case, combine the two layers using torch.nn.functional.binary_cross_entropy_with_logits"
     " or torch.nn.BCEWithLogitsLoss (CUDA autocast refuses binary_cross_entropy)"
 )
-_LOWER_DTYPES: Final = (torch.float16, torch.bfloat16)
 
 
 def _autocast_ops(key: str) -> set[str]:
@@ -243,20 +240,16 @@ def cuda_autocast_policy() -> dict[str, str]:
 @functools.lru_cache(maxsize=1)
 def _cuda_autocast_policy() -> tuple[tuple[str, str], ...]:
     cuda = _autocast_ops("AutocastCUDA")
+    lists = {
+        "lower": _CUDA_LOWER,
+        "fp32_set_opt_dtype": _CUDA_SET_OPT_DTYPE,
+        "promote": _CUDA_PROMOTE,
+        "banned": _CUDA_BANNED,
+    }
     policy: dict[str, str] = {}
     for name in cuda | _autocast_ops("AutocastCPU"):
-        if name not in cuda:
-            policy[name] = "none"
-        elif name in _CUDA_LOWER:
-            policy[name] = "lower"
-        elif name in _CUDA_SET_OPT_DTYPE:
-            policy[name] = "fp32_set_opt_dtype"
-        elif name in _CUDA_PROMOTE:
-            policy[name] = "promote"
-        elif name in _CUDA_BANNED:
-            policy[name] = "banned"
-        else:
-            policy[name] = "fp32"
+        listed = (kind for kind, names in lists.items() if name in names)
+        policy[name] = next(listed, "fp32") if name in cuda else "none"
     return tuple(sorted(policy.items()))
 
 
@@ -325,18 +318,7 @@ def cuda_autocast() -> Iterator[None]:
     CUDA); the operators CPU autocast casts and CUDA's does not run in their inputs' types.
     The matrix products keep CPU autocast's own kernels (the same policy, and its cache of
     the parameters' casts); every other listed operator gets a kernel here, registered with
-    ``torch.library`` for the ``AutocastCPU`` key and removed on exit.
-
-    Example:
-        >>> import torch
-        >>> x = torch.randn(4, 4)
-        >>> with cuda_autocast(), torch.autocast("cpu", dtype=torch.bfloat16):
-        ...     (x @ x).dtype, torch.softmax(x @ x, -1).dtype
-        (torch.bfloat16, torch.float32)
-        >>> with torch.autocast("cpu", dtype=torch.bfloat16):
-        ...     torch.softmax(x @ x, -1).dtype
-        torch.bfloat16
-    """
+    ``torch.library`` for the ``AutocastCPU`` key and removed on exit."""
     cpu_lower = {
         name
         for name in _CUDA_LOWER
@@ -373,20 +355,7 @@ def cuda_dropout() -> Iterator[None]:
     """``torch.nn.functional.dropout`` (``aten::dropout``) runs CUDA's fused kernel for the
     duration (process-wide): ``native_dropout``, whose backward saves a boolean mask (one byte
     per element), where CPU's dropout saves a noise tensor of the input's dtype. Registered
-    with ``torch.library`` for the ``AutogradCPU`` key and removed on exit.
-
-    Example:
-        >>> import torch
-        >>> x = torch.randn(1000, requires_grad=True)
-        >>> saved = []
-        >>> hooks = torch.autograd.graph.saved_tensors_hooks(
-        ...     lambda t: saved.append(t.dtype) or t, lambda t: t
-        ... )
-        >>> with cuda_dropout(), hooks:
-        ...     y = torch.nn.functional.dropout(x, 0.1)
-        >>> saved
-        [torch.bool]
-    """
+    with ``torch.library`` for the ``AutogradCPU`` key and removed on exit."""
     library = torch.library.Library("aten", "IMPL")  # type: ignore[no-untyped-call]
     try:
         with warnings.catch_warnings():
@@ -395,10 +364,3 @@ def cuda_dropout() -> Iterator[None]:
         yield
     finally:
         library._destroy()  # type: ignore[no-untyped-call]
-
-
-def _putter(table: dict[str, Any], name: str, value: Any) -> Callable[[], None]:
-    def put() -> None:
-        table[name] = value
-
-    return put

@@ -9,8 +9,6 @@ from typing import Any
 
 import torch
 
-__all__ = ["cuda_optimizer_defaults", "optimizer_implementation", "optimizer_of"]
-
 
 def optimizer_of(configured: Any) -> torch.optim.Optimizer:
     """The optimizer in what ``configure_optimizers`` returned (every form Lightning takes);
@@ -38,14 +36,7 @@ def optimizer_of(configured: Any) -> torch.optim.Optimizer:
 def cuda_optimizer_defaults(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
     """``optimizer`` with PyTorch's CUDA default applied where the user left it unset: the
     ``foreach`` implementation (``torch.optim``'s ``_default_to_fused_or_foreach`` picks it for
-    CUDA tensors; on CPU it picks the for-loop).
-
-    Example:
-        >>> import torch
-        >>> opt = torch.optim.AdamW([torch.nn.Parameter(torch.ones(2))])
-        >>> cuda_optimizer_defaults(opt).param_groups[0]["foreach"]
-        True
-    """
+    CUDA tensors; on CPU it picks the for-loop)."""
     for group in optimizer.param_groups:
         if group.get("foreach") is None and not group.get("fused"):
             group["foreach"] = True
@@ -56,16 +47,7 @@ def optimizer_implementation(optimizer: torch.optim.Optimizer) -> str:
     """``"fused"``, ``"foreach"`` or ``"for-loop"``: how ``optimizer.step()`` runs as its
     groups are set now (an unset ``foreach`` is the for-loop on CPU tensors; see
     :func:`cuda_optimizer_defaults` for CUDA's default); ``"single"`` for an optimizer with
-    neither option; groups that differ are joined with ``"+"``.
-
-    Example:
-        >>> import torch
-        >>> params = [torch.nn.Parameter(torch.ones(2))]
-        >>> optimizer_implementation(torch.optim.AdamW(params, fused=True))
-        'fused'
-        >>> optimizer_implementation(cuda_optimizer_defaults(torch.optim.AdamW(params)))
-        'foreach'
-    """
+    neither option; groups that differ are joined with ``"+"``."""
     found: list[str] = []
     for group in optimizer.param_groups:
         if group.get("fused"):

@@ -10,8 +10,6 @@ from typing import Final
 
 import torch
 
-__all__ = ["PRECISIONS", "compute_dtype", "param_dtype", "precision_context"]
-
 #: The precisions of Lightning's ``Trainer(precision=...)`` the estimate models.
 PRECISIONS: Final = ("32-true", "16-mixed", "bf16-mixed", "bf16-true")
 

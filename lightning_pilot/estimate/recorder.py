@@ -8,8 +8,9 @@ the CUDA caching allocator's segment arithmetic.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 import numpy as np
@@ -38,16 +39,6 @@ from lightning_pilot.estimate.shadows import (
 )
 from lightning_pilot.vocabulary import CATEGORIES
 
-__all__ = [
-    "CATEGORIES",
-    "PhaseTrace",
-    "Recorder",
-    "UntraceableError",
-    "causal_fraction",
-    "operator_signature",
-    "segment_bytes",
-]
-
 _DTYPE_KIND: Final = {torch.float32: 1, torch.bfloat16: 2, torch.float16: 3}
 _EMPTY: Final = np.zeros(0, dtype=np.int64)
 
@@ -69,10 +60,6 @@ class UntraceableError(RuntimeError):
         )
 
 
-def _ops_of(name: str) -> Any:
-    return getattr(torch.ops.aten, name).default
-
-
 _LOCAL_SCALAR: Final = torch.ops.aten._local_scalar_dense.default
 # Operators that neither allocate nor compute (device and size queries): no bookkeeping.
 _PASS_THROUGH: Final = frozenset(
@@ -87,6 +74,7 @@ _PASS_THROUGH: Final = frozenset(
 )
 
 
+@functools.cache
 def _flop_registry() -> dict[Any, Callable[..., int]]:
     """``torch.utils.flop_counter``'s registry (what ``FlopCounterMode`` counts), plus the CPU
     flash-attention kernels it lacks (same formulas as the CUDA kernels)."""
@@ -111,8 +99,6 @@ def _flop_registry() -> dict[Any, Callable[..., int]]:
     registry[aten._scaled_dot_product_flash_attention_for_cpu_backward] = cpu_flash_backward
     return registry
 
-
-_FLOPS: dict[Any, Callable[..., int]] | None = None
 
 # Operators that alias their input without marking it (``func.is_view`` is false): no bytes
 # move. ``aten._unsafe_view`` is what every ``F.linear`` on a 3-D input returns (the 2-D
@@ -189,15 +175,8 @@ _SAME_OPERATOR: Final = {"alias.default": "slice.Tensor"}
 
 
 def operator_signature(names: Sequence[str]) -> int:
-    """What identifies an operator sequence: equal for two traces that ran the same operators
-    in the same order, a whole-range slice (``aten.alias``) counted as the slice it is.
-
-    Example:
-        >>> operator_signature(["alias.default", "mm.default"]) == operator_signature(
-        ...     ["slice.Tensor", "mm.default"]
-        ... )
-        True
-    """
+    """Equal for two traces that ran the same operators in the same order, a whole-range slice
+    (``aten.alias``) counted as the slice it is."""
     return hash(tuple(_SAME_OPERATOR.get(name, name) for name in names))
 
 
@@ -242,25 +221,16 @@ class PhaseTrace:
         categories = dict(self.categories)
         for name, value in extra.items():
             categories[name] += value
-        return PhaseTrace(
-            self.phase,
-            self.peak_bytes + total,
-            categories,
-            self.curve + total,
-            self.flops,
-            self.moved,
-            self.kinds,
-            self.peak_op,
-            self.signature,
-            self.start_bytes + total,
-            self.segment_bytes + total,
-            dict(self.included),
-            [*self.notes, note],
-            self.names,
-            (*self.segment_parts[:2], self.segment_parts[2] + total),
-            self.requests,
-            self.request_count,
-            self.grad_requests,
+        return replace(
+            self,
+            peak_bytes=self.peak_bytes + total,
+            categories=categories,
+            curve=self.curve + total,
+            start_bytes=self.start_bytes + total,
+            segment_bytes=self.segment_bytes + total,
+            included=dict(self.included),
+            notes=[*self.notes, note],
+            segment_parts=(*self.segment_parts[:2], self.segment_parts[2] + total),
         )
 
 
@@ -307,10 +277,7 @@ class Recorder(StorageCounter, TorchDispatchMode):  # type: ignore[no-untyped-ca
         self.capacity_factor = 1.0
         #: ``(experts, top_k)`` of every ``topk`` routed under the assumption.
         self.routed: set[tuple[int, int]] = set()
-        global _FLOPS
-        if _FLOPS is None:
-            _FLOPS = _flop_registry()
-        self._registry = _FLOPS
+        self._registry = _flop_registry()
 
     # -- storages ---------------------------------------------------------------------------
 
@@ -342,11 +309,12 @@ class Recorder(StorageCounter, TorchDispatchMode):  # type: ignore[no-untyped-ca
     def end(self, classes: Mapping[str, set[int]] | None = None) -> PhaseTrace:
         """End the phase: its trace, with the peak's storages sorted into ``classes``
         (category -> serial numbers; what is in none is ``temporaries``)."""
+        classes = classes or {}
         snapshot = self.peak_storages()
         categories = dict.fromkeys(CATEGORIES, 0)
         parts = _segment_parts(nbytes for _, nbytes in snapshot.values())
-        ordered = [(name, (classes or {}).get(name, set())) for name in CATEGORIES[:-1]]
-        requests, count, grads = _requests(self._allocated, (classes or {}).get("grad", set()))
+        ordered = [(name, classes.get(name, set())) for name in CATEGORIES[:-1]]
+        requests, count, grads = _requests(self._allocated, classes.get("grad", set()))
         for serial, nbytes in snapshot.values():
             for name, members in ordered:
                 if serial in members:
@@ -472,9 +440,7 @@ class Recorder(StorageCounter, TorchDispatchMode):  # type: ignore[no-untyped-ca
             if serial is not None and serial > newest:  # a storage this operator allocated
                 allocated.append((serial, self.live[id(tensor.untyped_storage())][1]))
         self._allocated.append(allocated)
-        flops = 0
-        moved = 0
-        kind = 0
+        flops = moved = kind = 0
         if not func.is_view and func not in _ALIASES:
             moved = sum(t.numel() * t.element_size() for t in inputs) + sum(
                 t.numel() * t.element_size() for t in outputs

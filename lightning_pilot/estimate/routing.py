@@ -13,8 +13,6 @@ import numpy as np
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["BalancedRouting", "balanced_routes"]
-
 _GROUPED_MM: Final = torch.ops.aten._grouped_mm.default
 _TOPK: Final = torch.ops.aten.topk.default
 
@@ -47,16 +45,7 @@ def balanced_routes(
     ``k`` distinct experts ``(r k + j) mod E`` (``E = shape[dim]``), so every expert gets
     ``tokens x k / E`` of the tokens (exactly when that divides). With ``capacity_factor``
     ``c > 1``, the first expert gets ``c`` times that share (at most every token) and the
-    others share the rest evenly: the imbalance an expert capacity of ``c`` allows.
-
-    Example:
-        >>> balanced_routes((4, 4), 2).tolist()
-        [[0, 1], [2, 3], [0, 1], [2, 3]]
-        >>> balanced_routes((6, 4), 2).flatten().bincount().tolist()
-        [3, 3, 3, 3]
-        >>> balanced_routes((8, 4), 2, capacity_factor=2.0).flatten().bincount().tolist()
-        [8, 3, 3, 2]
-    """
+    others share the rest evenly: the imbalance an expert capacity of ``c`` allows."""
     dims = len(shape)
     dim = dim % dims
     experts = int(shape[dim])
@@ -78,14 +67,7 @@ def balanced_routes(
 class BalancedRouting(TorchDispatchMode):  # type: ignore[no-untyped-call]
     """On real tensors, every ``topk`` over floating scores returns the indices of
     :func:`balanced_routes` (its values unchanged): the routing the estimate assumes, for a
-    real run to compare with.
-
-    Example:
-        >>> import torch
-        >>> with BalancedRouting():
-        ...     torch.randn(4, 4).topk(2).indices.tolist()
-        [[0, 1], [2, 3], [0, 1], [2, 3]]
-    """
+    real run to compare with."""
 
     def __init__(self, capacity_factor: float = 1.0) -> None:
         super().__init__()  # type: ignore[no-untyped-call]

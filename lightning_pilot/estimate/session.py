@@ -6,6 +6,7 @@ precision, and its phases (train, validation, optimizer step, checkpoint save) t
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -30,7 +31,7 @@ from lightning_pilot.estimate.blocks import (
 )
 from lightning_pilot.estimate.checkpointing import _checkpointing_choice, activation_checkpointing
 from lightning_pilot.estimate.compat import _factory_build, _transformers_sees_real_values
-from lightning_pilot.estimate.cuda import _putter, cuda_attention, cuda_autocast, cuda_dropout
+from lightning_pilot.estimate.cuda import cuda_attention, cuda_autocast, cuda_dropout
 from lightning_pilot.estimate.optimizers import (
     cuda_optimizer_defaults,
     optimizer_implementation,
@@ -43,8 +44,6 @@ from lightning_pilot.vocabulary import phase_label
 
 if TYPE_CHECKING:
     from lightning_pilot.estimate.job import GridJob
-
-__all__ = ["Session", "check_source"]
 
 
 def check_source(owner: str, module: object, factory: object) -> None:
@@ -249,7 +248,7 @@ class Session:
                     is_param = table is sub._parameters
                     table[name] = self._fake_like(value, dtype, made, is_param)
                     if not _is_fake(value):  # the live module's own tensor: given back
-                        self._restore.append(_putter(table, name, value))
+                        self._restore.append(functools.partial(table.__setitem__, name, value))
         for value in made.values():
             recorder.record(value)
         for value in [*self.module.parameters(), *self.module.buffers()]:
@@ -280,39 +279,35 @@ class Session:
     # -- classes ----------------------------------------------------------------------------
 
     def _serials(self, tensors: Any) -> set[int]:
-        serials: set[int] = set()
-        for tensor in tensors:
-            if isinstance(tensor, torch.Tensor):
-                serial = self.recorder.serial(tensor)
-                if serial is not None:
-                    serials.add(serial)
-        return serials
+        return {
+            serial
+            for tensor in tensors
+            if isinstance(tensor, torch.Tensor)
+            and (serial := self.recorder.serial(tensor)) is not None
+        }
 
     def _state_tensors(self) -> tuple[list[torch.Tensor], ...]:
         """The live state by category: parameters, buffers, gradients, optimizer state."""
-        module = self.module
-        params, buffers = list(module.parameters()), list(module.buffers())
+        params, buffers = self._parameters(), list(self.module.buffers())
         for block in self._hidden:  # left out of a cut block list: still on the device
-            params.extend(block.parameters())
             buffers.extend(block.buffers())
-        grads = [p.grad for p in self._parameters() if p.grad is not None]
+        grads = [p.grad for p in params if p.grad is not None]
         state: list[torch.Tensor] = []
         if self.optimizer is not None:
             for per_param in self.optimizer.state.values():
                 state.extend(v for v in per_param.values() if isinstance(v, torch.Tensor))
         return params, buffers, grads, state
 
-    def _classes(self, batch: Any, extra: Mapping[str, set[int]]) -> dict[str, set[int]]:
+    def _classes(self, batch: Any) -> dict[str, set[int]]:
         params, buffers, grads, state = self._state_tensors()
-        classes = {
+        return {
             "param": self._serials(params),
             "buffer": self._serials(buffers),
-            "grad": self._serials(grads) | extra.get("grad", set()),
-            "optimizer_state": self._serials(state) | extra.get("optimizer_state", set()),
+            "grad": self._serials(grads),
+            "optimizer_state": self._serials(state),
             "batch": self._serials(tree_flatten(batch)[0]),
             "activations": self.recorder.saved | self.recorder.held,
         }
-        return classes
 
     def measure_state(self) -> dict[str, int]:
         """Bytes of parameters, buffers, gradients and optimizer state now live (by category:
@@ -388,11 +383,7 @@ class Session:
         finally:
             if enabled:
                 gc.enable()
-        note = self.routing_note()
-        if note:
-            for trace in traced.values():
-                trace.notes.append(note)
-        return traced
+        return _noted(traced, self.routing_note())
 
     def routing_note(self) -> str | None:
         """What the last trace assumed of a router (a ``topk`` over the model's floats):
@@ -417,23 +408,18 @@ class Session:
     def _by_blocks(
         self, run: Callable[[], dict[str, PhaseTrace]], key: Any, *, train: bool = False
     ) -> dict[str, PhaseTrace]:
-        """``run()`` on the whole module, or, with a repeated block list, on the list cut to 1,
-        2 and 3 blocks, extrapolated to all (:func:`extrapolate_blocks`); traced in full, with a
-        note saying why, when the cut traces do not follow the pattern or fail."""
+        """``run()`` on the whole module, or, with a repeated block list, on the list cut to
+        :data:`CUTS` blocks, extrapolated to all (:func:`extrapolate_blocks`); traced in full,
+        with a note saying why, when the cut traces do not follow the pattern or fail."""
         if self.blocks is None:
-            traced = self._run(run)
-            if self.by_blocks:
-                for trace in traced.values():
-                    trace.notes.append(
-                        f"blocks: traced in full (no repeated block list of {MIN_BLOCKS} or"
-                        " more blocks of one class)"
-                    )
-            return traced
-        if key[:1] + key[3:] in self._uncut:  # cut once without the pattern: trace in full
-            full = self._run(run)
-            for trace in full.values():
-                trace.notes.append(self._uncut[key[:1] + key[3:]])
-            return full
+            note = (
+                f"blocks: traced in full (no repeated block list of {MIN_BLOCKS} or more blocks"
+                " of one class)"
+            )
+            return _noted(self._run(run), note if self.by_blocks else None)
+        uncut = key[:1] + key[3:]
+        if uncut in self._uncut:  # cut once without the pattern: trace in full
+            return _noted(self._run(run), self._uncut[uncut])
         name, container = self.blocks
         count = len(container._modules)
         kind = type(next(iter(container._modules.values()))).__name__
@@ -468,15 +454,10 @@ class Session:
                 " every operator's live bytes, FLOPs and bytes moved extrapolated to"
                 f" {count} (affine in the block count, checked on the three)"
             )
-            for trace in made.values():
-                trace.notes.append(note)
-            return made
+            return _noted(made, note)
         note = f"blocks: traced in full ({count} blocks of {name}): {reason}"
-        self._uncut[key[:1] + key[3:]] = note
-        full = self._run(run)
-        for trace in full.values():
-            trace.notes.append(note)
-        return full
+        self._uncut[uncut] = note
+        return _noted(self._run(run), note)
 
     def train_phases(
         self,
@@ -538,13 +519,13 @@ class Session:
             recorder.held = recorder.live_serials() - self._serials(
                 [*params, *buffers, *tree_flatten(fake)[0]]
             )
-            traces["forward"] = recorder.end(self._classes(fake, {}))
+            traces["forward"] = recorder.end(self._classes(fake))
             del output
             recorder.begin("backward")
             with recorder.saved_hooks():
                 loss.backward()  # type: ignore[no-untyped-call]
             del loss
-            traces["backward"] = recorder.end(self._classes(fake, {}))
+            traces["backward"] = recorder.end(self._classes(fake))
         recorder.saved = set()
         recorder.held = set()
         del fake
@@ -597,7 +578,7 @@ class Session:
             self.recorder.begin(phase)
             with precision_context("32-true"):
                 self.optimizer.step()
-            traces[phase] = self.recorder.end(self._classes((), {}))
+            traces[phase] = self.recorder.end(self._classes(()))
             traces[phase].notes.append(self.optimizer_note)
         return traces
 
@@ -620,7 +601,7 @@ class Session:
             self.recorder.begin("validation")
             with torch.no_grad(), precision_context(self.precision):
                 module.validation_step(fake, 0)
-            trace = self.recorder.end(self._classes(fake, {}))
+            trace = self.recorder.end(self._classes(fake))
         finally:
             module.train()
         return trace
@@ -632,13 +613,21 @@ class Session:
         state = {"state_dict": self.module.state_dict()}
         if self.optimizer is not None:
             state["optimizer"] = self.optimizer.state_dict()
-        trace = self.recorder.end(self._classes((), {}))
+        trace = self.recorder.end(self._classes(()))
         del state
         trace.notes.append(
             "checkpoint_save: state_dict() traced; torch.save copies storages to host memory"
             " one at a time (no device memory), modelled, not traced"
         )
         return trace
+
+
+def _noted(traces: dict[str, PhaseTrace], note: str | None) -> dict[str, PhaseTrace]:
+    """``traces``, ``note`` (when given) appended to the notes of each."""
+    if note:
+        for trace in traces.values():
+            trace.notes.append(note)
+    return traces
 
 
 def _cached_attributes(module: torch.nn.Module) -> dict[tuple[int, str], int]:

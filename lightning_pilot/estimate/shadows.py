@@ -19,8 +19,6 @@ from torch._subclasses.fake_tensor import (
 )
 from torch.utils._pytree import tree_flatten
 
-__all__: list[str] = []
-
 # Integer and boolean tensors larger than this carry no real copy (a B x 1 x T x T mask at
 # 70B sizes would cost real memory); reading their values is then untraceable.
 _SHADOW_LIMIT: Final = 1 << 24

@@ -16,6 +16,7 @@ from torch import nn
 from lightning_pilot.demo import InstructionDataModule, TinyCausalLM
 from lightning_pilot.estimate import PHASE_ORDER, Session, estimate
 from lightning_pilot.estimate import blocks as estimate_blocks
+from lightning_pilot.estimate.recorder import operator_signature
 
 # Cut to 3, 4 and 5 blocks and extrapolated to 6 (kept small for CI; at 32 and 80 blocks,
 # `python benchmarks/estimate.py case 7b-blocks-check` / `70b-blocks-check` compare the rows).
@@ -74,6 +75,18 @@ def _block_class(module: nn.Module) -> list[type[nn.Module]]:
     found = estimate_blocks.repeated_blocks(module)
     assert found is not None
     return [type(next(iter(found[1]._modules.values())))]
+
+
+def test_repeated_blocks_finds_the_list_of_sixteen_equal_blocks() -> None:
+    layers = nn.ModuleList(nn.Linear(4, 4) for _ in range(16))
+    found = estimate_blocks.repeated_blocks(nn.Sequential(nn.Linear(4, 4), layers))
+    assert found is not None
+    assert found[0] == "1"
+
+
+def test_a_whole_range_slice_has_the_slice_signature() -> None:
+    alias = operator_signature(["alias.default", "mm.default"])
+    assert alias == operator_signature(["slice.Tensor", "mm.default"])
 
 
 # name -> (module factory, batch factory, sequence length, checkpoint classes needed)

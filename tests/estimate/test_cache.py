@@ -10,11 +10,14 @@ import re
 from typing import Any
 
 import lightning.pytorch as pl
+import numpy as np
 import pytest
 import torch
 
-from lightning_pilot.estimate import estimate
+from lightning_pilot.estimate import PhaseTrace, estimate
 from lightning_pilot.estimate import rows as estimate_rows
+from lightning_pilot.estimate.cache import cached_gradient_bytes
+from lightning_pilot.vocabulary import CATEGORIES
 
 MIB = 1 << 20
 LAYERS = 4
@@ -55,6 +58,28 @@ def cached(row: dict[str, Any]) -> int:
         assert "reuses the previous update's freed gradient blocks" in row["notes"], row["notes"]
         return 0
     return int(found.group(1))
+
+
+def test_requests_split_the_best_fitting_block_per_shard() -> None:
+    ops = np.array([64 * MIB, 4 * MIB, 0])  # 64 MiB, then 4 MiB, then nothing
+    trace = PhaseTrace(
+        "backward",
+        1,
+        dict.fromkeys(CATEGORIES, 0),
+        ops,
+        ops,
+        ops,
+        ops,
+        2,
+        0,
+        0,
+        requests=ops,
+        request_count=np.array([1, 1, 0]),
+        grad_requests=np.zeros(3, np.int64),
+    )
+    # 4 MiB split from the 8 MiB block; over 8 shards the 1 and 2 MiB blocks stay.
+    assert cached_gradient_bytes([8 * MIB, 16 * MIB], trace) // MIB == 20
+    assert cached_gradient_bytes([8 * MIB, 16 * MIB], trace, shards=8) // MIB == 3
 
 
 def test_gradient_blocks_smaller_than_every_request_stay_reserved() -> None:

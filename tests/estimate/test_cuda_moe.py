@@ -12,7 +12,7 @@ from estimate_models import HFMixtral, token_batch
 
 from lightning_pilot.estimate import PHASE_ORDER, Session, estimate, measure_cpu
 from lightning_pilot.estimate.grid import trace_configuration
-from lightning_pilot.estimate.routing import balanced_routes
+from lightning_pilot.estimate.routing import BalancedRouting, balanced_routes
 
 
 @pytest.mark.parametrize("experts", [None, "eager"])
@@ -59,6 +59,15 @@ def test_mixtral_memory_equals_a_real_run_routed_the_same_way(experts: str | Non
             traced[phase].peak_bytes,
             real[phase],
         )
+
+
+def test_balanced_routes_give_every_expert_its_share() -> None:
+    assert balanced_routes((4, 4), 2).tolist() == [[0, 1], [2, 3], [0, 1], [2, 3]]
+    assert balanced_routes((6, 4), 2).flatten().bincount().tolist() == [3, 3, 3, 3]
+    loaded = balanced_routes((8, 4), 2, capacity_factor=2.0)
+    assert loaded.flatten().bincount().tolist() == [8, 3, 3, 2]
+    with BalancedRouting():
+        assert torch.randn(4, 4).topk(2).indices.tolist() == [[0, 1], [2, 3], [0, 1], [2, 3]]
 
 
 def test_capacity_factor_loads_the_busiest_expert() -> None:
