@@ -19,8 +19,7 @@ from lightning_pilot.core.batch_checks import (
 )
 from lightning_pilot.core.batches import BatchAdapter
 from lightning_pilot.core.checks import CheckResult
-from lightning_pilot.core.data_checks import DataInspection
-from lightning_pilot.core.example_table import example_rows
+from lightning_pilot.core.data_checks import DataInspection, example_rows
 from lightning_pilot.core.label_checks import (
     SHIFTED_LABELS_ADVICE,
     CausalLMWatch,

@@ -10,7 +10,7 @@ import torch
 
 from lightning_pilot.core.batches import BatchAdapter
 from lightning_pilot.core.checks import CheckResult
-from lightning_pilot.core.example_table import example_rows
+from lightning_pilot.core.data_checks import example_rows
 from lightning_pilot.core.label_checks import (
     check_decoder_label_shift,
     check_label_range,
