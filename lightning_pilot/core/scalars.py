@@ -7,17 +7,10 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["read_scalars"]
-
 
 def read_scalars(tensors: Sequence[torch.Tensor]) -> list[float]:
     """The values of 0-d (or one-element) tensors as floats, in order: one host sync for
-    tensors on one device, one read each when they are spread over several.
-
-    Example:
-        >>> read_scalars([torch.tensor(1.5), torch.tensor(2)])
-        [1.5, 2.0]
-    """
+    tensors on one device, one read each when they are spread over several."""
     if not tensors:
         return []
     dtype = tensors[0].dtype

@@ -16,25 +16,6 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any, Final, Literal, TypeGuard, TypeVar, overload
 
-__all__ = [
-    "INT64_MAX",
-    "INT64_MIN",
-    "MAX_NAME",
-    "boolean",
-    "callable_or_none",
-    "choice",
-    "instance",
-    "integer",
-    "invalid",
-    "mapping_of_scalars",
-    "number",
-    "parse_size",
-    "path",
-    "run_name",
-    "strings",
-    "text",
-]
-
 INT64_MIN: Final = -(2**63)
 INT64_MAX: Final = 2**63 - 1
 #: Longest experiment or variant name (see :func:`run_name`).
@@ -57,12 +38,7 @@ def _shown(value: object) -> str:
 
 
 def invalid(owner: str, name: str, value: object, expected: str) -> str:
-    """The one message format: ``Owner(name=value) is invalid: expected <expected>.``
-
-    Example:
-        >>> invalid("plan_updates", "epochs", 0, "an integer >= 1")
-        'plan_updates(epochs=0) is invalid: expected an integer >= 1.'
-    """
+    """The one message format: ``Owner(name=value) is invalid: expected <expected>.``"""
     return f"{owner}({name}={_shown(value)}) is invalid: expected {expected}."
 
 
