@@ -1,17 +1,6 @@
 """The ``lightning-pilot`` command (also ``python -m lightning_pilot``): ``demo``, ``show``,
-``compare``, ``plan`` and ``sheet``; docs/cli.md describes each, its scope and its exit codes.
-
-Example:
-    >>> from lightning_pilot.cli import main
-    >>> main(["--version"])
-    lightning-pilot 0.3.0
-    0
-    >>> main(["plan", "--dataset-size", "3200", "--micro-batch", "2", "--accumulate", "8",
-    ...       "--epochs", "1"])
-    16 examples per update (2 x 8 x 1 replica); 200 updates; 3,200 examples; last window full
-    ...
-    0
-"""
+``compare``, ``plan``, ``sheet``, ``estimate`` and ``plot``; docs/cli.md describes each, its
+scope and its exit codes."""
 
 from __future__ import annotations
 
@@ -84,11 +73,6 @@ def _user_code_error(what: str, err: BaseException) -> _UserCodeError:
             " (from your code, not a lightning-pilot bug; the last frames of its traceback follow)"
         )
     return _UserCodeError(said, tail)
-
-
-def _has_user_frames(err: BaseException) -> bool:
-    """Whether ``err`` came from the user's module as it imported, not from finding it."""
-    return bool(_user_code_error("", err).tail)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -238,16 +222,17 @@ def _cmd_estimate(args: argparse.Namespace, reads: Reads) -> int:
     """Estimate on target GPUs from a factory ``module:function`` returning (module, batch)."""
     import pkgutil
 
-    from lightning_pilot.report.analysis import on_target
+    from lightning_pilot.core.per_target import on_target
     from lightning_pilot.report.tables import render_table
     from lightning_pilot.report.units import as_text
 
     try:
         factory = pkgutil.resolve_name(args.factory)
     except Exception as err:  # the user's module runs as it is imported
-        if isinstance(err, ImportError | AttributeError | ValueError) and not _has_user_frames(err):
+        theirs = _user_code_error(f"importing FACTORY {args.factory!r}", err)
+        if isinstance(err, ImportError | AttributeError | ValueError) and not theirs.tail:
             raise UsageError(f"FACTORY {args.factory!r} could not be imported: {err}") from None
-        raise _user_code_error(f"importing FACTORY {args.factory!r}", err) from None
+        raise theirs from None
     if not callable(factory):
         raise UsageError(f"FACTORY {args.factory!r} is not callable")
     try:
@@ -318,7 +303,7 @@ _CHECKPOINTING: dict[str, list[bool | str]] = {
 
 def _largest_line(row: dict[str, Any]) -> str:
     """One row of the largest table (micro-batch and sequence length); ``n/m`` where not found."""
-    from lightning_pilot.report.analysis import checkpointing_name
+    from lightning_pilot.core.per_target import checkpointing_name
     from lightning_pilot.report.units import NO_SEQUENCE, is_null, seq_text, size_text
 
     mode = checkpointing_name(row["checkpointing"])

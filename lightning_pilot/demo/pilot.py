@@ -30,7 +30,7 @@ from lightning_pilot.demo.lm import PAD_ID, VOCAB_SIZE, InstructionDataModule, T
 from lightning_pilot.estimate import TARGETS, Estimate, estimate
 from lightning_pilot.ledger import Ledger
 from lightning_pilot.pilot import pilot_callbacks
-from lightning_pilot.report.analysis import checkpointing_name
+from lightning_pilot.core.per_target import checkpointing_name
 from lightning_pilot.run import PilotRun
 from lightning_pilot.storage import read_phase_table
 

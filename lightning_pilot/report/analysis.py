@@ -1,15 +1,6 @@
 """One run's phase table and updates: the gate, the rows sampled out, each phase's summary,
 the memory peak, the step time and the updates counted. DataFrames in, DataFrames or small
-dataclasses out; what was not measured stays null. ``on_target``, ``checkpointing_name`` and the
-plot data functions are importable from here too.
-
-Example:
-    >>> import pandas as pd
-    >>> phases = pd.DataFrame({"phase": ["forward", "forward"], "first": [True, False],
-    ...                        "duration_median_s": [0.5, 0.1]})
-    >>> steady_medians(phases).to_dict()
-    {'forward': 0.1}
-"""
+dataclasses out; what was not measured stays null."""
 
 from __future__ import annotations
 
@@ -20,39 +11,10 @@ from typing import Any, Final
 import pandas as pd
 
 from lightning_pilot.core.compare import FAILED_STATUSES
-from lightning_pilot.core.per_target import checkpointing_name, on_target
 from lightning_pilot.report.measured import largest, value_at
-from lightning_pilot.report.plot_data import (
-    comparison_points,
-    curve_marks,
-    memory_stack,
-    phase_peaks,
-)
 from lightning_pilot.report.units import is_null
 from lightning_pilot.schemas import STATUSES
 from lightning_pilot.vocabulary import phase_rank, verdict_rank
-
-__all__ = [
-    "GATE_STATUSES",
-    "Gate",
-    "Peak",
-    "StepTime",
-    "UpdateCount",
-    "accumulation",
-    "checkpointing_name",
-    "comparison_points",
-    "count_updates",
-    "curve_marks",
-    "gate",
-    "memory_peak",
-    "memory_stack",
-    "on_target",
-    "phase_peaks",
-    "phase_summary",
-    "sampled_out",
-    "steady_medians",
-    "step_time",
-]
 
 #: Ledger statuses that fail the command line's gate: the run did not train to its end.
 GATE_STATUSES: Final = FAILED_STATUSES
@@ -78,14 +40,7 @@ def sampled_out(frame: pd.DataFrame) -> pd.Series:
 class Gate:
     """What fails the command line's gate: ``failed_rows``, the phase rows with verdict
     ``fail`` and their ``failed_checks``, and ``failed_runs``, the ledger runs with a status in
-    :data:`GATE_STATUSES` or one the ledger does not define (``judged`` false).
-
-    Example:
-        >>> runs = pd.DataFrame({"run_id": ["r1", "r2"], "status": ["completed", "oom"]})
-        >>> verdict = gate(None, runs)
-        >>> verdict.failed, verdict.failed_runs["run_id"].tolist()
-        (True, ['r2'])
-    """
+    :data:`GATE_STATUSES` or one the ledger does not define (``judged`` false)."""
 
     failed_rows: pd.DataFrame
     failed_runs: pd.DataFrame
@@ -148,14 +103,7 @@ def phase_summary(phases: pd.DataFrame) -> pd.DataFrame:
 
 @dataclass(frozen=True)
 class Peak:
-    """The largest memory peak of a phase table, its ``kind`` and the ``phase`` that set it.
-
-    Example:
-        >>> summary = pd.DataFrame({"phase": ["forward", "backward"],
-        ...     "peak_allocated_bytes": [10, 30], "peak_reserved_bytes": [None, None]})
-        >>> memory_peak(summary)
-        Peak(kind='allocated', bytes=30, phase='backward')
-    """
+    """The largest memory peak of a phase table, its ``kind`` and the ``phase`` that set it."""
 
     kind: str
     bytes: int
@@ -179,14 +127,7 @@ def memory_peak(
 @dataclass(frozen=True)
 class StepTime:
     """Seconds per optimizer update: ``accumulate`` micro-batches of data, forward and
-    backward, then one optimizer step, from each phase's steady median (``parts``).
-
-    Example:
-        >>> frame = pd.DataFrame({"phase": ["data", "forward", "backward", "optimizer_step"],
-        ...                       "first": [False] * 4, "duration_median_s": [1.0, 2.0, 3.0, 4.0]})
-        >>> step_time(frame, 2).seconds
-        16.0
-    """
+    backward, then one optimizer step, from each phase's steady median (``parts``)."""
 
     accumulate: int
     parts: Mapping[str, float | None]
@@ -224,15 +165,7 @@ def accumulation(record: Mapping[str, Any] | None, updates: pd.DataFrame | None)
 class UpdateCount:
     """The updates of ``updates.parquet`` (rank 0), an update run again by a later attempt
     counted once: K and the replicas seen, the ``examples`` over all replicas, the updates
-    ``replayed`` and the examples with them.
-
-    Example:
-        >>> updates = pd.DataFrame({"rank": [0, 0, 0], "attempt": [1, 1, 2], "update": [1, 2, 2],
-        ...     "accumulate_grad_batches": [2] * 3, "dp_replicas": [1] * 3,
-        ...     "examples_all_ranks": [8, 8, 8]})
-        >>> count_updates(updates)
-        UpdateCount(updates=2, ks=[2], replicas=[1], examples=16, replayed=1, with_replays=24)
-    """
+    ``replayed`` and the examples with them."""
 
     updates: int
     ks: list[int]

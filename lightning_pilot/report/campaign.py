@@ -1,7 +1,6 @@
 """The campaign priced from a pilot: every variant of the experiment (ledger order is
 priority order) priced at one run's measured speed, or at a target's estimated step-time band,
-and the 3, 7 and 30 day packages filled with the variants that fit.
-"""
+and the 3, 7 and 30 day packages filled with the variants that fit."""
 
 from __future__ import annotations
 
@@ -38,17 +37,7 @@ def campaign_variants(runs: pd.DataFrame | None, experiment: Any) -> pd.DataFram
 class Campaign:
     """Every variant priced at one run's speed (``per_update_s``: the step with validation and
     checkpoints at the run's rate, each ``(occurrences per update, seconds)``), in priority
-    order, and the variants each 3, 7 and 30 day package holds.
-
-    Example:
-        >>> phases = pd.DataFrame({"phase": ["optimizer_step"], "first": [False],
-        ...                        "occurrences": [10], "duration_median_s": [1.0]})
-        >>> variants = pd.DataFrame({"variant": ["a", "b"], "planned_updates": [3600, 36000],
-        ...                          "status": ["completed", "diverged"]})
-        >>> plan = campaign(phases, variants, 2.0, reserve=0.5)
-        >>> plan.variants["hours"].tolist(), plan.packages
-        ([2.0, 20.0], {3: ['a'], 7: ['a'], 30: ['a']})
-    """
+    order, and the variants each 3, 7 and 30 day package holds."""
 
     step_s: float
     per_update_s: float
@@ -124,18 +113,7 @@ def target_campaign(
 ) -> tuple[pd.DataFrame, dict[int, list[str]]]:
     """Price the variants at an estimated step-time band on ``devices`` GPUs each (hours,
     GPU-hours and, with a price, cost, low and high), training updates only; the packages are
-    filled at the slow end of the band (``reserve`` kept back).
-
-    Example:
-        >>> variants = pd.DataFrame({"variant": ["a"], "planned_updates": [36000],
-        ...                          "status": ["completed"]})
-        >>> table, packages = target_campaign(variants, 0.1, 0.2, devices=8, reserve=0.25,
-        ...                                   price_per_gpu_hour=2.0)
-        >>> table[["hours_high", "gpu_hours_high", "cost_high"]].to_dict("records")
-        [{'hours_high': 2.0, 'gpu_hours_high': 16.0, 'cost_high': 32.0}]
-        >>> packages
-        {3: ['a'], 7: ['a'], 30: ['a']}
-    """
+    filled at the slow end of the band (``reserve`` kept back)."""
     packages: dict[int, list[str]] = {days: [] for days in PACKAGE_DAYS}
     rows, cumulative = [], 0.0
     for name, planned, status in variants.itertuples(index=False):

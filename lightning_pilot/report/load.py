@@ -1,14 +1,6 @@
 """What run folders and ledgers hold, read through :mod:`lightning_pilot.storage` and
 :class:`lightning_pilot.Ledger` (the report reads no file itself), for the command line and the
-choice sheet; :class:`Reads` collects what the readers skipped as unreadable.
-
-Example:
-    >>> import tempfile
-    >>> load_run(tempfile.mkdtemp())
-    Traceback (most recent call last):
-    ...
-    ValueError: run_dir=... is not a run folder: expected <out_dir>/runs/<run_id> holding ...
-"""
+choice sheet; :class:`Reads` collects what the readers skipped as unreadable."""
 
 from __future__ import annotations
 
@@ -34,15 +26,7 @@ class Reads:
     """What one command could not read: the readers' warnings (a skipped file is a
     ``RuntimeWarning`` starting ``lightning-pilot: skipped``), and the misplaced entries the
     scans find (a folder named like a record, a phase table replaced by a file), which a reader
-    may pass over in silence.
-
-    Example:
-        >>> reads = Reads()
-        >>> with reads.capture():
-        ...     warnings.warn("lightning-pilot: skipped unreadable file x: bad", RuntimeWarning)
-        >>> reads.skipped(), reads.notes()
-        (['unreadable file x: bad'], [])
-    """
+    may pass over in silence."""
 
     def __init__(self) -> None:
         self._caught: list[list[warnings.WarningMessage]] = []
@@ -184,13 +168,7 @@ class RunFolder:
     ``updates`` and ``model`` tables, the folded ledger ``record`` and the ``last`` point of
     each curve, every ledger run, the ``experiment`` compared and its ``comparison`` (or why
     there is none), and the ``estimate`` on target GPUs with the ``largest`` sizes that fit
-    (``None``: absent).
-
-    Example:
-        >>> RunFolder.__dataclass_fields__.keys()  # doctest: +NORMALIZE_WHITESPACE
-        dict_keys(['path', 'phases', 'updates', 'model', 'record', 'last', 'runs',
-                   'experiment', 'comparison', 'estimate', 'largest'])
-    """
+    (``None``: absent)."""
 
     path: storage.Location
     phases: pd.DataFrame

@@ -1,14 +1,5 @@
 """Reductions over what was measured: a null value is left out, and a Series with no value
-left reduces to ``None`` (not measured), never to 0 or NaN.
-
-Example:
-    >>> import pandas as pd
-    >>> values = pd.Series([3.0, None, 1.0])
-    >>> [float(reduce(values)) for reduce in (largest, smallest, median)]
-    [3.0, 1.0, 2.0]
-    >>> largest(values.iloc[[1]]) is None
-    True
-"""
+left reduces to ``None`` (not measured), never to 0 or NaN."""
 
 from __future__ import annotations
 
@@ -37,11 +28,6 @@ def median(series: pd.Series) -> Any:
 
 
 def value_at(series: pd.Series, key: Any) -> float | None:
-    """The value of ``series`` at ``key`` as a float; ``None`` when absent or null.
-
-    Example:
-        >>> value_at(pd.Series({"forward": 0.5, "data": None}), "forward")
-        0.5
-    """
+    """The value of ``series`` at ``key`` as a float; ``None`` when absent or null."""
     value = series.get(key)
     return None if value is None or is_null(value) else float(value)

@@ -101,13 +101,7 @@ def curve_marks(runs: pd.DataFrame, curves: pd.DataFrame) -> pd.DataFrame:
 class RunCurve:
     """One run of a loss plot: its ``variant`` as text, its ``seed``, the training-loss and
     validation points that can be drawn (``train`` in update order, ``val``), and ``recorded``:
-    whether the ledger holds any training-loss point of the run.
-
-    Example:
-        >>> none = pd.DataFrame({"step": [], "value": []})
-        >>> RunCurve("r1", "ctl", 0, train=none, val=none, recorded=False).train.empty
-        True
-    """
+    whether the ledger holds any training-loss point of the run."""
 
     run_id: Any
     variant: str
@@ -121,17 +115,7 @@ class RunCurve:
 class LossCurves:
     """The data of a loss plot: one :class:`RunCurve` per run, ``log`` (every finite training
     loss is positive: a logarithmic axis), ``validated`` (some run has a validation point), the
-    ``marks`` (:func:`curve_marks`) and the number of runs per status (``statuses``).
-
-    Example:
-        >>> runs = pd.DataFrame({"run_id": ["a"], "variant": ["hot"], "seed": [0],
-        ...     "status": ["completed"]})
-        >>> curves = pd.DataFrame({"run_id": ["a"] * 3, "curve": ["train_loss"] * 2 + ["val"],
-        ...     "name": [None, None, "val_loss"], "step": [2, 1, 2], "value": [0.5, 0.9, 0.7]})
-        >>> data = loss_curves(curves, runs, "val_loss")
-        >>> data.log, data.validated, data.runs[0].train["step"].tolist(), data.statuses.to_dict()
-        (True, True, [1, 2], {'completed': 1})
-    """
+    ``marks`` (:func:`curve_marks`) and the number of runs per status (``statuses``)."""
 
     runs: list[RunCurve]
     log: bool
@@ -238,25 +222,6 @@ def memory_stack(phases: pd.DataFrame, placement: pd.DataFrame | None = None) ->
     return frame
 
 
-def phase_peaks(table: pd.DataFrame) -> pd.Series:
-    """The highest ``peak_allocated_bytes`` of each measured phase, as floats, in the order the
-    phases first appear.
-
-    Example:
-        >>> table = pd.DataFrame(
-        ...     {"phase": ["forward", "backward"], "peak_allocated_bytes": [2**20, None]}
-        ... )
-        >>> phase_peaks(table)
-        phase
-        forward    1048576.0
-        Name: peak_allocated_bytes, dtype: float64
-    """
-    measured = table.dropna(subset=["peak_allocated_bytes"])
-    order = list(dict.fromkeys(measured["phase"]))
-    peaks = measured.groupby("phase", sort=False)["peak_allocated_bytes"].max().astype(float)
-    return peaks.reindex(order)
-
-
 def comparison_points(comparison: Comparison, control: str | None = None) -> pd.DataFrame:
     """Every run of a comparison (``Ledger.compare``) as a point, in the groups' order:
     ``group``, ``x`` (the group's position, spread by seed), ``seed``, ``status``, ``run_id``,
@@ -307,16 +272,7 @@ def comparison_points(comparison: Comparison, control: str | None = None) -> pd.
 class ComparisonPlot:
     """The data of a comparison plot: the column the runs are grouped ``by``, the ``metric``
     and its ``mode``, the ``control`` marked, every run's point (:func:`comparison_points`)
-    and each group's median (``medians``, indexed by group).
-
-    Example:
-        >>> from lightning_pilot.core.compare import compare_runs
-        >>> runs = pd.DataFrame({"variant": ["a", "b"], "seed": [0, 0], "value": [2.0, 1.0],
-        ...                      "status": ["completed"] * 2})
-        >>> data = comparison_plot(compare_runs(runs), control="b")
-        >>> data.by, data.medians.to_dict(), data.points["control"].tolist()
-        ('variant', {'a': 2.0, 'b': 1.0}, [False, True])
-    """
+    and each group's median (``medians``, indexed by group)."""
 
     by: str
     metric: str
@@ -338,14 +294,3 @@ def comparison_plot(comparison: Comparison, control: str | None = None) -> Compa
         points=comparison_points(comparison, control),
         medians=comparison.summary.set_index(by)["median"],
     )
-
-
-def experiment_runs(runs: pd.DataFrame, experiment: Any) -> pd.DataFrame:
-    """The ledger runs of ``experiment``; a null ``experiment`` keeps every run.
-
-    Example:
-        >>> runs = pd.DataFrame({"run_id": ["r1", "r2"], "experiment": ["e", "f"]})
-        >>> experiment_runs(runs, "f")["run_id"].tolist(), len(experiment_runs(runs, None))
-        (['r2'], 2)
-    """
-    return runs if is_null(experiment) else runs[runs["experiment"] == experiment]

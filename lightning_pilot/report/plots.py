@@ -1,15 +1,7 @@
 """PNG plots of a pilot folder (docs/plots.md), laying out what
 :mod:`lightning_pilot.report.plot_data` prepares. matplotlib is optional (extra
 ``lightning-pilot[plots]``), imported only to draw, through the Agg canvas: no global backend is
-switched and no window opens. Nothing here imports torch or Lightning.
-
-Example:
-    >>> for name, shows in PLOT_FILES.items():
-    ...     print(f"{name}: {shows}")
-    loss_curves.png: training loss per run; where runs diverged, stopped or failed
-    phase_memory.png: peak memory per phase, stacked by category
-    comparison.png: the variant comparison: every seed's value, the control marked
-"""
+switched and no window opens. Nothing here imports torch or Lightning."""
 
 from __future__ import annotations
 
@@ -30,7 +22,6 @@ from lightning_pilot.report.plot_data import (
     ComparisonPlot,
     LossCurves,
     comparison_plot,
-    experiment_runs,
     loss_curves,
     memory_stack,
 )
@@ -348,12 +339,7 @@ def plot_comparison(
 @dataclass
 class Drawn:
     """What :func:`plot_folder` did for one folder: the PNG files ``written`` and, for each
-    plot it did not draw there, why (``skipped``: file name -> reason).
-
-    Example:
-        >>> Drawn(Path("runs/r1")).skipped
-        {}
-    """
+    plot it did not draw there, why (``skipped``: file name -> reason)."""
 
     folder: storage.Location
     written: list[storage.Location] = field(default_factory=list)
@@ -363,12 +349,7 @@ class Drawn:
 def scope(path: storage.Location) -> tuple[storage.Location, list[storage.Location]]:
     """The output folder and the run folders :func:`plot_folder` draws for ``path`` (a local
     ``Path`` or a :class:`~lightning_pilot.storage.RemotePath`): a run folder (that run), an
-    output folder (every run) or its ``ledger/`` folder (every run of the output folder).
-
-    Example:
-        >>> scope(Path("out/runs/20261130T092309763Z-a1fe91cb433ec8b4"))
-        (PosixPath('out'), [PosixPath('out/runs/20261130T092309763Z-a1fe91cb433ec8b4')])
-    """
+    output folder (every run) or its ``ledger/`` folder (every run of the output folder)."""
     if (path / "phases.parquet").exists() or path.parent.name == "runs":
         return path.parent.parent, [path]
     if path.name == "ledger" and not (path / "runs").is_dir():
@@ -385,7 +366,7 @@ def _experiment_plots(
     control: Any,
 ) -> tuple[dict[str, bytes], dict[str, str]]:
     """The loss-curve and comparison PNGs of one experiment's runs, and why one is missing."""
-    chosen = experiment_runs(runs, experiment)
+    chosen = runs if is_null(experiment) else runs[runs["experiment"] == experiment]
     name = "runs without an experiment" if is_null(experiment) else f"experiment {experiment}"
     title = f"training loss per run, {_label(name)}"
     data = loss_curves(curves, chosen, metric)
@@ -484,12 +465,6 @@ def plot_folder(
 
 
 def existing_plots(folder: storage.PathLike) -> list[tuple[str, str]]:
-    """The plot files of :data:`PLOT_FILES` that exist in ``folder``, with what each shows.
-
-    Example:
-        >>> import tempfile
-        >>> existing_plots(tempfile.mkdtemp())
-        []
-    """
+    """The plot files of :data:`PLOT_FILES` that exist in ``folder``, with what each shows."""
     base = storage.location(folder)
     return [(name, text) for name, text in PLOT_FILES.items() if (base / name).is_file()]

@@ -1,15 +1,5 @@
-r"""Human units (bytes, durations, sizes) and values from files made safe to print; a value
-that was not measured (null) prints ``n/m``, never 0.
-
-Example:
-    >>> from lightning_pilot.report import format_bytes, format_duration, parse_size
-    >>> parse_size("80GiB"), parse_size("80GB"), parse_size("24000MiB")
-    (85899345920, 80000000000, 25165824000)
-    >>> format_bytes(parse_size("141G")), format_bytes(None)
-    ('141.0 GiB', 'n/m')
-    >>> format_duration(0.0123), format_duration(2.5), format_duration(None)
-    ('12.3 ms', '2.50 s', 'n/m')
-"""
+"""Human units (bytes, durations, sizes) and values from files made safe to print; a value
+that was not measured (null) prints ``n/m``, never 0."""
 
 from __future__ import annotations
 
@@ -124,14 +114,7 @@ SMALLEST_AMOUNT: Final = 0.0001
 def format_amount(value: Any, digits: int = 2) -> str:
     """An amount of money or GPU-hours, never ``0`` for a small non-zero one: from 100 up whole,
     from 1 up with ``digits`` decimals, below 1 with ``digits`` significant digits down to
-    :data:`SMALLEST_AMOUNT`, below that ``< 0.0001``; ``n/m`` when null.
-
-    Example:
-        >>> [format_amount(v) for v in (12345.6, 42.125, 0.0042, 0.00612, 0.00000057, 0.0, None)]
-        ['12,346', '42.12', '0.0042', '0.0061', '< 0.0001', '0', 'n/m']
-        >>> format_amount(0.000123456, digits=3)
-        '0.000123'
-    """
+    :data:`SMALLEST_AMOUNT`, below that ``< 0.0001``; ``n/m`` when null."""
     if is_null(value):
         return NOT_MEASURED
     amount = float(value)
@@ -151,33 +134,18 @@ def format_amount(value: Any, digits: int = 2) -> str:
 
 
 def amount_range(low: Any, high: Any, digits: int = 2) -> str:
-    """``low to high`` with :func:`format_amount`; one figure when both print the same.
-
-    Example:
-        >>> amount_range(0.0042, 0.0061), amount_range(0.00001, 0.00002), amount_range(3, None)
-        ('0.0042 to 0.0061', '< 0.0001', '3.00 to n/m')
-    """
+    """``low to high`` with :func:`format_amount`; one figure when both print the same."""
     first, second = format_amount(low, digits), format_amount(high, digits)
     return first if first == second else f"{first} to {second}"
 
 
 def size_text(value: Any) -> str:
-    """A micro-batch or a sequence length as written in a configuration; ``n/m`` when null.
-
-    Example:
-        >>> size_text(2048), size_text(32.0), size_text(None), size_text(float("nan"))
-        ('2048', '32', 'n/m', 'n/m')
-    """
+    """A micro-batch or a sequence length as written in a configuration; ``n/m`` when null."""
     return NOT_MEASURED if is_null(value) else str(int(value))
 
 
 def seq_text(value: Any) -> str:
-    """A configuration's sequence length: ``as given`` when null, else :func:`size_text`.
-
-    Example:
-        >>> seq_text(2048), seq_text(None), seq_text(float("nan")), seq_text(32.0)
-        ('2048', 'as given', 'as given', '32')
-    """
+    """A configuration's sequence length: ``as given`` when null, else :func:`size_text`."""
     return "as given" if is_null(value) else size_text(value)
 
 

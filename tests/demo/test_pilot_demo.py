@@ -21,7 +21,6 @@ from lightning_pilot import Ledger, read_phase_table
 from lightning_pilot.cli import EXIT_CHECK_FAILED
 from lightning_pilot.cli import main as cli_main
 from lightning_pilot.demo.pilot import EXPERIMENT, DemoSize, lr_variants, run_demo, write_plots
-from lightning_pilot.report.analysis import phase_peaks
 from lightning_pilot.report.plots import MATPLOTLIB_MISSING, require_matplotlib
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -197,17 +196,6 @@ def test_without_matplotlib_plots_are_skipped_with_a_message(
     assert plots == []
     assert MATPLOTLIB_MISSING in "".join(written)
     assert not list(tmp_path.iterdir())
-
-
-def test_phase_peaks_skips_unmeasured_phases() -> None:
-    table = pd.DataFrame(
-        {
-            "phase": ["forward", "backward", "forward", "setup"],
-            "peak_allocated_bytes": [10.0, 30.0, 20.0, None],
-        }
-    )
-    peaks = phase_peaks(table)
-    assert peaks.to_dict() == {"forward": 20.0, "backward": 30.0}
 
 
 def test_demo_estimates_and_its_sheet_prices_the_campaign_on_the_catalogue(

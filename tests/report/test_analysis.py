@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -11,8 +12,10 @@ import pytest
 from lightning_pilot.core.per_target import on_target
 from lightning_pilot.report import analysis, gate_result, phase_table_text, terminal_safe
 from lightning_pilot.report.campaign import campaign, campaign_variants, target_campaign
-from lightning_pilot.report.load import RunFolder
+from lightning_pilot.report.load import Reads, RunFolder
+from lightning_pilot.report.measured import largest, median, smallest, value_at
 from lightning_pilot.report.sheet import render_choice_sheet
+from lightning_pilot.report.units import amount_range, format_amount, seq_text, size_text
 from lightning_pilot.report.variants import run_costs, standing, summarize_costs
 
 
@@ -295,3 +298,34 @@ def test_target_campaign_prices_gpu_hours_and_money_at_the_slow_end() -> None:
     assert not table.set_index("variant").loc["bad", "packaged"]
     no_price, _ = target_campaign(variants, 0.1, 0.2, devices=1, reserve=0.25)
     assert no_price["cost_high"].isna().all()
+
+
+# -- units, reductions and what was read -------------------------------------------------------
+
+
+def test_reductions_skip_nulls_and_return_none_when_nothing_was_measured() -> None:
+    values = pd.Series([3.0, None, 1.0])
+    assert [float(reduce(values)) for reduce in (largest, smallest, median)] == [3.0, 1.0, 2.0]
+    assert largest(values.iloc[[1]]) is None
+    assert value_at(pd.Series({"forward": 0.5, "data": None}), "forward") == 0.5
+
+
+def test_amounts_and_sizes_print_as_written_never_zero_for_a_small_amount() -> None:
+    values = (12345.6, 42.125, 0.0042, 0.00612, 0.00000057, 0.0, None)
+    expected = ["12,346", "42.12", "0.0042", "0.0061", "< 0.0001", "0", "n/m"]
+    assert [format_amount(v) for v in values] == expected
+    assert format_amount(0.000123456, digits=3) == "0.000123"
+    assert amount_range(0.0042, 0.0061) == "0.0042 to 0.0061"
+    assert amount_range(0.00001, 0.00002) == "< 0.0001"
+    assert amount_range(3, None) == "3.00 to n/m"
+    assert [size_text(v) for v in (2048, 32.0, None, float("nan"))] == ["2048", "32", "n/m", "n/m"]
+    given = ["2048", "as given", "as given", "32"]
+    assert [seq_text(v) for v in (2048, None, float("nan"), 32.0)] == given
+
+
+def test_reads_names_a_skipped_file_once_and_keeps_other_warnings_apart() -> None:
+    reads = Reads()
+    with reads.capture():
+        message = "lightning-pilot: skipped unreadable file x: bad"
+        warnings.warn(message, RuntimeWarning, stacklevel=1)
+    assert (reads.skipped(), reads.notes()) == (["unreadable file x: bad"], [])

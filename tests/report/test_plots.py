@@ -27,9 +27,11 @@ from lightning_pilot import (
     storage,
 )
 from lightning_pilot.cli import main
+from lightning_pilot.core.compare import compare_runs
 from lightning_pilot.demo import ClassificationDataModule, TinyClassifier
 from lightning_pilot.report import plots
 from lightning_pilot.report.plot_data import (
+    comparison_plot,
     comparison_points,
     curve_marks,
     loss_curves,
@@ -410,3 +412,31 @@ def test_docs_python_blocks_run(folder: dict[str, Any], capsys: pytest.CaptureFi
     for block in blocks:
         exec(block.replace('"pilot_out"', repr(str(folder["out"]))), {})
     assert "loss_curves.png" in capsys.readouterr().out
+
+
+def test_plot_files_name_what_each_plot_shows() -> None:
+    assert [f"{name}: {shows}" for name, shows in plots.PLOT_FILES.items()] == [
+        "loss_curves.png: training loss per run; where runs diverged, stopped or failed",
+        "phase_memory.png: peak memory per phase, stacked by category",
+        "comparison.png: the variant comparison: every seed's value, the control marked",
+    ]
+
+
+def test_scope_of_a_run_folder_is_its_output_folder_and_itself() -> None:
+    run = Path("out/runs/20261130T092309763Z-a1fe91cb433ec8b4")
+    assert plots.scope(run) == (Path("out"), [run])
+
+
+def test_drawn_and_existing_plots_start_empty(tmp_path: Path) -> None:
+    assert plots.Drawn(Path("runs/r1")).skipped == {}
+    assert plots.existing_plots(tmp_path) == []
+
+
+def test_comparison_plot_marks_the_control_given_and_holds_each_median() -> None:
+    runs = pd.DataFrame(
+        {"variant": ["a", "b"], "seed": [0, 0], "value": [2.0, 1.0], "status": ["completed"] * 2}
+    )
+    data = comparison_plot(compare_runs(runs), control="b")
+    assert data.by == "variant"
+    assert data.medians.to_dict() == {"a": 2.0, "b": 1.0}
+    assert data.points["control"].tolist() == [False, True]
