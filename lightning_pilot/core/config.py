@@ -21,12 +21,7 @@ _SHA: Final = re.compile(r"[0-9a-f]{40}([0-9a-f]{24})?")
 
 
 def canonical_params_json(params: Mapping[str, Any] | None) -> str:
-    """The canonical JSON text of a parameter dict of scalars: sorted keys, compact.
-
-    Example:
-        >>> canonical_params_json({"lr": 1e-4, "layers": [2, 2], "name": "ctl"})
-        '{"layers":[2,2],"lr":0.0001,"name":"ctl"}'
-    """
+    """The canonical JSON text of a parameter dict of scalars: sorted keys, compact."""
     return _json(validate.mapping_of_scalars("canonical_params_json", "params", params))
 
 

@@ -27,12 +27,7 @@ def _reduced(series: pd.Series, how: str) -> Any:
 
 def checkpointing_name(value: object) -> str | None:
     """An estimate table's ``checkpointing`` value by its name (``off``, ``full``,
-    ``selective``; the boolean of schema version 1 too); a value of no known mode as it is.
-
-    Example:
-        >>> [checkpointing_name(v) for v in (True, "selective", "later")]
-        ['full', 'selective', 'later']
-    """
+    ``selective``; the boolean of schema version 1 too); a value of no known mode as it is."""
     try:
         return checkpointing_mode(value)
     except ValueError:
@@ -46,19 +41,7 @@ def on_target(estimate: pd.DataFrame) -> pd.DataFrame:
     ``headroom_bytes``, the training step-time band (``step_low_s``, ``step_high_s``) and
     ``status`` (``ok``, or the first other status with its ``reason``). ``checkpointing`` is
     named ``off``, ``full`` or ``selective`` (:func:`~lightning_pilot.schemas.checkpointing_mode`:
-    an ``Estimate``'s own rows, and files with the boolean column of schema version 1, too).
-
-    Example:
-        >>> rows = pd.DataFrame({"target": ["L4-24GB"] * 2, "precision": ["bf16-mixed"] * 2,
-        ...     "micro_batch": [8, 8], "seq_len": [512, 512], "checkpointing": [False] * 2,
-        ...     "strategy": ["single"] * 2, "devices": [1, 1], "phase": ["forward", "backward"],
-        ...     "status": ["ok", "ok"], "reason": [None, None],
-        ...     "peak_reserved_bytes": [3 << 30, 5 << 30], "fits": [True, True],
-        ...     "headroom_bytes": [21 << 30, 19 << 30], "step_time_low_s": [None, 0.2],
-        ...     "step_time_high_s": [None, 0.4]})
-        >>> on_target(rows)[["checkpointing", "phase", "fits", "step_high_s"]].to_dict("records")
-        [{'checkpointing': 'off', 'phase': 'backward', 'fits': True, 'step_high_s': 0.4}]
-    """
+    an ``Estimate``'s own rows, and files with the boolean column of schema version 1, too)."""
     columns = [*TARGET_KEYS, "reserved_bytes", "phase", "fits", "headroom_bytes",
                "step_low_s", "step_high_s", "status", "reason"]  # fmt: skip
     rows = []

@@ -11,11 +11,10 @@ from typing import Any
 
 import torch
 
-from lightning_pilot.core import checks
 from lightning_pilot.core.gradient_evidence import GradientEvidence, Key, merge_deferred
 from lightning_pilot.core.measure_schedule import QuietCounts
 from lightning_pilot.core.memory import MemoryCounter, host_memory, state_bytes
-from lightning_pilot.core.phases import Occurrence, PhaseAggregator
+from lightning_pilot.core.phases import CheckResult, Occurrence, PhaseAggregator
 
 
 class PhaseRows:
@@ -39,9 +38,7 @@ class PhaseRows:
         """Whether ``phase`` occurred already."""
         return self.aggregator.has(phase)
 
-    def add(
-        self, occurrence: Occurrence | None, results: Iterable[checks.CheckResult] = ()
-    ) -> str | None:
+    def add(self, occurrence: Occurrence | None, results: Iterable[CheckResult] = ()) -> str | None:
         """Add a measured occurrence (counted before) with its checks; nothing for ``None``."""
         if occurrence is None:
             return None
@@ -109,33 +106,31 @@ def file_bytes(path: Any) -> int | None:
     return None
 
 
-def checkpoint_file(occurrence: Occurrence, path: Any) -> list[checks.CheckResult]:
+def checkpoint_file(occurrence: Occurrence, path: Any) -> list[CheckResult]:
     """The ``checkpoint_file`` check of a checkpoint save or load at ``path``, its size noted
     as the occurrence's ``file_bytes``."""
     size = occurrence.values["file_bytes"] = file_bytes(path)
     if size:
-        return [checks.CheckResult("checkpoint_file", "pass", f"{size} bytes")]
-    return [checks.CheckResult("checkpoint_file", "fail", f"no file with bytes at {path}")]
+        return [CheckResult("checkpoint_file", "pass", f"{size} bytes")]
+    return [CheckResult("checkpoint_file", "fail", f"no file with bytes at {path}")]
 
 
-def export_written(
-    occurrence: Occurrence, path: Any, error: str | None
-) -> list[checks.CheckResult]:
+def export_written(occurrence: Occurrence, path: Any, error: str | None) -> list[CheckResult]:
     """The export's ``export_written`` check (failed with ``error``; none when it wrote), the
     size at ``path`` noted as the occurrence's ``file_bytes``."""
     occurrence.values["file_bytes"] = None if path is None else file_bytes(path)
-    return [checks.CheckResult("export_written", "fail", error)] if error else []
+    return [CheckResult("export_written", "fail", error)] if error else []
 
 
 def params_on_device(
     named_parameters: Iterable[tuple[str, torch.nn.Parameter]], device: torch.device
-) -> checks.CheckResult:
+) -> CheckResult:
     """The setup's ``params_on_device``: every parameter on ``device`` (else a warning)."""
     misplaced = [n for n, p in named_parameters if p.device != device]
     if misplaced:
         detail = f"{len(misplaced)} parameter(s) not on {device}: {misplaced[:8]}"
-        return checks.CheckResult("params_on_device", "warn", detail)
-    return checks.CheckResult("params_on_device", "pass", str(device))
+        return CheckResult("params_on_device", "warn", detail)
+    return CheckResult("params_on_device", "pass", str(device))
 
 
 def model_row(

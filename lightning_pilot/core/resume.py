@@ -15,7 +15,7 @@ from typing import Any, Final, Literal
 import numpy as np
 import torch
 
-from lightning_pilot.core.checks import CheckResult
+from lightning_pilot.core.phases import CheckResult
 from lightning_pilot.core.split_scan import input_fingerprint
 
 #: An example id as it crosses processes: a JSON scalar.
@@ -108,14 +108,7 @@ def json_id(value: Any) -> ExampleId:
 def content_keys(inputs: Any) -> list[str] | None:
     """One key per example from the bytes of its inputs (a tensor with a batch dimension, or a
     mapping of them keyed together: two CLIP pairs sharing a caption stay two examples), for
-    batches without ids; ``None`` for other inputs.
-
-    Example:
-        >>> captions = torch.tensor([[5, 6], [5, 6]])
-        >>> images = torch.stack([torch.zeros(2, 2), torch.ones(2, 2)])
-        >>> len(set(content_keys(captions))), len(set(content_keys({"c": captions, "i": images})))
-        (1, 2)
-    """
+    batches without ids; ``None`` for other inputs."""
     parts = dict(inputs) if isinstance(inputs, Mapping) else {None: inputs}
     sizes = {
         part.shape[0] if isinstance(part, torch.Tensor) and part.dim() >= 1 else 0
@@ -234,12 +227,7 @@ def unsafe_values(value: Any, path: str = "") -> list[str]:
 
 @dataclass(frozen=True)
 class StepRecord:
-    """One training micro-batch: where it was, which examples it held, what it gave.
-
-    Example:
-        >>> StepRecord(step=2, batch_idx=2, epoch=0, ids=(4, 5), loss=0.9, lrs=(0.1,)).ids
-        (4, 5)
-    """
+    """One training micro-batch: where it was, which examples it held, what it gave."""
 
     step: int
     batch_idx: int
