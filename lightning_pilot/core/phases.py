@@ -215,18 +215,7 @@ class _Group:  # the occurrences folded into one row
 class PhaseAggregator:
     """Folds occurrences of phases into phase rows: the first occurrence on its own row
     (``first=True``: the first optimizer step allocates the optimizer state), later ones into a
-    second row with counts, the median and maximum duration, and the largest peak.
-
-    Example:
-        >>> agg = PhaseAggregator()
-        >>> for step, seconds in enumerate([0.5, 0.1, 0.3, 0.2]):
-        ...     agg.count("forward", step)
-        ...     agg.add(Occurrence("forward", step, duration_s=seconds,
-        ...                        values={"peak_allocated_bytes": 100 + step}))
-        >>> [(r["first"], r["occurrences"], r["duration_median_s"], r["peak_allocated_bytes"])
-        ...  for r in agg.rows()]
-        [(True, 1, 0.5, 100), (False, 3, 0.2, 103)]
-    """
+    second row with counts, the median and maximum duration, and the largest peak."""
 
     def __init__(self) -> None:
         self._groups: dict[tuple[str, bool], _Group] = {}
