@@ -28,19 +28,7 @@ def stateful_dataloader_class(owner: str) -> type[DataLoader[Any]]:
 class SeededShuffleSampler(Sampler[int]):
     """Shuffle in an order that depends only on ``(seed, epoch)`` (``torch.randperm`` seeded
     with ``seed + epoch``, as ``DistributedSampler``), resumable mid-epoch through
-    ``state_dict``; without :meth:`set_epoch`, the epoch advances after each complete pass.
-
-    Example:
-        >>> sampler = SeededShuffleSampler(size=5, seed=0)
-        >>> first = list(sampler)
-        >>> sorted(first)
-        [0, 1, 2, 3, 4]
-        >>> sampler.epoch  # advanced by the complete pass
-        1
-        >>> sampler.set_epoch(0)
-        >>> list(sampler) == first
-        True
-    """
+    ``state_dict``; without :meth:`set_epoch`, the epoch advances after each complete pass."""
 
     def __init__(self, size: int, seed: int) -> None:
         self.size, self.seed, self.epoch = size, seed, 0

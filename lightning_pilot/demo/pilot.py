@@ -1,11 +1,6 @@
 """The whole pilot on the bundled tiny LM, then a learning-rate comparison, on CPU.
 
-What :func:`run_demo` runs and prints: docs/demo.md.
-
-Example:
-    >>> [variant.name for variant in lr_variants()]
-    ['lr=3e-3 (control)', 'lr=1.5e-3 (half)', 'lr=6e-3 (double)', 'lr=5 (unstable)']
-"""
+What :func:`run_demo` runs and prints: docs/demo.md."""
 
 from __future__ import annotations
 
@@ -25,27 +20,14 @@ import torch
 
 from lightning_pilot.callbacks.divergence_ledger import DivergenceLedger, Heartbeat
 from lightning_pilot.callbacks.overfit_tiny_subset import OverfitTinySubset
+from lightning_pilot.core.per_target import checkpointing_name
 from lightning_pilot.core.progress import BarReporter, Reporter, is_terminal, tqdm_available
 from lightning_pilot.demo.lm import PAD_ID, VOCAB_SIZE, InstructionDataModule, TinyCausalLM, decode
 from lightning_pilot.estimate import TARGETS, Estimate, estimate
 from lightning_pilot.ledger import Ledger
 from lightning_pilot.pilot import pilot_callbacks
-from lightning_pilot.core.per_target import checkpointing_name
 from lightning_pilot.run import PilotRun
 from lightning_pilot.storage import read_phase_table
-
-__all__ = [
-    "LARGE_MODEL",
-    "DemoSize",
-    "FitMeter",
-    "LrVariant",
-    "fit_meter",
-    "large_estimate",
-    "large_table",
-    "lr_variants",
-    "run_demo",
-    "write_plots",
-]
 
 #: The comparison's experiment name in the ledger.
 EXPERIMENT = "lr-comparison"
@@ -118,13 +100,7 @@ LARGE_MICRO_BATCH = 8
 
 class FitMeter(pl.Callback):
     """Times one demo fit's training loop (from train start to train end, its validations
-    included) and counts its updates; with ``bar``, moves it at every update.
-
-    Example:
-        >>> meter = FitMeter()
-        >>> meter.updates, meter.rate_text()
-        (0, 'updates/s not measured (no update ran)')
-    """
+    included) and counts its updates; with ``bar``, moves it at every update."""
 
     def __init__(self, bar: Reporter | None = None) -> None:
         self.bar = bar if bar is not None else Reporter()

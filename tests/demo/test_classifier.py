@@ -176,6 +176,15 @@ def test_lightning_style_set_epoch_replays_the_orders_of_a_continuous_run() -> N
     assert_same_batches(list(restarted), continuous[2])
 
 
+def test_sampler_visits_every_index_and_repeats_an_epoch_it_is_set_back_to() -> None:
+    sampler = SeededShuffleSampler(size=5, seed=0)
+    first = list(sampler)
+    assert sorted(first) == [0, 1, 2, 3, 4]
+    assert sampler.epoch == 1  # advanced by the complete pass
+    sampler.set_epoch(0)
+    assert list(sampler) == first
+
+
 def test_stateful_without_torchdata_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     # A None entry in sys.modules makes the import fail as if torchdata were not installed.
     monkeypatch.setitem(sys.modules, "torchdata.stateful_dataloader", None)

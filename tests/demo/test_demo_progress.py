@@ -48,4 +48,14 @@ def test_the_meter_counts_the_updates_and_moves_a_bar(tmp_path: Path) -> None:
 
 def test_a_fit_without_updates_has_no_rate() -> None:
     meter = pilot.FitMeter()
+    assert meter.updates == 0
     assert meter.rate_text() == "updates/s not measured (no update ran)"
+
+
+def test_the_learning_rates_compared() -> None:
+    assert [variant.name for variant in pilot.lr_variants()] == [
+        "lr=3e-3 (control)",
+        "lr=1.5e-3 (half)",
+        "lr=6e-3 (double)",
+        "lr=5 (unstable)",
+    ]
