@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from fractions import Fraction
 from pathlib import Path
-from typing import Any, Final, Literal, TypeGuard, TypeVar, overload
+from typing import Any, Final, Literal, TypeVar, overload
 
 INT64_MIN: Final = -(2**63)
 INT64_MAX: Final = 2**63 - 1
@@ -48,11 +48,6 @@ def _wrong_type(owner: str, name: str, value: object, expected: str) -> TypeErro
 
 def _with(expected: str, optional: bool, hint: str | None) -> str:
     return expected + (" or None" if optional else "") + (f" ({hint})" if hint else "")
-
-
-def _is_integer(value: object) -> TypeGuard[numbers.Integral]:
-    # numpy integers are Integral; bool (and numpy bool) are not counts.
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def _range_text(noun: str, minimum: float | None, maximum: float | None, above: bool) -> str:
@@ -103,7 +98,8 @@ def integer(
     if value is None and optional:
         return None
     expected = _with(_range_text("an integer", minimum, maximum, False), optional, hint)
-    if not _is_integer(value):
+    # numpy integers are Integral; bool (and numpy bool) are not counts.
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool):
         raise _wrong_type(owner, name, value, expected)
     number_ = operator.index(value)
     if (minimum is not None and number_ < minimum) or (maximum is not None and number_ > maximum):
