@@ -1,37 +1,10 @@
 """The grid: targets x precision x micro-batch x sequence length x checkpointing x strategy.
 
-:func:`estimate` checks its arguments once (:mod:`~lightning_pilot.estimate.job`) and traces
-each precision in one :class:`Session` (the module built or converted once), in a forked
-worker per precision or here. Each precision's job runs one way, from here down:
-
-1. :func:`~lightning_pilot.estimate.precision_traces.trace_grid` traces the grid's
-   configurations, extrapolating micro-batches where the operators match (``method`` says
-   which), the optimizer steps, validation and the save; with a repeated block list (Llama's
-   ``model.layers``), each trace runs the list cut to 3, 4 and 5 blocks and extrapolates
-   every operator to all of them (exact where the pattern holds, checked; else traced in
-   full, said in ``notes``);
-2. :func:`~lightning_pilot.estimate.searches.search_largest` searches, per target and
-   checkpointing, the largest micro-batch (at the longest sequence; affine in the
-   micro-batch) and the largest sequence length (at the smallest micro-batch; quadratic in
-   the length, from three traced lengths), both confirmed by tracing the answer and the next
-   step;
-3. :mod:`~lightning_pilot.estimate.rows` makes the rows: per target, strategy
-   (:mod:`~lightning_pilot.estimate.strategies`: DDP's buckets, FSDP's shards and gathered
-   units, **analytic**) and configuration, each phase's memory per GPU, whether it fits
-   (:mod:`~lightning_pilot.estimate.fits`) and the step-time band; and the ``largest`` table.
-
-Example:
-    >>> from lightning_pilot.demo import TinyCausalLM, InstructionDataModule
-    >>> data = InstructionDataModule(batch_size=4, max_length=32)
-    >>> data.setup("fit")
-    >>> batch = next(iter(data.train_dataloader()))
-    >>> result = estimate(TinyCausalLM(max_length=32), batch, targets=["L4-24GB"],
-    ...                   micro_batches=[2, 4, 8], seq_lens=[32], largest=False)
-    >>> frame = result.frame()
-    >>> sorted(set(frame["method"]))
-    ['derived', 'extrapolated', 'traced']
-    >>> bool(frame["fits"].all())
-    True
+:func:`estimate` checks its arguments once (:mod:`~lightning_pilot.estimate.job`); each
+precision is traced in one :class:`Session`, in a forked worker or here
+(:func:`~lightning_pilot.estimate.precision_traces.trace_grid`), its largest sizes searched
+(:func:`~lightning_pilot.estimate.searches.search_largest`), then the rows made
+(:mod:`~lightning_pilot.estimate.rows`).
 """
 
 from __future__ import annotations
@@ -55,7 +28,6 @@ from lightning_pilot.estimate.job import Ckpt, GridJob, check_arguments, checkpo
 from lightning_pilot.estimate.precision import PRECISIONS
 from lightning_pilot.estimate.precision_traces import (
     PrecisionTraces,
-    extrapolate,
     failures_recorded,
     phase_traces,
     trace_grid,
@@ -69,22 +41,14 @@ from lightning_pilot.estimate.rows import (
     largest_row,
     publish,
 )
-from lightning_pilot.estimate.searches import search_largest, sequence_bound
+from lightning_pilot.estimate.searches import search_largest
 from lightning_pilot.estimate.session import Session, check_source
 from lightning_pilot.estimate.strategies import Strategy
 from lightning_pilot.estimate.targets import Target
 
-__all__ = [
-    "Estimate",
-    "Strategy",
-    "estimate",
-    "extrapolate",
-    "run_grid",
-    "sequence_bound",
-    "trace_configuration",
-]
-
 _OWNER: Final = "estimate"
+#: The arguments of :func:`estimate` that are not the grid's.
+_NOT_CHECKED: Final = ("module", "batch", "factory", "out_dir", "progress")
 
 
 def estimate(
@@ -132,15 +96,15 @@ def estimate(
     fraction of the roofline compute-bound operators reach, low and high; ``memory_efficiency``:
     the fraction of the bandwidth memory-bound ones reach. ``allow_tf32``: fp32 matrix products
     on TF32 tensor cores. ``fragmentation``: reserved bytes allowed above the allocator's
-    segments, in ``peak_reserved_bytes`` only: ``fits`` rests on the live blocks (a
-    ``tight`` note says when the reserved estimate exceeds the GPU). ``largest``: search the
-    largest micro-batch per target, precision and
-    checkpointing at the longest sequence, up to ``max_micro_batch`` (``verify_largest``:
-    confirmed by tracing), and the largest sequence length at the smallest micro-batch, a
-    multiple of ``seq_step`` (halved until the bound holds 8 steps) up to the module's declared
-    maximum (:func:`sequence_bound`) or ``max_seq_len``. ``blocks``: trace the batch's phases
-    with the repeated block list cut and extrapolated (see
-    :class:`~lightning_pilot.estimate.Session`). ``progress``: a
+    segments, in ``peak_reserved_bytes`` only: ``fits`` rests on the live blocks (a ``tight``
+    note says when the reserved estimate exceeds the GPU). ``largest``: search the largest
+    micro-batch per target, precision and checkpointing at the longest sequence, up to
+    ``max_micro_batch`` (``verify_largest``: confirmed by tracing), and the largest sequence
+    length at the smallest micro-batch, a multiple of ``seq_step`` (halved until the bound
+    holds 8 steps) up to the module's declared maximum
+    (:func:`~lightning_pilot.estimate.searches.sequence_bound`) or ``max_seq_len``.
+    ``blocks``: trace the batch's phases with the repeated block list cut and extrapolated
+    (see :class:`~lightning_pilot.estimate.Session`). ``progress``: a
     :class:`lightning_pilot.core.progress.Reporter` told as each precision's traces start and
     finish (default: none). ``timeout``: seconds the worker processes may take together
     (``None``: no limit); past it they are stopped and a ``TimeoutError`` says so (each worker
@@ -148,36 +112,26 @@ def estimate(
     ``capacity_factor``: a mixture of experts' routing, traced balanced (``1``: every expert
     gets its share of the tokens) or with the busiest expert given that many times its share
     (:class:`~lightning_pilot.estimate.Session`'s, at least 1).
+
+    Example:
+        >>> from lightning_pilot.demo import TinyCausalLM, InstructionDataModule
+        >>> data = InstructionDataModule(batch_size=4, max_length=32)
+        >>> data.setup("fit")
+        >>> batch = next(iter(data.train_dataloader()))
+        >>> result = estimate(TinyCausalLM(max_length=32), batch, targets=["L4-24GB"],
+        ...                   micro_batches=[2, 4, 8], seq_lens=[32], largest=False)
+        >>> frame = result.frame()
+        >>> sorted(set(frame["method"]))
+        ['derived', 'extrapolated', 'traced']
+        >>> bool(frame["fits"].all())
+        True
     """
+    # Every keyword argument of the grid, as check_arguments takes them.
+    arguments = {k: v for k, v in locals().items() if k not in _NOT_CHECKED}
     check_source(_OWNER, module, factory)
     if batch is None:
         raise ValueError(validate.invalid(_OWNER, "batch", batch, "one real batch of the data"))
-    checked = check_arguments(
-        _OWNER,
-        {
-            "targets": targets,
-            "precisions": precisions,
-            "micro_batches": micro_batches,
-            "seq_lens": seq_lens,
-            "checkpointing": checkpointing,
-            "strategies": strategies,
-            "checkpoint_classes": checkpoint_classes,
-            "wrap_classes": wrap_classes,
-            "efficiency": efficiency,
-            "memory_efficiency": memory_efficiency,
-            "allow_tf32": allow_tf32,
-            "fragmentation": fragmentation,
-            "largest": largest,
-            "verify_largest": verify_largest,
-            "workers": workers,
-            "timeout": timeout,
-            "max_micro_batch": max_micro_batch,
-            "seq_step": seq_step,
-            "max_seq_len": max_seq_len,
-            "blocks": blocks,
-            "capacity_factor": capacity_factor,
-        },
-    )
+    checked = check_arguments(_OWNER, arguments)
     validate.path(_OWNER, "out_dir", out_dir)
     if any(s is not None for s in checked["seq_lens"]) and _sequence_length(batch) is None:
         raise ValueError(
@@ -217,7 +171,10 @@ def run_grid(job: GridJob, *, progress: Reporter | None = None, out_dir: Any = N
                         finished = results.next(timeout=None if math.isinf(left) else left)
                     except multiprocessing.TimeoutError:
                         raise TimeoutError(
-                            _timeout_message(job.timeout, count, len(done), traced)
+                            f"estimate(timeout={job.timeout}): {count} worker processes traced"
+                            f" {len(done)} of {len(traced)} precision(s) ({', '.join(traced)})"
+                            f" in {job.timeout} s and were stopped; pass workers=1 to trace in"
+                            " this process, or a larger timeout"
                         ) from None
                     done.append(finished)
                     shown.update(
@@ -266,32 +223,20 @@ def _precision_job(
     return traces, found
 
 
-#: The job of a forked worker, given once by :func:`_worker_start`.
 _WORKER_JOB: GridJob | None = None
 
 
 def _worker_start(job: GridJob) -> None:
-    """Each forked worker holds ``job`` and computes on one thread. A parent that already ran
-    an OpenMP-parallel operator leaves libgomp's thread pool behind in a forked child, and the
-    child's first parallel region waits on threads that do not exist there: one thread per
-    worker never enters one (the precisions run side by side instead)."""
+    """Each forked worker holds ``job`` and computes on one thread: a parent's libgomp thread
+    pool does not exist in a forked child, whose first parallel region would wait on it."""
     global _WORKER_JOB
     _WORKER_JOB = job
     torch.set_num_threads(1)
 
 
 def _worker_job(precision: str) -> tuple[PrecisionTraces, list[dict[str, Any]]]:
-    """:func:`_precision_job` of the job :func:`_worker_start` gave this worker."""
     assert _WORKER_JOB is not None
     return _precision_job(_WORKER_JOB, precision)
-
-
-def _timeout_message(timeout: float | None, count: int, finished: int, precs: Sequence[str]) -> str:
-    return (
-        f"estimate(timeout={timeout}): {count} worker processes traced {finished} of"
-        f" {len(precs)} precision(s) ({', '.join(precs)}) in {timeout} s and were stopped;"
-        " pass workers=1 to trace in this process, or a larger timeout"
-    )
 
 
 def trace_configuration(
@@ -361,16 +306,10 @@ def _not_logging(module: Any) -> Iterator[None]:
         return
     held = {name: module.__dict__[name] for name in names if name in module.__dict__}
     for name in names:
-        module.__dict__[name] = _ignore
+        module.__dict__[name] = lambda *args, **kwargs: None
     try:
         yield
     finally:
         for name in names:
-            if name in held:
-                module.__dict__[name] = held[name]
-            else:
-                module.__dict__.pop(name, None)
-
-
-def _ignore(*args: Any, **kwargs: Any) -> None:
-    return None
+            module.__dict__.pop(name)
+        module.__dict__.update(held)

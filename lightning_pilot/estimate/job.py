@@ -1,19 +1,6 @@
-"""One estimate's grid, checked once: :class:`GridJob` and the checks of its arguments.
-
-The public doors (:func:`~lightning_pilot.estimate.estimate`,
-:func:`~lightning_pilot.estimate.grid.trace_configuration`, ``TargetEstimator``) check what
-they are given with :func:`check_arguments` and build a :class:`GridJob`; everything after
-(the traces of each precision, in this process or a forked worker, the searches, the rows)
-reads the job and checks nothing again.
-
-Example:
-    >>> job = GridJob(batch={}, **check_arguments("estimate", {"micro_batches": [8, 2, 4]}))
-    >>> job.micro_batches, job.base
-    ((8, 2, 4), (2, 4))
-    >>> check_arguments("estimate", {"checkpointing": ["some"]})
-    Traceback (most recent call last):
-    ...
-    ValueError: estimate(checkpointing='some') is invalid: expected False, True or 'selective'.
+"""One estimate's grid, checked once: the public entry points check their arguments with
+:func:`check_arguments` and build a :class:`GridJob`; everything after reads it and checks
+nothing again.
 """
 
 from __future__ import annotations
@@ -34,8 +21,6 @@ from lightning_pilot.estimate.roofline import DEFAULT_EFFICIENCY, DEFAULT_MEMORY
 from lightning_pilot.estimate.strategies import FSDP_COMPUTE, Strategy
 from lightning_pilot.estimate.targets import Target, target
 
-__all__ = ["Ckpt", "Config", "GridJob", "check_arguments", "checkpointing_choice"]
-
 #: Activation checkpointing: off, every block (``True``) or per operator (``"selective"``).
 Ckpt = bool | str
 #: One configuration of the grid: (checkpointing, sequence length, micro-batch).
@@ -45,16 +30,8 @@ Config = tuple[Ckpt, int | None, int]
 @dataclass(frozen=True)
 class GridJob:
     """What one estimate traces and how: the module (live, or ``factory`` building it), one
-    real ``batch`` and the checked arguments of :func:`~lightning_pilot.estimate.estimate`
-    (its documentation says what each means); ``device`` is ``"cuda"`` (512-byte blocks, the
-    CUDA optimizer default) or ``"cpu"`` (:func:`~.grid.trace_configuration`'s comparison
-    with real tensors). A forked worker gets it from its parent as it is.
-
-    Example:
-        >>> job = GridJob(batch={}, micro_batches=(1, 2, 4), strategies=(Strategy("fsdp", 8),))
-        >>> job.base, job.traced
-        ((2, 4), ('bf16-mixed', 'bf16-true'))
-    """
+    real ``batch`` and the checked arguments of :func:`~lightning_pilot.estimate.estimate`;
+    ``device`` is ``"cuda"`` or ``"cpu"`` (:func:`~.grid.trace_configuration`)."""
 
     module: Any = None
     factory: Callable[[], Any] | None = None
@@ -242,15 +219,10 @@ _CHECKS: Final[dict[str, Callable[[str, str, Any], Any]]] = {
 
 
 def check_arguments(owner: str, arguments: Mapping[str, Any]) -> dict[str, Any]:
-    """``arguments`` (any of :class:`GridJob`'s besides the module, the batch and the device)
+    """``arguments`` (any of :class:`GridJob`'s but the module, the batch and the device)
     checked, each error naming ``owner``, the argument, its value and what is valid: the
     values a :class:`GridJob` takes (lists as tuples, names as :class:`Target` and
-    :class:`Strategy`).
-
-    Example:
-        >>> check_arguments("estimate", {"strategies": ["ddp:2"], "largest": False})
-        {'strategies': (Strategy(kind='ddp', devices=2, bucket_view=False),), 'largest': False}
-    """
+    :class:`Strategy`)."""
     unknown = sorted(set(arguments) - set(_CHECKS))
     if unknown:
         raise TypeError(f"check_arguments: not arguments of the grid: {', '.join(unknown)}")

@@ -1,25 +1,10 @@
-"""The traces of one precision: what the grid traces in one :class:`Session`, what it
-extrapolates in the micro-batch, and the six phases of a configuration derived from them.
-
-:func:`trace_grid` runs in an open session (the module built or converted once):
-
-- ``forward`` and ``backward`` per checkpointing x sequence length at the two smallest
-  micro-batches; every other micro-batch is **extrapolated** from those two when both ran the
-  same operators in the same order (every storage of such a step is either fixed or
-  proportional to the micro-batch, so the live bytes after each operator are affine in it) and
-  the extrapolated peak falls on the operator where both traced peaks fell; otherwise it is
-  traced (:func:`extrapolate`). ``method`` says which.
-- the optimizer steps (first and later) and the checkpoint save once: they do not depend on
-  the batch;
-- ``validation`` per sequence length, the same way as the training phases.
-
-A later update's forward pass holds the previous update's gradients (Lightning zeroes them
-after ``training_step``, before ``backward``) and both passes hold the optimizer state; the
-trace of the first update is **derived** by adding them (live throughout, so every point of
-the phase moves by the same bytes): :func:`phase_traces`.
-
-A failure of the user's code becomes the precision's ``error`` (its rows say why), never a
-crash: :func:`failures_recorded`.
+"""The traces of one precision in one :class:`Session`: :func:`trace_grid` traces the grid's
+training phases and validation (other micro-batches **extrapolated** where two traced ones ran
+the same operators, :func:`extrapolate`), the optimizer steps and the save once;
+:func:`phase_traces` derives a later update's passes by adding the previous gradients and the
+optimizer state (live throughout). A failure of the user's code becomes the precision's
+``error``, never a crash (:func:`failures_recorded`). ``configure_optimizers`` on a module
+without a Trainer sees :class:`StandInTrainer`.
 """
 
 from __future__ import annotations
@@ -36,23 +21,10 @@ from lightning_pilot.estimate.job import Ckpt, Config, GridJob
 from lightning_pilot.estimate.precision import compute_dtype
 from lightning_pilot.estimate.recorder import CATEGORIES, PhaseTrace, UntraceableError
 from lightning_pilot.estimate.session import Session
-from lightning_pilot.estimate.stand_in import ConfigureError, stand_in_trainer
 from lightning_pilot.estimate.strategies import unit_bytes
 from lightning_pilot.vocabulary import phase_label
 
-# The label of the first optimizer step (state allocated), as the traces key it.
 _FIRST_STEP: Final = phase_label("optimizer_step", True)
-
-__all__ = [
-    "PrecisionTraces",
-    "extrapolate",
-    "failures_recorded",
-    "later_extra",
-    "matching_pair",
-    "phase_traces",
-    "trace_grid",
-]
-
 _CKPT_ORDER: Final[dict[Ckpt, int]] = {False: 0, True: 1, "selective": 2}
 _TRAIN: Final = ("forward", "backward")
 
@@ -314,3 +286,71 @@ def phase_traces(traces: PrecisionTraces, key: Config) -> dict[str, tuple[PhaseT
         "validation": (validation, val_how),
         "checkpoint_save": (traces.save, "traced"),
     }
+
+
+#: The stand-in Trainer's ``estimated_stepping_batches`` (a schedule's length changes neither
+#: memory nor step time).
+STAND_IN_STEPS: Final = 1000
+
+
+class StandInTrainer:
+    """What ``configure_optimizers`` may read of ``self.trainer`` when the estimate runs
+    without a Trainer: a stated number of steps on one device, epoch and step 0."""
+
+    estimated_stepping_batches = STAND_IN_STEPS
+    max_steps = STAND_IN_STEPS
+    num_training_batches = STAND_IN_STEPS
+    max_epochs = 1
+    current_epoch = 0
+    global_step = 0
+    accumulate_grad_batches = 1
+    num_devices = 1
+    num_nodes = 1
+    world_size = 1
+    global_rank = 0
+    local_rank = 0
+    is_global_zero = True
+
+    def __getattr__(self, name: str) -> Any:
+        raise AttributeError(
+            f"trainer.{name}: estimate() runs without a Trainer, and its stand-in has only"
+            " estimated_stepping_batches, max_steps, num_training_batches (all"
+            f" {STAND_IN_STEPS}), max_epochs (1), current_epoch, global_step, world_size,"
+            " num_devices, num_nodes, global_rank, local_rank, accumulate_grad_batches,"
+            " is_global_zero"
+        )
+
+
+class ConfigureError(Exception):
+    """``configure_optimizers`` failed: the row names the phase and the remedy."""
+
+    def __init__(self, err: Exception) -> None:
+        super().__init__(
+            f"configure_optimizers() failed: {type(err).__name__}: {err}. The estimate needs"
+            " the optimizer it returns: make configure_optimizers work without a Trainer"
+            " (estimate() stands one in with the attributes above), or estimate at the end"
+            " of a fit with TargetEstimator, where the fit's Trainer is attached"
+        )
+
+
+@contextlib.contextmanager
+def stand_in_trainer(module: Any, notes: list[str]) -> Iterator[None]:
+    """A LightningModule with no Trainer (nor Fabric) attached gets :class:`StandInTrainer`
+    while its ``configure_optimizers`` runs, and ``notes`` (the rows') say so."""
+    if (
+        not hasattr(type(module), "trainer")
+        or getattr(module, "_trainer", True) is not None
+        or getattr(module, "_fabric", None) is not None
+    ):
+        yield
+        return
+    module._trainer = StandInTrainer()
+    try:
+        yield
+    finally:
+        module._trainer = None
+    notes.append(
+        f"configure_optimizers ran without a Trainer: a stand-in gave"
+        f" estimated_stepping_batches={STAND_IN_STEPS} (a schedule's length changes neither"
+        " memory nor step time)"
+    )

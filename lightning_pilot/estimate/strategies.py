@@ -1,16 +1,7 @@
-"""How a strategy spreads the campaign over GPUs, and what that adds per GPU: memory and time.
-
-The trace is of one device. Per GPU, ``ddp`` adds DDP's gradient buckets (one copy of the
-gradients, unless ``gradient_as_bucket_view``); ``fsdp`` (full shard over N) divides weights,
-gradients and optimizer state by N and adds the units gathered at once (two of the largest
-unit, the one computing and the one prefetched, and in the backward pass that unit's
-gradients) plus the parameters outside every unit. Those parts are **analytic**
-(``analytic_bytes``), named so in ``notes``. Under a mixed precision, FSDP computes in the low
-dtype (:data:`FSDP_COMPUTE`): the batch's phases come from that precision's trace.
-
-Example:
-    >>> Strategy.parse("ddp:8")
-    Strategy(kind='ddp', devices=8, bucket_view=False)
+"""What a strategy adds per GPU to the trace of one device: memory (**analytic**, named so in
+``notes``) and the collectives' time. ``ddp`` adds DDP's gradient buckets; ``fsdp`` (full
+shard over N) divides the state by N and adds the gathered units; under a mixed precision FSDP
+computes in the low dtype (:data:`FSDP_COMPUTE`).
 """
 
 from __future__ import annotations
@@ -29,16 +20,6 @@ from lightning_pilot.estimate.targets import Target
 if TYPE_CHECKING:
     from lightning_pilot.estimate.precision_traces import PrecisionTraces
 
-__all__ = [
-    "FSDP_COMPUTE",
-    "Strategy",
-    "communication_seconds",
-    "fsdp_mixed",
-    "strategy_memory",
-    "unit_bytes",
-]
-
-_OWNER: Final = "estimate"
 #: The precision FSDP's mixed-precision policy computes in, per mixed precision: Lightning's
 #: ``FSDPStrategy`` gives FSDP ``MixedPrecision(param_dtype=...)`` of the precision's low
 #: dtype (FSDP2: ``MixedPrecisionPolicy(param_dtype=...)``), so the gathered parameters and
@@ -70,7 +51,7 @@ class Strategy:
             raise ValueError(validate.invalid("Strategy", "devices", self.devices, "1 for single"))
 
     @classmethod
-    def parse(cls, value: object, owner: str = _OWNER) -> Strategy:
+    def parse(cls, value: object, owner: str = "estimate") -> Strategy:
         """A :class:`Strategy` from itself or ``"single"``, ``"ddp:N"``, ``"fsdp:N"``; an error
         names ``owner``'s ``strategies`` argument."""
         if isinstance(value, Strategy):
@@ -130,22 +111,20 @@ def strategy_memory(
         extra = traces.state["grad"]
         return extra, extra, "analytic: DDP gradient buckets, one copy of the gradients"
     cats = trace.categories
+    stepping = trace.phase.startswith("optimizer_step")
     sharded = sum(cats[name] for name in _STATE)
-    if trace.phase.startswith("optimizer_step"):
-        # Each GPU steps its own shard: the optimizer's temporaries shrink with it.
+    if stepping:  # each GPU steps its own shard: the optimizer's temporaries shrink with it
         sharded += cats["temporaries"]
     saved = sharded - -(-sharded // devices)
     largest, root = traces.units
-    phase = trace.phase
-    gathered = 0
-    if phase in ("forward", "validation"):
-        gathered = 2 * largest + root
-    elif phase == "backward":
-        gathered = 3 * largest + root
-    elif phase == "checkpoint_save":
-        gathered = largest
+    gathered = {
+        "forward": 2 * largest + root,
+        "validation": 2 * largest + root,
+        "backward": 3 * largest + root,
+        "checkpoint_save": largest,
+    }.get(trace.phase, 0)
     extra = gathered - saved
-    stepped = " (and the optimizer's temporaries)" if trace.phase.startswith("optimizer") else ""
+    stepped = " (and the optimizer's temporaries)" if stepping else ""
     note = (
         f"analytic: FSDP full shard over {devices}: weights, gradients and optimizer state"
         f"{stepped} / {devices}, plus {gathered} bytes of gathered units (largest unit"

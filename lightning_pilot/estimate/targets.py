@@ -1,35 +1,26 @@
 """Target GPUs: memory, peak dense arithmetic per precision, memory and link bandwidth.
 
 Peak FLOP/s and bandwidths in :data:`TARGETS` are the vendor's datasheet values for dense
-arithmetic (no 2:4 sparsity), with the datasheet named in ``source``.
+arithmetic (no 2:4 sparsity), the datasheet named in ``source``.
 
-:attr:`Target.memory_bytes` is the memory the device reports, the figure
-``torch.cuda.get_device_properties(i).total_memory`` gives (``cudaDeviceProp.totalGlobalMem``;
-the "total capacity" of PyTorch's out-of-memory message is the same figure, from
-``cudaMemGetInfo``), not the datasheet's: the driver keeps part of the memory for itself, and
-on the GDDR6 cards with ECC on (L4, A10G, L40S) ``nvidia-smi`` already shows only 15/16 of
-the nominal. An A100-SXM4-40GB reports 40,339 MiB of its nominal 40,960 (1.5 % less), an
-A100-SXM4-80GB 81,051 of 81,920. Each entry cites the published device report it uses in
-``memory_source``. The figure moves with the driver by a few hundred MiB (the A100-SXM4-40GB
-reads 40,537 MiB in a 2021 report, 40,339 MiB under an R535 driver), so the catalogue's is
-one reading; pass ``memory=`` (``torch.cuda.get_device_properties(0).total_memory`` on the
-machine) for yours.
-Where only ``nvidia-smi``'s total was found, the entry says so: ``nvidia-smi`` counts memory
-that current drivers keep from CUDA (81,920 MiB against 81,051 on the A100 80GB above), so
-such a figure is an upper bound of the device's.
+:attr:`Target.memory_bytes` is the memory the device reports,
+``torch.cuda.get_device_properties(i).total_memory`` (``cudaDeviceProp.totalGlobalMem``, the
+"total capacity" of PyTorch's out-of-memory message), not the datasheet's: the driver keeps
+part of it, and on GDDR6 cards with ECC on (L4, A10G, L40S) ``nvidia-smi`` already shows only
+15/16 of the nominal. An A100-SXM4-40GB reports 40,339 MiB of its nominal 40,960, an
+A100-SXM4-80GB 81,051 of 81,920; each entry cites its published report in ``memory_source``.
+The figure moves with the driver by a few hundred MiB, so pass ``memory=`` (the machine's
+``total_memory``) for yours. Where only ``nvidia-smi``'s total was found, the entry says so:
+it counts memory current drivers keep from CUDA, so it is an upper bound.
 
-``overhead_bytes`` is the memory a training process holds outside PyTorch's allocator (so
-outside ``torch.cuda.max_memory_allocated``) on a device that reports ``memory_bytes``: the CUDA
-context, the kernels' module images and the libraries' own allocations. The default, 512 MiB,
-is an allowance, not a measurement, at the top of what PyTorch's own out-of-memory messages
-show for single-GPU processes ("this process has X in use" less the allocator's reserved
-bytes: 0.40 to 0.49 GiB on A100 and L40 cards in the reports cited in
-``docs/estimate-validation.md``); NCCL's buffers in a distributed run come on top of it and
-are not modelled. ``workspace_bytes`` (cuBLAS/cuBLASLt workspaces, which PyTorch takes from its
-caching allocator at the first matrix product, so they *are* in the allocated figure) follows
-PyTorch's default ``CUBLAS_WORKSPACE_CONFIG`` (``:4096:8``, 32 MiB, on Hopper;
-``:4096:2:16:8``, about 8 MiB, before). Replace either with your own figures through
-:class:`Target` when you have them.
+``overhead_bytes`` is what a training process holds outside PyTorch's allocator (the CUDA
+context, the kernels' module images, the libraries' own allocations): 512 MiB by default, an
+allowance at the top of what PyTorch's own out-of-memory messages show for single-GPU processes
+(0.40 to 0.49 GiB on A100 and L40 cards, ``docs/estimate-validation.md``); NCCL's buffers are
+not modelled. ``workspace_bytes`` (cuBLAS/cuBLASLt workspaces, taken from the caching
+allocator, so part of the allocated figure) follows PyTorch's default
+``CUBLAS_WORKSPACE_CONFIG``: ``:4096:8`` (32 MiB) on Hopper, ``:4096:2:16:8`` (about 8 MiB)
+before. Replace either through :class:`Target` when you have your own figures.
 
 Example:
     >>> TARGETS["A100-40GB"].memory_bytes  # deviceQuery, driver 535 (CUDA 12.2), ECC on
@@ -50,8 +41,6 @@ from typing import Final
 import torch
 
 from lightning_pilot.core import validate
-
-__all__ = ["TARGETS", "Target", "target"]
 
 _MIB: Final = 2**20
 _GIB: Final = 2**30
@@ -113,23 +102,14 @@ class Target:
         else:
             size = validate.integer(owner, "memory", memory, minimum=1)
         set_(self, "memory_bytes", size)
-        for field in ("fp32", "tf32", "bf16", "fp16", "bandwidth", "link"):
-            value = {"fp32": fp32, "tf32": tf32, "bf16": bf16, "fp16": fp16}.get(
-                field, bandwidth if field == "bandwidth" else link
-            )
+        rates = {"fp32": fp32, "tf32": tf32, "bf16": bf16, "fp16": fp16}
+        for field, value in {**rates, "bandwidth": bandwidth, "link": link}.items():
             set_(self, field, validate.number(owner, field, value, minimum=0, allow_minimum=False))
-        set_(
-            self,
-            "overhead_bytes",
-            validate.integer(owner, "overhead_bytes", overhead_bytes, minimum=0),
-        )
-        set_(
-            self,
-            "workspace_bytes",
-            validate.integer(owner, "workspace_bytes", workspace_bytes, minimum=0),
-        )
-        set_(self, "source", validate.text(owner, "source", source))
-        set_(self, "memory_source", validate.text(owner, "memory_source", memory_source))
+        counts = {"overhead_bytes": overhead_bytes, "workspace_bytes": workspace_bytes}
+        for field, count in counts.items():
+            set_(self, field, validate.integer(owner, field, count, minimum=0))
+        for field, text in (("source", source), ("memory_source", memory_source)):
+            set_(self, field, validate.text(owner, field, text))
 
     def peak(self, dtype: torch.dtype, *, allow_tf32: bool = False) -> float:
         """Peak dense FLOP/s of matrix products in ``dtype`` (fp32 runs on TF32 tensor cores

@@ -7,6 +7,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
@@ -616,3 +617,23 @@ def test_fits_rests_on_live_blocks_not_on_the_reserved_cache() -> None:
     assert fits.need(allocated, allocated, small) > small.memory_bytes
     # Never less than the peak allocated, even when the segments were under-counted.
     assert fits.need(allocated, 0, small) == allocated + small.overhead_bytes
+
+
+def test_roofline_of_one_bf16_operator_on_an_h100() -> None:
+    from lightning_pilot.estimate.roofline import split_seconds
+
+    compute, memory = split_seconds(
+        np.array([10**12]), np.array([10**6]), np.array([2]), TARGETS["H100-SXM-80GB"]
+    )
+    assert (round(compute * 1000, 3), memory) == (1.011, 0.0)  # 1 TFLOP at 989.5 TFLOP/s
+
+
+def test_grid_job_holds_the_checked_arguments() -> None:
+    from lightning_pilot.estimate.job import GridJob, check_arguments
+
+    job = GridJob(batch={}, **check_arguments("estimate", {"micro_batches": [8, 2, 4]}))
+    assert (job.micro_batches, job.base) == ((8, 2, 4), (2, 4))
+    job = GridJob(batch={}, micro_batches=(1, 2, 4), strategies=(Strategy("fsdp", 8),))
+    assert (job.base, job.traced) == ((2, 4), ("bf16-mixed", "bf16-true"))
+    checked = check_arguments("estimate", {"strategies": ["ddp:2"], "largest": False})
+    assert checked == {"strategies": (Strategy("ddp", 2),), "largest": False}
