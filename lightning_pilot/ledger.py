@@ -15,8 +15,9 @@ from lightning_pilot import storage
 from lightning_pilot.core import validate
 from lightning_pilot.core.compare import Comparison, compare_runs
 from lightning_pilot.schemas import PREDICTIONS_SCHEMA
-
-__all__ = ["Ledger", "file_sha256", "find_failed_runs", "fold_records", "latest_with_curves"]
+from lightning_pilot.storage.ledger_store import LEDGER_GRACE_SECONDS, _ledger_folder
+from lightning_pilot.storage.paths import _location_argument
+from lightning_pilot.storage.tables import _to_pandas
 
 #: Columns that describe what happened last: taken from the latest record as they are.
 OUTCOME_COLUMNS: Final = (
@@ -113,8 +114,8 @@ class Ledger:
     """
 
     def __init__(self, path: storage.PathLike, *, stale_after: float = 1800.0) -> None:
-        root = storage._location_argument("Ledger", "path", path, "the ledger folder")
-        self.path = storage._ledger_folder(root, "Ledger")  # FileNotFoundError when missing
+        root = _location_argument("Ledger", "path", path, "the ledger folder")
+        self.path = _ledger_folder(root, "Ledger")  # FileNotFoundError when missing
         self.stale_after = validate.number(
             "Ledger", "stale_after", stale_after, minimum=0, finite=False, hint="seconds"
         )
@@ -149,7 +150,7 @@ class Ledger:
         the last new one, or ``None`` (:func:`~lightning_pilot.storage.index_ledger`)."""
         return storage.index_ledger(self.path)
 
-    def compact(self, *, grace: float | None = storage.LEDGER_GRACE_SECONDS) -> list[Any]:
+    def compact(self, *, grace: float | None = LEDGER_GRACE_SECONDS) -> list[Any]:
         """Compact the ledger (:func:`~lightning_pilot.storage.compact_ledger`), safe beside
         writers, readers and other compactors; return the new segments."""
         return storage.compact_ledger(self.path, grace=grace)
@@ -157,7 +158,7 @@ class Ledger:
     def runs(self, *, now: datetime | None = None) -> pd.DataFrame:
         """One row per run (:func:`fold_records`); ``now`` is for tests and replays."""
         scalar = tuple(c for c in storage.LEDGER_SCHEMA.names if c not in CURVE_COLUMNS)
-        records = storage._to_pandas(self._table(scalar))
+        records = _to_pandas(self._table(scalar))
         runs = fold_records(records, now=now, stale_after=self.stale_after)
         runs.attrs["skipped"] = list(self.skipped)
         return runs
@@ -328,7 +329,7 @@ def _curves_table(table: Any, *, all_attempts: bool) -> pd.DataFrame:
     columns = [*identity, "curve", "name", "step", "value"]
     if table.num_rows == 0:
         return pd.DataFrame(columns=columns)
-    meta = storage._to_pandas(table.select([*identity, "attempt_id", "curves_delta"]))
+    meta = _to_pandas(table.select([*identity, "attempt_id", "curves_delta"]))
     meta["_pos"] = np.arange(len(meta))
     keys = ["run_id", "attempt_id"] if all_attempts else ["run_id"]
     latest = meta.drop_duplicates(keys, keep="last")

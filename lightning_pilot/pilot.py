@@ -12,8 +12,6 @@ from lightning_pilot.core import validate
 from lightning_pilot.core.batches import BatchAdapter
 from lightning_pilot.run import PilotCallback
 
-__all__ = ["PILOT_OPTION_KEYS", "pilot_callbacks"]
-
 #: Option key -> registry entry, in the order the callbacks are returned.
 _CALLBACKS: dict[str, Registered] = {entry.option: entry for entry in REGISTRY if entry.option}
 #: The keys ``pilot_callbacks(**options)`` accepts, in the order the callbacks are returned.

@@ -24,9 +24,9 @@ from lightning_pilot.core import validate
 from lightning_pilot.core.ids import new_run_id, validate_run_id
 from lightning_pilot.core.phases import CheckResult, judge
 from lightning_pilot.core.summary import Summary
+from lightning_pilot.storage.paths import _LOCAL_URL
+from lightning_pilot.storage.publish import reserve_file
 from lightning_pilot.vocabulary import worst_verdict
-
-__all__ = ["GUARDED_HOOKS", "PilotCallback", "PilotRefusalError", "PilotRun"]
 
 PHASE_TABLE: Final = "phases"
 
@@ -61,7 +61,7 @@ def _default_out_dir(trainer: pl.Trainer) -> storage.Location:
     root = os.fspath(trainer.default_root_dir)
     folder = storage.location(root)
     given = getattr(trainer, "_default_root_dir", None)  # what the user wrote
-    if isinstance(given, str) and given != root and storage._LOCAL_URL.match(given):
+    if isinstance(given, str) and given != root and _LOCAL_URL.match(given):
         _warn_moved_root(given, folder)
     return folder / "pilot"
 
@@ -320,7 +320,7 @@ class PilotRun:
             if isinstance(path, storage.RemotePath):
                 return  # no disk of ours to hold on an object store
             self._reserve = path
-            storage.reserve_file(path, size)  # no room, or not Linux: nothing is reserved
+            reserve_file(path, size)  # no room, or not Linux: nothing is reserved
 
     def release_space(self) -> None:
         """Give back the space :meth:`reserve_space` held, if any."""

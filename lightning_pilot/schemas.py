@@ -242,14 +242,9 @@ def checkpointing_mode(value: object) -> str | None:
 
 ESTIMATE_SCHEMA_VERSION: Final = 3
 #: The estimate of memory per GPU and step time on target GPUs (``lightning_pilot.estimate``):
-#: one row per target x configuration x phase. ``docs/estimate.md`` documents the columns.
-#: Version 2: ``checkpointing`` is a string (:data:`CHECKPOINTING_MODES`), not a boolean.
-#: Version 3: the phase table's names for the same quantities (:mod:`lightning_pilot.vocabulary`),
-#: so a measured and an estimated row join on ``("phase", "first")``: ``phase`` is
-#: ``optimizer_step`` with ``first`` (not ``optimizer_step_first``), ``peak_reserved_bytes``
-#: (was ``estimated_reserved_bytes``), ``param_bytes`` and ``buffer_bytes`` (were one
-#: ``weights_bytes``), ``grad_bytes`` (was ``gradients_bytes``); :func:`upgrade_estimate`
-#: reads a version 2 table with these names.
+#: one row per target x configuration x phase, in the phase table's names (a measured and an
+#: estimated row join on ``("phase", "first")``). docs/estimate.md documents the columns and
+#: what each version changed; :func:`upgrade_estimate` reads the older versions.
 ESTIMATE_SCHEMA: Final = detail_schema(
     "estimate",
     ESTIMATE_SCHEMA_VERSION,
@@ -280,27 +275,11 @@ ESTIMATE_V2_RENAMED: Final = {
 
 
 def upgrade_estimate(table: pa.Table) -> pa.Table:
-    """An estimate table of any version with the columns of :data:`ESTIMATE_SCHEMA` (version
-    3), recognised by its columns: version 2's names renamed (:data:`ESTIMATE_V2_RENAMED`),
-    ``optimizer_step_first`` read as ``phase="optimizer_step"`` with ``first`` true (every other
-    phase: ``first`` false), and ``weights_bytes`` (parameters and buffers together, which
-    version 3 splits) left out: ``param_bytes`` and ``buffer_bytes`` are null and the row's
-    ``notes`` give the old value. ``checkpointing`` of version 1 (a boolean) is named. A
-    column the schema does not have is dropped; one it has that the table lacks is null.
-
-    Example:
-        >>> old = pa.table({"phase": ["optimizer_step_first", "forward"],
-        ...     "estimated_reserved_bytes": [3, 4], "weights_bytes": [2, 2], "notes": [None, "x"]})
-        >>> new = upgrade_estimate(old)
-        >>> new.column("phase").to_pylist(), new.column("first").to_pylist()
-        (['optimizer_step', 'forward'], [True, False])
-        >>> new.column("peak_reserved_bytes").to_pylist(), new.column("param_bytes").to_pylist()
-        ([3, 4], [None, None])
-        >>> new.column("notes").to_pylist()[1]
-        'x; schema version 2: weights_bytes 2 (parameters and buffers, not split)'
-        >>> new.schema.names == ESTIMATE_SCHEMA.names
-        True
-    """
+    """An estimate table of any version (told by its columns) as :data:`ESTIMATE_SCHEMA`:
+    version 2's names renamed, ``optimizer_step_first`` read as ``optimizer_step`` with
+    ``first``, ``weights_bytes`` (not split into ``param_bytes`` and ``buffer_bytes``, left
+    null) kept in ``notes``, a boolean ``checkpointing`` named; unknown columns dropped, missing
+    ones null."""
     names = [ESTIMATE_V2_RENAMED.get(name, name) for name in table.column_names]
     if len(set(names)) == len(names):  # a table with both names keeps the new one
         table = table.rename_columns(names)
@@ -348,9 +327,7 @@ def _mode_name(value: object) -> str | None:
 
 
 #: The largest micro-batch (at the longest sequence) and the largest sequence length (at the
-#: smallest micro-batch) that fit one target GPU (``lightning_pilot.estimate``).
-#: Version 2 added the ``largest_seq_len`` and ``seq_len_*`` columns; version 3: ``checkpointing``
-#: is a string (:data:`CHECKPOINTING_MODES`), not a boolean.
+#: smallest micro-batch) that fit one target GPU (``lightning_pilot.estimate``; docs/estimate.md).
 LARGEST_SCHEMA: Final = detail_schema(
     "estimate_largest",
     3,

@@ -1,43 +1,11 @@
 """The words every table, report and plot shares (no torch, no pyarrow): phases, verdicts and
 memory categories. A measured phase row and an estimated row name the same quantity by the same
-column and join on ``("phase", "first")``.
-
-Example:
-    >>> from lightning_pilot.vocabulary import (
-    ...     CATEGORY_COLUMNS, ESTIMATE_PHASES, VERDICT_ORDER, phase_label, worst_verdict)
-    >>> VERDICT_ORDER
-    ('fail', 'warn', 'not_checked', 'pass')
-    >>> worst_verdict(["pass", "not_checked"]), worst_verdict([])
-    ('pass', 'not_checked')
-    >>> [phase_label(p, f) for p, f in ESTIMATE_PHASES][1:4]
-    ['backward', 'optimizer_step_first', 'optimizer_step']
-    >>> CATEGORY_COLUMNS["grad"]
-    'grad_bytes'
-"""
+column and join on ``("phase", "first")``."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from typing import Final, Literal, get_args
-
-__all__ = [
-    "CATEGORIES",
-    "CATEGORY_COLUMNS",
-    "ESTIMATE_PHASES",
-    "MEASURED_CATEGORIES",
-    "PHASES",
-    "PHASE_RANK",
-    "VERDICTS",
-    "VERDICT_ORDER",
-    "VERDICT_RANK",
-    "Phase",
-    "Verdict",
-    "phase_label",
-    "phase_of_label",
-    "phase_rank",
-    "verdict_rank",
-    "worst_verdict",
-]
 
 Phase = Literal[
     "setup",
@@ -78,12 +46,7 @@ def phase_label(phase: str, first: bool) -> str:
 
 
 def phase_of_label(label: str) -> tuple[str, bool]:
-    """``(phase, first)`` of a :func:`phase_label`; a label not of a known phase raises.
-
-    Example:
-        >>> phase_of_label("optimizer_step_first"), phase_of_label("validation")
-        (('optimizer_step', True), ('validation', False))
-    """
+    """``(phase, first)`` of a :func:`phase_label`; a label not of a known phase raises."""
     if label in PHASE_RANK:
         return label, False
     stem = label.removesuffix("_first")
@@ -117,12 +80,7 @@ def verdict_rank(verdict: object) -> int:
 def worst_verdict(verdicts: Iterable[str]) -> str:
     """The verdict of several checks together: ``fail``, else ``warn``, else ``pass``, else
     ``not_checked`` (also for none): one real measurement says more than an absent one. A
-    verdict outside :data:`VERDICTS` raises ``ValueError``.
-
-    Example:
-        >>> worst_verdict(["pass", "warn", "not_checked"]), worst_verdict(["not_checked"])
-        ('warn', 'not_checked')
-    """
+    verdict outside :data:`VERDICTS` raises ``ValueError``."""
     best = len(_AGGREGATION_ORDER) - 1
     for verdict in verdicts:
         rank = _AGGREGATION_RANK.get(verdict)

@@ -243,8 +243,8 @@ def test_a_record_file_removed_after_the_reader_listed_it_is_found_in_its_segmen
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     ids = _write_runs(tmp_path, 3)
-    listed = storage._ledger_files(tmp_path)
-    original = storage._read_segments
+    listed = storage.ledger_store._ledger_files(tmp_path)
+    original = storage.ledger_store._read_segments
     calls = []
 
     def compact_between(folder: Any, schema: pa.Schema, **options: Any) -> Any:
@@ -399,7 +399,7 @@ def test_compaction_removes_the_temporary_files_of_killed_writers_once_old(
     # hidden file that is not a temporary file of ours, however old, stays.
     other = tmp_path / ".keep"
     other.write_bytes(b"")
-    old = time.time() - 2 * storage.LEDGER_GRACE_SECONDS
+    old = time.time() - 2 * storage.ledger_store.LEDGER_GRACE_SECONDS
     for path in (*left, other):
         os.utime(path, (old, old))
     young = tmp_path / f".{record}.{'0' * 32}.tmp"

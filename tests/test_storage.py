@@ -279,7 +279,7 @@ def test_snapshots_newest_per_writer_wins(tmp_path: Path) -> None:
     # A crash between publish and clean-up leaves an older snapshot: readers ignore it.
     publish_table(
         pa.table({"v": [1]}).replace_schema_metadata(
-            {storage.SNAPSHOT_METADATA_KEY: b'{"writer": "a", "seq": 1}'}
+            {storage.tables.SNAPSHOT_METADATA_KEY: b'{"writer": "a", "seq": 1}'}
         ),
         folder / "part-a-00000001.parquet",
     )
@@ -493,9 +493,9 @@ def test_a_derived_file_is_replaced_on_purpose_and_a_table_never(tmp_path: Path)
 
 def test_reserve_file_holds_the_space_once(tmp_path: Path) -> None:
     path = tmp_path / ".reserve-test"
-    assert storage.reserve_file(path, 1 << 20) is True  # Linux: posix_fallocate
+    assert storage.publish.reserve_file(path, 1 << 20) is True  # Linux: posix_fallocate
     assert path.stat().st_size == 1 << 20
-    assert storage.reserve_file(path, 1 << 20) is False  # never over an existing file
+    assert storage.publish.reserve_file(path, 1 << 20) is False  # never over an existing file
 
 
 # -- Locations: local paths stay local, URLs go through fsspec (docs/storage.md) -------------

@@ -1,9 +1,7 @@
 """Every file lightning-pilot writes and reads: atomic publish, snapshots, tolerant readers
 (docs/architecture.md, "Storage rules"). One module per concern, each importing only those
-before it: ``paths`` (safe names, local or fsspec locations), ``publish`` (atomic publication),
-``limits`` (:class:`ReadLimits`, bounded Parquet readers), ``tables`` (rows, snapshots, the
-phase table), ``ledger_store`` (ledger records, index segments, compaction). The package
-re-exports them; a test patches a name where it is looked up (``storage.publish.publish_file``).
+before it: ``paths``, ``publish``, ``limits``, ``tables``, ``ledger_store``. A test patches a
+name where it is looked up (``storage.publish.publish_file``).
 
 Example:
     >>> from lightning_pilot import storage
@@ -20,12 +18,8 @@ from lightning_pilot.schemas import (
     PHASE_SCHEMA_VERSION,
     STATUSES,
 )
-from lightning_pilot.storage.ledger_store import LEDGER_GRACE_SECONDS as LEDGER_GRACE_SECONDS
 from lightning_pilot.storage.ledger_store import LEDGER_INDEX_DIR as LEDGER_INDEX_DIR
 from lightning_pilot.storage.ledger_store import TEMPORARY_GRACE_SECONDS as TEMPORARY_GRACE_SECONDS
-from lightning_pilot.storage.ledger_store import _ledger_files as _ledger_files
-from lightning_pilot.storage.ledger_store import _ledger_folder as _ledger_folder
-from lightning_pilot.storage.ledger_store import _read_segments as _read_segments
 from lightning_pilot.storage.ledger_store import (
     compact_ledger,
     index_ledger,
@@ -43,7 +37,6 @@ from lightning_pilot.storage.limits import (
     conform,
     read_parquet_files,
 )
-from lightning_pilot.storage.paths import _LOCAL_URL as _LOCAL_URL
 from lightning_pilot.storage.paths import (
     Location,
     RemotePath,
@@ -58,8 +51,6 @@ from lightning_pilot.storage.paths import (
     work_folder,
 )
 from lightning_pilot.storage.paths import PathLike as PathLike
-from lightning_pilot.storage.paths import _location_argument as _location_argument
-from lightning_pilot.storage.publish import EXCLUSIVE_CREATE_PROTOCOLS as EXCLUSIVE_CREATE_PROTOCOLS
 from lightning_pilot.storage.publish import (
     publish_bytes,
     publish_file,
@@ -67,9 +58,6 @@ from lightning_pilot.storage.publish import (
     publish_table,
     read_json,
 )
-from lightning_pilot.storage.publish import reserve_file as reserve_file
-from lightning_pilot.storage.tables import SNAPSHOT_METADATA_KEY as SNAPSHOT_METADATA_KEY
-from lightning_pilot.storage.tables import _to_pandas as _to_pandas
 from lightning_pilot.storage.tables import (
     list_snapshot_files,
     read_phase_table,
