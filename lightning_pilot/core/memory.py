@@ -23,17 +23,7 @@ def compiled_code(module: torch.nn.Module) -> list[str]:
     compiled submodules, modules compiled in place, a LightningModule compiled whole, compiled
     methods, and compiled functions at the top level of a module class's Python module. ``[]``
     when nothing is. Dynamo does not compile under a :class:`TensorTracker` (a dispatch mode),
-    and then runs that frame uncompiled for good: the tracker must stay off for such a module.
-
-    Example:
-        >>> import torch
-        >>> model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
-        >>> compiled_code(model)
-        []
-        >>> model[0] = torch.compile(model[0], backend="eager")
-        >>> compiled_code(model)
-        ['0']
-    """
+    and then runs that frame uncompiled for good: the tracker must stay off for such a module."""
     eval_frame = sys.modules.get("torch._dynamo.eval_frame")
     if eval_frame is None:  # torch.compile imports it: nothing was compiled in this process
         return []
@@ -76,18 +66,7 @@ def compiled_code(module: torch.nn.Module) -> list[str]:
 class TensorTracker(StorageCounter, TorchDispatchMode):  # type: ignore[no-untyped-call]
     """Live tensor bytes on any device: a :class:`~lightning_pilot.core.storage_count.
     StorageCounter` fed every tensor operators touch (older tensors through :meth:`adopt`); a
-    context manager, or :meth:`start` / :meth:`stop` across hooks.
-
-    Example:
-        >>> import torch
-        >>> layer = torch.nn.Linear(10, 10)       # 440 bytes, made before tracking
-        >>> tracker = TensorTracker()
-        >>> tracker.adopt(layer.parameters())
-        >>> with tracker:
-        ...     out = layer(torch.ones(4, 10))    # 160 bytes in, 160 out
-        >>> tracker.current_bytes
-        760
-    """
+    context manager, or :meth:`start` / :meth:`stop` across hooks."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -306,14 +285,7 @@ def _state(module: torch.nn.Module, optimizers: Iterable[Any]) -> Iterator[tuple
 
 
 def state_bytes(module: torch.nn.Module, optimizers: Iterable[Any] = ()) -> StateBytes:
-    """Exact bytes of the training state, each storage counted once.
-
-    Example:
-        >>> import torch
-        >>> layer = torch.nn.Linear(10, 10)            # 110 float32 parameters
-        >>> state_bytes(layer).param_bytes
-        440
-    """
+    """Exact bytes of the training state, each storage counted once."""
     seen: set[tuple[str, int]] = set()
     result = StateBytes()
     for kind, tensor in _state(module, optimizers):

@@ -41,12 +41,7 @@ class _Open(NamedTuple):
 
 def compiled_counter(compiled: list[str]) -> NoCounter:
     """No memory counter for a CPU fit with compiled code (the tensor tracker would keep dynamo
-    from compiling).
-
-    Example:
-        >>> compiled_counter(["MyModel.forward"]).note  # doctest: +ELLIPSIS
-        'not measured: the CPU tensor tracker would stop torch.compile ... (compiled: MyModel.forward)'
-    """  # noqa: E501
+    from compiling)."""
     return NoCounter(
         "not measured: the CPU tensor tracker would stop torch.compile from compiling; measured"
         f" on CUDA by the allocator (compiled: {checks.shown_names(compiled)})"
@@ -54,14 +49,7 @@ def compiled_counter(compiled: list[str]) -> NoCounter:
 
 
 def input_shapes(view: BatchView) -> str | None:
-    """The shapes of a batch's inputs, targets and attention mask (``None``: no tensor).
-
-    Example:
-        >>> from lightning_pilot.core.batches import BatchAdapter
-        >>> view = BatchAdapter().view({"input_ids": torch.ones(2, 5, dtype=torch.long)})
-        >>> input_shapes(view)
-        'inputs=[2, 5]'
-    """
+    """The shapes of a batch's inputs, targets and attention mask (``None``: no tensor)."""
     shapes = {
         name: tuple(value.shape)
         for name in ("inputs", "targets", "attention_mask")
@@ -78,25 +66,7 @@ class PhaseMeter:
     The memory counter is chosen on first use (:meth:`ensure_counter`); :attr:`device` then names
     the device and :attr:`synchronized` says whether durations waited for it. On CPU the tensor
     tracker counts memory (unless ``track_cpu=False``, or the module holds compiled code), from
-    :meth:`begin` of a tracked phase until :meth:`stop_tracker`, called within the same span.
-
-    Example:
-        >>> import torch
-        >>> meter = PhaseMeter(torch.nn.Linear(4, 2))
-        >>> meter.begin("forward")
-        >>> _ = meter.require_module()(torch.ones(8, 4))
-        >>> occurrence = meter.end("forward", step=0)
-        >>> meter.stop_tracker()
-        >>> # the peak: weights and bias (40 bytes), the input (128) and the output (64)
-        >>> occurrence.values["param_bytes"], occurrence.values["peak_allocated_bytes"]
-        (40, 232)
-        >>> meter.end("forward", step=0) is None  # nothing open any more
-        True
-        >>> meter = PhaseMeter(torch.nn.Linear(4, 2), track_cpu=False)
-        >>> meter.begin("forward")
-        >>> meter.end("forward", step=3).values["peak_allocated_bytes"], meter.counter.note
-        (None, 'memory not measured: track_cpu=False')
-    """
+    :meth:`begin` of a tracked phase until :meth:`stop_tracker`, called within the same span."""
 
     def __init__(
         self,

@@ -21,26 +21,7 @@ class StorageCounter:
     multiple of that many bytes, as an allocator's blocks (CUDA's: 512). ``peak_bytes`` is the
     most live at once since :meth:`reset_peak`; with ``snapshots``, :meth:`peak_storages` tells
     which storages were live then. Subclasses feed :meth:`count` and may override
-    :meth:`_peaked`, called at each new peak.
-
-    Example:
-        >>> import torch
-        >>> counter = StorageCounter(round_to=512, snapshots=True)
-        >>> x = torch.ones(1000)                  # 4,000 bytes: eight 512-byte blocks
-        >>> counter.count(x), counter.count(x[10:]), counter.current_bytes  # a view: same storage
-        (1, 1, 4096)
-        >>> y = torch.ones(10)
-        >>> counter.count(y), counter.current_bytes
-        (2, 4608)
-        >>> del x
-        >>> counter.current_bytes, counter.peak_bytes
-        (512, 4608)
-        >>> sorted(serial for serial, _ in counter.peak_storages().values())
-        [1, 2]
-        >>> counter.reset_peak()
-        >>> counter.peak_bytes, counter.live_serials()
-        (512, {2})
-    """
+    :meth:`_peaked`, called at each new peak."""
 
     def __init__(self, round_to: int = 1, *, snapshots: bool = False) -> None:
         super().__init__()  # the next class of a subclass (a dispatch mode) gets its turn
