@@ -206,21 +206,15 @@ def recovery(
     if targets.ndim == 1:
         kept_p, kept_t = predictions[counted], targets[counted]
         # torchmetrics wants every value inside [0, C): size C to hold them all.
-        size = max(
-            num_classes or 2,
-            int(kept_p.max()) + 1 if kept_p.numel() else 2,
-            int(kept_t.max()) + 1 if kept_t.numel() else 2,
-        )
+        tops = [int(kept.max()) + 1 for kept in (kept_p, kept_t) if kept.numel()]
+        size = max([num_classes or 2, *tops])
         valid = (kept_t >= 0) & (kept_p >= 0)
-        score = (
-            float(
-                multiclass_accuracy(kept_p[valid], kept_t[valid], num_classes=size, average="micro")
+        score = 0.0 if kept_t.numel() else math.nan
+        if bool(valid.any()):
+            accuracy = multiclass_accuracy(
+                kept_p[valid], kept_t[valid], num_classes=size, average="micro"
             )
-            * int(valid.sum())
-            / kept_t.numel()
-            if kept_t.numel() and bool(valid.any())
-            else (0.0 if kept_t.numel() else math.nan)
-        )
+            score = float(accuracy) * int(valid.sum()) / kept_t.numel()
         wrong = [str(ids[i]) for i in torch.nonzero(~right).flatten().tolist()]
         return Recovery("accuracy", score, int(counted.sum()), wrong)
     per_example = right.all(dim=1)
