@@ -315,15 +315,11 @@ def unpack_sums(
     return out
 
 
-def _divisors_near(n: int, k: int) -> list[int]:
-    """The divisors of ``n`` closest to ``k`` from below and above (1 only when nothing else)."""
-    divisors = [d for d in range(2, n + 1) if n % d == 0]
-    below, above = [d for d in divisors if d < k][-1:], [d for d in divisors if d > k][:1]
-    return below + above or [1]
-
-
 def _epoch_length_remedy(micro_batches: int, k: int) -> str:
-    near = " or ".join(str(d) for d in _divisors_near(micro_batches, k))
+    # The divisors of the epoch length closest to K from below and above (1 when none).
+    divisors = [d for d in range(2, micro_batches + 1) if micro_batches % d == 0]
+    near_k = [d for d in divisors if d < k][-1:] + [d for d in divisors if d > k][:1] or [1]
+    near = " or ".join(str(d) for d in near_k)
     rest = micro_batches % k
     return (
         f"micro-batches per epoch ({micro_batches}) are not a multiple of"
