@@ -6,7 +6,11 @@ import contextlib
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+import lightning.pytorch as pl
 import torch
+from lightning.pytorch.callbacks import TQDMProgressBar
+
+from lightning_pilot.core.progress import Reporter, TrainerBar, choose_reporter
 
 
 def step_loss(outputs: Any) -> Any:
@@ -25,3 +29,17 @@ def evaluating(module: torch.nn.Module) -> Iterator[None]:
         yield
     finally:
         module.train(was_training)
+
+
+def trainer_progress(trainer: pl.Trainer, total: int, label: str) -> Reporter:
+    """How the progress of ``label``'s work (``total`` units) is shown after ``trainer``'s fit,
+    as the Trainer shows its own (:func:`~lightning_pilot.core.progress.choose_reporter`): a bar
+    under Lightning's ``tqdm`` bar, plain lines beside another bar, nothing on other ranks."""
+    bar = trainer.progress_bar_callback
+    shown: TrainerBar = None
+    if bar is not None and getattr(bar, "is_enabled", True):
+        shown = "tqdm" if isinstance(bar, TQDMProgressBar) else "other"
+    position = 2 * bar.process_position if isinstance(bar, TQDMProgressBar) else 0  # its main bar's
+    return choose_reporter(
+        label, total=total, global_zero=trainer.is_global_zero, trainer_bar=shown, position=position
+    )

@@ -24,8 +24,6 @@ from lightning_pilot.core.split_scan import DatasetScan
 from lightning_pilot.run import PilotCallback
 from lightning_pilot.schemas import EXAMPLES_SCHEMA, EXAMPLES_SCHEMA_VERSION, EXAMPLES_TABLE
 
-__all__ = ["EXAMPLES_SCHEMA", "EXAMPLES_SCHEMA_VERSION", "EXAMPLES_TABLE", "BatchInspector"]
-
 
 class BatchInspector(PilotCallback):
     """Check the examples and what the loss is fed: ids, targets, labels, lengths, masks, splits.

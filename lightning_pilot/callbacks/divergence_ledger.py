@@ -25,8 +25,6 @@ from lightning_pilot.ledger import find_failed_runs
 from lightning_pilot.run import PilotCallback, PilotRefusalError
 from lightning_pilot.schemas import EVENTS_SCHEMA, EVENTS_TABLE
 
-__all__ = ["DivergenceLedger", "Heartbeat", "RepeatedVariantError", "RepeatedVariantWarning"]
-
 
 class RepeatedVariantWarning(UserWarning):
     """A run starts with the ``variant_key`` of a run that diverged or failed.

@@ -25,8 +25,6 @@ from lightning_pilot.core.scalars import read_scalars
 from lightning_pilot.run import PilotCallback
 from lightning_pilot.schemas import UPDATES_SCHEMA, UPDATES_SCHEMA_VERSION, UPDATES_TABLE
 
-__all__ = ["UPDATES_SCHEMA", "UPDATES_SCHEMA_VERSION", "UPDATES_TABLE", "EffectiveBatchAccountant"]
-
 #: Updates between flush points (``_flush``): token counts stay on the device until then.
 FLUSH_EVERY: Final = 50
 #: A micro-batch's size, tokens (maybe still on the device) and where the tokens were counted.

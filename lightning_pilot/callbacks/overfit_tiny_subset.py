@@ -26,8 +26,6 @@ from lightning_pilot.core.overfit import error_text
 from lightning_pilot.run import PilotCallback
 from lightning_pilot.schemas import OVERFIT_SCHEMA, OVERFIT_SCHEMA_VERSION, OVERFIT_TABLE
 
-__all__ = ["OVERFIT_SCHEMA", "OVERFIT_SCHEMA_VERSION", "OVERFIT_TABLE", "OverfitTinySubset"]
-
 PredictFn = Callable[[pl.LightningModule, Any], torch.Tensor]
 _HOOK: Final = "on_before_batch_transfer"
 _ABSENT: Final = object()  # the owner held no instance attribute of that name
@@ -241,7 +239,7 @@ class OverfitTinySubset(PilotCallback):
         rank_zero_info(f"OverfitTinySubset: subset ids {self.subset_ids}")
         if self.predict_fn is not None:
             self._source = "predict_fn"
-        elif _has_forward(pl_module):
+        elif type(pl_module).forward not in (pl.LightningModule.forward, torch.nn.Module.forward):
             self._source = "forward"
         else:
             self._capture(pl_module, "the module has no forward")
@@ -478,8 +476,3 @@ class OverfitTinySubset(PilotCallback):
             rank_zero_warn(f"{line}: {reason}")
         else:
             rank_zero_info(f"{line}: {'; '.join(c.detail for c in results)}")
-
-
-def _has_forward(module: torch.nn.Module) -> bool:
-    """``module`` defines a ``forward`` of its own (Lightning's and torch's raise)."""
-    return type(module).forward not in (pl.LightningModule.forward, torch.nn.Module.forward)

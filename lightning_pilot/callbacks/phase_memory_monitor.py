@@ -1,7 +1,6 @@
 """PhaseMemoryMonitor: one row per phase with inputs, memory, duration and verdict; its hooks
-call the Trainer-free logic of ``core/``: measure_schedule (which updates are measured),
-phase_meter (a phase's clock and memory counter), training_step (a measured update's phases),
-eval_phase (an evaluation loop) and phase_rows (the rows and the checks over the updates)."""
+call the Trainer-free logic of ``core/`` (measure_schedule, phase_meter, training_step, eval_phase,
+phase_rows)."""
 
 from __future__ import annotations
 
@@ -26,8 +25,6 @@ from lightning_pilot.core.phases import Occurrence, PhaseAggregator
 from lightning_pilot.core.training_step import TrainingStep
 from lightning_pilot.run import ExportFn, PilotCallback, PilotRefusalError
 from lightning_pilot.schemas import MODEL_SCHEMA
-
-__all__ = ["MODEL_SCHEMA", "PhaseCheckError", "PhaseMemoryMonitor"]
 
 
 class PhaseCheckError(PilotRefusalError):
@@ -129,19 +126,13 @@ class PhaseMemoryMonitor(PilotCallback):
     ) -> None:
         owner = "PhaseMemoryMonitor"
         super().__init__(out_dir=out_dir)
+        hint = "the first update allocates the optimizer state; the peak comes later"
         self.pilot_updates = validate.integer(
-            owner,
-            "pilot_updates",
-            pilot_updates,
-            minimum=2,
-            hint="the first update allocates the optimizer state; the peak comes later",
+            owner, "pilot_updates", pilot_updates, minimum=2, hint=hint
         )
+        hint = "0 stops measuring after the pilot window"
         self.sample_every = validate.integer(
-            owner,
-            "sample_every",
-            sample_every,
-            minimum=0,
-            hint="0 stops measuring after the pilot window",
+            owner, "sample_every", sample_every, minimum=0, hint=hint
         )
         self.memory_updates = validate.integer(
             owner,

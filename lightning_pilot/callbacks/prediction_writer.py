@@ -19,8 +19,6 @@ from lightning_pilot.ledger import file_sha256
 from lightning_pilot.run import PilotCallback
 from lightning_pilot.schemas import PREDICTIONS_SCHEMA
 
-__all__ = ["PredictionsFn", "ValidationPredictionWriter", "prediction_rows"]
-
 #: ``fn(pl_module, batch, outputs) -> tensor [B, ...]``: the predictions of one batch.
 PredictionsFn = Callable[[pl.LightningModule, Any, Any], Any]
 
@@ -119,7 +117,13 @@ class ValidationPredictionWriter(PilotCallback):
                 dataloader_idx=dataloader_idx,
             )
         except Exception as err:  # the user's outputs or predictions_fn: a verdict
-            self._failed(err)
+            # Keep no predictions for this fit and say why on the validation row.
+            detail = str(err) if isinstance(err, ValueError) else f"{type(err).__name__}: {err}"
+            self._error = detail
+            check = CheckResult("predictions", "not_checked", detail)
+            reason = f"predictions not kept: {detail}"
+            self._put_checks("validation", [check], counter="none", reason=reason)
+            warnings.warn(f"lightning-pilot: {reason}", RuntimeWarning, stacklevel=2)
             return
         if not trainer.sanity_checking:  # checked during the sanity check, kept after it
             self._rows.extend(rows)
@@ -138,18 +142,6 @@ class ValidationPredictionWriter(PilotCallback):
             f" with the key {key!r}, it returned {got}. Return {{{key!r}: tensor[B, ...]}} from"
             " validation_step, or pass predictions_fn=(pl_module, batch, outputs)"
             " -> tensor[B, ...]."
-        )
-
-    def _failed(self, err: Exception) -> None:
-        """Stop keeping predictions for this fit and say why on the validation row."""
-        detail = str(err) if isinstance(err, ValueError) else f"{type(err).__name__}: {err}"
-        self._error = detail
-        check = CheckResult("predictions", "not_checked", detail)
-        self._put_checks(
-            "validation", [check], counter="none", reason=f"predictions not kept: {detail}"
-        )
-        warnings.warn(
-            f"lightning-pilot: predictions not kept: {detail}", RuntimeWarning, stacklevel=3
         )
 
     def _publish(self, error: OSError | None) -> None:

@@ -12,7 +12,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from lightning_utilities.core.apply_func import apply_to_collection
 from typing_extensions import override
 
-from lightning_pilot.callbacks.progress import trainer_progress
+from lightning_pilot.callbacks._shared import trainer_progress
 from lightning_pilot.core import validate
 from lightning_pilot.run import PilotCallback
 from lightning_pilot.schemas import ESTIMATE_SCHEMA, LARGEST_SCHEMA

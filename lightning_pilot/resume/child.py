@@ -119,13 +119,6 @@ def unpickle_loaders(payload: bytes | None, result: TaskResult) -> Any:
     process opened when it started this one (no name on any file system: nothing else can open,
     write or replace it), and they are that process's own pickle of the objects the user passed
     to ``fit`` in the same session, so unpickling runs only the code building them already ran.
-
-    Example:
-        >>> result = TaskResult(kind="resume")
-        >>> unpickle_loaders(pickle.dumps([1, 2]), result)
-        [1, 2]
-        >>> unpickle_loaders(b"", result), result.loader_error
-        (None, 'no loaders came on stdin')
     """
     if not payload:
         result.loader_error = "no loaders came on stdin"

@@ -31,8 +31,7 @@ from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch.utils.data import DataLoader
 
 from lightning_pilot import storage
-from lightning_pilot.callbacks._shared import evaluating
-from lightning_pilot.callbacks.progress import trainer_progress
+from lightning_pilot.callbacks._shared import evaluating, trainer_progress
 from lightning_pilot.core.checks import CheckResult
 from lightning_pilot.core.progress import Mark, Reporter, parse_marker
 from lightning_pilot.core.resume import capture_rng, count_tensors, outputs_close, restore_rng
@@ -134,15 +133,7 @@ _ITERATION_STATE: Final = {
 
 def as_built(loaders: Any) -> Any:
     """Shallow copies of ``loaders`` (a DataLoader, or a list, tuple or dict of them) without
-    what iterating them left behind, as the script built them; other objects as they are.
-
-    Example:
-        >>> from torch.utils.data import DataLoader
-        >>> loader = DataLoader(range(8), batch_size=2, persistent_workers=False)
-        >>> loader._iterator = iter(loader)
-        >>> [copy._iterator for copy in as_built([loader])], loader._iterator is not None
-        ([None], True)
-    """
+    what iterating them left behind, as the script built them; other objects as they are."""
     if isinstance(loaders, DataLoader):
         clone = copy.copy(loaders)
         state = vars(clone)
@@ -171,16 +162,7 @@ class _Pickler(pickle.Pickler):
 
 
 def pickle_loaders(loaders: Any) -> tuple[bytes | None, str | None]:
-    """``loaders`` pickled for a new process, or ``None`` and why they cannot go there.
-
-    Example:
-        >>> from torch.utils.data import DataLoader
-        >>> payload, why = pickle_loaders(DataLoader(range(8), batch_size=2, shuffle=True))
-        >>> (len(payload) > 0, why)
-        (True, None)
-        >>> print(pickle_loaders(DataLoader(range(8), collate_fn=lambda batch: batch))[1])
-        the loader is not picklable (PicklingError: Can't pickle <function <lambda> ...)
-    """
+    """``loaders`` pickled for a new process, or ``None`` and why they cannot go there."""
     buffer = io.BytesIO()
     pickler = _Pickler(buffer, protocol=pickle.HIGHEST_PROTOCOL)
     try:
@@ -362,12 +344,7 @@ def _crashed(tasks: Sequence[Task], why: str) -> list[TaskResult]:
 
 @dataclass(frozen=True)
 class Launcher:
-    """How the training process gets its tasks run (the ResumeVerifier options of those names).
-
-    Example:
-        >>> Launcher(factory=None, fallback="none", timeout_s=600.0).fallback
-        'none'
-    """
+    """How the training process gets its tasks run (the ResumeVerifier options of those names)."""
 
     factory: str | None
     fallback: Literal["none", "in_process"]
@@ -533,11 +510,6 @@ def _in_process(
     return result
 
 
-def replays_every_rank(trainer: pl.Trainer) -> bool:
-    """Whether the resume is checked as the fit runs: one new process per rank, a DDP group."""
-    return trainer.world_size > 1 and isinstance(trainer.strategy, DDPStrategy)
-
-
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind(("", 0))
@@ -569,12 +541,7 @@ _PROBE_REMEDY: Final = (
 @dataclass
 class ArtifactProbe:
     """The artifact round trip's task for the new process and the live outputs to compare
-    with, or the verdict that ends it early.
-
-    Example:
-        >>> ArtifactProbe(Path("final.ckpt"), "0" * 64).task is None
-        True
-    """
+    with, or the verdict that ends it early."""
 
     artifact: Path
     checksum: str

@@ -14,16 +14,6 @@ from typing import Any, Final, Literal, TypeVar, Union, get_args, get_origin, ge
 
 from lightning_pilot.core.resume import StepRecord
 
-__all__ = [
-    "ArtifactTask",
-    "ProtocolError",
-    "Request",
-    "Result",
-    "ResumeTask",
-    "State",
-    "TaskResult",
-]
-
 M = TypeVar("M", bound="_Message")
 
 #: The environment variable that names the training process (the parent not to outlive).
@@ -52,14 +42,7 @@ class ResumeTask(_Message):
     from their classes, and record what follows. ``trainer`` holds the Trainer's keyword
     arguments, ``adapter`` the BatchAdapter's key and index fields, ``ddp`` the ``DDPStrategy``
     options when the new process is one rank of a DDP group like the fit's; ``fit_loaders``:
-    the training loaders passed to ``fit`` come pickled on the new process's stdin.
-
-    Example:
-        >>> task = ResumeTask(checkpoint="a.ckpt", state_key="k", module_class="m:Net",
-        ...                   workdir="child", trainer={"max_steps": 4})
-        >>> ResumeTask.from_dict(task.to_dict()).trainer
-        {'max_steps': 4}
-    """
+    the training loaders passed to ``fit`` come pickled on the new process's stdin."""
 
     checkpoint: str
     state_key: str
@@ -79,13 +62,7 @@ class ResumeTask(_Message):
 class ArtifactTask(_Message):
     """Load ``artifact`` strictly into a module rebuilt from ``checkpoint`` (cast to ``dtype``)
     and save its outputs on the control batches (``control``) to ``outputs``, reached the way
-    ``call`` names (``"predict_step"``, ``"forward(batch)"``, ...).
-
-    Example:
-        >>> ArtifactTask(checkpoint="a.ckpt", artifact="w.pt", control="c.pt",
-        ...              call="forward(batch)", outputs="o.pt", module_class="m:Net").kind
-        'artifact'
-    """
+    ``call`` names (``"predict_step"``, ``"forward(batch)"``, ...)."""
 
     checkpoint: str
     artifact: str
@@ -101,12 +78,7 @@ class ArtifactTask(_Message):
 @dataclass(frozen=True)
 class Request(_Message):
     """The tasks one new process runs in order, where it writes its :class:`Result`, and the
-    training process's thread count (CPU reductions, and so losses, depend on it).
-
-    Example:
-        >>> Request(tasks=(), result="result-tasks.json", num_threads=4).to_dict()
-        {'tasks': [], 'result': 'result-tasks.json', 'num_threads': 4}
-    """
+    training process's thread count (CPU reductions, and so losses, depend on it)."""
 
     tasks: tuple[ResumeTask | ArtifactTask, ...]
     result: str
@@ -115,13 +87,7 @@ class Request(_Message):
 
 @dataclass(frozen=True)
 class State(_Message):
-    """What a resume must restore, as comparable values (digests of the large states).
-
-    Example:
-        >>> State(global_step=2, epoch=0, lrs=[0.1], optimizer_state="a", scheduler_state="b",
-        ...       grad_scaler=None, weights="c").rng is None
-        True
-    """
+    """What a resume must restore, as comparable values (digests of the large states)."""
 
     global_step: int
     epoch: int
@@ -137,12 +103,7 @@ class State(_Message):
 class TaskResult(_Message):
     """What one task found: failures that are the answer are fields, never exceptions
     (``blocked``, ``where`` and ``data_source``: the training process's notes;
-    ``loader_error``: the loaders passed to ``fit`` did not unpickle in the new process).
-
-    Example:
-        >>> TaskResult(kind="resume", crash="the new process exited with 1").where
-        'a new process'
-    """
+    ``loader_error``: the loaders passed to ``fit`` did not unpickle in the new process)."""
 
     kind: Literal["resume", "artifact"]
     blocked: str | None = None
@@ -168,12 +129,7 @@ class TaskResult(_Message):
 
 @dataclass(frozen=True)
 class Result(_Message):
-    """One :class:`TaskResult` per task of the :class:`Request`, in order.
-
-    Example:
-        >>> Result(tasks=(TaskResult(kind="artifact", outputs="o.pt"),)).tasks[0].outputs
-        'o.pt'
-    """
+    """One :class:`TaskResult` per task of the :class:`Request`, in order."""
 
     tasks: tuple[TaskResult, ...]
 

@@ -75,12 +75,7 @@ def state_of(trainer: pl.Trainer, pl_module: pl.LightningModule) -> State:
 
 class ResumeRecorder(pl.Callback):
     """Records the restored state and the micro-batches after a resume. Its ``state_key`` is the
-    verifier's, so Lightning hands it the saved RNG states, which it restores at train start.
-
-    Example:
-        >>> ResumeRecorder("ResumeVerifier{'at_step': 2}", BatchAdapter()).state_key
-        "ResumeVerifier{'at_step': 2}"
-    """
+    verifier's, so Lightning hands it the saved RNG states, which it restores at train start."""
 
     def __init__(self, state_key: str, adapter: BatchAdapter) -> None:
         self._key = state_key

@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 import lightning.pytorch as pl
 import torch
+from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
@@ -38,8 +39,6 @@ from lightning_pilot.resume.protocol import ResumeTask, State, TaskResult
 from lightning_pilot.resume.replay import finished, started, state_of
 from lightning_pilot.run import ExportFn, PilotCallback
 from lightning_pilot.schemas import RESUME_SCHEMA
-
-__all__ = ["ResumeVerifier"]
 
 log = logging.getLogger(__name__)
 
@@ -192,8 +191,7 @@ class ResumeVerifier(PilotCallback):
 
     @override
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._epoch_ids = []
-        self._epoch_head = []
+        self._epoch_ids, self._epoch_head = [], []
         self._head_left = self.compare_steps * trainer.accumulate_grad_batches
         self._unmute("on_train_batch_start", "on_train_batch_end")
         batches = trainer.num_training_batches  # infinite for a loader without a length
@@ -337,7 +335,8 @@ class ResumeVerifier(PilotCallback):
                 f"the fit ended after {trainer.global_step - self._step_at_start} update(s),"
                 f" before update {self.at_step} where the checkpoint is taken: lower at_step"
             )
-        per_rank = parent.replays_every_rank(trainer)  # then every rank checks its own replay
+        # Under DDP one new process per rank, a DDP group like the fit's: every rank checks its own.
+        per_rank = trainer.world_size > 1 and isinstance(trainer.strategy, DDPStrategy)
         compared = []
         for probe in self._probes if self.run.is_global_zero or per_rank else []:
             probe.done = True
@@ -356,9 +355,8 @@ class ResumeVerifier(PilotCallback):
         tasks = [self._task(p, trainer, pl_module, data) for p in compared]
         path: Path | None = None
         if self.check_artifact:
-            path, error = parent.final_artifact(
-                self.run, trainer, pl_module, self.export
-            )  # collective
+            # A collective: every rank saves the final checkpoint.
+            path, error = parent.final_artifact(self.run, trainer, pl_module, self.export)
             if self.run.is_global_zero and error is not None:
                 self._results.append(CheckResult("artifact_roundtrip", "fail", error))
                 path = None
@@ -476,11 +474,12 @@ class ResumeVerifier(PilotCallback):
             results.append(
                 CheckResult("data_rebuilt", "pass" if ours == theirs else "fail", detail)
             )
+        loader = trainer.train_dataloader
         trajectory, pairs = compare_trajectories(
             probe.reference,
             result.steps,
             seen_before=probe.seen_before,
-            loader_stateful=_loader_stateful(trainer),
+            loader_stateful=hasattr(loader, "state_dict") and hasattr(loader, "load_state_dict"),
             at_epoch_boundary=probe.kind == "epoch_boundary",
             atol=self.atol,
             rtol=self.rtol,
@@ -606,11 +605,6 @@ def _portable_adapter(adapter: BatchAdapter) -> dict[str, str | int]:
     return {k: v for k, v in specs.items() if isinstance(v, str | int)} | {
         "ignore_index": adapter.ignore_index
     }
-
-
-def _loader_stateful(trainer: pl.Trainer) -> bool:
-    loader = trainer.train_dataloader
-    return hasattr(loader, "state_dict") and hasattr(loader, "load_state_dict")
 
 
 def _id_set(chunks: list[Any]) -> set[Any]:

@@ -3,21 +3,25 @@
 from __future__ import annotations
 
 import json
+import pickle
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from lightning.pytorch.demos.boring_classes import BoringModel
+from torch.utils.data import DataLoader
 
 from lightning_pilot.resume import child
 from lightning_pilot.resume.parent import (
     ArtifactProbe,
+    as_built,
     judge_artifact,
     launch,
+    pickle_loaders,
     read_result,
 )
-from lightning_pilot.resume.protocol import ArtifactTask, ProtocolError
+from lightning_pilot.resume.protocol import ArtifactTask, ProtocolError, TaskResult
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -123,3 +127,24 @@ def test_the_child_refuses_a_hostile_request(tmp_path: Path) -> None:
     path.write_text(json.dumps(request))
     with pytest.raises(ProtocolError, match=r"Request.tasks\[0\] is"):
         child.main([str(path)])
+
+
+def test_loaders_are_copied_as_built_and_pickled_for_the_new_process() -> None:
+    loader = DataLoader(range(8), batch_size=2, persistent_workers=False)
+    loader._iterator = iter(loader)
+    assert [copy._iterator for copy in as_built([loader])] == [None]
+    assert loader._iterator is not None
+    payload, why = pickle_loaders(DataLoader(range(8), batch_size=2, shuffle=True))
+    assert payload
+    assert why is None
+    payload, why = pickle_loaders(DataLoader(range(8), collate_fn=lambda batch: batch))
+    assert payload is None
+    assert str(why).startswith("the loader is not picklable (")
+    assert "Can't pickle" in str(why)
+
+
+def test_the_child_unpickles_the_loaders_or_says_why_not() -> None:
+    result = TaskResult(kind="resume")
+    assert child.unpickle_loaders(pickle.dumps([1, 2]), result) == [1, 2]
+    assert child.unpickle_loaders(b"", result) is None
+    assert result.loader_error == "no loaders came on stdin"

@@ -152,3 +152,33 @@ def test_a_task_dict_with_non_string_keys_is_refused() -> None:
 def test_protocol_errors_are_value_errors() -> None:
     # The parent catches ValueError around reading a result (JSON errors are ValueErrors too).
     assert issubclass(ProtocolError, ValueError)
+
+
+def test_messages_encode_as_plain_json_values_with_their_defaults() -> None:
+    assert Request(tasks=(), result="result-tasks.json", num_threads=4).to_dict() == {
+        "tasks": [],
+        "result": "result-tasks.json",
+        "num_threads": 4,
+    }
+    assert (
+        ArtifactTask(
+            checkpoint="a.ckpt",
+            artifact="w.pt",
+            control="c.pt",
+            call="forward(batch)",
+            outputs="o.pt",
+            module_class="m:Net",
+        ).kind
+        == "artifact"
+    )
+    state = State(
+        global_step=2,
+        epoch=0,
+        lrs=[0.1],
+        optimizer_state="a",
+        scheduler_state="b",
+        grad_scaler=None,
+        weights="c",
+    )
+    assert state.rng is None
+    assert TaskResult(kind="resume", crash="the new process exited with 1").where == "a new process"
