@@ -208,12 +208,10 @@ def _summarise(
 def _paired(
     pairs: pd.DataFrame, group: Any, settings: _Settings, notes: list[str]
 ) -> dict[str, Any]:
+    diffs_unknown = ("paired_mean_diff", "paired_median_diff", "paired_ci_low", "paired_ci_high")
     out: dict[str, Any] = {
         "paired_n": pd.NA,
-        "paired_mean_diff": np.nan,
-        "paired_median_diff": np.nan,
-        "paired_ci_low": np.nan,
-        "paired_ci_high": np.nan,
+        **dict.fromkeys(diffs_unknown, np.nan),
         "paired_wins": pd.NA,
         "paired_losses": pd.NA,
     }

@@ -1,7 +1,5 @@
-"""Memory probes: device counters, a CPU tensor tracker, the training-state breakdown, host RAM.
-
-One counter per value of the phase table's ``counter`` column (docs/phase-table.md).
-"""
+"""Memory probes: a counter per value of the phase table's ``counter`` column
+(docs/phase-table.md), the CPU tensor tracker, the training-state breakdown, host RAM."""
 
 from __future__ import annotations
 

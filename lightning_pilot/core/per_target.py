@@ -1,8 +1,5 @@
-"""The estimate on a target GPU (``estimate.parquet``) read per configuration: one row per
-target x configuration with its largest memory per GPU, whether it fits, its headroom and its
-step-time band; ``checkpointing`` by its mode's name. Pure logic over the estimate's rows, so
-:class:`~lightning_pilot.TargetEstimator`'s summary and the report read one rule.
-"""
+"""An estimate (``estimate.parquet``) read per target x configuration (:func:`on_target`): one
+rule for :class:`~lightning_pilot.TargetEstimator`'s summary and the report."""
 
 from __future__ import annotations
 

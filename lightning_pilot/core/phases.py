@@ -1,6 +1,5 @@
 """The phase table's counters, the rule of a verdict and the aggregator that folds occurrences
-into rows (docs/phase-table.md); the phase and verdict names come from
-:mod:`lightning_pilot.vocabulary`."""
+into rows (docs/phase-table.md; phase and verdict names: :mod:`lightning_pilot.vocabulary`)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
-"""Progress of long work that no Trainer's bar shows: plain lines, a ``tqdm`` bar like
-Lightning's, and the marker lines a child process prints for its parent. Torch-free; a write
-that fails (a closed stream, a broken pipe) is dropped. docs/resume.md ("Progress") says when
-each kind is shown."""
+"""Progress of long work that no Trainer's bar shows (docs/resume.md, "Progress"): plain lines,
+a ``tqdm`` bar like Lightning's, and the marker lines a child process prints for its parent.
+Torch-free; a write that fails (a closed stream, a broken pipe) is dropped."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """The effective-batch plan without Lightning or torch (docs/effective-batch.md):
-:func:`plan_updates` predicts the micro-batches, examples and updates of a run;
-:mod:`~lightning_pilot.core.accounting` counts what it saw and compares."""
+:func:`plan_updates` predicts the micro-batches, examples and updates of a run."""
 
 from __future__ import annotations
 
@@ -184,9 +183,7 @@ def plan_updates(
         )
 
     # One replica's share of an epoch, as DistributedSampler deals it out.
-    if replicas == 1:
-        per_replica, duplicates = n, 0
-    elif replica_split == "pad":
+    if replica_split == "pad":
         per_replica = math.ceil(n / replicas)
         duplicates = per_replica * replicas - n
     else:
