@@ -105,28 +105,23 @@ def _os_error(err: OSError) -> str:
     return f"{err.strerror}{f' [{name}]' if name else ''}{where}"
 
 
-def _location(text: str, argument: str) -> Location:
-    """A path argument: a local path, or a URL fsspec understands (``s3://``, ``memory://``)."""
+def _folder(text: str, argument: str, what: str) -> Location:
+    """A folder argument: a local path, or a URL fsspec understands (``s3://``, ``memory://``)."""
     from lightning_pilot import storage
 
     try:
-        return storage.location(text)
+        path = storage.location(text)
     except (ImportError, ValueError) as err:
         raise UsageError(f"{argument} {text}: {err}") from None
-
-
-def _folder(path: Location, what: str) -> None:
     if not path.exists():
         raise UsageError(f"{path} does not exist.")
     if not path.is_dir():
         raise UsageError(f"{path} is not a folder: expected {what}.")
-
-
-def _scope(text: str) -> Location:
-    """The PATH of ``show`` and ``plot``, checked to be a folder."""
-    path = _location(text, "PATH")
-    _folder(path, "an output folder, a run folder (<out_dir>/runs/<run_id>) or a ledger folder")
     return path
+
+
+#: What the PATH of ``show`` and ``plot`` may be.
+_SCOPE = "an output folder, a run folder (<out_dir>/runs/<run_id>) or a ledger folder"
 
 
 @contextlib.contextmanager
@@ -157,7 +152,7 @@ def _cmd_show(args: argparse.Namespace, reads: Reads) -> int:
     from lightning_pilot.report import ledger_text, phase_table_text
     from lightning_pilot.report.load import load_scope
 
-    path = _scope(args.path)
+    path = _folder(args.path, "PATH", _SCOPE)
     with _usage(ValueError):
         phases, runs, ledger_dir = load_scope(path, reads)
     if phases is not None:
@@ -175,8 +170,7 @@ def _cmd_compare(args: argparse.Namespace, reads: Reads) -> int:
     from lightning_pilot.report import comparison_text, variant_costs, variant_costs_text
     from lightning_pilot.report.load import compared_runs, phases_of
 
-    path = _location(args.ledger, "LEDGER")
-    _folder(path, "a ledger folder or an output folder holding ledger/")
+    path = _folder(args.ledger, "LEDGER", "a ledger folder or an output folder holding ledger/")
     ledger = Ledger(path)
     reads.scan_folder(ledger.path)
     runs = ledger.runs()
@@ -397,8 +391,7 @@ def _write_sheet(
 
 def _cmd_sheet(args: argparse.Namespace, reads: Reads) -> int:
     gpu_memory = _gpu_memory(args.gpu_memory)
-    run_dir = _location(args.run_dir, "RUN_DIR")
-    _folder(run_dir, "a run folder, <out_dir>/runs/<run_id>")
+    run_dir = _folder(args.run_dir, "RUN_DIR", "a run folder, <out_dir>/runs/<run_id>")
     prices = _gpu_prices(args.gpu_price)
     return _write_sheet(
         run_dir, reads, gpu_memory, args.reserve, args.experiment, args.metric, args.control,
@@ -429,7 +422,7 @@ def _cmd_plot(args: argparse.Namespace, reads: Reads) -> int:
 
     with _usage(ModuleNotFoundError):
         plots.require_matplotlib()
-    path = _scope(args.path)
+    path = _folder(args.path, "PATH", _SCOPE)
     out_dir, run_dirs = plots.scope(path)
     for run in run_dirs:
         reads.scan_run(run)

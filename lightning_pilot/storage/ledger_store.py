@@ -355,22 +355,6 @@ def _unique_records(table: pa.Table) -> pa.Table:
     return table.filter(pa.array(~duplicate.to_numpy(dtype=bool)))
 
 
-def _read_record_files(
-    files: Sequence[Location], schema: pa.Schema, skipped: list[str], *, vanish: bool
-) -> list[pa.Table]:
-    tables = []
-    for path in files:
-        try:
-            table = _read_or_skip(
-                path, LEDGER_RECORD_LIMITS, schema, skipped, stacklevel=5, vanish=vanish
-            )
-        except FileNotFoundError:
-            raise _VanishedError(str(path)) from None
-        if table is not None:
-            tables.append(table)
-    return tables
-
-
 def read_ledger_table(
     path: PathLike,
     *,
@@ -427,7 +411,15 @@ def _read_ledger_once(
         pending = [f for f in pending if any(f"-{event}-" in f.name for event in events)]
         wanted = pa.array(list(events))
         tables = [t.filter(pa.compute.is_in(t.column("event"), value_set=wanted)) for t in tables]
-    tables += _read_record_files(pending, schema, skipped, vanish=vanish)
+    for path in pending:
+        try:
+            table = _read_or_skip(
+                path, LEDGER_RECORD_LIMITS, schema, skipped, stacklevel=4, vanish=vanish
+            )
+        except FileNotFoundError:
+            raise _VanishedError(str(path)) from None
+        if table is not None:
+            tables.append(table)
     if not tables:
         return schema.empty_table()
     return _sorted_records(_unique_records(pa.concat_tables(tables).combine_chunks()))
