@@ -7,9 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch._subclasses.fake_tensor import (
-    FakeTensorMode,
-)
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._pytree import tree_flatten, tree_map
 
 from lightning_pilot.estimate.shadows import _SHADOW, _SHADOW_LIMIT

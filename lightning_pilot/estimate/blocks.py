@@ -137,12 +137,10 @@ def extrapolate_blocks(
     traces: Sequence[PhaseTrace], count: int
 ) -> tuple[PhaseTrace | None, str | None]:
     """The phase of the whole module (``count`` blocks) from its traces with the block list
-    cut to :data:`CUTS` blocks: ``(trace, None)``, or ``(None, why)`` when the three traces do
-    not follow ``prefix + block x k + suffix`` with every operator's live bytes, FLOPs and
-    bytes moved, and the peak's categories and allocator pools, affine in the block count
-    (checked exactly on the three; see :func:`_synthesize`). The operators' sequence, their
-    FLOPs and bytes moved, the live bytes after each, the peak and its categories are then
-    those a full trace gives (``tests/estimate/test_blocks.py`` compares them exactly)."""
+    cut to :data:`CUTS` blocks: ``(trace, None)``, or ``(None, why)`` unless the three traces
+    follow ``prefix + block x k + suffix`` with every operator's live bytes, FLOPs and bytes
+    moved, and the peak's categories and allocator pools, affine in the block count (checked
+    exactly on the three; see :func:`_synthesize`)."""
     names = [t.names for t in traces]
     aligned = _alignment(names)
     cuts = ", ".join(map(str, CUTS))

@@ -7,6 +7,7 @@ per-operator selective checkpointing with the estimate's save policy.
 from __future__ import annotations
 
 import contextlib
+import functools
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any, Final
@@ -38,11 +39,6 @@ def _is_diffusers(model: torch.nn.Module) -> bool:
     return bool(getattr(model, "_supports_gradient_checkpointing", False)) and hasattr(
         model, "enable_gradient_checkpointing"
     )
-
-
-#: The activation checkpointing choices: off, every block's activations recomputed, or
-#: per-operator selective checkpointing (:func:`selective_checkpoint_context`).
-CHECKPOINTING: Final = (False, True, "selective")
 
 
 def _saved_by_selective() -> frozenset[Any]:
@@ -129,8 +125,7 @@ def activation_checkpointing(
             for model in models:
                 if _hf_checkpointing(model):
                     continue
-                restore = _hf_disable(model)
-                undo.append(restore)
+                undo.append(_hf_disable(model))
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
                     _hf_call(model, "enable", selective)
@@ -175,12 +170,9 @@ def _hf_call(model: Any, what: str, selective: bool = False) -> None:
         if what != "enable":
             model.disable_gradient_checkpointing()
             return
-        from torch.utils.checkpoint import checkpoint, noop_context_fn
-
-        context_fn = selective_checkpoint_context if selective else noop_context_fn
 
         def run(block: Any, *args: Any) -> Any:
-            return checkpoint(block.__call__, *args, use_reentrant=False, context_fn=context_fn)
+            return _checkpointed(block.__call__, selective, *args)
 
         model.enable_gradient_checkpointing(gradient_checkpointing_func=run)
         return
@@ -222,18 +214,18 @@ def _hf_disable(model: torch.nn.Module) -> Callable[[], None]:
     return disable
 
 
-def _wrap_forward(sub: torch.nn.Module, selective: bool = False) -> Callable[[], None]:
+def _checkpointed(function: Callable[..., Any], selective: bool, *args: Any, **kwargs: Any) -> Any:
+    """``function(*args, **kwargs)`` under non-reentrant ``torch.utils.checkpoint``."""
     from torch.utils.checkpoint import checkpoint, noop_context_fn
 
+    context_fn = selective_checkpoint_context if selective else noop_context_fn
+    return checkpoint(function, *args, use_reentrant=False, context_fn=context_fn, **kwargs)
+
+
+def _wrap_forward(sub: torch.nn.Module, selective: bool = False) -> Callable[[], None]:
     had = "forward" in sub.__dict__
     before = sub.__dict__.get("forward")
-    inner = sub.forward
-    context_fn = selective_checkpoint_context if selective else noop_context_fn
-
-    def forward(*args: Any, **kwargs: Any) -> Any:
-        return checkpoint(inner, *args, use_reentrant=False, context_fn=context_fn, **kwargs)
-
-    sub.forward = forward
+    sub.forward = functools.partial(_checkpointed, sub.forward, selective)
 
     def restore() -> None:
         if had:

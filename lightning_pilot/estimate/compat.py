@@ -23,11 +23,9 @@ _IMPORT_UTILS: Final = "transformers.utils.import_utils"
 
 
 class _ImportsOutsideTheTrace(importlib.abc.MetaPathFinder):
-    """A meta path finder for a session: a module imported during it (a factory importing
-    ``transformers``, a step importing a helper) runs its body outside the fake mode and the
-    recorder, as an import before the session would (its module-level tensors are real and
-    not counted), and ``on_import(name, module)`` is called after. It lets the other finders
-    find the module and wraps only that loader's ``exec_module``."""
+    """A module imported during a session runs its body outside the fake mode and the recorder
+    (its module-level tensors real, not counted), then ``on_import(name, module)`` is called;
+    the other finders find it, only their loader's ``exec_module`` is wrapped."""
 
     def __init__(self, on_import: Callable[[str, Any], None]) -> None:
         self.on_import = on_import
@@ -70,12 +68,9 @@ class _ImportsOutsideTheTrace(importlib.abc.MetaPathFinder):
 
 @contextlib.contextmanager
 def _transformers_sees_real_values() -> Iterator[None]:
-    """Hugging Face transformers takes another path when it sees a ``FakeTensor`` (it builds
-    the causal mask a real run skips after ``attention_mask.all()``): for the session, a fake
-    tensor that carries its real values is not fake to it, whether ``transformers`` was
-    imported before the session or is imported during it (a factory that imports it). Every
-    module imported during the session is imported as before it (see
-    :class:`_ImportsOutsideTheTrace`); nothing imports ``transformers`` here."""
+    """For the session, ``transformers`` does not see a fake tensor carrying its real values as
+    fake (it would build the causal mask a real run skips after ``attention_mask.all()``),
+    whether it is imported before the session or during it; nothing imports it here."""
     patched: list[tuple[Any, Any]] = []
 
     def patch(utils: Any) -> None:
@@ -114,19 +109,13 @@ def _transformers_sees_real_values() -> Iterator[None]:
 def _factory_build() -> Iterator[None]:
     """What a factory needs to build its module under the fake mode, for the duration.
 
-    ``torch.nn.init.trunc_normal_`` (ViT's, Swin's and timm's position embeddings) draws
-    again until no value lies outside its bounds, reading ``mask.any()`` (torch 2.13), a
-    value a fake tensor does not have: on a fake tensor it draws once and clamps to the
-    bounds instead (the values are never used; shape and dtype are the same). It is patched
-    in ``torch.nn.init``'s module globals, so a copy of ``trunc_normal_`` taken at import
-    (``transformers.initialization``) runs it too. Real tensors keep torch's own.
+    ``torch.nn.init``'s truncated normal redraws until ``mask.any()`` is false, a value a fake
+    tensor lacks: on a fake tensor it draws once and clamps (patched in the module's globals,
+    so copies taken at import, as ``transformers.initialization``'s, run it too).
 
-    ``Module.to``/``.float()``/``.half()`` on fake parameters always swap the tensors
-    (``torch.utils.swap_tensors``), which refuses a tensor with a weak reference, and the fake
-    mode's memo of converted and detached tensors holds one to most fake parameters: a
-    factory's ``.to(torch.bfloat16)``, or peft placing its adapters, failed with
-    "Couldn't swap Linear.weight". The memo's entries for the two tensors are dropped first
-    (they would name a tensor whose contents the swap replaces)."""
+    ``torch.utils.swap_tensors`` (what ``Module.to`` does on fake parameters) refuses a tensor
+    with a weak reference, which the fake mode's memo holds ("Couldn't swap Linear.weight"):
+    the memo's entries for the two tensors are dropped first."""
     from torch.nn import init
 
     original = getattr(init, "_no_grad_trunc_normal_", None)

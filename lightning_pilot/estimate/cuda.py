@@ -108,16 +108,13 @@ _SDPA: Final = torch.nn.functional.scaled_dot_product_attention
 def cuda_attention() -> Iterator[None]:
     """Attention as CUDA runs it, on CPU fake tensors, for the duration.
 
-    On CUDA, ``scaled_dot_product_attention`` in training picks the flash or memory-efficient
-    kernel (dropout included, applied inside the kernel): they save the inputs, the output and
-    one log-sum-exp row per query, never the T x T weights. On CPU, dropout (or some masks)
-    sends it to the math path, which saves several T x T matrices. Here every call of
-    ``torch.nn.functional.scaled_dot_product_attention`` (the function is swapped for the
-    duration and put back, so the recomputation of activation checkpointing sees it too) goes
-    to PyTorch's fused CPU kernel (``_scaled_dot_product_flash_attention_for_cpu``: the same
-    inputs, outputs and saved tensors as the CUDA kernels); dropout's randomness is not
-    modelled (no memory). Grouped-query attention repeats the key and value heads first.
-    """
+    CUDA's flash and memory-efficient kernels (dropout inside) save the inputs, the output and
+    one log-sum-exp per query, never the T x T weights that CPU's math path saves. Every call
+    of ``torch.nn.functional.scaled_dot_product_attention`` (swapped for the duration, so
+    checkpointing's recomputation sees it too) goes to the fused CPU kernel
+    ``_scaled_dot_product_flash_attention_for_cpu`` (the same saved tensors); dropout's
+    randomness is not modelled (no memory); grouped-query attention repeats the key and value
+    heads first."""
     functional = torch.nn.functional
     before = functional.scaled_dot_product_attention
     functional.scaled_dot_product_attention = _fused_attention
@@ -307,18 +304,11 @@ def _op(name: str) -> Any:
 
 @contextlib.contextmanager
 def cuda_autocast() -> Iterator[None]:
-    """CPU autocast follows CUDA autocast's lists for the duration (process-wide), then its
-    own again.
-
-    ``torch.autocast("cpu", dtype)`` then casts each operator's inputs as
-    ``torch.autocast("cuda", dtype)`` would (:func:`cuda_autocast_policy`): matrix products,
-    convolutions and attention in the lower precision; ``softmax``, ``log_softmax``,
-    ``layer_norm``, ``exp``, ``pow``, ``rsqrt``, ``sum``, the losses and the others of CUDA's
-    float32 list in float32 (their outputs, and what autograd saves of them, are float32 as on
-    CUDA); the operators CPU autocast casts and CUDA's does not run in their inputs' types.
-    The matrix products keep CPU autocast's own kernels (the same policy, and its cache of
-    the parameters' casts); every other listed operator gets a kernel here, registered with
-    ``torch.library`` for the ``AutocastCPU`` key and removed on exit."""
+    """CPU autocast casts each operator's inputs as CUDA autocast would
+    (:func:`cuda_autocast_policy`: softmax, layer_norm, the losses ... in float32) for the
+    duration, process-wide. The matrix products keep CPU autocast's own kernels (the same
+    policy, and its cache of the parameters' casts); every other listed operator gets a kernel
+    registered with ``torch.library`` for the ``AutocastCPU`` key, removed on exit."""
     cpu_lower = {
         name
         for name in _CUDA_LOWER
@@ -338,11 +328,9 @@ def cuda_autocast() -> Iterator[None]:
 
 
 def _cuda_dropout(input: torch.Tensor, p: float, train: bool) -> torch.Tensor:
-    """``aten::dropout`` as CUDA runs it (``aten/src/ATen/native/Dropout.cpp``): in training,
-    with ``0 < p < 1`` and a non-empty input, the fused ``native_dropout`` (its backward
-    keeps a boolean mask, one byte per element; ``native_functions.yaml``: ``native_dropout(Tensor
-    input, float p, bool? train) -> (Tensor, Tensor)``, derivative
-    ``native_dropout_backward(grad, result1, ...)``); else as on CPU."""
+    """``aten::dropout`` as CUDA runs it (``aten/src/ATen/native/Dropout.cpp``): the fused
+    ``native_dropout`` (its backward keeps a one-byte mask) in training with ``0 < p < 1`` and
+    a non-empty input; else as on CPU."""
     if train and 0 < p < 1 and input.numel() > 0:
         return torch.ops.aten.native_dropout.default(input, p, train)[0]  # type: ignore[no-any-return]
     if p == 0 or not train or input.numel() == 0:
@@ -352,10 +340,9 @@ def _cuda_dropout(input: torch.Tensor, p: float, train: bool) -> torch.Tensor:
 
 @contextlib.contextmanager
 def cuda_dropout() -> Iterator[None]:
-    """``torch.nn.functional.dropout`` (``aten::dropout``) runs CUDA's fused kernel for the
-    duration (process-wide): ``native_dropout``, whose backward saves a boolean mask (one byte
-    per element), where CPU's dropout saves a noise tensor of the input's dtype. Registered
-    with ``torch.library`` for the ``AutogradCPU`` key and removed on exit."""
+    """``torch.nn.functional.dropout`` runs CUDA's fused kernel (:func:`_cuda_dropout`, a
+    one-byte mask saved where CPU saves a noise tensor of the input's dtype) for the duration,
+    process-wide (a ``torch.library`` kernel for ``AutogradCPU``, removed on exit)."""
     library = torch.library.Library("aten", "IMPL")  # type: ignore[no-untyped-call]
     try:
         with warnings.catch_warnings():

@@ -32,6 +32,7 @@ from lightning_pilot.estimate.shadows import (
     _all_shadowed,
     _drop_written_shadows,
     _fake_mode_of,
+    _inputs,
     _is_fake,
     _shadow_of,
     _shadowable,
@@ -261,7 +262,6 @@ class Recorder(StorageCounter, TorchDispatchMode):  # type: ignore[no-untyped-ca
         self.saved: set[int] = set()
         self._phase = ""
         self._start = 0
-        self._start_op = 0
         self._curve: list[int] = []
         self._flops: list[int] = []
         self._moved: list[int] = []
@@ -352,10 +352,7 @@ class Recorder(StorageCounter, TorchDispatchMode):  # type: ignore[no-untyped-ca
                 self.saved.add(serial)
             return tensor
 
-        def unpack(tensor: torch.Tensor) -> torch.Tensor:
-            return tensor
-
-        return torch.autograd.graph.saved_tensors_hooks(pack, unpack)
+        return torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor)
 
     # -- dispatch ---------------------------------------------------------------------------
 
@@ -426,9 +423,7 @@ class Recorder(StorageCounter, TorchDispatchMode):  # type: ignore[no-untyped-ca
     def _account(
         self, func: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any], out: Any
     ) -> None:
-        inputs = _tensors(args)
-        if kwargs:
-            inputs.extend(v for v in tree_flatten(kwargs)[0] if isinstance(v, torch.Tensor))
+        inputs = _inputs(args, kwargs)
         outputs = _tensors((out,))
         record = self.record
         for tensor in inputs:
@@ -442,9 +437,7 @@ class Recorder(StorageCounter, TorchDispatchMode):  # type: ignore[no-untyped-ca
         self._allocated.append(allocated)
         flops = moved = kind = 0
         if not func.is_view and func not in _ALIASES:
-            moved = sum(t.numel() * t.element_size() for t in inputs) + sum(
-                t.numel() * t.element_size() for t in outputs
-            )
+            moved = sum(t.numel() * t.element_size() for t in (*inputs, *outputs))
             counter = self._registry.get(func.overloadpacket)
             if counter is not None:
                 try:

@@ -13,10 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch._subclasses.fake_tensor import (
-    FakeTensorMode,
-    unset_fake_temporarily,
-)
+from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._pytree import tree_flatten
 
@@ -40,7 +37,7 @@ from lightning_pilot.estimate.optimizers import (
 from lightning_pilot.estimate.precision import PRECISIONS, param_dtype, precision_context
 from lightning_pilot.estimate.recorder import PhaseTrace, Recorder, UntraceableError
 from lightning_pilot.estimate.shadows import _SHADOW, _is_fake, _shadow_of, _shadowable
-from lightning_pilot.vocabulary import phase_label
+from lightning_pilot.vocabulary import MEASURED_CATEGORIES, phase_label
 
 if TYPE_CHECKING:
     from lightning_pilot.estimate.job import GridJob
@@ -84,19 +81,14 @@ class Session:
 
     ``module`` is a live LightningModule (its parameters and buffers are replaced by fake ones
     for the session and given back, with its training flags, when it ends) or ``factory``, a
-    callable building one (called under the fake mode: a 70B shape never allocates). Use it as
-    a context manager; trace phases inside. ``round_to`` is the allocator's rounding (512 for
-    CUDA). ``cuda=True`` makes the step behave as on CUDA: the optimizer's ``foreach``
-    implementation where the user left it unset (PyTorch's default there), attention
-    (``scaled_dot_product_attention``) through a fused kernel that saves no T x T matrix
-    (CUDA's flash and memory-efficient kernels; see :func:`cuda_attention`), CUDA autocast's
-    lists under the mixed precisions (:func:`cuda_autocast`: softmax, layer_norm, the losses
-    ... in float32) and CUDA's fused dropout (:func:`cuda_dropout`: a one-byte mask saved).
-    ``blocks=True`` (the default): with a repeated block list (:func:`repeated_blocks`: Llama's
-    ``model.layers``, GPT-2's ``transformer.h``, at least :data:`MIN_BLOCKS` blocks), the
-    phases that run the batch (``train_phases``, ``validation_phase``) trace the list cut to
-    :data:`CUTS` blocks and extrapolate to all (:func:`extrapolate_blocks`), falling back to a
-    full trace, with a note, when the pattern does not hold.
+    callable building one under the fake mode (a 70B shape never allocates). Use it as a
+    context manager; trace phases inside. ``round_to`` is the allocator's rounding (512 for
+    CUDA). ``cuda=True`` runs the step as on CUDA: the optimizer's ``foreach`` default, fused
+    attention saving no T x T matrix (:func:`cuda_attention`), CUDA autocast's lists
+    (:func:`cuda_autocast`) and fused dropout (:func:`cuda_dropout`). ``blocks=True``: with a
+    repeated block list (:func:`repeated_blocks`: Llama's ``model.layers``, GPT-2's
+    ``transformer.h``), ``train_phases`` and ``validation_phase`` trace it cut to :data:`CUTS`
+    blocks and extrapolate (:func:`extrapolate_blocks`), else trace in full with a note.
 
     Example:
         >>> from lightning_pilot.demo import TinyCausalLM
@@ -180,7 +172,6 @@ class Session:
         self.optimizer: torch.optim.Optimizer | None = None
         self._restore: list[Callable[[], None]] = []
         self._stack = contextlib.ExitStack()
-        self.state: dict[str, int] = {}
         self._warm: set[tuple[int | None, int | None]] = set()
         self._cut: tuple[Any, int] | None = None
         # (phase kind, checkpointing) -> why cutting failed for it: traced in full after.
@@ -263,10 +254,8 @@ class Session:
         want = dtype if value.is_floating_point() else value.dtype
         fake = torch.empty(value.shape, dtype=want, device="cpu")
         if not param:
-            # Buffers keep their values where the step may read them (position ids, token
-            # type ids, step counters): integer and small tensors get a real copy.
-            # The copy is outside the trace (no mode: neither fake nor recorded): the fake is
-            # what the device holds, the copy only the values it stands for.
+            # Buffers the step may read (position ids, step counters) keep a real copy of their
+            # values when small or integer, made outside the trace (neither fake nor recorded).
             with _disable_current_modes():
                 shadow = _shadow_of(value) if _is_fake(value) else value.detach().to("cpu", want)
                 if shadow is not None and _shadowable(shadow):
@@ -299,12 +288,9 @@ class Session:
         return params, buffers, grads, state
 
     def _classes(self, batch: Any) -> dict[str, set[int]]:
-        params, buffers, grads, state = self._state_tensors()
+        state = zip(MEASURED_CATEGORIES, self._state_tensors(), strict=True)
         return {
-            "param": self._serials(params),
-            "buffer": self._serials(buffers),
-            "grad": self._serials(grads),
-            "optimizer_state": self._serials(state),
+            **{name: self._serials(tensors) for name, tensors in state},
             "batch": self._serials(tree_flatten(batch)[0]),
             "activations": self.recorder.saved | self.recorder.held,
         }
@@ -312,7 +298,6 @@ class Session:
     def measure_state(self) -> dict[str, int]:
         """Bytes of parameters, buffers, gradients and optimizer state now live (by category:
         ``param``, ``buffer``, ``grad``, ``optimizer_state``)."""
-        params, buffers, grads, state = self._state_tensors()
         live = self.recorder.live
 
         def total(tensors: list[torch.Tensor]) -> int:
@@ -323,12 +308,8 @@ class Session:
                 seen[key] = live[key][1]
             return sum(seen.values())
 
-        return {
-            "param": total(params),
-            "buffer": total(buffers),
-            "grad": total(grads),
-            "optimizer_state": total(state),
-        }
+        state = zip(MEASURED_CATEGORIES, self._state_tensors(), strict=True)
+        return {name: total(tensors) for name, tensors in state}
 
     def gradient_blocks(self) -> list[int]:
         """The bytes of each gradient now live, one per storage (what a later update's
@@ -471,7 +452,7 @@ class Session:
         micro-batch, from no gradients (as the first update; later updates add the gradients
         and the optimizer state, live throughout). With a repeated block list (and
         ``blocks=True``), traced on the list cut to :data:`CUTS` blocks and extrapolated.
-        ``checkpointing``: one of :data:`CHECKPOINTING` (``"selective"``: per operator, see
+        ``checkpointing``: ``False``, ``True`` or ``"selective"`` (per operator, see
         :func:`selective_checkpoint_context`)."""
         checkpointing = _checkpointing_choice("Session.train_phases", checkpointing)
         return self._by_blocks(
@@ -530,12 +511,12 @@ class Session:
         recorder.held = set()
         del fake
         warm = (seq_len, self._cut[1] if self._cut else None)
-        if _cached_attributes(module) != before and warm not in self._warm:
+        cold = _cached_attributes(module) != before and warm not in self._warm
+        self._warm.add(warm)
+        if cold:
             # The first forward pass built a cache on the module (a mask, a positional
             # table) a later update reuses: trace again, as a later update does.
-            self._warm.add(warm)
             return self._train_traced(batch, micro_batch, seq_len, checkpointing)
-        self._warm.add(warm)
         for trace in traces.values():
             trace.included = dict(included)
         return traces
@@ -549,11 +530,12 @@ class Session:
             cuda_optimizer_defaults(optimizer)
         self.optimizer = optimizer
         used = optimizer_implementation(optimizer)
-        self.optimizer_note = f"optimizer: {type(optimizer).__name__}, {used} implementation"
-        if used == asked:
-            self.optimizer_note += " (as configure_optimizers asked)"
-        else:
-            self.optimizer_note += " (PyTorch's default on CUDA; left unset by the module)"
+        why = "as configure_optimizers asked"
+        if used != asked:
+            why = "PyTorch's default on CUDA; left unset by the module"
+        self.optimizer_note = (
+            f"optimizer: {type(optimizer).__name__}, {used} implementation ({why})"
+        )
         self.optimizer_note += {
             "foreach": ": temporaries for a whole parameter group at once",
             "fused": ": one kernel per group, no temporaries",

@@ -13,10 +13,7 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 import torch
-from torch._subclasses.fake_tensor import (
-    FakeTensor,
-    FakeTensorMode,
-)
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils._pytree import tree_flatten
 
 # Integer and boolean tensors larger than this carry no real copy (a B x 1 x T x T mask at
@@ -57,20 +54,17 @@ def _fake_mode_of(args: Any, kwargs: Any) -> FakeTensorMode | None:
     return None
 
 
+def _inputs(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> list[torch.Tensor]:
+    """An operator's tensor inputs: in ``args`` (lists and tuples of them too) and ``kwargs``."""
+    found = _tensors(args)
+    if kwargs:
+        found.extend(v for v in tree_flatten(dict(kwargs))[0] if isinstance(v, torch.Tensor))
+    return found
+
+
 def _all_shadowed(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> bool:
     """Whether every tensor input carries a real copy (true for factory operators)."""
-    for value in args:
-        if isinstance(value, torch.Tensor):
-            if _shadow_of(value) is None:
-                return False
-        elif isinstance(value, list | tuple):
-            for item in value:
-                if isinstance(item, torch.Tensor) and _shadow_of(item) is None:
-                    return False
-    for value in tree_flatten(dict(kwargs))[0] if kwargs else ():
-        if isinstance(value, torch.Tensor) and _shadow_of(value) is None:
-            return False
-    return True
+    return all(_shadow_of(tensor) is not None for tensor in _inputs(args, kwargs))
 
 
 def _shadow_of(tensor: torch.Tensor) -> torch.Tensor | None:
