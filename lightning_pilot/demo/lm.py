@@ -42,6 +42,12 @@ PAD_ID, BOS_ID, SEP_ID, EOS_ID = (TOKEN_TO_ID[token] for token in SPECIAL_TOKENS
 
 _FIRST_COMMAND_ID = TOKEN_TO_ID[COMMANDS[0]]
 _FIRST_SYMBOL_ID = TOKEN_TO_ID[SYMBOLS[0]]
+#: The response each command makes of its operands.
+_RESPONSES: Mapping[str, Callable[[list[int]], list[int]]] = {
+    "copy": list,
+    "reverse": lambda symbols: symbols[::-1],
+    "sort": sorted,
+}
 
 
 def encode(text: str) -> list[int]:
@@ -88,14 +94,6 @@ def decode(ids: Iterable[int] | Tensor, *, skip_padding: bool = True) -> str:
     return " ".join(tokens)
 
 
-def _respond(command: int, symbols: list[int]) -> list[int]:
-    if COMMANDS[command] == "copy":
-        return list(symbols)
-    if COMMANDS[command] == "reverse":
-        return symbols[::-1]
-    return sorted(symbols)
-
-
 def _check_symbols(owner: str, min_symbols: object, max_symbols: object) -> tuple[int, int]:
     low = validate.integer(owner, "min_symbols", min_symbols, minimum=1)
     high = validate.integer(owner, "max_symbols", max_symbols, minimum=1)
@@ -138,7 +136,7 @@ class InstructionDataset(Dataset[dict[str, Any]]):
         ):
             operands = row[:length]
             prompt = [BOS_ID, _FIRST_COMMAND_ID + command, *operands, SEP_ID]
-            sequence = [*prompt, *_respond(command, operands), EOS_ID]
+            sequence = [*prompt, *_RESPONSES[COMMANDS[command]](operands), EOS_ID]
             self._tokens[i, : len(sequence)] = torch.tensor(sequence)
             self._lengths[i] = len(sequence)
             self._prompt_lengths[i] = len(prompt)

@@ -185,16 +185,15 @@ def _updates(updates: int, val_every: int, size: DemoSize) -> dict[str, Any]:
 @contextmanager
 def _quiet() -> Iterator[None]:
     """Silence Lightning's banners and the expected warnings of the demo's fits."""
-    loggers = [logging.getLogger(name) for name in _QUIET_LOGGERS]
-    levels = [logger.level for logger in loggers]
-    for logger in loggers:
+    levels = {logging.getLogger(name): logging.getLogger(name).level for name in _QUIET_LOGGERS}
+    for logger in levels:
         logger.setLevel(logging.ERROR)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             yield
     finally:
-        for logger, level in zip(loggers, levels, strict=True):
+        for logger, level in levels.items():
             logger.setLevel(level)
 
 

@@ -16,12 +16,6 @@ def largest(series: pd.Series) -> Any:
     return None if values.empty else values.max()
 
 
-def smallest(series: pd.Series) -> Any:
-    """The smallest value measured; ``None`` when none was."""
-    values = series.dropna()
-    return None if values.empty else values.min()
-
-
 def median(series: pd.Series) -> Any:
     """The median of the values measured; ``None`` when none was."""
     return series.dropna().median() if series.notna().any() else None

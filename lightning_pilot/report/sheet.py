@@ -101,9 +101,8 @@ def _verdicts(phases: pd.DataFrame, summary: pd.DataFrame) -> list[str]:
     not_passed = phases[(phases["verdict"] != "pass") & ~skipped]
     rank = not_passed["verdict"].map(verdict_rank)
     failures = int((phases["verdict"] == "fail").sum())
-    lines = [f"**{failures} blocking failure(s)**: fix these before renting GPUs.", ""]
-    if not failures:
-        lines[0] = "No blocking failure."
+    head = f"**{failures} blocking failure(s)**: fix these before renting GPUs."
+    lines = [head if failures else "No blocking failure.", ""]
     for row in not_passed.assign(_rank=rank).sort_values("_rank", kind="stable").itertuples():
         lines.append(
             f"- **{as_text(row.verdict)}** {as_text(row.phase)} ({occurrence(row.first)}, attempt"
@@ -356,12 +355,10 @@ def _on_target(run: RunFolder, reserve: float, gpu_prices: Mapping[str, float] |
         "Campaign package on the target (training updates only, at the slow end of the band;"
         f" {reserve:.0%} of each package kept back), per fitting configuration:"
     )
-    seen: set[tuple[Any, ...]] = set()
+    first: dict[tuple[Any, ...], dict[str, Any]] = {}
     for c in fitting:
-        key = (c["target"], c["precision"], c["strategy"])
-        if key in seen:
-            continue
-        seen.add(key)
+        first.setdefault((c["target"], c["precision"], c["strategy"]), c)
+    for c in first.values():
         price = (gpu_prices or {}).get(str(c["target"]))
         table, packages = target_campaign(
             variants, float(c["step_low_s"]), float(c["step_high_s"]),

@@ -13,7 +13,7 @@ from lightning_pilot.core.per_target import on_target
 from lightning_pilot.report import analysis, gate_result, phase_table_text, terminal_safe
 from lightning_pilot.report.campaign import campaign, campaign_variants, target_campaign
 from lightning_pilot.report.load import Reads, RunFolder
-from lightning_pilot.report.measured import largest, median, smallest, value_at
+from lightning_pilot.report.measured import largest, median, value_at
 from lightning_pilot.report.sheet import render_choice_sheet
 from lightning_pilot.report.units import amount_range, format_amount, seq_text, size_text
 from lightning_pilot.report.variants import run_costs, standing, summarize_costs
@@ -305,7 +305,7 @@ def test_target_campaign_prices_gpu_hours_and_money_at_the_slow_end() -> None:
 
 def test_reductions_skip_nulls_and_return_none_when_nothing_was_measured() -> None:
     values = pd.Series([3.0, None, 1.0])
-    assert [float(reduce(values)) for reduce in (largest, smallest, median)] == [3.0, 1.0, 2.0]
+    assert [float(reduce(values)) for reduce in (largest, median)] == [3.0, 2.0]
     assert largest(values.iloc[[1]]) is None
     assert value_at(pd.Series({"forward": 0.5, "data": None}), "forward") == 0.5
 
