@@ -124,13 +124,6 @@ def predicted_classes(logits: torch.Tensor) -> torch.Tensor:
     return logits.argmax(dim=-1)
 
 
-def predictions_from_logits(logits: torch.Tensor, targets: torch.Tensor, *, shift: bool) -> Any:
-    """Predicted classes shaped like ``targets``, or ``None``; ``shift=True``: position ``t`` is
-    predicted at ``t - 1``, position 0 gets ``-1``."""
-    aligned = align_predictions(predicted_classes(logits), targets, shift=shift)
-    return None if aligned is None else aligned[0]
-
-
 def align_predictions(
     predicted: torch.Tensor, targets: torch.Tensor, *, shift: bool, ignore_index: int = -100
 ) -> tuple[torch.Tensor, torch.Tensor] | None:

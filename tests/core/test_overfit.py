@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import torch
@@ -19,7 +20,7 @@ from lightning_pilot.core.overfit import (
     expected_initial_loss,
     logits_of,
     loss_target,
-    predictions_from_logits,
+    predicted_classes,
     recovery,
     select_indices,
 )
@@ -95,21 +96,19 @@ def test_loss_finite_and_target() -> None:
     assert check_loss_target(curve, None, budget=10).verdict == "not_checked"
 
 
-def test_predictions_from_logits_shift_for_causal_labels() -> None:
+def test_predicted_classes_are_aligned_with_causal_labels() -> None:
     logits = torch.zeros(1, 3, 4)
     logits[0, 0, 2] = logits[0, 1, 3] = logits[0, 2, 1] = 1.0
     targets = torch.zeros(1, 3, dtype=torch.long)
-    assert predictions_from_logits(logits, targets, shift=True).tolist() == [[-1, 2, 3]]
-    assert predictions_from_logits(logits, targets, shift=False).tolist() == [[2, 3, 1]]
-    assert predictions_from_logits(torch.eye(3), torch.tensor([0, 1, 1]), shift=True).tolist() == [
-        0,
-        1,
-        2,
-    ]
-    assert (
-        predictions_from_logits(torch.zeros(2, 5), torch.zeros(3, dtype=torch.long), shift=True)
-        is None
-    )
+
+    def aligned(logits: torch.Tensor, targets: torch.Tensor, shift: bool) -> Any:
+        pair = align_predictions(predicted_classes(logits), targets, shift=shift)
+        return None if pair is None else pair[0].tolist()
+
+    assert aligned(logits, targets, shift=True) == [[-1, 2, 3]]
+    assert aligned(logits, targets, shift=False) == [[2, 3, 1]]
+    assert aligned(torch.eye(3), torch.tensor([0, 1, 1]), shift=True) == [0, 1, 2]
+    assert aligned(torch.zeros(2, 5), torch.zeros(3, dtype=torch.long), shift=True) is None
 
 
 def test_recovery_accuracy_and_exact_match_list_wrong_ids() -> None:
