@@ -18,8 +18,9 @@ import lightning.pytorch as pl
 import pandas as pd
 import torch
 
-from lightning_pilot.callbacks.divergence_ledger import DivergenceLedger, Heartbeat
+from lightning_pilot.callbacks.divergence_ledger import DivergenceLedger
 from lightning_pilot.callbacks.overfit_tiny_subset import OverfitTinySubset
+from lightning_pilot.core.ledger_records import Heartbeat
 from lightning_pilot.core.per_target import checkpointing_name
 from lightning_pilot.core.progress import BarReporter, Reporter, is_terminal, tqdm_available
 from lightning_pilot.demo.lm import PAD_ID, VOCAB_SIZE, InstructionDataModule, TinyCausalLM, decode
