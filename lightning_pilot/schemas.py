@@ -17,8 +17,6 @@ from lightning_pilot.vocabulary import CATEGORIES, CATEGORY_COLUMNS, phase_of_la
 #: Metadata key under which every file records its schema name and version.
 SCHEMA_METADATA_KEY: Final = b"lightning_pilot.schema"
 
-_TIMESTAMP = pa.timestamp("us", tz="UTC")
-_POINT = pa.struct([("step", pa.int64()), ("value", pa.float64())])
 _NAMED_POINT = pa.struct([("step", pa.int64()), ("name", pa.string()), ("value", pa.float64())])
 _CHECK = pa.struct([("name", pa.string()), ("verdict", pa.string()), ("detail", pa.string())])
 #: The column types the field lists below name.
@@ -28,11 +26,11 @@ _TYPES: Final = {
     "i64": pa.int64(),
     "f64": pa.float64(),
     "bool": pa.bool_(),
-    "time": _TIMESTAMP,
+    "time": pa.timestamp("us", tz="UTC"),
     "strs": pa.list_(pa.string()),
     "i64s": pa.list_(pa.int64()),
     "f64s": pa.list_(pa.float64()),
-    "points": pa.list_(_POINT),
+    "points": pa.list_(pa.struct([("step", pa.int64()), ("value", pa.float64())])),
     "named_points": pa.list_(_NAMED_POINT),
     "checks": pa.list_(_CHECK),
 }
