@@ -89,9 +89,7 @@ def _checkpointing_choice(owner: str, value: Any) -> bool | str:
 
 @contextlib.contextmanager
 def activation_checkpointing(
-    module: torch.nn.Module,
-    classes: tuple[type[torch.nn.Module], ...],
-    selective: bool = False,
+    module: torch.nn.Module, classes: tuple[type[torch.nn.Module], ...], selective: bool = False
 ) -> Iterator[str]:
     """Activation checkpointing on ``module`` for the duration, then exactly what was there.
 

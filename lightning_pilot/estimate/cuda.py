@@ -124,8 +124,6 @@ def cuda_attention() -> Iterator[None]:
         functional.scaled_dot_product_attention = before
 
 
-# -- CUDA's autocast lists and dropout, on CPU ------------------------------------------------
-
 # CUDA autocast's policy per operator (PyTorch's aten/src/ATen/autocast_mode.h, the lists
 # documented under "CUDA Ops that can autocast to float16 / float32" in
 # https://pytorch.org/docs/stable/amp.html). Every other operator with a CUDA autocast kernel

@@ -56,9 +56,7 @@ class UntraceableError(RuntimeError):
 
     def __init__(self, op: str, where: str) -> None:
         self.op = op
-        super().__init__(
-            f"cannot trace {op} on a fake tensor ({where}): {_WORKAROUND}",
-        )
+        super().__init__(f"cannot trace {op} on a fake tensor ({where}): {_WORKAROUND}")
 
 
 _LOCAL_SCALAR: Final = torch.ops.aten._local_scalar_dense.default
@@ -279,8 +277,6 @@ class Recorder(StorageCounter, TorchDispatchMode):  # type: ignore[no-untyped-ca
         self.routed: set[tuple[int, int]] = set()
         self._registry = _flop_registry()
 
-    # -- storages ---------------------------------------------------------------------------
-
     def record(self, tensor: torch.Tensor) -> int | None:
         """Count ``tensor``'s storage (once); return its serial number. With ``fake_only``,
         real tensors (the user's batch, the real copies of values) are not counted."""
@@ -294,8 +290,6 @@ class Recorder(StorageCounter, TorchDispatchMode):  # type: ignore[no-untyped-ca
 
     def _peaked(self) -> None:
         self._peak_op = len(self._curve)  # the operator being counted
-
-    # -- phases -----------------------------------------------------------------------------
 
     def begin(self, phase: str) -> None:
         """Start a phase: the peak restarts at the current level."""
@@ -341,8 +335,6 @@ class Recorder(StorageCounter, TorchDispatchMode):  # type: ignore[no-untyped-ca
             grad_requests=grads,
         )
 
-    # -- saved tensors ----------------------------------------------------------------------
-
     def saved_hooks(self) -> Any:
         """``saved_tensors_hooks`` marking what autograd saves as activations."""
 
@@ -353,8 +345,6 @@ class Recorder(StorageCounter, TorchDispatchMode):  # type: ignore[no-untyped-ca
             return tensor
 
         return torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor)
-
-    # -- dispatch ---------------------------------------------------------------------------
 
     def __torch_dispatch__(
         self,
@@ -507,10 +497,7 @@ def _requests(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per operator: the smallest block it allocates other than a gradient, how many such
     blocks, and the bytes of the gradients it allocates."""
-    size = len(allocated)
-    requests = np.zeros(size, dtype=np.int64)
-    count = np.zeros(size, dtype=np.int64)
-    grad = np.zeros(size, dtype=np.int64)
+    requests, count, grad = np.zeros((3, len(allocated)), dtype=np.int64)
     for index, blocks in enumerate(allocated):
         others = [nbytes for serial, nbytes in blocks if serial not in grads]
         grad[index] = sum(nbytes for serial, nbytes in blocks if serial in grads)

@@ -179,8 +179,6 @@ class Session:
         #: The optimizer's implementation, for the notes of the optimizer phases.
         self.optimizer_note = ""
 
-    # -- lifecycle --------------------------------------------------------------------------
-
     def __enter__(self) -> Session:
         stack = self._stack
         stack.__enter__()
@@ -265,8 +263,6 @@ class Session:
         made[id(value)] = fake
         return fake
 
-    # -- classes ----------------------------------------------------------------------------
-
     def _serials(self, tensors: Any) -> set[int]:
         return {
             serial
@@ -317,11 +313,9 @@ class Session:
         storages = [grad.untyped_storage() for grad in self._state_tensors()[2]]
         return sorted({id(storage): storage.nbytes() for storage in storages}.values())
 
-    # -- phases -----------------------------------------------------------------------------
-
-    def _parameters(self) -> list[torch.nn.Parameter]:
+    def _parameters(self) -> list[torch.Tensor]:
         """The module's parameters, those of the blocks a cut leaves out included."""
-        params = list(self.module.parameters())
+        params: list[torch.Tensor] = [*self.module.parameters()]
         for block in self._hidden:
             params.extend(block.parameters())
         return params
@@ -615,12 +609,12 @@ def _noted(traces: dict[str, PhaseTrace], note: str | None) -> dict[str, PhaseTr
 def _cached_attributes(module: torch.nn.Module) -> dict[tuple[int, str], int]:
     """``(submodule, name) -> id(value)`` of the tensor attributes (not parameters or
     buffers) of every submodule: what a forward pass that caches a tensor changes."""
-    found: dict[tuple[int, str], int] = {}
-    for sub in module.modules():
-        for name, value in vars(sub).items():
-            if isinstance(value, torch.Tensor):
-                found[(id(sub), name)] = id(value)
-    return found
+    return {
+        (id(sub), name): id(value)
+        for sub in module.modules()
+        for name, value in vars(sub).items()
+        if isinstance(value, torch.Tensor)
+    }
 
 
 def _keeper(module: torch.nn.Module) -> Callable[[], None]:

@@ -1,10 +1,6 @@
-"""Real copies ("shadows") of the values a traced step reads back from its batch.
-
-Integer and boolean tensors derived only from the batch carry a real copy on their fake
-tensor (attribute :data:`_SHADOW`), so ``int(mask.sum())`` or ``nonzero`` on labels compute
-real values; small floating tensors (optimizer step counters, scalars made from constants)
-carry one too. An in-place operator that writes a tensor from an input without a copy drops
-the written tensor's copy.
+"""Real copies ("shadows", attribute :data:`_SHADOW` of a fake tensor) of the integer and boolean
+tensors derived only from the batch, and of small floating ones (step counters), so that
+``int(mask.sum())`` or ``nonzero`` on labels compute real values.
 """
 
 from __future__ import annotations
