@@ -137,12 +137,6 @@ def _record_id_of(name: str) -> str | None:
     return match.group("record_id") if match else None
 
 
-def _segment_time(name: str) -> datetime | None:
-    match = _SEGMENT_STAMP.match(name)
-    stamp = datetime.strptime(match.group(1), _STAMP_FORMAT) if match else None
-    return stamp.replace(tzinfo=timezone.utc) if stamp else None
-
-
 class _Segment(NamedTuple):
     path: Location
     table: pa.Table
@@ -297,8 +291,11 @@ def compact_ledger(path: PathLike, *, grace: float | None = LEDGER_GRACE_SECONDS
         _remove_stale_temporaries(where, cutoff - max(0.0, TEMPORARY_GRACE_SECONDS - grace))
 
     def settled(segment: _Segment) -> bool:
-        made = _segment_time(segment.path.name)
-        return made is not None and made.timestamp() <= cutoff
+        stamp = _SEGMENT_STAMP.match(segment.path.name)
+        if stamp is None:
+            return False
+        made = datetime.strptime(stamp.group(1), _STAMP_FORMAT).replace(tzinfo=timezone.utc)
+        return made.timestamp() <= cutoff
 
     kept: set[str] = set()  # records held by settled segments kept so far, largest first
     for segment in _largest_first(segments):

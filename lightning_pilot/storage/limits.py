@@ -258,18 +258,15 @@ def _leaf_values(array: pa.Array) -> int:
     return len(array)
 
 
-def _most_values(table: pa.Table) -> int:
-    return max(
+def _check_writable(table: pa.Table, limits: ReadLimits, what: str) -> None:
+    """Refuse to write what a reader would skip (``ValueError`` naming the limit)."""
+    most_values = max(
         (sum(_leaf_values(chunk) for chunk in column.chunks) for column in table.columns),
         default=0,
     )
-
-
-def _check_writable(table: pa.Table, limits: ReadLimits, what: str) -> None:
-    """Refuse to write what a reader would skip (``ValueError`` naming the limit)."""
     measures = (
         ("max_rows", table.num_rows, "rows"),
-        ("max_values", _most_values(table), "values in one column"),
+        ("max_values", most_values, "values in one column"),
         ("max_decoded_bytes", table.nbytes, "bytes"),
     )
     problems = [
