@@ -196,15 +196,11 @@ def memory_stack(phases: pd.DataFrame, placement: pd.DataFrame | None = None) ->
             shares, notes = _on_device_share(
                 placement, best.get("device"), best.get("rank"), best.get("attempt")
             )
-            state = 0.0
             for column, _, kinds in CATEGORIES:
-                total = 0.0
-                for kind in kinds:
-                    value = best.get(CATEGORY_COLUMNS[kind])
-                    if not is_null(value):
-                        total += float(value) * shares.get(kind, 1.0)
-                row[column] = total
-                state += total
+                values = [(kind, best.get(CATEGORY_COLUMNS[kind])) for kind in kinds]
+                here = [float(v) * shares.get(k, 1.0) for k, v in values if not is_null(v)]
+                row[column] = sum(here, 0.0)
+            state = sum((row[column] for column, _, _ in CATEGORIES), 0.0)
             if state > peak:
                 notes.append(
                     f"the state at the phase end ({format_bytes(state)}) exceeds this peak by"
