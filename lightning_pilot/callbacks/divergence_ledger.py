@@ -155,8 +155,7 @@ class DivergenceLedger(PilotCallback):
 
     @override
     def _state_key_fields(self) -> dict[str, Any]:
-        return {
-            "out_dir": str(self.out_dir),
+        return super()._state_key_fields() | {
             "experiment": self.experiment,
             "variant": self.variant,
         }

@@ -314,13 +314,11 @@ class EffectiveBatchAccountant(PilotCallback):
         self._world = trainer.world_size
         sampler_kwargs = getattr(trainer.strategy, "distributed_sampler_kwargs", None)
         self._dp = int((sampler_kwargs or {}).get("num_replicas", 1) or 1)
-        callbacks = getattr(trainer, "callbacks", [])
-        scheduler = next(
-            (c for c in callbacks if isinstance(c, GradientAccumulationScheduler)), None
-        )
-        accumulate: int | dict[int, int] = (
-            dict(scheduler.scheduling) if scheduler is not None else trainer.accumulate_grad_batches
-        )
+        accumulate: int | dict[int, int] = trainer.accumulate_grad_batches
+        for callback in getattr(trainer, "callbacks", []):
+            if isinstance(callback, GradientAccumulationScheduler):
+                accumulate = dict(callback.scheduling)
+                break
         schedule = update_plan.normalise_schedule(accumulate, owner="EffectiveBatchAccountant")
         try:
             self._estimated = _finite(trainer.estimated_stepping_batches)

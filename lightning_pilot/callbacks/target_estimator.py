@@ -23,13 +23,10 @@ _OWNER = "TargetEstimator"
 class TargetEstimator(PilotCallback):
     """Estimate, at the end of the pilot, memory per GPU and step time on target GPUs.
 
-    It keeps a CPU copy of the first training batch and, when the fit ends, runs
-    :func:`lightning_pilot.estimate.estimate` on the fit's own module (its ``training_step``,
-    ``configure_optimizers`` and ``validation_step``, on fake tensors: no memory is allocated)
-    over the grid given here. The rows go to ``runs/<run_id>/estimate.parquet`` (one per
-    target x configuration x phase) and ``estimate_largest.parquet``; the choice sheet shows
-    them as "On the target GPU (estimated)"; the Trainer's loggers get each configuration's
-    memory per GPU, fit and step time. Global rank 0 estimates; see docs/estimate.md.
+    At fit end, global rank 0 runs :func:`lightning_pilot.estimate.estimate` on the fit's module
+    and a CPU copy of its first batch (fake tensors: nothing allocated) over the grid given here,
+    into ``runs/<run_id>/estimate.parquet`` and ``estimate_largest.parquet``, the choice sheet
+    and the Trainer's loggers (docs/estimate.md).
 
     Args:
         targets: names of :data:`lightning_pilot.estimate.TARGETS` or
@@ -44,10 +41,7 @@ class TargetEstimator(PilotCallback):
         largest: also search the largest micro-batch and sequence length that fit each target.
         options: further keyword arguments of :func:`~lightning_pilot.estimate.estimate`
             (``efficiency``, ``checkpoint_classes``, ``wrap_classes``, ``seq_step``,
-            ``max_seq_len``, ``blocks``, ...).
-
-    Every argument, ``options`` included, is checked here: a bad one fails at construction,
-    named, before any training.
+            ``max_seq_len``, ``blocks``, ...); every argument is checked at construction.
         out_dir: the output folder (see :class:`~lightning_pilot.PilotCallback`).
 
     Example:

@@ -37,10 +37,6 @@ MAX_REQUEST_BYTES: Final = 1 << 20
 Progress = Callable[[str], None]
 
 
-def _silent(phase: str) -> None:
-    """A :data:`Progress` that tells no one."""
-
-
 def announce(done: int, total: int, message: str) -> None:
     """Print a progress marker line on stderr for the parent; a closed or broken stderr (the
     parent is gone) is ignored: the watch thread ends this process then."""
@@ -131,10 +127,7 @@ def unpickle_loaders(payload: bytes | None, result: TaskResult) -> Any:
 
 
 def run_resume(
-    task: ResumeTask,
-    result: TaskResult,
-    progress: Progress = _silent,
-    loaders_payload: bytes | None = None,
+    task: ResumeTask, result: TaskResult, progress: Progress, loaders_payload: bytes | None
 ) -> None:
     """Rebuild the module and data as the script probably did (seed, module, data) and resume;
     when the data differ from the fit's after a seed, build the data first and resume again.
@@ -176,7 +169,7 @@ def run_resume(
         result.build_order = "the DataModule before the module"
 
 
-def run_artifact(task: ArtifactTask, result: TaskResult, progress: Progress = _silent) -> None:
+def run_artifact(task: ArtifactTask, result: TaskResult, progress: Progress) -> None:
     """Load the final artifact into a fresh module and save its outputs on the control inputs."""
     progress("loading the checkpoint")
     checkpoint = load_checkpoint(task.checkpoint, result)
@@ -226,9 +219,7 @@ def _exit_with_parent(poll_s: float = 0.5) -> None:
 
 
 def run_task(
-    task: ResumeTask | ArtifactTask,
-    progress: Progress = _silent,
-    loaders_payload: bytes | None = None,
+    task: ResumeTask | ArtifactTask, progress: Progress, loaders_payload: bytes | None
 ) -> TaskResult:
     """One task's result; an exception of the user's code becomes its ``crash``."""
     result = TaskResult(kind=task.kind)
@@ -245,11 +236,7 @@ def run_task(
 
 def main(argv: list[str] | None = None) -> int:
     """Run the request named by the only argument and publish its result, printing progress
-    marker lines on stderr as each task goes (:func:`announce`).
-
-    Raises:
-        ProtocolError: the request is unusable (the parent reads the exit and the error).
-    """
+    marker lines on stderr as each task goes; :class:`ProtocolError` for an unusable request."""
     args = sys.argv[1:] if argv is None else argv
     request = Request.from_dict(storage.read_json(args[0], max_bytes=MAX_REQUEST_BYTES))
     # The training loaders passed to fit, pickled by the training process (unpickle_loaders).

@@ -55,19 +55,17 @@ def finished(record: StepRecord, trainer: pl.Trainer, outputs: Any) -> StepRecor
 def state_of(trainer: pl.Trainer, pl_module: pl.LightningModule) -> State:
     """What a resume must restore, as comparable values (the RNG digest is added by the caller)."""
     scaler = getattr(trainer.precision_plugin, "scaler", None)
-    schedulers = [c.scheduler.state_dict() for c in trainer.lr_scheduler_configs]
+    # Schedulers may hold functions (LambdaLR), whose identity differs across processes.
+    schedulers = [
+        {k: v for k, v in c.scheduler.state_dict().items() if not callable(v) and k != "lr_lambdas"}
+        for c in trainer.lr_scheduler_configs
+    ]
     return State(
         global_step=trainer.global_step,
         epoch=trainer.current_epoch,
         lrs=current_lrs(trainer),
         optimizer_state=digest([o.state_dict()["state"] for o in trainer.optimizers]),
-        # Schedulers may hold functions (LambdaLR), whose identity differs across processes.
-        scheduler_state=digest(
-            [
-                {k: v for k, v in s.items() if not callable(v) and k != "lr_lambdas"}
-                for s in schedulers
-            ]
-        ),
+        scheduler_state=digest(schedulers),
         grad_scaler=None if scaler is None else digest(scaler.state_dict()),
         weights=digest(pl_module.state_dict()),
     )
