@@ -1,7 +1,5 @@
-"""Activation checkpointing switches for a trace: off, every block recomputed (Hugging Face's
-``gradient_checkpointing_enable``, diffusers' ``enable_gradient_checkpointing`` or
-``torch.utils.checkpoint`` around named block classes) or
-per-operator selective checkpointing with the estimate's save policy.
+"""Activation checkpointing for a trace: every block recomputed (Hugging Face's and diffusers'
+own switches, or ``torch.utils.checkpoint`` around named block classes) or per operator.
 """
 
 from __future__ import annotations
@@ -91,14 +89,10 @@ def _checkpointing_choice(owner: str, value: Any) -> bool | str:
 def activation_checkpointing(
     module: torch.nn.Module, classes: tuple[type[torch.nn.Module], ...], selective: bool = False
 ) -> Iterator[str]:
-    """Activation checkpointing on ``module`` for the duration, then exactly what was there.
-
-    ``classes`` given: every instance's ``forward`` runs under ``torch.utils.checkpoint``
-    (non-reentrant). Else the Hugging Face models inside are switched with their own
-    ``gradient_checkpointing_enable`` (non-reentrant) and switched back. ``selective``:
-    per-operator selective checkpointing inside each (:func:`selective_checkpoint_context`).
-    Yields how.
-    """
+    """Activation checkpointing on ``module`` for the duration, then exactly what was there:
+    every instance of ``classes`` under non-reentrant ``torch.utils.checkpoint``, else the
+    Hugging Face models inside switched with their own methods; ``selective`` per operator
+    (:func:`selective_checkpoint_context`). Yields how."""
     undo: list[Callable[[], None]] = []
     try:
         if classes:
@@ -160,10 +154,8 @@ def _hf_checkpointing(model: torch.nn.Module) -> bool:
 
 
 def _hf_call(model: Any, what: str, selective: bool = False) -> None:
-    """Switch checkpointing on (non-reentrant) or off, with the newer name where it exists
-    (transformers 5: ``activation_checkpointing_*``), else ``gradient_checkpointing_*``; a
-    ``diffusers`` model with ``enable_gradient_checkpointing(gradient_checkpointing_func)``
-    (its default is non-reentrant too) and ``disable_gradient_checkpointing``."""
+    """Switch checkpointing on (non-reentrant) or off: ``activation_checkpointing_*`` where it
+    exists (transformers 5), else ``gradient_checkpointing_*``, or diffusers' methods."""
     if not hasattr(model, f"gradient_checkpointing_{what}") and _is_diffusers(model):
         if what != "enable":
             model.disable_gradient_checkpointing()

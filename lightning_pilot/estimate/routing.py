@@ -18,10 +18,9 @@ _TOPK: Final = torch.ops.aten.topk.default
 
 
 def _fake_grouped_mm(func: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
-    """``aten._grouped_mm`` on fake tensors of any floating dtype: torch's fake kernel checks
-    for bfloat16 inputs only, while the real kernels also run float32 (CUDA and CPU fall back
-    to one matrix product per group). The output's shape is the bfloat16 one's, its dtype
-    ``out_dtype`` or the inputs'."""
+    """``aten._grouped_mm`` on fake tensors of any floating dtype (torch's fake kernel accepts
+    bfloat16 only, the real kernels float32 too): the bfloat16 output's shape, in ``out_dtype``
+    or the inputs' dtype."""
     call = dict(zip(("self", "mat2", "offs", "bias", "out_dtype"), args, strict=False))
     call.update(kwargs)
     a, b = call["self"], call["mat2"]
