@@ -98,10 +98,8 @@ def as_number(value: Any) -> str:
     """A count with thousands separators, a float to 4 digits; ``n/m`` when null."""
     if is_null(value):
         return NOT_MEASURED
-    if isinstance(value, float) and math.isinf(value):
-        return "inf" if value > 0 else "-inf"
     if isinstance(value, float):
-        return f"{value:.4g}"
+        return f"{value:.4g}"  # inf prints as inf, -inf as -inf
     return f"{int(value):,}"
 
 
@@ -118,8 +116,6 @@ def format_amount(value: Any, digits: int = 2) -> str:
     if is_null(value):
         return NOT_MEASURED
     amount = float(value)
-    if math.isinf(amount):
-        return "inf" if amount > 0 else "-inf"
     size = abs(amount)
     if size == 0:
         return "0"

@@ -15,7 +15,13 @@ from lightning_pilot.report.campaign import campaign, campaign_variants, target_
 from lightning_pilot.report.load import Reads, RunFolder
 from lightning_pilot.report.measured import largest, median, value_at
 from lightning_pilot.report.sheet import render_choice_sheet
-from lightning_pilot.report.units import amount_range, format_amount, seq_text, size_text
+from lightning_pilot.report.units import (
+    amount_range,
+    as_number,
+    format_amount,
+    seq_text,
+    size_text,
+)
 from lightning_pilot.report.variants import run_costs, standing, summarize_costs
 
 
@@ -315,6 +321,10 @@ def test_amounts_and_sizes_print_as_written_never_zero_for_a_small_amount() -> N
     expected = ["12,346", "42.12", "0.0042", "0.0061", "< 0.0001", "0", "n/m"]
     assert [format_amount(v) for v in values] == expected
     assert format_amount(0.000123456, digits=3) == "0.000123"
+    infinite = [float("inf"), float("-inf")]
+    assert (
+        [format_amount(v) for v in infinite] == [as_number(v) for v in infinite] == ["inf", "-inf"]
+    )
     assert amount_range(0.0042, 0.0061) == "0.0042 to 0.0061"
     assert amount_range(0.00001, 0.00002) == "< 0.0001"
     assert amount_range(3, None) == "3.00 to n/m"
