@@ -10,7 +10,7 @@ without a Trainer sees :class:`StandInTrainer`.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -19,10 +19,10 @@ import torch
 
 from lightning_pilot.estimate.job import Ckpt, Config, GridJob
 from lightning_pilot.estimate.precision import compute_dtype
-from lightning_pilot.estimate.recorder import CATEGORIES, PhaseTrace, UntraceableError
+from lightning_pilot.estimate.recorder import PhaseTrace, UntraceableError
 from lightning_pilot.estimate.session import Session
 from lightning_pilot.estimate.strategies import unit_bytes
-from lightning_pilot.vocabulary import phase_label
+from lightning_pilot.vocabulary import CATEGORIES, phase_label
 
 _FIRST_STEP: Final = phase_label("optimizer_step", True)
 _CKPT_ORDER: Final[dict[Ckpt, int]] = {False: 0, True: 1, "selective": 2}
@@ -66,7 +66,7 @@ def extrapolate(
     }
     peak = int(curve[index])
     categories["temporaries"] += peak - sum(categories.values())
-    requests, request_count, grad_requests = _requests_between(low, high, line)
+    with_requests = low.requests.shape == high.requests.shape == low.curve.shape  # else none
     return PhaseTrace(
         phase=low.phase,
         peak_bytes=peak,
@@ -85,22 +85,11 @@ def extrapolate(
             f"extrapolated from micro-batches {low_x} and {high_x} (same operators, peak at"
             " the same operator)",
         ],
-        requests=requests,
-        request_count=request_count,
-        grad_requests=grad_requests,
-    )
-
-
-def _requests_between(
-    low: PhaseTrace, high: PhaseTrace, line: Callable[[Any, Any], Any]
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The allocations of the phase between ``low`` and ``high`` (none when either lacks them)."""
-    if not (low.requests.shape == high.requests.shape == low.curve.shape):
-        return low.requests[:0], low.request_count[:0], low.grad_requests[:0]
-    return (
-        line(low.requests, high.requests),
-        low.request_count,
-        line(low.grad_requests, high.grad_requests),
+        requests=line(low.requests, high.requests) if with_requests else low.requests[:0],
+        request_count=low.request_count if with_requests else low.request_count[:0],
+        grad_requests=(
+            line(low.grad_requests, high.grad_requests) if with_requests else low.grad_requests[:0]
+        ),
     )
 
 

@@ -1,21 +1,4 @@
-"""The measurement an estimate is checked against: the same phases on REAL CPU tensors.
-
-:func:`measure_cpu` runs two real training updates of the module the way Lightning's automatic
-optimization does (``training_step``, ``zero_grad``, ``backward``, ``optimizer.step()``), then
-``validation_step`` in eval mode under ``torch.no_grad()`` and a checkpoint save
-(``torch.save`` of the model and optimizer state dicts to memory), each phase measured by the
-pilot's CPU :class:`~lightning_pilot.core.memory.TensorTracker` (the peak live tensor bytes,
-the state of the model included). The module is changed by the updates: pass a fresh one.
-
-Example:
-    >>> from lightning_pilot.demo import TinyCausalLM, InstructionDataModule
-    >>> data = InstructionDataModule(batch_size=4, max_length=32)
-    >>> data.setup("fit")
-    >>> batch = next(iter(data.train_dataloader()))
-    >>> peaks = measure_cpu(TinyCausalLM(max_length=32), batch, micro_batch=4, seq_len=32)
-    >>> sorted(peaks) == sorted(PHASE_ORDER)
-    True
-"""
+"""The measurement an estimate is checked against: the same phases on REAL CPU tensors."""
 
 from __future__ import annotations
 
@@ -39,8 +22,6 @@ from lightning_pilot.estimate.routing import BalancedRouting
 from lightning_pilot.estimate.session import _loss_of
 from lightning_pilot.vocabulary import ESTIMATE_PHASES, phase_label
 
-__all__ = ["PHASE_ORDER", "measure_cpu"]
-
 #: The phases of an estimate, in campaign order (forward and backward: a later update), by
 #: their :func:`~lightning_pilot.vocabulary.phase_label` (the first optimizer step:
 #: ``optimizer_step_first``): :data:`~lightning_pilot.vocabulary.ESTIMATE_PHASES`.
@@ -59,13 +40,27 @@ def measure_cpu(
     cuda: bool = False,
     balanced_routing: bool = False,
 ) -> dict[str, int]:
-    """Peak live tensor bytes per phase of two real updates, a validation step and a save.
+    """Peak live tensor bytes per phase of two real training updates as Lightning's automatic
+    optimization runs them (``training_step``, ``zero_grad``, ``backward``,
+    ``optimizer.step()``), then ``validation_step`` in eval mode under ``torch.no_grad()`` and
+    a checkpoint save (``torch.save`` of the model and optimizer state dicts to memory), each
+    measured by the pilot's CPU :class:`~lightning_pilot.core.memory.TensorTracker` (the state
+    of the model included). The updates change the module: pass a fresh one.
 
     ``cuda=True`` runs the real CPU step with the CUDA behaviour the estimate models for a GPU
     target (``Session(cuda=True)``): CUDA autocast's lists, CUDA's fused dropout, fused
     attention and the ``foreach`` optimizer default; the same code paths, on real tensors.
     ``balanced_routing=True``: a router's ``topk`` picks experts as the estimate assumes
     (:class:`~lightning_pilot.estimate.routing.BalancedRouting`).
+
+    Example:
+        >>> from lightning_pilot.demo import TinyCausalLM, InstructionDataModule
+        >>> data = InstructionDataModule(batch_size=4, max_length=32)
+        >>> data.setup("fit")
+        >>> batch = next(iter(data.train_dataloader()))
+        >>> peaks = measure_cpu(TinyCausalLM(max_length=32), batch, micro_batch=4, seq_len=32)
+        >>> sorted(peaks) == sorted(PHASE_ORDER)
+        True
     """
     owner = "measure_cpu"
     validate.integer(owner, "micro_batch", micro_batch, minimum=1)
@@ -113,44 +108,35 @@ def measure_cpu(
         tracker.adopt(state_tensors(module, [optimizer]))
         tracker.adopt(t for t in tree_flatten(data)[0] if isinstance(t, torch.Tensor))
         # Lightning holds the training batch until the next one: through the optimizer step.
-
-        def phase(name: str) -> None:
-            tracker.reset_peak()
-            peaks[name] = -1  # filled by done()
-
-        def done(name: str) -> None:
-            peaks[name] = tracker.peak_bytes
-
         for update in (1, 2):
-            phase("forward")
+            tracker.reset_peak()
             with precision_context(precision):
                 output = module.training_step(data, 0)
             loss = _loss_of(output)
             assert loss is not None
             del output
-            done("forward")
+            peaks["forward"] = tracker.peak_bytes
             optimizer.zero_grad(set_to_none=True)
-            phase("backward")
+            tracker.reset_peak()
             loss.backward()  # type: ignore[no-untyped-call]
             del loss
-            done("backward")
-            name = phase_label("optimizer_step", update == 1)
-            phase(name)
+            peaks["backward"] = tracker.peak_bytes
+            tracker.reset_peak()
             optimizer.step()
-            done(name)
+            peaks[phase_label("optimizer_step", update == 1)] = tracker.peak_bytes
         # The loop lets the training batch go before validation, which brings its own.
         val_data = tree_map(lambda v: v.clone() if isinstance(v, torch.Tensor) else v, data)
         del data
         module.eval()
-        phase("validation")
+        tracker.reset_peak()
         with torch.no_grad(), precision_context(precision):
             module.validation_step(val_data, 0)
-        done("validation")
+        peaks["validation"] = tracker.peak_bytes
         del val_data
         module.train()
-        phase("checkpoint_save")
+        tracker.reset_peak()
         buffer = io.BytesIO()
         torch.save({"state_dict": module.state_dict(), "optimizer": optimizer.state_dict()}, buffer)
-        done("checkpoint_save")
+        peaks["checkpoint_save"] = tracker.peak_bytes
         tracker.stop()
     return peaks

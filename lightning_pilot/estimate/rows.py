@@ -1,15 +1,7 @@
-"""The estimate's rows, and the :class:`Estimate` that holds them.
-
-Every row an estimate returns is made here, with its columns (``ESTIMATE_SCHEMA`` and
-``LARGEST_SCHEMA`` of :mod:`lightning_pilot.schemas`):
-
-- :func:`configuration_rows`: one per target x configuration x phase, from the precision's
-  traces, the strategy's analytic memory and time (:mod:`~lightning_pilot.estimate.strategies`),
-  the roofline's step-time band and the fits rule (:mod:`~lightning_pilot.estimate.fits`); a
-  configuration that failed gets one row that names the phase and why;
-- :func:`largest_row` and :func:`failed_largest_rows`: the ``largest`` table, one row per
-  target x precision x checkpointing, from what the searches found
-  (:mod:`~lightning_pilot.estimate.searches`).
+"""The estimate's rows (``ESTIMATE_SCHEMA`` and ``LARGEST_SCHEMA`` of
+:mod:`lightning_pilot.schemas`) and the :class:`Estimate` that holds them: one per target x
+configuration x phase (:func:`configuration_rows`; a failed configuration gets one row naming
+the phase and why), and the ``largest`` table from what the searches found.
 """
 
 from __future__ import annotations
@@ -40,15 +32,6 @@ from lightning_pilot.vocabulary import (
     phase_label,
     phase_of_label,
 )
-
-__all__ = [
-    "Estimate",
-    "configuration_rows",
-    "failed_largest_rows",
-    "largest_row",
-    "named_checkpointing",
-    "publish",
-]
 
 
 @dataclass
@@ -123,10 +106,10 @@ def configuration_rows(
         "efficiency_low": efficiency[0],
         "efficiency_high": efficiency[1],
     }
-    mixed = low is not None and strategy.kind == "fsdp"
+    if strategy.kind != "fsdp":
+        low = None
     failure = traces.error or traces.failed.get(checkpointing)
-    if failure is None and mixed:
-        assert low is not None
+    if failure is None and low is not None:
         failure = low.error or low.failed.get(checkpointing)
         if failure is not None:
             failure = (failure[0], failure[1], f"{low.precision} (FSDP's compute): {failure[2]}")
@@ -135,8 +118,7 @@ def configuration_rows(
         phase, first = _phase_pair(label)
         return [{**common, "phase": phase, "first": first, "status": status, "reason": reason}]
     phases = phase_traces(traces, key)
-    if mixed:
-        assert low is not None
+    if low is not None:
         phases = fsdp_mixed(phases, phase_traces(low, key), traces, low)
     update = [phases[p][0] for p in ("forward", "backward", "optimizer_step")]
     flops = int(sum(int(t.flops.sum()) for t in update))

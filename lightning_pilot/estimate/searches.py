@@ -1,18 +1,9 @@
-"""The largest sizes that fit each target, per precision and checkpointing, on one GPU.
-
-:func:`search_largest` runs in the precision's open :class:`Session`, after the grid's traces:
-
-- the largest micro-batch at the grid's longest sequence: every operator's live bytes are
-  affine in the micro-batch (two traced micro-batches that ran the same operators), so the
-  need at any micro-batch is predicted and bisected up to ``max_micro_batch``;
-- the largest sequence length at the grid's smallest micro-batch (a batch of token ids): the
-  live bytes are quadratic in the length (attention's T x T terms), predicted from three
-  traced lengths (:func:`_lagrange`) and bisected in steps of ``seq_step`` up to the module's
-  declared bound (:func:`sequence_bound`) or ``max_seq_len``.
-
-With ``verify_largest``, each answer is confirmed by tracing it and the next step
-(:func:`settle`). What a search finds is a :class:`BatchFound` or :class:`SeqFound`; the
-largest table's rows are made of them in :mod:`~lightning_pilot.estimate.rows`.
+"""The largest sizes that fit each target, per precision and checkpointing, on one GPU:
+:func:`search_largest`, in the precision's open :class:`Session` after the grid's traces. The
+largest micro-batch at the longest sequence is predicted affine in the micro-batch (two traced
+micro-batches that ran the same operators); the largest sequence length at the smallest
+micro-batch quadratic in the length (three traced lengths, :func:`_lagrange`). Each answer is
+bisected, then with ``verify_largest`` confirmed by tracing it and the next step (:func:`settle`).
 """
 
 from __future__ import annotations
@@ -28,23 +19,10 @@ import torch
 
 from lightning_pilot.estimate.fits import fixed_phases_need, need
 from lightning_pilot.estimate.job import Ckpt, GridJob
-from lightning_pilot.estimate.precision_traces import (
-    PrecisionTraces,
-    later_extra,
-    matching_pair,
-)
+from lightning_pilot.estimate.precision_traces import PrecisionTraces, later_extra, matching_pair
 from lightning_pilot.estimate.recorder import PhaseTrace
 from lightning_pilot.estimate.session import Session
 from lightning_pilot.estimate.targets import Target
-
-__all__ = [
-    "VERIFY_TRACES",
-    "BatchFound",
-    "SeqFound",
-    "search_largest",
-    "sequence_bound",
-    "settle",
-]
 
 #: The most traces :func:`settle` takes to confirm a predicted largest size.
 VERIFY_TRACES: Final = 12
@@ -62,9 +40,8 @@ _POSITION_LIMITS: Final = (
 
 @dataclass(frozen=True)
 class BatchFound:
-    """What the largest micro-batch search found for one target and checkpointing: a
-    ``status`` (``ok``, ``not_estimated``, or the failure's) and its ``reason``; when it ran,
-    the ``largest`` micro-batch, the ``method`` and whether tracing ``checked`` it."""
+    """The largest micro-batch search's finding for one target and checkpointing (``status``:
+    ``ok``, ``not_estimated`` or the failure's); the sizes only when it ran."""
 
     status: str
     reason: str | None
@@ -75,9 +52,8 @@ class BatchFound:
 
 @dataclass(frozen=True)
 class SeqFound:
-    """What the largest sequence length search found for one target and checkpointing, at
-    ``micro_batch`` up to ``bound``: its ``reason`` and, when it ran, the ``largest`` length,
-    the ``method`` and whether tracing ``checked`` it."""
+    """The largest sequence length search's finding for one target and checkpointing, at
+    ``micro_batch`` up to ``bound``; the sizes only when it ran."""
 
     micro_batch: int
     bound: int
@@ -118,12 +94,7 @@ def settle(fits: Callable[[int], bool], start: int, cap: int) -> tuple[int, bool
     """The largest ``b`` up to ``cap`` with ``fits(b)`` (each call a trace), from the
     prediction ``start``: it must fit and ``start + 1`` must not; when one disagrees, the
     boundary is bracketed by doubling steps and bisected (at most :data:`VERIFY_TRACES`
-    calls). ``(largest, settled)``.
-
-    Example:
-        >>> settle(lambda b: b <= 37, 40, 1024)
-        (37, True)
-    """
+    calls). ``(largest, settled)``."""
     cache: dict[int, bool] = {}
 
     def check(b: int) -> bool:
@@ -156,13 +127,7 @@ def sequence_bound(module: torch.nn.Module) -> int | None:
     """The longest sequence ``module`` declares it accepts: the smallest positive integer
     ``max_position_embeddings``, ``n_positions``, ``max_seq_len``, ``max_length`` or
     ``max_target_positions`` (Whisper's decoder) of any submodule or its ``config``; ``None``
-    when none declares one.
-
-    Example:
-        >>> from lightning_pilot.demo import TinyCausalLM
-        >>> sequence_bound(TinyCausalLM(max_length=32))
-        32
-    """
+    when none declares one."""
     found: list[int] = []
     for sub in module.modules():
         for owner in (sub, getattr(sub, "config", None)):
@@ -191,8 +156,10 @@ def _ceil(value: Any) -> int:
     return math.ceil(float(value) - 1e-6)
 
 
-def _affine(low: int, high: int, low_x: int, high_x: int, x: int) -> int:
-    return low + (high - low) * (x - low_x) // (high_x - low_x)
+def _affine(low: Any, high: Any, base: tuple[int, int], x: int) -> Any:
+    """The line through ``low`` at ``base[0]`` and ``high`` at ``base[1]`` (arrays element by
+    element) at ``x``, floored."""
+    return low + (high - low) * (x - base[0]) // (base[1] - base[0])
 
 
 class _Search:
@@ -270,44 +237,41 @@ class _Search:
         """The most memory any phase needs at ``micro_batch``: every operator's live bytes
         moved linearly from the two base traces (``None`` when they ran different
         operators)."""
-        traces, seq_len = self.traces, self.job.longest
-        low_x, high_x = base
-        train_low = traces.resolved_train[(ckpt, seq_len, low_x)][0]
-        train_high = traces.resolved_train[(ckpt, seq_len, high_x)][0]
-        pairs = [
-            (
-                train_low["forward"],
-                train_high["forward"],
-                sum(later_extra(train_low["forward"], traces).values()),
-            ),
-            (
-                train_low["backward"],
-                train_high["backward"],
-                sum(later_extra(train_low["backward"], traces).values()),
-            ),
-            (
-                traces.resolved_validation[(seq_len, low_x)][0],
-                traces.resolved_validation[(seq_len, high_x)][0],
-                0,
-            ),
-        ]
-        worst = 0
-        for low, high, extra in pairs:
+        lows, highs = (self._resolved(ckpt, b) for b in base)
+        peaks, segments = [], []
+        for low, high in zip(lows, highs, strict=True):
             if low.signature != high.signature or low.curve.shape != high.curve.shape:
                 return None
-            curve = low.curve + (high.curve - low.curve) * (micro_batch - low_x) // (high_x - low_x)
-            start = _affine(low.start_bytes, high.start_bytes, low_x, high_x, micro_batch)
-            peak = max(int(curve.max()), start) + extra + tgt.workspace_bytes
-            segments = _affine(low.segment_bytes, high.segment_bytes, low_x, high_x, micro_batch)
-            worst = max(worst, need(peak, segments + extra, tgt))
-        batch_bytes = _affine(
-            train_low["forward"].categories["batch"],
-            train_high["forward"].categories["batch"],
-            low_x,
-            high_x,
-            micro_batch,
-        )
-        return max(worst, fixed_phases_need(traces, tgt, batch_bytes))
+            curve = _affine(low.curve, high.curve, base, micro_batch)
+            start = _affine(low.start_bytes, high.start_bytes, base, micro_batch)
+            peaks.append(max(int(curve.max()), start))
+            segments.append(_affine(low.segment_bytes, high.segment_bytes, base, micro_batch))
+        batch = [phase.categories["batch"] for phase in (lows[0], highs[0])]
+        return self._need(tgt, lows, peaks, segments, _affine(*batch, base, micro_batch))
+
+    def _resolved(self, ckpt: Ckpt, micro_batch: int) -> list[PhaseTrace]:
+        """Forward, backward and validation at the longest sequence, as the grid resolved them."""
+        seq_len = self.job.longest
+        train = self.traces.resolved_train[(ckpt, seq_len, micro_batch)][0]
+        validation = self.traces.resolved_validation[(seq_len, micro_batch)][0]
+        return [train["forward"], train["backward"], validation]
+
+    def _need(
+        self,
+        tgt: Target,
+        phases: Sequence[PhaseTrace],
+        peaks: Sequence[int],
+        segments: Sequence[int],
+        batch_bytes: int,
+    ) -> int:
+        """The most memory any phase needs: forward, backward and validation (``phases``) at
+        ``peaks`` and ``segments``, the passes with what a later update holds beside them, and
+        the phases without activations with the training batch of ``batch_bytes``."""
+        worst = 0
+        for index, (trace, peak, segment) in enumerate(zip(phases, peaks, segments, strict=True)):
+            extra = sum(later_extra(trace, self.traces).values()) if index < 2 else 0
+            worst = max(worst, need(peak + extra + tgt.workspace_bytes, segment + extra, tgt))
+        return max(worst, fixed_phases_need(self.traces, tgt, batch_bytes))
 
     # -- traced sizes -----------------------------------------------------------------------
 
@@ -334,18 +298,11 @@ class _Search:
 
     def _traced_need(self, tgt: Target, ckpt: Ckpt, seq_len: int | None, micro_batch: int) -> int:
         """The most memory any phase needs at ``micro_batch``, traced."""
-        traces = self.traces
         train, val = self._phases_at(ckpt, seq_len, micro_batch)
-        worst = 0
-        for trace, extra in (
-            (train["forward"], sum(later_extra(train["forward"], traces).values())),
-            (train["backward"], sum(later_extra(train["backward"], traces).values())),
-            (val, 0),
-        ):
-            peak = trace.peak_bytes + extra + tgt.workspace_bytes
-            worst = max(worst, need(peak, trace.segment_bytes + extra, tgt))
-        batch_bytes = train["forward"].categories["batch"]
-        return max(worst, fixed_phases_need(traces, tgt, batch_bytes))
+        phases = [train["forward"], train["backward"], val]
+        peaks = [trace.peak_bytes for trace in phases]
+        segments = [trace.segment_bytes for trace in phases]
+        return self._need(tgt, phases, peaks, segments, train["forward"].categories["batch"])
 
     # -- the largest sequence length --------------------------------------------------------
 
@@ -424,18 +381,15 @@ class _Search:
         start, the allocator's segments and the batch) through the polynomial of the traced
         sequence lengths ``points`` (three: quadratic, as attention's T x T terms are);
         ``None`` when they ran different operators."""
-        traces = self.traces
         xs = sorted(points)
-        worst = 0
+        peaks, segments = [], []
         for index in range(3):  # forward, backward, validation
             phases = [points[x][index] for x in xs]
             if len({(p.signature, p.curve.shape) for p in phases}) != 1:
                 return None
             curve = _lagrange(xs, [p.curve for p in phases], seq_len)
             start = _lagrange(xs, [p.start_bytes for p in phases], seq_len)
-            extra = sum(later_extra(phases[0], traces).values()) if index < 2 else 0
-            peak = _ceil(max(float(curve.max(initial=0)), float(start))) + extra
-            segments = _ceil(_lagrange(xs, [p.segment_bytes for p in phases], seq_len))
-            worst = max(worst, need(peak + tgt.workspace_bytes, segments + extra, tgt))
+            peaks.append(_ceil(max(float(curve.max(initial=0)), float(start))))
+            segments.append(_ceil(_lagrange(xs, [p.segment_bytes for p in phases], seq_len)))
         batch = _ceil(_lagrange(xs, [points[x][0].categories["batch"] for x in xs], seq_len))
-        return max(worst, fixed_phases_need(traces, tgt, batch))
+        return self._need(tgt, points[xs[0]], peaks, segments, batch)

@@ -637,3 +637,10 @@ def test_grid_job_holds_the_checked_arguments() -> None:
     assert (job.base, job.traced) == ((2, 4), ("bf16-mixed", "bf16-true"))
     checked = check_arguments("estimate", {"strategies": ["ddp:2"], "largest": False})
     assert checked == {"strategies": (Strategy("ddp", 2),), "largest": False}
+
+
+def test_settle_corrects_a_prediction_by_tracing_and_the_sequence_bound() -> None:
+    from lightning_pilot.estimate.searches import sequence_bound, settle
+
+    assert settle(lambda b: b <= 37, 40, 1024) == (37, True)
+    assert sequence_bound(TinyCausalLM(max_length=32)) == 32
