@@ -233,12 +233,12 @@ def failures_recorded(traces: PrecisionTraces, session: Session) -> Iterator[Non
         cause = err.__cause__
         traces.error = ("error", _FIRST_STEP, str(err))
         traces.exception = cause if isinstance(cause, Exception) else err
-    except UntraceableError as err:
-        traces.error = ("untraceable", session.recorder._phase or traces.phase, str(err))
-        traces.exception = err
     except Exception as err:  # the user's code: every failure becomes a row, never a crash
         where = session.recorder._phase or traces.phase
-        traces.error = ("error", where, f"{type(err).__name__}: {err}")
+        if isinstance(err, UntraceableError):
+            traces.error = ("untraceable", where, str(err))
+        else:
+            traces.error = ("error", where, f"{type(err).__name__}: {err}")
         traces.exception = err
 
 

@@ -115,7 +115,11 @@ def configuration_rows(
             failure = (failure[0], failure[1], f"{low.precision} (FSDP's compute): {failure[2]}")
     if failure is not None:
         status, label, reason = failure
-        phase, first = _phase_pair(label)
+        first: bool | None
+        try:
+            phase, first = phase_of_label(label)
+        except ValueError:  # a phase outside the phase table (the user's code's ``setup``)
+            phase, first = label, None
         return [{**common, "phase": phase, "first": first, "status": status, "reason": reason}]
     phases = phase_traces(traces, key)
     if low is not None:
@@ -201,27 +205,6 @@ def _gradient_cache(
     ]
 
 
-def _phase_pair(label: str) -> tuple[str, bool | None]:
-    """``(phase, first)`` of a failure's phase label; a phase outside the phase table's names
-    (``setup`` of the user's code is one of them) keeps its name, ``first`` null."""
-    try:
-        return phase_of_label(label)
-    except ValueError:
-        return label, None
-
-
-def _largest_key(precision: str, tgt: Target, ckpt: Ckpt, seq_len: int | None) -> dict[str, Any]:
-    """What names a row of the largest table: one GPU, at the grid's longest sequence."""
-    return {
-        "target": tgt.name,
-        "precision": precision,
-        "checkpointing": ckpt,
-        "strategy": "single",
-        "devices": 1,
-        "seq_len": seq_len,
-    }
-
-
 def largest_row(
     precision: str,
     tgt: Target,
@@ -230,10 +213,19 @@ def largest_row(
     found: BatchFound,
     seq: SeqFound | None,
 ) -> dict[str, Any]:
-    """The largest table's row of one target, precision and checkpointing: what the
-    micro-batch search ``found`` and, for a batch with a sequence dimension, what the
-    sequence length search found (``seq``). A search that did not run leaves its sizes out."""
-    row = {**_largest_key(precision, tgt, ckpt, seq_len), "status": found.status}
+    """The largest table's row of one target, precision and checkpointing (one GPU, at the
+    grid's longest sequence): what the micro-batch search ``found`` and, for a batch with a
+    sequence dimension, the sequence length search (``seq``). A search that did not run leaves
+    its sizes out."""
+    row = {
+        "target": tgt.name,
+        "precision": precision,
+        "checkpointing": ckpt,
+        "strategy": "single",
+        "devices": 1,
+        "seq_len": seq_len,
+        "status": found.status,
+    }
     if found.largest is not None:
         row.update(largest_micro_batch=found.largest, method=found.method, checked=found.checked)
     row["reason"] = found.reason
@@ -254,12 +246,9 @@ def failed_largest_rows(traces: PrecisionTraces, job: GridJob) -> list[dict[str,
     checkpointing with the failure's status and reason."""
     assert traces.error is not None
     status, _, reason = traces.error
+    failed = BatchFound(status, reason)
     return [
-        {
-            **_largest_key(traces.precision, tgt, ckpt, job.longest),
-            "status": status,
-            "reason": reason,
-        }
+        largest_row(traces.precision, tgt, ckpt, job.longest, failed, None)
         for tgt in job.targets
         for ckpt in job.checkpointing
     ]

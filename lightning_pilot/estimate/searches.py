@@ -162,13 +162,13 @@ def _affine(low: Any, high: Any, base: tuple[int, int], x: int) -> Any:
     return low + (high - low) * (x - base[0]) // (base[1] - base[0])
 
 
+@dataclass
 class _Search:
     """The searches of one precision: its open session, its traces and the job."""
 
-    def __init__(self, session: Session, traces: PrecisionTraces, job: GridJob) -> None:
-        self.session = session
-        self.traces = traces
-        self.job = job
+    session: Session
+    traces: PrecisionTraces
+    job: GridJob
 
     # -- the largest micro-batch ------------------------------------------------------------
 
