@@ -128,16 +128,14 @@ def sequence_bound(module: torch.nn.Module) -> int | None:
     ``max_position_embeddings``, ``n_positions``, ``max_seq_len``, ``max_length`` or
     ``max_target_positions`` (Whisper's decoder) of any submodule or its ``config``; ``None``
     when none declares one."""
-    found: list[int] = []
-    for sub in module.modules():
-        for owner in (sub, getattr(sub, "config", None)):
-            if owner is None:
-                continue
-            for name in _POSITION_LIMITS:
-                value = getattr(owner, name, None)
-                if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-                    found.append(value)
-    return min(found) if found else None
+    found = [
+        value
+        for sub in module.modules()
+        for owner in (sub, getattr(sub, "config", None))
+        for value in (getattr(owner, name, None) for name in _POSITION_LIMITS)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0
+    ]
+    return min(found, default=None)
 
 
 def _lagrange(xs: Sequence[int], values: Sequence[Any], x: int) -> Any:

@@ -20,12 +20,10 @@ from lightning_pilot.estimate.targets import Target
 if TYPE_CHECKING:
     from lightning_pilot.estimate.precision_traces import PrecisionTraces
 
-#: The precision FSDP's mixed-precision policy computes in, per mixed precision: Lightning's
-#: ``FSDPStrategy`` gives FSDP ``MixedPrecision(param_dtype=...)`` of the precision's low
-#: dtype (FSDP2: ``MixedPrecisionPolicy(param_dtype=...)``), so the gathered parameters and
-#: the activations are in that dtype, without autocast's copies of the weights, while the
-#: sharded parameters, their gradients and the optimizer state stay float32. The batch's
-#: phases are traced in ``bf16-true`` for both (float16 has bfloat16's size and speed).
+#: The precision FSDP computes in, per mixed precision: Lightning's ``FSDPStrategy`` gives FSDP
+#: ``MixedPrecision(param_dtype=...)`` of the low dtype, so the gathered parameters and the
+#: activations are in it (no autocast copies of the weights) while the sharded state stays
+#: float32; traced in ``bf16-true`` for both (float16 has bfloat16's size and speed).
 FSDP_COMPUTE: Final = {"bf16-mixed": "bf16-true", "16-mixed": "bf16-true"}
 _STATE: Final = ("param", "buffer", "grad", "optimizer_state")
 
@@ -70,9 +68,7 @@ class Strategy:
 def unit_bytes(module: torch.nn.Module, wrap: tuple[Any, ...], itemsize: int) -> tuple[int, int]:
     """(largest FSDP unit, parameters outside every unit) in bytes of ``itemsize``: the units
     are the ``wrap`` classes (or class names) and the Hugging Face ``_no_split_modules``."""
-    names = set(getattr(module, "_no_split_modules", None) or [])
-    for sub in module.modules():
-        names.update(getattr(sub, "_no_split_modules", None) or [])
+    names = {n for sub in module.modules() for n in getattr(sub, "_no_split_modules", None) or []}
     classes = tuple(c for c in wrap if isinstance(c, type))
     names.update(c for c in wrap if isinstance(c, str))
 
@@ -87,12 +83,7 @@ def unit_bytes(module: torch.nn.Module, wrap: tuple[Any, ...], itemsize: int) ->
         params = list(sub.parameters())
         inside.update(id(p) for p in params)
         largest = max(largest, sum(p.numel() for p in params) * itemsize)
-    seen: set[int] = set()
-    root = 0
-    for param in module.parameters():
-        if id(param) not in inside and id(param) not in seen:
-            seen.add(id(param))
-            root += param.numel() * itemsize
+    root = sum(p.numel() for p in module.parameters() if id(p) not in inside) * itemsize
     if largest == 0:  # no unit: the whole module is one
         return root, 0
     return largest, root

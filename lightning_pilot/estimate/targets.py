@@ -187,9 +187,8 @@ TARGETS: Final[dict[str, Target]] = {
             source="NVIDIA H100 datasheet, PCIe",
             memory_source=_H100_80_SOURCE + " (no report naming the PCIe card found)",
         ),
-        # NVIDIA H200 datasheet (SXM): compute as H100 SXM, 141 GB HBM3e, 4.8 TB/s. The device
-        # reports 143,156 MiB (139.8 GiB): "_CudaDeviceProperties(name='NVIDIA H200', ...,
-        # total_memory=143156MB" (PyTorch prints MiB as "MB").
+        # NVIDIA H200 datasheet (SXM): compute as H100 SXM, 141 GB HBM3e, 4.8 TB/s. PyTorch
+        # prints total_memory's MiB as "MB".
         _t(
             "H200-SXM-141GB",
             143156 * _MIB,
@@ -205,9 +204,7 @@ TARGETS: Final[dict[str, Target]] = {
             ),
         ),
         # NVIDIA A100 Tensor Core GPU datasheet: FP32 19.5, TF32 156, BF16/FP16 312 (dense);
-        # 80GB SXM 2,039 GB/s, 40GB 1,555 GB/s; NVLink 600 GB/s. The 80GB reports 81,051 MiB
-        # (Ultralytics prints torch's total_memory in MiB: "CUDA:0 (NVIDIA A100-SXM4-80GB,
-        # 81051MiB)", torch 2.9.1+cu128, CUDA 12.8); nvidia-smi shows 81,920.
+        # 80GB SXM 2,039 GB/s, 40GB 1,555 GB/s; NVLink 600 GB/s. nvidia-smi shows 81,920 MiB.
         _t(
             "A100-SXM-80GB",
             81051 * _MIB,
@@ -220,9 +217,7 @@ TARGETS: Final[dict[str, Target]] = {
                 " torch 2.9.1+cu128: https://github.com/ultralytics/ultralytics/issues/22877"
             ),
         ),
-        # deviceQuery on eight A100-SXM4-40GB, driver CUDA 12.2 (R535), ECC enabled: "Total
-        # amount of global memory: 40339 MBytes (42298834944 bytes)". A 2021 report under an
-        # older driver read 40,537 MiB (ultralytics/yolov5#3360).
+        # A 2021 report under an older driver read 40,537 MiB (ultralytics/yolov5#3360).
         _t(
             "A100-40GB",
             42298834944,
@@ -236,8 +231,7 @@ TARGETS: Final[dict[str, Target]] = {
             ),
         ),
         # NVIDIA L40S datasheet: FP32 91.6, TF32 366 sparse, BF16/FP16 733 sparse, 864 GB/s,
-        # 48 GB GDDR6 with ECC, PCIe Gen4 x16. PyTorch reports 44.53 GiB (ECC on GDDR6 takes a
-        # sixteenth: nvidia-smi shows 46,068 MiB of 49,152).
+        # 48 GB GDDR6 with ECC (a sixteenth: nvidia-smi shows 46,068 MiB of 49,152), PCIe Gen4.
         _t(
             "L40S-48GB",
             _gib(44.53),
@@ -251,8 +245,7 @@ TARGETS: Final[dict[str, Target]] = {
             ),
         ),
         # NVIDIA L4 datasheet: FP32 30.3, TF32 120 sparse, BF16/FP16 242 sparse, 300 GB/s,
-        # 24 GB GDDR6, PCIe Gen4 x16. No report of torch's total_memory was found: nvidia-smi's
-        # total, 23,034 MiB (ECC on), an upper bound of it (module docstring).
+        # 24 GB GDDR6 (ECC on), PCIe Gen4 x16.
         _t(
             "L4-24GB",
             23034 * _MIB,
@@ -267,7 +260,6 @@ TARGETS: Final[dict[str, Target]] = {
         ),
         # AWS's A10G has no NVIDIA datasheet of its own: these are the NVIDIA A10 datasheet's
         # figures (FP32 31.2, TF32 62.5, BF16/FP16 125 dense, 600 GB/s, 24 GB), an upper bound.
-        # PyTorch on a g5.12xlarge (four A10G) reports "22.20 GiB total capacity".
         _t(
             "A10G-24GB",
             _gib(22.20),
@@ -281,8 +273,8 @@ TARGETS: Final[dict[str, Target]] = {
             ),
         ),
         # NVIDIA Ada GPU architecture whitepaper, GeForce RTX 4090: FP32 82.6, TF32 82.6,
-        # FP16/BF16 tensor with FP32 accumulate 165.2 (dense), GDDR6X 1,008 GB/s, 24 GB.
-        # deviceQuery, driver CUDA 12.4, ECC off: "24210 MBytes (25386352640 bytes)".
+        # FP16/BF16 tensor with FP32 accumulate 165.2 (dense), GDDR6X 1,008 GB/s, 24 GB; ECC was
+        # off in the cited deviceQuery.
         _t(
             "RTX-4090-24GB",
             25386352640,
