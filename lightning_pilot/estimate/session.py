@@ -86,9 +86,10 @@ class Session:
     CUDA). ``cuda=True`` runs the step as on CUDA: the optimizer's ``foreach`` default, fused
     attention saving no T x T matrix (:func:`cuda_attention`), CUDA autocast's lists
     (:func:`cuda_autocast`) and fused dropout (:func:`cuda_dropout`). ``blocks=True``: with a
-    repeated block list (:func:`repeated_blocks`: Llama's ``model.layers``, GPT-2's
-    ``transformer.h``), ``train_phases`` and ``validation_phase`` trace it cut to :data:`CUTS`
-    blocks and extrapolate (:func:`extrapolate_blocks`), else trace in full with a note.
+    repeated block list of :data:`MIN_BLOCKS` or more (:func:`repeated_blocks`: Llama's
+    ``model.layers``, GPT-2's ``transformer.h``), ``train_phases`` and ``validation_phase``
+    trace it cut to :data:`CUTS` blocks and extrapolate (:func:`extrapolate_blocks`), else
+    trace in full with a note.
 
     Example:
         >>> from lightning_pilot.demo import TinyCausalLM
