@@ -386,9 +386,9 @@ def test_parse_size_takes_ascii_digits_only() -> None:
 def test_sheet_counts_an_update_run_again_by_a_later_attempt_once(tmp_path: Path) -> None:
     """Attempt 2 resumed from an earlier checkpoint runs updates 3 and 4 again: the sheet
     counts the trajectory's examples once, and says how many the replay added."""
-    from lightning_pilot.callbacks.effective_batch_accountant import UPDATES_SCHEMA
     from lightning_pilot.report import choice_sheet
     from lightning_pilot.run import PilotRun
+    from lightning_pilot.schemas import UPDATES_SCHEMA
 
     first = PilotRun(default_out_dir=tmp_path)
     second = PilotRun(default_out_dir=tmp_path)

@@ -20,7 +20,6 @@ if TYPE_CHECKING:
     from lightning_pilot.callbacks.batch_inspector import BatchInspector
     from lightning_pilot.callbacks.divergence_ledger import (
         DivergenceLedger,
-        Heartbeat,
         RepeatedVariantError,
         RepeatedVariantWarning,
     )
@@ -29,6 +28,7 @@ if TYPE_CHECKING:
     from lightning_pilot.callbacks.phase_memory_monitor import PhaseCheckError, PhaseMemoryMonitor
     from lightning_pilot.callbacks.prediction_writer import ValidationPredictionWriter
     from lightning_pilot.callbacks.target_estimator import TargetEstimator
+    from lightning_pilot.core.ledger_records import Heartbeat
     from lightning_pilot.resume import ResumeVerifier
     from lightning_pilot.run import PilotCallback
 
@@ -100,7 +100,7 @@ REGISTRY: Final = (
 
 #: Other public names of the callback modules.
 _OTHERS: Final = {
-    "Heartbeat": f"{_HERE}.divergence_ledger",
+    "Heartbeat": "lightning_pilot.core.ledger_records",
     "PhaseCheckError": f"{_HERE}.phase_memory_monitor",
     "RepeatedVariantError": f"{_HERE}.divergence_ledger",
     "RepeatedVariantWarning": f"{_HERE}.divergence_ledger",

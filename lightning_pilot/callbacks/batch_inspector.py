@@ -299,9 +299,6 @@ class BatchInspector(PilotCallback):
             rank_zero_info(line)
 
 
-_PROMPT_OPTIONS = ("response_mask_key", "prompt_length_key", "response_template")
-
-
 def _prompt_spec(
     response_mask_key: object, prompt_length_key: object, response_template: object
 ) -> PromptSpec | None:
@@ -330,11 +327,11 @@ def _prompt_spec(
             )
         template = tuple(int(token) for token in response_template)
     given = {**keys, "response_template": template}
-    named = [name for name in _PROMPT_OPTIONS if given[name] is not None]
+    named = [name for name, value in given.items() if value is not None]
     if len(named) > 1:
         shown = ", ".join(f"{name}={given[name]!r}" for name in named)
         raise ValueError(
-            f"BatchInspector({shown}) is invalid: expected one of {', '.join(_PROMPT_OPTIONS)}"
+            f"BatchInspector({shown}) is invalid: expected one of {', '.join(given)}"
             " at most (each says where the prompt is)."
         )
     if not named:

@@ -12,7 +12,7 @@ from torch.nn.functional import cross_entropy
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_pilot import PhaseMemoryMonitor, read_phase_table
-from lightning_pilot.callbacks.batch_inspector import EXAMPLES_SCHEMA, BatchInspector
+from lightning_pilot.callbacks.batch_inspector import BatchInspector
 from lightning_pilot.core.batches import BatchAdapter
 from lightning_pilot.core.label_checks import CausalLMWatch
 from lightning_pilot.demo import (
@@ -23,6 +23,7 @@ from lightning_pilot.demo import (
     decode,
     example_group,
 )
+from lightning_pilot.schemas import EXAMPLES_SCHEMA
 from lightning_pilot.storage import read_snapshot_table
 
 REMEDY = "If the check fails: fix the dataset or the transform"

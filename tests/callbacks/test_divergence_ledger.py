@@ -19,12 +19,9 @@ from lightning.pytorch.demos.boring_classes import BoringModel, RandomDataset
 
 from lightning_pilot import storage
 from lightning_pilot.callbacks import DivergenceLedger
-from lightning_pilot.callbacks.divergence_ledger import (
-    Heartbeat,
-    RepeatedVariantError,
-    RepeatedVariantWarning,
-)
+from lightning_pilot.callbacks.divergence_ledger import RepeatedVariantError, RepeatedVariantWarning
 from lightning_pilot.core.divergence import DivergenceRules
+from lightning_pilot.core.ledger_records import Heartbeat
 from lightning_pilot.demo import InstructionDataModule, TinyCausalLM
 from lightning_pilot.ledger import Ledger
 

@@ -22,9 +22,9 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_pilot import storage
 from lightning_pilot.callbacks import EffectiveBatchAccountant
-from lightning_pilot.callbacks.effective_batch_accountant import UPDATES_SCHEMA
 from lightning_pilot.core.batches import BatchAdapter
 from lightning_pilot.demo import InstructionDataModule, TinyCausalLM
+from lightning_pilot.schemas import UPDATES_SCHEMA
 
 WORKER = Path(__file__).parents[1] / "workers" / "ddp_accountant.py"
 

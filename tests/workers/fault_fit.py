@@ -56,7 +56,7 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from lightning_pilot.callbacks.divergence_ledger import Heartbeat
+from lightning_pilot.core.ledger_records import Heartbeat
 from lightning_pilot.demo import (
     ClassificationDataModule,
     InstructionDataModule,

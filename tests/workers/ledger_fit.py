@@ -27,8 +27,8 @@ import torch
 from lightning.pytorch.demos.boring_classes import BoringModel, RandomDataset
 
 from lightning_pilot.callbacks import DivergenceLedger
-from lightning_pilot.callbacks.divergence_ledger import Heartbeat
 from lightning_pilot.core.divergence import DivergenceRules
+from lightning_pilot.core.ledger_records import Heartbeat
 
 
 class Scripted(BoringModel):
