@@ -1,10 +1,6 @@
-"""The grid: targets x precision x micro-batch x sequence length x checkpointing x strategy.
-
-:func:`estimate` checks its arguments once (:mod:`~lightning_pilot.estimate.job`); each
-precision is traced in one :class:`Session`, in a forked worker or here
-(:func:`~lightning_pilot.estimate.precision_traces.trace_grid`), its largest sizes searched
-(:func:`~lightning_pilot.estimate.searches.search_largest`), then the rows made
-(:mod:`~lightning_pilot.estimate.rows`).
+"""The grid: targets x precision x micro-batch x sequence length x checkpointing x strategy,
+each precision traced in one :class:`Session`, in a forked worker or here, its largest sizes
+searched, then the rows made.
 """
 
 from __future__ import annotations
@@ -285,10 +281,7 @@ def trace_configuration(
         blocks=validate.boolean(owner, "blocks", blocks),
         device=device,
     )
-    traces = PrecisionTraces(precision)
-    session = Session.from_job(job, precision)
-    with failures_recorded(traces, session), session:
-        trace_grid(session, traces, job)
+    traces, _ = _precision_job(job, precision, keep_exception=True)
     if traces.exception is not None:
         raise traces.exception
     key = (checkpointing, seq_len, micro_batch)

@@ -60,15 +60,6 @@ class GridJob:
     device: str = "cuda"
 
     @functools.cached_property
-    def base(self) -> tuple[int, ...]:
-        """The two micro-batches traced for extrapolation: the two smallest from 2 up (a
-        micro-batch of 1 often runs other operators: broadcasts, squeezes), else the
-        smallest."""
-        ordered = sorted(set(self.micro_batches))
-        above = [b for b in ordered if b >= 2]
-        return tuple(above[:2] if len(above) >= 2 else ordered[:2])
-
-    @functools.cached_property
     def fsdp_compute(self) -> dict[str, str]:
         """Precision -> the precision FSDP's mixed-precision policy computes in
         (:data:`~.strategies.FSDP_COMPUTE`), when a strategy is ``fsdp``."""
@@ -100,9 +91,11 @@ class GridJob:
 
     @functools.cached_property
     def search_base(self) -> tuple[int, ...]:
-        """The two micro-batches the largest micro-batch is predicted from (from 2 up)."""
-        base = self.base
-        return base if len(base) == 2 and base[0] >= 2 else (2, 4)
+        """The two micro-batches the largest micro-batch is predicted from: the grid's two
+        smallest from 2 up (a micro-batch of 1 often runs other operators: broadcasts,
+        squeezes), else (2, 4)."""
+        above = sorted({b for b in self.micro_batches if b >= 2})
+        return tuple(above[:2]) if len(above) >= 2 else (2, 4)
 
     @functools.cached_property
     def configs(self) -> tuple[Config, ...]:

@@ -140,9 +140,9 @@ def configuration_rows(
     rows = []
     for phase, first in ESTIMATE_PHASES:
         trace, method = phases[phase_label(phase, first)]
-        analytic, segments, strategy_note = strategy_memory(trace, strategy, traces)
+        analytic, strategy_note = strategy_memory(trace, strategy, traces)
         allocated = trace.peak_bytes + tgt.workspace_bytes + analytic
-        live = trace.segment_bytes + tgt.workspace_bytes + segments
+        live = trace.segment_bytes + tgt.workspace_bytes + analytic
         cached, cache_note = _gradient_cache(phase, trace, traces, shards)
         # The allowance covers free pieces of the live blocks' segments; the cached gradient
         # blocks hold no live block, so they come on top.

@@ -194,8 +194,9 @@ class _Search:
 
         first = need_at(1)
         if first is None:
-            why = "the two traced micro-batches ran different operators"
-            return BatchFound("not_estimated", why)
+            return BatchFound(
+                "not_estimated", "the two traced micro-batches ran different operators"
+            )
         if first > tgt.memory_bytes:
             checked = verify and self._traced_need(tgt, ckpt, seq_len, 1) > tgt.memory_bytes
             return BatchFound(
@@ -280,19 +281,15 @@ class _Search:
         search step, else traced now (and kept for the next step)."""
         traces, session, batch = self.traces, self.session, self.job.batch
         key = (ckpt, seq_len, micro_batch)
-        found = traces.searched.get(key)
-        if found is not None:
-            return found
-        train = traces.train.get(key)
-        if train is None:
-            train = session.train_phases(
+        if key not in traces.searched:
+            train = traces.train.get(key) or session.train_phases(
                 batch, micro_batch=micro_batch, seq_len=seq_len, checkpointing=ckpt
             )
-        val = traces.validation.get((seq_len, micro_batch))
-        if val is None:
-            val = session.validation_phase(batch, micro_batch=micro_batch, seq_len=seq_len)
-        traces.searched[key] = (train, val)
-        return train, val
+            val = traces.validation.get((seq_len, micro_batch)) or session.validation_phase(
+                batch, micro_batch=micro_batch, seq_len=seq_len
+            )
+            traces.searched[key] = (train, val)
+        return traces.searched[key]
 
     def _traced_need(self, tgt: Target, ckpt: Ckpt, seq_len: int | None, micro_batch: int) -> int:
         """The most memory any phase needs at ``micro_batch``, traced."""

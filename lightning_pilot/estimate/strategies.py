@@ -91,16 +91,16 @@ def unit_bytes(module: torch.nn.Module, wrap: tuple[Any, ...], itemsize: int) ->
 
 def strategy_memory(
     trace: PhaseTrace, strategy: Strategy, traces: PrecisionTraces
-) -> tuple[int, int, str | None]:
-    """(analytic bytes added per GPU, segment bytes added, note) of ``strategy``."""
+) -> tuple[int, str | None]:
+    """(bytes ``strategy`` adds per GPU, allocated and in the allocator's segments alike; its
+    note)."""
     if strategy.kind == "single":
-        return 0, 0, None
+        return 0, None
     devices = strategy.devices
     if strategy.kind == "ddp":
         if strategy.bucket_view or devices == 1:
-            return 0, 0, "ddp: gradient_as_bucket_view, no bucket copy" if devices > 1 else None
-        extra = traces.state["grad"]
-        return extra, extra, "analytic: DDP gradient buckets, one copy of the gradients"
+            return 0, "ddp: gradient_as_bucket_view, no bucket copy" if devices > 1 else None
+        return traces.state["grad"], "analytic: DDP gradient buckets, one copy of the gradients"
     cats = trace.categories
     stepping = trace.phase.startswith("optimizer_step")
     sharded = sum(cats[name] for name in _STATE)
@@ -114,14 +114,13 @@ def strategy_memory(
         "backward": 3 * largest + root,
         "checkpoint_save": largest,
     }.get(trace.phase, 0)
-    extra = gathered - saved
     stepped = " (and the optimizer's temporaries)" if stepping else ""
     note = (
         f"analytic: FSDP full shard over {devices}: weights, gradients and optimizer state"
         f"{stepped} / {devices}, plus {gathered} bytes of gathered units (largest unit"
         f" {largest}, outside units {root})"
     )
-    return extra, extra, note
+    return gathered - saved, note
 
 
 def communication_seconds(strategy: Strategy, traces: PrecisionTraces, tgt: Target) -> float:

@@ -632,9 +632,10 @@ def test_grid_job_holds_the_checked_arguments() -> None:
     from lightning_pilot.estimate.job import GridJob, check_arguments
 
     job = GridJob(batch={}, **check_arguments("estimate", {"micro_batches": [8, 2, 4]}))
-    assert (job.micro_batches, job.base) == ((8, 2, 4), (2, 4))
+    assert (job.micro_batches, job.search_base) == ((8, 2, 4), (2, 4))
     job = GridJob(batch={}, micro_batches=(1, 2, 4), strategies=(Strategy("fsdp", 8),))
-    assert (job.base, job.traced) == ((2, 4), ("bf16-mixed", "bf16-true"))
+    assert (job.search_base, job.traced) == ((2, 4), ("bf16-mixed", "bf16-true"))
+    assert GridJob(batch={}, micro_batches=(1, 8)).search_base == (2, 4)
     checked = check_arguments("estimate", {"strategies": ["ddp:2"], "largest": False})
     assert checked == {"strategies": (Strategy("ddp", 2),), "largest": False}
 
