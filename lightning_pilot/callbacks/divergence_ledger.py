@@ -142,9 +142,7 @@ class DivergenceLedger(PilotCallback):
         # A fresh fit starts fresh; a resume restores both in load_state_dict, after setup.
         self.detector = DivergenceDetector(self.detector.rules)
         self.curves = Curves()
-        self._active = False
-        self._refused = False
-        self._ended = False
+        self._active = self._refused = self._ended = False
         self._closing = False  # the end record's closer is registered with the run
         self._failure: dict[str, Any] | None = None  # the end record of an exception
         self._facts: dict[str, Any] | None = None

@@ -133,12 +133,9 @@ class ResumeVerifier(PilotCallback):
         # This epoch's ids as the batches held them (a set only at a checkpoint), and its head's.
         self._epoch_ids: list[Any] = []
         self._epoch_head: list[Any] = []
-        self._head_left = 0
         self._boundary_reachable = True
-        self._batch_step = 0
         self._current: StepRecord | None = None
-        self._step_at_start = 0
-        self._epoch_at_start = 0
+        self._head_left = self._batch_step = self._step_at_start = self._epoch_at_start = 0
         self._results: list[CheckResult] = []
         self._load_row: TaskResult | None = None
 
