@@ -245,8 +245,9 @@ class _Search:
             start = _affine(low.start_bytes, high.start_bytes, base, micro_batch)
             peaks.append(max(int(curve.max()), start))
             segments.append(_affine(low.segment_bytes, high.segment_bytes, base, micro_batch))
-        batch = [phase.categories["batch"] for phase in (lows[0], highs[0])]
-        return self._need(tgt, lows, peaks, segments, _affine(*batch, base, micro_batch))
+        low_batch, high_batch = (phase.categories["batch"] for phase in (lows[0], highs[0]))
+        batch_bytes = _affine(low_batch, high_batch, base, micro_batch)
+        return self._need(tgt, lows, peaks, segments, batch_bytes)
 
     def _resolved(self, ckpt: Ckpt, micro_batch: int) -> list[PhaseTrace]:
         """Forward, backward and validation at the longest sequence, as the grid resolved them."""
