@@ -304,5 +304,5 @@ def _not_logging(module: Any) -> Iterator[None]:
         yield
     finally:
         for name in names:
-            module.__dict__.pop(name)
+            module.__dict__.pop(name, None)
         module.__dict__.update(held)
