@@ -137,11 +137,13 @@ def test_overfit_reads_a_single_logit_by_its_sign(
 
 class TwoOptimizerGAN(pl.LightningModule):
     """Manual optimisation with two optimizers stepping once each per batch: Lightning's
-    ``global_step`` (and ``max_steps``) counts both steps."""
+    ``global_step`` (and ``max_steps``) counts both steps. ``generator_steps=False`` steps the
+    discriminator alone: one optimizer step per batch."""
 
-    def __init__(self) -> None:
+    def __init__(self, generator_steps: bool = True) -> None:
         super().__init__()
         self.automatic_optimization = False
+        self.generator_steps = generator_steps
         self.generator = nn.Linear(8, 8)
         self.discriminator = nn.Linear(8, 1)
 
@@ -156,6 +158,8 @@ class TwoOptimizerGAN(pl.LightningModule):
         opt_d.zero_grad()
         self.manual_backward(d_loss)
         opt_d.step()
+        if not self.generator_steps:
+            return d_loss.detach()
         g_loss = softplus(-self.discriminator(fake)).mean()
         opt_g.zero_grad()
         self.manual_backward(g_loss)
@@ -169,23 +173,63 @@ class TwoOptimizerGAN(pl.LightningModule):
         ]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "EffectiveBatchAccountant counts one update per batch in which global_step advanced; "
-        "with two optimizers stepping per batch Lightning's global_step (and max_steps) counts "
-        "two, so its updates_done (2) disagrees with global_step and the ledger's (4)"
-    ),
+@pytest.mark.parametrize(
+    ("generator_steps", "updates", "examples", "line"),
+    [
+        (False, [1, 2, 3, 4], 16, "4 updates; 16 examples"),
+        (True, [2, 4], 8, "4 updates (2 optimizer steps per batch window); 8 examples"),
+    ],
 )
-def test_two_optimizers_in_manual_optimisation_count_every_step(make_trainer: Any) -> None:
+def test_two_optimizers_in_manual_optimisation_count_every_step(
+    make_trainer: Any, generator_steps: bool, updates: list[int], examples: int, line: str
+) -> None:
+    """``updates_done`` counts optimizer steps as ``global_step`` does; a batch that stepped
+    both optimizers is one row of the updates table, its examples counted once."""
     accountant = EffectiveBatchAccountant()
     trainer = make_trainer(callbacks=[accountant], max_steps=4)
-    trainer.fit(TwoOptimizerGAN(), DataLoader(IdExamples(32), batch_size=4))
+    trainer.fit(TwoOptimizerGAN(generator_steps), DataLoader(IdExamples(32), batch_size=4))
 
-    assert trainer.global_step == 4  # 2 batches, 2 optimizer steps each
+    assert trainer.global_step == 4
     summary = accountant.summary
-    assert [f["flag"] for f in summary["flags"] if f["flag"].startswith("plan_")] == []
     assert summary["updates_done"] == trainer.global_step
+    assert accountant.run.ledger_fields["updates_done"] == 4
+    assert (summary["examples_seen"], summary["micro_batches"]) == (examples, examples // 4)
+    assert summary["line"] == f"4 examples per update (4 x 1 x 1 replica); {line}; last window full"
+    notes = [f["detail"] for f in summary["flags"] if f["flag"] == "note"]
+    assert [f["flag"] for f in summary["flags"] if f["flag"] != "note"] == []
+    per_window = [n for n in notes if n.startswith("2 optimizer steps per batch window")]
+    assert len(per_window) == generator_steps
+    rows = pd.read_parquet(Path(accountant.run.run_dir) / "updates.parquet")
+    assert rows["update"].tolist() == updates
+    assert rows["examples"].tolist() == [4] * len(updates)  # one batch per row, counted once
+    assert rows["micro_batches"].tolist() == [1] * len(updates)
+    assert rows["optimizer_stepped"].all()
+
+
+def test_two_optimizers_resume_to_the_global_step(make_trainer: Any, tmp_path: Path) -> None:
+    """A GAN fit to step 4 and resumed to step 8 counts 8 updates over 4 batch windows."""
+    first = EffectiveBatchAccountant()
+    trainer = make_trainer(callbacks=[first], max_steps=4)
+    trainer.fit(TwoOptimizerGAN(), DataLoader(IdExamples(32), batch_size=4))
+    checkpoint = tmp_path / "step4.ckpt"
+    trainer.save_checkpoint(checkpoint)
+
+    second = EffectiveBatchAccountant()
+    trainer = make_trainer(callbacks=[second], max_steps=8)
+    trainer.fit(TwoOptimizerGAN(), DataLoader(IdExamples(32), batch_size=4), ckpt_path=checkpoint)
+
+    assert trainer.global_step == 8
+    summary = second.summary
+    assert (summary["updates_done"], summary["examples_seen"]) == (8, 16)
+    assert not [f for f in summary["flags"] if "checkpoint" in f["detail"]], summary["flags"]
+    assert "(2 optimizer steps per batch window)" in summary["line"]
+    rows = pd.read_parquet(Path(second.run.run_dir) / "updates.parquet")
+    assert rows[["attempt", "update"]].sort_values("update").values.tolist() == [
+        [1, 2],
+        [1, 4],
+        [2, 6],
+        [2, 8],
+    ]
 
 
 class ManualAccumulation(pl.LightningModule):

@@ -274,6 +274,8 @@ class EffectiveBatchAccountant(PilotCallback):
                 pending = self._counter.take_pending(read_scalars)
         except RuntimeError as err:  # the device itself failed: its counts are lost
             self._notes.append(f"the last micro-batches could not be counted: {err}")
+        # The optimizer steps of the pending rows (several per row when a batch steps several).
+        unsummed = pending[-1]["update"] - (self._counter.last_update or 0) if pending else 0
         open_run = self._run is not None and not self._run.closed
         if pending and open_run:
             note = "not summed over ranks: the fit failed before the next flush point"
@@ -281,8 +283,8 @@ class EffectiveBatchAccountant(PilotCallback):
         self._training = False
         self._remove_step_hooks()
         if pending:
-            self._notes.append(f"{len(pending)} update(s) before the failure not summed")
-        self._summary = self._summarize(trainer.current_epoch, unsummed=len(pending))
+            self._notes.append(f"{unsummed} update(s) before the failure not summed")
+        self._summary = self._summarize(trainer.current_epoch, unsummed=unsummed)
         if open_run:
             self.run.set_ledger_fields(**self._summary.ledger_fields())
             self._put_verdict()
@@ -360,9 +362,9 @@ class EffectiveBatchAccountant(PilotCallback):
         if self._manual:
             self._planner = None
             self._notes.append(
-                "manual optimization: the module steps its optimizers itself, so no plan; an"
-                " update is a batch in which global_step advanced, with the micro-batches since"
-                " the previous one"
+                "manual optimization: the module steps its optimizers itself, so no plan; a row"
+                " of updates.parquet is a batch in which global_step advanced, with the"
+                " micro-batches since the previous one"
             )
         if self._world % self._dp:
             self._notes.append(

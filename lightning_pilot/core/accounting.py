@@ -91,9 +91,11 @@ SUMMED_COLUMNS: Final = ("micro_batches", "examples", "tokens", "padding_duplica
 
 @dataclass
 class UpdateCounter:
-    """Counts micro-batches into updates, one row per update, and keeps the totals: the caller
-    fills the ``*_all_ranks`` columns of :meth:`take_pending`'s rows and hands them to
-    :meth:`absorb`."""
+    """Counts micro-batches into updates, one row per window closed by an update, and keeps the
+    totals: the caller fills the ``*_all_ranks`` columns of :meth:`take_pending`'s rows and hands
+    them to :meth:`absorb`. ``updates`` counts optimizer steps as ``global_step`` does: a row
+    whose ``update`` is ``n`` past the previous one fed ``n`` steps (a batch stepping several
+    optimizers), the ``n - 1`` beyond one per window kept in ``extra_steps``."""
 
     STATE_VERSION: ClassVar[int] = 1
 
@@ -111,6 +113,7 @@ class UpdateCounter:
     last_k: int | None = None
     last_update: int | None = None
     counted_from: int = 0
+    extra_steps: int = 0
     # Full updates' tokens: count, min, max, sum, sum of squares (for the spread).
     token_stats: list[Any] = field(default_factory=lambda: [0, None, None, 0.0, 0.0])
 
@@ -198,8 +201,11 @@ class UpdateCounter:
     def absorb(self, rows: Iterable[dict[str, Any]]) -> None:
         """Add rows whose ``*_all_ranks`` columns are filled to the totals and findings."""
         for row in rows:
-            update = self.last_update = int(row["update"])
-            self.updates += 1
+            update = int(row["update"])
+            steps = update - (self.counted_from if self.last_update is None else self.last_update)
+            self.last_update = update
+            self.updates += steps
+            self.extra_steps += steps - 1
             self.micro_batches += int(row["micro_batches_all_ranks"] or 0)
             self.examples = _add(self.examples, row["examples_all_ranks"])
             self.tokens = _add(self.tokens, row["tokens_all_ranks"])
@@ -239,7 +245,7 @@ class UpdateCounter:
     def resume_at(self, global_step: int) -> str | None:
         """Line the counts up with a fit resumed at ``global_step``; a note when they differ
         (after a checkpoint without counts the totals are ``None``)."""
-        counted = self.counted_from + self.updates
+        counted, self.last_update = self.counted_from + self.updates, global_step
         if global_step == counted:
             return None
         if counted:
@@ -541,6 +547,16 @@ def summarize(
         short = kept_done < kept_planned  # type: ignore[operator]
         detail = f"the comparison keeps {keep}: planned {kept_planned:,}, done {kept_done:,}."
         flags.append(Flag("plan_shortfall" if short else "plan_exceeded", detail))
+    per_window = ""
+    if counter.extra_steps:
+        windows = counter.updates - counter.extra_steps
+        per_window = f"{counter.updates / windows:.3g} optimizer steps per batch window"
+        detail = (
+            f"{per_window} (a batch stepped several optimizers, as under manual optimization):"
+            " updates_done counts every step, as global_step does; a row of updates.parquet,"
+            " the examples per update and the tokens per full update are per batch window."
+        )
+        flags.append(Flag("note", detail))
     flags += [Flag("note", note) for note in notes]
 
     parts = [effective_batch_text(*astuple(config))]
@@ -548,6 +564,8 @@ def summarize(
         parts.append(f"{updates_done:,} updates")
     else:
         parts.append(f"{updates_done:,} of {planned_updates:,} planned updates")
+    if per_window:
+        parts[-1] += f" ({per_window})"
     examples = counter.examples
     parts.append("examples unknown" if examples is None else f"{examples:,} examples")
     tokens = counter.tokens if counter.tokens_source is not None else None

@@ -313,7 +313,7 @@ def count(
                 tokens_source=None if tokens is None else "attention_mask",
             )
             batch += 1
-        update = counter.updates + len(counter.pending) + 1
+        update = counter.counted_from + counter.updates + len(counter.pending) + 1
         counter.close_update(
             update=update, accumulate_grad_batches=k, stepped=update not in skipped
         )
@@ -418,6 +418,69 @@ def test_start_late_makes_earlier_examples_unknown() -> None:
     assert counter.resume_at(9) == (
         "the checkpoint's counts cover 8 updates but training resumed at update 9"
     )
+
+
+def _window(counter: UpdateCounter, batch_idx: int, update: int) -> None:
+    """One micro-batch of 4 examples and 10 tokens that the module stepped at ``update``."""
+    counter.add_micro_batch(
+        epoch=0, batch_idx=batch_idx, examples=4, tokens=10, tokens_source="attention_mask"
+    )
+    counter.close_update(update=update, accumulate_grad_batches=None)
+    counter.absorb(UpdateCounter.local_as_all_ranks(counter.take_pending()))
+
+
+def test_a_window_feeding_several_optimizer_steps_counts_every_step() -> None:
+    """A batch that steps two optimizers advances global_step by 2: one window, its examples
+    and tokens counted once, two updates."""
+    counter = UpdateCounter()
+    for batch in range(3):
+        counter.add_micro_batch(
+            epoch=0, batch_idx=batch, examples=4, tokens=10, tokens_source="attention_mask"
+        )
+        counter.close_update(update=2 * batch + 2, accumulate_grad_batches=None)
+    rows = counter.take_pending()
+    assert [(r["update"], r["micro_batches"], r["examples"], r["weight"]) for r in rows] == [
+        (2, 1, 4, 1.0),
+        (4, 1, 4, 1.0),
+        (6, 1, 4, 1.0),
+    ]
+    counter.absorb(UpdateCounter.local_as_all_ranks(rows))
+    assert (counter.updates, counter.extra_steps, counter.micro_batches) == (6, 3, 3)
+    assert (counter.examples, counter.tokens, counter.token_spread.updates) == (12, 30, 3)
+    result = summarize(
+        counter=counter, config=BatchConfig(4, 1, 1), plan=None, keep="updates", epochs_done=1
+    )
+    assert result.updates_done == 6
+    assert result.line == (
+        "4 examples per update (4 x 1 x 1 replica); 6 updates (2 optimizer steps per batch"
+        " window); 12 examples; 30 tokens; last window full"
+    )
+    assert [flag.flag for flag in result.flags] == ["note"]
+    assert result.flags[0].detail == (
+        "2 optimizer steps per batch window (a batch stepped several optimizers, as under manual"
+        " optimization): updates_done counts every step, as global_step does; a row of"
+        " updates.parquet, the examples per update and the tokens per full update are per batch"
+        " window."
+    )
+
+    # The counts travel in the checkpoint and line up with the global_step resumed at.
+    resumed = UpdateCounter()
+    resumed.load_state_dict(counter.state_dict())
+    assert resumed.resume_at(6) is None
+    _window(resumed, 3, 8)
+    assert (resumed.updates, resumed.extra_steps, resumed.examples) == (8, 4, 16)
+    assert resumed.resume_at(8) is None
+
+    # Resumed from a checkpoint without counts: the steps count from the resume.
+    late = UpdateCounter()
+    assert late.resume_at(6) is not None
+    _window(late, 3, 8)
+    _window(late, 4, 9)  # a batch that stepped one optimizer
+    result = summarize(
+        counter=late, config=BatchConfig(4, 1, 1), plan=None, keep="updates", epochs_done=1
+    )
+    assert (late.updates, late.extra_steps, result.updates_done) == (3, 1, 9)
+    assert "9 updates (1.5 optimizer steps per batch window)" in result.line
 
 
 def test_summarize_names_every_finding() -> None:
@@ -683,6 +746,7 @@ def test_state_keeps_the_checkpoint_format() -> None:
         "last_k",
         "last_update",
         "counted_from",
+        "extra_steps",
         "token_stats",
     ]
     assert state["partial_windows"] == [
