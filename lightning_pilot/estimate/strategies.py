@@ -67,7 +67,8 @@ class Strategy:
 
 def unit_bytes(module: torch.nn.Module, wrap: tuple[Any, ...], itemsize: int) -> tuple[int, int]:
     """(largest FSDP unit, parameters outside every unit) in bytes of ``itemsize``: the units
-    are the ``wrap`` classes (or class names) and the Hugging Face ``_no_split_modules``."""
+    are the ``wrap`` classes (or class names) and the Hugging Face ``_no_split_modules``. Units
+    are wrapped bottom-up, so a unit holds its parameters less those of the units inside it."""
     names = {n for sub in module.modules() for n in getattr(sub, "_no_split_modules", None) or []}
     classes = tuple(c for c in wrap if isinstance(c, type))
     names.update(c for c in wrap if isinstance(c, str))
@@ -77,10 +78,10 @@ def unit_bytes(module: torch.nn.Module, wrap: tuple[Any, ...], itemsize: int) ->
 
     inside: set[int] = set()
     largest = 0
-    for sub in module.modules():
-        if sub is module or id(sub) in inside or not is_unit(sub):
+    for sub in reversed(list(module.modules())):  # a unit's descendants before the unit
+        if sub is module or not is_unit(sub):
             continue
-        params = list(sub.parameters())
+        params = [p for p in sub.parameters() if id(p) not in inside]
         inside.update(id(p) for p in params)
         largest = max(largest, sum(p.numel() for p in params) * itemsize)
     root = sum(p.numel() for p in module.parameters() if id(p) not in inside) * itemsize

@@ -645,3 +645,26 @@ def test_settle_corrects_a_prediction_by_tracing_and_the_sequence_bound() -> Non
 
     assert settle(lambda b: b <= 37, 40, 1024) == (37, True)
     assert sequence_bound(TinyCausalLM(max_length=32)) == 32
+
+
+def test_fsdp_units_nest_bottom_up() -> None:
+    """A unit inside a unit is its own group: the outer one holds only what is left (torch's
+    ``fully_shard`` groups ``module.parameters()`` less those of units wrapped before it)."""
+    from lightning_pilot.estimate.strategies import unit_bytes
+
+    class Inner(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = torch.nn.Linear(10, 10)  # 110 parameters
+
+    class Outer(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = Inner()
+            self.norm = torch.nn.LayerNorm(10)  # 20 parameters
+
+    model = torch.nn.Sequential(Outer(), Outer(), torch.nn.Linear(10, 1))  # head: 11
+    assert unit_bytes(model, (Outer, Inner), 2) == (110 * 2, 11 * 2)
+    assert unit_bytes(model, (Outer,), 2) == (130 * 2, 11 * 2)
+    assert unit_bytes(model, ("Inner",), 4) == (110 * 4, (2 * 20 + 11) * 4)
+    assert unit_bytes(model, (), 4) == (271 * 4, 0)  # no unit: the whole module is one
