@@ -19,6 +19,8 @@ from lightning_pilot import (
     BatchInspector,
     EffectiveBatchAccountant,
     OverfitTinySubset,
+    PhaseMemoryMonitor,
+    choice_sheet,
     read_phase_table,
 )
 
@@ -186,7 +188,7 @@ def test_two_optimizers_in_manual_optimisation_count_every_step(
     """``updates_done`` counts optimizer steps as ``global_step`` does; a batch that stepped
     both optimizers is one row of the updates table, its examples counted once."""
     accountant = EffectiveBatchAccountant()
-    trainer = make_trainer(callbacks=[accountant], max_steps=4)
+    trainer = make_trainer(callbacks=[accountant, PhaseMemoryMonitor()], max_steps=4)
     trainer.fit(TwoOptimizerGAN(generator_steps), DataLoader(IdExamples(32), batch_size=4))
 
     assert trainer.global_step == 4
@@ -204,6 +206,8 @@ def test_two_optimizers_in_manual_optimisation_count_every_step(
     assert rows["examples"].tolist() == [4] * len(updates)  # one batch per row, counted once
     assert rows["micro_batches"].tolist() == [1] * len(updates)
     assert rows["optimizer_stepped"].all()
+    counted = "2 batch window(s) of typically 2 optimizer steps" if generator_steps else "4 upd"
+    assert f"Counted in updates.parquet: {counted}" in choice_sheet(accountant.run.run_dir)
 
 
 def test_two_optimizers_resume_to_the_global_step(make_trainer: Any, tmp_path: Path) -> None:
@@ -215,7 +219,7 @@ def test_two_optimizers_resume_to_the_global_step(make_trainer: Any, tmp_path: P
     trainer.save_checkpoint(checkpoint)
 
     second = EffectiveBatchAccountant()
-    trainer = make_trainer(callbacks=[second], max_steps=8)
+    trainer = make_trainer(callbacks=[second, PhaseMemoryMonitor()], max_steps=8)
     trainer.fit(TwoOptimizerGAN(), DataLoader(IdExamples(32), batch_size=4), ckpt_path=checkpoint)
 
     assert trainer.global_step == 8
@@ -230,6 +234,8 @@ def test_two_optimizers_resume_to_the_global_step(make_trainer: Any, tmp_path: P
         [2, 6],
         [2, 8],
     ]
+    sheet = choice_sheet(second.run.run_dir)
+    assert "Counted in updates.parquet: 4 batch window(s) of typically 2 optimizer steps" in sheet
 
 
 class ManualAccumulation(pl.LightningModule):

@@ -165,7 +165,9 @@ def accumulation(record: Mapping[str, Any] | None, updates: pd.DataFrame | None)
 class UpdateCount:
     """The updates of ``updates.parquet`` (rank 0), an update run again by a later attempt
     counted once: K and the replicas seen, the ``examples`` over all replicas, the updates
-    ``replayed`` and the examples with them."""
+    ``replayed`` and the examples with them; ``steps_per_row``: how far ``global_step``
+    typically (the median) advanced between two rows of an attempt, over 1 when a manually
+    optimized module steps several optimizers per batch (each row then a batch window)."""
 
     updates: int
     ks: list[int]
@@ -173,6 +175,7 @@ class UpdateCount:
     examples: int | None
     replayed: int
     with_replays: int | None
+    steps_per_row: int = 1
 
 
 def count_updates(updates: pd.DataFrame) -> UpdateCount:
@@ -185,6 +188,9 @@ def count_updates(updates: pd.DataFrame) -> UpdateCount:
     def total(examples: pd.Series) -> int | None:
         return None if examples.isna().any() else int(examples.sum())
 
+    attempts = latest["attempt"] if "attempt" in latest else pd.Series(0, index=latest.index)
+    gaps = latest["update"].groupby(attempts).diff().dropna()
+
     return UpdateCount(
         updates=len(latest),
         ks=sorted({int(k) for k in updates["accumulate_grad_batches"].dropna()}),
@@ -192,4 +198,5 @@ def count_updates(updates: pd.DataFrame) -> UpdateCount:
         examples=total(latest["examples_all_ranks"]),
         replayed=len(rank0) - len(latest),
         with_replays=total(rank0["examples_all_ranks"]),
+        steps_per_row=max(round(gaps.median()), 1) if len(gaps) else 1,
     )

@@ -209,8 +209,14 @@ def _counted(updates: pd.DataFrame | None) -> str:
             f" ({count.replayed:,} update(s) run again by a later attempt resumed from an earlier"
             f" checkpoint counted once{extra})"
         )
+    rows = f"{count.updates:,} update(s)"
+    if count.steps_per_row > 1:
+        rows = (
+            f"{count.updates:,} batch window(s) of typically {count.steps_per_row} optimizer"
+            " steps (manual optimization stepping several optimizers per batch)"
+        )
     return (
-        f"- Counted in updates.parquet: {count.updates:,} update(s), K"
+        f"- Counted in updates.parquet: {rows}, K"
         f" {', '.join(map(str, count.ks)) or 'n/m'}, replicas"
         f" {', '.join(map(str, count.replicas))}, {examples} examples over all replicas{again}"
     )
