@@ -728,7 +728,7 @@ def estimate_run(run: Run) -> dict[str, Any]:
         # What the tightest phase's live blocks and overhead leave of the GPU's reported memory.
         "headroom": min(row["headroom_bytes"] for row in rows),
         "gpu_memory": rows[0]["gpu_memory_bytes"],
-        # The reserved estimate exceeds the GPU though the live blocks fit (grid._tight_note).
+        # The reserved estimate exceeds the GPU though the live blocks fit (fits.tight_note).
         "tight": any("tight: " in (row["notes"] or "") for row in rows),
         "phase": max(rows, key=lambda row: row["peak_allocated_bytes"])["phase"],
         "compute_s": compute,

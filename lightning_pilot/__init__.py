@@ -6,7 +6,7 @@ does not pay for importing Lightning.
 Example:
     >>> import lightning_pilot
     >>> lightning_pilot.__version__
-    '0.3.0'
+    '0.4.0'
     >>> lightning_pilot.PilotRun.__name__
     'PilotRun'
 """

@@ -396,7 +396,7 @@ def test_sheet_bad_usage_exits_2(
 
 def test_version_help_and_demo_help(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run_cli(capsys, "--version")
-    assert (code, out) == (EXIT_OK, "lightning-pilot 0.3.0\n")
+    assert (code, out) == (EXIT_OK, "lightning-pilot 0.4.0\n")
     code, out, _ = run_cli(capsys)
     assert code == EXIT_OK
     for command in ("demo", "show", "compare", "plan", "sheet"):
