@@ -5,7 +5,6 @@ own switches, or ``torch.utils.checkpoint`` around named block classes) or per o
 from __future__ import annotations
 
 import contextlib
-import functools
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any, Final
@@ -162,7 +161,7 @@ def _hf_call(model: Any, what: str, selective: bool = False) -> None:
             return
 
         def run(block: Any, *args: Any) -> Any:
-            return _checkpointed(block.__call__, selective, *args)
+            return _checkpointed(block.__call__, selective)(*args)
 
         model.enable_gradient_checkpointing(gradient_checkpointing_func=run)
         return
@@ -204,18 +203,22 @@ def _hf_disable(model: torch.nn.Module) -> Callable[[], None]:
     return disable
 
 
-def _checkpointed(function: Callable[..., Any], selective: bool, *args: Any, **kwargs: Any) -> Any:
-    """``function(*args, **kwargs)`` under non-reentrant ``torch.utils.checkpoint``."""
+def _checkpointed(function: Callable[..., Any], selective: bool) -> Callable[..., Any]:
+    """``function`` run under non-reentrant ``torch.utils.checkpoint`` (any keyword passes)."""
     from torch.utils.checkpoint import checkpoint, noop_context_fn
 
     context_fn = selective_checkpoint_context if selective else noop_context_fn
-    return checkpoint(function, *args, use_reentrant=False, context_fn=context_fn, **kwargs)
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        return checkpoint(function, *args, use_reentrant=False, context_fn=context_fn, **kwargs)
+
+    return run
 
 
 def _wrap_forward(sub: torch.nn.Module, selective: bool = False) -> Callable[[], None]:
     had = "forward" in sub.__dict__
     before = sub.__dict__.get("forward")
-    sub.forward = functools.partial(_checkpointed, sub.forward, selective)
+    sub.forward = _checkpointed(sub.forward, selective)
 
     def restore() -> None:
         if had:

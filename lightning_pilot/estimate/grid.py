@@ -299,10 +299,16 @@ def _not_logging(module: Any) -> Iterator[None]:
         return
     held = {name: module.__dict__[name] for name in names if name in module.__dict__}
     for name in names:
-        module.__dict__[name] = lambda *args, **kwargs: None
+        module.__dict__[name] = _ignore
     try:
         yield
     finally:
         for name in names:
-            module.__dict__.pop(name, None)
-        module.__dict__.update(held)
+            if name in held:
+                module.__dict__[name] = held[name]
+            else:
+                module.__dict__.pop(name, None)
+
+
+def _ignore(*args: Any, **kwargs: Any) -> None:
+    return None

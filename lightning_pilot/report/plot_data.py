@@ -196,11 +196,15 @@ def memory_stack(phases: pd.DataFrame, placement: pd.DataFrame | None = None) ->
             shares, notes = _on_device_share(
                 placement, best.get("device"), best.get("rank"), best.get("attempt")
             )
+            state = 0.0  # running sums, added in order (sum() compensates from Python 3.12)
             for column, _, kinds in CATEGORIES:
-                values = [(kind, best.get(CATEGORY_COLUMNS[kind])) for kind in kinds]
-                here = [float(v) * shares.get(k, 1.0) for k, v in values if not is_null(v)]
-                row[column] = sum(here, 0.0)
-            state = sum((row[column] for column, _, _ in CATEGORIES), 0.0)
+                total = 0.0
+                for kind in kinds:
+                    value = best.get(CATEGORY_COLUMNS[kind])
+                    if not is_null(value):
+                        total += float(value) * shares.get(kind, 1.0)
+                row[column] = total
+                state += total
             if state > peak:
                 notes.append(
                     f"the state at the phase end ({format_bytes(state)}) exceeds this peak by"

@@ -404,7 +404,15 @@ def _items(n: int, offset: int = 0) -> list[tuple[torch.Tensor, torch.Tensor, in
 
 def test_dataset_scan_compares_the_splits() -> None:
     scan = DatasetScan(BatchAdapter(), max_examples=100, group_fn=lambda item: item[2])
-    results = _named(scan.run({"train": [_items(6)], "val": [_items(2, offset=5)]}))
+    ran = scan.run({"train": [_items(6)], "val": [_items(2, offset=5)]})
+    assert [c.name for c in ran] == [  # the order the phase table lists them in
+        "class_histograms",
+        "val_classes_in_train",
+        "label_ranges_agree",
+        "split_leakage",
+        "duplicate_inputs_across_splits",
+    ]
+    results = _named(ran)
     assert results["split_leakage"].verdict == "fail"
     assert "1 group(s) found in more than one split: 2 (train+val)" in (
         results["split_leakage"].detail

@@ -668,3 +668,26 @@ def test_fsdp_units_nest_bottom_up() -> None:
     assert unit_bytes(model, (Outer,), 2) == (130 * 2, 11 * 2)
     assert unit_bytes(model, ("Inner",), 4) == (110 * 4, (2 * 20 + 11) * 4)
     assert unit_bytes(model, (), 4) == (271 * 4, 0)  # no unit: the whole module is one
+
+
+def test_checkpointed_blocks_take_any_keyword() -> None:
+    """A block under ``checkpoint_classes`` is called with its own keywords, whatever their
+    names, and gets its forward back after."""
+    from lightning_pilot.estimate.checkpointing import activation_checkpointing
+
+    class Block(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = torch.nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor, selective: float = 1.0) -> torch.Tensor:
+            return self.linear(x) * selective
+
+    model = torch.nn.Sequential(Block())
+    x = torch.ones(2, 4, requires_grad=True)
+    expected = model[0](x, selective=2.0)
+    with activation_checkpointing(model, (Block,), selective=True) as how:
+        assert how.startswith("torch.utils.checkpoint around Block, selective per operator")
+        assert "forward" in model[0].__dict__
+        torch.testing.assert_close(model[0](x, selective=2.0), expected)
+    assert "forward" not in model[0].__dict__
