@@ -56,6 +56,17 @@ _STATE_REMEDIES = {
     " so it restores them at train start",
 }
 
+#: Why a ReduceLROnPlateau stepped per update fails ``lr_trajectory`` (Lightning 2.6's
+#: ``training_epoch_loop``: other schedulers step before ``on_train_batch_end``, plateau ones
+#: in ``on_advance_end``, after it).
+_PLATEAU_ON_STEP = (
+    "; a ReduceLROnPlateau with interval='step' is stepped by Lightning after"
+    " on_train_batch_end, where checkpoints are saved (ModelCheckpoint's too), so a mid-epoch"
+    " checkpoint holds it before that update's step and the resumed fit never makes it: every"
+    " resume from such a checkpoint trains with other learning rates; use interval='epoch',"
+    " or save checkpoints at epoch ends"
+)
+
 
 def _factory(value: object) -> str | None:
     """``"package.module:function"``: dotted identifiers on both sides of one colon."""
@@ -490,6 +501,13 @@ class ResumeVerifier(PilotCallback):
             trajectory = [
                 CheckResult(c.name, "not_checked", why)
                 if c.name in ("data_position", "loss_trajectory")
+                else c
+                for c in trajectory
+            ]
+        if any(c.reduce_on_plateau and c.interval == "step" for c in trainer.lr_scheduler_configs):
+            trajectory = [
+                replace(c, detail=c.detail + _PLATEAU_ON_STEP)
+                if c.name == "lr_trajectory" and c.verdict == "fail"
                 else c
                 for c in trajectory
             ]

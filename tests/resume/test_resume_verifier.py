@@ -34,6 +34,7 @@ class Net(pl.LightningModule):
         steps_from_trainer: bool = False,
         reset_on_load: str = "",
         data_dir: Any = None,
+        plateau: bool = False,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -44,7 +45,10 @@ class Net(pl.LightningModule):
         return self.net(x) * self.scale
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
-        return nn.functional.cross_entropy(self(batch["inputs"]), batch["labels"])
+        loss = nn.functional.cross_entropy(self(batch["inputs"]), batch["labels"])
+        if self.hparams["plateau"]:  # a metric that never improves: every step lowers the rate
+            self.log("rising", float(self.global_step))
+        return loss
 
     def predict_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
         return self(batch["inputs"])
@@ -57,6 +61,10 @@ class Net(pl.LightningModule):
         if self.hparams["steps_from_trainer"]:
             _ = self.trainer.estimated_stepping_batches  # the Lightning #20550 pattern
         optimizer = torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9)
+        if self.hparams["plateau"]:
+            plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, patience=0)
+            schedule = {"scheduler": plateau, "interval": "step", "monitor": "rising"}
+            return {"optimizer": optimizer, "lr_scheduler": schedule}
         scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.9)
         return {
             "optimizer": optimizer,
@@ -514,3 +522,16 @@ def test_a_loader_without_length_keeps_every_hook_working(tmp_path: Path) -> Non
     verdict, detail = _checks(frame)["data_position"]
     assert verdict == "fail", detail
     assert "starts its order (a permutation, or a stream) over" in detail
+
+
+def test_plateau_scheduler_on_step_fails_and_names_its_cause(tmp_path: Path) -> None:
+    """Lightning steps a ReduceLROnPlateau with interval='step' after on_train_batch_end, where
+    the checkpoint is saved: the resumed fit misses that update's step, and the check says so."""
+    verifier = ResumeVerifier(at_step=2, compare_steps=3, check_artifact=False)
+    checks = _checks(_fit(tmp_path, Net(plateau=True), verifier))
+    assert checks["scheduler_state"][0] == "pass"  # restored exactly as saved
+    verdict, detail = checks["lr_trajectory"]
+    assert verdict == "fail"
+    assert detail.startswith("learning rates first differ at micro-batch 0 (step 2)"), detail
+    assert "ReduceLROnPlateau with interval='step' is stepped by Lightning after" in detail
+    assert "use interval='epoch'" in detail
