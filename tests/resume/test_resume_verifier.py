@@ -46,7 +46,7 @@ class Net(pl.LightningModule):
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
         loss = nn.functional.cross_entropy(self(batch["inputs"]), batch["labels"])
-        if self.hparams["plateau"]:  # a metric that never improves: every step lowers the rate
+        if self.hparams.get("plateau"):  # a metric that never improves: every step lowers the rate
             self.log("rising", float(self.global_step))
         return loss
 
