@@ -198,9 +198,9 @@ def recovery(
     right = (predictions == targets) | ~counted
     if targets.ndim == 1:
         kept_p, kept_t = predictions[counted], targets[counted]
-        # torchmetrics wants every value inside [0, C): size C to hold them all.
+        # torchmetrics wants every value inside [0, C) and C >= 2 (one logit: two classes).
         tops = [int(kept.max()) + 1 for kept in (kept_p, kept_t) if kept.numel()]
-        size = max([num_classes or 2, *tops])
+        size = max([2, num_classes or 0, *tops])
         valid = (kept_t >= 0) & (kept_p >= 0)
         score = 0.0 if kept_t.numel() else math.nan
         if bool(valid.any()):

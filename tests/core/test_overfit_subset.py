@@ -26,6 +26,7 @@ from lightning_pilot.core.overfit import (
     phase_columns,
     predicted_classes,
     predicted_pair,
+    recovery,
     select_indices,
     subset_batches,
     subset_ids,
@@ -327,3 +328,20 @@ def test_predicted_pair_reads_logits_a_squeezed_binary_logit_or_names_the_proble
         (1, 2), torch.tensor([1]), shift=False, ignore_index=-100, call="forward(inputs)"
     )
     assert missing == (None, "forward(inputs) returned a tuple without logits")
+
+
+def test_one_logit_recovery_scores_a_subset_of_one_class() -> None:
+    """A one-logit binary model's output size is 1: its subset of all-0 labels, all predicted
+    0, is fully recovered (torchmetrics refuses fewer than two classes)."""
+    zeros = torch.zeros(4, dtype=torch.long)
+    result = recovery(zeros, zeros, ["a", "b", "c", "d"], ignore_index=-100, num_classes=1)
+    assert (result.metric, result.score, result.examples, result.wrong_ids) == (
+        "accuracy",
+        1.0,
+        4,
+        [],
+    )
+    half = recovery(
+        torch.tensor([0, 1]), torch.tensor([0, 0]), [7, 8], ignore_index=-100, num_classes=1
+    )
+    assert (half.score, half.wrong_ids) == (0.5, ["8"])
