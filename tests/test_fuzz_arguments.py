@@ -71,6 +71,7 @@ class Kind:
 
 
 BOOL, FUNC, TEXT, NAME, PATH = Kind("bool"), Kind("func"), Kind("text"), Kind("name"), Kind("path")
+OPTIONAL_BOOL = Kind("optional bool")  # True, False or None (None: decided from the module)
 INSTANCE, PARAMS, STRINGS = Kind("instance"), Kind("params"), Kind("strings")
 SPEC, FACTORY, RUN_ID, SCHEDULE = Kind("spec"), Kind("factory"), Kind("run_id"), Kind("schedule")
 OPTION, OVERFIT = Kind("option"), Kind("overfit")
@@ -109,6 +110,8 @@ def _float_values(kind: Float) -> Iterator[Bad]:
 _VALUES: dict[Kind, list[Bad]] = {
     BOOL: [("no", TypeError), ("False", TypeError), ("", TypeError), (1, TypeError),
            (0, TypeError), (None, TypeError)],
+    OPTIONAL_BOOL: [("no", TypeError), ("False", TypeError), ("", TypeError), (1, TypeError),
+                    (0, TypeError)],
     FUNC: [("fn", TypeError), (3, TypeError), ([], TypeError)],
     TEXT: [(3, TypeError), (b"x", TypeError), ("", ValueError), ("   ", ValueError)],
     NAME: [(3, TypeError), (None, TypeError), ("", ValueError), (" ", ValueError),
@@ -249,7 +252,7 @@ KINDS: dict[Target, dict[str, object]] = {
         "check_every": Int(1),
         "batch_size": Int(1),
         "num_classes": Int(2),
-        "shift_labels": BOOL,
+        "shift_labels": OPTIONAL_BOOL,
         "init_tolerance": Float(1, open_minimum=True),
         "predict_fn": FUNC,
         "adapter": INSTANCE,

@@ -17,7 +17,12 @@ from lightning_pilot.core import validate
 from lightning_pilot.core.batches import BatchAdapter
 from lightning_pilot.core.checks import CheckResult
 from lightning_pilot.core.data_checks import DataInspection
-from lightning_pilot.core.label_checks import CausalLMWatch, find_encoder_decoder, infer_output_size
+from lightning_pilot.core.label_checks import (
+    CausalLMWatch,
+    EncoderHeadWatch,
+    find_encoder_decoder,
+    infer_output_size,
+)
 from lightning_pilot.core.prompt_checks import PromptSpec
 from lightning_pilot.core.split_inspection import SplitInspection
 from lightning_pilot.core.split_scan import DatasetScan
@@ -168,9 +173,11 @@ class BatchInspector(PilotCallback):
             size, source = infer_output_size(pl_module)
         ignore_index = self.adapter.ignore_index
         # A few calls decide; later ones (a verdict waiting for validation) cost one call each.
+        calls = 4 * self.batches
         self._watch = CausalLMWatch.attach(
-            pl_module, ignore_index=ignore_index, max_calls=4 * self.batches
-        )
+            pl_module, ignore_index=ignore_index, max_calls=calls
+        ) or EncoderHeadWatch.attach(pl_module, ignore_index=ignore_index, max_calls=calls)
+        shifts = self._watch is not None and self._watch.shifts_labels
         inspect_split = functools.partial(
             SplitInspection,
             ignore_index=ignore_index,
@@ -179,7 +186,7 @@ class BatchInspector(PilotCallback):
             max_length=self.max_length or _max_length(trainer, pl_module),
             pad_token_id=self.pad_token_id,
             padding_warn=self.padding_warn,
-            causal_lm=None if self._watch is None else self._watch.name,
+            causal_lm=self._watch.name if self._watch is not None and shifts else None,
             encoder_decoder=find_encoder_decoder(pl_module),
             prompt=self.prompt,
         )

@@ -21,7 +21,7 @@ from lightning_pilot.callbacks._shared import evaluating, step_loss
 from lightning_pilot.core import overfit, validate
 from lightning_pilot.core.batches import BatchAdapter
 from lightning_pilot.core.checks import CheckResult
-from lightning_pilot.core.label_checks import infer_output_size
+from lightning_pilot.core.label_checks import find_encoder_head, infer_output_size
 from lightning_pilot.core.overfit import error_text
 from lightning_pilot.run import PilotCallback
 from lightning_pilot.schemas import OVERFIT_SCHEMA, OVERFIT_SCHEMA_VERSION, OVERFIT_TABLE
@@ -58,7 +58,9 @@ class OverfitTinySubset(PilotCallback):
         batch_size: examples per subset batch (default: the whole subset in one batch).
         num_classes: classes (vocabulary size for an LM) for ``-log(1/C)`` and torchmetrics.
         shift_labels: token targets are aligned with the inputs and the model shifts (causal
-            LMs); ``False`` for token classification.
+            LMs); ``False`` for token classification. Default: ``False`` when the module holds
+            a Hugging Face ``*ForMaskedLM``, ``*ForTokenClassification`` or
+            ``*ForMultipleChoice`` (their labels are not shifted), else ``True``.
         init_tolerance: accepted factor between the initial loss and ``-log(1/C)``.
         predict_fn: ``fn(pl_module, batch) -> logits or predictions`` on a device batch.
             Default: the module's ``forward``; without one (``self.model = HFModel(...)``
@@ -93,7 +95,7 @@ class OverfitTinySubset(PilotCallback):
         check_every: int = 1,
         batch_size: int | None = None,
         num_classes: int | None = None,
-        shift_labels: bool = True,
+        shift_labels: bool | None = None,
         init_tolerance: float = 2.0,
         predict_fn: PredictFn | None = None,
         adapter: BatchAdapter | None = None,
@@ -120,7 +122,9 @@ class OverfitTinySubset(PilotCallback):
         self.num_classes = validate.integer(
             owner, "num_classes", num_classes, minimum=2, optional=True
         )
-        self.shift_labels = validate.boolean(owner, "shift_labels", shift_labels)
+        self.shift_labels = (
+            None if shift_labels is None else validate.boolean(owner, "shift_labels", shift_labels)
+        )
         self.init_tolerance = validate.number(
             owner, "init_tolerance", init_tolerance, minimum=1, allow_minimum=False
         )
@@ -141,6 +145,7 @@ class OverfitTinySubset(PilotCallback):
         self._last_step: int | None = None
         self._done = False
         self._notes = overfit.Notes()
+        self._shift = self.shift_labels is not False
         # Where the predictions come from: "predict_fn", "forward" or "training_step" (the
         # logits a submodule returned inside the user's training step, read by forward hooks).
         self._source: str | None = None
@@ -170,6 +175,10 @@ class OverfitTinySubset(PilotCallback):
         self._reset()
         self._trainer = trainer
         self.run.register_table(OVERFIT_TABLE, OVERFIT_SCHEMA)
+        head = find_encoder_head(pl_module) if self.shift_labels is None else None
+        if head is not None:  # its labels are aligned with the inputs, not shifted
+            self._shift = False
+            self._notes.add(f"token labels scored unshifted: {type(head[1]).__name__}")
         rank_zero_warn(
             f"OverfitTinySubset changes training: this fit trains and validates on a fixed"
             f" subset of {self.num_examples} training examples (seed {self.seed}) for at most"
@@ -276,7 +285,7 @@ class OverfitTinySubset(PilotCallback):
             self._notes.add("the training batches have no targets the adapter can read")
             return
         aligned = overfit.align_predictions(
-            predicted, targets, shift=self.shift_labels, ignore_index=self.adapter.ignore_index
+            predicted, targets, shift=self._shift, ignore_index=self.adapter.ignore_index
         )
         if aligned is None:
             self._misaligned = (
@@ -396,7 +405,7 @@ class OverfitTinySubset(PilotCallback):
             self._fall_back(pl_module, f"{self._call_name(pl_module)} raised {error_text(err)}")
             return None
         aligned, problem = overfit.predicted_pair(
-            out, targets, shift=self.shift_labels, ignore_index=self.adapter.ignore_index,
+            out, targets, shift=self._shift, ignore_index=self.adapter.ignore_index,
             call=self._call_name(pl_module),
         )  # fmt: skip
         if problem is not None:
@@ -427,7 +436,14 @@ class OverfitTinySubset(PilotCallback):
         )  # fmt: skip
 
     def _classes(self, pl_module: pl.LightningModule) -> int | None:
-        return self.num_classes or infer_output_size(pl_module)[0]
+        size = self.num_classes or infer_output_size(pl_module)[0]
+        head = find_encoder_head(pl_module) if size is None and self._batches else None
+        if head is not None and type(head[1]).__name__.endswith("ForMultipleChoice"):
+            # One logit per choice: the classes are the choices, input_ids [batch, choices, T].
+            inputs = self.adapter.view(self._batches[0], count_tokens=False).inputs
+            if isinstance(inputs, torch.Tensor) and inputs.ndim >= 3 and inputs.shape[1] >= 2:
+                return int(inputs.shape[1])
+        return size
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

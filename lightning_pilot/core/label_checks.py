@@ -51,6 +51,13 @@ def infer_output_size(module: nn.Module) -> tuple[int | None, str]:
             return head.out_features, "out_features of get_output_embeddings()"
         if isinstance(head, nn.Embedding):
             return head.num_embeddings, "num_embeddings of get_output_embeddings()"
+    head = find_encoder_head(module)
+    if head is not None and type(head[1]).__name__.endswith("ForMultipleChoice"):
+        # Its classifier has one output, a score per choice: the labels index the choices.
+        return None, (
+            f"{_named(*head)} scores each choice with one logit, so its labels index the"
+            " choices of input_ids [batch, choices, length] (checked by choice_labels)"
+        )
     children = dict(module.named_children())
     for name in HEAD_NAMES:
         child = children.get(name)
@@ -69,11 +76,29 @@ _NOT_SHIFTING: Final = frozenset({"XLNetLMHeadModel"})
 def find_causal_lm(module: nn.Module) -> tuple[str, nn.Module] | None:
     """The first Hugging Face causal LM in ``module`` as ``(path, model)`` (``""``: the module
     itself), or ``None``; matched by class name (docs/data-and-overfit.md)."""
+    return _find_hugging_face(module, ("ForCausalLM", "LMHeadModel"), _NOT_SHIFTING)
+
+
+#: Hugging Face encoder heads, by class-name ending, and the check of the ``labels=`` they get.
+ENCODER_HEAD_CHECKS: Final = {
+    "ForMaskedLM": "masked_lm_labels",
+    "ForTokenClassification": "token_labels",
+    "ForMultipleChoice": "choice_labels",
+}
+
+
+def find_encoder_head(module: nn.Module) -> tuple[str, nn.Module] | None:
+    """The first Hugging Face masked LM, token classifier or multiple-choice model in ``module``
+    as ``(path, model)`` (``""``: the module itself), or ``None``; matched by class name."""
+    return _find_hugging_face(module, tuple(ENCODER_HEAD_CHECKS), frozenset())
+
+
+def _find_hugging_face(
+    module: nn.Module, endings: tuple[str, ...], excluded: frozenset[str]
+) -> tuple[str, nn.Module] | None:
     for name, sub in module.named_modules():
         cls = type(sub)
-        if cls.__name__ in _NOT_SHIFTING or not cls.__name__.endswith(
-            ("ForCausalLM", "LMHeadModel")
-        ):
+        if cls.__name__ in excluded or not cls.__name__.endswith(endings):
             continue
         if any(
             base.__name__ == "PreTrainedModel" and base.__module__.startswith("transformers.")
@@ -81,6 +106,10 @@ def find_causal_lm(module: nn.Module) -> tuple[str, nn.Module] | None:
         ):
             return name, sub
     return None
+
+
+def _named(path: str, model: nn.Module) -> str:
+    return f"{type(model).__name__} at '{path}'" if path else type(model).__name__
 
 
 def find_encoder_decoder(module: nn.Module) -> str | None:
@@ -353,6 +382,9 @@ class CausalLMWatch:
     """A forward pre-hook on a Hugging Face causal LM: the ``labels=`` its first ``max_calls`` calls
     get (never raising into the user's forward; a copy of the model carries an inert watch)."""
 
+    #: The watched model shifts the labels it is given (a causal LM).
+    shifts_labels: bool = True
+
     def __init__(self, name: str, ignore_index: int, max_calls: int) -> None:
         self.name, self.ignore_index, self.max_calls = name, ignore_index, max_calls
         self.calls = 0
@@ -403,3 +435,193 @@ class CausalLMWatch:
             detail = f"reading the labels given to {self.name} raised {self.error}"
             return CheckResult("causal_lm_labels", "not_checked", detail)
         return check_causal_lm_labels(self.name, self.relations, self.calls)
+
+
+class EncoderHeadWatch(CausalLMWatch):
+    """A forward pre-hook on a Hugging Face masked LM, token classifier or multiple-choice model:
+    what its first ``max_calls`` calls get as ``labels=``, judged by the head's convention
+    (``masked_lm_labels``, ``token_labels`` or ``choice_labels``; docs/data-and-overfit.md).
+
+    >>> watch = EncoderHeadWatch("BertForMaskedLM", -100, max_calls=4)
+    >>> ids = torch.tensor([[1, 3, 7, 2], [1, 8, 3, 2]])  # 3: the mask token
+    >>> watch(nn.Identity(), (), {"input_ids": ids, "labels": ids})  # labels = inputs: a copy
+    >>> print(watch.check().verdict)
+    fail
+    """
+
+    shifts_labels = False
+
+    def __init__(self, name: str, ignore_index: int, max_calls: int) -> None:
+        super().__init__(name, ignore_index, max_calls)
+        ending = next(e for e in ENCODER_HEAD_CHECKS if name.split(" at ")[0].endswith(e))
+        self.check_name: str = ENCODER_HEAD_CHECKS[ending]
+        self.tally: Counter[str] = Counter()
+        self.values: set[int] = set()  # multiple choice: the counted labels out of range
+        self.ends: set[str] = set()  # token labels: "first=<id>", "last=<id>" seen
+
+    @classmethod
+    def attach(
+        cls, module: nn.Module, *, ignore_index: int, max_calls: int
+    ) -> EncoderHeadWatch | None:
+        """Watch the first Hugging Face encoder head of ``module``; ``None`` when it holds none."""
+        found = find_encoder_head(module)
+        if found is None:
+            return None
+        watch = cls(_named(*found), ignore_index, max_calls)
+        watch._handle = found[1].register_forward_pre_hook(watch, with_kwargs=True)
+        return watch
+
+    def __call__(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        if self.calls >= self.max_calls:
+            return
+        try:
+            self.calls += 1
+            labels = kwargs.get("labels")
+            ids = kwargs.get("input_ids", args[0] if args else None)
+            if not (isinstance(labels, torch.Tensor) and isinstance(ids, torch.Tensor)):
+                self.tally["unread"] += labels is not None
+                return
+            if not (is_int_tensor(labels) and is_int_tensor(ids)):
+                self.tally["unread"] += 1
+                return
+            labels, ids = labels.detach().cpu(), ids.detach().cpu()
+            mask = kwargs.get("attention_mask")
+            real = mask.detach().cpu() != 0 if isinstance(mask, torch.Tensor) else None
+            if self.check_name == "choice_labels":
+                self._add_choices(labels, ids)
+            elif labels.shape != ids.shape or labels.ndim != 2:
+                self.tally["unread"] += 1
+            else:
+                if real is None or real.shape != ids.shape:
+                    real = torch.ones(ids.shape, dtype=torch.bool)
+                self._add_tokens(labels, ids, real)
+        except Exception as err:  # inside the user's forward: record, never raise
+            self.error = f"{type(err).__name__}: {err}"
+
+    def __reduce__(self) -> tuple[type[CausalLMWatch], tuple[str, int, int]]:
+        return EncoderHeadWatch, (self.name, self.ignore_index, 0)
+
+    def _add_choices(self, labels: torch.Tensor, ids: torch.Tensor) -> None:
+        if ids.ndim != 3 or labels.shape != ids.shape[:1]:
+            self.tally["unread"] += 1
+            return
+        choices = int(ids.shape[1])
+        counted = labels[labels != self.ignore_index]
+        bad = counted[(counted < 0) | (counted >= choices)]
+        self.values.update(int(v) for v in bad.tolist())
+        self.tally.update(rows=int(counted.numel()), bad=int(bad.numel()))
+        self.tally[f"choices={choices}"] += 1
+
+    def _add_tokens(self, labels: torch.Tensor, ids: torch.Tensor, real: torch.Tensor) -> None:
+        counted = labels != self.ignore_index
+        self.tally.update(
+            real=int(real.sum()),
+            counted=int(counted.sum()),
+            visible=int((counted & (labels == ids)).sum()),
+        )
+        # Each row's first and last real positions: where a tokenizer puts [CLS] and [SEP].
+        width = int(ids.shape[1])
+        has = real.any(dim=1)
+        first = real.to(torch.int64).argmax(dim=1)
+        last = width - 1 - real.flip(1).to(torch.int64).argmax(dim=1)
+        for end, where in (("first", first), ("last", last)):
+            rows = torch.nonzero(has).flatten()
+            tokens = ids[rows, where[rows]]
+            self.tally[f"{end}_rows"] += int(rows.numel())
+            self.tally[f"{end}_counted"] += int(counted[rows, where[rows]].sum())
+            self.ends.update(f"{end}={int(t)}" for t in tokens.tolist())
+
+    def check(self) -> CheckResult:
+        """The head's check of the labels it was given, or why it cannot tell."""
+        name, seen = self.check_name, f"{self.calls} forward call(s) seen"
+        if self.error is not None:
+            detail = f"reading the labels given to {self.name} raised {self.error}"
+            return CheckResult(name, "not_checked", detail)
+        if self.calls == 0:
+            return CheckResult(
+                name, "not_checked", f"{self.name} was not called before the verdict"
+            )
+        if name == "choice_labels":
+            return self._choice_check(seen)
+        counted, unread = self.tally["counted"], self.tally["unread"]
+        if counted == 0:
+            given = f"{unread} labels= of another shape than its input_ids, " if unread else ""
+            detail = (
+                f"{self.name} was given no token labels= comparable with its input_ids ({given}"
+                f"{seen}): the loss is computed outside it, or every label is {self.ignore_index}"
+            )
+            return CheckResult(name, "not_checked", detail)
+        if name == "masked_lm_labels":
+            return self._masked_check(seen)
+        return self._token_check(seen)
+
+    def _masked_check(self, seen: str) -> CheckResult:
+        counted, visible, real = self.tally["counted"], self.tally["visible"], self.tally["real"]
+        share = (
+            f"{counted} of {real} real position(s) ({counted / max(real, 1):.0%}) are counted in"
+            f" the loss, and the label equals the input token at {visible} of them"
+            f" ({visible / counted:.0%}; {seen})"
+        )
+        if 2 * visible > counted:
+            detail = (
+                f"{self.name} was given labels equal to its input_ids: {share}; a masked LM"
+                " predicts each position's own token (it does not shift), so a position that"
+                " shows its label teaches it to copy: mask the inputs as"
+                " DataCollatorForLanguageModeling does (about 15% of positions get the original"
+                f" id as label and the mask token in input_ids, labels {self.ignore_index}"
+                " elsewhere)"
+            )
+            return CheckResult("masked_lm_labels", "fail", detail)
+        return CheckResult("masked_lm_labels", "pass", f"{share}: the inputs hide the targets")
+
+    def _token_check(self, seen: str) -> CheckResult:
+        ends = []
+        for end, what in (("first", "[CLS]/<s>"), ("last", "[SEP]/</s>")):
+            tokens = [v for v in self.ends if v.startswith(f"{end}=")]
+            rows = self.tally[f"{end}_rows"]
+            if len(tokens) == 1 and rows >= 2:  # the same id ends every row: a special token
+                token = tokens[0].split("=")[1]
+                ends.append((end, what, token, rows, self.tally[f"{end}_counted"]))
+        if not ends:
+            detail = (
+                f"the first and last real tokens differ between rows ({seen}): no special token"
+                " ([CLS], [SEP]) to check the labels' alignment on"
+            )
+            return CheckResult("token_labels", "not_checked", detail)
+        said = "; ".join(
+            f"the {end} real token (id {token} in all {rows} rows, a {what}) is counted in"
+            f" {n} row(s)"
+            for end, what, token, rows, n in ends
+        )
+        if any(n for *_, n in ends):
+            detail = (
+                f"special tokens are in the loss: {said} ({seen}); {self.name} gives each word"
+                f" a label and special tokens {self.ignore_index}: labels shifted by one"
+                " position put a word's label on the token before or after it; align them"
+                " with the tokenizer's word_ids() and give special tokens"
+                f" {self.ignore_index}"
+            )
+            return CheckResult("token_labels", "fail", detail)
+        return CheckResult("token_labels", "pass", f"{said}: special tokens out of the loss")
+
+    def _choice_check(self, seen: str) -> CheckResult:
+        rows, bad, unread = self.tally["rows"], self.tally["bad"], self.tally["unread"]
+        choices = sorted(int(k.split("=")[1]) for k in self.tally if k.startswith("choices="))
+        if rows == 0:
+            detail = (
+                f"{self.name} was given no labels= of one choice index per example with"
+                f" input_ids [batch, choices, length] ({unread} of another shape; {seen})"
+            )
+            return CheckResult("choice_labels", "not_checked", detail)
+        fewest = choices[0]
+        if bad == 0:
+            detail = f"{rows} label(s) index the {shown_names(choices)} choice(s) ({seen})"
+            return CheckResult("choice_labels", "pass", detail)
+        values = sorted(self.values)
+        hint = "; labels look shifted by one choice (1-based?)" if fewest in values else ""
+        detail = (
+            f"{bad} of {rows} label(s) outside [0, {fewest - 1}] ({self.name} scores"
+            f" {shown_names(choices)} choice(s) per example, the second dimension of input_ids):"
+            f" values {shown_names(values)}{hint}"
+        )
+        return CheckResult("choice_labels", "fail", detail)
