@@ -222,3 +222,12 @@ def test_overfit_defaults_score_encoder_heads(task: str, metric: str, tmp_path: 
     assert overfit.checks["targets_recovered"].detail.startswith(f"{metric} 1.000")
     expected = {"token_classification": LABELS, "multiple_choice": CHOICES}[task]
     assert f"-log(1/{expected})" in overfit.checks["initial_loss"].detail
+
+
+def test_choice_lengths_are_read_per_choice(tmp_path: Path) -> None:
+    """``[batch, choices, length]`` inputs and mask: truncation is judged on each choice."""
+    inspector = BatchInspector(max_length=WIDTH)
+    _fit("multiple_choice", [inspector], tmp_path)
+    check = inspector.checks["train/truncation"]
+    assert check.verdict == "warn"
+    assert check.detail.startswith(f"64 of 64 sequence(s) (100%) reach max_length={WIDTH}")

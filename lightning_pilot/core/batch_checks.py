@@ -67,9 +67,15 @@ def check_targets_present(targets: Any) -> CheckResult:
 
 
 def row_lengths(inputs: Any, mask: Any) -> list[int] | None:
-    """Real (non-padding) length of each sequence: the mask's row sums, else the full width."""
-    if isinstance(mask, torch.Tensor) and mask.ndim == 2:
-        lengths: list[int] = mask.detach().to(torch.int64).sum(dim=1).cpu().tolist()
+    """Real (non-padding) length of each sequence: the mask's row sums, else the full width; a
+    mask of the inputs' shape ``[batch, choices, length]`` (multiple choice) gives one length per
+    choice."""
+    if isinstance(mask, torch.Tensor) and (
+        mask.ndim == 2
+        or (isinstance(inputs, torch.Tensor) and inputs.ndim > 2 and inputs.shape == mask.shape)
+    ):
+        rows = mask.detach().to(torch.int64).reshape(-1, mask.shape[-1])
+        lengths: list[int] = rows.sum(dim=1).cpu().tolist()
         return lengths
     if is_int_tensor(inputs) and inputs.ndim == 2:
         return [int(inputs.shape[1])] * int(inputs.shape[0])
