@@ -231,3 +231,20 @@ def test_choice_lengths_are_read_per_choice(tmp_path: Path) -> None:
     check = inspector.checks["train/truncation"]
     assert check.verdict == "warn"
     assert check.detail.startswith(f"64 of 64 sequence(s) (100%) reach max_length={WIDTH}")
+
+
+def test_one_fixed_label_on_the_special_tokens_warns_varying_labels_fail() -> None:
+    """[CLS]/[SEP] labelled with one fixed class (an "O") in every row may be deliberate: a
+    warning; varying labels there are words' labels moved onto them: a failure."""
+    from lightning_pilot.core.label_checks import EncoderHeadWatch
+
+    ids = torch.tensor([[1, 5, 6, 7, 2], [1, 8, 9, 2, 0], [1, 4, 5, 6, 2]])
+    mask = (ids != 0).long()
+    fixed = torch.tensor([[0, 3, 4, 0, 0], [0, 1, 2, 0, -100], [0, 4, 4, 3, 0]])
+    varying = torch.tensor([[3, 4, 0, 0, -100], [1, 2, 0, -100, -100], [4, 4, 3, 0, -100]])
+    verdicts = []
+    for labels in (fixed, varying):
+        watch = EncoderHeadWatch("BertForTokenClassification", -100, max_calls=4)
+        watch(torch.nn.Identity(), (), {"input_ids": ids, "attention_mask": mask, "labels": labels})
+        verdicts.append(watch.check().verdict)
+    assert verdicts == ["warn", "fail"]

@@ -458,6 +458,7 @@ class EncoderHeadWatch(CausalLMWatch):
         self.tally: Counter[str] = Counter()
         self.values: set[int] = set()  # multiple choice: the counted labels out of range
         self.ends: set[str] = set()  # token labels: "first=<id>", "last=<id>" seen
+        self.end_labels: set[int] = set()  # token labels: the labels counted on those tokens
 
     @classmethod
     def attach(
@@ -529,6 +530,8 @@ class EncoderHeadWatch(CausalLMWatch):
             tokens = ids[rows, where[rows]]
             self.tally[f"{end}_rows"] += int(rows.numel())
             self.tally[f"{end}_counted"] += int(counted[rows, where[rows]].sum())
+            on_end = labels[rows, where[rows]]
+            self.end_labels.update(on_end[on_end != self.ignore_index].tolist())
             self.ends.update(f"{end}={int(t)}" for t in tokens.tolist())
 
     def check(self) -> CheckResult:
@@ -601,6 +604,9 @@ class EncoderHeadWatch(CausalLMWatch):
                 " with the tokenizer's word_ids() and give special tokens"
                 f" {self.ignore_index}"
             )
+            if len(self.end_labels) == 1:  # one fixed label (an "O"): deliberate, or a shift
+                fixed = f"; they all carry label {next(iter(self.end_labels))}, harmless if that"
+                return CheckResult("token_labels", "warn", detail + fixed + " is deliberate")
             return CheckResult("token_labels", "fail", detail)
         return CheckResult("token_labels", "pass", f"{said}: special tokens out of the loss")
 
