@@ -187,6 +187,12 @@ def test_masked_lm_given_its_inputs_as_labels_fails(tmp_path: Path) -> None:
     assert "BertForMaskedLM at 'model' was given labels equal to its input_ids" in check.detail
     assert "the label equals the input token at" in check.detail
     assert "(100%;" in check.detail
+    for name in ("train/label_shift", "train/instruction_masked"):  # not a shift, not a prompt
+        assert inspector.checks[name].verdict == "not_checked", inspector.checks[name]
+        assert inspector.checks[name].detail == (
+            "BertForMaskedLM at 'model' (masked_lm_labels) predicts each position's own label"
+            " (no prompt, no shift): its labels are checked there"
+        )
 
 
 def test_token_labels_shifted_by_one_position_fail(tmp_path: Path) -> None:

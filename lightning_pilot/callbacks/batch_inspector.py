@@ -189,6 +189,11 @@ class BatchInspector(PilotCallback):
             causal_lm=self._watch.name if self._watch is not None and shifts else None,
             encoder_decoder=find_encoder_decoder(pl_module),
             prompt=self.prompt,
+            encoder_head=(
+                f"{self._watch.name} ({self._watch.check_name})"
+                if isinstance(self._watch, EncoderHeadWatch)
+                else None
+            ),
         )
         self._inspection = DataInspection(
             {split: inspect_split(split) for split in ("train", "val")},

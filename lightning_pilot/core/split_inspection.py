@@ -56,11 +56,13 @@ class SplitInspection:
         causal_lm: str | None = None,
         encoder_decoder: str | None = None,
         prompt: PromptSpec | None = None,
+        encoder_head: str | None = None,
     ) -> None:
         self.split, self.ignore_index, self.max_length = split, ignore_index, max_length
         self.output_size, self.size_source = output_size, size_source
         self.pad_token_id, self.padding_warn, self.causal_lm = pad_token_id, padding_warn, causal_lm
         self.encoder_decoder, self.prompt = encoder_decoder, prompt
+        self.encoder_head = encoder_head  # "<model> (<its check>)": it predicts its own labels
         self.unaligned = None
         if encoder_decoder is not None:
             self.unaligned = (
@@ -241,6 +243,13 @@ class SplitInspection:
                 )
             results.append(CheckResult("instruction_masked", "not_checked", unaligned))
             results.append(CheckResult("label_shift", "not_checked", unaligned))
+        elif self._sequence and self.encoder_head is not None:
+            own = (
+                f"{self.encoder_head} predicts each position's own label (no prompt, no shift):"
+                " its labels are checked there"
+            )
+            results.append(CheckResult("instruction_masked", "not_checked", own))
+            results.append(CheckResult("label_shift", "not_checked", own))
         elif self._sequence:
             if self.prompt is not None:
                 results.append(self._prompt_check())
