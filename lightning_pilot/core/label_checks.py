@@ -11,6 +11,7 @@ from typing import Any, Final
 import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
+from typing_extensions import Self
 
 from lightning_pilot.core.batch_checks import target_kind
 from lightning_pilot.core.batches import is_int_tensor
@@ -392,18 +393,20 @@ class CausalLMWatch:
         self.error: str | None = None
         self._handle: RemovableHandle | None = None
 
+    @staticmethod
+    def find(module: nn.Module) -> tuple[str, nn.Module] | None:
+        """The watched kind of model in ``module`` as ``(path, model)``: a causal LM here."""
+        return find_causal_lm(module)
+
     @classmethod
-    def attach(
-        cls, module: nn.Module, *, ignore_index: int, max_calls: int
-    ) -> CausalLMWatch | None:
-        """Watch the first Hugging Face causal LM of ``module``; ``None`` when it holds none."""
-        found = find_causal_lm(module)
+    def attach(cls, module: nn.Module, *, ignore_index: int, max_calls: int) -> Self | None:
+        """Watch the first model of the kind :meth:`find` finds in ``module``; ``None`` when it
+        holds none."""
+        found = cls.find(module)
         if found is None:
             return None
-        path, model = found
-        name = f"{type(model).__name__} at '{path}'" if path else type(model).__name__
-        watch = cls(name, ignore_index, max_calls)
-        watch._handle = model.register_forward_pre_hook(watch, with_kwargs=True)
+        watch = cls(_named(*found), ignore_index, max_calls)
+        watch._handle = found[1].register_forward_pre_hook(watch, with_kwargs=True)
         return watch
 
     def remove(self) -> None:
@@ -460,17 +463,10 @@ class EncoderHeadWatch(CausalLMWatch):
         self.ends: set[str] = set()  # token labels: "first=<id>", "last=<id>" seen
         self.end_labels: set[int] = set()  # token labels: the labels counted on those tokens
 
-    @classmethod
-    def attach(
-        cls, module: nn.Module, *, ignore_index: int, max_calls: int
-    ) -> EncoderHeadWatch | None:
-        """Watch the first Hugging Face encoder head of ``module``; ``None`` when it holds none."""
-        found = find_encoder_head(module)
-        if found is None:
-            return None
-        watch = cls(_named(*found), ignore_index, max_calls)
-        watch._handle = found[1].register_forward_pre_hook(watch, with_kwargs=True)
-        return watch
+    @staticmethod
+    def find(module: nn.Module) -> tuple[str, nn.Module] | None:
+        """The first Hugging Face encoder head in ``module`` as ``(path, model)``."""
+        return find_encoder_head(module)
 
     def __call__(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if self.calls >= self.max_calls:
