@@ -420,14 +420,16 @@ class CausalLMWatch:
             return
         try:
             self.calls += 1
-            labels = kwargs.get("labels")
-            if labels is None:
-                return
             ids = kwargs.get("input_ids", args[0] if args else None)
-            relations = label_relations(ids, labels, ignore_index=self.ignore_index)
-            self.relations.update(r for r in relations or [] if r is not None)
+            self._read(kwargs.get("labels"), ids, kwargs)
         except Exception as err:  # inside the user's forward: record, never raise
             self.error = f"{type(err).__name__}: {err}"
+
+    def _read(self, labels: Any, ids: Any, kwargs: dict[str, Any]) -> None:
+        """Count one call's ``labels=`` against its ``input_ids``."""
+        if labels is not None:
+            relations = label_relations(ids, labels, ignore_index=self.ignore_index)
+            self.relations.update(r for r in relations or [] if r is not None)
 
     def __reduce__(self) -> tuple[type[CausalLMWatch], tuple[str, int, int]]:
         return CausalLMWatch, (self.name, self.ignore_index, 0)
@@ -468,32 +470,24 @@ class EncoderHeadWatch(CausalLMWatch):
         """The first Hugging Face encoder head in ``module`` as ``(path, model)``."""
         return find_encoder_head(module)
 
-    def __call__(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        if self.calls >= self.max_calls:
+    def _read(self, labels: Any, ids: Any, kwargs: dict[str, Any]) -> None:
+        if not (isinstance(labels, torch.Tensor) and isinstance(ids, torch.Tensor)):
+            self.tally["unread"] += labels is not None
             return
-        try:
-            self.calls += 1
-            labels = kwargs.get("labels")
-            ids = kwargs.get("input_ids", args[0] if args else None)
-            if not (isinstance(labels, torch.Tensor) and isinstance(ids, torch.Tensor)):
-                self.tally["unread"] += labels is not None
-                return
-            if not (is_int_tensor(labels) and is_int_tensor(ids)):
-                self.tally["unread"] += 1
-                return
-            labels, ids = labels.detach().cpu(), ids.detach().cpu()
-            mask = kwargs.get("attention_mask")
-            real = mask.detach().cpu() != 0 if isinstance(mask, torch.Tensor) else None
-            if self.check_name == "choice_labels":
-                self._add_choices(labels, ids)
-            elif labels.shape != ids.shape or labels.ndim != 2:
-                self.tally["unread"] += 1
-            else:
-                if real is None or real.shape != ids.shape:
-                    real = torch.ones(ids.shape, dtype=torch.bool)
-                self._add_tokens(labels, ids, real)
-        except Exception as err:  # inside the user's forward: record, never raise
-            self.error = f"{type(err).__name__}: {err}"
+        if not (is_int_tensor(labels) and is_int_tensor(ids)):
+            self.tally["unread"] += 1
+            return
+        labels, ids = labels.detach().cpu(), ids.detach().cpu()
+        mask = kwargs.get("attention_mask")
+        real = mask.detach().cpu() != 0 if isinstance(mask, torch.Tensor) else None
+        if self.check_name == "choice_labels":
+            self._add_choices(labels, ids)
+        elif labels.shape != ids.shape or labels.ndim != 2:
+            self.tally["unread"] += 1
+        else:
+            if real is None or real.shape != ids.shape:
+                real = torch.ones(ids.shape, dtype=torch.bool)
+            self._add_tokens(labels, ids, real)
 
     def __reduce__(self) -> tuple[type[CausalLMWatch], tuple[str, int, int]]:
         return EncoderHeadWatch, (self.name, self.ignore_index, 0)
