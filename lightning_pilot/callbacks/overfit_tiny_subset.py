@@ -146,6 +146,7 @@ class OverfitTinySubset(PilotCallback):
         self._done = False
         self._notes = overfit.Notes()
         self._shift = self.shift_labels is not False
+        self._head: tuple[str, torch.nn.Module] | None = None  # a Hugging Face encoder head
         # Where the predictions come from: "predict_fn", "forward" or "training_step" (the
         # logits a submodule returned inside the user's training step, read by forward hooks).
         self._source: str | None = None
@@ -175,8 +176,8 @@ class OverfitTinySubset(PilotCallback):
         self._reset()
         self._trainer = trainer
         self.run.register_table(OVERFIT_TABLE, OVERFIT_SCHEMA)
-        head = find_encoder_head(pl_module) if self.shift_labels is None else None
-        if head is not None:  # its labels are aligned with the inputs, not shifted
+        self._head = head = find_encoder_head(pl_module)  # found once, read at every score
+        if head is not None and self.shift_labels is None:  # labels aligned with the inputs
             self._shift = False
             self._notes.add(f"token labels scored unshifted: {type(head[1]).__name__}")
         rank_zero_warn(
@@ -437,7 +438,7 @@ class OverfitTinySubset(PilotCallback):
 
     def _classes(self, pl_module: pl.LightningModule) -> int | None:
         size = self.num_classes or infer_output_size(pl_module)[0]
-        head = find_encoder_head(pl_module) if size is None and self._batches else None
+        head = self._head if size is None and self._batches else None
         if head is not None and type(head[1]).__name__.endswith("ForMultipleChoice"):
             # One logit per choice: the classes are the choices, input_ids [batch, choices, T].
             inputs = self.adapter.view(self._batches[0], count_tokens=False).inputs
