@@ -462,7 +462,8 @@ class EncoderHeadWatch(CausalLMWatch):
         self.check_name: str = ENCODER_HEAD_CHECKS[ending]
         self.tally: Counter[str] = Counter()
         self.values: set[int] = set()  # multiple choice: the counted labels out of range
-        self.ends: set[str] = set()  # token labels: "first=<id>", "last=<id>" seen
+        self.choices: set[int] = set()  # multiple choice: the choice counts seen
+        self.ends: dict[str, set[int]] = {"first": set(), "last": set()}  # token labels: ids
         self.end_labels: set[int] = set()  # token labels: the labels counted on those tokens
 
     @staticmethod
@@ -501,7 +502,7 @@ class EncoderHeadWatch(CausalLMWatch):
         bad = counted[(counted < 0) | (counted >= choices)]
         self.values.update(int(v) for v in bad.tolist())
         self.tally.update(rows=int(counted.numel()), bad=int(bad.numel()))
-        self.tally[f"choices={choices}"] += 1
+        self.choices.add(choices)
 
     def _add_tokens(self, labels: torch.Tensor, ids: torch.Tensor, real: torch.Tensor) -> None:
         counted = labels != self.ignore_index
@@ -522,7 +523,7 @@ class EncoderHeadWatch(CausalLMWatch):
             self.tally[f"{end}_counted"] += int(counted[rows, where[rows]].sum())
             on_end = labels[rows, where[rows]]
             self.end_labels.update(on_end[on_end != self.ignore_index].tolist())
-            self.ends.update(f"{end}={int(t)}" for t in tokens.tolist())
+            self.ends[end].update(tokens.tolist())
 
     def check(self) -> CheckResult:
         """The head's check of the labels it was given, or why it cannot tell."""
@@ -570,10 +571,9 @@ class EncoderHeadWatch(CausalLMWatch):
     def _token_check(self, seen: str) -> CheckResult:
         ends = []
         for end, what in (("first", "[CLS]/<s>"), ("last", "[SEP]/</s>")):
-            tokens = [v for v in self.ends if v.startswith(f"{end}=")]
             rows = self.tally[f"{end}_rows"]
-            if len(tokens) == 1 and rows >= 2:  # the same id ends every row: a special token
-                token = tokens[0].split("=")[1]
+            if len(self.ends[end]) == 1 and rows >= 2:  # one id ends every row: a special token
+                (token,) = self.ends[end]
                 ends.append((end, what, token, rows, self.tally[f"{end}_counted"]))
         if not ends:
             detail = (
@@ -602,7 +602,7 @@ class EncoderHeadWatch(CausalLMWatch):
 
     def _choice_check(self, seen: str) -> CheckResult:
         rows, bad, unread = self.tally["rows"], self.tally["bad"], self.tally["unread"]
-        choices = sorted(int(k.split("=")[1]) for k in self.tally if k.startswith("choices="))
+        choices = sorted(self.choices)
         if rows == 0:
             detail = (
                 f"{self.name} was given no labels= of one choice index per example with"
