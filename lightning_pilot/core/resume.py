@@ -259,10 +259,12 @@ def compare_trajectories(
     at_epoch_boundary: bool = False,
     atol: float = 0.0,
     rtol: float = 0.0,
+    lr_cause: str = "",
 ) -> tuple[list[CheckResult], list[StepPair]]:
     """The checks ``data_position``, ``loss_trajectory`` and ``lr_trajectory`` after a resume,
     and one :data:`StepPair` per reference micro-batch; ``seen_before``: the ids the reference
-    saw before the checkpoint in its epoch; ``atol``/``rtol`` (0: exact) for losses and rates."""
+    saw before the checkpoint in its epoch; ``atol``/``rtol`` (0: exact) for losses and rates;
+    ``lr_cause``: a known cause, added when the rates differ."""
     pairs: list[StepPair] = []
     first: dict[str, tuple[int, StepRecord, StepRecord]] = {}  # each one's first difference
     for index, ref in enumerate(reference):
@@ -285,7 +287,7 @@ def compare_trajectories(
             reference, resumed, first.get("ids"), seen_before, loader_stateful, at_epoch_boundary
         ),
         _value_check("loss_trajectory", "loss", first.get("loss"), *counts),
-        _value_check("lr_trajectory", "learning rates", first.get("lrs"), *counts),
+        _value_check("lr_trajectory", "learning rates", first.get("lrs"), *counts, lr_cause),
     ], pairs
 
 
@@ -364,6 +366,7 @@ def _value_check(
     first: tuple[int, StepRecord, StepRecord] | None,
     expected: int,
     got: int,
+    cause: str = "",
 ) -> CheckResult:
     if first is None:
         if got < expected:
@@ -375,5 +378,7 @@ def _value_check(
     else:
         values = f"{list(ref.lrs)} expected, {list(resumed.lrs)} after resume"
     return CheckResult(
-        name, "fail", f"{what} first differ at micro-batch {index} (step {ref.step}): {values}"
+        name,
+        "fail",
+        f"{what} first differ at micro-batch {index} (step {ref.step}): {values}{cause}",
     )

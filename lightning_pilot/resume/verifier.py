@@ -68,6 +68,10 @@ _PLATEAU_ON_STEP = (
 )
 
 
+def _plateau_on_step(trainer: pl.Trainer) -> bool:
+    return any(c.reduce_on_plateau and c.interval == "step" for c in trainer.lr_scheduler_configs)
+
+
 def _factory(value: object) -> str | None:
     """``"package.module:function"``: dotted identifiers on both sides of one colon."""
     owner, expected = "ResumeVerifier", "'package.module:function'"
@@ -491,6 +495,7 @@ class ResumeVerifier(PilotCallback):
             at_epoch_boundary=probe.kind == "epoch_boundary",
             atol=self.atol,
             rtol=self.rtol,
+            lr_cause=_PLATEAU_ON_STEP if _plateau_on_step(trainer) else "",
         )
         if trainer.world_size > 1 and not per_rank:
             why = (
@@ -501,13 +506,6 @@ class ResumeVerifier(PilotCallback):
             trajectory = [
                 CheckResult(c.name, "not_checked", why)
                 if c.name in ("data_position", "loss_trajectory")
-                else c
-                for c in trajectory
-            ]
-        if any(c.reduce_on_plateau and c.interval == "step" for c in trainer.lr_scheduler_configs):
-            trajectory = [
-                replace(c, detail=c.detail + _PLATEAU_ON_STEP)
-                if c.name == "lr_trajectory" and c.verdict == "fail"
                 else c
                 for c in trajectory
             ]
