@@ -38,17 +38,9 @@ Progress = Callable[[str], None]
 
 
 def announce(done: int, total: int, message: str) -> None:
-    """Print a progress marker line on stderr for the parent; a closed or broken stderr (the
-    parent is gone) is ignored: the watch thread ends this process then."""
+    """Print a progress marker line on stderr; a closed one (the parent is gone) is ignored."""
     with contextlib.suppress(OSError, ValueError):
         print(marker_line(done, total, message), file=sys.stderr, flush=True)
-
-
-def describe(task: ResumeTask | ArtifactTask) -> str:
-    """What a task is, in a few words (``"resume from mid_epoch-step-2.ckpt"``)."""
-    if isinstance(task, ResumeTask):
-        return f"resume from {Path(task.checkpoint).name}"
-    return f"artifact check of {Path(task.artifact).name}"
 
 
 def load_object(path: str) -> Any:
@@ -63,9 +55,8 @@ def load_object(path: str) -> Any:
 
 
 def _seed_like_the_script() -> None:
-    """Seed as the training script did before it built its objects (``seed_everything`` leaves
-    its seed in ``PL_GLOBAL_SEED``, which this process inherits), so random data or weights drawn
-    in a constructor come out the same; the fit's RNG states are restored at train start."""
+    """Seed as ``seed_everything`` did in the script (its ``PL_GLOBAL_SEED`` is inherited), so
+    random data or weights drawn in a constructor come out the same."""
     seed = os.environ.get("PL_GLOBAL_SEED")
     if seed is not None and seed.lstrip("-").isdigit():
         from lightning.fabric.utilities.seed import seed_everything
@@ -79,7 +70,7 @@ _BUILDER_KEYS = frozenset({"_class_path", "_instantiator"})
 
 
 def _build(
-    task: ResumeTask | ArtifactTask, checkpoint: Mapping[str, Any], datamodule_first: bool = False
+    task: ResumeTask | ArtifactTask, checkpoint: Mapping[str, Any], datamodule_first: bool
 ) -> tuple[Any, Any]:
     _seed_like_the_script()
     if task.factory:
@@ -108,13 +99,10 @@ def _build(
 
 
 def unpickle_loaders(payload: bytes | None, result: TaskResult) -> Any:
-    """The training loaders the training process pickled and sent on this process's stdin (a
-    fresh copy per call), or ``None`` with the reason in ``result.loader_error``.
-
-    Safe to unpickle, unlike a file: the bytes come through the anonymous pipe the training
-    process opened when it started this one (no name on any file system: nothing else can open,
-    write or replace it), and they are that process's own pickle of the objects the user passed
-    to ``fit`` in the same session, so unpickling runs only the code building them already ran.
+    """The training loaders pickled on stdin (a fresh copy per call), or ``None`` with the
+    reason in ``result.loader_error``. Safe to unpickle, unlike a file: the anonymous pipe has
+    no name anything else could open, and the bytes are the training process's own pickle of
+    the objects passed to ``fit``, so unpickling runs only code that building them already ran.
     """
     if not payload:
         result.loader_error = "no loaders came on stdin"
@@ -127,15 +115,15 @@ def unpickle_loaders(payload: bytes | None, result: TaskResult) -> Any:
 
 
 def run_resume(
-    task: ResumeTask, result: TaskResult, progress: Progress, loaders_payload: bytes | None
+    task: ResumeTask,
+    checkpoint: Mapping[str, Any],
+    result: TaskResult,
+    progress: Progress,
+    loaders_payload: bytes | None,
 ) -> None:
     """Rebuild the module and data as the script probably did (seed, module, data) and resume;
     when the data differ from the fit's after a seed, build the data first and resume again.
     With ``task.fit_loaders`` the training data are the loaders in ``loaders_payload``."""
-    progress("loading the checkpoint")
-    checkpoint = load_checkpoint(task.checkpoint, result)
-    if checkpoint is None:
-        return
     step, end = checkpoint.get("global_step"), task.trainer.get("max_steps")
     resuming = f"resuming the fit{'' if step is None else f' at update {step}'} until update {end}"
     for datamodule_first in (False, True):
@@ -169,15 +157,13 @@ def run_resume(
         result.build_order = "the DataModule before the module"
 
 
-def run_artifact(task: ArtifactTask, result: TaskResult, progress: Progress) -> None:
+def run_artifact(
+    task: ArtifactTask, checkpoint: Mapping[str, Any], result: TaskResult, progress: Progress
+) -> None:
     """Load the final artifact into a fresh module and save its outputs on the control inputs."""
-    progress("loading the checkpoint")
-    checkpoint = load_checkpoint(task.checkpoint, result)
-    if checkpoint is None:
-        return
     progress("rebuilding the module")
     try:
-        model, _ = _build(task, checkpoint)
+        model, _ = _build(task, checkpoint, datamodule_first=False)
     except Exception as err:
         result.build_error = f"{type(err).__name__}: {err}"
         return
@@ -224,10 +210,14 @@ def run_task(
     """One task's result; an exception of the user's code becomes its ``crash``."""
     result = TaskResult(kind=task.kind)
     try:
+        progress("loading the checkpoint")
+        checkpoint = load_checkpoint(task.checkpoint, result)
+        if checkpoint is None:
+            return result
         if isinstance(task, ResumeTask):
-            run_resume(task, result, progress, loaders_payload)
+            run_resume(task, checkpoint, result, progress, loaders_payload)
         else:
-            run_artifact(task, result, progress)
+            run_artifact(task, checkpoint, result, progress)
     except Exception as err:  # the user's code: reported whole
         result.crash = f"{type(err).__name__}: {err}"
         result.traceback = traceback.format_exc(limit=8)
@@ -239,7 +229,6 @@ def main(argv: list[str] | None = None) -> int:
     marker lines on stderr as each task goes; :class:`ProtocolError` for an unusable request."""
     args = sys.argv[1:] if argv is None else argv
     request = Request.from_dict(storage.read_json(args[0], max_bytes=MAX_REQUEST_BYTES))
-    # The training loaders passed to fit, pickled by the training process (unpickle_loaders).
     sent = any(isinstance(t, ResumeTask) and t.fit_loaders for t in request.tasks)
     payload = sys.stdin.buffer.read() if sent else None
     warnings.simplefilter("ignore")
@@ -248,7 +237,10 @@ def main(argv: list[str] | None = None) -> int:
     total = len(request.tasks)
     results = []
     for index, task in enumerate(request.tasks):
-        where = f"task {index + 1} of {total}, {describe(task)}"
+        if isinstance(task, ResumeTask):
+            where = f"task {index + 1} of {total}, resume from {Path(task.checkpoint).name}"
+        else:
+            where = f"task {index + 1} of {total}, artifact check of {Path(task.artifact).name}"
 
         def progress(phase: str, done: int = index, where: str = where) -> None:
             announce(done, total, f"{where}: {phase}")
