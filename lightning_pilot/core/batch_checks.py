@@ -31,6 +31,13 @@ def target_kind(inputs: Any, targets: Any) -> TargetKind:
     return "unknown"
 
 
+def real_positions(mask: Any, shape: torch.Size) -> torch.Tensor:
+    """The real (non-padding) positions: the mask's nonzero ones when it has ``shape``, else all."""
+    if isinstance(mask, torch.Tensor) and mask.shape == shape:
+        return mask.detach().cpu() != 0
+    return torch.ones(shape, dtype=torch.bool)
+
+
 def check_ids(ids: Sequence[Any] | None, batch_size: int | None) -> CheckResult:
     """Every example of the batch carries an id, and no id repeats within the batch."""
     name = "ids_present_unique"
@@ -67,16 +74,14 @@ def check_targets_present(targets: Any) -> CheckResult:
 
 
 def row_lengths(inputs: Any, mask: Any) -> list[int] | None:
-    """Real (non-padding) length of each sequence: the mask's row sums, else the full width; a
-    mask of the inputs' shape ``[batch, choices, length]`` (multiple choice) gives one length per
-    choice."""
+    """Real length of each sequence: the mask's row sums (one per choice for a ``[batch, choices,
+    length]`` mask of the inputs' shape), else the full width."""
     if isinstance(mask, torch.Tensor) and (
         mask.ndim == 2
         or (isinstance(inputs, torch.Tensor) and inputs.ndim > 2 and inputs.shape == mask.shape)
     ):
         rows = mask.detach().to(torch.int64).reshape(-1, mask.shape[-1])
-        lengths: list[int] = rows.sum(dim=1).cpu().tolist()
-        return lengths
+        return list(rows.sum(dim=1).cpu().tolist())
     if is_int_tensor(inputs) and inputs.ndim == 2:
         return [int(inputs.shape[1])] * int(inputs.shape[0])
     return None
@@ -87,8 +92,6 @@ def check_truncation(lengths: Sequence[int] | None, max_length: int | None) -> C
     name = "truncation"
     if lengths is None:
         return CheckResult(name, "not_checked", "inputs are not token sequences")
-    if not lengths:
-        return CheckResult(name, "not_checked", "no sequences inspected")
     if max_length is None:
         detail = (
             f"longest sequence {max(lengths)} tokens; the maximum length is unknown: give"
@@ -96,10 +99,8 @@ def check_truncation(lengths: Sequence[int] | None, max_length: int | None) -> C
         )
         return CheckResult(name, "not_checked", detail)
     at_max = sum(1 for n in lengths if n >= max_length)
-    fraction = at_max / len(lengths)
-    detail = (
-        f"{at_max} of {len(lengths)} sequence(s) ({fraction:.0%}) reach max_length={max_length}"
-    )
+    share = f"{at_max / len(lengths):.0%}"
+    detail = f"{at_max} of {len(lengths)} sequence(s) ({share}) reach max_length={max_length}"
     problem = detail + ": they were probably truncated, which can cut the part the loss needs"
     return _judged(name, problem if at_max else None, "warn", detail)
 

@@ -13,7 +13,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 from typing_extensions import Self
 
-from lightning_pilot.core.batch_checks import target_kind
+from lightning_pilot.core.batch_checks import real_positions, target_kind
 from lightning_pilot.core.batches import is_int_tensor
 from lightning_pilot.core.checks import CheckResult, shown_names
 
@@ -118,8 +118,7 @@ def find_encoder_decoder(module: nn.Module) -> str | None:
     ``Class at 'path'``; ``None`` when there is none."""
     for name, sub in module.named_modules():
         if getattr(getattr(sub, "config", None), "is_encoder_decoder", False) is True:
-            cls = type(sub).__name__
-            return f"{cls} at '{name}'" if name else cls
+            return _named(name, sub)
     return None
 
 
@@ -205,8 +204,8 @@ def _relations(
     names: Sequence[str],
     offsets: Sequence[int],
 ) -> list[str | None]:
-    """Per row, the first of ``names`` whose offset holds (:func:`_agree`), else ``"other"``;
-    ``None`` for a row with nothing counted."""
+    """Per row, the first of ``names`` whose offset agrees, else ``"other"`` (``None``: nothing
+    counted)."""
     labels, tokens = labels.detach().cpu(), tokens.detach().cpu()
     counted = labels != ignore_index
     flags = [_agree(labels, tokens, counted, offset) for offset in offsets]
@@ -225,11 +224,8 @@ def _agree(
     if abs(offset) >= width:
         return [False] * int(labels.shape[0])
     kept = slice(max(-offset, 0), width - max(offset, 0))
-    lab, tok, cnt = (
-        labels[:, kept],
-        tokens[:, max(offset, 0) : width + min(offset, 0)],
-        counted[:, kept],
-    )
+    lab, cnt = labels[:, kept], counted[:, kept]
+    tok = tokens[:, max(offset, 0) : width + min(offset, 0)]
     return list((((lab == tok) | ~cnt).all(dim=1) & cnt.any(dim=1)).tolist())
 
 
@@ -239,9 +235,9 @@ def decoder_label_relations(
     """How each row's labels relate to an encoder-decoder's ``decoder_input_ids`` on the counted
     positions: the first of :data:`DECODER_RELATIONS` that holds; ``None`` for a row with nothing
     counted, and for the whole list when the two are not integer tensors of one shape."""
-    if not (is_int_tensor(decoder_inputs) and is_int_tensor(targets)):
+    if not (is_int_tensor(decoder_inputs) and is_int_tensor(targets)) or targets.ndim != 2:
         return None
-    if targets.ndim != 2 or decoder_inputs.shape != targets.shape:
+    if decoder_inputs.shape != targets.shape:
         return None
     return _relations(decoder_inputs, targets, ignore_index, DECODER_RELATIONS, (1, 2, 0))
 
@@ -252,10 +248,8 @@ def _tally(
     """The relation of at least half the rows (``None``: none), the rows, and the counts."""
     total = sum(counts.values())
     text = ", ".join(f"{counts[r]} {r}" for r in relations if counts.get(r))
-    for relation in relations:
-        if total and 2 * counts.get(relation, 0) >= total:
-            return relation, total, text
-    return None, total, text
+    majority = next((r for r in relations if total and 2 * counts.get(r, 0) >= total), None)
+    return majority, total, text
 
 
 def check_decoder_label_shift(
@@ -385,6 +379,10 @@ class CausalLMWatch:
 
     #: The watched model shifts the labels it is given (a causal LM).
     shifts_labels: bool = True
+    #: The check of the labels the watched model gets.
+    check_name: str = "causal_lm_labels"
+    #: The watched kind of model in a module as ``(path, model)``: a causal LM here.
+    find = staticmethod(find_causal_lm)
 
     def __init__(self, name: str, ignore_index: int, max_calls: int) -> None:
         self.name, self.ignore_index, self.max_calls = name, ignore_index, max_calls
@@ -392,11 +390,6 @@ class CausalLMWatch:
         self.relations: Counter[str] = Counter()
         self.error: str | None = None
         self._handle: RemovableHandle | None = None
-
-    @staticmethod
-    def find(module: nn.Module) -> tuple[str, nn.Module] | None:
-        """The watched kind of model in ``module`` as ``(path, model)``: a causal LM here."""
-        return find_causal_lm(module)
 
     @classmethod
     def attach(cls, module: nn.Module, *, ignore_index: int, max_calls: int) -> Self | None:
@@ -432,13 +425,16 @@ class CausalLMWatch:
             self.relations.update(r for r in relations or [] if r is not None)
 
     def __reduce__(self) -> tuple[type[CausalLMWatch], tuple[str, int, int]]:
-        return CausalLMWatch, (self.name, self.ignore_index, 0)
+        return type(self), (self.name, self.ignore_index, 0)
 
     def check(self) -> CheckResult:
-        """``causal_lm_labels`` (:func:`check_causal_lm_labels`), or the error that stopped it."""
+        """The check of the labels the model was given, or the error that stopped it."""
         if self.error is not None:
             detail = f"reading the labels given to {self.name} raised {self.error}"
-            return CheckResult("causal_lm_labels", "not_checked", detail)
+            return CheckResult(self.check_name, "not_checked", detail)
+        return self._judged()
+
+    def _judged(self) -> CheckResult:
         return check_causal_lm_labels(self.name, self.relations, self.calls)
 
 
@@ -459,39 +455,26 @@ class EncoderHeadWatch(CausalLMWatch):
     def __init__(self, name: str, ignore_index: int, max_calls: int) -> None:
         super().__init__(name, ignore_index, max_calls)
         ending = next(e for e in ENCODER_HEAD_CHECKS if name.split(" at ")[0].endswith(e))
-        self.check_name: str = ENCODER_HEAD_CHECKS[ending]
+        self.check_name = ENCODER_HEAD_CHECKS[ending]
         self.tally: Counter[str] = Counter()
         self.values: set[int] = set()  # multiple choice: the counted labels out of range
         self.choices: set[int] = set()  # multiple choice: the choice counts seen
         self.ends: dict[str, set[int]] = {"first": set(), "last": set()}  # token labels: ids
         self.end_labels: set[int] = set()  # token labels: the labels counted on those tokens
 
-    @staticmethod
-    def find(module: nn.Module) -> tuple[str, nn.Module] | None:
-        """The first Hugging Face encoder head in ``module`` as ``(path, model)``."""
-        return find_encoder_head(module)
+    find = staticmethod(find_encoder_head)
 
     def _read(self, labels: Any, ids: Any, kwargs: dict[str, Any]) -> None:
-        if not (isinstance(labels, torch.Tensor) and isinstance(ids, torch.Tensor)):
+        if not (is_int_tensor(labels) and is_int_tensor(ids)):
             self.tally["unread"] += labels is not None
             return
-        if not (is_int_tensor(labels) and is_int_tensor(ids)):
-            self.tally["unread"] += 1
-            return
         labels, ids = labels.detach().cpu(), ids.detach().cpu()
-        mask = kwargs.get("attention_mask")
-        real = mask.detach().cpu() != 0 if isinstance(mask, torch.Tensor) else None
         if self.check_name == "choice_labels":
             self._add_choices(labels, ids)
         elif labels.shape != ids.shape or labels.ndim != 2:
             self.tally["unread"] += 1
         else:
-            if real is None or real.shape != ids.shape:
-                real = torch.ones(ids.shape, dtype=torch.bool)
-            self._add_tokens(labels, ids, real)
-
-    def __reduce__(self) -> tuple[type[CausalLMWatch], tuple[str, int, int]]:
-        return EncoderHeadWatch, (self.name, self.ignore_index, 0)
+            self._add_tokens(labels, ids, real_positions(kwargs.get("attention_mask"), ids.shape))
 
     def _add_choices(self, labels: torch.Tensor, ids: torch.Tensor) -> None:
         if ids.ndim != 3 or labels.shape != ids.shape[:1]:
@@ -512,25 +495,18 @@ class EncoderHeadWatch(CausalLMWatch):
             visible=int((counted & (labels == ids)).sum()),
         )
         # Each row's first and last real positions: where a tokenizer puts [CLS] and [SEP].
-        width = int(ids.shape[1])
-        has = real.any(dim=1)
+        rows = torch.nonzero(real.any(dim=1)).flatten()
         first = real.to(torch.int64).argmax(dim=1)
-        last = width - 1 - real.flip(1).to(torch.int64).argmax(dim=1)
-        for end, where in (("first", first), ("last", last)):
-            rows = torch.nonzero(has).flatten()
-            tokens = ids[rows, where[rows]]
+        last = int(ids.shape[1]) - 1 - real.flip(1).to(torch.int64).argmax(dim=1)
+        for end, where in (("first", first[rows]), ("last", last[rows])):
             self.tally[f"{end}_rows"] += int(rows.numel())
-            self.tally[f"{end}_counted"] += int(counted[rows, where[rows]].sum())
-            on_end = labels[rows, where[rows]]
+            self.tally[f"{end}_counted"] += int(counted[rows, where].sum())
+            on_end = labels[rows, where]
             self.end_labels.update(on_end[on_end != self.ignore_index].tolist())
-            self.ends[end].update(tokens.tolist())
+            self.ends[end].update(ids[rows, where].tolist())
 
-    def check(self) -> CheckResult:
-        """The head's check of the labels it was given, or why it cannot tell."""
+    def _judged(self) -> CheckResult:
         name, seen = self.check_name, f"{self.calls} forward call(s) seen"
-        if self.error is not None:
-            detail = f"reading the labels given to {self.name} raised {self.error}"
-            return CheckResult(name, "not_checked", detail)
         if self.calls == 0:
             return CheckResult(
                 name, "not_checked", f"{self.name} was not called before the verdict"

@@ -9,7 +9,7 @@ from typing import Any, Final
 
 import torch
 
-from lightning_pilot.core.batch_checks import target_kind
+from lightning_pilot.core.batch_checks import real_positions, target_kind
 from lightning_pilot.core.batches import is_int_tensor
 from lightning_pilot.core.checks import CheckResult, _judged, shown_names
 
@@ -22,18 +22,11 @@ PROMPT_OPTIONS_ADVICE: Final = (
 )
 
 
-def _real(mask: Any, shape: torch.Size) -> torch.Tensor:
-    """The real (non-padding) positions: the mask's nonzero ones when it has ``shape``, else all."""
-    if isinstance(mask, torch.Tensor) and mask.shape == shape:
-        return mask.detach().cpu() != 0
-    return torch.ones(shape, dtype=torch.bool)
-
-
 def _masking_counts(
     inputs: Any, targets: Any, mask: Any, ignore_index: int
 ) -> tuple[int, int, int]:
     """Real tokens of aligned token targets, those whose label is the input, those ignored."""
-    real = _real(mask, targets.shape)
+    real = real_positions(mask, targets.shape)
     labels, tokens = targets.detach().cpu(), inputs.detach().cpu()
     equal, ignored = (real & (labels == tokens)), (real & (labels == ignore_index))
     return int(real.sum()), int(equal.sum()), int(ignored.sum())
@@ -87,7 +80,7 @@ class PromptSpec:
         if not is_int_tensor(inputs) or inputs.ndim != 2:
             return None, [], "the inputs are not token ids [batch, length]"
         tokens = inputs.detach().cpu()
-        real = _real(mask, tokens.shape)
+        real = real_positions(mask, tokens.shape)
         if self.response_template is not None:
             return (*_template_prompt(tokens, real, self.response_template), None)
         key = self.response_mask_key or self.prompt_length_key
@@ -133,7 +126,7 @@ def _template_prompt(
     has = found.any(dim=1)
     end = found.to(torch.int64).argmax(dim=1) + size
     prompt = real & has[:, None] & (torch.arange(width)[None, :] < end[:, None])
-    return prompt, [int(i) for i in torch.nonzero(~has).flatten().tolist()]
+    return prompt, torch.nonzero(~has).flatten().tolist()
 
 
 def prompt_label_counts(
@@ -146,28 +139,22 @@ def prompt_label_counts(
     """Per row: its prompt positions, and those whose label is not ``ignore_index`` (the prompt
     in the loss). ``shifted``: rows whose labels are shifted left by one, whose prompt labels sit
     one position earlier."""
-    labelled = prompt.clone()
+    labelled = prompt
     if shifted is not None and any(shifted):
         moved = torch.cat([prompt[:, 1:], torch.zeros_like(prompt[:, :1])], dim=1)
         rows = torch.tensor(list(shifted), dtype=torch.bool)[:, None]
         labelled = torch.where(rows, moved, prompt)
     counted = targets.detach().cpu() != ignore_index
-    return (
-        [int(n) for n in labelled.sum(dim=1).tolist()],
-        [int(n) for n in (labelled & counted).sum(dim=1).tolist()],
-    )
+    return labelled.sum(dim=1).tolist(), (labelled & counted).sum(dim=1).tolist()
 
 
-def check_loss_positions(targets: Any, *, ignore_index: int) -> CheckResult:
-    """Every sequence has at least one position that counts in the loss."""
-    name = "loss_positions_present"
-    if not is_int_tensor(targets) or targets.ndim != 2:
-        return CheckResult(name, "not_checked", "targets are not token sequences")
+def check_loss_positions(targets: torch.Tensor, *, ignore_index: int) -> CheckResult:
+    """Every sequence of token targets ``[batch, length]`` has a position counted in the loss."""
     per_row = (targets.detach().cpu() != ignore_index).sum(dim=1)
-    empty = [int(i) for i in torch.nonzero(per_row == 0).flatten().tolist()]
+    empty = torch.nonzero(per_row == 0).flatten().tolist()
     problem = (
         f"{len(empty)} of {targets.shape[0]} sequence(s) have no position counted in the loss"
         f" (rows {shown_names(empty)}): truncated before the response, or fully masked"
     )
     counted = f"{int(per_row.sum())} positions counted in the loss"
-    return _judged(name, problem if empty else None, "warn", counted)
+    return _judged("loss_positions_present", problem if empty else None, "warn", counted)
