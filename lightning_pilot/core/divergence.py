@@ -305,9 +305,7 @@ class Curves:
     def state_dict(self) -> dict[str, Any]:
         """The curves as lists (weights-only-safe)."""
         return {
-            "train_loss": [list(p) for p in self.train_loss],
-            "lr": [list(p) for p in self.lr],
-            "val": [list(p) for p in self.val],
+            name: [list(p) for p in getattr(self, name)] for name in ("train_loss", "lr", "val")
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:

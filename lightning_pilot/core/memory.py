@@ -104,17 +104,13 @@ class TensorTracker(StorageCounter, TorchDispatchMode):  # type: ignore[no-untyp
         out = func(*args, **(kwargs or {}))
         # Walking tensors and flat lists by hand is several times cheaper than a pytree flatten.
         count = self.count
-        for value in (*args, out):
+        for value in (*args, out, *(tree_flatten(kwargs)[0] if kwargs else ())):
             if isinstance(value, torch.Tensor):
                 count(value)
             elif isinstance(value, list | tuple):
                 for item in value:
                     if isinstance(item, torch.Tensor):
                         count(item)
-        if kwargs:
-            for value in tree_flatten(kwargs)[0]:
-                if isinstance(value, torch.Tensor):
-                    count(value)
         return out
 
 

@@ -4,6 +4,7 @@ docs/phase-table.md."""
 from __future__ import annotations
 
 import time
+from dataclasses import asdict
 from typing import Any, NamedTuple
 
 import torch
@@ -141,14 +142,14 @@ class PhaseMeter:
         counter = self.ensure_counter()
         self._open = None
         tracked = track or not isinstance(counter, TrackerCounter)
-        idle = tracked and self.tracker is not None and not self.tracker.active
-        if idle and (compiled := self._compiled()):  # compiled since the counter was made
-            self.tracker = None
-            self.counter = counter = compiled_counter(compiled)
         if tracked and self.tracker is not None and not self.tracker.active:
-            self.tracker.start()
-            # Tensors that exist already (weights, gradients, optimizer state) count from now.
-            self.tracker.adopt(state_tensors(self.require_module(), self.optimizers))
+            if compiled := self._compiled():  # compiled since the counter was made
+                self.tracker = None
+                self.counter = counter = compiled_counter(compiled)
+            else:
+                self.tracker.start()
+                # Tensors that exist already (weights, gradients, optimizer state) count from now.
+                self.tracker.adopt(state_tensors(self.require_module(), self.optimizers))
         counter.synchronize()
         if tracked:
             counter.begin()
@@ -165,8 +166,7 @@ class PhaseMeter:
         counter.synchronize()
         duration = time.perf_counter() - opened.started
         tracked = opened.tracked
-        reading = counter.end() if tracked else MemoryReading()
-        values: dict[str, Any] = {k: getattr(reading, k) for k in reading.__dataclass_fields__}
+        values = asdict(counter.end() if tracked else MemoryReading())
         if not tracked:
             values["notes"] = UNTRACKED_NOTE
         values.update(self.state_values())

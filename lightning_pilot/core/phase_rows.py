@@ -79,17 +79,12 @@ class PhaseRows:
         memory counter (whose note fills a row without notes)."""
         self.fold_quiet()
         deferred = self.evidence.results() if self.evidence.settled else {}
-        rows = []
-        for row in self.aggregator.rows():
-            row = merge_deferred(row, deferred)
-            row.update(
-                device=device,
-                precision=precision,
-                counter=counter.name if counter is not None else "none",
-            )
-            if counter is not None and counter.note and not row.get("notes"):
-                row["notes"] = counter.note
-            rows.append(row)
+        name, note = ("none", None) if counter is None else (counter.name, counter.note)
+        rows = [merge_deferred(row, deferred) for row in self.aggregator.rows()]
+        for row in rows:
+            row.update(device=device, precision=precision, counter=name)
+            if note and not row.get("notes"):
+                row["notes"] = note
         return rows
 
 

@@ -55,9 +55,7 @@ def marker_line(done: int, total: int, message: str) -> str:
 
 def parse_marker(line: str) -> Mark | None:
     """The :class:`Mark` of a marker line, ``None`` for any other line (the child's own output)."""
-    if not line.startswith(MARKER):
-        return None
-    found = _MARK.fullmatch(line[len(MARKER) :].strip())
+    found = _MARK.fullmatch(line[len(MARKER) :].strip()) if line.startswith(MARKER) else None
     if found is None:
         return None
     done, total = int(found[1]), int(found[2])

@@ -172,13 +172,11 @@ def plain_values(value: Any, *, others: Literal["drop", "raise"] = "drop") -> An
 
 def count_tensors(value: Any) -> int:
     """How many tensors a :func:`plain_values` value holds."""
-    if isinstance(value, torch.Tensor):
-        return 1
     if isinstance(value, Mapping):
-        return sum(count_tensors(v) for v in value.values())
+        value = list(value.values())
     if isinstance(value, list | tuple):
         return sum(count_tensors(v) for v in value)
-    return 0
+    return int(isinstance(value, torch.Tensor))
 
 
 def outputs_close(a: Any, b: Any, atol: float = 0.0, rtol: float = 0.0) -> bool:

@@ -190,10 +190,9 @@ def plan_updates(
         per_replica, duplicates = n // replicas, 0
     natural = per_replica // b if drop_last else math.ceil(per_replica / b)
     micro_batches = natural if limit is None else min(natural, limit)
-    if micro_batches == natural:
-        per_replica_examples = natural * b if drop_last else per_replica
-    else:
-        per_replica_examples = micro_batches * b
+    # Only the last micro-batch of an undropped, unlimited share can be short.
+    cut = drop_last or micro_batches < natural
+    per_replica_examples = micro_batches * b if cut else per_replica
     # The padded samples are the last of each padded replica's share: seen only if that is.
     duplicates_seen = duplicates if per_replica_examples == per_replica else 0
     epoch_examples = per_replica_examples * replicas
@@ -202,8 +201,7 @@ def plan_updates(
     updates_per_epoch = math.ceil(micro_batches / k0)
     last_window = micro_batches - (updates_per_epoch - 1) * k0 if micro_batches else 0
 
-    total = examples = dup_total = partial = 0
-    epoch = 0
+    total = examples = dup_total = partial = epoch = 0
     ends_mid_epoch = False
     last_key = schedule[-1][0]
     while micro_batches and (n_epochs is None or epoch < n_epochs):
@@ -219,14 +217,12 @@ def plan_updates(
             examples += remaining * k * b * replicas
             ends_mid_epoch = remaining > 0
             break
-        if epoch >= last_key:
-            # K no longer changes: jump over every whole epoch left at once.
+        whole = 1
+        if epoch >= last_key:  # K no longer changes: jump over every whole epoch left at once
             left = math.inf if n_epochs is None else n_epochs - epoch
             if steps is not None:
                 left = min(left, (steps - total) // updates)
             whole = int(left)
-        else:
-            whole = 1
         total += whole * updates
         examples += whole * epoch_examples
         dup_total += whole * duplicates_seen
