@@ -12,7 +12,7 @@ from typing import Final
 
 import pyarrow as pa
 
-from lightning_pilot.vocabulary import CATEGORIES, CATEGORY_COLUMNS, phase_of_label
+from lightning_pilot.vocabulary import CATEGORY_COLUMNS, phase_of_label
 
 #: Metadata key under which every file records its schema name and version.
 SCHEMA_METADATA_KEY: Final = b"lightning_pilot.schema"
@@ -69,6 +69,10 @@ def detail_schema(name: str, version: int, fields: Sequence[tuple[str, pa.DataTy
     return _schema(name, version, [*RUN_IDENTITY_FIELDS, *fields])
 
 
+def _detail(name: str, version: int, spec: str) -> pa.Schema:
+    return detail_schema(name, version, _fields(spec))
+
+
 def schema_version(schema: pa.Schema) -> int | None:
     """The version a schema made by this module records in its metadata."""
     raw = (schema.metadata or {}).get(SCHEMA_METADATA_KEY)
@@ -82,22 +86,20 @@ PHASE_SCHEMA_VERSION: Final = 1
 #: The phase table: one row per phase, attempt and rank. Bytes and seconds; a value that was not
 #: measured is null, never 0. Allocated and reserved bytes are separate and never added. The
 #: model's state columns are those of :data:`~lightning_pilot.vocabulary.MEASURED_CATEGORIES`.
-PHASE_SCHEMA: Final = detail_schema(
+PHASE_SCHEMA: Final = _detail(
     "phases",
     PHASE_SCHEMA_VERSION,
-    _fields(
-        """
-        device:str source:str
-        phase:str first:bool occurrences:i64 measured_occurrences:i64 step_first:i64 step_last:i64
-        batch_size:i64 seq_len:i64 input_shapes:str precision:str
-        counter:str baseline_allocated_bytes:i64 peak_allocated_bytes:i64 end_allocated_bytes:i64
-        peak_reserved_bytes:i64 device_capacity_bytes:i64 alloc_retries:i64 host_rss_bytes:i64
-        param_bytes:i64 grad_bytes:i64 optimizer_state_bytes:i64 buffer_bytes:i64
-        host_swap_used_bytes:i64 file_bytes:i64
-        duration_s:f64 duration_median_s:f64 duration_max_s:f64 synchronized:bool
-        verdict:str checks:checks reason:str notes:str
-        """
-    ),
+    """
+    device:str source:str
+    phase:str first:bool occurrences:i64 measured_occurrences:i64 step_first:i64 step_last:i64
+    batch_size:i64 seq_len:i64 input_shapes:str precision:str
+    counter:str baseline_allocated_bytes:i64 peak_allocated_bytes:i64 end_allocated_bytes:i64
+    peak_reserved_bytes:i64 device_capacity_bytes:i64 alloc_retries:i64 host_rss_bytes:i64
+    param_bytes:i64 grad_bytes:i64 optimizer_state_bytes:i64 buffer_bytes:i64
+    host_swap_used_bytes:i64 file_bytes:i64
+    duration_s:f64 duration_median_s:f64 duration_max_s:f64 synchronized:bool
+    verdict:str checks:checks reason:str notes:str
+    """,
 )
 
 LEDGER_SCHEMA_VERSION: Final = 2
@@ -133,82 +135,66 @@ STATUSES: Final = ("running", "completed", "stopped", "diverged", "oom", "failed
 
 EXAMPLES_TABLE: Final = "examples"
 EXAMPLES_SCHEMA_VERSION: Final = 2
-EXAMPLES_SCHEMA: Final = detail_schema(
+EXAMPLES_SCHEMA: Final = _detail(
     EXAMPLES_TABLE,
     EXAMPLES_SCHEMA_VERSION,
-    _fields(
-        """
-        split:str batch_index:i64 position:i64 example_id:str input_text:str input_tokens:i64s
-        input_values:f64s target:str target_tokens:i64s loss_positions:i64s loss_tokens:i64
-        length:i64 seq_len:i64 truncated:bool label_relation:str notes:str
-        """
-    ),
+    """
+    split:str batch_index:i64 position:i64 example_id:str input_text:str input_tokens:i64s
+    input_values:f64s target:str target_tokens:i64s loss_positions:i64s loss_tokens:i64
+    length:i64 seq_len:i64 truncated:bool label_relation:str notes:str
+    """,
 )
 
 OVERFIT_TABLE: Final = "overfit"
 OVERFIT_SCHEMA_VERSION: Final = 1
-OVERFIT_SCHEMA: Final = detail_schema(
+OVERFIT_SCHEMA: Final = _detail(
     OVERFIT_TABLE,
     OVERFIT_SCHEMA_VERSION,
-    _fields(
-        """
-        step:i64 loss:f64 micro_batches:i64 target_loss:f64 metric:str score:f64 wrong_ids:strs
-        subset_ids:strs notes:str
-        """
-    ),
+    """
+    step:i64 loss:f64 micro_batches:i64 target_loss:f64 metric:str score:f64 wrong_ids:strs
+    subset_ids:strs notes:str
+    """,
 )
 
 UPDATES_TABLE: Final = "updates"
 UPDATES_SCHEMA_VERSION: Final = 1
-UPDATES_SCHEMA: Final = detail_schema(
+UPDATES_SCHEMA: Final = _detail(
     UPDATES_TABLE,
     UPDATES_SCHEMA_VERSION,
-    _fields(
-        """
-        dp_replicas:i32 update:i64 epoch:i64 batch_idx_first:i64 batch_idx_last:i64
-        accumulate_grad_batches:i64 micro_batches:i64 examples:i64 tokens:i64 tokens_source:str
-        padding_duplicates:i64 micro_batches_all_ranks:i64 examples_all_ranks:i64
-        tokens_all_ranks:i64 padding_duplicates_all_ranks:i64 window_partial:bool weight:f64
-        optimizer_stepped:bool notes:str
-        """
-    ),
+    """
+    dp_replicas:i32 update:i64 epoch:i64 batch_idx_first:i64 batch_idx_last:i64
+    accumulate_grad_batches:i64 micro_batches:i64 examples:i64 tokens:i64 tokens_source:str
+    padding_duplicates:i64 micro_batches_all_ranks:i64 examples_all_ranks:i64
+    tokens_all_ranks:i64 padding_duplicates_all_ranks:i64 window_partial:bool weight:f64
+    optimizer_stepped:bool notes:str
+    """,
 )
 
-MODEL_SCHEMA = detail_schema(
+MODEL_SCHEMA = _detail(
     "model",
     1,
-    _fields(
-        "model_class:str parameters:i64 trainable_parameters:i64 param_bytes:i64 optimizers:str"
-        " precision:str device:str"
-    ),
+    "model_class:str parameters:i64 trainable_parameters:i64 param_bytes:i64 optimizers:str"
+    " precision:str device:str",
 )
 
-RESUME_SCHEMA = detail_schema(
+RESUME_SCHEMA = _detail(
     "resume",
     1,
-    _fields(
-        "checkpoint_step:i64 check:str micro_batch:i64 step:i64 reference:str resumed:str"
-        " equal:bool"
-    ),
+    "checkpoint_step:i64 check:str micro_batch:i64 step:i64 reference:str resumed:str equal:bool",
 )
 
 EVENTS_TABLE: Final = "divergence"
-EVENTS_SCHEMA: Final = detail_schema(
+EVENTS_SCHEMA: Final = _detail(
     EVENTS_TABLE,
     1,
-    _fields(
-        "step:i64 event:str loss:f64 grad_norm:f64 reference:f64 threshold:f64 detail:str"
-        " action:str"
-    ),
+    "step:i64 event:str loss:f64 grad_norm:f64 reference:f64 threshold:f64 detail:str action:str",
 )
 
-PREDICTIONS_SCHEMA: Final = detail_schema(
+PREDICTIONS_SCHEMA: Final = _detail(
     "predictions",
     1,
-    _fields(
-        "step:i64 dataloader_idx:i64 batch_idx:i64 row:i64 example_id:str prediction:f64s"
-        " prediction_shape:i64s target:f64s"
-    ),
+    "step:i64 dataloader_idx:i64 batch_idx:i64 row:i64 example_id:str prediction:f64s"
+    " prediction_shape:i64s target:f64s",
 )
 
 #: The names the estimate tables give activation checkpointing (``checkpointing`` column):
@@ -243,26 +229,18 @@ ESTIMATE_SCHEMA_VERSION: Final = 3
 #: one row per target x configuration x phase, in the phase table's names (a measured and an
 #: estimated row join on ``("phase", "first")``). docs/estimate.md documents the columns and
 #: what each version changed; :func:`upgrade_estimate` reads the older versions.
-ESTIMATE_SCHEMA: Final = detail_schema(
+ESTIMATE_SCHEMA: Final = _detail(
     "estimate",
     ESTIMATE_SCHEMA_VERSION,
-    [
-        *_fields(
-            """
-            target:str gpu_memory_bytes:i64 precision:str micro_batch:i64 seq_len:i64
-            checkpointing:str strategy:str devices:i64 phase:str first:bool status:str reason:str
-            method:str peak_allocated_bytes:i64 peak_reserved_bytes:i64
-            """
-        ),
-        *((CATEGORY_COLUMNS[name], pa.int64()) for name in CATEGORIES),
-        *_fields(
-            """
-            workspace_bytes:i64 overhead_bytes:i64 analytic_bytes:i64 fits:bool headroom_bytes:i64
-            flops_per_update:i64 bytes_per_update:i64 step_time_low_s:f64 step_time_high_s:f64
-            efficiency_low:f64 efficiency_high:f64 notes:str
-            """
-        ),
-    ],
+    f"""
+    target:str gpu_memory_bytes:i64 precision:str micro_batch:i64 seq_len:i64
+    checkpointing:str strategy:str devices:i64 phase:str first:bool status:str reason:str
+    method:str peak_allocated_bytes:i64 peak_reserved_bytes:i64
+    {" ".join(f"{column}:i64" for column in CATEGORY_COLUMNS.values())}
+    workspace_bytes:i64 overhead_bytes:i64 analytic_bytes:i64 fits:bool headroom_bytes:i64
+    flops_per_update:i64 bytes_per_update:i64 step_time_low_s:f64 step_time_high_s:f64
+    efficiency_low:f64 efficiency_high:f64 notes:str
+    """,
 )
 
 #: The columns version 3 of the estimate renamed: version 2's name -> version 3's.
@@ -281,29 +259,25 @@ def upgrade_estimate(table: pa.Table) -> pa.Table:
     names = [ESTIMATE_V2_RENAMED.get(name, name) for name in table.column_names]
     if len(set(names)) == len(names):  # a table with both names keeps the new one
         table = table.rename_columns(names)
-    if "first" not in table.column_names and "phase" in table.column_names:
-        labels = table.column("phase").to_pylist()
+    columns = {name: table.column(name) for name in table.column_names}
+    if "first" not in columns and "phase" in columns:
+        labels = columns["phase"].to_pylist()
         pairs = [(None, None) if p is None else _phase_pair(p) for p in labels]
-        table = table.set_column(
-            table.column_names.index("phase"), "phase", pa.array([p for p, _ in pairs], pa.string())
-        )
-        table = table.append_column("first", pa.array([f for _, f in pairs], pa.bool_()))
-    if "weights_bytes" in table.column_names:
-        has_notes = "notes" in table.column_names
-        notes = table.column("notes").to_pylist() if has_notes else [None] * table.num_rows
-        for row, value in enumerate(table.column("weights_bytes").to_pylist()):
+        columns["phase"] = pa.array([p for p, _ in pairs], pa.string())
+        columns["first"] = pa.array([f for _, f in pairs], pa.bool_())
+    if "weights_bytes" in columns:
+        notes = columns["notes"].to_pylist() if "notes" in columns else [None] * table.num_rows
+        for row, value in enumerate(columns["weights_bytes"].to_pylist()):
             if value is not None:
                 old = f"schema version 2: weights_bytes {value} (parameters and buffers, not split)"
                 notes[row] = f"{notes[row]}; {old}" if notes[row] else old
-        table = table.drop_columns(["weights_bytes", *(["notes"] if has_notes else [])])
-        table = table.append_column("notes", pa.array(notes, pa.string()))
-    if "checkpointing" in table.column_names:
-        modes = [_mode_name(v) for v in table.column("checkpointing").to_pylist()]
-        index = table.column_names.index("checkpointing")
-        table = table.set_column(index, "checkpointing", pa.array(modes, pa.string()))
+        columns["notes"] = pa.array(notes, pa.string())
+    if "checkpointing" in columns:
+        modes = [_mode_name(v) for v in columns["checkpointing"].to_pylist()]
+        columns["checkpointing"] = pa.array(modes, pa.string())
     arrays = [
-        table.column(field.name).cast(field.type)
-        if field.name in table.column_names
+        columns[field.name].cast(field.type)
+        if field.name in columns
         else pa.nulls(table.num_rows, field.type)
         for field in ESTIMATE_SCHEMA
     ]
@@ -326,15 +300,13 @@ def _mode_name(value: object) -> str | None:
 
 #: The largest micro-batch (at the longest sequence) and the largest sequence length (at the
 #: smallest micro-batch) that fit one target GPU (``lightning_pilot.estimate``; docs/estimate.md).
-LARGEST_SCHEMA: Final = detail_schema(
+LARGEST_SCHEMA: Final = _detail(
     "estimate_largest",
     3,
-    _fields(
-        """
-        target:str precision:str checkpointing:str strategy:str devices:i64 seq_len:i64
-        largest_micro_batch:i64 method:str checked:bool status:str reason:str
-        largest_seq_len:i64 seq_len_micro_batch:i64 max_seq_len:i64 seq_len_method:str
-        seq_len_checked:bool seq_len_reason:str
-        """
-    ),
+    """
+    target:str precision:str checkpointing:str strategy:str devices:i64 seq_len:i64
+    largest_micro_batch:i64 method:str checked:bool status:str reason:str
+    largest_seq_len:i64 seq_len_micro_batch:i64 max_seq_len:i64 seq_len_method:str
+    seq_len_checked:bool seq_len_reason:str
+    """,
 )
