@@ -1,4 +1,5 @@
-"""Shared helpers of the demo tasks: the shuffling sampler and the split DataModule."""
+"""Shared helpers of the demo tasks: the shuffling sampler, the split DataModule and the
+validation and test steps of the models."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
-from lightning.pytorch import LightningDataModule
+from lightning.pytorch import LightningDataModule, LightningModule
+from torch import Tensor
 from torch.utils.data import DataLoader, Sampler, SequentialSampler, Subset
 
 from lightning_pilot.core import validate
@@ -185,3 +187,18 @@ class SplitDataModule(LightningDataModule):
     def predict_dataloader(self) -> DataLoader[Any]:
         """Loader of the test split, in id order (batches keep their labels)."""
         return self._loader(self.test_dataset, shuffle=False)
+
+
+class EvaluatedModule(LightningModule):
+    """A demo model whose validation and test steps both log through ``_evaluate``."""
+
+    def validation_step(self, batch: Mapping[str, Tensor], batch_idx: int) -> Tensor:
+        """Compute and log ``val_loss`` and ``val_acc`` on one batch."""
+        return self._evaluate(batch, "val")
+
+    def test_step(self, batch: Mapping[str, Tensor], batch_idx: int) -> Tensor:
+        """Compute and log ``test_loss`` and ``test_acc`` on one batch."""
+        return self._evaluate(batch, "test")
+
+    def _evaluate(self, batch: Mapping[str, Tensor], prefix: str) -> Tensor:
+        raise NotImplementedError

@@ -10,7 +10,6 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 import torch
-from lightning.pytorch import LightningModule
 from lightning.pytorch.utilities.types import OptimizerLRScheduler
 from torch import Tensor, nn
 from torch.nn.functional import cross_entropy
@@ -18,7 +17,7 @@ from torch.utils.data import Dataset, Subset
 from torchmetrics.functional.classification import multiclass_accuracy
 
 from lightning_pilot.core import validate
-from lightning_pilot.demo._data import SplitDataModule
+from lightning_pilot.demo._data import EvaluatedModule, SplitDataModule
 
 # Against class means and noise of scale 1: large enough to be worth memorising.
 _GROUP_OFFSET_SCALE = 0.5
@@ -69,11 +68,10 @@ class GroupedClassificationDataset(Dataset[dict[str, Any]]):
         class_means = torch.randn(num_classes, num_features, generator=generator)
         group_labels = torch.randint(num_classes, (self.num_groups,), generator=generator)
         offsets = torch.randn(self.num_groups, num_features, generator=generator)
-        group_offsets = _GROUP_OFFSET_SCALE * offsets
         noise = torch.randn(size, num_features, generator=generator)
         self.groups = torch.arange(size) // examples_per_group
         self.labels = group_labels[self.groups]
-        self.inputs = class_means[self.labels] + group_offsets[self.groups] + noise
+        self.inputs = class_means[self.labels] + _GROUP_OFFSET_SCALE * offsets[self.groups] + noise
 
     def __len__(self) -> int:
         return int(self.inputs.shape[0])
@@ -160,7 +158,7 @@ class ClassificationDataModule(SplitDataModule):
         }
 
 
-class TinyClassifier(LightningModule):
+class TinyClassifier(EvaluatedModule):
     """A one-hidden-layer MLP trained on :class:`ClassificationDataModule` batches, AdamW at a
     constant ``lr``; logs ``train_loss``, ``val_loss``/``val_acc`` and ``test_loss``/``test_acc``.
     Keep ``num_features`` and ``num_classes`` equal to the data module's.
@@ -201,14 +199,6 @@ class TinyClassifier(LightningModule):
         loss = cross_entropy(self.forward(batch["inputs"]), batch["labels"])
         self.log("train_loss", loss, prog_bar=True, batch_size=len(batch["labels"]))
         return loss
-
-    def validation_step(self, batch: Mapping[str, Tensor], batch_idx: int) -> Tensor:
-        """Compute and log ``val_loss`` and ``val_acc`` on one batch."""
-        return self._evaluate(batch, "val")
-
-    def test_step(self, batch: Mapping[str, Tensor], batch_idx: int) -> Tensor:
-        """Compute and log ``test_loss`` and ``test_acc`` on one batch."""
-        return self._evaluate(batch, "test")
 
     def _evaluate(self, batch: Mapping[str, Tensor], prefix: str) -> Tensor:
         logits = self.forward(batch["inputs"])

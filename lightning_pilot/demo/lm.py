@@ -13,14 +13,13 @@ from types import MappingProxyType
 from typing import Any, Literal
 
 import torch
-from lightning.pytorch import LightningModule
 from lightning.pytorch.utilities.types import OptimizerLRScheduler
 from torch import Tensor, nn
 from torch.nn.functional import cross_entropy, scaled_dot_product_attention
 from torch.utils.data import Dataset, Subset
 
 from lightning_pilot.core import validate
-from lightning_pilot.demo._data import SplitDataModule
+from lightning_pilot.demo._data import EvaluatedModule, SplitDataModule
 
 #: Label of the positions the loss skips (instruction and padding); PyTorch's default.
 IGNORE_INDEX = -100
@@ -286,7 +285,7 @@ class _Block(nn.Module):
         return updated
 
 
-class TinyCausalLM(LightningModule):
+class TinyCausalLM(EvaluatedModule):
     """A small GPT-style decoder (``n_layers`` pre-norm blocks) trained on
     :class:`InstructionDataModule` batches with next-token cross-entropy over the response
     tokens; logs ``train_loss``, ``val_loss``/``val_acc`` and ``test_loss``/``test_acc``. Keep
@@ -389,14 +388,6 @@ class TinyCausalLM(LightningModule):
         loss, _, _ = self._loss_and_accuracy(batch)
         self.log("train_loss", loss, prog_bar=True, batch_size=len(batch["ids"]))
         return loss
-
-    def validation_step(self, batch: Mapping[str, Tensor], batch_idx: int) -> Tensor:
-        """Compute and log ``val_loss`` and ``val_acc`` on one batch."""
-        return self._evaluate(batch, "val")
-
-    def test_step(self, batch: Mapping[str, Tensor], batch_idx: int) -> Tensor:
-        """Compute and log ``test_loss`` and ``test_acc`` on one batch."""
-        return self._evaluate(batch, "test")
 
     def _evaluate(self, batch: Mapping[str, Tensor], prefix: str) -> Tensor:
         loss, accuracy, n_counted = self._loss_and_accuracy(batch)
