@@ -239,9 +239,10 @@ def check_gradients(
     groups = [set(g) & seen for g in (optimizers or [optimized])]
     dead = [i for i, group in enumerate(groups) if group and group <= cold]
     names = [name for name, _ in named]
-    frozen_names = [name for name, param in named if id(param) in cold]
+    frozen_names = {name for name, param in named if id(param) in cold}
+    before_fit = _frozen_before_fit(names, frozen_names, frozen, sizes) if frozen else None
     results = [
-        _requires_grad(names, frozen_names, frozen, switched_off, lost, dead, len(groups), sizes),
+        _requires_grad(dead, len(groups), lost, before_fit, switched_off),
         check_reached(missing, reached, backwards),
         _judged("grads_finite", bad_grads if nonfinite else None),
     ]
@@ -255,18 +256,15 @@ def check_gradients(
 
 
 def _requires_grad(
-    names: Sequence[str],
-    cold: Collection[str],
-    frozen: Sequence[str],
-    switched_off: Sequence[str],
-    lost: Sequence[str],
     dead: Sequence[int],
     n_optimizers: int,
-    sizes: Mapping[str, int],
+    lost: Sequence[str],
+    before_fit: tuple[str, str] | None,
+    switched_off: Sequence[str],
 ) -> CheckResult:
     """``trainable_params_require_grad``: one part per cause (``dead``: indices of the optimizers
-    with nothing that can learn; ``lost``: frozen mid-fit; ``frozen``: before the fit;
-    ``switched_off``: for this backward), with the worst verdict of the parts."""
+    with nothing that can learn; ``lost``: frozen mid-fit; ``before_fit``: the verdict and detail
+    of those frozen before it; ``switched_off``: for this backward), the worst verdict of all."""
     parts: list[tuple[str, str]] = []
     if dead:
         which = (
@@ -286,8 +284,8 @@ def _requires_grad(
             " them was meant, take them out of the optimizer"
         )
         parts.append(("fail", detail))
-    if frozen:
-        parts.append(_frozen_before_fit(names, set(cold), frozen, sizes))
+    if before_fit is not None:
+        parts.append(before_fit)
     if switched_off:
         detail = (
             f"{len(switched_off)} parameter(s) switched off for this backward (e.g. by"
@@ -525,9 +523,6 @@ def check_sample_count(seen: int, expected: int | None, why_unknown: str = "") -
         return CheckResult("outputs_complete", "not_checked", why_unknown)
     if seen == expected:
         return CheckResult("outputs_complete", "pass", f"{seen} samples")
-    return CheckResult(
-        "outputs_complete",
-        "fail",
-        f"{seen} samples validated, expected {expected}"
-        + (" (a remainder was dropped: check drop_last)" if seen < expected else ""),
-    )
+    dropped = " (a remainder was dropped: check drop_last)" if seen < expected else ""
+    detail = f"{seen} samples validated, expected {expected}{dropped}"
+    return CheckResult("outputs_complete", "fail", detail)

@@ -144,9 +144,8 @@ def check_label_range(
             )
         return CheckResult(name, "not_checked", detail)
     if not is_int_tensor(targets):
-        return CheckResult(
-            name, "not_checked", f"targets are {targets.dtype} (regression or soft labels)"
-        )
+        detail = f"targets are {targets.dtype} (regression or soft labels)"
+        return CheckResult(name, "not_checked", detail)
     counted = targets[targets != ignore_index]
     if counted.numel() == 0:
         return CheckResult(name, "not_checked", f"every target is the ignore index {ignore_index}")
@@ -171,9 +170,8 @@ def check_label_range(
         return CheckResult(name, "not_checked", detail)
     bad = counted[(counted < 0) | (counted >= output_size)]
     if bad.numel() == 0:
-        return CheckResult(
-            name, "pass", f"labels in [{low}, {high}] within {output_size} outputs ({source})"
-        )
+        detail = f"labels in [{low}, {high}] within {output_size} outputs ({source})"
+        return CheckResult(name, "pass", detail)
     values = sorted({int(v) for v in bad.tolist()})
     hint = ""
     if low >= 1 and high == output_size:
@@ -301,9 +299,8 @@ def check_label_shift(counts: Mapping[str, int], *, causal_lm: str | None = None
     shifted (docs/data-and-overfit.md); ``causal_lm``: a causal LM found in the module, named."""
     relation, total, text = _tally(counts)
     if total == 0:
-        return CheckResult(
-            "label_shift", "not_checked", "no row has a position counted in the loss"
-        )
+        detail = "no row has a position counted in the loss"
+        return CheckResult("label_shift", "not_checked", detail)
     rows = f"rows: {text}"
     held = "" if causal_lm is None else f"; the module holds {causal_lm}, which shifts labels"
     verdict, detail = {
@@ -508,9 +505,8 @@ class EncoderHeadWatch(CausalLMWatch):
     def _judged(self) -> CheckResult:
         name, seen = self.check_name, f"{self.calls} forward call(s) seen"
         if self.calls == 0:
-            return CheckResult(
-                name, "not_checked", f"{self.name} was not called before the verdict"
-            )
+            detail = f"{self.name} was not called before the verdict"
+            return CheckResult(name, "not_checked", detail)
         if name == "choice_labels":
             return self._choice_check(seen)
         counted, unread = self.tally["counted"], self.tally["unread"]

@@ -152,25 +152,17 @@ def logits_of(output: Any) -> torch.Tensor | None:
     return found if isinstance(found, torch.Tensor) else None
 
 
-class Notes:
-    """Messages in the order first seen, each once, ``"... (seen N times)"`` when added again."""
-
-    def __init__(self) -> None:
-        self._counts: dict[str, int] = {}
+class Notes(dict[str, int]):
+    """Each message's count, in the order first seen; iterating gives each message once,
+    ``"... (seen N times)"`` when added again."""
 
     def add(self, message: str) -> None:
         """Count one more ``message``."""
-        self._counts[message] = self._counts.get(message, 0) + 1
+        self[message] = self.get(message, 0) + 1
 
     def __iter__(self) -> Iterator[str]:
-        for message, count in self._counts.items():
+        for message, count in self.items():
             yield message if count == 1 else f"{message} (seen {count} times)"
-
-    def __len__(self) -> int:
-        return len(self._counts)
-
-    def __contains__(self, message: object) -> bool:
-        return message in self._counts
 
 
 @dataclass(frozen=True)
@@ -389,9 +381,7 @@ def predicted_pair(
 def captured_prediction(output: Any) -> torch.Tensor | None:
     """The classes predicted by the ``logits`` a submodule returned (named, never a bare tensor:
     that may be hidden states), or ``None``."""
-    if isinstance(output, torch.Tensor):
-        return None
-    logits = logits_of(output)
+    logits = None if isinstance(output, torch.Tensor) else logits_of(output)
     if logits is not None and logits.is_floating_point() and logits.ndim >= 2:
         return predicted_classes(logits)
     return None

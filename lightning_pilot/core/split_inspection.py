@@ -232,30 +232,29 @@ class SplitInspection:
         if self.batches == 0:
             return [CheckResult(f"{self.split}/batches", "not_checked", "no batch was inspected")]
         results = list(self._worst.values())
-        if self._sequence and (self.unaligned is not None or self._inputs_are_decoder):
-            unaligned = self.unaligned or ""
-            if self._inputs_are_decoder:
-                held = f" of {self.encoder_decoder}" if self.encoder_decoder else ""
-                unaligned = (
-                    f"the inputs read are the decoder_input_ids{held}, the labels shifted right"
-                    " (the decoder's inputs, not a prompt followed by its response): the labels"
-                    " are compared with them in decoder_label_shift"
-                )
-            results.append(CheckResult("instruction_masked", "not_checked", unaligned))
-            results.append(CheckResult("label_shift", "not_checked", unaligned))
-        elif self._sequence and self.encoder_head is not None:
-            own = (
+        # Why instruction_masked and label_shift do not apply to the sequences, if they do not.
+        why = self.unaligned
+        if self._inputs_are_decoder:
+            held = f" of {self.encoder_decoder}" if self.encoder_decoder else ""
+            why = (
+                f"the inputs read are the decoder_input_ids{held}, the labels shifted right"
+                " (the decoder's inputs, not a prompt followed by its response): the labels"
+                " are compared with them in decoder_label_shift"
+            )
+        elif why is None and self.encoder_head is not None:
+            why = (
                 f"{self.encoder_head} predicts each position's own label (no prompt, no shift):"
                 " its labels are checked there"
             )
-            results.append(CheckResult("instruction_masked", "not_checked", own))
-            results.append(CheckResult("label_shift", "not_checked", own))
+        if self._sequence and why is not None:
+            results += [
+                CheckResult(n, "not_checked", why) for n in ("instruction_masked", "label_shift")
+            ]
         elif self._sequence:
-            if self.prompt is not None:
-                results.append(self._prompt_check())
-            else:
-                total, equal, ignored = self._masking
-                results.append(_masking(total, equal, ignored, self.ignore_index))
+            prompt = self.prompt is not None
+            results.append(
+                self._prompt_check() if prompt else _masking(*self._masking, self.ignore_index)
+            )
             results.append(check_label_shift(self._relations, causal_lm=self.causal_lm))
         if self._decoder:
             results.append(

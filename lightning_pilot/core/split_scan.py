@@ -41,10 +41,8 @@ def check_class_histograms(histograms: Mapping[str, Mapping[int, int]]) -> list[
     results = [CheckResult("class_histograms", "pass", summary)]
     train = present.get("train")
     if train is None:
-        results.append(
-            CheckResult("val_classes_in_train", "not_checked", "no training labels were read")
-        )
-        return results
+        why = "no training labels were read"
+        return [*results, CheckResult("val_classes_in_train", "not_checked", why)]
     others = {split: h for split, h in present.items() if split != "train"}
     unseen = {split: sorted(set(h) - set(train)) for split, h in others.items()}
     text = "; ".join(f"{split} class(es) {shown_names(c)}" for split, c in unseen.items() if c)
@@ -83,16 +81,14 @@ def check_leakage(
         detail = "no group_fn given: pass group_fn=lambda example: <conversation/patient/document>"
         return CheckResult(name, "not_checked", detail)
     if len(keys_by_split) < 2:
-        return CheckResult(
-            name, "not_checked", f"only {len(keys_by_split)} split(s) readable: nothing to compare"
-        )
+        detail = f"only {len(keys_by_split)} split(s) readable: nothing to compare"
+        return CheckResult(name, "not_checked", detail)
     scope = ", ".join(f"{split} {n}" for split, n in scanned.items())
     shared = find_shared(keys_by_split)
     if not shared:
         groups = sum(len(set(k)) for k in keys_by_split.values())
-        return CheckResult(
-            name, "pass", f"{groups} group(s), none in two splits (examples scanned: {scope})"
-        )
+        detail = f"{groups} group(s), none in two splits (examples scanned: {scope})"
+        return CheckResult(name, "pass", detail)
     listed = [f"{key!r} ({'+'.join(splits)})" for key, splits in shared.items()]
     detail = (
         f"{len(shared)} group(s) found in more than one split: {shown_names(listed)} (examples"
@@ -230,8 +226,6 @@ class DatasetScan:
             random.setstate(python_state)
         self.raised += [*left_out, *([group_error] if group_error else [])]
         results = check_class_histograms(labels) if any(labels.values()) else []
-        results.append(
-            group_error or check_leakage(keys if self.group_fn else None, scanned=scanned)
-        )
-        results.append(check_duplicates(prints, scanned=scanned))
+        leakage = group_error or check_leakage(keys if self.group_fn else None, scanned=scanned)
+        results += [leakage, check_duplicates(prints, scanned=scanned)]
         return [*results, *problems, *left_out]
