@@ -16,8 +16,7 @@ TARGET_KEYS: Final = (
 
 
 def _reduced(series: pd.Series, how: str) -> Any:
-    """``series``' largest or smallest value (``how``: ``max``, ``min``) that is not null;
-    ``None`` when every value is."""
+    """The ``how`` (``"max"`` or ``"min"``) of ``series``' non-null values; ``None`` if none."""
     values = series.dropna()
     return None if values.empty else getattr(values, how)()
 
@@ -36,9 +35,8 @@ def on_target(estimate: pd.DataFrame) -> pd.DataFrame:
     largest estimated reserved bytes per GPU over its phases and the phase that sets it,
     ``fits`` (every phase fits; ``None`` when a phase could not be estimated), the smallest
     ``headroom_bytes``, the training step-time band (``step_low_s``, ``step_high_s``) and
-    ``status`` (``ok``, or the first other status with its ``reason``). ``checkpointing`` is
-    named ``off``, ``full`` or ``selective`` (:func:`~lightning_pilot.schemas.checkpointing_mode`:
-    an ``Estimate``'s own rows, and files with the boolean column of schema version 1, too)."""
+    ``status`` (``ok``, or the first other status with its ``reason``); ``checkpointing`` by
+    name, as :func:`checkpointing_name` gives it."""
     columns = [*TARGET_KEYS, "reserved_bytes", "phase", "fits", "headroom_bytes",
                "step_low_s", "step_high_s", "status", "reason"]  # fmt: skip
     rows = []

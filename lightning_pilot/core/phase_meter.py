@@ -41,8 +41,7 @@ class _Open(NamedTuple):
 
 
 def compiled_counter(compiled: list[str]) -> NoCounter:
-    """No memory counter for a CPU fit with compiled code (the tensor tracker would keep dynamo
-    from compiling)."""
+    """The counter of a CPU fit with compiled code: none (its note says why)."""
     return NoCounter(
         "not measured: the CPU tensor tracker would stop torch.compile from compiling; measured"
         f" on CUDA by the allocator (compiled: {checks.shown_names(compiled)})"

@@ -203,7 +203,6 @@ def plan_updates(
 
     total = examples = dup_total = partial = epoch = 0
     ends_mid_epoch = False
-    last_key = schedule[-1][0]
     while micro_batches and (n_epochs is None or epoch < n_epochs):
         if steps is not None and total >= steps:
             break
@@ -218,7 +217,7 @@ def plan_updates(
             ends_mid_epoch = remaining > 0
             break
         whole = 1
-        if epoch >= last_key:  # K no longer changes: jump over every whole epoch left at once
+        if epoch >= schedule[-1][0]:  # K no longer changes: skip every whole epoch left
             left = math.inf if n_epochs is None else n_epochs - epoch
             if steps is not None:
                 left = min(left, (steps - total) // updates)
