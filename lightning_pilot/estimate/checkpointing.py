@@ -38,20 +38,6 @@ def _is_diffusers(model: torch.nn.Module) -> bool:
     )
 
 
-def _saved_by_selective() -> frozenset[Any]:
-    aten = torch.ops.aten
-    return frozenset(
-        {
-            aten.mm.default,
-            aten._scaled_dot_product_flash_attention.default,
-            aten._scaled_dot_product_efficient_attention.default,
-            aten._scaled_dot_product_cudnn_attention.default,
-            aten._scaled_dot_product_flash_attention_for_cpu.default,
-            aten.max.default,
-        }
-    )
-
-
 def selective_checkpoint_context() -> Any:
     """The ``context_fn`` of ``torch.utils.checkpoint.checkpoint`` for per-operator selective
     activation checkpointing as torchtitan's ``op`` mode does it
@@ -61,9 +47,17 @@ def selective_checkpoint_context() -> Any:
     uses) and of ``aten.max`` are saved; everything else is recomputed in the backward pass."""
     from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
-    saved = _saved_by_selective()
+    aten = torch.ops.aten
+    mm = aten.mm.default
+    saved = {
+        mm,
+        aten._scaled_dot_product_flash_attention.default,
+        aten._scaled_dot_product_efficient_attention.default,
+        aten._scaled_dot_product_cudnn_attention.default,
+        aten._scaled_dot_product_flash_attention_for_cpu.default,
+        aten.max.default,
+    }
     counts = {"forward": 0, "recompute": 0}
-    mm = torch.ops.aten.mm.default
 
     def policy(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
         if func is mm:

@@ -455,21 +455,13 @@ class Recorder(StorageCounter, TorchDispatchMode):  # type: ignore[no-untyped-ca
             outs = _tensors((fake_out,))
             if not outs or not _is_fake(outs[0]) or not all(map(_shadowable, outs)):
                 return fake_out
-        missing = False
-
-        def real(value: Any) -> Any:
-            nonlocal missing
-            if isinstance(value, torch.Tensor):
-                shadow = _shadow_of(value)
-                if shadow is None:
-                    missing = True
-                return shadow
-            return value
-
-        real_args = tree_map(real, args)
-        real_kwargs = tree_map(real, dict(kwargs))
-        if missing:
+        values = (args, dict(kwargs))
+        tensors = [v for v in tree_flatten(values)[0] if isinstance(v, torch.Tensor)]
+        if any(_shadow_of(tensor) is None for tensor in tensors):
             return None
+        real_args, real_kwargs = tree_map(
+            lambda v: _shadow_of(v) if isinstance(v, torch.Tensor) else v, values
+        )
         with unset_fake_temporarily():
             real_out = func(*real_args, **real_kwargs)
         if fake_out is None:

@@ -6,7 +6,6 @@ precision, and its phases (train, validation, optimizer step, checkpoint save) t
 from __future__ import annotations
 
 import contextlib
-import functools
 import gc
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -68,12 +67,8 @@ def _steps(module: object) -> bool:
 
 
 def _loss_of(output: Any) -> torch.Tensor | None:
-    if isinstance(output, torch.Tensor):
-        return output
-    if isinstance(output, Mapping):
-        loss = output.get("loss")
-        return loss if isinstance(loss, torch.Tensor) else None
-    return None
+    loss = output.get("loss") if isinstance(output, Mapping) else output
+    return loss if isinstance(loss, torch.Tensor) else None
 
 
 class Session:
@@ -171,7 +166,6 @@ class Session:
         self.recorder.capacity_factor = capacity_factor
         self.module: Any = None
         self.optimizer: torch.optim.Optimizer | None = None
-        self._restore: list[Callable[[], None]] = []
         self._stack = contextlib.ExitStack()
         self._warm: set[tuple[int | None, int | None]] = set()
         self._cut: tuple[Any, int] | None = None
@@ -193,7 +187,6 @@ class Session:
                 stack.enter_context(cuda_attention())
                 stack.enter_context(cuda_autocast())
                 stack.enter_context(cuda_dropout())
-            stack.callback(self._give_back)
             if self._factory is not None:
                 with _factory_build():
                     self.module = self._factory()
@@ -202,7 +195,7 @@ class Session:
                     raise TypeError(f"factory() returned a {built}: expected {_STEPS}")
             else:
                 self.module = self._live
-                self._restore.append(_keeper(self.module))
+                stack.callback(_keeper(self.module))
             self._fake_parameters()
             # What exists now lives through the session: later collections skip it (fast).
             gc.freeze()
@@ -218,16 +211,10 @@ class Session:
         self.optimizer = None
         self._stack.__exit__(*exc)
 
-    def _give_back(self) -> None:
-        for step in reversed(self._restore):
-            step()
-        self._restore.clear()
-
     def _fake_parameters(self) -> None:
         """Replace every parameter and buffer by a fake one of the precision's dtype."""
         dtype = param_dtype(self.precision)
         made: dict[int, torch.Tensor] = {}
-        recorder = self.recorder
         for sub in self.module.modules():
             for table in (sub._parameters, sub._buffers):
                 for name, value in list(table.items()):
@@ -235,14 +222,11 @@ class Session:
                         continue
                     if _is_fake(value) and (value.dtype == dtype or not value.is_floating_point()):
                         continue  # built by the factory under the fake mode: already fake
-                    is_param = table is sub._parameters
-                    table[name] = self._fake_like(value, dtype, made, is_param)
+                    table[name] = self._fake_like(value, dtype, made, table is sub._parameters)
                     if not _is_fake(value):  # the live module's own tensor: given back
-                        self._restore.append(functools.partial(table.__setitem__, name, value))
-        for value in made.values():
-            recorder.record(value)
-        for value in [*self.module.parameters(), *self.module.buffers()]:
-            recorder.record(value)
+                        self._stack.callback(table.__setitem__, name, value)
+        for value in [*made.values(), *self.module.parameters(), *self.module.buffers()]:
+            self.recorder.record(value)
 
     def _fake_like(
         self, value: torch.Tensor, dtype: torch.dtype, made: dict[int, torch.Tensor], param: bool
@@ -252,15 +236,15 @@ class Session:
             return fake
         want = dtype if value.is_floating_point() else value.dtype
         fake = torch.empty(value.shape, dtype=want, device="cpu")
-        if not param:
+        if param:
+            fake = torch.nn.Parameter(fake, requires_grad=value.requires_grad)
+        else:
             # Buffers the step may read (position ids, step counters) keep a real copy of their
             # values when small or integer, made outside the trace (neither fake nor recorded).
             with _disable_current_modes():
                 shadow = _shadow_of(value) if _is_fake(value) else value.detach().to("cpu", want)
                 if shadow is not None and _shadowable(shadow):
                     setattr(fake, _SHADOW, shadow.clone())
-        if param:
-            fake = torch.nn.Parameter(fake, requires_grad=value.requires_grad)
         made[id(value)] = fake
         return fake
 
@@ -274,9 +258,9 @@ class Session:
 
     def _state_tensors(self) -> tuple[list[torch.Tensor], ...]:
         """The live state by category: parameters, buffers, gradients, optimizer state."""
-        params, buffers = self._parameters(), list(self.module.buffers())
-        for block in self._hidden:  # left out of a cut block list: still on the device
-            buffers.extend(block.buffers())
+        params = self._parameters()
+        # Those of the blocks left out of a cut block list included: still on the device.
+        buffers = [b for part in (self.module, *self._hidden) for b in part.buffers()]
         grads = [p.grad for p in params if p.grad is not None]
         state: list[torch.Tensor] = []
         if self.optimizer is not None:
@@ -316,10 +300,7 @@ class Session:
 
     def _parameters(self) -> list[torch.Tensor]:
         """The module's parameters, those of the blocks a cut leaves out included."""
-        params: list[torch.Tensor] = [*self.module.parameters()]
-        for block in self._hidden:
-            params.extend(block.parameters())
-        return params
+        return [p for part in (self.module, *self._hidden) for p in part.parameters()]
 
     def _zero_grad(self) -> None:
         if self.optimizer is not None:
@@ -369,13 +350,12 @@ class Session:
             return None
         which = ", ".join(f"top-{k} of {e} experts" for e, k in routed)
         factor = self.recorder.capacity_factor
+        how = "balanced: each expert given tokens x top-k / experts of the tokens"
         if factor > 1.0:
             how = (
                 f"the busiest expert given {factor:g} x the balanced share (tokens x top-k /"
                 " experts), the others the rest evenly"
             )
-        else:
-            how = "balanced: each expert given tokens x top-k / experts of the tokens"
         return (
             f"routing: assumed, {how} ({which}); the router's real choice depends on the"
             " model's floats"
@@ -543,18 +523,15 @@ class Session:
         of every trainable parameter live (as after a backward pass); keyed by their
         :func:`~lightning_pilot.vocabulary.phase_label` (``optimizer_step_first``,
         ``optimizer_step``)."""
-        module = self.module
-        if self.optimizer is None:
-            self.build_optimizer()
-        assert self.optimizer is not None
-        for param in module.parameters():
+        optimizer = self.optimizer or self.build_optimizer()
+        for param in self.module.parameters():
             if param.requires_grad and param.grad is None:
                 param.grad = torch.empty_like(param)
         traces: dict[str, PhaseTrace] = {}
         for phase in (phase_label("optimizer_step", True), "optimizer_step"):
             self.recorder.begin(phase)
             with precision_context("32-true"):
-                self.optimizer.step()
+                optimizer.step()
             traces[phase] = self.recorder.end(self._classes(()))
             traces[phase].notes.append(self.optimizer_note)
         return traces
@@ -564,11 +541,10 @@ class Session:
     ) -> PhaseTrace:
         """Trace ``validation_step`` in eval mode under ``torch.no_grad()`` (cut to blocks as
         :meth:`train_phases`)."""
-        traced = self._by_blocks(
+        return self._by_blocks(
             lambda: {"validation": self._validation_traced(batch, micro_batch, seq_len)},
             ("validation", micro_batch, seq_len),
-        )
-        return traced["validation"]
+        )["validation"]
 
     def _validation_traced(self, batch: Any, micro_batch: int, seq_len: int | None) -> PhaseTrace:
         module = self.module
