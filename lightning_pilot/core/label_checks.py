@@ -438,14 +438,7 @@ class CausalLMWatch:
 class EncoderHeadWatch(CausalLMWatch):
     """A forward pre-hook on a Hugging Face masked LM, token classifier or multiple-choice model:
     what its first ``max_calls`` calls get as ``labels=``, judged by the head's convention
-    (``masked_lm_labels``, ``token_labels`` or ``choice_labels``; docs/data-and-overfit.md).
-
-    >>> watch = EncoderHeadWatch("BertForMaskedLM", -100, max_calls=4)
-    >>> ids = torch.tensor([[1, 3, 7, 2], [1, 8, 3, 2]])  # 3: the mask token
-    >>> watch(nn.Identity(), (), {"input_ids": ids, "labels": ids})  # labels = inputs: a copy
-    >>> print(watch.check().verdict)
-    fail
-    """
+    (``masked_lm_labels``, ``token_labels`` or ``choice_labels``; docs/data-and-overfit.md)."""
 
     shifts_labels = False
 
