@@ -40,7 +40,7 @@ from lightning_pilot.report import (
     sampled_out,
     write_choice_sheet,
 )
-from lightning_pilot.report.campaign import campaign_variants, target_campaign
+from lightning_pilot.report.analysis import campaign_variants, target_campaign
 from lightning_pilot.report.load import load_run
 from lightning_pilot.report.sheet import render_choice_sheet
 from lightning_pilot.report.units import amount_range, format_amount

@@ -1,7 +1,7 @@
 """Reports on what the callbacks wrote, without a Trainer, torch or Lightning: ``load`` reads,
-pure functions over DataFrames analyse (``analysis``, ``variants``, ``campaign``, ``target``,
-``plot_data``), and ``tables`` (console), ``sheet`` (the Markdown choice sheet) and ``plots``
-(PNG, optional matplotlib) render. See docs/architecture.md and docs/cli.md.
+pure functions over DataFrames analyse (``analysis``, ``plot_data``), and ``tables`` (console),
+``sheet`` (the Markdown choice sheet) and ``plots`` (PNG, optional matplotlib) render. See
+docs/architecture.md and docs/cli.md.
 
 Example:
     >>> from lightning_pilot.report import format_bytes, format_duration, parse_size

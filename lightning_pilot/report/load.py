@@ -17,8 +17,8 @@ from lightning_pilot import storage
 from lightning_pilot.core.compare import Comparison
 from lightning_pilot.core.ids import validate_run_id
 from lightning_pilot.ledger import Ledger
+from lightning_pilot.report.analysis import run_costs, summarize_costs
 from lightning_pilot.report.units import is_null, terminal_safe
-from lightning_pilot.report.variants import run_costs, summarize_costs
 from lightning_pilot.schemas import upgrade_estimate
 
 
@@ -265,7 +265,7 @@ def variant_costs(
 ) -> pd.DataFrame:
     """Each variant's memory, step time and data shape, from the phase tables and
     BatchInspector's examples of ``runs`` (``Ledger.runs()``) under ``<out_dir>/runs``
-    (:func:`~lightning_pilot.report.variants.summarize_costs`)."""
+    (:func:`~lightning_pilot.report.analysis.summarize_costs`)."""
     rows = []
     for run in runs.to_dict("records"):
         folder = _run_folder(storage.location(out_dir), run["run_id"])

@@ -16,8 +16,16 @@ from lightning_pilot.core import validate
 from lightning_pilot.core.per_target import checkpointing_name, on_target
 from lightning_pilot.core.update_plan import effective_batch_text
 from lightning_pilot.report import analysis
-from lightning_pilot.report.analysis import Peak, StepTime, memory_peak, sampled_out
-from lightning_pilot.report.campaign import campaign, campaign_variants, target_campaign
+from lightning_pilot.report.analysis import (
+    Peak,
+    StepTime,
+    campaign,
+    campaign_variants,
+    memory_peak,
+    sampled_out,
+    standing,
+    target_campaign,
+)
 from lightning_pilot.report.load import RunFolder, load_run
 from lightning_pilot.report.tables import sampled_line, status_counts
 from lightning_pilot.report.units import (
@@ -38,7 +46,6 @@ from lightning_pilot.report.units import (
     size_text,
     terminal_safe,
 )
-from lightning_pilot.report.variants import standing
 from lightning_pilot.vocabulary import verdict_rank
 
 #: The choice sheet's file name in the run folder (``sheet-2.md``, ... when it exists).

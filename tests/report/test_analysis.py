@@ -11,9 +11,18 @@ import pytest
 
 from lightning_pilot.core.per_target import on_target
 from lightning_pilot.report import analysis, gate_result, phase_table_text, terminal_safe
-from lightning_pilot.report.campaign import campaign, campaign_variants, target_campaign
+from lightning_pilot.report.analysis import (
+    campaign,
+    campaign_variants,
+    largest,
+    median,
+    run_costs,
+    standing,
+    summarize_costs,
+    target_campaign,
+    value_at,
+)
 from lightning_pilot.report.load import Reads, RunFolder
-from lightning_pilot.report.measured import largest, median, value_at
 from lightning_pilot.report.sheet import render_choice_sheet
 from lightning_pilot.report.units import (
     amount_range,
@@ -22,7 +31,6 @@ from lightning_pilot.report.units import (
     seq_text,
     size_text,
 )
-from lightning_pilot.report.variants import run_costs, standing, summarize_costs
 
 
 def phase_rows(*rows: tuple[Any, ...], run_id: str = "r1") -> pd.DataFrame:
