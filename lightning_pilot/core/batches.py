@@ -83,8 +83,7 @@ class BatchView:
 
 
 def _check_spec(name: str, spec: object) -> Any:
-    """A checked field spec: a non-empty key, an int64 index or a callable (a string with a colon:
-    its import path, returned imported)."""
+    """The spec checked; a string with a colon is the import path of the callable returned."""
     if isinstance(spec, str) and ":" in spec:
         return _imported(name, spec)
     if isinstance(spec, str) and not spec:
@@ -273,8 +272,7 @@ names a function; a dict key is a string without ':'); this one does not import 
 def size_and_tokens_of(
     fields: tuple[Any, Any, Any, Any],
 ) -> tuple[int | None, torch.Tensor | int | None, str | None]:
-    """:meth:`BatchAdapter.size_and_tokens` of fields already found by
-    :meth:`BatchAdapter.fields`."""
+    """:meth:`BatchAdapter.size_and_tokens` of the fields :meth:`BatchAdapter.fields` found."""
     return (_batch_size(fields), *_token_count(fields[1], fields[3]))
 
 

@@ -116,8 +116,7 @@ def check_loss_target(
 
 
 def predicted_classes(logits: torch.Tensor) -> torch.Tensor:
-    """The class each row of ``logits`` predicts: the ``argmax`` of the last dimension, or
-    ``logit > 0`` when that dimension holds one (binary) output."""
+    """The class each row of ``logits`` predicts (``logit > 0`` for one binary output)."""
     logits = logits.detach()
     if logits.shape[-1] == 1:
         return (logits[..., 0] > 0).long()
@@ -144,8 +143,7 @@ def align_predictions(
 
 
 def logits_of(output: Any) -> torch.Tensor | None:
-    """The logits in a model's output: the tensor itself, ``output["logits"]`` of a mapping (a
-    ``ModelOutput``), or ``output.logits``; ``None`` when there are none."""
+    """The logits of a model's output (itself, ``["logits"]`` or ``.logits``), or ``None``."""
     if isinstance(output, torch.Tensor):
         return output
     found = output.get("logits") if isinstance(output, Mapping) else getattr(output, "logits", None)
