@@ -55,34 +55,28 @@ def _out_dir(owner: str, value: object, name: str = "out_dir", optional: bool = 
     return Path(os.path.realpath(os.path.expanduser(folder)))
 
 
+_WARNED_ROOTS: set[str] = set()
+
+
 def _default_out_dir(trainer: pl.Trainer) -> storage.Location:
     """``<trainer.default_root_dir>/pilot``, where Lightning's checkpoints go, read as fsspec
-    reads it (:func:`~lightning_pilot.storage.location`)."""
+    reads it; says once when Lightning's normalisation moves a ``file:`` root (``file://runs``)."""
     root = os.fspath(trainer.default_root_dir)
     folder = storage.location(root)
     given = getattr(trainer, "_default_root_dir", None)  # what the user wrote
     if isinstance(given, str) and given != root and _LOCAL_URL.match(given):
-        _warn_moved_root(given, folder)
+        with contextlib.suppress(ImportError, ValueError):
+            meant = storage.location(given)
+            if meant != folder and given not in _WARNED_ROOTS:
+                _WARNED_ROOTS.add(given)
+                _warn(
+                    f"Trainer(default_root_dir={given!r}) is read by Lightning as {str(folder)!r},"
+                    f" not {str(meant)!r}: its checkpoints go there, and so does the pilot folder."
+                    " Write file:///absolute/path (three slashes) or a plain path for the folder"
+                    " you mean.",
+                    stacklevel=1,
+                )
     return folder / "pilot"
-
-
-_WARNED_ROOTS: set[str] = set()
-
-
-def _warn_moved_root(given: str, folder: storage.Location) -> None:
-    """Say once when Lightning's normalisation moves a ``file:`` root (``file://runs``)."""
-    try:
-        meant = storage.location(given)
-    except (ImportError, ValueError):
-        return
-    if meant == folder or given in _WARNED_ROOTS:
-        return
-    _WARNED_ROOTS.add(given)
-    _warn(
-        f"Trainer(default_root_dir={given!r}) is read by Lightning as {str(folder)!r}, not"
-        f" {str(meant)!r}: its checkpoints go there, and so does the pilot folder. Write"
-        " file:///absolute/path (three slashes) or a plain path for the folder you mean."
-    )
 
 
 class PilotRun:
@@ -116,10 +110,10 @@ class PilotRun:
         self._default_out_dir: storage.Location = _out_dir(
             "PilotRun", default_out_dir, "default_out_dir", optional=False
         )
-        validate.integer("PilotRun", "rank", rank, minimum=0)
-        validate.integer("PilotRun", "world_size", world_size, minimum=rank + 1, hint="> rank")
-        self.rank = rank
-        self.world_size = world_size
+        self.rank = validate.integer("PilotRun", "rank", rank, minimum=0)
+        self.world_size = validate.integer(
+            "PilotRun", "world_size", world_size, minimum=rank + 1, hint="> rank"
+        )
         self.stage = stage
         self.attempt_id = new_run_id()
         self.run_id = self.attempt_id
@@ -279,14 +273,13 @@ class PilotRun:
                 self.closed = True
             if not failing:
                 self._log_summary(loggers, step)
-            if error is None:
-                return
-            if not failing:
-                raise error
-            _warn(
-                f"could not write run {self.run_id} to {self.out_dir} while the fit was failing:"
-                f" {error}"
-            )
+                if error is not None:
+                    raise error
+            elif error is not None:
+                _warn(
+                    f"could not write run {self.run_id} to {self.out_dir} while the fit was"
+                    f" failing: {error}"
+                )
 
     def _log_summary(self, loggers: Sequence[Any], step: int | None) -> None:
         """Give every logger the summary; one that refuses it is a warning, never an error."""
@@ -566,12 +559,12 @@ def _guard(name: str, hook: Any) -> Any:
         except Exception as err:
             self._hook_failed(name, err)
             run = self._run
-            if run is not None and run.world_size > 1 and name not in _CLOSING:
-                raise  # a rank that swallowed it would skip a collective the others wait in
             if name in _CLOSING:
                 self._unmute()
-                if self._run is not None:
-                    self._run.close(self, failing=True)
+                if run is not None:
+                    run.close(self, failing=True)
+            elif run is not None and run.world_size > 1:
+                raise  # a rank that swallowed it would skip a collective the others wait in
             return None
 
     guarded._pilot_guarded = True  # type: ignore[attr-defined]
@@ -673,12 +666,9 @@ class PilotCallback(Callback):
 
     def _mute_unused(self) -> None:
         """Mute the per-update hooks the class does not override (Lightning's no-ops)."""
-        unused = [
-            hook
-            for hook in self.PER_UPDATE_HOOKS
-            if getattr(type(self), hook) is getattr(Callback, hook) and hook not in self.__dict__
-        ]
-        self._mute(*unused)
+        for hook in self.PER_UPDATE_HOOKS:
+            if getattr(type(self), hook) is getattr(Callback, hook) and hook not in self.__dict__:
+                self._mute(hook)
 
     def _put_checks(
         self, phase: str, results: Sequence[CheckResult], **columns: Any
