@@ -301,28 +301,34 @@ def _op(name: str) -> Any:
 
 
 @contextlib.contextmanager
-def cuda_autocast() -> Iterator[None]:
+def _registered(key: str, kernels: dict[str, Callable[..., Any]]) -> Iterator[None]:
+    """``kernels`` (``aten`` operator name -> kernel) registered with ``torch.library`` for the
+    dispatch ``key`` for the duration, process-wide."""
+    library = torch.library.Library("aten", "IMPL")  # type: ignore[no-untyped-call]
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "Overriding a previously registered kernel"
+            for name, kernel in kernels.items():
+                library.impl(name, kernel, key)  # type: ignore[no-untyped-call]
+        yield
+    finally:
+        library._destroy()  # type: ignore[no-untyped-call]
+
+
+def cuda_autocast() -> contextlib.AbstractContextManager[None]:
     """CPU autocast casts each operator's inputs as CUDA autocast would
     (:func:`cuda_autocast_policy`: softmax, layer_norm, the losses ... in float32) for the
     duration, process-wide. The matrix products keep CPU autocast's own kernels (the same
     policy, and its cache of the parameters' casts); every other listed operator gets a kernel
     registered with ``torch.library`` for the ``AutocastCPU`` key, removed on exit."""
-    cpu_lower = {
-        name
-        for name in _CUDA_LOWER
-        if torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{name}", "AutocastCPU")
+    kernels = {
+        name: _autocast_kernel(_op(name), policy)
+        for name, policy in cuda_autocast_policy().items()
+        # CPU autocast's own kernel does the same
+        if name not in _CUDA_LOWER
+        or not torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{name}", "AutocastCPU")
     }
-    library = torch.library.Library("aten", "IMPL")  # type: ignore[no-untyped-call]
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # "Overriding a previously registered kernel"
-            for name, policy in cuda_autocast_policy().items():
-                if name in cpu_lower:
-                    continue  # CPU autocast's own kernel does the same
-                library.impl(name, _autocast_kernel(_op(name), policy), "AutocastCPU")  # type: ignore[no-untyped-call]
-        yield
-    finally:
-        library._destroy()  # type: ignore[no-untyped-call]
+    return _registered("AutocastCPU", kernels)
 
 
 def _cuda_dropout(input: torch.Tensor, p: float, train: bool) -> torch.Tensor:
@@ -336,16 +342,8 @@ def _cuda_dropout(input: torch.Tensor, p: float, train: bool) -> torch.Tensor:
     return input * torch.zeros((), dtype=input.dtype, device=input.device)
 
 
-@contextlib.contextmanager
-def cuda_dropout() -> Iterator[None]:
+def cuda_dropout() -> contextlib.AbstractContextManager[None]:
     """``torch.nn.functional.dropout`` runs CUDA's fused kernel (:func:`_cuda_dropout`, a
     one-byte mask saved where CPU saves a noise tensor of the input's dtype) for the duration,
     process-wide (a ``torch.library`` kernel for ``AutogradCPU``, removed on exit)."""
-    library = torch.library.Library("aten", "IMPL")  # type: ignore[no-untyped-call]
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            library.impl("dropout", _cuda_dropout, "AutogradCPU")  # type: ignore[no-untyped-call]
-        yield
-    finally:
-        library._destroy()  # type: ignore[no-untyped-call]
+    return _registered("AutogradCPU", {"dropout": _cuda_dropout})

@@ -150,12 +150,12 @@ def run_grid(job: GridJob, *, progress: Reporter | None = None, out_dir: Any = N
     done: list[tuple[PrecisionTraces, list[dict[str, Any]]]] = []
     traced = job.traced
     count = min(len(traced), job.workers or os.cpu_count() or 1)
-    # A forked child must not touch CUDA once the parent has initialised it (a live
-    # module on a GPU: its buffers' values are read): trace in this process then.
     forkable = "fork" in multiprocessing.get_all_start_methods()
     shown = progress if progress is not None else Reporter()
     total = f"{len(job.configs)} configuration(s) x {len(job.targets)} target(s)"
     with _not_logging(job.module):
+        # A forked child must not touch CUDA once the parent has initialised it (a live
+        # module on a GPU: its buffers' values are read): trace in this process then.
         if count > 1 and forkable and not torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
             shown.update(f"tracing {', '.join(traced)} in {count} processes: {total}", done=0)
             with multiprocessing.get_context("fork").Pool(count, _worker_start, (job,)) as pool:
@@ -298,16 +298,13 @@ def _not_logging(module: Any) -> Iterator[None]:
         yield
         return
     held = {name: module.__dict__[name] for name in names if name in module.__dict__}
-    for name in names:
-        module.__dict__[name] = _ignore
+    module.__dict__.update(dict.fromkeys(names, _ignore))
     try:
         yield
     finally:
         for name in names:
-            if name in held:
-                module.__dict__[name] = held[name]
-            else:
-                module.__dict__.pop(name, None)
+            module.__dict__.pop(name, None)
+        module.__dict__.update(held)
 
 
 def _ignore(*args: Any, **kwargs: Any) -> None:

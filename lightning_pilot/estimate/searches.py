@@ -26,6 +26,7 @@ from lightning_pilot.estimate.targets import Target
 
 #: The most traces :func:`settle` takes to confirm a predicted largest size.
 VERIFY_TRACES: Final = 12
+_UNSETTLED: Final = f"traces near the prediction did not settle in {VERIFY_TRACES} tries"
 #: The module attributes (and their ``config``'s) that bound the sequence length.
 #: ``max_target_positions``: an encoder-decoder whose encoder reads features, not token ids
 #: (Whisper), bounds the decoder's tokens with it.
@@ -198,7 +199,7 @@ class _Search:
                 "not_estimated", "the two traced micro-batches ran different operators"
             )
         if first > tgt.memory_bytes:
-            checked = verify and self._traced_need(tgt, ckpt, seq_len, 1) > tgt.memory_bytes
+            checked = verify and not self._fits(tgt, ckpt, seq_len, 1)
             return BatchFound(
                 "ok",
                 "micro-batch 1 does not fit"
@@ -215,20 +216,12 @@ class _Search:
             why = f"fits at max_micro_batch={cap}, the end of the search"
             return BatchFound("ok", why, largest=cap, method="predicted", checked=False)
         lo = _last_fitting(need_at, lo, min(hi, cap + 1), tgt.memory_bytes)
-        checked = False
-        method = "predicted"
-        if verify:
-
-            def fits(b: int) -> bool:
-                return self._traced_need(tgt, ckpt, seq_len, b) <= tgt.memory_bytes
-
-            found, checked = settle(fits, lo, cap)
-            method = "predicted, traced" if found == lo else "predicted, corrected by tracing"
-            lo = found
-        reason: str | None = None
-        if verify and not checked:
-            reason = f"traces near the prediction did not settle in {VERIFY_TRACES} tries"
-        return BatchFound("ok", reason, largest=lo, method=method, checked=checked)
+        if not verify:
+            return BatchFound("ok", None, largest=lo, method="predicted", checked=False)
+        found, checked = settle(lambda b: self._fits(tgt, ckpt, seq_len, b), lo, cap)
+        method = "predicted, traced" if found == lo else "predicted, corrected by tracing"
+        reason = None if checked else _UNSETTLED
+        return BatchFound("ok", reason, largest=found, method=method, checked=checked)
 
     def _predicted_need(
         self, tgt: Target, ckpt: Ckpt, base: tuple[int, int], micro_batch: int
@@ -292,13 +285,14 @@ class _Search:
             traces.searched[key] = (train, val)
         return traces.searched[key]
 
-    def _traced_need(self, tgt: Target, ckpt: Ckpt, seq_len: int | None, micro_batch: int) -> int:
-        """The most memory any phase needs at ``micro_batch``, traced."""
+    def _fits(self, tgt: Target, ckpt: Ckpt, seq_len: int | None, micro_batch: int) -> bool:
+        """Whether every phase fits ``tgt`` at this size, traced."""
         train, val = self._phases_at(ckpt, seq_len, micro_batch)
         phases = [train["forward"], train["backward"], val]
         peaks = [trace.peak_bytes for trace in phases]
         segments = [trace.segment_bytes for trace in phases]
-        return self._need(tgt, phases, peaks, segments, train["forward"].categories["batch"])
+        batch = train["forward"].categories["batch"]
+        return self._need(tgt, phases, peaks, segments, batch) <= tgt.memory_bytes
 
     # -- the largest sequence length --------------------------------------------------------
 
@@ -351,18 +345,17 @@ class _Search:
                 continue
             lo = _last_fitting(need_at, 0, top + 1, tgt.memory_bytes)
             method, checked = "predicted (quadratic in the sequence length)", False
-            reason: str | None = None if lo else f"one step ({step}) does not fit"
+            reason = None if lo else f"one step ({step}) does not fit"
             if job.verify_largest:
 
                 def fits(unit: int, tgt: Target = tgt) -> bool:
-                    traced = self._traced_need(tgt, ckpt, unit * step, micro_batch)
-                    return traced <= tgt.memory_bytes
+                    return self._fits(tgt, ckpt, unit * step, micro_batch)
 
                 settled, checked = settle(fits, max(lo, 1), top)
                 method += ", traced" if settled == lo else ", corrected by tracing"
                 lo = settled
                 if not checked:
-                    reason = f"traces near the prediction did not settle in {VERIFY_TRACES} tries"
+                    reason = _UNSETTLED
             if lo == top and reason is None:
                 reason = f"fits at {why_cap}"
             found[tgt.name] = SeqFound(

@@ -35,7 +35,7 @@ Example:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, InitVar, dataclass, field
 from typing import Final
 
 import torch
@@ -46,7 +46,7 @@ _MIB: Final = 2**20
 _GIB: Final = 2**30
 
 
-@dataclass(frozen=True, init=False)
+@dataclass(frozen=True)
 class Target:
     """One GPU model: what the estimate needs to know about it.
 
@@ -66,50 +66,36 @@ class Target:
     """
 
     name: str
-    memory_bytes: int
+    memory_bytes: int = field(init=False)
+    _: KW_ONLY
+    memory: InitVar[int | str]
     fp32: float
     tf32: float
     bf16: float
     fp16: float
     bandwidth: float
-    link: float
-    overhead_bytes: int
-    workspace_bytes: int
-    source: str
-    memory_source: str
+    link: float = 32e9
+    overhead_bytes: int = 512 * _MIB
+    workspace_bytes: int = 8 * _MIB + 128 * 1024
+    source: str = "user"
+    memory_source: str = "user"
 
-    def __init__(
-        self,
-        name: str,
-        *,
-        memory: int | str,
-        fp32: float,
-        tf32: float,
-        bf16: float,
-        fp16: float,
-        bandwidth: float,
-        link: float = 32e9,
-        overhead_bytes: int = 512 * _MIB,
-        workspace_bytes: int = 8 * _MIB + 128 * 1024,
-        source: str = "user",
-        memory_source: str = "user",
-    ) -> None:
+    def __post_init__(self, memory: int | str) -> None:
         owner = "Target"
         set_ = object.__setattr__
-        set_(self, "name", validate.text(owner, "name", name, max_length=100))
+        set_(self, "name", validate.text(owner, "name", self.name, max_length=100))
         if isinstance(memory, str):
             size = validate.parse_size(memory, "Target(memory)")
         else:
             size = validate.integer(owner, "memory", memory, minimum=1)
         set_(self, "memory_bytes", size)
-        rates = {"fp32": fp32, "tf32": tf32, "bf16": bf16, "fp16": fp16}
-        for field, value in {**rates, "bandwidth": bandwidth, "link": link}.items():
-            set_(self, field, validate.number(owner, field, value, minimum=0, allow_minimum=False))
-        counts = {"overhead_bytes": overhead_bytes, "workspace_bytes": workspace_bytes}
-        for field, count in counts.items():
-            set_(self, field, validate.integer(owner, field, count, minimum=0))
-        for field, text in (("source", source), ("memory_source", memory_source)):
-            set_(self, field, validate.text(owner, field, text))
+        for attr in ("fp32", "tf32", "bf16", "fp16", "bandwidth", "link"):
+            rate = validate.number(owner, attr, getattr(self, attr), minimum=0, allow_minimum=False)
+            set_(self, attr, rate)
+        for attr in ("overhead_bytes", "workspace_bytes"):
+            set_(self, attr, validate.integer(owner, attr, getattr(self, attr), minimum=0))
+        for attr in ("source", "memory_source"):
+            set_(self, attr, validate.text(owner, attr, getattr(self, attr)))
 
     def peak(self, dtype: torch.dtype, *, allow_tf32: bool = False) -> float:
         """Peak dense FLOP/s of matrix products in ``dtype`` (fp32 runs on TF32 tensor cores
