@@ -174,10 +174,9 @@ class BatchInspector(PilotCallback):
         ignore_index = self.adapter.ignore_index
         # A few calls decide; later ones (a verdict waiting for validation) cost one call each.
         calls = 4 * self.batches
-        self._watch = CausalLMWatch.attach(
+        watch = self._watch = CausalLMWatch.attach(
             pl_module, ignore_index=ignore_index, max_calls=calls
         ) or EncoderHeadWatch.attach(pl_module, ignore_index=ignore_index, max_calls=calls)
-        shifts = self._watch is not None and self._watch.shifts_labels
         inspect_split = functools.partial(
             SplitInspection,
             ignore_index=ignore_index,
@@ -186,12 +185,12 @@ class BatchInspector(PilotCallback):
             max_length=self.max_length or _max_length(trainer, pl_module),
             pad_token_id=self.pad_token_id,
             padding_warn=self.padding_warn,
-            causal_lm=self._watch.name if self._watch is not None and shifts else None,
+            causal_lm=watch.name if watch is not None and watch.shifts_labels else None,
             encoder_decoder=find_encoder_decoder(pl_module),
             prompt=self.prompt,
             encoder_head=(
-                f"{self._watch.name} ({self._watch.check_name})"
-                if isinstance(self._watch, EncoderHeadWatch)
+                f"{watch.name} ({watch.check_name})"
+                if isinstance(watch, EncoderHeadWatch)
                 else None
             ),
         )
@@ -265,8 +264,7 @@ class BatchInspector(PilotCallback):
         self._maybe_finish()
 
     def _scan(self, trainer: pl.Trainer, inspection: DataInspection) -> list[CheckResult]:
-        """Leakage, duplicates and histograms over the splits' datasets (bounded); a split whose
-        loader cannot be read is left out (``<split>/split_leakage`` ``not_checked``)."""
+        """Leakage, duplicates and histograms over the splits' datasets (bounded)."""
         problems: list[CheckResult] = []
         sources = {"train": _loaders(trainer.train_dataloader)}
         sources["val"] = _loaders(trainer.val_dataloaders)
@@ -315,30 +313,29 @@ def _prompt_spec(
     response_mask_key: object, prompt_length_key: object, response_template: object
 ) -> PromptSpec | None:
     """Where each prompt is, from the options checked (one at most), or ``None``."""
-    owner = "BatchInspector"
-    keys = {
-        name: validate.text(owner, name, value, optional=True, hint="a key of the batch dict")
-        for name, value in (
-            ("response_mask_key", response_mask_key),
-            ("prompt_length_key", prompt_length_key),
-        )
-    }
+    owner, hint = "BatchInspector", "a key of the batch dict"
+    mask_key = validate.text(
+        owner, "response_mask_key", response_mask_key, optional=True, hint=hint
+    )
+    length_key = validate.text(
+        owner, "prompt_length_key", prompt_length_key, optional=True, hint=hint
+    )
     template = None
     if response_template is not None:
+        tokens = response_template
         expected = "a non-empty list of token ids (integers >= 0), or None"
-        problem = validate.invalid(owner, "response_template", response_template, expected)
-        if isinstance(response_template, str | bytes) or not isinstance(
-            response_template, Sequence
-        ):
+        problem = validate.invalid(owner, "response_template", tokens, expected)
+        if isinstance(tokens, str | bytes) or not isinstance(tokens, Sequence):
             raise TypeError(problem)
-        if not response_template:
+        if not tokens:
             raise ValueError(problem)
-        for index, token in enumerate(response_template):
+        for index, token in enumerate(tokens):
             validate.integer(
                 owner, f"response_template[{index}]", token, minimum=0, hint="a token id"
             )
-        template = tuple(int(token) for token in response_template)
-    given = {**keys, "response_template": template}
+        template = tuple(int(token) for token in tokens)
+    given: dict[str, object] = {"response_mask_key": mask_key, "prompt_length_key": length_key}
+    given["response_template"] = template
     named = [name for name, value in given.items() if value is not None]
     if len(named) > 1:
         shown = ", ".join(f"{name}={given[name]!r}" for name in named)
@@ -346,9 +343,7 @@ def _prompt_spec(
             f"BatchInspector({shown}) is invalid: expected one of {', '.join(given)}"
             " at most (each says where the prompt is)."
         )
-    if not named:
-        return None
-    return PromptSpec(keys["response_mask_key"], keys["prompt_length_key"], template)
+    return PromptSpec(mask_key, length_key, template) if named else None
 
 
 def _loaders(value: Any) -> list[DataLoader[Any]]:

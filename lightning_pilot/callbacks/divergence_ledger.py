@@ -259,13 +259,11 @@ class DivergenceLedger(PilotCallback):
     @override
     def state_dict(self) -> dict[str, Any]:
         self._evaluate()  # a checkpoint holds every update's loss so far
-        state = super().state_dict()
-        state.update(
-            ledger_version=self.LEDGER_STATE_VERSION,
-            detector=self.detector.state_dict(),
-            curves=self.curves.state_dict(),
-        )
-        return state
+        return super().state_dict() | {
+            "ledger_version": self.LEDGER_STATE_VERSION,
+            "detector": self.detector.state_dict(),
+            "curves": self.curves.state_dict(),
+        }
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -310,15 +308,13 @@ class DivergenceLedger(PilotCallback):
         return True
 
     def _normal_outcome(self, trainer: pl.Trainer) -> tuple[str, str, str | None]:
-        early = trainer.early_stopping_callbacks
-        timers = [c for c in getattr(trainer, "callbacks", []) if isinstance(c, Timer)]
-        remaining = [c.time_remaining() for c in timers]
+        remaining = [c.time_remaining() for c in trainer.callbacks if isinstance(c, Timer)]
         return records.normal_end(
             stop=self._stop,
             action=self.action,
             stopped_early=[
                 (c.stopping_reason.name, c.stopping_reason_message)
-                for c in early
+                for c in trainer.early_stopping_callbacks
                 if c.stopping_reason.name != "NOT_STOPPED"
             ],
             time_limit=any(r is not None and r <= 0 for r in remaining),

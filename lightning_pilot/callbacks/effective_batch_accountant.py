@@ -225,12 +225,12 @@ class EffectiveBatchAccountant(PilotCallback):
             stepped=stepped,
         )
         if step - self._last_flush >= FLUSH_EVERY:  # the same update on every rank
-            self._flush(trainer, pl_module)
+            self._flush(trainer)
 
     @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._epochs_done = trainer.current_epoch + 1
-        self._flush(trainer, pl_module)
+        self._flush(trainer)
         self.run.set_ledger_fields(**self._summarize(self._epochs_done).ledger_fields())
 
     @override
@@ -241,7 +241,7 @@ class EffectiveBatchAccountant(PilotCallback):
         # rank 0 then holds the totals of all ranks (state_dict ran before, with local ones).
         if not self._training:
             return
-        self._flush(trainer, pl_module)
+        self._flush(trainer)
         states = checkpoint.get("callbacks")
         if self._world > 1 and isinstance(states, dict) and self.state_key in states:
             states[self.state_key] = self.state_dict()
@@ -249,7 +249,7 @@ class EffectiveBatchAccountant(PilotCallback):
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._flush(trainer, pl_module)
+        self._flush(trainer)
         self._training = False
         self._remove_step_hooks()
         self._summary = summary = self._summarize(trainer.current_epoch)
@@ -348,23 +348,23 @@ class EffectiveBatchAccountant(PilotCallback):
         self._config = accounting.BatchConfig(b, schedule[0][1], self._dp)
         epochs, steps = trainer.max_epochs, trainer.max_steps
         split = "drop" if self._sampler is not None and self._sampler.drop_last else "pad"
-        self._planner = functools.partial(
-            update_plan.plan_for_fit,
-            size,
-            accumulate_grad_batches=dict(schedule),
-            dp_replicas=self._dp,
-            epochs=epochs if epochs is not None and epochs >= 0 else None,
-            max_steps=steps if steps >= 0 else None,
-            drop_last=bool(getattr(loader, "drop_last", False)),
-            replica_split=split,
-            limit_micro_batches=_finite(trainer.num_training_batches),
-        )
         if self._manual:
-            self._planner = None
             self._notes.append(
                 "manual optimization: the module steps its optimizers itself, so no plan; a row"
                 " of updates.parquet is a batch in which global_step advanced, with the"
                 " micro-batches since the previous one"
+            )
+        else:
+            self._planner = functools.partial(
+                update_plan.plan_for_fit,
+                size,
+                accumulate_grad_batches=dict(schedule),
+                dp_replicas=self._dp,
+                epochs=epochs if epochs is not None and epochs >= 0 else None,
+                max_steps=steps if steps >= 0 else None,
+                drop_last=bool(getattr(loader, "drop_last", False)),
+                replica_split=split,
+                limit_micro_batches=_finite(trainer.num_training_batches),
             )
         if self._world % self._dp:
             self._notes.append(
@@ -420,9 +420,7 @@ class EffectiveBatchAccountant(PilotCallback):
             micro_batch_size=b,
         )
 
-    def _flush(
-        self, trainer: pl.Trainer | None = None, pl_module: pl.LightningModule | None = None
-    ) -> None:
+    def _flush(self, trainer: pl.Trainer | None = None) -> None:
         """Count the pending rows (one host sync) and sum them over ranks (one ``max`` and one
         ``sum`` all-reduce, at a flush point every rank reaches at the same update)."""
         self._last_flush = self._last_step
@@ -431,8 +429,7 @@ class EffectiveBatchAccountant(PilotCallback):
             summed = accounting.UpdateCounter.local_as_all_ranks(rows)
         else:
             assert trainer is not None
-            assert pl_module is not None
-            strategy, device = trainer.strategy, pl_module.device
+            strategy, device = trainer.strategy, trainer.lightning_module.device
             length = torch.tensor([len(rows)], dtype=torch.int64, device=device)
             longest = int(strategy.reduce(length, reduce_op="max").item())
             if longest == 0:

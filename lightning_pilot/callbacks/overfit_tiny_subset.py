@@ -336,8 +336,7 @@ class OverfitTinySubset(PilotCallback):
     def _evaluate(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule
     ) -> overfit.Recovery | None:
-        """Score the subset's predictions; ``None`` when there are none (the reason noted:
-        nothing here raises, so the loss checks and the budget go on)."""
+        """Score the subset's predictions; ``None`` when there are none (the reason noted)."""
         if self._installed is None or not self._batches:
             return None
         try:
@@ -372,8 +371,7 @@ class OverfitTinySubset(PilotCallback):
     def _predict_subset(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule
     ) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
-        """Predict every subset batch in eval mode without gradients (``predict_fn`` or the
-        module's forward): ``(predictions, targets)`` per batch, on the CPU."""
+        """``(predictions, targets)`` on the CPU per subset batch, in eval mode without grad."""
         assert self._installed is not None
         original = self._installed.original
         scored = []
@@ -394,7 +392,6 @@ class OverfitTinySubset(PilotCallback):
     def _predict(
         self, pl_module: pl.LightningModule, batch: Any, view: Any
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        targets = view.targets
         try:
             if self.predict_fn is not None:
                 out: Any = self.predict_fn(pl_module, batch)
@@ -406,7 +403,7 @@ class OverfitTinySubset(PilotCallback):
             self._fall_back(pl_module, f"{self._call_name(pl_module)} raised {error_text(err)}")
             return None
         aligned, problem = overfit.predicted_pair(
-            out, targets, shift=self._shift, ignore_index=self.adapter.ignore_index,
+            out, view.targets, shift=self._shift, ignore_index=self.adapter.ignore_index,
             call=self._call_name(pl_module),
         )  # fmt: skip
         if problem is not None:

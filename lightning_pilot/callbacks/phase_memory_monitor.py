@@ -1,6 +1,5 @@
 """PhaseMemoryMonitor: one row per phase with inputs, memory, duration and verdict; its hooks
-call the Trainer-free logic of ``core/`` (measure_schedule, phase_meter, training_step, eval_phase,
-phase_rows)."""
+call the Trainer-free logic of ``core/``."""
 
 from __future__ import annotations
 
@@ -134,13 +133,9 @@ class PhaseMemoryMonitor(PilotCallback):
         self.sample_every = validate.integer(
             owner, "sample_every", sample_every, minimum=0, hint=hint
         )
+        hint, most = "at most pilot_updates", self.pilot_updates
         self.memory_updates = validate.integer(
-            owner,
-            "memory_updates",
-            memory_updates,
-            minimum=1,
-            maximum=self.pilot_updates,
-            hint="at most pilot_updates",
+            owner, "memory_updates", memory_updates, minimum=1, maximum=most, hint=hint
         )
         self.export = validate.callable_or_none(
             owner, "export", export, "a callable fn(pl_module, directory) -> path | None"
@@ -272,8 +267,8 @@ class PhaseMemoryMonitor(PilotCallback):
                 stacklevel=2,
             )
 
-    def _restart_data_clock(self, trainer: pl.Trainer, step: int | None = None) -> None:
-        step = trainer.global_step if step is None else step
+    def _restart_data_clock(self, trainer: pl.Trainer) -> None:
+        step = trainer.global_step
         quiet = self._rows.quiet
         quiet.step_now = step  # global_step does not move until the next update ends
         if self._schedule.restart(step, fitting=trainer.state.fn == TrainerFn.FITTING):
@@ -376,7 +371,7 @@ class PhaseMemoryMonitor(PilotCallback):
             self._stop(self._rows.settle(may_fail=True))
             self._flush_during_fit("after the pilot window")  # it survives a later crash
         self._meter.stop_tracker()
-        self._restart_data_clock(trainer, step)
+        self._restart_data_clock(trainer)
 
     def _eval_start(self, trainer: pl.Trainer, phase: str) -> None:
         if trainer.sanity_checking:
@@ -388,12 +383,6 @@ class PhaseMemoryMonitor(PilotCallback):
         self._eval = EvalLoop(phase, self._schedule.measures_eval(phase, first))
         if self._eval.measured:
             self._meter.begin(phase, track=first)
-
-    def _eval_batch(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any) -> None:
-        loop = self._eval
-        if not (trainer.sanity_checking or loop is None or not loop.measured):
-            view = self.adapter.view(batch, count_tokens=False)
-            loop.add_batch(view, pl_module.named_modules(), grad_enabled=torch.is_grad_enabled())
 
     def _eval_end(self, trainer: pl.Trainer, phase: str, loaders: Any) -> None:
         loop, self._eval = self._eval, None
@@ -415,7 +404,13 @@ class PhaseMemoryMonitor(PilotCallback):
     def on_validation_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, *_: Any
     ) -> None:
-        self._eval_batch(trainer, pl_module, batch)
+        loop = self._eval
+        if not (trainer.sanity_checking or loop is None or not loop.measured):
+            view = self.adapter.view(batch, count_tokens=False)
+            loop.add_batch(view, pl_module.named_modules(), grad_enabled=torch.is_grad_enabled())
+
+    # The test and predict loops add their batches alike.
+    on_test_batch_end = on_predict_batch_end = on_validation_batch_end
 
     @override
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -426,24 +421,12 @@ class PhaseMemoryMonitor(PilotCallback):
         self._eval_start(trainer, "test")
 
     @override
-    def on_test_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, *_: Any
-    ) -> None:
-        self._eval_batch(trainer, pl_module, batch)
-
-    @override
     def on_test_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._eval_end(trainer, "test", trainer.test_dataloaders)
 
     @override
     def on_predict_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._eval_start(trainer, "predict")
-
-    @override
-    def on_predict_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, *_: Any
-    ) -> None:
-        self._eval_batch(trainer, pl_module, batch)
 
     @override
     def on_predict_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
