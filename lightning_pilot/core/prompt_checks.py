@@ -39,11 +39,13 @@ def check_instruction_masking(
     if target_kind(inputs, targets) != "sequence":
         why = "targets are not aligned token sequences"
         return CheckResult("instruction_masked", "not_checked", why)
-    return _masking(*_masking_counts(inputs, targets, mask, ignore_index), ignore_index)
+    return _masking(_masking_counts(inputs, targets, mask, ignore_index), ignore_index)
 
 
-def _masking(total: int, equal: int, ignored: int, ignore_index: int) -> CheckResult:
+def _masking(counts: Sequence[int], ignore_index: int) -> CheckResult:
+    """``instruction_masked`` from the :func:`_masking_counts` of the batches."""
     name = "instruction_masked"
+    total, equal, ignored = counts
     if total == 0:
         return CheckResult(name, "not_checked", "no real token in the batch")
     masked = f"{ignored} of {total} real tokens ({ignored / total:.0%}) are masked out of the loss"

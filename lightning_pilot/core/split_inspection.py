@@ -251,10 +251,8 @@ class SplitInspection:
                 CheckResult(n, "not_checked", why) for n in ("instruction_masked", "label_shift")
             ]
         elif self._sequence:
-            prompt = self.prompt is not None
-            results.append(
-                self._prompt_check() if prompt else _masking(*self._masking, self.ignore_index)
-            )
+            masked = _masking(self._masking, self.ignore_index)
+            results.append(masked if self.prompt is None else self._prompt_check())
             results.append(check_label_shift(self._relations, causal_lm=self.causal_lm))
         if self._decoder:
             results.append(
