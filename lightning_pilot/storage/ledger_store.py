@@ -30,6 +30,7 @@ from lightning_pilot.storage.limits import (
     _read_limited,
     _read_or_skip,
     _skip,
+    _VanishedError,
     _visible_parquet_files,
 )
 from lightning_pilot.storage.paths import (
@@ -101,10 +102,6 @@ def write_ledger_record(ledger_dir: PathLike, record: Mapping[str, Any]) -> Loca
     _check_writable(table, LEDGER_RECORD_LIMITS, "a ledger record")
     _refuse_link(folder)
     return publish_table(table, folder / name)
-
-
-class _VanishedError(Exception):
-    """A file listed a moment ago is gone (a compactor removed it): list again."""
 
 
 def _ledger_folder(path: PathLike, owner: str) -> Location:
@@ -371,11 +368,10 @@ def read_ledger_table(
         wanted = {"record_id", "written_at", "run_id", *columns, *(["event"] if events else [])}
         schema = pa.schema([f for f in LEDGER_SCHEMA if f.name in wanted])
     folder = _ledger_folder(path, "read_ledger_records")
-    for attempt in range(_READ_TRIES):
-        last = attempt == _READ_TRIES - 1
+    for tries_left in reversed(range(_READ_TRIES)):
         found: list[str] = []
         try:
-            table = _read_ledger_once(folder, schema, events, found, vanish=not last)
+            table = _read_ledger_once(folder, schema, events, found, vanish=tries_left > 0)
         except _VanishedError:
             continue  # a compactor moved records into a segment meanwhile: list again
         if skipped is not None:
@@ -409,12 +405,9 @@ def _read_ledger_once(
         wanted = pa.array(list(events))
         tables = [t.filter(pa.compute.is_in(t.column("event"), value_set=wanted)) for t in tables]
     for path in pending:
-        try:
-            table = _read_or_skip(
-                path, LEDGER_RECORD_LIMITS, schema, skipped, stacklevel=4, vanish=vanish
-            )
-        except FileNotFoundError:
-            raise _VanishedError(str(path)) from None
+        table = _read_or_skip(
+            path, LEDGER_RECORD_LIMITS, schema, skipped, stacklevel=4, vanish=vanish
+        )
         if table is not None:
             tables.append(table)
     if not tables:

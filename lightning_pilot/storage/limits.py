@@ -99,6 +99,10 @@ class _OverLimitError(ValueError):
     """A file declares more than its :class:`ReadLimits` allow (found before decoding)."""
 
 
+class _VanishedError(Exception):
+    """A file listed a moment ago is gone (a compactor removed it): list again."""
+
+
 def _over(limits: ReadLimits, field: str, value: int, what: str) -> _OverLimitError:
     return _OverLimitError(f"{value:,} {what} > {limits.name}.{field}={getattr(limits, field):,}")
 
@@ -305,14 +309,14 @@ def _read_or_skip(
     vanish: bool = False,
 ) -> pa.Table | None:
     """:func:`_read_limited`, or ``None`` with the file skipped (``vanish``: a file gone since
-    it was listed raises ``FileNotFoundError``)."""
+    it was listed raises ``_VanishedError``)."""
     try:
         return _read_limited(path, limits, schema)
     except _OverLimitError as err:
         message = f"skipped oversized file {path}: {err} (not decoded)"
     except (OSError, pa.ArrowException, ValueError) as err:
         if vanish and isinstance(err, FileNotFoundError):
-            raise
+            raise _VanishedError(str(path)) from None
         message = f"skipped unreadable file {path}: {type(err).__name__}: {err}"
     _skip(message, path, skipped, stacklevel=stacklevel)
     return None

@@ -262,14 +262,9 @@ def location(value: PathLike, **storage_options: Any) -> Location:
         )
     if not isinstance(value, str) or not (_URL.match(value) or _LOCAL_URL.match(value)):
         return Path(value)
-    try:
-        from fsspec.core import url_to_fs  # type: ignore[import-untyped]
-        from fsspec.implementations.local import LocalFileSystem  # type: ignore[import-untyped]
-    except ImportError as err:  # pragma: no cover - Lightning depends on fsspec
-        raise ImportError(
-            f"{value!r} is a URL: reading and writing it needs fsspec (pip install"
-            " 'lightning-pilot[remote]')."
-        ) from err
+    from fsspec.core import url_to_fs  # type: ignore[import-untyped]  # Lightning's dependency
+    from fsspec.implementations.local import LocalFileSystem  # type: ignore[import-untyped]
+
     try:
         fs, path = url_to_fs(value, **storage_options)
     except ImportError as err:

@@ -177,14 +177,12 @@ def read_phase_table(path: PathLike) -> pd.DataFrame:
     skipped: list[str] = []
     folders = [table for table in tables if table.is_dir()]
     for table in (table for table in tables if table not in folders):  # never read as empty
-        _skip(
+        message = (
             f"skipped {table}: expected a folder of snapshot parts"
             f" (phases.parquet/part-<writer>-<seq>.parquet), found {_what_is(table)};"
-            " this run's phase rows are not read",
-            table,
-            skipped,
-            stacklevel=2,
+            " this run's phase rows are not read"
         )
+        _skip(message, table, skipped, stacklevel=2)
     files = [file for folder in folders for file in list_snapshot_files(folder)]
     frame = _to_pandas(
         read_parquet_files(files, PHASE_SCHEMA, limits=PHASE_FILE_LIMITS, skipped=skipped)
