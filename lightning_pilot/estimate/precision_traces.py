@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 import numpy as np
-import torch
 
 from lightning_pilot.estimate.job import Ckpt, Config, GridJob
 from lightning_pilot.estimate.precision import compute_dtype
@@ -48,9 +47,7 @@ def extrapolate(
     """
     if low.signature != high.signature or low.curve.shape != high.curve.shape:
         return None
-    if not len(low.curve) or low.peak_bytes != int(low.curve.max()):
-        return None
-    if high.peak_bytes != int(high.curve.max()):
+    if not len(low.curve) or any(t.peak_bytes != int(t.curve.max()) for t in (low, high)):
         return None
     span = high_x - low_x
 
@@ -186,8 +183,7 @@ def _validation_at(
 def trace_grid(session: Session, traces: PrecisionTraces, job: GridJob) -> None:
     """Trace ``job``'s configurations into ``traces`` in the open ``session``: the training
     phases (traced or extrapolated), the optimizer steps, validation and the save."""
-    precision = traces.precision
-    itemsize = torch.empty((), dtype=compute_dtype(precision)).element_size()
+    itemsize = compute_dtype(traces.precision).itemsize
     traces.units = unit_bytes(session.module, job.wrap_classes, itemsize)
     traces.phase = "forward"
     configs = job.configs
