@@ -88,7 +88,7 @@ def row_lengths(inputs: Any, mask: Any) -> list[int] | None:
 
 
 def check_truncation(lengths: Sequence[int] | None, max_length: int | None) -> CheckResult:
-    """Fraction of sequences that reach the maximum length (and were probably cut there)."""
+    """Share of the sequences (``lengths``: one or more) reaching ``max_length``, probably cut."""
     name = "truncation"
     if lengths is None:
         return CheckResult(name, "not_checked", "inputs are not token sequences")
