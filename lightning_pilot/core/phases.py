@@ -103,7 +103,7 @@ def judge(phase: str, checks: Iterable[tuple[str, str, str]]) -> tuple[str, str 
     return verdict, reason
 
 
-# Columns folded by their maximum over occurrences; the others keep the latest value.
+# Columns folded by their maximum over occurrences, and by their latest one; others keep the first.
 _MAXIMA: Final = (
     "peak_allocated_bytes",
     "peak_reserved_bytes",
