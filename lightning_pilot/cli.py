@@ -33,23 +33,19 @@ _NAMED_ON_ONE_LINE = 3
 
 
 class UsageError(Exception):
-    """Bad input to a subcommand: printed as one line, exit code 2."""
-
-
-class _UserCodeError(UsageError):
-    """The user's own code (a ``FACTORY`` of ``estimate``) raised: the one line, then the last
-    frames of its traceback (``tail``); exit code 2, never "unexpected error"."""
+    """Bad input to a subcommand: printed as one line, exit code 2; when the user's own code (a
+    ``FACTORY`` of ``estimate``) raised, the last frames of its traceback (``tail``) follow."""
 
     def __init__(self, message: str, tail: Sequence[str] = ()) -> None:
         super().__init__(message)
         self.tail = list(tail)
 
 
-#: How many frames of the user's traceback are printed under a :class:`_UserCodeError`.
+#: How many frames of the user's traceback are printed under a :class:`UsageError`.
 _USER_FRAMES = 6
 
 
-def _user_code_error(what: str, err: BaseException) -> _UserCodeError:
+def _user_code_error(what: str, err: BaseException) -> UsageError:
     """``err`` raised by the user's code that ``what`` names: the frames from the first one
     past this module, ``pkgutil`` and the import machinery, the last few of them printed."""
     import pkgutil
@@ -72,7 +68,7 @@ def _user_code_error(what: str, err: BaseException) -> _UserCodeError:
         said += (
             " (from your code, not a lightning-pilot bug; the last frames of its traceback follow)"
         )
-    return _UserCodeError(said, tail)
+    return UsageError(said, tail)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -216,9 +212,7 @@ def _cmd_estimate(args: argparse.Namespace, reads: Reads) -> int:
     """Estimate on target GPUs from a factory ``module:function`` returning (module, batch)."""
     import pkgutil
 
-    from lightning_pilot.core.per_target import on_target
-    from lightning_pilot.report.tables import render_table
-    from lightning_pilot.report.units import as_text
+    from lightning_pilot.report.tables import estimate_result
 
     try:
         factory = pkgutil.resolve_name(args.factory)
@@ -267,20 +261,9 @@ def _cmd_estimate(args: argparse.Namespace, reads: Reads) -> int:
             out_dir=args.out,
             progress=LineReporter("lightning-pilot estimate", min_interval_s=1.0),
         )
-    configs = [
-        {str(k): v for k, v in c.items()} for c in on_target(result.frame()).to_dict("records")
-    ]
-    headers = ["target", "precision", "micro-batch", "seq", "ckpt", "strategy",
-               "memory per GPU", "peak phase", "fits", "step time", "status"]  # fmt: skip
-    _out(render_table(headers, [_estimate_row(c) for c in configs]))
-    for row in result.largest:
-        _out(_largest_line(row))
-    failed = [c for c in configs if c["status"] != "ok"]
-    for c in failed:
-        _out(f"not estimated: {c['target']} {c['precision']} micro-batch {c['micro_batch']}:"
-             f" {as_text(c['reason'])}")  # fmt: skip
-    for path in result.paths:
-        _out(f"written: {path}")
+    failed, lines = estimate_result(result.frame(), result.largest)
+    for line in [*lines, *(f"written: {path}" for path in result.paths)]:
+        _out(line)
     _out(f"{len(result.rows)} row(s) in {result.seconds:.1f} s")
     return EXIT_CHECK_FAILED if failed else EXIT_OK
 
@@ -295,60 +278,13 @@ _CHECKPOINTING: dict[str, list[bool | str]] = {
 }
 
 
-def _largest_line(row: dict[str, Any]) -> str:
-    """One row of the largest table (micro-batch and sequence length); ``n/m`` where not found."""
-    from lightning_pilot.core.per_target import checkpointing_name
-    from lightning_pilot.report.units import NO_SEQUENCE, is_null, seq_text, size_text
-
-    mode = checkpointing_name(row["checkpointing"])
-    where = f"{row['target']} ({row['precision']}, checkpointing {mode})"
-    batch = f"micro-batch {size_text(row.get('largest_micro_batch'))} at seq"
-    batch += f" {seq_text(row.get('seq_len'))}"
-    if is_null(row.get("largest_micro_batch")) and not is_null(row.get("reason")):
-        batch += f" ({row['reason']})"
-    longest = row.get("largest_seq_len")
-    if is_null(longest):
-        why = row.get("seq_len_reason")
-        if is_null(why):
-            why = NO_SEQUENCE if row.get("status") == "ok" else "not searched"
-        length = f"seq n/m ({why})"
-    else:
-        length = f"seq {size_text(longest)}"
-        if longest == row.get("max_seq_len"):
-            length += " (the model's maximum)"
-        length += f" at micro-batch {size_text(row.get('seq_len_micro_batch'))}"
-    return f"largest on {where}: {batch}; {length} ({row['status']})"
-
-
-def _estimate_row(c: dict[str, Any]) -> list[str]:
-    from lightning_pilot.report.units import (
-        as_text,
-        format_bytes,
-        format_duration,
-        is_null,
-        seq_text,
-        size_text,
-    )
-
-    step = "n/m"
-    if not is_null(c["step_low_s"]):
-        step = f"{format_duration(c['step_low_s'])}-{format_duration(c['step_high_s'])}"
-    memory = "n/m" if is_null(c["reserved_bytes"]) else format_bytes(int(c["reserved_bytes"]))
-    fits = {True: "fits", False: "NO"}.get(c["fits"], "n/m")
-    return [as_text(c["target"]), as_text(c["precision"]), size_text(c["micro_batch"]),
-            seq_text(c["seq_len"]), as_text(c["checkpointing"]),
-            as_text(c["strategy"]), memory, as_text(c["phase"]), fits, step,
-            as_text(c["status"])]  # fmt: skip
-
-
 def _gpu_memory(text: str | None) -> int | None:
     from lightning_pilot.report import parse_size
 
     if text is None:
         return None
     with _usage(ValueError, OverflowError):
-        size = parse_size(text, "--gpu-memory")
-    return size
+        return parse_size(text, "--gpu-memory")
 
 
 def _write_sheet(
@@ -694,6 +630,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return EXIT_OK
     from lightning_pilot.report.load import Reads  # pandas, for every command but --version
+    from lightning_pilot.report.units import TEXT_LIMIT, terminal_safe
 
     reads = Reads()
     error = None
@@ -705,7 +642,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             code = handler(args, reads)
     except UsageError as err:
         error = str(err)
-        tail = err.tail if isinstance(err, _UserCodeError) else []
+        tail = err.tail
     except OSError as err:
         error = _os_error(err)
     except Exception as err:  # a bug: still one line, never a traceback
@@ -725,9 +662,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     extra += [f"note: {note}" for note in notes]
     _err(error + (f" [{'; '.join(extra)}]" if extra else ""))
-    if tail:
-        from lightning_pilot.report.units import TEXT_LIMIT, terminal_safe
-
-        for line in tail:  # the user's frames, each line made safe as every other line is
-            sys.stderr.write(terminal_safe(line, limit=TEXT_LIMIT) + "\n")
+    for line in tail:  # the user's frames, each line made safe as every other line is
+        sys.stderr.write(terminal_safe(line, limit=TEXT_LIMIT) + "\n")
     return EXIT_USAGE

@@ -17,8 +17,8 @@ from lightning_pilot import storage
 from lightning_pilot.core.compare import Comparison
 from lightning_pilot.core.ids import validate_run_id
 from lightning_pilot.ledger import Ledger
-from lightning_pilot.report.analysis import run_costs, summarize_costs
-from lightning_pilot.report.units import is_null, terminal_safe
+from lightning_pilot.report.analysis import accumulation, run_costs, summarize_costs
+from lightning_pilot.report.units import terminal_safe
 from lightning_pilot.schemas import upgrade_estimate
 
 
@@ -276,7 +276,6 @@ def variant_costs(
         except (TypeError, FileNotFoundError, ValueError):
             continue
         if len(phases):
-            k = run.get("accumulate_grad_batches")
-            k = 1 if k is None or is_null(k) else int(k)
+            k = accumulation(run, None)
             rows.append({by: run[by]} | run_costs(phases, _detail(folder, "examples"), k))
     return summarize_costs(pd.DataFrame(rows), by=by, control=control)

@@ -41,6 +41,7 @@ from lightning_pilot.report.units import (
     is_null,
     joined,
     occurrence,
+    records,
     seq_text,
     shown,
     size_text,
@@ -342,9 +343,7 @@ def _on_target(run: RunFolder, reserve: float, gpu_prices: Mapping[str, float] |
             "- Not estimated: add `TargetEstimator` to the pilot (or run `lightning-pilot"
             " estimate`) to see memory and step time on the GPU you are about to rent."
         ]
-    configs = [
-        {str(k): v for k, v in c.items()} for c in on_target(run.estimate).to_dict("records")
-    ]
+    configs = records(on_target(run.estimate))
     headers = ["target", "precision", "micro-batch x seq", "act. ckpt", "strategy",
                "memory per GPU (est. reserved)", "peak phase", "fits", "step time"]  # fmt: skip
     rows = [_target_row(c) for c in configs]
@@ -423,7 +422,7 @@ def _largest(frame: pd.DataFrame | None) -> list[str]:
         return []
     lines = ["Largest that fits (micro-batch at the sequence length given; sequence length at"
              " the smallest micro-batch):"]  # fmt: skip
-    for c in ({str(k): v for k, v in row.items()} for row in frame.to_dict("records")):
+    for c in records(frame):
         where = (f"{as_text(c['target'])} {as_text(c['precision'])}, act. ckpt"
                  f" {as_text(checkpointing_name(c['checkpointing']))},"
                  f" {as_text(c['strategy'])}")  # fmt: skip

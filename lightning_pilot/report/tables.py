@@ -16,10 +16,12 @@ from typing import Any, Final
 import pandas as pd
 
 from lightning_pilot.core.compare import STATUS_ORDER, Comparison
+from lightning_pilot.core.per_target import checkpointing_name, on_target
 from lightning_pilot.core.update_plan import UpdatePlan
 from lightning_pilot.report.analysis import gate, sampled_out
 from lightning_pilot.report.units import (
     CELL_LIMIT,
+    NO_SEQUENCE,
     NOT_MEASURED,
     as_number,
     as_text,
@@ -28,6 +30,9 @@ from lightning_pilot.report.units import (
     is_null,
     joined,
     occurrence,
+    records,
+    seq_text,
+    size_text,
     terminal_safe,
 )
 from lightning_pilot.vocabulary import verdict_rank
@@ -35,6 +40,9 @@ from lightning_pilot.vocabulary import verdict_rank
 _PHASE_HEADERS: Final = "phase|occ.|count|batch|seq|peak alloc|peak reserved|time|median|verdict"
 _LEDGER_HEADERS: Final = "run_id|experiment|variant|seed|status|stop cause|updates|eff. batch|lr"
 _LEDGER_TEXT_COLUMNS: Final = ("experiment", "variant", "seed", "status", "stop_cause")
+_ESTIMATE_HEADERS: Final = (
+    "target|precision|micro-batch|seq|ckpt|strategy|memory per GPU|peak phase|fits|step time|status"
+)
 _COST_HEADERS: Final = (
     "runs|peak allocated|peak reserved|update time|truncated|loss positions|same experiment"
 )
@@ -349,3 +357,54 @@ def variant_costs_text(costs: pd.DataFrame, by: str = "variant") -> str:
             ]
         )
     return render_table([by, *_COST_HEADERS.split("|")], rows)
+
+
+def _largest_line(row: Mapping[str, Any]) -> str:
+    """One row of the largest table (micro-batch and sequence length); ``n/m`` where not found."""
+    mode = checkpointing_name(row["checkpointing"])
+    where = f"{row['target']} ({row['precision']}, checkpointing {mode})"
+    batch = f"micro-batch {size_text(row.get('largest_micro_batch'))} at seq"
+    batch += f" {seq_text(row.get('seq_len'))}"
+    if is_null(row.get("largest_micro_batch")) and not is_null(row.get("reason")):
+        batch += f" ({row['reason']})"
+    longest = row.get("largest_seq_len")
+    if is_null(longest):
+        why = row.get("seq_len_reason")
+        if is_null(why):
+            why = NO_SEQUENCE if row.get("status") == "ok" else "not searched"
+        length = f"seq n/m ({why})"
+    else:
+        length = f"seq {size_text(longest)}"
+        if longest == row.get("max_seq_len"):
+            length += " (the model's maximum)"
+        length += f" at micro-batch {size_text(row.get('seq_len_micro_batch'))}"
+    return f"largest on {where}: {batch}; {length} ({row['status']})"
+
+
+def _estimate_row(c: Mapping[str, Any]) -> list[str]:
+    step = "n/m"
+    if not is_null(c["step_low_s"]):
+        step = f"{format_duration(c['step_low_s'])}-{format_duration(c['step_high_s'])}"
+    memory = "n/m" if is_null(c["reserved_bytes"]) else format_bytes(int(c["reserved_bytes"]))
+    fits = {True: "fits", False: "NO"}.get(c["fits"], "n/m")
+    return [as_text(c["target"]), as_text(c["precision"]), size_text(c["micro_batch"]),
+            seq_text(c["seq_len"]), as_text(c["checkpointing"]),
+            as_text(c["strategy"]), memory, as_text(c["phase"]), fits, step,
+            as_text(c["status"])]  # fmt: skip
+
+
+def estimate_result(
+    estimate: pd.DataFrame, largest: Sequence[Mapping[str, Any]]
+) -> tuple[bool, list[str]]:
+    """What ``lightning-pilot estimate`` prints of an estimate table and its largest rows, line
+    by line, and whether a configuration could not be estimated."""
+    configs = records(on_target(estimate))
+    lines = [render_table(_ESTIMATE_HEADERS.split("|"), [_estimate_row(c) for c in configs])]
+    lines += [_largest_line(row) for row in largest]
+    failed = [c for c in configs if c["status"] != "ok"]
+    lines += [
+        f"not estimated: {c['target']} {c['precision']} micro-batch {c['micro_batch']}:"
+        f" {as_text(c['reason'])}"
+        for c in failed
+    ]
+    return bool(failed), lines

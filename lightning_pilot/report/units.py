@@ -159,3 +159,8 @@ def shown(value: object) -> str:
     """``repr`` of a user's value for a message, cut when absurdly long."""
     text = repr(value)
     return text if len(text) <= 60 else f"{text[:40]}...{text[-12:]} ({len(text)} chars)"
+
+
+def records(frame: pd.DataFrame) -> list[dict[str, Any]]:
+    """The rows of ``frame`` as dicts keyed by column name as text."""
+    return [{str(k): v for k, v in row.items()} for row in frame.to_dict("records")]
