@@ -118,7 +118,6 @@ class SplitInspection:
             self._keep(ranged)
         encoder_mask = isinstance(batch, Mapping) and mask is batch.get("attention_mask")
         if isinstance(mask, torch.Tensor) and self._inputs_are_decoder and encoder_mask:
-            # The decoder inputs are read as the inputs, the attention mask is the encoder's.
             detail = (
                 "the inputs read are decoder_input_ids, the attention_mask is the encoder's:"
                 " give BatchAdapter(attention_mask='decoder_attention_mask') to check the"

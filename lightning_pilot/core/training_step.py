@@ -36,9 +36,8 @@ def batch_sizes_agree(view: BatchView) -> list[checks.CheckResult]:
     if not sizes:
         detail = f"no tensors found in the batch ({', '.join(view.missing)} missing)"
         return [checks.CheckResult("batch_sizes_agree", "not_checked", detail)]
-    if len(set(sizes.values())) == 1:
-        return [checks.CheckResult("batch_sizes_agree", "pass", "")]
-    return [checks.CheckResult("batch_sizes_agree", "fail", f"leading dimensions differ: {sizes}")]
+    differ = f"leading dimensions differ: {sizes}" if len(set(sizes.values())) > 1 else None
+    return [checks._judged("batch_sizes_agree", differ)]
 
 
 @dataclass
