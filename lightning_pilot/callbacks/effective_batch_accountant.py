@@ -201,9 +201,7 @@ class EffectiveBatchAccountant(PilotCallback):
             return
         size, tokens, source = self._read(batch)
         if self._planner is not None:  # the loader did not say: the first batch does
-            self._config = accounting.BatchConfig(
-                size, self._config.accumulate_grad_batches, self._dp
-            )
+            self._config = replace(self._config, micro_batch_size=size)
             self._make_plan()
         self._counter.add_micro_batch(
             epoch=trainer.current_epoch,

@@ -167,17 +167,11 @@ class TargetEstimator(PilotCallback):
                 f"estimate/{c['target']}/{c['precision']}/{c['strategy']}/mb{c['micro_batch']}"
                 f"{_KEY_SUFFIX.get(str(c['checkpointing']), '/' + str(c['checkpointing']))}"
             )
-            self.run.summary.add(
-                **{
-                    f"{key}/reserved_bytes": c["reserved_bytes"],
-                    f"{key}/fits": c["fits"],
-                    f"{key}/step_high_s": c["step_high_s"],
-                }
-            )
+            columns = ("reserved_bytes", "fits", "step_high_s")
+            self.run.summary.add(**{f"{key}/{column}": c[column] for column in columns})
 
 
-#: The logger keys' end per checkpointing mode: none when off, ``/ckpt`` for every block,
-#: ``/sac`` for selective (per operator).
+#: The logger keys' end per checkpointing mode.
 _KEY_SUFFIX: dict[str, str] = {"off": "", "full": "/ckpt", "selective": "/sac"}
 
 
@@ -197,10 +191,11 @@ def _options(options: Mapping[str, Any] | None) -> dict[str, Any]:
     if options is None:
         return {}
     allowed = sorted(set(inspect.signature(estimate).parameters) - set(_OWN))
-    if not isinstance(options, Mapping) or any(k not in allowed for k in options):
-        raise (TypeError if not isinstance(options, Mapping) else ValueError)(
-            validate.invalid(
-                _OWNER, "options", options, "a dict with keys among " + ", ".join(allowed)
-            )
-        )
+    problem = validate.invalid(
+        _OWNER, "options", options, "a dict with keys among " + ", ".join(allowed)
+    )
+    if not isinstance(options, Mapping):
+        raise TypeError(problem)
+    if any(k not in allowed for k in options):
+        raise ValueError(problem)
     return dict(options)
