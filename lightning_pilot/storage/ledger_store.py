@@ -5,13 +5,15 @@ writers and compactors run (docs/ledger.md)."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import re
 import uuid
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Final, NamedTuple
+from typing import Any, Final
 
 import numpy as np
 import pandas as pd
@@ -134,11 +136,12 @@ def _record_id_of(name: str) -> str | None:
     return match.group("record_id") if match else None
 
 
-class _Segment(NamedTuple):
+@dataclass
+class _Segment:
     path: Location
     table: pa.Table
 
-    @property
+    @functools.cached_property
     def ids(self) -> frozenset[str]:
         return frozenset(i for i in self.table.column("record_id").to_pylist() if i is not None)
 
@@ -259,17 +262,16 @@ def compact_ledger(path: PathLike, *, grace: float | None = LEDGER_GRACE_SECONDS
     _refuse_link(folder / LEDGER_INDEX_DIR, folder)
     files = _ledger_files(folder)  # records first, then segments: see read_ledger_records
     segments = _read_segments(folder, LEDGER_SCHEMA, vanish=False)
-    ids = {s.path.name: s.ids for s in segments}
-    covered = set().union(*ids.values())
+    covered = set().union(*(s.ids for s in segments))
     pending = [f for f in files if _record_id_of(f.name) not in covered]
     tables = _read_pending(pending)
     # A segment whose records a larger one holds is waiting to be removed: never merged again.
     held: set[str] = set()
     superseded = set()
     for segment in _largest_first(segments):
-        if ids[segment.path.name] <= held:
+        if segment.ids <= held:
             superseded.add(segment.path.name)
-        held |= ids[segment.path.name]
+        held |= segment.ids
     if grace is not None:
         small = [
             s
@@ -282,7 +284,6 @@ def compact_ledger(path: PathLike, *, grace: float | None = LEDGER_GRACE_SECONDS
     if grace is None:
         return [s.path for s in written]
     segments += written
-    ids.update({s.path.name: s.ids for s in written})
     cutoff = _utcnow().timestamp() - grace
     for where in (folder, folder / LEDGER_INDEX_DIR):
         _remove_stale_temporaries(where, cutoff - max(0.0, TEMPORARY_GRACE_SECONDS - grace))
@@ -296,12 +297,11 @@ def compact_ledger(path: PathLike, *, grace: float | None = LEDGER_GRACE_SECONDS
 
     kept: set[str] = set()  # records held by settled segments kept so far, largest first
     for segment in _largest_first(segments):
-        held_here = ids[segment.path.name]
-        if held_here and held_here <= kept:
+        if segment.ids and segment.ids <= kept:
             with contextlib.suppress(FileNotFoundError):
                 segment.path.unlink()
         elif settled(segment):
-            kept |= held_here
+            kept |= segment.ids
     for file in files:
         if _record_id_of(file.name) in kept:
             with contextlib.suppress(FileNotFoundError):
