@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any
@@ -462,20 +463,20 @@ def check_train_mode(
     if not asleep:
         return CheckResult("train_mode", "pass", "")
 
-    def is_trainable(param: torch.nn.Parameter) -> bool:
-        return param.requires_grad if trainable is None else id(param) in trainable
-
     def has_parameters(prefix: str) -> bool:
         return prefix in modules and next(modules[prefix].parameters(), None) is not None
 
-    owners: dict[str, bool] = {}  # the closest module holding parameters -> it holds trainable ones
+    @functools.cache
+    def holds_trainable(owner: str) -> bool:
+        params = modules[owner].parameters()
+        return any(p.requires_grad if trainable is None else id(p) in trainable for p in params)
+
     kept: list[str] = []
     judged: list[tuple[str, torch.nn.Module]] = []
     for name in asleep:
+        # The closest module holding parameters: in eval mode on purpose when none trains.
         owner = next((p for p in reversed(_prefixes(name)) if has_parameters(p)), None)
-        if owner is not None and owner not in owners:
-            owners[owner] = any(is_trainable(p) for p in modules[owner].parameters())
-        if owner is None or owners[owner]:
+        if owner is None or holds_trainable(owner):
             judged.append((name or "<root>", modules[name]))
         else:
             kept.append(name)

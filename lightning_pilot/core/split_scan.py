@@ -9,6 +9,7 @@ import itertools
 import random
 from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 import torch
@@ -160,19 +161,16 @@ def first_items(dataset: Any, limit: int) -> Iterator[Any]:
         yield dataset[index]
 
 
+@dataclass
 class DatasetScan:
     """Class histograms, leakage and duplicates over the first ``max_examples`` items of each split
     (user code that raises is listed in :attr:`raised`)."""
 
-    def __init__(
-        self,
-        adapter: BatchAdapter,
-        *,
-        max_examples: int,
-        group_fn: Callable[[Any], Hashable] | None = None,
-    ) -> None:
-        self.adapter, self.max_examples, self.group_fn = adapter, max_examples, group_fn
-        self.raised: list[CheckResult] = []
+    adapter: BatchAdapter
+    _: KW_ONLY
+    max_examples: int
+    group_fn: Callable[[Any], Hashable] | None = None
+    raised: list[CheckResult] = field(default_factory=list, init=False)
 
     def run(
         self, datasets: Mapping[str, Sequence[Any]], problems: Sequence[CheckResult] = ()
