@@ -528,7 +528,7 @@ class Session:
         of every trainable parameter live (as after a backward pass); keyed by their
         :func:`~lightning_pilot.vocabulary.phase_label` (``optimizer_step_first``,
         ``optimizer_step``)."""
-        optimizer = self.optimizer or self.build_optimizer()
+        optimizer = self.optimizer if self.optimizer is not None else self.build_optimizer()
         for param in self.module.parameters():
             if param.requires_grad and param.grad is None:
                 param.grad = torch.empty_like(param)
