@@ -308,7 +308,8 @@ class DivergenceLedger(PilotCallback):
         return True
 
     def _normal_outcome(self, trainer: pl.Trainer) -> tuple[str, str, str | None]:
-        remaining = [c.time_remaining() for c in trainer.callbacks if isinstance(c, Timer)]
+        timers = [c for c in getattr(trainer, "callbacks", []) if isinstance(c, Timer)]
+        remaining = [c.time_remaining() for c in timers]
         return records.normal_end(
             stop=self._stop,
             action=self.action,

@@ -402,7 +402,13 @@ class PhaseMemoryMonitor(PilotCallback):
 
     @override
     def on_validation_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, *_: Any
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
     ) -> None:
         loop = self._eval
         if not (trainer.sanity_checking or loop is None or not loop.measured):
