@@ -18,7 +18,7 @@ from lightning_pilot.core.compare import Comparison
 from lightning_pilot.core.ids import validate_run_id
 from lightning_pilot.ledger import Ledger
 from lightning_pilot.report.analysis import accumulation, run_costs, summarize_costs
-from lightning_pilot.report.units import terminal_safe
+from lightning_pilot.report.units import records, terminal_safe
 from lightning_pilot.schemas import upgrade_estimate
 
 
@@ -267,7 +267,7 @@ def variant_costs(
     BatchInspector's examples of ``runs`` (``Ledger.runs()``) under ``<out_dir>/runs``
     (:func:`~lightning_pilot.report.analysis.summarize_costs`)."""
     rows = []
-    for run in runs.to_dict("records"):
+    for run in records(runs):
         folder = _run_folder(storage.location(out_dir), run["run_id"])
         if folder is None:
             continue

@@ -95,11 +95,9 @@ def as_text(value: Any) -> str:
 
 
 def as_number(value: Any) -> str:
-    """A count with thousands separators, a float to 4 digits; ``n/m`` when null."""
-    if is_null(value):
-        return NOT_MEASURED
-    if isinstance(value, float):
-        return f"{value:.4g}"  # inf prints as inf, -inf as -inf
+    """A count with thousands separators; a float (inf too) or null as :func:`as_text`."""
+    if is_null(value) or isinstance(value, float):
+        return as_text(value)
     return f"{int(value):,}"
 
 
