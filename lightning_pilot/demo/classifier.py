@@ -140,17 +140,13 @@ class ClassificationDataModule(SplitDataModule):
             examples_per_group=self.examples_per_group,
         )
         generator = torch.Generator().manual_seed(self.seed)
+        order = torch.randperm(sum(self._split_counts), generator=generator)  # groups or examples
         n_train, n_val, _ = self._split_counts
-        if self.split_by == "group":
-            order = torch.randperm(dataset.num_groups, generator=generator)
-            unit_of_example = dataset.groups
-        else:
-            order = torch.randperm(self.dataset_size, generator=generator)
-            unit_of_example = torch.arange(self.dataset_size)
         split_of_unit = torch.empty_like(order)
         split_of_unit[order[:n_train]] = 0
         split_of_unit[order[n_train : n_train + n_val]] = 1
         split_of_unit[order[n_train + n_val :]] = 2
+        unit_of_example = dataset.groups if self.split_by == "group" else torch.arange(len(dataset))
         split_of_example = split_of_unit[unit_of_example]
         return {
             name: Subset(dataset, torch.nonzero(split_of_example == code).flatten().tolist())
