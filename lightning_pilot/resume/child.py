@@ -85,8 +85,7 @@ def _build(
     dm_cls = load_object(path) if path else None
 
     def arguments(key: str) -> dict[str, Any]:
-        saved = dict(checkpoint.get(key) or {})
-        return {k: v for k, v in saved.items() if k not in _BUILDER_KEYS}
+        return {k: v for k, v in (checkpoint.get(key) or {}).items() if k not in _BUILDER_KEYS}
 
     def build_datamodule() -> Any:
         return None if dm_cls is None else dm_cls(**arguments("datamodule_hyper_parameters"))

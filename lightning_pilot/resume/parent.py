@@ -27,7 +27,6 @@ from typing import IO, Any, Final, Literal
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.strategies import DDPStrategy
-from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch.utils.data import DataLoader
 
 from lightning_pilot import storage
@@ -73,11 +72,8 @@ def _takes_arguments(cls: type) -> bool:
     return any(p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in parameters)
 
 
-def rebuild_blocker(
-    factory: str | None, pl_module: Any, datamodule: Any, *, loaders_passed: bool = False
-) -> str | None:
-    """Why a new process cannot rebuild the module (and data), or ``None`` if it can;
-    ``loaders_passed``: the training loaders were passed to ``fit`` and cannot be sent."""
+def rebuild_blocker(factory: str | None, pl_module: Any, datamodule: Any) -> str | None:
+    """Why a new process cannot rebuild the module (and data), or ``None`` if it can."""
     if factory:
         return None
     objects = [o for o in (pl_module, datamodule) if o is not None]
@@ -95,31 +91,17 @@ def rebuild_blocker(
                 " which may be another model or other data; call self.save_hyperparameters() in"
                 " its __init__"
             )
-    if loaders_passed:
-        return (
-            "the training data was passed to fit() as loaders, which are not sent to the"
-            " per-rank new processes"
-        )
     return None
 
 
 def fit_loaders(trainer: pl.Trainer) -> Any:
     """The training loaders passed straight to ``fit`` (as the fit used them), or ``None`` when a
     DataModule or the module's ``train_dataloader()`` gave the data."""
-    source = getattr(trainer.fit_loop, "_data_source", None)
-    if source is None:  # not Lightning 2.x's data source: judged from the public attributes
-        passed = getattr(trainer, "datamodule", None) is None and not is_overridden(
-            "train_dataloader", trainer.lightning_module
-        )
-    else:
-        instance = getattr(source, "instance", None)
-        passed = instance is not None and not isinstance(
-            instance, pl.LightningModule | pl.LightningDataModule
-        )
-    if not passed:
+    instance = trainer.fit_loop._data_source.instance
+    if instance is None or isinstance(instance, pl.LightningModule | pl.LightningDataModule):
         return None
     loaders = trainer.train_dataloader
-    return loaders if loaders is not None else getattr(source, "instance", None)
+    return loaders if loaders is not None else instance
 
 
 #: What a loader gains by being iterated (a StatefulDataLoader keeps its iterator after a fit;
@@ -190,8 +172,7 @@ def launch(
 ) -> list[TaskResult]:
     """Run ``tasks`` in one new process (request and answer in ``folder``): one result per task,
     a ``crash`` for each when the process fails to answer; its progress goes to ``progress``;
-    ``stdin``: what its standard input reads (the pickled loaders of tasks with
-    ``fit_loaders``)."""
+    ``stdin``: what it reads there (the pickled loaders of tasks with ``fit_loaders``)."""
     reporter = progress if progress is not None else Reporter()
     with reporter:
         results = _launch(tasks, folder, timeout_s, tag, env, reporter, stdin)
@@ -241,8 +222,7 @@ def _launch(
 
 
 def _read_lines(pipe: IO[str], kept: deque[str], marks: queue.SimpleQueue[Mark] | None) -> None:
-    """Read ``pipe`` to its end (unless it closes: the process is gone): marker lines into
-    ``marks`` (when given), the others kept."""
+    """Read ``pipe`` to its end (or closing): marker lines into ``marks`` if given, others kept."""
     with contextlib.suppress(OSError, ValueError):
         for line in pipe:
             mark = parse_marker(line) if marks is not None else None
@@ -286,8 +266,6 @@ def run_streaming(
         errors="replace",  # a user's print of raw bytes: never a decoding error here
         env=dict(env),
     )
-    assert process.stdout is not None
-    assert process.stderr is not None
     if stdin is not None:
         threading.Thread(target=_feed, args=(process.stdin, stdin), daemon=True).start()
     stdout: deque[str] = deque(maxlen=KEPT_LINES)
@@ -360,7 +338,7 @@ class Launcher:
         loaders = fit_loaders(trainer) if any(isinstance(t, ResumeTask) for t in tasks) else None
         payload, unsent = pickle_loaders(loaders) if loaders is not None else (None, None)
         results: list[TaskResult | None] = []
-        runnable: list[Task] = []
+        runnable: dict[int, Task] = {}  # by position in results
         for task in tasks:
             artifact = isinstance(task, ArtifactTask)
             blocker = rebuild_blocker(self.factory, pl_module, None if artifact else datamodule)
@@ -370,7 +348,7 @@ class Launcher:
                     continue
                 task = dataclasses.replace(task, fit_loaders=True)
             if blocker is None:
-                runnable.append(task)
+                runnable[len(results)] = task
                 results.append(None)
             elif isinstance(task, ResumeTask) and self.fallback == "in_process":
                 why = "the module cannot be rebuilt in a new process (fallback='in_process')"
@@ -381,22 +359,22 @@ class Launcher:
                 hint = "; or pass factory=..." if artifact else _FALLBACK_HINT
                 results.append(TaskResult(kind=task.kind, blocked=blocker + hint))
         if runnable:
-            sent = any(isinstance(t, ResumeTask) and t.fit_loaders for t in runnable)
-            answers = self._launch(runnable, trainer, stdin=payload if sent else None)
-            for index, (task, answer) in enumerate(zip(runnable, answers, strict=True)):
+            sent = any(isinstance(t, ResumeTask) and t.fit_loaders for t in runnable.values())
+            answers = self._launch([*runnable.values()], trainer, stdin=payload if sent else None)
+            for (index, task), answer in zip(runnable.items(), answers, strict=True):
+                results[index] = answer
                 if not isinstance(task, ResumeTask) or not task.fit_loaders:
                     continue
                 if answer.loader_error is not None:  # e.g. a class the new process cannot import
                     why = f"the new process could not unpickle the loader ({answer.loader_error})"
-                    answers[index] = _in_process(task, trainer, pl_module, _IN_HERE, why)
-                    continue
-                built = answer.crash is None and answer.build_error is None
-                answer.data_source = (
-                    f"loaders passed to fit: {'rebuilt in' if built else 'sent to'} the new"
-                    f" process from a private pickle ({len(payload or b'')} bytes, on its stdin)"
-                )
-            remaining = iter(answers)
-            results = [r if r is not None else next(remaining) for r in results]
+                    results[index] = _in_process(task, trainer, pl_module, _IN_HERE, why)
+                else:
+                    built = answer.crash is None and answer.build_error is None
+                    answer.data_source = (
+                        f"loaders passed to fit: {'rebuilt in' if built else 'sent to'} the new"
+                        f" process from a private pickle ({len(payload or b'')} bytes, on its"
+                        " stdin)"
+                    )
         return [r for r in results if r is not None]
 
     def run_per_rank(
@@ -405,11 +383,12 @@ class Launcher:
         """Resume in one new process per rank, with its rank's environment: together a DDP group
         shaped like the fit's. Every rank calls it at once (rank 0 broadcasts the group's port)."""
         port = trainer.strategy.broadcast(_free_port() if trainer.is_global_zero else 0, src=0)
-        datamodule = getattr(trainer, "datamodule", None)
-        loaders_passed = self.factory is None and fit_loaders(trainer) is not None
-        blocker = rebuild_blocker(
-            self.factory, pl_module, datamodule, loaders_passed=loaders_passed
-        )
+        blocker = rebuild_blocker(self.factory, pl_module, getattr(trainer, "datamodule", None))
+        if blocker is None and self.factory is None and fit_loaders(trainer) is not None:
+            blocker = (
+                "the training data was passed to fit() as loaders, which are not sent to the"
+                " per-rank new processes"
+            )
         if blocker is not None:  # the same on every rank: no rank waits for another
             why = (
                 f"{blocker}: pass ResumeVerifier(factory='package.module:function'); under"

@@ -10,7 +10,7 @@ import math
 import types
 from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass
-from typing import Any, Final, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
+from typing import Any, Final, Literal, TypeVar, Union, cast, get_args, get_origin, get_type_hints
 
 from lightning_pilot.core.resume import StepRecord
 
@@ -32,8 +32,7 @@ class _Message:
     @classmethod
     def from_dict(cls: type[M], data: object) -> M:
         """Read a message from JSON values; :class:`ProtocolError` when they do not match it."""
-        message: M = _decode(cls, data, cls.__name__)
-        return message
+        return cast(M, _decode(cls, data, cls.__name__))
 
 
 @dataclass(frozen=True)

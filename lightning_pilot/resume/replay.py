@@ -3,6 +3,7 @@ value for value, and the resumed fit itself."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from collections.abc import Callable, Mapping
@@ -121,10 +122,8 @@ def load_checkpoint(path: str, result: TaskResult) -> dict[str, Any] | None:
         loaded = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # the unpickler raises several types; the message is the answer
         result.load_error = f"{type(err).__name__}: {str(err).splitlines()[0]}"
-        try:
+        with contextlib.suppress(Exception):  # a corrupt file: the load error says enough
             result.unsafe_globals = list(torch.serialization.get_unsafe_globals_in_checkpoint(path))
-        except Exception:  # a corrupt file: the load error says enough
-            result.unsafe_globals = []
         return None
     result.load_seconds = time.perf_counter() - started_at
     result.load_rss_bytes = host_memory().rss_bytes

@@ -68,10 +68,6 @@ _PLATEAU_ON_STEP = (
 )
 
 
-def _plateau_on_step(trainer: pl.Trainer) -> bool:
-    return any(c.reduce_on_plateau and c.interval == "step" for c in trainer.lr_scheduler_configs)
-
-
 def _factory(value: object) -> str | None:
     """``"package.module:function"``: dotted identifiers on both sides of one colon."""
     owner, expected = "ResumeVerifier", "'package.module:function'"
@@ -137,10 +133,10 @@ class ResumeVerifier(PilotCallback):
         )
         validate.instance(owner, "adapter", adapter, BatchAdapter)
         self.adapter = adapter or BatchAdapter()
+        self._pending_rng: Mapping[str, Any] | None = None  # loaded states: outlive _reset
         self._reset()
 
     def _reset(self) -> None:
-        self._pending_rng: Mapping[str, Any] | None = None
         self._saved_rng_digest: str | None = None
         self._saving = False
         self._unsafe: list[str] = []
@@ -188,9 +184,7 @@ class ResumeVerifier(PilotCallback):
         previous = self._run
         super().setup(trainer, pl_module, stage)
         if self.run is not previous:
-            pending = self._pending_rng
             self._reset()
-            self._pending_rng = pending
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -404,7 +398,7 @@ class ResumeVerifier(PilotCallback):
             trainer={
                 "accelerator": trainer.strategy.root_device.type,
                 # As far as the reference went (the fit may have ended before compare_steps).
-                "max_steps": probe.end_step if probe.reference else probe.step + self.compare_steps,
+                "max_steps": probe.end_step,
                 "max_epochs": trainer.max_epochs,
                 "accumulate_grad_batches": trainer.accumulate_grad_batches,
                 "precision": str(trainer.precision),
@@ -487,6 +481,8 @@ class ResumeVerifier(PilotCallback):
                 CheckResult("data_rebuilt", "pass" if ours == theirs else "fail", detail)
             )
         loader = trainer.train_dataloader
+        configs = trainer.lr_scheduler_configs
+        plateau_on_step = any(c.reduce_on_plateau and c.interval == "step" for c in configs)
         trajectory, pairs = compare_trajectories(
             probe.reference,
             result.steps,
@@ -495,7 +491,7 @@ class ResumeVerifier(PilotCallback):
             at_epoch_boundary=probe.kind == "epoch_boundary",
             atol=self.atol,
             rtol=self.rtol,
-            lr_cause=_PLATEAU_ON_STEP if _plateau_on_step(trainer) else "",
+            lr_cause=_PLATEAU_ON_STEP if plateau_on_step else "",
         )
         if trainer.world_size > 1 and not per_rank:
             why = (
@@ -554,22 +550,17 @@ class ResumeVerifier(PilotCallback):
         # PhaseMemoryMonitor) is another load in another process: never merge the two.
         loaded_here = any(row["phase"] == "checkpoint_load" for row in self.run.phase_rows())
         if load is not None and load.load_seconds is not None and not loaded_here:
-            self.run.put_phase_row(
-                {
-                    "phase": "checkpoint_load",
-                    "first": True,
-                    "occurrences": 1,
-                    "measured_occurrences": 1,
-                    "counter": "none",
-                    "duration_s": load.load_seconds,
-                    "file_bytes": load.file_bytes,
-                    "host_rss_bytes": load.load_rss_bytes,
-                    "verdict": "pass",
-                    "checks": [{"name": "weights_only_load", "verdict": "pass", "detail": ""}],
-                    "notes": "torch.load(weights_only=True) timed in the verification process;"
-                    " device memory not measured there",
-                },
-                source="ResumeVerifier",
+            self._put_checks(
+                "checkpoint_load",
+                [CheckResult("weights_only_load", "pass")],
+                occurrences=1,
+                measured_occurrences=1,
+                counter="none",
+                duration_s=load.load_seconds,
+                file_bytes=load.file_bytes,
+                host_rss_bytes=load.load_rss_bytes,
+                notes="torch.load(weights_only=True) timed in the verification process;"
+                " device memory not measured there",
             )
 
 
