@@ -10,6 +10,7 @@ import functools
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any, Final
+from unittest import mock
 
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
@@ -104,8 +105,7 @@ class _BiasedAttention(torch.autograd.Function):
 _SDPA: Final = torch.nn.functional.scaled_dot_product_attention
 
 
-@contextlib.contextmanager
-def cuda_attention() -> Iterator[None]:
+def cuda_attention() -> contextlib.AbstractContextManager[Any]:
     """Attention as CUDA runs it, on CPU fake tensors, for the duration.
 
     CUDA's flash and memory-efficient kernels (dropout inside) save the inputs, the output and
@@ -115,13 +115,7 @@ def cuda_attention() -> Iterator[None]:
     ``_scaled_dot_product_flash_attention_for_cpu`` (the same saved tensors); dropout's
     randomness is not modelled (no memory); grouped-query attention repeats the key and value
     heads first."""
-    functional = torch.nn.functional
-    before = functional.scaled_dot_product_attention
-    functional.scaled_dot_product_attention = _fused_attention
-    try:
-        yield
-    finally:
-        functional.scaled_dot_product_attention = before
+    return mock.patch.object(torch.nn.functional, "scaled_dot_product_attention", _fused_attention)
 
 
 # CUDA autocast's policy per operator (PyTorch's aten/src/ATen/autocast_mode.h, the lists

@@ -130,15 +130,11 @@ def estimate(
     checked = check_arguments(_OWNER, arguments)
     validate.path(_OWNER, "out_dir", out_dir)
     if any(s is not None for s in checked["seq_lens"]) and _sequence_length(batch) is None:
-        raise ValueError(
-            validate.invalid(
-                _OWNER,
-                "seq_lens",
-                list(seq_lens),
-                "[None] (the batch as it is) for a batch without token ids (an integer tensor"
-                " of 2 or more dimensions, whose dimension 1 is the sequence)",
-            )
+        expected = (
+            "[None] (the batch as it is) for a batch without token ids (an integer tensor"
+            " of 2 or more dimensions, whose dimension 1 is the sequence)"
         )
+        raise ValueError(validate.invalid(_OWNER, "seq_lens", list(seq_lens), expected))
     job = GridJob(module, factory, batch, **checked)
     return run_grid(job, progress=progress, out_dir=out_dir)
 

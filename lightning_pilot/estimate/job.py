@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
@@ -80,9 +81,7 @@ class GridJob:
     @functools.cached_property
     def grid(self) -> tuple[Config, ...]:
         """The configurations the rows cover."""
-        return tuple(
-            (c, s, b) for c in self.checkpointing for s in self.seq_lens for b in self.micro_batches
-        )
+        return tuple(itertools.product(self.checkpointing, self.seq_lens, self.micro_batches))
 
     @functools.cached_property
     def longest(self) -> int | None:
@@ -103,10 +102,9 @@ class GridJob:
         at the longest sequence."""
         configs = list(self.grid)
         if self.largest:
-            for c in self.checkpointing:
-                for b in self.search_base:
-                    if (c, self.longest, b) not in configs:
-                        configs.append((c, self.longest, b))
+            for config in itertools.product(self.checkpointing, [self.longest], self.search_base):
+                if config not in configs:
+                    configs.append(config)
         return tuple(configs)
 
     @functools.cached_property

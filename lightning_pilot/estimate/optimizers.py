@@ -33,14 +33,13 @@ def optimizer_of(configured: Any) -> torch.optim.Optimizer:
     return found[0]
 
 
-def cuda_optimizer_defaults(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
-    """``optimizer`` with PyTorch's CUDA default applied where the user left it unset: the
+def cuda_optimizer_defaults(optimizer: torch.optim.Optimizer) -> None:
+    """PyTorch's CUDA default applied to ``optimizer`` where the user left it unset: the
     ``foreach`` implementation (``torch.optim``'s ``_default_to_fused_or_foreach`` picks it for
     CUDA tensors; on CPU it picks the for-loop)."""
     for group in optimizer.param_groups:
         if group.get("foreach") is None and not group.get("fused"):
             group["foreach"] = True
-    return optimizer
 
 
 def optimizer_implementation(optimizer: torch.optim.Optimizer) -> str:

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 import torch
-from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils._pytree import tree_flatten, tree_map_only
 
 from lightning_pilot.core import validate
 from lightning_pilot.core.memory import TensorTracker, state_tensors
@@ -69,19 +69,14 @@ def measure_cpu(
     _checkpointing_choice(owner, checkpointing)
     validate.boolean(owner, "cuda", cuda)
     validate.boolean(owner, "balanced_routing", balanced_routing)
-    if precision == "bf16-true":
-        module = module.to(param_dtype(precision))
     # A copy the measurement owns: reshape_batch may hand back the caller's own tensors (a
     # batch already of the size), which the caller keeps alive through validation and save.
-    data = tree_map(
-        lambda v: v.clone() if isinstance(v, torch.Tensor) else v,
-        reshape_batch(batch, micro_batch, seq_len),
-    )
+    data = tree_map_only(torch.Tensor, torch.clone, reshape_batch(batch, micro_batch, seq_len))
     if precision == "bf16-true":
-        data = tree_map(
-            lambda v: (
-                v.to(torch.bfloat16) if isinstance(v, torch.Tensor) and v.is_floating_point() else v
-            ),
+        module = module.to(param_dtype(precision))
+        data = tree_map_only(
+            torch.Tensor,
+            lambda v: v.to(param_dtype(precision)) if v.is_floating_point() else v,
             data,
         )
     peaks: dict[str, int] = {}
@@ -125,7 +120,7 @@ def measure_cpu(
             optimizer.step()
             peaks[phase_label("optimizer_step", update == 1)] = tracker.peak_bytes
         # The loop lets the training batch go before validation, which brings its own.
-        val_data = tree_map(lambda v: v.clone() if isinstance(v, torch.Tensor) else v, data)
+        val_data = tree_map_only(torch.Tensor, torch.clone, data)
         del data
         module.eval()
         tracker.reset_peak()

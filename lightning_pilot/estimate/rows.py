@@ -76,9 +76,8 @@ def _band_seconds(
         c, m = split_seconds(trace.flops, trace.moved, trace.kinds, tgt, allow_tf32=job.allow_tf32)
         share = 1 / shards if trace.phase.startswith("optimizer_step") else 1.0
         compute, memory = compute + c * share, memory + m * share
-    efficiency, memory_efficiency = job.efficiency, job.memory_efficiency
-    fast = compute / efficiency[1] + memory / memory_efficiency[1]
-    slow = compute / efficiency[0] + memory / memory_efficiency[0]
+    fast = compute / job.efficiency[1] + memory / job.memory_efficiency[1]
+    slow = compute / job.efficiency[0] + memory / job.memory_efficiency[0]
     return fast, slow, compute, memory
 
 
@@ -233,9 +232,7 @@ def largest_row(
         row.update(seq_len_micro_batch=seq.micro_batch, max_seq_len=seq.bound)
         if seq.largest is not None:
             row.update(
-                largest_seq_len=seq.largest,
-                seq_len_method=seq.method,
-                seq_len_checked=seq.checked,
+                largest_seq_len=seq.largest, seq_len_method=seq.method, seq_len_checked=seq.checked
             )
         row["seq_len_reason"] = seq.reason
     return row

@@ -200,15 +200,11 @@ class _Search:
             )
         if first > tgt.memory_bytes:
             checked = verify and not self._fits(tgt, ckpt, seq_len, 1)
-            return BatchFound(
-                "ok",
-                "micro-batch 1 does not fit"
-                if checked or not verify
-                else "micro-batch 1 does not fit as predicted, but fits as traced",
-                largest=0,
-                method="predicted, traced" if verify else "predicted",
-                checked=checked,
-            )
+            why = "micro-batch 1 does not fit"
+            if verify and not checked:
+                why += " as predicted, but fits as traced"
+            method = "predicted, traced" if verify else "predicted"
+            return BatchFound("ok", why, largest=0, method=method, checked=checked)
         lo, hi = 1, 2
         while hi <= cap and (need_at(hi) or 0) <= tgt.memory_bytes:
             lo, hi = hi, hi * 2

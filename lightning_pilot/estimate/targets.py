@@ -289,8 +289,6 @@ def target(value: object) -> Target:
         return value
     if isinstance(value, str) and value in TARGETS:
         return TARGETS[value]
-    raise (TypeError if not isinstance(value, str) else ValueError)(
-        validate.invalid(
-            "estimate", "targets", value, "a Target or one of " + ", ".join(sorted(TARGETS))
-        )
-    )
+    expected = "a Target or one of " + ", ".join(sorted(TARGETS))
+    error = ValueError if isinstance(value, str) else TypeError
+    raise error(validate.invalid("estimate", "targets", value, expected))
