@@ -114,21 +114,13 @@ def _ledger_folder(path: PathLike, owner: str) -> Location:
 
 
 def _ledger_files(folder: Location) -> list[Location]:
-    """The visible Parquet files of a ledger folder, by name: one listing, no stat per file."""
-    if isinstance(folder, RemotePath):
-        return _visible_parquet_files(folder) if folder.is_dir() else []
+    """The visible Parquet files of a ledger folder, by name; none when it is no folder."""
+    if isinstance(folder, RemotePath) and not folder.is_dir():
+        return []
     try:
-        with os.scandir(folder) as entries:
-            names = [
-                entry.name
-                for entry in entries
-                if entry.name.endswith(".parquet")
-                and not entry.name.startswith((".", "_"))
-                and entry.is_file()
-            ]
+        return _visible_parquet_files(folder)
     except (FileNotFoundError, NotADirectoryError):
         return []
-    return [folder / name for name in sorted(names)]
 
 
 def _record_id_of(name: str) -> str | None:

@@ -5,6 +5,7 @@ unreadable (docs/ledger.md, "What the readers refuse")."""
 from __future__ import annotations
 
 import functools
+import os
 import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -14,7 +15,7 @@ import pyarrow as pa
 import pyarrow.compute
 import pyarrow.parquet as pq
 
-from lightning_pilot.storage.paths import Location, PathLike, location
+from lightning_pilot.storage.paths import Location, PathLike, RemotePath, location
 
 
 class SkippedFileWarning(RuntimeWarning):
@@ -329,11 +330,17 @@ def _skip(message: str, path: Location, skipped: list[str] | None, *, stacklevel
 
 
 def _visible_parquet_files(folder: Location) -> list[Location]:
-    return sorted(
-        p
-        for p in folder.iterdir()
-        if p.is_file() and p.suffix == ".parquet" and not p.name.startswith((".", "_"))
-    )
+    """The Parquet files of a folder not hidden by a leading ``.`` or ``_``, by name; a local
+    folder in one listing, with no stat per file."""
+
+    def visible(name: str) -> bool:
+        return name.endswith(".parquet") and not name.startswith((".", "_"))
+
+    if isinstance(folder, RemotePath):
+        return sorted(p for p in folder.iterdir() if p.is_file() and visible(p.name))
+    with os.scandir(folder) as entries:
+        names = [entry.name for entry in entries if visible(entry.name) and entry.is_file()]
+    return [folder / name for name in sorted(names)]
 
 
 def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
