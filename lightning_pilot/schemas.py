@@ -36,11 +36,11 @@ _TYPES: Final = {
 }
 
 
-def _fields(spec: str) -> list[tuple[str, pa.DataType]]:
+def _fields(spec: str) -> tuple[tuple[str, pa.DataType], ...]:
     """The columns ``name:type ...`` (white-space separated, each type a key of ``_TYPES``)."""
-    return [
+    return tuple(
         (name, _TYPES[kind]) for name, _, kind in (item.partition(":") for item in spec.split())
-    ]
+    )
 
 
 def _schema(name: str, version: int, fields: Sequence[tuple[str, pa.DataType]]) -> pa.Schema:
@@ -49,11 +49,9 @@ def _schema(name: str, version: int, fields: Sequence[tuple[str, pa.DataType]]) 
 
 
 #: The columns that say whose row it is: every run table starts with them.
-RUN_IDENTITY_FIELDS: Final = tuple(
-    _fields(
-        "schema_version:i32 written_at:time run_id:str attempt:i32 attempt_id:str rank:i32"
-        " world_size:i32"
-    )
+RUN_IDENTITY_FIELDS: Final = _fields(
+    "schema_version:i32 written_at:time run_id:str attempt:i32 attempt_id:str rank:i32"
+    " world_size:i32"
 )
 
 

@@ -287,11 +287,7 @@ def work_folder(root: PathLike, *components: str) -> Path:
     """A local folder for files a library must write itself (checkpoints): ``root/components``
     when ``root`` is local, else one in the temporary directory named after the location."""
     base = location(root)
-    if isinstance(base, Path):
-        return make_folder(base, *components)
-    for component in components:
-        safe_path_component(component, "path component")
-    return make_folder(_remote_work_root(base), *components)
+    return make_folder(base if isinstance(base, Path) else _remote_work_root(base), *components)
 
 
 def _remote_work_root(base: RemotePath) -> Path:
