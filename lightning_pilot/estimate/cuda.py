@@ -254,10 +254,7 @@ def _eligible(value: Any) -> bool:
 
 
 def _cast_all(values: Any, dtype: torch.dtype) -> Any:
-    def cast(value: Any) -> Any:
-        return value.to(dtype) if _eligible(value) and value.dtype is not dtype else value
-
-    return tree_map(cast, values)
+    return tree_map(lambda v: v.to(dtype) if _eligible(v) and v.dtype is not dtype else v, values)
 
 
 def _autocast_kernel(op: Any, policy: str) -> Callable[..., Any]:

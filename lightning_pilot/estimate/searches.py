@@ -8,6 +8,7 @@ bisected, then with ``verify_largest`` confirmed by tracing it and the next step
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -169,8 +170,6 @@ class _Search:
     traces: PrecisionTraces
     job: GridJob
 
-    # -- the largest micro-batch ------------------------------------------------------------
-
     def largest_micro_batch(self, tgt: Target, ckpt: Ckpt) -> BatchFound:
         """The largest micro-batch at the longest sequence, predicted from the base traces
         and checked by tracing it and the next one."""
@@ -189,10 +188,7 @@ class _Search:
         pair = matching_pair(traced, 1 << 62)
         if pair is None:
             return BatchFound("not_estimated", "no two traced micro-batches ran the same operators")
-
-        def need_at(b: int) -> int | None:
-            return self._predicted_need(tgt, ckpt, pair, b)
-
+        need_at = functools.partial(self._predicted_need, tgt, ckpt, pair)
         first = need_at(1)
         if first is None:
             return BatchFound(
@@ -262,12 +258,8 @@ class _Search:
             worst = max(worst, need(peak + extra + tgt.workspace_bytes, segment + extra, tgt))
         return max(worst, fixed_phases_need(self.traces, tgt, batch_bytes))
 
-    # -- traced sizes -----------------------------------------------------------------------
-
-    def _phases_at(
-        self, ckpt: Ckpt, seq_len: int | None, micro_batch: int
-    ) -> tuple[dict[str, PhaseTrace], PhaseTrace]:
-        """The training phases and validation at one size: traced by the grid or an earlier
+    def _phases_at(self, ckpt: Ckpt, seq_len: int | None, micro_batch: int) -> list[PhaseTrace]:
+        """Forward, backward and validation at one size: traced by the grid or an earlier
         search step, else traced now (and kept for the next step)."""
         traces, session, batch = self.traces, self.session, self.job.batch
         key = (ckpt, seq_len, micro_batch)
@@ -279,18 +271,16 @@ class _Search:
                 batch, micro_batch=micro_batch, seq_len=seq_len
             )
             traces.searched[key] = (train, val)
-        return traces.searched[key]
+        train, val = traces.searched[key]
+        return [train["forward"], train["backward"], val]
 
     def _fits(self, tgt: Target, ckpt: Ckpt, seq_len: int | None, micro_batch: int) -> bool:
         """Whether every phase fits ``tgt`` at this size, traced."""
-        train, val = self._phases_at(ckpt, seq_len, micro_batch)
-        phases = [train["forward"], train["backward"], val]
+        phases = self._phases_at(ckpt, seq_len, micro_batch)
         peaks = [trace.peak_bytes for trace in phases]
         segments = [trace.segment_bytes for trace in phases]
-        batch = train["forward"].categories["batch"]
+        batch = phases[0].categories["batch"]
         return self._need(tgt, phases, peaks, segments, batch) <= tgt.memory_bytes
-
-    # -- the largest sequence length --------------------------------------------------------
 
     def largest_seq_len(self, ckpt: Ckpt, micro_batch: int) -> dict[str, SeqFound]:
         """Per target name: the largest sequence length (a multiple of the step) that fits at
@@ -323,9 +313,7 @@ class _Search:
             if len(units) < 3:
                 raise ValueError(f"the bound {cap} holds fewer than 3 steps of {step}")
             for unit in units:
-                seq = unit * step
-                train, val = self._phases_at(ckpt, seq, micro_batch)
-                points[seq] = [train["forward"], train["backward"], val]
+                points[unit * step] = self._phases_at(ckpt, unit * step, micro_batch)
         except Exception as err:  # the module refuses a length: the search cannot run
             failure = f"sequence lengths could not be traced: {type(err).__name__}: {err}"
             return {t.name: SeqFound(micro_batch, cap, failure) for t in job.targets}

@@ -72,14 +72,10 @@ def unit_bytes(module: torch.nn.Module, wrap: tuple[Any, ...], itemsize: int) ->
     names = {n for sub in module.modules() for n in getattr(sub, "_no_split_modules", None) or []}
     classes = tuple(c for c in wrap if isinstance(c, type))
     names.update(c for c in wrap if isinstance(c, str))
-
-    def is_unit(sub: torch.nn.Module) -> bool:
-        return (bool(classes) and isinstance(sub, classes)) or type(sub).__name__ in names
-
     inside: set[int] = set()
     largest = 0
     for sub in reversed(list(module.modules())):  # a unit's descendants before the unit
-        if sub is module or not is_unit(sub):
+        if sub is module or not (isinstance(sub, classes) or type(sub).__name__ in names):
             continue
         params = [p for p in sub.parameters() if id(p) not in inside]
         inside.update(id(p) for p in params)

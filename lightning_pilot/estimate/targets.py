@@ -36,7 +36,7 @@ Example:
 from __future__ import annotations
 
 from dataclasses import KW_ONLY, InitVar, dataclass, field
-from typing import Final
+from typing import Any, Final
 
 import torch
 
@@ -107,23 +107,12 @@ class Target:
         return self.tf32 if allow_tf32 else self.fp32
 
 
-def _t(
-    name: str,
-    memory: int,
-    tflops: tuple[float, float, float, float],
-    tb_s: float,
-    **kw: object,
-) -> Target:
+def _t(name: str, memory: int, tflops: tuple[float, ...], tb_s: float, **kw: Any) -> Target:
+    """A catalogue entry in datasheet units: TFLOP/s (fp32, tf32, bf16, fp16) and TB/s."""
     fp32, tf32, bf16, fp16 = (value * 1e12 for value in tflops)
+    bandwidth = tb_s * 1e12
     return Target(
-        name,
-        memory=memory,
-        fp32=fp32,
-        tf32=tf32,
-        bf16=bf16,
-        fp16=fp16,
-        bandwidth=tb_s * 1e12,
-        **kw,  # type: ignore[arg-type]
+        name, memory=memory, fp32=fp32, tf32=tf32, bf16=bf16, fp16=fp16, bandwidth=bandwidth, **kw
     )
 
 
