@@ -291,14 +291,13 @@ def run_streaming(
     except BaseException:
         process.kill()
         process.wait()
-        for reader in readers:
-            reader.join(timeout=POLL_S)
-        _show(marks, progress)  # where it was when it was stopped
+        deadline = time.monotonic()  # the readers below then get POLL_S at most
         raise
-    # Its output to the end (a child of the process may hold the pipes: not past the deadline).
-    for reader in readers:
-        reader.join(timeout=max(POLL_S, deadline - time.monotonic()))
-    _show(marks, progress)
+    finally:
+        # Its output to the end (a child of the process may hold the pipes: not past the deadline).
+        for reader in readers:
+            reader.join(timeout=max(POLL_S, deadline - time.monotonic()))
+        _show(marks, progress)
     return subprocess.CompletedProcess(
         command, process.returncode, "".join(stdout), "".join(stderr)
     )
