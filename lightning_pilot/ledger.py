@@ -331,21 +331,18 @@ def _curves_table(table: Any, *, all_attempts: bool) -> pd.DataFrame:
         return pd.DataFrame(columns=columns)
     meta = _to_pandas(table.select([*identity, "attempt_id", "curves_delta"]))
     meta["_pos"] = np.arange(len(meta))
+    meta["attempt_id"] = meta["attempt_id"].fillna("\0")  # records without one: one attempt
     keys = ["run_id", "attempt_id"] if all_attempts else ["run_id"]
     latest = meta.drop_duplicates(keys, keep="last")
     # Records after (and including) their attempt's last record with whole curves: the chain
     # a delta heartbeat joins to.
     delta = meta["curves_delta"].fillna(False).to_numpy(dtype=bool)
     resets = meta["_pos"].where(~delta)
-    groups = [meta["run_id"], meta["attempt_id"].fillna("\0")]
+    groups = [meta["run_id"], meta["attempt_id"]]
     last_reset = resets.groupby(groups, sort=False).transform("max").fillna(-1)
     chain = meta.loc[meta["_pos"] >= last_reset, ["run_id", "attempt_id", "_pos"]]
     chosen = latest[[*identity, "attempt_id"]].assign(_order=np.arange(len(latest)))
-    chosen = chain.assign(attempt_id=chain["attempt_id"].fillna("\0")).merge(
-        chosen.assign(attempt_id=chosen["attempt_id"].fillna("\0")),
-        on=["run_id", "attempt_id"],
-        how="inner",
-    )
+    chosen = chain.merge(chosen, on=["run_id", "attempt_id"], how="inner")
     chosen = chosen.sort_values(["_order", "_pos"], kind="stable").reset_index(drop=True)
     positions = pa.array(chosen["_pos"].to_numpy(dtype=np.int64))
     parts = []

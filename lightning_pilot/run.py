@@ -503,14 +503,12 @@ class PilotRun:
 
 def _merge_phase_rows(current: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
     merged = dict(current)
-    for column, value in new.items():
-        if value is not None and column not in ("verdict", "checks", "reason", "source"):
-            merged[column] = value
+    special = ("verdict", "checks", "reason", "source")  # merged below, or by put_phase_row
+    merged.update({k: v for k, v in new.items() if v is not None and k not in special})
     verdicts = [v for v in (current.get("verdict"), new.get("verdict")) if v is not None]
     if verdicts:
         merged["verdict"] = worst_verdict(verdicts)
-    checks = {c["name"]: c for c in (current.get("checks") or [])}
-    checks.update({c["name"]: c for c in (new.get("checks") or [])})
+    checks = {c["name"]: c for c in [*(current.get("checks") or []), *(new.get("checks") or [])]}
     if checks:
         merged["checks"] = list(checks.values())
         judged, _ = judge(
