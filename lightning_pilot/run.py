@@ -412,8 +412,7 @@ class PilotRun:
             return dict(self._ledger_fields)
 
     def put_phase_row(self, row: Mapping[str, Any], *, source: str) -> None:
-        """Add or merge the phase row of ``(row["phase"], row["first"])`` (docs/architecture.md,
-        "The phase table")."""
+        """Add or merge the row of ``(phase, first)`` (docs/architecture.md, "The phase table")."""
         storage.validate_phase_row(row)
         key = (str(row["phase"]), bool(row.get("first") or False))
         with self._lock:

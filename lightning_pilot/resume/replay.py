@@ -115,8 +115,7 @@ class ResumeRecorder(pl.Callback):
 
 
 def load_checkpoint(path: str, result: TaskResult) -> dict[str, Any] | None:
-    """``torch.load(path, weights_only=True)``, timed into ``result``; ``None`` (the reason in
-    ``result``) when the load refuses the file."""
+    """``torch.load(path, weights_only=True)`` timed into ``result``, which says why if ``None``."""
     started_at = time.perf_counter()
     try:
         loaded = torch.load(path, map_location="cpu", weights_only=True)
