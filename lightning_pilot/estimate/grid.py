@@ -33,11 +33,10 @@ from lightning_pilot.estimate.roofline import DEFAULT_EFFICIENCY, DEFAULT_MEMORY
 from lightning_pilot.estimate.rows import (
     Estimate,
     configuration_rows,
-    failed_largest_rows,
     largest_row,
     publish,
 )
-from lightning_pilot.estimate.searches import search_largest
+from lightning_pilot.estimate.searches import BatchFound, search_largest
 from lightning_pilot.estimate.session import Session, check_source
 from lightning_pilot.estimate.strategies import Strategy
 from lightning_pilot.estimate.targets import Target
@@ -208,8 +207,11 @@ def _precision_job(
             traces.phase = "forward"
             for tgt, ckpt, batch_found, seq_found in search_largest(session, traces, job):
                 found.append(largest_row(precision, tgt, ckpt, job.longest, batch_found, seq_found))
-    if traces.error is not None and searches:
-        found.extend(failed_largest_rows(traces, job))
+    if traces.error is not None and searches:  # each target and checkpointing: the failure
+        status, _, reason = traces.error
+        failed = BatchFound(status, reason)
+        for tgt, ckpt in itertools.product(job.targets, job.checkpointing):
+            found.append(largest_row(precision, tgt, ckpt, job.longest, failed, None))
     if not keep_exception:
         traces.exception = None  # not every exception survives the trip between processes
     return traces, found

@@ -238,19 +238,6 @@ def largest_row(
     return row
 
 
-def failed_largest_rows(traces: PrecisionTraces, job: GridJob) -> list[dict[str, Any]]:
-    """The largest table's rows of a precision whose traces failed: each target and
-    checkpointing with the failure's status and reason."""
-    assert traces.error is not None
-    status, _, reason = traces.error
-    failed = BatchFound(status, reason)
-    return [
-        largest_row(traces.precision, tgt, ckpt, job.longest, failed, None)
-        for tgt in job.targets
-        for ckpt in job.checkpointing
-    ]
-
-
 def publish(result: Estimate, out_dir: Any) -> list[str]:
     """Write ``estimate.parquet`` and ``estimate_largest.parquet`` into ``out_dir`` (through
     :mod:`lightning_pilot.storage`, never overwriting): their paths."""
