@@ -287,17 +287,15 @@ class _Search:
         ``micro_batch``, up to the module's declared bound or ``max_seq_len``; predicted from
         three traced lengths, then settled by tracing it and the next step."""
         traces, job = self.traces, self.job
-        step, limit = job.seq_step, job.max_seq_len
         bound = sequence_bound(self.session.module)
-        cap = bound if bound is not None else limit
+        if bound is None:
+            cap, why_cap = job.max_seq_len, f"max_seq_len={job.max_seq_len}, the end of the search"
+        else:
+            cap, why_cap = bound, f"the module's declared maximum ({bound} positions)"
+        step = job.seq_step
         while step > 1 and cap // step < 8:
             step //= 2
         top = cap // step
-        why_cap = (
-            f"the module's declared maximum ({bound} positions)"
-            if bound is not None
-            else f"max_seq_len={limit}, the end of the search"
-        )
         # Three lengths: the bound, and a third and two thirds of it, or a length the grid
         # traced already at this micro-batch in their place.
         units = [max(1, top // 3), max(2, 2 * top // 3), top]
@@ -319,10 +317,7 @@ class _Search:
             return {t.name: SeqFound(micro_batch, cap, failure) for t in job.targets}
         found: dict[str, SeqFound] = {}
         for tgt in job.targets:
-
-            def need_at(unit: int, tgt: Target = tgt) -> int | None:
-                return self._seq_need(points, tgt, unit * step)
-
+            need_at = functools.partial(self._seq_need, points, tgt, step)
             if need_at(1) is None:
                 different = "the traced sequence lengths ran different operators"
                 found[tgt.name] = SeqFound(micro_batch, cap, different)
@@ -348,13 +343,13 @@ class _Search:
         return found
 
     def _seq_need(
-        self, points: Mapping[int, Sequence[PhaseTrace]], tgt: Target, seq_len: int
+        self, points: Mapping[int, Sequence[PhaseTrace]], tgt: Target, step: int, unit: int
     ) -> int | None:
-        """The most memory any phase needs at ``seq_len``: every operator's live bytes (and the
-        start, the allocator's segments and the batch) through the polynomial of the traced
-        sequence lengths ``points`` (three: quadratic, as attention's T x T terms are);
-        ``None`` when they ran different operators."""
-        xs = sorted(points)
+        """The most memory any phase needs at ``unit`` steps of ``step`` tokens: every
+        operator's live bytes (and the start, the allocator's segments and the batch) through
+        the polynomial of the traced sequence lengths ``points`` (three: quadratic, as
+        attention's T x T terms are); ``None`` when they ran different operators."""
+        xs, seq_len = sorted(points), unit * step
         peaks, segments = [], []
         for index in range(3):  # forward, backward, validation
             phases = [points[x][index] for x in xs]
