@@ -97,13 +97,7 @@ def settle(fits: Callable[[int], bool], start: int, cap: int) -> tuple[int, bool
     prediction ``start``: it must fit and ``start + 1`` must not; when one disagrees, the
     boundary is bracketed by doubling steps and bisected (at most :data:`VERIFY_TRACES`
     calls). ``(largest, settled)``."""
-    cache: dict[int, bool] = {}
-
-    def check(b: int) -> bool:
-        if b not in cache:
-            cache[b] = fits(b)
-        return cache[b]
-
+    cache: dict[int, bool] = {}  # size -> fits, each traced once
     lo, hi = 0, None  # largest known to fit, smallest known not to
     step = 1
     b = min(max(start, 1), cap)
@@ -112,7 +106,9 @@ def settle(fits: Callable[[int], bool], start: int, cap: int) -> tuple[int, bool
             return lo, True
         if lo >= cap:
             return cap, True
-        if check(b):
+        if b not in cache:
+            cache[b] = fits(b)
+        if cache[b]:
             lo = max(lo, b)
             b = min(lo + step, cap) if hi is None else (lo + hi) // 2
         else:
