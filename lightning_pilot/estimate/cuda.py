@@ -26,8 +26,7 @@ def _fused_attention(
     scale: float | None = None,
     enable_gqa: bool = False,
 ) -> torch.Tensor:
-    """``scaled_dot_product_attention`` through PyTorch's fused CPU kernel (see
-    :func:`cuda_attention`)."""
+    """``scaled_dot_product_attention`` through the fused CPU kernel (:func:`cuda_attention`)."""
     if query.dim() != 4:
         return _SDPA(query, key, value, attn_mask, dropout_p, is_causal, scale=scale)
     if enable_gqa and key.shape[1] != query.shape[1]:
@@ -293,8 +292,7 @@ def _op(name: str) -> Any:
 
 @contextlib.contextmanager
 def _registered(key: str, kernels: dict[str, Callable[..., Any]]) -> Iterator[None]:
-    """``kernels`` (``aten`` operator name -> kernel) registered with ``torch.library`` for the
-    dispatch ``key`` for the duration, process-wide."""
+    """``kernels`` (``aten`` operator name -> kernel) registered for ``key`` for the duration."""
     library = torch.library.Library("aten", "IMPL")  # type: ignore[no-untyped-call]
     try:
         with warnings.catch_warnings():

@@ -212,10 +212,9 @@ def largest_row(
     found: BatchFound,
     seq: SeqFound | None,
 ) -> dict[str, Any]:
-    """The largest table's row of one target, precision and checkpointing (one GPU, at the
-    grid's longest sequence): what the micro-batch search ``found`` and, for a batch with a
-    sequence dimension, the sequence length search (``seq``). A search that did not run leaves
-    its sizes out."""
+    """The largest table's row of one target, precision and checkpointing (one GPU): what the
+    micro-batch search ``found`` and the sequence length search (``seq``; ``None`` for a batch
+    without a sequence dimension) found; a search that did not run leaves its sizes out."""
     row = {
         "target": tgt.name,
         "precision": precision,
