@@ -1,15 +1,12 @@
-"""Whether a phase fits a target: the memory it needs there (:func:`need`), the ``tight`` note
-(:func:`tight_note`) and the need of the phases without activations (:func:`fixed_phases_need`).
+"""Whether a phase fits a target: the memory it needs there (:func:`need`) and the ``tight``
+note (:func:`tight_note`).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
 from lightning_pilot.estimate.targets import Target
-
-if TYPE_CHECKING:
-    from lightning_pilot.estimate.precision_traces import PrecisionTraces
 
 #: The share of reserved memory above the allocator's segments allowed for fragmentation
 #: (fixed shapes settle at a few percent), in ``peak_reserved_bytes`` only: ``fits`` rests on
@@ -36,16 +33,3 @@ def tight_note(reserved: int, tgt: Target) -> str:
         " blocks fit, so the allocator will free its cache and retry cudaMalloc (slower steps;"
         " an allocation larger than any free piece of a segment still in use can still fail)"
     )
-
-
-def fixed_phases_need(traces: PrecisionTraces, tgt: Target, batch_bytes: int) -> int:
-    """The most memory the phases without activations need: the optimizer steps (with the
-    training batch of ``batch_bytes`` held) and the save."""
-    worst = 0
-    for trace in traces.optimizer.values():
-        peak = trace.peak_bytes + batch_bytes + tgt.workspace_bytes
-        worst = max(worst, need(peak, trace.segment_bytes + batch_bytes, tgt))
-    if traces.save is not None:
-        peak = traces.save.peak_bytes + tgt.workspace_bytes
-        worst = max(worst, need(peak, traces.save.segment_bytes, tgt))
-    return worst

@@ -18,7 +18,7 @@ from typing import Any, Final
 import numpy as np
 import torch
 
-from lightning_pilot.estimate.fits import fixed_phases_need, need
+from lightning_pilot.estimate.fits import need
 from lightning_pilot.estimate.job import Ckpt, GridJob
 from lightning_pilot.estimate.precision_traces import PrecisionTraces, later_extra, matching_pair
 from lightning_pilot.estimate.recorder import PhaseTrace
@@ -252,7 +252,13 @@ class _Search:
         for index, (trace, peak, segment) in enumerate(zip(phases, peaks, segments, strict=True)):
             extra = sum(later_extra(trace, self.traces).values()) if index < 2 else 0
             worst = max(worst, need(peak + extra + tgt.workspace_bytes, segment + extra, tgt))
-        return max(worst, fixed_phases_need(self.traces, tgt, batch_bytes))
+        for trace in self.traces.optimizer.values():
+            peak = trace.peak_bytes + batch_bytes + tgt.workspace_bytes
+            worst = max(worst, need(peak, trace.segment_bytes + batch_bytes, tgt))
+        if self.traces.save is not None:
+            peak = self.traces.save.peak_bytes + tgt.workspace_bytes
+            worst = max(worst, need(peak, self.traces.save.segment_bytes, tgt))
+        return worst
 
     def _phases_at(self, ckpt: Ckpt, seq_len: int | None, micro_batch: int) -> list[PhaseTrace]:
         """Forward, backward and validation at one size: traced by the grid or an earlier
