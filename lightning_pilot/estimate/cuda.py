@@ -117,82 +117,83 @@ def cuda_attention() -> contextlib.AbstractContextManager[Any]:
     return mock.patch.object(torch.nn.functional, "scaled_dot_product_attention", _fused_attention)
 
 
-# CUDA autocast's policy per operator (PyTorch's aten/src/ATen/autocast_mode.h, the lists
+# CUDA autocast's operators per policy (PyTorch's aten/src/ATen/autocast_mode.h, the lists
 # documented under "CUDA Ops that can autocast to float16 / float32" in
 # https://pytorch.org/docs/stable/amp.html). Every other operator with a CUDA autocast kernel
 # in the installed torch is ``fp32``. CPU autocast's lists differ (softmax, log_softmax,
 # layer_norm, exp, pow, ... stay in the lower precision there).
-_CUDA_LOWER: Final = frozenset(
-    {
-        "_convolution",
-        "_convolution.deprecated",
-        "conv1d",
-        "conv2d",
-        "conv3d",
-        "conv_tbc",
-        "conv_transpose1d",
-        "conv_transpose2d.input",
-        "conv_transpose3d.input",
-        "convolution",
-        "cudnn_convolution",
-        "cudnn_convolution_transpose",
-        "prelu",
-        "addmm",
-        "addmv",
-        "addr",
-        "matmul",
-        "einsum",
-        "mm",
-        "mv",
-        "linalg_vecdot",
-        "linear",
-        "addbmm",
-        "baddbmm",
-        "bmm",
-        "chain_matmul",
-        "linalg_multi_dot",
-        "_thnn_fused_lstm_cell",
-        "_thnn_fused_gru_cell",
-        "lstm_cell",
-        "gru_cell",
-        "rnn_tanh_cell",
-        "rnn_relu_cell",
-        "_scaled_dot_product_flash_attention",
-        "scaled_dot_product_attention",
-    }
-)
-_CUDA_SET_OPT_DTYPE: Final = frozenset(
-    {
-        "prod",
-        "prod.dim_int",
-        "softmax.int",
-        "log_softmax.int",
-        "cumprod",
-        "cumsum",
-        "linalg_vector_norm",
-        "linalg_matrix_norm",
-        "linalg_matrix_norm.str_ord",
-        "sum",
-        "sum.dim_IntList",
-    }
-)
-_CUDA_PROMOTE: Final = frozenset(
-    {
-        "addcdiv",
-        "addcmul",
-        "atan2",
-        "bilinear",
-        "cross",
-        "dot",
-        "vdot",
-        "grid_sampler",
-        "index_put",
-        "tensordot",
-        "scatter_add",
-    }
-)
-# CUDA autocast refuses it (the message is CUDA autocast's own).
-_CUDA_BANNED: Final = frozenset({"binary_cross_entropy"})
+_CUDA_LISTS: Final = {
+    "lower": frozenset(
+        {
+            "_convolution",
+            "_convolution.deprecated",
+            "conv1d",
+            "conv2d",
+            "conv3d",
+            "conv_tbc",
+            "conv_transpose1d",
+            "conv_transpose2d.input",
+            "conv_transpose3d.input",
+            "convolution",
+            "cudnn_convolution",
+            "cudnn_convolution_transpose",
+            "prelu",
+            "addmm",
+            "addmv",
+            "addr",
+            "matmul",
+            "einsum",
+            "mm",
+            "mv",
+            "linalg_vecdot",
+            "linear",
+            "addbmm",
+            "baddbmm",
+            "bmm",
+            "chain_matmul",
+            "linalg_multi_dot",
+            "_thnn_fused_lstm_cell",
+            "_thnn_fused_gru_cell",
+            "lstm_cell",
+            "gru_cell",
+            "rnn_tanh_cell",
+            "rnn_relu_cell",
+            "_scaled_dot_product_flash_attention",
+            "scaled_dot_product_attention",
+        }
+    ),
+    "fp32_set_opt_dtype": frozenset(
+        {
+            "prod",
+            "prod.dim_int",
+            "softmax.int",
+            "log_softmax.int",
+            "cumprod",
+            "cumsum",
+            "linalg_vector_norm",
+            "linalg_matrix_norm",
+            "linalg_matrix_norm.str_ord",
+            "sum",
+            "sum.dim_IntList",
+        }
+    ),
+    "promote": frozenset(
+        {
+            "addcdiv",
+            "addcmul",
+            "atan2",
+            "bilinear",
+            "cross",
+            "dot",
+            "vdot",
+            "grid_sampler",
+            "index_put",
+            "tensordot",
+            "scatter_add",
+        }
+    ),
+    "banned": frozenset({"binary_cross_entropy"}),  # the message is CUDA autocast's own
+}
 _BANNED_MESSAGE: Final = (
     "torch.nn.functional.binary_cross_entropy and torch.nn.BCELoss are unsafe to autocast."
     " Many models use a sigmoid layer right before the binary cross entropy layer. In this"
@@ -228,15 +229,9 @@ def cuda_autocast_policy() -> dict[str, str]:
 @functools.lru_cache(maxsize=1)
 def _cuda_autocast_policy() -> tuple[tuple[str, str], ...]:
     cuda = _autocast_ops("AutocastCUDA")
-    lists = {
-        "lower": _CUDA_LOWER,
-        "fp32_set_opt_dtype": _CUDA_SET_OPT_DTYPE,
-        "promote": _CUDA_PROMOTE,
-        "banned": _CUDA_BANNED,
-    }
     policy: dict[str, str] = {}
     for name in cuda | _autocast_ops("AutocastCPU"):
-        listed = (kind for kind, names in lists.items() if name in names)
+        listed = (kind for kind, names in _CUDA_LISTS.items() if name in names)
         policy[name] = next(listed, "fp32") if name in cuda else "none"
     return tuple(sorted(policy.items()))
 
@@ -314,7 +309,7 @@ def cuda_autocast() -> contextlib.AbstractContextManager[None]:
         name: _autocast_kernel(_op(name), policy)
         for name, policy in cuda_autocast_policy().items()
         # CPU autocast's own kernel does the same
-        if name not in _CUDA_LOWER
+        if name not in _CUDA_LISTS["lower"]
         or not torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{name}", "AutocastCPU")
     }
     return _registered("AutocastCPU", kernels)
