@@ -107,7 +107,9 @@ class Target:
         return self.tf32 if allow_tf32 else self.fp32
 
 
-def _t(name: str, memory: int, tflops: tuple[float, ...], tb_s: float, **kw: Any) -> Target:
+def _t(
+    name: str, memory: int, tflops: tuple[float, float, float, float], tb_s: float, **kw: Any
+) -> Target:
     """A catalogue entry in datasheet units: TFLOP/s (fp32, tf32, bf16, fp16) and TB/s."""
     fp32, tf32, bf16, fp16 = (value * 1e12 for value in tflops)
     bandwidth = tb_s * 1e12
