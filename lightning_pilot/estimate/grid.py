@@ -30,12 +30,7 @@ from lightning_pilot.estimate.precision_traces import (
 )
 from lightning_pilot.estimate.recorder import PhaseTrace
 from lightning_pilot.estimate.roofline import DEFAULT_EFFICIENCY, DEFAULT_MEMORY_EFFICIENCY
-from lightning_pilot.estimate.rows import (
-    Estimate,
-    configuration_rows,
-    largest_row,
-    publish,
-)
+from lightning_pilot.estimate.rows import Estimate, configuration_rows, largest_row, publish
 from lightning_pilot.estimate.searches import BatchFound, search_largest
 from lightning_pilot.estimate.session import Session, check_source
 from lightning_pilot.estimate.strategies import Strategy
