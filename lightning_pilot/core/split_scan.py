@@ -161,7 +161,7 @@ def first_items(dataset: Any, limit: int) -> Iterator[Any]:
         yield dataset[index]
 
 
-@dataclass
+@dataclass(eq=False)
 class DatasetScan:
     """Class histograms, leakage and duplicates over the first ``max_examples`` items of each split
     (user code that raises is listed in :attr:`raised`)."""
